@@ -1,0 +1,32 @@
+"""plumbline_otel: agent trajectories, coverage, invariants and certificates from OpenTelemetry traces."""
+
+from plumbline_otel.errors import (
+    ConfigError,
+    InputError,
+    MalformedRequest,
+    MalformedTraceFile,
+    PlumblineError,
+    ReplayError,
+    SpecError,
+    StoreError,
+)
+from plumbline_otel.model import SpanRecord, Step, ToolCallRef, ToolResultRef, Trajectory
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ConfigError",
+    "InputError",
+    "MalformedRequest",
+    "MalformedTraceFile",
+    "PlumblineError",
+    "ReplayError",
+    "SpanRecord",
+    "SpecError",
+    "Step",
+    "StoreError",
+    "ToolCallRef",
+    "ToolResultRef",
+    "Trajectory",
+    "__version__",
+]

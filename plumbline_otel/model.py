@@ -1,0 +1,160 @@
+"""The normalised model every stage shares: span records, steps and trajectories.
+
+A `SpanRecord` is what one received span means, whatever convention wrote it; the store keeps one
+row per (trace_id, span_id). A `Trajectory` is assembled from the span records of one trace: its
+steps in order, the run's input and final output, and the task it was an attempt at. Everything
+here is plain data: no I/O, no protobuf, so the analyses can be tested on hand-built values.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+StepKind = Literal["tool_call", "llm_call", "agent", "other"]
+Convention = Literal["genai", "genai_legacy", "openinference", "traceloop", "unknown"]
+# Where a tool step came from: its own span, an LLM span's output messages, or both merged.
+StepSource = Literal["tool_span", "llm_output", "tool_span+llm_output", "span"]
+ArgsState = Literal["structured", "unparsed", "redacted", "absent"]
+
+REDACTED = "__REDACTED__"
+
+
+@dataclass(frozen=True)
+class ToolCallRef:
+    """A tool call proposed by a model inside an LLM span's output messages."""
+
+    name: str
+    args: Any  # dict when the arguments were JSON, the raw string otherwise, None when absent
+    call_id: str | None
+    index: int  # order within the LLM output
+
+
+@dataclass(frozen=True)
+class ToolResultRef:
+    """A tool result seen in an LLM span's input messages, paired by call id."""
+
+    call_id: str
+    result: Any
+    error: bool = False
+
+
+@dataclass
+class SpanRecord:
+    """One received span, normalised. Field names are the store's column names."""
+
+    trace_id: str  # 32 lower-case hex
+    span_id: str  # 16 lower-case hex
+    parent_span_id: str | None
+    name: str
+    start_ns: int
+    end_ns: int
+    kind: int = 0
+    status_code: int = 0
+    status_message: str = ""
+    service_name: str | None = None
+    service_version: str | None = None
+    scope_name: str = ""
+    convention: Convention = "unknown"
+    step_kind: StepKind = "other"
+    tool_name: str | None = None
+    call_id: str | None = None
+    args: Any = None
+    args_state: ArgsState = "absent"
+    result: Any = None
+    error: str | None = None
+    model: str | None = None
+    provider: str | None = None
+    response_id: str | None = None
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    agent_name: str | None = None
+    input_text: str | None = None
+    output_text: str | None = None
+    content_captured: bool = False
+    proposed_calls: list[ToolCallRef] = field(default_factory=list)
+    tool_results: list[ToolResultRef] = field(default_factory=list)
+    unknown_keys: list[str] = field(default_factory=list)
+    dropped_attributes_count: int = 0
+    attributes: dict[str, Any] = field(default_factory=dict)
+    resource: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Step:
+    """What one span (or one model-proposed call) means for the agent run."""
+
+    kind: StepKind
+    name: str
+    args: Any = None
+    result: Any = None
+    error: str | None = None
+    call_id: str | None = None
+    source: StepSource = "span"
+    span_id: str | None = None
+    start_ns: int = 0
+    model: str | None = None
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+
+    @property
+    def failed(self) -> bool:
+        """A failed call did not happen: invariants treat it as absent."""
+        return self.error is not None
+
+    def export(self) -> dict[str, Any]:
+        """The stable export shape of DESIGN.md section 4."""
+        return {
+            "kind": self.kind,
+            "name": self.name,
+            "args": self.args,
+            "result": self.result,
+            "error": self.error,
+            "call_id": self.call_id,
+            "source": self.source,
+        }
+
+
+@dataclass(frozen=True)
+class Trajectory:
+    """The steps of one agent run in order, with its input, output and task."""
+
+    trajectory_id: str
+    trace_id: str
+    task_key: str | None
+    task_key_source: str  # "attribute:<name>", "input_hash" or "none"
+    service: str | None
+    service_version: str | None
+    agent_name: str | None
+    input: str | None
+    final_output: str | None
+    conventions: tuple[str, ...]
+    steps: tuple[Step, ...]
+    start_ns: int = 0
+    end_ns: int = 0
+    # Attributes of the run (resource and root span), e.g. plumbline.trial.id, plumbline.perturbation.
+    context: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def tool_steps(self) -> tuple[Step, ...]:
+        """The tool calls, in order; what most invariants look at."""
+        return tuple(s for s in self.steps if s.kind == "tool_call")
+
+    def export(self) -> dict[str, Any]:
+        """One JSON line of `plumbline trajectories`."""
+        return {
+            "trajectory_id": self.trajectory_id,
+            "trace_id": self.trace_id,
+            "task_key": self.task_key,
+            "task_key_source": self.task_key_source,
+            "service": self.service,
+            "service_version": self.service_version,
+            "agent_name": self.agent_name,
+            "input": self.input,
+            "final_output": self.final_output,
+            "conventions": list(self.conventions),
+            "start_ns": self.start_ns,
+            "end_ns": self.end_ns,
+            "context": self.context,
+            "steps": [s.export() for s in self.steps],
+        }
