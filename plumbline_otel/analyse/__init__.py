@@ -1,0 +1,1 @@
+"""Analyses: statistics and alignment."""
