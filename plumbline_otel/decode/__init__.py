@@ -1,0 +1,23 @@
+"""Decode: bytes from a transport or a file become `ExportTraceServiceRequest` messages.
+
+Every way in shares this one representation, so one normaliser serves them all. Problems are
+values (`Problem`), never exceptions that lose the rest of the input: a bad line, a truncated
+message or a span with a malformed id is reported with where it was, and everything decodable
+beside it is kept.
+"""
+
+from plumbline_otel.decode._files import iter_trace_files, read_trace_file
+from plumbline_otel.decode._json import request_from_json
+from plumbline_otel.decode._problems import Decoded, Problem
+from plumbline_otel.decode._proto import request_from_protobuf
+from plumbline_otel.decode._request import decode_request_body
+
+__all__ = [
+    "Decoded",
+    "Problem",
+    "decode_request_body",
+    "iter_trace_files",
+    "read_trace_file",
+    "request_from_json",
+    "request_from_protobuf",
+]

@@ -1,0 +1,116 @@
+"""Trace files: OTLP protobuf, OTLP JSON, OTLP JSON lines, each optionally gzipped; the format is
+read from the content, not the name.
+
+JSON lines (what the Collector's file exporter writes) and length-prefixed protobuf streams (its
+`proto` format: a 4-byte big-endian size before each request) are read one request at a time, so
+memory does not grow with the file. A single JSON document or protobuf message is one request and
+is read whole.
+"""
+
+from __future__ import annotations
+
+import glob
+import gzip
+import os
+from pathlib import Path
+from typing import IO, Iterator
+
+import orjson
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+from plumbline_otel.decode._json import request_from_json
+from plumbline_otel.decode._problems import Decoded, Problem
+from plumbline_otel.decode._proto import request_from_protobuf
+from plumbline_otel.errors import MalformedTraceFile
+
+_GZIP_MAGIC = b"\x1f\x8b"
+_JSON_START = (b"{", b"[")
+
+
+def iter_trace_files(paths: list[str]) -> Iterator[Path]:
+    """Expand files, directories (recursively, sorted) and glob patterns; unknown paths raise."""
+    for raw in paths:
+        if os.path.isdir(raw):
+            yield from sorted(p for p in Path(raw).rglob("*") if p.is_file() and not p.name.startswith("."))
+        elif os.path.exists(raw):
+            yield Path(raw)
+        else:
+            matches = sorted(glob.glob(raw, recursive=True))
+            if not matches:
+                raise MalformedTraceFile(raw, "no such file, directory or glob match")
+            yield from (Path(m) for m in matches if os.path.isfile(m))
+
+
+def _open(path: Path) -> IO[bytes]:
+    with open(path, "rb") as probe:
+        magic = probe.read(2)
+    return gzip.open(path, "rb") if magic == _GZIP_MAGIC else open(path, "rb")
+
+
+def _parse_json_line(line: bytes, where: str) -> Decoded:
+    try:
+        doc = orjson.loads(line)
+    except orjson.JSONDecodeError as exc:
+        try:  # invalid UTF-8 is a common corruption: keep the line, mark what was replaced
+            doc = orjson.loads(line.decode("utf-8", errors="replace"))
+        except orjson.JSONDecodeError:
+            return Decoded(ExportTraceServiceRequest(), where, [Problem(where, f"invalid JSON: {exc}")])
+        decoded = request_from_json(doc, where)
+        decoded.problems.append(Problem(where, "invalid UTF-8 replaced with U+FFFD"))
+        return decoded
+    return request_from_json(doc, where)
+
+
+def _read_json(stream: IO[bytes], path: Path) -> Iterator[Decoded]:
+    first = stream.readline()
+    try:
+        orjson.loads(first)
+        one_per_line = True
+    except orjson.JSONDecodeError:
+        one_per_line = False
+    if not one_per_line:  # a single (pretty-printed) JSON document
+        yield _parse_json_line(first + stream.read(), str(path))
+        return
+    yield _parse_json_line(first, f"{path}:1")
+    for number, line in enumerate(stream, start=2):
+        if line.strip():
+            yield _parse_json_line(line, f"{path}:{number}")
+
+
+def _read_length_prefixed(stream: IO[bytes], path: Path) -> Iterator[Decoded]:
+    number = 0
+    while header := stream.read(4):
+        number += 1
+        where = f"{path} message {number}"
+        size = int.from_bytes(header, "big")
+        payload = stream.read(size)
+        if len(header) < 4 or len(payload) < size:
+            yield request_from_protobuf(payload, where + " (truncated)") if payload else Decoded(
+                ExportTraceServiceRequest(), where, [Problem(where, "file ends inside a length prefix")]
+            )
+            return
+        yield request_from_protobuf(payload, where)
+
+
+def read_trace_file(path: Path) -> Iterator[Decoded]:
+    """Yield the requests in one trace file; damaged parts come back as problems, never exceptions."""
+    try:
+        stream = _open(path)
+    except OSError as exc:
+        raise MalformedTraceFile(str(path), f"cannot open: {exc.strerror or exc}") from None
+    with stream:
+        try:
+            head = stream.peek(1)[:1] if hasattr(stream, "peek") else b""
+            while head in (b" ", b"\n", b"\r", b"\t"):
+                stream.read(1)
+                head = stream.peek(1)[:1]
+        except (OSError, EOFError) as exc:
+            raise MalformedTraceFile(str(path), f"unreadable: {exc}") from None
+        if head == b"":
+            return
+        if head in _JSON_START:
+            yield from _read_json(stream, path)
+        elif head == b"\x00":
+            yield from _read_length_prefixed(stream, path)
+        else:
+            yield request_from_protobuf(stream.read(), str(path))

@@ -1,0 +1,232 @@
+"""OTLP JSON (already parsed into Python objects) mapped into the protobuf request by hand.
+
+`google.protobuf.json_format` is about a hundred times slower than the binary path and silently
+decodes a 32-hex trace id as base64 into 24 bytes, so the mapping is written out here, following
+the OTLP JSON rules: hex ids, integer enums (names accepted), 64-bit integers as strings or
+numbers, lowerCamelCase keys (snake_case accepted, as the Collector does), unknown fields ignored.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from typing import Any
+
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.common.v1.common_pb2 import (
+    AnyValue,
+    ArrayValue,
+    InstrumentationScope,
+    KeyValue,
+    KeyValueList,
+)
+from opentelemetry.proto.resource.v1.resource_pb2 import Resource
+from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span, Status
+
+from plumbline_otel.decode._problems import Decoded, Problem
+
+_SPAN_KINDS = {name: value for name, value in Span.SpanKind.items()}
+_STATUS_CODES = {name: value for name, value in Status.StatusCode.items()}
+_FLOAT_WORDS = {"NaN": float("nan"), "Infinity": float("inf"), "-Infinity": float("-inf")}
+
+
+class _Bad(ValueError):
+    """A field that cannot be mapped; the message names the field."""
+
+
+def _get(obj: dict[str, Any], camel: str, snake: str, default: Any = None) -> Any:
+    value = obj.get(camel)
+    if value is None:
+        value = obj.get(snake, default)
+    return default if value is None else value
+
+
+def _id(value: Any, size: int, field: str) -> bytes:
+    if value in (None, ""):
+        return b""
+    if not isinstance(value, str):
+        raise _Bad(f"{field} must be a hex string, got {type(value).__name__}")
+    if len(value) == 2 * size:
+        try:
+            return bytes.fromhex(value)
+        except ValueError:
+            pass
+    try:  # protobufjs-style base64 ids are non-compliant but cheap to accept
+        raw = base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError):
+        raw = b""
+    if len(raw) == size:
+        return raw
+    raise _Bad(f"{field} {value[:80]!r} is not a {2 * size}-character hex id")
+
+
+def _int(value: Any, field: str) -> int:
+    if isinstance(value, bool):
+        raise _Bad(f"{field} must be an integer, got a boolean")
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str):
+        try:
+            return int(value)
+        except ValueError:
+            pass
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    raise _Bad(f"{field} must be an integer (or a decimal string), got {str(value)[:40]!r}")
+
+
+def _enum(value: Any, names: dict[str, int], field: str) -> int:
+    if isinstance(value, str) and value in names:
+        return names[value]
+    return _int(value, field)
+
+
+def _any(value: Any, field: str) -> AnyValue:
+    if not isinstance(value, dict):
+        raise _Bad(f"{field} must be an AnyValue object")
+    if "stringValue" in value or "string_value" in value:
+        s = _get(value, "stringValue", "string_value", "")
+        if not isinstance(s, str):
+            raise _Bad(f"{field}.stringValue must be a string")
+        return AnyValue(string_value=s)
+    if "intValue" in value or "int_value" in value:
+        return AnyValue(int_value=_int(_get(value, "intValue", "int_value"), field + ".intValue"))
+    if "boolValue" in value or "bool_value" in value:
+        b = _get(value, "boolValue", "bool_value")
+        if not isinstance(b, bool):
+            raise _Bad(f"{field}.boolValue must be true or false")
+        return AnyValue(bool_value=b)
+    if "doubleValue" in value or "double_value" in value:
+        d = _get(value, "doubleValue", "double_value")
+        if isinstance(d, str) and d in _FLOAT_WORDS:
+            d = _FLOAT_WORDS[d]
+        if isinstance(d, bool) or not isinstance(d, (int, float)):
+            raise _Bad(f"{field}.doubleValue must be a number")
+        return AnyValue(double_value=float(d))
+    if "arrayValue" in value or "array_value" in value:
+        items = _get(value, "arrayValue", "array_value").get("values") or []
+        return AnyValue(array_value=ArrayValue(values=[_any(v, field + "[]") for v in items]))
+    if "kvlistValue" in value or "kvlist_value" in value:
+        pairs = _get(value, "kvlistValue", "kvlist_value").get("values") or []
+        return AnyValue(kvlist_value=KeyValueList(values=_attributes(pairs, field)))
+    if "bytesValue" in value or "bytes_value" in value:
+        try:
+            return AnyValue(bytes_value=base64.b64decode(_get(value, "bytesValue", "bytes_value")))
+        except (binascii.Error, ValueError, TypeError) as exc:
+            raise _Bad(f"{field}.bytesValue is not base64: {exc}") from None
+    return AnyValue()  # {} is an explicit empty value (None in SDK >= 1.45)
+
+
+def _attributes(pairs: Any, field: str) -> list[KeyValue]:
+    if not isinstance(pairs, list):
+        raise _Bad(f"{field} must be a list of key/value objects")
+    out = []
+    for kv in pairs:
+        if not isinstance(kv, dict) or not isinstance(kv.get("key"), str):
+            raise _Bad(f"{field} has an entry without a string key")
+        out.append(KeyValue(key=kv["key"], value=_any(kv.get("value") or {}, f"{field}[{kv['key']}]")))
+    return out
+
+
+def _events(items: list[Any]) -> list[Span.Event]:
+    return [
+        Span.Event(
+            time_unix_nano=_int(_get(e, "timeUnixNano", "time_unix_nano", 0), "event.timeUnixNano"),
+            name=e.get("name", ""),
+            attributes=_attributes(e.get("attributes") or [], f"events[{e.get('name', '')}].attributes"),
+            dropped_attributes_count=_int(_get(e, "droppedAttributesCount", "dropped_attributes_count", 0), "event.droppedAttributesCount"),
+        )
+        for e in items
+    ]
+
+
+def _links(items: list[Any]) -> list[Span.Link]:
+    return [
+        Span.Link(
+            trace_id=_id(_get(link, "traceId", "trace_id"), 16, "link.traceId"),
+            span_id=_id(_get(link, "spanId", "span_id"), 8, "link.spanId"),
+            trace_state=_get(link, "traceState", "trace_state", ""),
+            attributes=_attributes(link.get("attributes") or [], "link.attributes"),
+        )
+        for link in items
+    ]
+
+
+def _span(obj: Any) -> Span:
+    if not isinstance(obj, dict):
+        raise _Bad("span is not a JSON object")
+    trace_id = _id(_get(obj, "traceId", "trace_id"), 16, "traceId")
+    span_id = _id(_get(obj, "spanId", "span_id"), 8, "spanId")
+    if not trace_id or not span_id:
+        raise _Bad("span has no traceId or spanId")
+    status = obj.get("status") or {}
+    return Span(
+        trace_id=trace_id,
+        span_id=span_id,
+        parent_span_id=_id(_get(obj, "parentSpanId", "parent_span_id"), 8, "parentSpanId"),
+        trace_state=_get(obj, "traceState", "trace_state", ""),
+        flags=_int(obj.get("flags", 0), "flags"),
+        name=obj.get("name", ""),
+        kind=_enum(obj.get("kind", 0), _SPAN_KINDS, "kind"),
+        start_time_unix_nano=_int(_get(obj, "startTimeUnixNano", "start_time_unix_nano", 0), "startTimeUnixNano"),
+        end_time_unix_nano=_int(_get(obj, "endTimeUnixNano", "end_time_unix_nano", 0), "endTimeUnixNano"),
+        attributes=_attributes(obj.get("attributes") or [], "attributes"),
+        dropped_attributes_count=_int(_get(obj, "droppedAttributesCount", "dropped_attributes_count", 0), "droppedAttributesCount"),
+        events=_events(obj.get("events") or []),
+        dropped_events_count=_int(_get(obj, "droppedEventsCount", "dropped_events_count", 0), "droppedEventsCount"),
+        links=_links(obj.get("links") or []),
+        status=Status(code=_enum(status.get("code", 0), _STATUS_CODES, "status.code"), message=status.get("message", "")),
+    )
+
+
+def _span_label(obj: Any) -> str:
+    span_id = obj.get("spanId") or obj.get("span_id") if isinstance(obj, dict) else None
+    return f" (spanId {str(span_id)[:40]})" if span_id else ""
+
+
+def _scope_spans(obj: dict[str, Any], path: str, problems: list[Problem]) -> ScopeSpans:
+    scope = obj.get("scope") or obj.get("instrumentationLibrary") or {}
+    spans = []
+    for k, raw in enumerate(obj.get("spans") or []):
+        try:
+            spans.append(_span(raw))
+        except _Bad as exc:
+            problems.append(Problem(f"{path}.spans[{k}]{_span_label(raw)}", str(exc), spans=1))
+    return ScopeSpans(
+        scope=InstrumentationScope(name=scope.get("name", ""), version=scope.get("version", "")),
+        spans=spans,
+        schema_url=_get(obj, "schemaUrl", "schema_url", ""),
+    )
+
+
+def _resource_spans(obj: dict[str, Any], path: str, problems: list[Problem]) -> ResourceSpans:
+    resource = obj.get("resource") or {}
+    try:
+        attrs = _attributes(resource.get("attributes") or [], f"{path}.resource.attributes")
+    except _Bad as exc:
+        problems.append(Problem(path, f"resource attributes dropped: {exc}"))
+        attrs = []
+    scopes = _get(obj, "scopeSpans", "scope_spans") or obj.get("instrumentationLibrarySpans") or []
+    return ResourceSpans(
+        resource=Resource(attributes=attrs),
+        scope_spans=[_scope_spans(s, f"{path}.scopeSpans[{j}]", problems) for j, s in enumerate(scopes)],
+        schema_url=_get(obj, "schemaUrl", "schema_url", ""),
+    )
+
+
+def request_from_json(doc: Any, where: str) -> Decoded:
+    """Map one parsed OTLP JSON `ExportTraceServiceRequest` into protobuf; bad spans become problems."""
+    if not isinstance(doc, dict):
+        return Decoded(ExportTraceServiceRequest(), where, [Problem(where, "not an OTLP JSON object")])
+    problems: list[Problem] = []
+    groups = _get(doc, "resourceSpans", "resource_spans") or []
+    if not isinstance(groups, list):
+        return Decoded(ExportTraceServiceRequest(), where, [Problem(where, "resourceSpans is not a list")])
+    request = ExportTraceServiceRequest(
+        resource_spans=[
+            _resource_spans(rs, f"{where} resourceSpans[{i}]", problems)
+            for i, rs in enumerate(groups)
+            if isinstance(rs, dict)
+        ]
+    )
+    return Decoded(request, where, problems)

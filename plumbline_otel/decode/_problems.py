@@ -1,0 +1,28 @@
+"""The values decoding produces: a request, or a problem that says where."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+
+@dataclass(frozen=True)
+class Problem:
+    """Something in the input that was rejected; `where` is a file:line, a span id or a field path."""
+
+    where: str
+    reason: str
+    spans: int = 0  # how many spans this problem cost (0 when only an attribute or a whole unknown blob)
+
+    def __str__(self) -> str:
+        return f"{self.where}: {self.reason}"
+
+
+@dataclass
+class Decoded:
+    """One decoded request with the problems met while decoding it (spans already dropped)."""
+
+    request: ExportTraceServiceRequest
+    where: str
+    problems: list[Problem] = field(default_factory=list)

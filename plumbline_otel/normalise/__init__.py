@@ -1,0 +1,114 @@
+"""Normalise: where a span becomes a step.
+
+`normalise_request` turns every span of an `ExportTraceServiceRequest` into a `SpanRecord`,
+detecting the convention span by span. A value that breaks a limit is dropped from its span (and
+counted in `dropped_attributes_count`) with a `Problem` naming the span and key; the span and its
+neighbours are kept.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.common.v1.common_pb2 import KeyValue
+from opentelemetry.proto.trace.v1.trace_pb2 import Span
+
+from plumbline_otel.decode import Problem
+from plumbline_otel.model import SpanRecord
+from plumbline_otel.normalise._extract import detect, extract
+from plumbline_otel.normalise._values import Limits, ValueRejected, any_value
+
+__all__ = ["Limits", "normalise_request", "normalise_span"]
+
+# Attribute namespaces we read; a key in them that we do not know is reported by coverage.
+_NAMESPACES = ("gen_ai.", "llm.", "tool.", "openinference.", "traceloop.")
+_KNOWN_PREFIXES = (
+    "gen_ai.operation.", "gen_ai.provider.", "gen_ai.system", "gen_ai.request.", "gen_ai.response.",
+    "gen_ai.usage.", "gen_ai.tool.", "gen_ai.input.messages", "gen_ai.output.messages",
+    "gen_ai.conversation.", "gen_ai.agent.", "gen_ai.prompt", "gen_ai.completion", "gen_ai.output.type",
+    "gen_ai.openai.", "gen_ai.data_source.", "gen_ai.workflow.",
+    "llm.input_messages", "llm.output_messages", "llm.model_name", "llm.token_count.", "llm.provider",
+    "llm.system", "llm.invocation_parameters", "llm.tools", "llm.request.", "llm.response.",
+    "llm.usage.", "llm.is_streaming", "llm.headers", "llm.finish_reason", "llm.cost.", "llm.prompts", "llm.choices",
+    "tool.name", "tool.description", "tool.parameters", "tool.id", "tool.json_schema", "tool_call.",
+    "openinference.span.kind", "traceloop.span.kind", "traceloop.entity.", "traceloop.workflow.",
+    "traceloop.association.properties.",
+)
+
+
+def _attributes(pairs: Any, limits: Limits, where: str, problems: list[Problem]) -> tuple[dict[str, Any], int]:
+    attrs: dict[str, Any] = {}
+    dropped = 0
+    kv: KeyValue
+    for kv in pairs:
+        try:
+            attrs[kv.key] = any_value(kv.value, limits)
+        except (ValueRejected, RecursionError) as exc:
+            dropped += 1
+            problems.append(Problem(f"{where} attribute {kv.key!r}", f"dropped: {exc}"))
+    return attrs, dropped
+
+
+def _unknown_keys(attrs: dict[str, Any]) -> list[str]:
+    return sorted(k for k in attrs if k.startswith(_NAMESPACES) and not k.startswith(_KNOWN_PREFIXES))
+
+
+def _int(value: Any) -> int | None:
+    try:
+        return int(value) if value is not None and not isinstance(value, bool) else None
+    except (TypeError, ValueError):
+        return None
+
+
+def normalise_span(span: Span, resource: dict[str, Any], scope_name: str, limits: Limits, problems: list[Problem]) -> SpanRecord:
+    """One protobuf span to one `SpanRecord`; limit breaches are appended to `problems`."""
+    span_id = span.span_id.hex()
+    where = f"span {span_id}"
+    attrs, dropped = _attributes(span.attributes, limits, where, problems)
+    events = []
+    for event in span.events:
+        event_attrs, _ = _attributes(event.attributes, limits, f"{where} event {event.name!r}", problems)
+        events.append((event.name, event_attrs))
+    convention, step_kind = detect(attrs)
+    rec = SpanRecord(
+        trace_id=span.trace_id.hex(),
+        span_id=span_id,
+        parent_span_id=span.parent_span_id.hex() or None,
+        name=span.name,
+        start_ns=span.start_time_unix_nano,
+        end_ns=span.end_time_unix_nano,
+        kind=span.kind,
+        status_code=span.status.code,
+        status_message=span.status.message,
+        service_name=resource.get("service.name"),
+        service_version=resource.get("service.version"),
+        scope_name=scope_name,
+        convention=convention,
+        step_kind=step_kind,
+        dropped_attributes_count=span.dropped_attributes_count + dropped,
+        attributes=attrs,
+        resource=resource,
+    )
+    extract(rec, attrs, events)
+    rec.input_tokens, rec.output_tokens = _int(rec.input_tokens), _int(rec.output_tokens)
+    if convention != "unknown":
+        rec.unknown_keys = _unknown_keys(attrs)
+    return rec
+
+
+def normalise_request(request: ExportTraceServiceRequest, limits: Limits | None = None) -> tuple[list[SpanRecord], list[Problem]]:
+    """Every span of a request as a `SpanRecord`, plus the problems met on the way."""
+    limits = limits or Limits()
+    problems: list[Problem] = []
+    records: list[SpanRecord] = []
+    for resource_spans in request.resource_spans:
+        resource, _ = _attributes(resource_spans.resource.attributes, limits, "resource", problems)
+        for scope_spans in resource_spans.scope_spans:
+            scope_name = scope_spans.scope.name
+            for span in scope_spans.spans:
+                if len(span.trace_id) != 16 or len(span.span_id) != 8:
+                    problems.append(Problem(f"span {span.span_id.hex() or '?'}", "trace id must be 16 bytes and span id 8 bytes", spans=1))
+                    continue
+                records.append(normalise_span(span, resource, scope_name, limits, problems))
+    return records, problems

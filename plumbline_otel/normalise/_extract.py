@@ -1,0 +1,258 @@
+"""What a span means: the convention that wrote it, its step kind, and the step fields.
+
+Detection is per span, in the order of the research notes: OpenInference first (it may dual-write
+GenAI keys, which then only fill gaps), then current GenAI, Traceloop entity spans, older GenAI
+forms; anything else is kept as a plain span. Each reader only fills fields still empty, so a
+dual-written span takes the first convention's value and the other's gaps.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from plumbline_otel.model import Convention, SpanRecord, StepKind
+from plumbline_otel.normalise._messages import Message, parse_args, parse_messages, result_is_error
+from plumbline_otel.normalise._values import is_redacted, maybe_json, text_of, unflatten
+
+_GENAI_KINDS: dict[str, StepKind] = {
+    "execute_tool": "tool_call",
+    "chat": "llm_call",
+    "text_completion": "llm_call",
+    "generate_content": "llm_call",
+    "completion": "llm_call",
+    "invoke_agent": "agent",
+    "invoke_workflow": "agent",
+    "create_agent": "other",
+}
+_OI_KINDS: dict[str, StepKind] = {"TOOL": "tool_call", "LLM": "llm_call", "AGENT": "agent"}
+_TRACELOOP_KINDS: dict[str, StepKind] = {"tool": "tool_call", "workflow": "agent", "agent": "agent"}
+_GENAI_MARKERS = ("gen_ai.operation.name", "gen_ai.input.messages", "gen_ai.output.messages", "gen_ai.tool.name", "gen_ai.provider.name")
+_EVENT_MESSAGES = {
+    "gen_ai.system.message": "system",
+    "gen_ai.user.message": "user",
+    "gen_ai.assistant.message": "assistant",
+    "gen_ai.tool.message": "tool",
+}
+
+
+def detect(attrs: dict[str, Any]) -> tuple[Convention, StepKind]:
+    """The convention a span was written in and what kind of step it is."""
+    oi_kind = attrs.get("openinference.span.kind")
+    if isinstance(oi_kind, str):
+        return "openinference", _OI_KINDS.get(oi_kind.upper(), "other")
+    operation = attrs.get("gen_ai.operation.name")
+    if attrs.get("mcp.method.name") == "tools/call":
+        operation = "execute_tool"
+    if any(key in attrs for key in _GENAI_MARKERS):
+        if operation is None:
+            operation = "execute_tool" if "gen_ai.tool.name" in attrs else "chat"
+        return "genai", _GENAI_KINDS.get(str(operation), "other")
+    tl_kind = attrs.get("traceloop.span.kind")
+    if isinstance(tl_kind, str):
+        return "traceloop", _TRACELOOP_KINDS.get(tl_kind, "other")
+    if "llm.request.type" in attrs or "gen_ai.system" in attrs or any(k.startswith(("gen_ai.prompt.", "gen_ai.completion.")) for k in attrs):
+        return "genai_legacy", "llm_call"
+    return "unknown", "other"
+
+
+def _first(attrs: dict[str, Any], *keys: str) -> Any:
+    for key in keys:
+        value = attrs.get(key)
+        if value is not None and value != "":
+            return value
+    return None
+
+
+def _fill(rec: SpanRecord, **values: Any) -> None:
+    for name, value in values.items():
+        if value is not None and getattr(rec, name) in (None, "", 0):
+            setattr(rec, name, value)
+
+
+def _set_args(rec: SpanRecord, raw: Any) -> None:
+    if rec.args_state in ("structured", "unparsed"):
+        return
+    args, state = parse_args(raw)
+    if state != "absent" or rec.args_state == "absent":
+        rec.args, rec.args_state = args, state
+
+
+def _entity_args(raw: Any) -> Any:
+    """Traceloop writes `{"args": [...], "kwargs": {...}}`; the call's arguments are the kwargs."""
+    value = maybe_json(raw)
+    if isinstance(value, dict) and ("kwargs" in value or "args" in value):
+        kwargs, positional = value.get("kwargs") or {}, value.get("args") or []
+        return kwargs if kwargs or not positional else {"args": positional}
+    return value
+
+
+def _entity_text(raw: Any) -> str | None:
+    value = maybe_json(raw)
+    if isinstance(value, dict) and "args" in value and not value.get("kwargs") and len(value["args"] or []) == 1:
+        value = value["args"][0]
+    return text_of(value)
+
+
+# --- tool spans -------------------------------------------------------------------------------
+
+
+def _tool_openinference(rec: SpanRecord, attrs: dict[str, Any]) -> None:
+    _fill(rec, tool_name=attrs.get("tool.name"), call_id=_first(attrs, "tool.id", "tool_call.id"))
+    _set_args(rec, attrs.get("input.value"))
+    params = maybe_json(attrs.get("tool.parameters"))
+    looks_like_schema = isinstance(params, dict) and ("properties" in params or params.get("type") == "object")
+    if not looks_like_schema:
+        _set_args(rec, params)
+    if rec.result is None:
+        rec.result = maybe_json(attrs.get("output.value"))
+
+
+def _tool_genai(rec: SpanRecord, attrs: dict[str, Any]) -> None:
+    _fill(rec, tool_name=attrs.get("gen_ai.tool.name"), call_id=attrs.get("gen_ai.tool.call.id"))
+    _set_args(rec, _first(attrs, "gen_ai.tool.call.arguments", "tool_arguments"))
+    if rec.result is None:
+        rec.result = maybe_json(_first(attrs, "gen_ai.tool.call.result", "tool_response"))
+
+
+def _tool_traceloop(rec: SpanRecord, attrs: dict[str, Any]) -> None:
+    _fill(rec, tool_name=_first(attrs, "gen_ai.tool.name", "traceloop.entity.name"))
+    _set_args(rec, _entity_args(attrs.get("traceloop.entity.input")))
+    if rec.result is None:
+        rec.result = maybe_json(attrs.get("traceloop.entity.output"))
+
+
+def _tool_from_events(rec: SpanRecord, events: list[tuple[str, dict[str, Any]]]) -> None:
+    """Strands-style tool spans carry arguments and result in span events."""
+    for name, eattrs in events:
+        if name == "gen_ai.tool.message":
+            _set_args(rec, eattrs.get("content"))
+            _fill(rec, call_id=eattrs.get("id"))
+        elif name == "gen_ai.choice" and rec.result is None:
+            rec.result = maybe_json(eattrs.get("message"))
+
+
+# --- LLM spans --------------------------------------------------------------------------------
+
+
+def _messages_genai(attrs: dict[str, Any], events: list[tuple[str, dict[str, Any]]]) -> tuple[list[Message], list[Message]]:
+    inputs = parse_messages(attrs.get("gen_ai.input.messages"))
+    outputs = parse_messages(attrs.get("gen_ai.output.messages"))
+    for name, eattrs in events:
+        if name == "gen_ai.client.inference.operation.details":
+            inputs = inputs or parse_messages(eattrs.get("gen_ai.input.messages"))
+            outputs = outputs or parse_messages(eattrs.get("gen_ai.output.messages"))
+        elif name in _EVENT_MESSAGES:
+            body = maybe_json(eattrs.get("content"))
+            body = body if isinstance(body, dict) else {"content": body}
+            inputs += parse_messages({"role": _EVENT_MESSAGES[name], **eattrs, **body})
+        elif name == "gen_ai.choice":
+            message = maybe_json(eattrs.get("message"))
+            outputs += parse_messages(message if isinstance(message, dict) else {"role": "assistant", **eattrs})
+        elif name == "gen_ai.content.prompt":
+            inputs += parse_messages(eattrs.get("gen_ai.prompt"))
+        elif name == "gen_ai.content.completion":
+            outputs += parse_messages(eattrs.get("gen_ai.completion"))
+    return inputs, outputs
+
+
+def _messages_flat(attrs: dict[str, Any], in_prefix: str, out_prefix: str) -> tuple[list[Message], list[Message]]:
+    def read(prefix: str) -> list[Message]:
+        whole = attrs.get(prefix)  # some producers send the unflattened list under the prefix itself
+        return parse_messages(whole if whole is not None else unflatten(attrs, prefix))
+
+    return read(in_prefix), read(out_prefix)
+
+
+def _llm_fields(rec: SpanRecord, attrs: dict[str, Any]) -> None:
+    _fill(
+        rec,
+        model=_first(attrs, "gen_ai.response.model", "llm.response.model_name", "llm.model_name", "gen_ai.request.model", "llm.request.model_name"),
+        provider=str(_first(attrs, "gen_ai.provider.name", "gen_ai.system", "llm.provider", "llm.system") or "").lower() or None,
+        response_id=attrs.get("gen_ai.response.id"),
+        input_tokens=_first(attrs, "gen_ai.usage.input_tokens", "gen_ai.usage.prompt_tokens", "llm.token_count.prompt"),
+        output_tokens=_first(attrs, "gen_ai.usage.output_tokens", "gen_ai.usage.completion_tokens", "llm.token_count.completion"),
+    )
+
+
+def _apply_messages(rec: SpanRecord, inputs: list[Message], outputs: list[Message]) -> None:
+    if not (inputs or outputs):
+        return
+    rec.content_captured = rec.content_captured or any(m.texts or m.calls or m.results for m in inputs + outputs)
+    if not rec.proposed_calls:
+        rec.proposed_calls = [c for m in outputs for c in m.calls]
+        rec.proposed_calls = [c.__class__(c.name, c.args, c.call_id, i) for i, c in enumerate(rec.proposed_calls)]
+    if not rec.tool_results:
+        rec.tool_results = [r for m in inputs for r in m.results]
+    users = [m for m in inputs if m.role == "user" and m.texts]
+    if users and rec.input_text is None:
+        rec.input_text = "\n".join(users[-1].texts)
+    texts = [t for m in outputs for t in m.texts]
+    if texts and rec.output_text is None:
+        rec.output_text = "\n".join(texts)
+
+
+def _llm(rec: SpanRecord, attrs: dict[str, Any], events: list[tuple[str, dict[str, Any]]]) -> None:
+    _llm_fields(rec, attrs)
+    if rec.convention == "openinference":
+        _apply_messages(rec, *_messages_flat(attrs, "llm.input_messages", "llm.output_messages"))
+    _apply_messages(rec, *_messages_genai(attrs, events))
+    _apply_messages(rec, *_messages_flat(attrs, "gen_ai.prompt", "gen_ai.completion"))
+
+
+# --- agent spans ------------------------------------------------------------------------------
+
+
+def _agent(rec: SpanRecord, attrs: dict[str, Any], events: list[tuple[str, dict[str, Any]]]) -> None:
+    _fill(rec, agent_name=_first(attrs, "gen_ai.agent.name", "agent.name"))
+    _fill(rec, input_text=text_of(_first(attrs, "input.value")), output_text=text_of(_first(attrs, "output.value")))
+    if rec.convention == "traceloop":
+        _fill(rec, agent_name=attrs.get("traceloop.entity.name"))
+        _fill(rec, input_text=_entity_text(attrs.get("traceloop.entity.input")), output_text=_entity_text(attrs.get("traceloop.entity.output")))
+    inputs, outputs = _messages_genai(attrs, events)
+    _apply_messages(rec, inputs, outputs)
+    _fill(rec, output_text=text_of(attrs.get("final_result")))
+    rec.proposed_calls, rec.tool_results = [], []  # an agent span's history repeats its LLM calls'
+
+
+# --- errors -----------------------------------------------------------------------------------
+
+
+def _error(rec: SpanRecord, attrs: dict[str, Any], events: list[tuple[str, dict[str, Any]]]) -> str | None:
+    """Status ERROR, `error.type`, an `exception` event, or an error-marked result all count."""
+    for name, eattrs in events:
+        if name == "exception":
+            kind, message = eattrs.get("exception.type"), eattrs.get("exception.message")
+            return ": ".join(str(x) for x in (kind, message) if x) or "exception"
+    if rec.status_code == 2:
+        return rec.status_message or str(attrs.get("error.type") or "error")
+    if attrs.get("error.type"):
+        return str(attrs["error.type"])
+    if attrs.get("gen_ai.tool.status") == "error":
+        return "tool status error"
+    if rec.step_kind == "tool_call" and result_is_error(rec.result):
+        return "error result"
+    return None
+
+
+_TOOL_READERS: dict[str, list[Callable[[SpanRecord, dict[str, Any]], None]]] = {
+    "openinference": [_tool_openinference, _tool_genai],
+    "genai": [_tool_genai, _tool_openinference],
+    "traceloop": [_tool_traceloop, _tool_genai],
+}
+
+
+def extract(rec: SpanRecord, attrs: dict[str, Any], events: list[tuple[str, dict[str, Any]]]) -> None:
+    """Fill the step fields of `rec` from its attributes and events."""
+    if rec.step_kind == "tool_call":
+        for reader in _TOOL_READERS.get(rec.convention, [_tool_genai]):
+            reader(rec, attrs)
+        _tool_from_events(rec, events)
+        if rec.tool_name is None:
+            rec.tool_name = rec.name.removeprefix("execute_tool ").strip() or rec.name
+        if is_redacted(rec.result):
+            rec.result = None
+    elif rec.step_kind == "llm_call":
+        _llm(rec, attrs, events)
+    elif rec.step_kind == "agent":
+        _agent(rec, attrs, events)
+    rec.error = _error(rec, attrs, events)

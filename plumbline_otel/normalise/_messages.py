@@ -1,0 +1,145 @@
+"""Chat messages in every shape producers write, read into one form.
+
+GenAI `parts` messages, OpenAI-style `content`/`tool_calls`/`tool_call_id` messages, Anthropic
+content blocks (`tool_use`, `tool_result`), and OpenInference's flattened `message.*` items all
+become `Message`s. Calls and results are paired by part type and call id, never by role:
+producers disagree on roles (tool results arrive on `user` messages) and on field names
+(`response` vs `result`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from plumbline_otel.model import ArgsState, ToolCallRef, ToolResultRef
+from plumbline_otel.normalise._values import is_redacted, maybe_json
+
+_CALL_TYPES = {"tool_call", "tool_use", "function_call"}
+_RESULT_TYPES = {"tool_call_response", "tool_result", "function_call_output"}
+
+
+@dataclass
+class Message:
+    role: str | None
+    texts: list[str] = field(default_factory=list)
+    calls: list[ToolCallRef] = field(default_factory=list)
+    results: list[ToolResultRef] = field(default_factory=list)
+    redacted: bool = False
+
+
+def parse_args(raw: Any) -> tuple[Any, ArgsState]:
+    """Arguments as a JSON object when they are one; the raw text when they will not parse."""
+    if raw is None or raw == "":
+        return None, "absent"
+    if is_redacted(raw):
+        return None, "redacted"
+    value = maybe_json(raw)
+    if isinstance(value, dict):
+        return value, "structured"
+    return value, "unparsed"
+
+
+def result_is_error(result: Any) -> bool:
+    """Explicit error markers only: `is_error`, a truthy `error`, or `status: error`."""
+    if not isinstance(result, dict):
+        return False
+    return bool(result.get("is_error") or result.get("isError") or result.get("error")) or result.get("status") == "error"
+
+
+def _call(obj: dict[str, Any], index: int) -> ToolCallRef | None:
+    obj = obj.get("tool_call", obj) if isinstance(obj.get("tool_call"), dict) else obj
+    function = obj.get("function") if isinstance(obj.get("function"), dict) else {}
+    name = obj.get("name") or function.get("name")
+    if not name:
+        return None
+    raw = obj.get("arguments", obj.get("input", function.get("arguments")))
+    args, _ = parse_args(raw)
+    call_id = obj.get("id") or obj.get("call_id")
+    return ToolCallRef(name=str(name), args=args, call_id=str(call_id) if call_id else None, index=index)
+
+
+def _result(obj: dict[str, Any]) -> ToolResultRef | None:
+    call_id = obj.get("id") or obj.get("tool_use_id") or obj.get("call_id") or obj.get("tool_call_id")
+    if not call_id:
+        return None
+    for key in ("response", "result", "content", "output"):
+        if key in obj:
+            value = maybe_json(obj[key])
+            break
+    else:
+        value = None
+    error = bool(obj.get("is_error")) or result_is_error(value)
+    return ToolResultRef(call_id=str(call_id), result=value, error=error)
+
+
+def _add_block(msg: Message, block: Any) -> None:
+    if isinstance(block, str):
+        msg.texts.append(block)
+        return
+    if not isinstance(block, dict):
+        return
+    if isinstance(block.get("message_content"), dict):  # OpenInference `contents` item
+        block = block["message_content"]
+    elif isinstance(block.get("tool_call"), dict) and "type" not in block:
+        block = {"type": "tool_call", **block["tool_call"]}
+    kind = str(block.get("type", "text"))
+    if kind in _CALL_TYPES:
+        call = _call(block, len(msg.calls))
+        if call:
+            msg.calls.append(call)
+    elif kind in _RESULT_TYPES:
+        result = _result(block)
+        if result:
+            msg.results.append(result)
+    elif kind in ("text", "reasoning", "output_text", "input_text"):
+        text = block.get("text", block.get("content"))
+        if isinstance(text, str) and kind != "reasoning":
+            msg.texts.append(text)
+
+
+def _add_content(msg: Message, content: Any) -> None:
+    if is_redacted(content):
+        msg.redacted = True
+        return
+    content = maybe_json(content) if isinstance(content, str) and content.lstrip()[:1] == "[" else content
+    if isinstance(content, list):
+        for block in content:
+            _add_block(msg, block)
+    elif isinstance(content, str):
+        msg.texts.append(content)
+    elif isinstance(content, dict):
+        _add_block(msg, content)
+
+
+def parse_message(obj: Any) -> Message | None:
+    """One message in any known shape; None for things that are not messages."""
+    if isinstance(obj, dict) and isinstance(obj.get("message"), dict) and "role" not in obj:
+        obj = obj["message"]  # OpenInference item, or a gen_ai.choice body
+    if not isinstance(obj, dict):
+        return None
+    msg = Message(role=obj.get("role"))
+    for part in obj.get("parts") or []:
+        _add_block(msg, part)
+    for key in ("content", "contents"):
+        if obj.get(key) is not None:
+            _add_content(msg, obj[key])
+    for index, raw in enumerate(obj.get("tool_calls") or []):
+        call = _call(raw, len(msg.calls)) if isinstance(raw, dict) else None
+        if call:
+            msg.calls.append(call)
+    if obj.get("tool_call_id"):
+        value = maybe_json(obj.get("content"))
+        msg.results.append(ToolResultRef(str(obj["tool_call_id"]), value, result_is_error(value)))
+        msg.texts = []
+    return msg
+
+
+def parse_messages(value: Any) -> list[Message]:
+    """A message list given as JSON text, a structure, or a single message."""
+    value = maybe_json(value)
+    if isinstance(value, dict):
+        value = [value]
+    if not isinstance(value, list):
+        return []
+    return [m for m in (parse_message(item) for item in value) if m is not None]

@@ -1,0 +1,109 @@
+"""AnyValue to Python, JSON-ish content to Python, and the limits that keep one value from sinking a span."""
+
+from __future__ import annotations
+
+import base64
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue
+
+from plumbline_otel.model import REDACTED
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Per-value limits; a value past them is dropped and reported, never stored half-read."""
+
+    max_value_bytes: int = 16 << 20
+    max_depth: int = 32
+
+
+class ValueRejected(ValueError):
+    """One attribute value broke a limit; the message says which."""
+
+
+def any_value(value: AnyValue, limits: Limits, depth: int = 0) -> Any:
+    """Convert an AnyValue (scalar, array, kvlist or bytes) into plain Python."""
+    which = value.WhichOneof("value")
+    if which == "string_value":
+        s = value.string_value
+        if len(s) > limits.max_value_bytes:
+            raise ValueRejected(f"value of {len(s) / 1e6:.1f} MB exceeds the {limits.max_value_bytes >> 20} MiB limit")
+        return s
+    if which in ("int_value", "bool_value", "double_value"):
+        return getattr(value, which)
+    if which is None:
+        return None
+    if depth >= limits.max_depth:
+        raise ValueRejected(f"value nested deeper than {limits.max_depth} levels")
+    if which == "array_value":
+        return [any_value(v, limits, depth + 1) for v in value.array_value.values]
+    if which == "kvlist_value":
+        return {kv.key: any_value(kv.value, limits, depth + 1) for kv in value.kvlist_value.values}
+    if which == "bytes_value":
+        raw = value.bytes_value
+        if len(raw) > limits.max_value_bytes:
+            raise ValueRejected(f"bytes value of {len(raw) / 1e6:.1f} MB exceeds the limit")
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError:
+            return base64.b64encode(raw).decode("ascii")
+    return None  # string_value_strindex and other profiling-only forms carry nothing for us
+
+
+def maybe_json(value: Any) -> Any:
+    """Content attributes arrive as JSON strings or as structures: return the structure either way."""
+    if isinstance(value, str):
+        stripped = value.lstrip()
+        if stripped[:1] in ("{", "[", '"') or stripped in ("true", "false", "null"):
+            try:
+                return orjson.loads(value)
+            except orjson.JSONDecodeError:
+                return value
+    return value
+
+
+def is_redacted(value: Any) -> bool:
+    """`__REDACTED__` means the producer hid the content; it is not a value."""
+    return isinstance(value, str) and value.strip() == REDACTED
+
+
+def text_of(value: Any) -> str | None:
+    """A human-readable text for an input/output value: strings as they are, structures as JSON."""
+    if value is None or is_redacted(value):
+        return None
+    if isinstance(value, str):
+        return value
+    return orjson.dumps(value).decode()
+
+
+def unflatten(attrs: dict[str, Any], prefix: str) -> list[Any]:
+    """Rebuild a list from flattened keys (`prefix.0.message.role` …) in index order.
+
+    Gaps in the indexes (an SDK's attribute limit cut the list) leave the present items in order.
+    """
+    root: dict[Any, Any] = {}
+    start = len(prefix) + 1
+    for key, val in attrs.items():
+        if not key.startswith(prefix) or len(key) <= start or key[start - 1] != ".":
+            continue
+        node = root
+        parts = key[start:].split(".")
+        for part in parts[:-1]:
+            node = node.setdefault(int(part) if part.isdigit() else part, {})
+            if not isinstance(node, dict):
+                break
+        else:
+            last = parts[-1]
+            node[int(last) if last.isdigit() else last] = val
+    return _as_list(root)
+
+
+def _as_list(node: Any) -> Any:
+    if not isinstance(node, dict):
+        return node
+    if node and all(isinstance(k, int) for k in node):
+        return [_as_list(node[k]) for k in sorted(node)]
+    return {k: _as_list(v) for k, v in node.items()}

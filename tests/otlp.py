@@ -1,0 +1,38 @@
+"""Test helpers: spans made with the real OpenTelemetry SDK, encoded the way real exporters encode them."""
+
+from __future__ import annotations
+
+import base64
+from typing import Any, Callable
+
+from google.protobuf.json_format import MessageToDict
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import Tracer
+
+
+def record(build: Callable[[Tracer], None], service: str = "test-agent", resource: dict[str, Any] | None = None) -> ExportTraceServiceRequest:
+    """Run `build` with a real SDK tracer and return the spans as an OTLP export request."""
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider(resource=Resource.create({"service.name": service, **(resource or {})}))
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    build(provider.get_tracer("tests"))
+    provider.shutdown()
+    return encode_spans(exporter.get_finished_spans())
+
+
+def _hex_ids(node: Any) -> Any:
+    if isinstance(node, dict):
+        return {k: (base64.b64decode(v).hex() if k in ("traceId", "spanId", "parentSpanId") and v else _hex_ids(v)) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_hex_ids(v) for v in node]
+    return node
+
+
+def to_otlp_json(request: ExportTraceServiceRequest) -> dict[str, Any]:
+    """OTLP JSON as the spec writes it: hex ids, integer enums, 64-bit integers as strings."""
+    return _hex_ids(MessageToDict(request, use_integers_for_enums=True))
