@@ -1,0 +1,190 @@
+"""Coverage: what the stored traffic can and cannot support, in numbers and in sentences.
+
+Every figure is SQL over the store. The sentences name the gap, the analysis it rules out and,
+where there is one, what the user can change (usually a content-capture switch in their
+instrumentation).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from plumbline_otel.store import Store
+
+_STEPS = """
+    SELECT t.service AS service, s.value AS step
+    FROM trajectories t, LATERAL (SELECT unnest(from_json(json_extract(t.doc, '$.steps'), '["json"]')) AS value) s
+    WHERE {where}
+"""
+
+
+def _one(store: Store, sql: str, params: list[Any]) -> dict[str, Any]:
+    cursor = store.connection.cursor()
+    cursor.execute(sql, params)
+    row = cursor.fetchone()
+    names = [d[0] for d in cursor.description]
+    return {n: (v if v is not None else 0) for n, v in zip(names, row or [None] * len(names))}
+
+
+def _filter(service: str | None, since_ns: int | None, service_col: str, time_col: str) -> tuple[str, list[Any]]:
+    clauses, params = ["TRUE"], []
+    if service is not None:
+        clauses.append(f"{service_col} IS NOT DISTINCT FROM ?")
+        params.append(service)
+    if since_ns is not None:
+        clauses.append(f"{time_col} >= ?")
+        params.append(since_ns)
+    return " AND ".join(clauses), params
+
+
+def _spans(store: Store, where: str, params: list[Any]) -> dict[str, Any]:
+    by_convention = store.connection.execute(
+        f"SELECT convention, count(*), count(DISTINCT trace_id) FROM spans WHERE {where} GROUP BY 1 ORDER BY 2 DESC", params
+    ).fetchall()
+    totals = _one(store, f"""
+        SELECT count(*) AS spans, count(DISTINCT trace_id) AS traces,
+               count(*) FILTER (step_kind = 'tool_call') AS tool_spans,
+               count(*) FILTER (step_kind = 'tool_call' AND args_state IN ('absent', 'redacted')) AS tool_spans_without_args,
+               count(*) FILTER (step_kind = 'llm_call') AS llm_spans,
+               count(*) FILTER (step_kind = 'llm_call' AND content_captured) AS llm_spans_with_content,
+               count(*) FILTER (step_kind = 'llm_call' AND (input_tokens IS NOT NULL OR output_tokens IS NOT NULL)) AS llm_spans_with_tokens,
+               count(*) FILTER (dropped_attributes_count > 0) AS spans_with_dropped_attributes
+        FROM spans WHERE {where}""", params)
+    totals["by_convention"] = {c: {"spans": n, "traces": t} for c, n, t in by_convention}
+    return totals
+
+
+def _tool_calls(store: Store, where: str, params: list[Any]) -> dict[str, Any]:
+    steps = _STEPS.format(where=where)
+    stats = _one(store, f"""
+        WITH steps AS ({steps})
+        SELECT count(*) AS tool_calls,
+               count(*) FILTER (json_type(step, '$.args') = 'OBJECT') AS with_structured_args,
+               count(*) FILTER (json_type(step, '$.result') IS NOT NULL AND json_type(step, '$.result') <> 'NULL') AS with_results,
+               count(*) FILTER (json_extract_string(step, '$.call_id') IS NOT NULL) AS with_call_ids,
+               count(*) FILTER (json_extract_string(step, '$.error') IS NOT NULL) AS failed,
+               count(*) FILTER (json_extract_string(step, '$.source') = 'llm_output') AS only_in_llm_output,
+               count(*) FILTER (json_extract_string(step, '$.source') = 'tool_span+llm_output') AS tool_span_matched_to_llm_output
+        FROM steps WHERE json_extract_string(step, '$.kind') = 'tool_call'""", params)
+    recovered = _one(store, f"""
+        WITH steps AS ({steps})
+        SELECT count(*) AS args_recovered_from_llm_output
+        FROM steps JOIN spans p ON p.span_id = json_extract_string(step, '$.span_id')
+        WHERE json_extract_string(step, '$.kind') = 'tool_call' AND p.args_state IN ('absent', 'redacted')
+          AND json_type(step, '$.args') = 'OBJECT'""", params)
+    stats.update(recovered)
+    return stats
+
+
+def _trajectories(store: Store, where: str, params: list[Any]) -> dict[str, Any]:
+    return _one(store, f"""
+        WITH t AS (SELECT * FROM trajectories WHERE {where}),
+             repeats AS (SELECT task_key FROM t WHERE task_key IS NOT NULL GROUP BY 1 HAVING count(*) > 1)
+        SELECT count(*) AS trajectories,
+               count(*) FILTER (input IS NOT NULL) AS with_input,
+               count(*) FILTER (final_output IS NOT NULL) AS with_final_output,
+               count(*) FILTER (task_key_source LIKE 'attribute:%') AS task_key_from_attribute,
+               count(*) FILTER (task_key_source = 'input_hash') AS task_key_from_input_hash,
+               count(*) FILTER (task_key_source = 'none') AS without_task_key,
+               (SELECT count(DISTINCT task_key) FROM t) AS tasks,
+               (SELECT count(*) FROM repeats) AS tasks_seen_more_than_once
+        FROM t""", params)
+
+
+def _unknown_keys(store: Store, where: str, params: list[Any]) -> dict[str, int]:
+    rows = store.connection.execute(f"""
+        SELECT key, count(*) FROM (SELECT unnest(unknown_keys) AS key FROM spans WHERE {where})
+        GROUP BY 1 ORDER BY 2 DESC, 1 LIMIT 25""", params).fetchall()
+    return dict(rows)
+
+
+def _section(store: Store, service: str | None, since_ns: int | None) -> dict[str, Any]:
+    span_where, span_params = _filter(service, since_ns, "service_name", "start_ns")
+    traj_where, traj_params = _filter(service, since_ns, "service", "start_ns")
+    section = {
+        "spans": _spans(store, span_where, span_params),
+        "tool_calls": _tool_calls(store, _filter(service, since_ns, "t.service", "t.start_ns")[0], traj_params),
+        "trajectories": _trajectories(store, traj_where, traj_params),
+        "unrecognised_keys": _unknown_keys(store, span_where, span_params),
+    }
+    section["findings"] = findings(section)
+    return section
+
+
+def _pct(part: int, whole: int) -> str:
+    return f"{100 * part / whole:.0f}%" if whole else "n/a"
+
+
+def findings(section: dict[str, Any]) -> list[str]:
+    """Plain sentences: each gap, what it rules out, and what to change."""
+    spans, tools, trajs = section["spans"], section["tool_calls"], section["trajectories"]
+    out: list[str] = []
+    n_tools = tools["tool_calls"]
+    no_args = n_tools - tools["with_structured_args"]
+    if spans["spans"] == 0:
+        return ["No spans stored yet: ingest trace files or point an OTLP exporter at `plumbline serve`."]
+    if n_tools == 0:
+        out.append("No tool calls found: neither tool spans nor tool calls in LLM output messages; conformance and consistency have nothing to check.")
+    elif no_args:
+        out.append(f"{_pct(no_args, n_tools)} of tool calls ({no_args} of {n_tools}) carry no structured arguments, so argument invariants (arg_equals, arg_satisfies) are unavailable for them.")
+    if spans["tool_spans_without_args"]:
+        recovered = tools["args_recovered_from_llm_output"]
+        out.append(f"{spans['tool_spans_without_args']} tool spans carry no arguments; {recovered} of them were recovered from the parent LLM span's output messages.")
+    if tools["only_in_llm_output"]:
+        out.append(f"{tools['only_in_llm_output']} tool calls exist only in LLM output messages (no tool spans): their results come from later LLM inputs, and a call the agent never executed cannot be told apart from one that ran.")
+    llm, content = spans["llm_spans"], spans["llm_spans_with_content"]
+    if llm and content < llm:
+        out.append(f"{_pct(llm - content, llm)} of LLM calls ({llm - content} of {llm}) have no message content: content capture is off by default in most instrumentations (OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT for the OpenTelemetry GenAI ones); without it, tool calls inside LLM spans and the run's input are invisible.")
+    if llm and spans["llm_spans_with_tokens"] < llm:
+        out.append(f"{llm - spans['llm_spans_with_tokens']} of {llm} LLM calls report no token usage, so cost figures undercount.")
+    n = trajs["trajectories"]
+    if n and trajs["with_input"] < n:
+        out.append(f"{n - trajs['with_input']} of {n} trajectories have no recorded input, so they cannot be replayed.")
+    if n and trajs["task_key_from_attribute"] < n:
+        out.append(f"{n - trajs['task_key_from_attribute']} of {n} trajectories have no task-key attribute (session.id, gen_ai.conversation.id or --task-key); they are grouped by a hash of their input, which splits a task whose input is reworded.")
+    if n and trajs["tasks_seen_more_than_once"] == 0:
+        out.append("No task was seen more than once, so consistency (agreement across runs of one task) cannot be measured yet.")
+    if spans["spans_with_dropped_attributes"]:
+        out.append(f"{spans['spans_with_dropped_attributes']} spans lost attributes (dropped_attributes_count > 0): an SDK attribute limit or a rejected value; long message lists may be cut.")
+    if section["unrecognised_keys"]:
+        keys = ", ".join(list(section["unrecognised_keys"])[:5])
+        out.append(f"Unrecognised keys on GenAI-looking spans (kept raw, not interpreted): {keys}.")
+    return out
+
+
+def coverage_report(store: Store, since_ns: int | None = None) -> dict[str, Any]:
+    """The whole report: overall, per service, and the input rejected on the way in."""
+    services = [r[0] for r in store.connection.execute("SELECT DISTINCT service_name FROM spans ORDER BY 1 NULLS LAST").fetchall()]
+    rejected = _one(store, "SELECT count(*) AS problems, coalesce(sum(spans), 0) AS rejected_spans FROM problems", [])
+    return {
+        "version": 1,
+        "overall": _section(store, None, since_ns),
+        "services": {str(s): _section(store, s, since_ns) for s in services} if len(services) > 1 else {},
+        "rejected_input": rejected,
+    }
+
+
+def render_text(report: dict[str, Any]) -> str:
+    """The report as a person reads it: headline counts, then the findings."""
+    lines: list[str] = []
+    for title, section in [("All traffic", report["overall"]), *report["services"].items()]:
+        spans, tools, trajs = section["spans"], section["tool_calls"], section["trajectories"]
+        conventions = ", ".join(f"{c} {v['spans']}" for c, v in spans["by_convention"].items())
+        lines += [
+            f"== {title} ==",
+            f"spans {spans['spans']} in {spans['traces']} traces ({conventions})",
+            f"tool calls {tools['tool_calls']}: structured args {_pct(tools['with_structured_args'], tools['tool_calls'])}, "
+            f"results {_pct(tools['with_results'], tools['tool_calls'])}, call ids {_pct(tools['with_call_ids'], tools['tool_calls'])}, "
+            f"failed {tools['failed']}",
+            f"LLM calls {spans['llm_spans']}: content {_pct(spans['llm_spans_with_content'], spans['llm_spans'])}, "
+            f"token usage {_pct(spans['llm_spans_with_tokens'], spans['llm_spans'])}",
+            f"trajectories {trajs['trajectories']}: input {_pct(trajs['with_input'], trajs['trajectories'])}, "
+            f"final output {_pct(trajs['with_final_output'], trajs['trajectories'])}, tasks {trajs['tasks']} "
+            f"({trajs['tasks_seen_more_than_once']} seen more than once)",
+            *(f"- {f}" for f in section["findings"]),
+            "",
+        ]
+    rejected = report["rejected_input"]
+    if rejected["problems"]:
+        lines.append(f"Rejected on the way in: {rejected['problems']} problems, {rejected['rejected_spans']} spans (see `plumbline ingest` output).")
+    return "\n".join(lines).rstrip() + "\n"
