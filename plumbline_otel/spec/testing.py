@@ -60,3 +60,38 @@ def run(
         end_ns=start_ns + len(steps) + 1,
         context=ctx,
     )
+
+
+def span_records(trajectory: Trajectory) -> list[Any]:
+    """The span records a traced run like `trajectory` would have sent (an agent root, one child per step).
+
+    For tests and benches that go through the real store: ``store.write_spans(span_records(t))``
+    then ``store.assemble()``. The stored run's id is its trace id, derived from the trajectory id.
+    """
+    import hashlib
+
+    from plumbline_otel.model import SpanRecord
+
+    trace_id = trajectory.trace_id if len(trajectory.trace_id) == 32 and trajectory.trace_id.isalnum() else ""
+    trace_id = trace_id or hashlib.sha256(trajectory.trajectory_id.encode()).hexdigest()[:32]
+    attrs = dict(trajectory.context)
+    if trajectory.task_key is not None:
+        attrs["plumbline.task.key"] = trajectory.task_key
+    base = trajectory.start_ns or 1_700_000_000_000_000_000
+    root = SpanRecord(
+        trace_id=trace_id, span_id=f"{1:016x}", parent_span_id=None, name="invoke_agent",
+        start_ns=base, end_ns=base + len(trajectory.steps) + 2, service_name=trajectory.service,
+        service_version=trajectory.service_version, step_kind="agent", agent_name=trajectory.agent_name,
+        convention="genai", attributes=attrs,
+    )
+    records = [root]
+    for i, step in enumerate(trajectory.steps):
+        records.append(SpanRecord(
+            trace_id=trace_id, span_id=f"{i + 2:016x}", parent_span_id=root.span_id, name=step.name,
+            start_ns=base + i + 1, end_ns=base + i + 1, status_code=2 if step.error else 0,
+            service_name=trajectory.service, service_version=trajectory.service_version, convention="genai",
+            step_kind=step.kind, tool_name=step.name if step.kind == "tool_call" else None,
+            model=step.model if step.kind == "llm_call" else None, call_id=step.call_id, args=step.args,
+            args_state="structured" if step.args is not None else "absent", result=step.result, error=step.error,
+        ))
+    return records

@@ -1,0 +1,81 @@
+"""`plumbline check`: judge stored runs against a spec and store the violations.
+
+Exit codes: 0 done (violations are findings, not failures, unless --fail-on says otherwise),
+1 a PlumblineError (bad spec, store locked), 2 usage, 3 --fail-on tripped.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from datetime import datetime, timezone
+
+import click
+
+from plumbline_otel.errors import ConfigError
+
+SINCE_HELP = "only runs started at/after this: an ISO time (2024-03-01, 2024-03-01T12:00Z) or an age (90m, 24h, 7d)"
+_AGE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
+_UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def parse_since(text: str | None, now_ns: int | None = None) -> int | None:
+    """--since as epoch nanoseconds; naive ISO times are UTC. Raises ConfigError on nonsense."""
+    if text is None or not text.strip():
+        return None
+    now_ns = time.time_ns() if now_ns is None else now_ns
+    age = _AGE.match(text)
+    if age:
+        return now_ns - int(float(age.group(1)) * _UNIT_S[age.group(2)] * 1_000_000_000)
+    iso = text.strip()
+    if iso.endswith(("Z", "z")):
+        iso = iso[:-1] + "+00:00"
+    try:
+        when = datetime.fromisoformat(iso)
+    except ValueError:
+        raise ConfigError(f"--since: {text!r} is neither an ISO time nor an age like 24h") from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=timezone.utc)
+    return int(when.timestamp()) * 1_000_000_000 + when.microsecond * 1000
+
+
+def open_store(db: str, read_only: bool = False):  # type: ignore[no-untyped-def]
+    """The store, imported late so commands that need none start fast."""
+    from plumbline_otel.store import Store
+
+    return Store(db, read_only=read_only)
+
+
+@click.command("check")
+@click.option("--spec", "spec_path", required=True, type=click.Path(exists=True, dir_okay=False), help="invariant spec (YAML)")
+@click.option("--db", default="plumbline.duckdb", show_default=True, help="store file")
+@click.option("--since", default=None, help=SINCE_HELP)
+@click.option("--service", default=None, help="only runs of this service (agent)")
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@click.option(
+    "--fail-on",
+    type=click.Choice(["never", "critical", "major", "minor"]),
+    default="never",
+    show_default=True,
+    help="exit 3 when a violation of this severity or worse was found",
+)
+def check(spec_path: str, db: str, since: str | None, service: str | None, fmt: str, fail_on: str) -> None:
+    """Judge every stored run against the spec; store violations (re-running adds nothing twice)."""
+    from plumbline_otel.analyse.conformance import check as run_check
+    from plumbline_otel.analyse.conformance import render_text
+    from plumbline_otel.spec import SEVERITIES, load_spec
+
+    spec = load_spec(spec_path)
+    since_ns = parse_since(since)
+    with open_store(db) as store:
+        store.assemble()
+        summary = run_check(spec, store.trajectories(service=service, since_ns=since_ns), store.connection)
+    if fmt == "json":
+        click.echo(json.dumps(summary.as_dict(), indent=2, default=str))
+    else:
+        click.echo(render_text(summary))
+    if fail_on != "never":
+        worst = SEVERITIES.index(fail_on)  # type: ignore[arg-type]
+        if any(t.failed for t in summary.invariants.values() if SEVERITIES.index(t.severity) <= worst):
+            raise SystemExit(3)
