@@ -27,6 +27,7 @@ COMMANDS = [
     "plumbline_otel.cli.trajectories:trajectories",
     "plumbline_otel.cli.coverage:coverage",
     "plumbline_otel.cli.demo:demo",
+    "plumbline_otel.cli.check:check",
 ]
 
 
