@@ -28,6 +28,9 @@ COMMANDS = [
     "plumbline_otel.cli.coverage:coverage",
     "plumbline_otel.cli.demo:demo",
     "plumbline_otel.cli.check:check",
+    "plumbline_otel.cli.certify:certify",
+    "plumbline_otel.cli.gate:gate",
+    "plumbline_otel.cli.plan:plan",
 ]
 
 

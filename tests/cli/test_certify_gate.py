@@ -1,0 +1,108 @@
+"""certify, gate and plan through click's CliRunner: exit codes and messages."""
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from plumbline_otel.cli.certify import certify
+from plumbline_otel.cli.gate import gate
+from plumbline_otel.cli.plan import plan
+from plumbline_otel.report import build_certificate
+from plumbline_otel.spec import MustCall, Spec, invariant
+from plumbline_otel.spec.testing import call, run, span_records
+from plumbline_otel.store import Store
+
+SPEC = Spec.of("g", [invariant("AUDIT", MustCall("post_audit_log"))])
+
+
+def runs(perturbation, conforming, n):
+    return [
+        run(*([call("post_audit_log")] if i < conforming else []), task=f"T{i % 3}", plumbline__perturbation=perturbation)
+        for i in range(n)
+    ]
+
+
+def write_cert(tmp_path, data, name="cert.json"):
+    path = tmp_path / name
+    path.write_text(json.dumps(data))
+    return str(path)
+
+
+@pytest.fixture
+def runner():
+    return CliRunner()
+
+
+def test_gate_passes_when_the_headline_meets_the_bound(tmp_path, runner):
+    path = write_cert(tmp_path, build_certificate(SPEC, runs("baseline", 80, 80) + runs("paraphrase", 75, 75)))
+    result = runner.invoke(gate, [path, "--min-bound", "0.95"])
+    assert result.exit_code == 0, result.output
+    assert "PASS" in result.output and "paraphrase" in result.output
+
+
+def test_gate_fails_naming_the_perturbation_and_the_clean_runs_it_needs(tmp_path, runner):
+    path = write_cert(tmp_path, build_certificate(SPEC, runs("baseline", 80, 80) + runs("decoy_tools", 34, 34)))
+    result = runner.invoke(gate, [path, "--min-bound", "0.95"])
+    assert result.exit_code == 1
+    assert "held down by agent / decoy_tools: 34/34 conforming" in result.output
+    assert "needs 73 runs at 0 failure(s), i.e. 39 more clean runs" in result.output
+
+
+@pytest.mark.parametrize(
+    "content, reason",
+    [
+        (None, "cannot read"),
+        ("{not json", "not JSON"),
+        (json.dumps({"kind": "plumbline.certificate", "version": 99}), "newer plumbline"),
+        (json.dumps({"kind": "something.else", "version": 1}), "not a certificate"),
+        (json.dumps([1, 2]), "not a certificate"),
+        (json.dumps({"kind": "plumbline.certificate", "version": 1, "headline": {"lower_bound": "high"}}), "lower_bound"),
+    ],
+)
+def test_gate_exits_2_on_an_unusable_certificate(tmp_path, runner, content, reason):
+    path = tmp_path / "cert.json"
+    if content is not None:
+        path.write_text(content)
+    result = runner.invoke(gate, [str(path)])
+    assert result.exit_code == 2
+    assert reason in result.output
+
+
+def test_gate_rejects_a_hand_raised_headline(tmp_path, runner):
+    cert = build_certificate(SPEC, runs("baseline", 34, 34))
+    cert["headline"]["lower_bound"] = 0.99
+    result = runner.invoke(gate, [write_cert(tmp_path, cert)])
+    assert result.exit_code == 2 and "not the minimum" in result.output
+
+
+def test_plan_prints_73_for_095_and_more_with_failures(runner):
+    result = runner.invoke(plan, ["--target", "0.95"])
+    assert result.exit_code == 0 and result.output.startswith("73 runs per perturbation")
+    with_failures = runner.invoke(plan, ["--target", "0.95", "--failures", "1", "--cells", "6"])
+    n = int(with_failures.output.split()[0])
+    assert n > 73 and f"{6 * n} runs over 6 perturbations" in with_failures.output
+
+
+SPEC_YAML = "version: 1\nname: g\ninvariants:\n  - {id: AUDIT, severity: critical, must_call: post_audit_log}\n"
+
+
+def test_certify_reads_the_store_and_writes_a_certificate_the_gate_reads(tmp_path, runner):
+    db = str(tmp_path / "p.duckdb")
+    with Store(db) as store:
+        for t in runs("baseline", 9, 10) + runs("paraphrase", 10, 10) + [run(task="T0", plumbline__trial__status="missing")]:
+            store.write_spans(span_records(t))
+        store.assemble()
+    spec_path = tmp_path / "spec.yaml"
+    spec_path.write_text(SPEC_YAML)
+    out = tmp_path / "cert.json"
+    result = runner.invoke(certify, ["--spec", str(spec_path), "--db", db, "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "headline: critical conformance lower 95% bound" in result.output
+    cert = json.loads(out.read_text())
+    cells = {c["perturbation"]: c for c in cert["agents"][0]["perturbations"]}
+    assert (cells["baseline"]["n"], cells["baseline"]["conforming"], cells["baseline"]["missing"]) == (10, 9, 1)
+    assert len(cert["provenance"]["evidence_sha256"]) == 64
+    gated = runner.invoke(gate, [str(out), "--min-bound", "0.5"])
+    assert gated.exit_code == 0, gated.output
+    assert runner.invoke(gate, [str(out), "--min-bound", "0.95"]).exit_code == 1

@@ -1,0 +1,140 @@
+"""Certificates: the headline is exactly the minimum lower bound; missing trials are not passes."""
+
+import random
+
+from plumbline_otel.analyse.stats import wilson_interval
+from plumbline_otel.report import build_certificate, render_text, validate
+from plumbline_otel.spec import MustCall, MustNotCall, Spec, invariant
+from plumbline_otel.spec.testing import call, run
+
+SPEC = Spec.of(
+    "cert",
+    [
+        invariant("AUDIT", MustCall("post_audit_log")),
+        invariant("NO-DELETE", MustNotCall("delete_ledger")),
+        invariant("STYLE", MustCall("say_thanks"), severity="minor"),
+    ],
+)
+
+
+def runs(perturbation, conforming, n, task_count=4, service="ap-agent", version="1.0", **ctx):
+    out = []
+    for i in range(n):
+        steps = [call("post_audit_log")] if i < conforming else [call("post_audit_log", error="503")]
+        out.append(run(*steps, task=f"T{i % task_count}", service=service, version=version,
+                       plumbline__perturbation=perturbation, start_ns=1_700_000_000_000_000_000 + i, **ctx))
+    return out
+
+
+def cell(cert, perturbation):
+    (agent,) = cert["agents"]
+    return next(c for c in agent["perturbations"] if c["perturbation"] == perturbation)
+
+
+def test_headline_is_the_minimum_lower_bound_not_the_point_worst_cell():
+    # 60/64 has the worse rate (0.9375 < 1.0) but the better lower bound (0.85 > 0.72).
+    cert = build_certificate(SPEC, runs("baseline", 60, 64) + runs("paraphrase", 10, 10))
+    lower_60_64 = wilson_interval(60, 64).lower
+    lower_10_10 = wilson_interval(10, 10).lower
+    assert lower_10_10 < lower_60_64
+    head = cert["headline"]
+    assert head["lower_bound"] == min(lower_60_64, lower_10_10) == lower_10_10
+    assert [(c["perturbation"], c["n"]) for c in head["cells"]] == [("paraphrase", 10)]
+    assert head["meets_target"] is False
+
+
+def test_unequal_n_9_of_10_against_60_of_64():
+    cert = build_certificate(SPEC, runs("baseline", 9, 10) + runs("paraphrase", 60, 64))
+    assert cert["headline"]["lower_bound"] == wilson_interval(9, 10).lower
+    assert cell(cert, "paraphrase")["lower"] == wilson_interval(60, 64).lower
+    assert cert["headline"]["lower_bound"] == min(c["lower"] for c in cert["agents"][0]["perturbations"])
+
+
+def test_ties_report_every_tied_cell_whatever_the_input_order():
+    data = runs("baseline", 64, 64) + runs("decoy_tools", 34, 34) + runs("sampling", 34, 34)
+    first = build_certificate(SPEC, data)
+    random.Random(3).shuffle(data)
+    second = build_certificate(SPEC, data)
+    for cert in (first, second):
+        head = cert["headline"]
+        assert head["lower_bound"] == wilson_interval(34, 34).lower
+        assert sorted(c["perturbation"] for c in head["cells"]) == ["decoy_tools", "sampling"]
+    assert first["headline"] == second["headline"]
+    assert first["provenance"]["evidence_sha256"] == second["provenance"]["evidence_sha256"]
+
+
+def test_short_n_is_stated_with_the_runs_needed():
+    cert = build_certificate(SPEC, runs("baseline", 34, 34))
+    c = cell(cert, "baseline")
+    assert (c["trials_needed"], c["short_by"]) == (73, 39)
+    assert "needs 73 runs" in cert["headline"]["note"]
+    enough = build_certificate(SPEC, runs("baseline", 73, 73))
+    assert cell(enough, "baseline")["short_by"] == 0 and enough["headline"]["meets_target"]
+
+
+def test_missing_trials_are_counted_apart_never_as_passes():
+    missing = [
+        run(task="T0", version="1.0", service="ap-agent", plumbline__perturbation="baseline", plumbline__trial__status="missing")
+        for _ in range(5)
+    ]
+    cert = build_certificate(SPEC, runs("baseline", 10, 10) + missing)
+    c = cell(cert, "baseline")
+    assert (c["n"], c["conforming"], c["missing"]) == (10, 10, 5)
+    assert c["lower_if_missing_failed"] == wilson_interval(10, 15).lower
+    assert cert["headline"]["missing"] == 5
+
+
+def test_only_critical_violations_break_conformance_and_violations_carry_their_n():
+    cert = build_certificate(SPEC, runs("baseline", 7, 10))
+    c = cell(cert, "baseline")
+    assert c["conforming"] == 7
+    assert c["violations"] == {"AUDIT": 3, "STYLE": 10}
+    assert c["applicable"]["AUDIT"] == 10 and c["applicable"]["NO-DELETE"] == 10
+
+
+def test_cells_are_per_agent_version_and_default_to_baseline():
+    data = runs("baseline", 5, 5, version="1.0") + runs("baseline", 5, 5, version="2.0")
+    data.append(run(call("post_audit_log"), service="ap-agent", version="2.0"))  # no perturbation attribute
+    cert = build_certificate(SPEC, data)
+    assert [a["agent"] for a in cert["agents"]] == ["ap-agent@1.0", "ap-agent@2.0"]
+    assert cert["agents"][1]["perturbations"][0]["n"] == 6
+
+
+def test_agent_and_study_filters():
+    data = runs("baseline", 5, 5, plumbline__study="s1") + runs("baseline", 5, 5, service="other", plumbline__study="s2")
+    assert build_certificate(SPEC, data, agent="other")["provenance"]["runs"] == 5
+    assert build_certificate(SPEC, data, study="s1")["agents"][0]["agent"] == "ap-agent@1.0"
+
+
+def test_clustered_interval_is_reported_per_cell():
+    c = cell(build_certificate(SPEC, runs("baseline", 30, 40, task_count=4)), "baseline")
+    assert c["clusters"] == 4
+    assert c["clustered_lower"] <= c["lower"] + 1e-12
+
+
+def test_evidence_hash_pins_arguments_results_and_errors():
+    base = [run(call("post_audit_log", {"amount": 10}, result={"ok": True}), id="r1"), run(call("post_audit_log"), id="r2")]
+    digest = build_certificate(SPEC, base)["provenance"]["evidence_sha256"]
+    for changed in (
+        run(call("post_audit_log", {"amount": 11}, result={"ok": True}), id="r1"),
+        run(call("post_audit_log", {"amount": 10}, result={"ok": False}), id="r1"),
+        run(call("post_audit_log", {"amount": 10}, result={"ok": True}, error="x"), id="r1"),
+    ):
+        assert build_certificate(SPEC, [changed, base[1]])["provenance"]["evidence_sha256"] != digest
+    assert build_certificate(SPEC, base[::-1])["provenance"]["evidence_sha256"] == digest
+
+
+def test_provenance_and_rendering():
+    cert = build_certificate(SPEC, runs("baseline", 34, 34) + runs("tool_fault", 30, 34))
+    prov = cert["provenance"]
+    assert prov["data_window"]["start_ns"] == 1_700_000_000_000_000_000 and prov["runs"] == 68
+    assert cert["spec"]["hash"] == SPEC.hash and cert["version"] == 1
+    assert validate(cert) is None
+    text = render_text(cert)
+    assert "tool_fault" in text and "set by ap-agent@1.0 / tool_fault" in text and "evidence sha256" in text
+
+
+def test_no_runs_certifies_nothing():
+    cert = build_certificate(SPEC, [])
+    assert cert["headline"]["lower_bound"] == 0.0 and not cert["headline"]["meets_target"]
+    assert validate(cert) is None
