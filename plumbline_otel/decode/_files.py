@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import glob
 import gzip
+import io
 import os
 from pathlib import Path
 from typing import IO, Iterator
@@ -63,6 +64,8 @@ def _parse_json_line(line: bytes, where: str) -> Decoded:
 
 def _read_json(stream: IO[bytes], path: Path) -> Iterator[Decoded]:
     first = stream.readline()
+    while first and not first.strip():
+        first = stream.readline()
     try:
         orjson.loads(first)
         one_per_line = True
@@ -100,17 +103,32 @@ def read_trace_file(path: Path) -> Iterator[Decoded]:
         raise MalformedTraceFile(str(path), f"cannot open: {exc.strerror or exc}") from None
     with stream:
         try:
-            head = stream.peek(1)[:1] if hasattr(stream, "peek") else b""
-            while head in (b" ", b"\n", b"\r", b"\t"):
-                stream.read(1)
-                head = stream.peek(1)[:1]
+            head = stream.peek(256)[:256]
         except (OSError, EOFError) as exc:
             raise MalformedTraceFile(str(path), f"unreadable: {exc}") from None
-        if head == b"":
+        if not head:
             return
-        if head in _JSON_START:
-            yield from _read_json(stream, path)
-        elif head == b"\x00":
+        if _looks_like_json(head):
+            if head[:1] != b"\n":
+                yield from _read_json(stream, path)
+                return
+            data = stream.read()  # "\n" also starts a protobuf request: let the content decide
+            try:
+                orjson.loads(data)
+            except orjson.JSONDecodeError:
+                yield request_from_protobuf(data, str(path))
+                return
+            yield from _read_json(io.BytesIO(data), path)
+        elif head[:1] == b"\x00":
             yield from _read_length_prefixed(stream, path)
         else:
             yield request_from_protobuf(stream.read(), str(path))
+
+
+def _looks_like_json(head: bytes) -> bool:
+    """JSON starts with `{` or `[` after optional whitespace; a protobuf request starts with 0x0A."""
+    stripped = head.lstrip(b" \t\r\n")
+    if stripped[:1] not in _JSON_START:
+        return False
+    after = stripped[1:].lstrip(b" \t\r\n")[:1]
+    return after in (b'"', b"}", b"{", b"[", b"]", b"") or stripped[:1] == b"["

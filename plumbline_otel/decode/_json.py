@@ -12,6 +12,7 @@ import base64
 import binascii
 from typing import Any
 
+from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import (
     AnyValue,
@@ -192,6 +193,8 @@ def _scope_spans(obj: dict[str, Any], path: str, problems: list[Problem]) -> Sco
             spans.append(_span(raw))
         except _Bad as exc:
             problems.append(Problem(f"{path}.spans[{k}]{_span_label(raw)}", str(exc), spans=1))
+        except (DecodeError, RecursionError) as exc:  # protobuf's own nesting limit, met while building
+            problems.append(Problem(f"{path}.spans[{k}]{_span_label(raw)}", f"value nested too deeply: {exc}", spans=1))
     return ScopeSpans(
         scope=InstrumentationScope(name=scope.get("name", ""), version=scope.get("version", "")),
         spans=spans,

@@ -8,6 +8,7 @@ dual-written span takes the first convention's value and the other's gaps.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, Callable
 
 from plumbline_otel.model import Convention, SpanRecord, StepKind
@@ -191,10 +192,20 @@ def _apply_messages(rec: SpanRecord, inputs: list[Message], outputs: list[Messag
         rec.output_text = "\n".join(texts)
 
 
+def _raw_request_errors(rec: SpanRecord, attrs: dict[str, Any]) -> None:
+    """OpenInference flattening drops `is_error` from tool results; its raw request in `input.value` keeps it."""
+    request = maybe_json(attrs.get("input.value"))
+    if not (isinstance(request, dict) and isinstance(request.get("messages"), list) and rec.tool_results):
+        return
+    failed = {r.call_id for m in parse_messages(request["messages"]) for r in m.results if r.error}
+    rec.tool_results = [replace(r, error=True) if r.call_id in failed else r for r in rec.tool_results]
+
+
 def _llm(rec: SpanRecord, attrs: dict[str, Any], events: list[tuple[str, dict[str, Any]]]) -> None:
     _llm_fields(rec, attrs)
     if rec.convention == "openinference":
         _apply_messages(rec, *_messages_flat(attrs, "llm.input_messages", "llm.output_messages"))
+        _raw_request_errors(rec, attrs)
     _apply_messages(rec, *_messages_genai(attrs, events))
     _apply_messages(rec, *_messages_flat(attrs, "gen_ai.prompt", "gen_ai.completion"))
 

@@ -9,12 +9,14 @@ producers disagree on roles (tool results arrive on `user` messages) and on fiel
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
 from plumbline_otel.model import ArgsState, ToolCallRef, ToolResultRef
 from plumbline_otel.normalise._values import is_redacted, maybe_json
 
+_ERROR_TEXT = re.compile(r"\s*[A-Za-z_.]*(Error|Exception)\s*:")
 _CALL_TYPES = {"tool_call", "tool_use", "function_call"}
 _RESULT_TYPES = {"tool_call_response", "tool_result", "function_call_output"}
 
@@ -41,7 +43,14 @@ def parse_args(raw: Any) -> tuple[Any, ArgsState]:
 
 
 def result_is_error(result: Any) -> bool:
-    """Explicit error markers only: `is_error`, a truthy `error`, or `status: error`."""
+    """Error markers: `is_error`, a truthy `error`, `status: error`, or text like `Error: …` or `ValueError: …`.
+
+    The text form is how agents hand a failed tool back to the model (`Error: …` in OpenAI-style
+    loops, `str(exception)` elsewhere) and, when the instrumentation drops `is_error` (Traceloop,
+    flattened OpenInference), the only trace of the failure left.
+    """
+    if isinstance(result, str):
+        return _ERROR_TEXT.match(result) is not None
     if not isinstance(result, dict):
         return False
     return bool(result.get("is_error") or result.get("isError") or result.get("error")) or result.get("status") == "error"
