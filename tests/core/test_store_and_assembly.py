@@ -1,0 +1,137 @@
+"""Store and assembly: idempotent writes, any arrival order, one step per call, task keys."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import duckdb
+import pytest
+from click.testing import CliRunner
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+from core.spans import genai_run
+from otlp import record, to_otlp_json
+from plumbline_otel.cli.main import _register, cli
+from plumbline_otel.errors import StoreError
+from plumbline_otel.ingest import ingest_files
+from plumbline_otel.store import SCHEMA_VERSION, Store
+
+_register()
+
+
+def _split(request: ExportTraceServiceRequest, parts: int) -> list[ExportTraceServiceRequest]:
+    """The spans of one request spread over several requests, last spans first (out of order)."""
+    spans = list(request.resource_spans[0].scope_spans[0].spans)[::-1]
+    out = []
+    for i in range(parts):
+        piece = ExportTraceServiceRequest()
+        piece.resource_spans.add().CopyFrom(request.resource_spans[0])
+        del piece.resource_spans[0].scope_spans[0].spans[:]
+        piece.resource_spans[0].scope_spans[0].spans.extend(spans[i::parts])
+        out.append(piece)
+    return out
+
+
+def _write(path: Path, requests: list[ExportTraceServiceRequest]) -> Path:
+    path.write_text("".join(json.dumps(to_otlp_json(r)) + "\n" for r in requests))
+    return path
+
+
+def test_tool_spans_and_model_proposals_are_one_step_per_call(store: Store, tmp_path: Path) -> None:
+    ingest_files(store, [str(_write(tmp_path / "a.jsonl", [record(genai_run)]))])
+    [t] = list(store.trajectories())
+    assert [(s.name, s.source) for s in t.tool_steps] == [
+        ("get_invoice", "tool_span+llm_output"), ("schedule_payment", "tool_span+llm_output")]
+    assert [s.kind for s in t.steps] == ["llm_call", "tool_call", "llm_call", "tool_call"]
+    assert (t.task_key, t.task_key_source, t.input, t.final_output) == ("INV-1029", "attribute:gen_ai.conversation.id", "Pay invoice INV-1029", "Paid 4820.00 EUR")
+    assert t.tool_steps[0].result == {"amount": 4820.0}
+
+
+def test_without_tool_spans_the_proposed_calls_are_the_steps_with_results_paired_by_id(store: Store, tmp_path: Path) -> None:
+    ingest_files(store, [str(_write(tmp_path / "a.jsonl", [record(lambda t: genai_run(t, tool_spans=False))]))])
+    [t] = list(store.trajectories())
+    assert [(s.name, s.args, s.source) for s in t.tool_steps] == [
+        ("get_invoice", {"invoice_id": "INV-1029"}, "llm_output"),
+        ("schedule_payment", {"invoice_id": "INV-1029", "amount": 4820.0}, "llm_output")]
+    assert t.tool_steps[0].result == {"amount": 4820.0}  # carried on a `user` message as `result`
+    assert t.tool_steps[1].result is None
+
+
+def test_a_failed_call_is_marked_on_its_step(store: Store, tmp_path: Path) -> None:
+    ingest_files(store, [str(_write(tmp_path / "a.jsonl", [record(lambda t: genai_run(t, fail_second=True))]))])
+    [t] = list(store.trajectories())
+    assert [s.error for s in t.tool_steps] == [None, "503 upstream unavailable"]
+
+
+def test_spans_split_across_files_out_of_order_with_duplicates_make_one_trajectory(store: Store, tmp_path: Path) -> None:
+    whole = record(genai_run)
+    first, second, third = _split(whole, 3)
+    summary = ingest_files(store, [str(_write(tmp_path / "1.jsonl", [first, second]))])
+    assert summary.trajectories == 1
+    partial = list(store.trajectories())[0]
+    summary = ingest_files(store, [str(_write(tmp_path / "2.jsonl", [third, first]))])  # late spans, and a retry
+    assert (summary.stored, summary.duplicate) == (len(third.resource_spans[0].scope_spans[0].spans), len(first.resource_spans[0].scope_spans[0].spans))
+    [t] = list(store.trajectories())
+    assert len(t.steps) > len(partial.steps)
+    reference = Store(tmp_path / "ref.duckdb")
+    ingest_files(reference, [str(_write(tmp_path / "whole.jsonl", [whole]))])
+    assert t.export() == list(reference.trajectories())[0].export()
+    assert store.connection.execute("SELECT count(*) FROM spans").fetchone()[0] == 5
+
+
+def test_calls_without_ids_are_matched_by_name_and_arguments_in_the_same_turn(store: Store, tmp_path: Path) -> None:
+    def build(tracer) -> None:  # type: ignore[no-untyped-def]
+        with tracer.start_as_current_span("run"):
+            with tracer.start_as_current_span("chat", attributes={"gen_ai.operation.name": "chat", "gen_ai.output.messages": json.dumps(
+                    [{"role": "assistant", "parts": [{"type": "tool_call", "name": "lookup", "arguments": {"q": "a"}},
+                                                     {"type": "tool_call", "name": "lookup", "arguments": {"q": "b"}}]}])}):
+                pass
+            for q in ("b", "a"):
+                with tracer.start_as_current_span("execute_tool lookup", attributes={
+                        "gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "lookup", "gen_ai.tool.call.arguments": json.dumps({"q": q})}):
+                    pass
+
+    ingest_files(store, [str(_write(tmp_path / "a.jsonl", [record(build)]))])
+    [t] = list(store.trajectories())
+    assert [(s.args, s.source) for s in t.tool_steps] == [({"q": "b"}, "tool_span+llm_output"), ({"q": "a"}, "tool_span+llm_output")]
+
+
+def test_task_key_falls_back_to_a_hash_of_the_input_and_can_be_reconfigured(store: Store, tmp_path: Path) -> None:
+    path = _write(tmp_path / "a.jsonl", [record(lambda t: genai_run(t, task=None), resource={"invoice.id": "INV-1029"})])
+    ingest_files(store, [str(path)])
+    [t] = list(store.trajectories())
+    assert t.task_key_source == "input_hash" and t.task_key.startswith("input:")
+    store.set_task_keys(["invoice.id"])
+    store.assemble()
+    [t] = list(store.trajectories())
+    assert (t.task_key, t.task_key_source) == ("INV-1029", "attribute:invoice.id")
+
+
+def test_a_newer_schema_is_refused_with_a_message(tmp_path: Path) -> None:
+    path = tmp_path / "future.duckdb"
+    Store(path).close()
+    with duckdb.connect(str(path)) as con:
+        con.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", [str(SCHEMA_VERSION + 1)])
+    with pytest.raises(StoreError, match="upgrade plumbline"):
+        Store(path)
+
+
+def test_cli_ingest_exit_codes_and_summary(tmp_path: Path) -> None:
+    good = _write(tmp_path / "good.jsonl", [record(genai_run)])
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(good.read_text() + "{oops\n")
+    runner = CliRunner()
+    db = str(tmp_path / "cli.duckdb")
+    result = runner.invoke(cli, ["ingest", str(good), "--db", db, "--quiet"])
+    assert result.exit_code == 0 and "stored 5, duplicate 0, rejected 0" in result.output
+    result = runner.invoke(cli, ["ingest", str(bad), "--db", db, "--quiet"])
+    assert result.exit_code == 3 and "duplicate 5" in result.output and f"{bad}:2: invalid JSON" in result.output
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    assert runner.invoke(cli, ["ingest", str(empty), "--db", db, "--quiet"]).exit_code == 2
+    result = runner.invoke(cli, ["trajectories", "--db", db])
+    [line] = result.output.strip().splitlines()
+    doc = json.loads(line)
+    assert {"trajectory_id", "trace_id", "task_key", "service", "input", "final_output", "conventions", "steps"} <= set(doc)
+    assert set(doc["steps"][0]) == {"kind", "name", "args", "result", "error", "call_id", "source"}
