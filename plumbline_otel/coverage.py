@@ -46,8 +46,6 @@ def _spans(store: Store, where: str, params: list[Any]) -> dict[str, Any]:
                count(*) FILTER (step_kind = 'tool_call') AS tool_spans,
                count(*) FILTER (step_kind = 'tool_call' AND args_state IN ('absent', 'redacted')) AS tool_spans_without_args,
                count(*) FILTER (step_kind = 'llm_call') AS llm_spans,
-               count(*) FILTER (step_kind = 'llm_call' AND content_captured) AS llm_spans_with_content,
-               count(*) FILTER (step_kind = 'llm_call' AND (input_tokens IS NOT NULL OR output_tokens IS NOT NULL)) AS llm_spans_with_tokens,
                count(*) FILTER (dropped_attributes_count > 0) AS spans_with_dropped_attributes
         FROM spans WHERE {where}""", params)
     totals["by_convention"] = {c: {"spans": n, "traces": t} for c, n, t in by_convention}
@@ -74,6 +72,17 @@ def _tool_calls(store: Store, where: str, params: list[Any]) -> dict[str, Any]:
           AND json_type(step, '$.args') = 'OBJECT'""", params)
     stats.update(recovered)
     return stats
+
+
+def _llm_calls(store: Store, where: str, params: list[Any]) -> dict[str, Any]:
+    """LLM calls after merging the same call traced twice; the merged step keeps the richest span."""
+    return _one(store, f"""
+        WITH steps AS ({_STEPS.format(where=where)})
+        SELECT count(*) AS llm_calls,
+               count(*) FILTER (p.content_captured) AS with_content,
+               count(*) FILTER (p.input_tokens IS NOT NULL OR p.output_tokens IS NOT NULL) AS with_tokens
+        FROM steps JOIN spans p ON p.span_id = json_extract_string(step, '$.span_id')
+        WHERE json_extract_string(step, '$.kind') = 'llm_call'""", params)
 
 
 def _trajectories(store: Store, where: str, params: list[Any]) -> dict[str, Any]:
@@ -104,6 +113,7 @@ def _section(store: Store, service: str | None, since_ns: int | None) -> dict[st
     section = {
         "spans": _spans(store, span_where, span_params),
         "tool_calls": _tool_calls(store, _filter(service, since_ns, "t.service", "t.start_ns")[0], traj_params),
+        "llm_calls": _llm_calls(store, _filter(service, since_ns, "t.service", "t.start_ns")[0], traj_params),
         "trajectories": _trajectories(store, traj_where, traj_params),
         "unrecognised_keys": _unknown_keys(store, span_where, span_params),
     }
@@ -117,7 +127,7 @@ def _pct(part: int, whole: int) -> str:
 
 def findings(section: dict[str, Any]) -> list[str]:
     """Plain sentences: each gap, what it rules out, and what to change."""
-    spans, tools, trajs = section["spans"], section["tool_calls"], section["trajectories"]
+    spans, tools, trajs, llm_calls = section["spans"], section["tool_calls"], section["trajectories"], section["llm_calls"]
     out: list[str] = []
     n_tools = tools["tool_calls"]
     no_args = n_tools - tools["with_structured_args"]
@@ -132,11 +142,13 @@ def findings(section: dict[str, Any]) -> list[str]:
         out.append(f"{spans['tool_spans_without_args']} tool spans carry no arguments; {recovered} of them were recovered from the parent LLM span's output messages.")
     if tools["only_in_llm_output"]:
         out.append(f"{tools['only_in_llm_output']} tool calls exist only in LLM output messages (no tool spans): their results come from later LLM inputs, and a call the agent never executed cannot be told apart from one that ran.")
-    llm, content = spans["llm_spans"], spans["llm_spans_with_content"]
+    llm, content = llm_calls["llm_calls"], llm_calls["with_content"]
+    if spans["llm_spans"] > llm:
+        out.append(f"{spans['llm_spans'] - llm} LLM spans describe a call another span already records (a provider SDK's own span beside an instrumentation's); each such call counts once.")
     if llm and content < llm:
         out.append(f"{_pct(llm - content, llm)} of LLM calls ({llm - content} of {llm}) have no message content: content capture is off by default in most instrumentations (OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT for the OpenTelemetry GenAI ones); without it, tool calls inside LLM spans and the run's input are invisible.")
-    if llm and spans["llm_spans_with_tokens"] < llm:
-        out.append(f"{llm - spans['llm_spans_with_tokens']} of {llm} LLM calls report no token usage, so cost figures undercount.")
+    if llm and llm_calls["with_tokens"] < llm:
+        out.append(f"{llm - llm_calls['with_tokens']} of {llm} LLM calls report no token usage, so cost figures undercount.")
     n = trajs["trajectories"]
     if n and trajs["with_input"] < n:
         out.append(f"{n - trajs['with_input']} of {n} trajectories have no recorded input, so they cannot be replayed.")
@@ -168,7 +180,7 @@ def render_text(report: dict[str, Any]) -> str:
     """The report as a person reads it: headline counts, then the findings."""
     lines: list[str] = []
     for title, section in [("All traffic", report["overall"]), *report["services"].items()]:
-        spans, tools, trajs = section["spans"], section["tool_calls"], section["trajectories"]
+        spans, tools, trajs, llm = section["spans"], section["tool_calls"], section["trajectories"], section["llm_calls"]
         conventions = ", ".join(f"{c} {v['spans']}" for c, v in spans["by_convention"].items())
         lines += [
             f"== {title} ==",
@@ -176,8 +188,8 @@ def render_text(report: dict[str, Any]) -> str:
             f"tool calls {tools['tool_calls']}: structured args {_pct(tools['with_structured_args'], tools['tool_calls'])}, "
             f"results {_pct(tools['with_results'], tools['tool_calls'])}, call ids {_pct(tools['with_call_ids'], tools['tool_calls'])}, "
             f"failed {tools['failed']}",
-            f"LLM calls {spans['llm_spans']}: content {_pct(spans['llm_spans_with_content'], spans['llm_spans'])}, "
-            f"token usage {_pct(spans['llm_spans_with_tokens'], spans['llm_spans'])}",
+            f"LLM calls {llm['llm_calls']} (from {spans['llm_spans']} spans): content {_pct(llm['with_content'], llm['llm_calls'])}, "
+            f"token usage {_pct(llm['with_tokens'], llm['llm_calls'])}",
             f"trajectories {trajs['trajectories']}: input {_pct(trajs['with_input'], trajs['trajectories'])}, "
             f"final output {_pct(trajs['with_final_output'], trajs['trajectories'])}, tasks {trajs['tasks']} "
             f"({trajs['tasks_seen_more_than_once']} seen more than once)",

@@ -66,7 +66,7 @@ def test_coverage_says_content_capture_is_off_for_the_default_genai_setup(store:
     ingest_files(store, [str(FIXTURES / "genai_openai_v2_nocontent.otlp.jsonl")])
     report = coverage_report(store)["overall"]
     requests = sum(t["model_requests"] for t in EXPECTED["genai_openai_v2_nocontent.otlp.jsonl"]["traces"].values())
-    assert report["spans"]["llm_spans"] == requests and report["spans"]["llm_spans_with_content"] == 0
+    assert report["llm_calls"]["llm_calls"] == requests and report["llm_calls"]["with_content"] == 0
     assert report["tool_calls"]["tool_calls"] == 0
     assert any("content capture is off by default" in f for f in report["findings"])
     assert any("No tool calls found" in f for f in report["findings"])
