@@ -34,6 +34,12 @@ def perturbation_of(trajectory: Trajectory) -> str:
     return str(value) if value not in (None, "") else "baseline"
 
 
+def agent_label(service: str | None, version: str | None) -> str:
+    """How an agent is named in reports: ``service@version`` (``service`` when unversioned)."""
+    name = service or "(unknown service)"
+    return f"{name}@{version}" if version else name
+
+
 def is_missing(trajectory: Trajectory) -> bool:
     """True for a trial recorded as missing: there is no run to judge."""
     return str(trajectory.context.get(TRIAL_STATUS, "")).lower() in MISSING_STATUSES

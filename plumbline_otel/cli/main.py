@@ -31,6 +31,7 @@ COMMANDS = [
     "plumbline_otel.cli.certify:certify",
     "plumbline_otel.cli.gate:gate",
     "plumbline_otel.cli.plan:plan",
+    "plumbline_otel.cli.compare:compare",
 ]
 
 

@@ -32,7 +32,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from plumbline_otel import __version__
-from plumbline_otel.analyse.conformance import STUDY, TRIAL_ID, evaluate, is_missing, perturbation_of
+from plumbline_otel.analyse.conformance import STUDY, TRIAL_ID, agent_label, evaluate, is_missing, perturbation_of
 from plumbline_otel.analyse.stats import clustered_interval, trials_needed, wilson_interval
 from plumbline_otel.model import Trajectory
 from plumbline_otel.spec import Spec
@@ -73,12 +73,6 @@ class _Tally:
     per_task: dict[str, list[int]] = field(default_factory=lambda: defaultdict(lambda: [0, 0]))
     violations: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     applicable: dict[str, int] = field(default_factory=lambda: defaultdict(int))
-
-
-def agent_label(service: str | None, version: str | None) -> str:
-    """How an agent is named in a certificate: ``service@version`` (``service`` when unversioned)."""
-    name = service or "(unknown service)"
-    return f"{name}@{version}" if version else name
 
 
 def evidence_digest(trajectory: Trajectory) -> str:

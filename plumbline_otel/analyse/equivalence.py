@@ -1,0 +1,222 @@
+"""Equivalence: does agent B act like agent A on the same tasks and variants?
+
+Runs are put in cells by (task key, perturbation, variant: ``plumbline.variant`` or
+``plumbline.variant.id``, "-" when absent). Only cells both agents ran are compared; the others
+are counted as unpaired. Within a cell:
+
+- **effect path**: B's successful calls of effect tools (the spec's ``effect_tools``; every tool
+  when it lists none) are aligned (Needleman–Wunsch) with A's reference for the cell: A's modal
+  effect path, with modal arguments, as in consistency. Deliberation steps one architecture has
+  and the other lacks are not compared. Divergences are skipped, extra, substituted and
+  argument-changed steps, with the first one reported per run.
+- **outcome**, where known (``plumbline.outcome`` on the run, e.g. the end state of the system of
+  record): B's outcome against A's modal outcome for the cell. Runs without one are counted as
+  unknown, never as agreeing.
+- **conformance** (with a spec): A's and B's runs are paired in the cell by repeat
+  (``plumbline.trial.repeat``, else start time, else id) and McNemar's exact test is run on
+  critical conformance over those pairs.
+
+A's own agreement with its reference (its self-consistency) is reported beside B's, as the noise
+floor: B cannot be expected to match A better than A matches itself.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from plumbline_otel.analyse.compare_values import canonical, compare
+from plumbline_otel.analyse.consistency import Divergence, Reference, build_reference, diverge, path_of
+from plumbline_otel.analyse.conformance import agent_label, evaluate, is_missing, perturbation_of
+from plumbline_otel.analyse.stats import PairedResult, mcnemar_exact
+from plumbline_otel.model import Trajectory
+from plumbline_otel.spec import Spec
+
+OUTCOME = "plumbline.outcome"
+REPEAT = "plumbline.trial.repeat"
+VARIANT_KEYS = ("plumbline.variant", "plumbline.variant.id")
+
+Cell = tuple[str, str, str]  # task key, perturbation, variant
+
+
+def cell_of(t: Trajectory) -> Cell:
+    """The (task, perturbation, variant) a run belongs to."""
+    variant = next((str(t.context[k]) for k in VARIANT_KEYS if t.context.get(k) not in (None, "")), "-")
+    return (t.task_key or "", perturbation_of(t), variant)
+
+
+def _order(t: Trajectory) -> tuple[Any, ...]:
+    repeat = t.context.get(REPEAT)
+    try:
+        r = int(repeat) if repeat is not None else None
+    except (TypeError, ValueError):
+        r = None
+    return (r is None, r or 0, t.start_ns, t.trajectory_id)
+
+
+@dataclass
+class PairedRun:
+    """One of B's runs compared with A's reference for its cell."""
+
+    cell: Cell
+    trajectory_id: str
+    divergences: list[Divergence]
+    outcome_equal: bool | None  # None: an outcome is unknown on one side
+
+    @property
+    def same_path(self) -> bool:
+        """No skipped, extra or substituted effect step."""
+        return not any(d.kind in ("skipped", "extra", "substituted") for d in self.divergences)
+
+
+@dataclass
+class EquivalenceReport:
+    """B against A; every count carries its n."""
+
+    a: str
+    b: str
+    effect_tools: list[str] | None
+    runs: list[PairedRun] = field(default_factory=list)
+    references: dict[Cell, Reference] = field(default_factory=dict)
+    a_self: list[int] = field(default_factory=lambda: [0, 0])  # A runs matching A's reference, A runs
+    unpaired: dict[str, int] = field(default_factory=lambda: {"a_cells": 0, "b_cells": 0, "a_runs": 0, "b_runs": 0})
+    conformance_pairs: list[tuple[bool, bool]] = field(default_factory=list)
+
+    @property
+    def mcnemar(self) -> PairedResult | None:
+        """Exact McNemar on critical conformance over paired runs (None without a spec)."""
+        return mcnemar_exact(self.conformance_pairs) if self.conformance_pairs else None
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON form."""
+        n = len(self.runs)
+        same = [r for r in self.runs if r.same_path]
+        known = [r for r in self.runs if r.outcome_equal is not None]
+        by_pert: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0, 0])
+        for r in self.runs:
+            cell = by_pert[r.cell[1]]
+            cell[0] += r.same_path
+            cell[1] += 1
+            if r.outcome_equal is not None:
+                cell[2] += r.outcome_equal
+                cell[3] += 1
+        m = self.mcnemar
+        return {
+            "a": self.a,
+            "b": self.b,
+            "effect_tools": self.effect_tools,
+            "cells": len(self.references),
+            "unpaired": self.unpaired,
+            "runs": n,
+            "same_effect_path": len(same),
+            "same_arguments": sum(not r.divergences for r in same),
+            "outcome": {"agree": sum(r.outcome_equal for r in known), "known": len(known), "unknown": n - len(known)},
+            "a_self_consistency": {"k": self.a_self[0], "n": self.a_self[1]},
+            "by_perturbation": {p: {"same_effect_path": s, "n": k, "outcome_agree": oa, "outcome_known": on}
+                                for p, (s, k, oa, on) in sorted(by_pert.items())},
+            "divergences": self.grouped_divergences(),
+            "conformance": None if m is None else {
+                "pairs": m.n, "both": m.both, "only_a": m.only_a, "only_b": m.only_b, "neither": m.neither,
+                "a_rate": (m.both + m.only_a) / m.n, "b_rate": (m.both + m.only_b) / m.n,
+                "mcnemar_p": m.p_value,
+            },
+        }
+
+    def grouped_divergences(self, limit: int = 20) -> list[dict[str, Any]]:
+        """First divergences grouped by (kind, expected, got), commonest first."""
+        groups: dict[tuple[str, str | None, str | None], dict[str, Any]] = {}
+        for r in self.runs:
+            if not r.divergences:
+                continue
+            d = r.divergences[0]
+            g = groups.setdefault((d.kind, d.expected, d.got), {
+                "kind": d.kind, "expected": d.expected, "got": d.got, "count": 0,
+                "perturbations": Counter(), "example": {"trajectory_id": r.trajectory_id, "task_key": r.cell[0],
+                                                        "detail": d.detail, "ref_index": d.ref_index}})
+            g["count"] += 1
+            g["perturbations"][r.cell[1]] += 1
+        out = sorted(groups.values(), key=lambda g: (-g["count"], g["kind"], str(g["expected"]), str(g["got"])))[:limit]
+        for g in out:
+            g["perturbations"] = dict(sorted(g["perturbations"].items()))
+        return out
+
+
+def _select(runs: Iterable[Trajectory], agent: str) -> dict[Cell, list[Trajectory]]:
+    out: dict[Cell, list[Trajectory]] = defaultdict(list)
+    for t in runs:
+        if is_missing(t) or t.task_key is None:
+            continue
+        if agent in (t.service, agent_label(t.service, t.service_version)):
+            out[cell_of(t)].append(t)
+    return out
+
+
+def _modal_outcome(runs: Sequence[Trajectory]) -> Any:
+    values = [t.context[OUTCOME] for t in runs if t.context.get(OUTCOME) is not None]
+    if not values:
+        return None
+    counts = Counter(canonical(v) for v in values)
+    best = min(counts.items(), key=lambda kv: (-kv[1], kv[0]))[0]
+    return next(v for v in values if canonical(v) == best)
+
+
+def equivalence(trajectories: Iterable[Trajectory], a: str, b: str, spec: Spec | None = None) -> EquivalenceReport:
+    """Compare agent `b` with agent `a` (a service name, or ``service@version``) on shared cells."""
+    runs = list(trajectories)
+    cells_a, cells_b = _select(runs, a), _select(runs, b)
+    keep = spec.is_effect if spec is not None else None
+    report = EquivalenceReport(a, b, sorted(spec.effect_tools) if spec and spec.effect_tools is not None else None)
+    for cell in sorted(set(cells_a) ^ set(cells_b)):
+        side = "a" if cell in cells_a else "b"
+        report.unpaired[f"{side}_cells"] += 1
+        report.unpaired[f"{side}_runs"] += len((cells_a if side == "a" else cells_b)[cell])
+    for cell in sorted(set(cells_a) & set(cells_b)):
+        ra = sorted(cells_a[cell], key=_order)
+        rb = sorted(cells_b[cell], key=_order)
+        ref = build_reference(ra, spec, keep=keep)
+        report.references[cell] = ref
+        for t in ra:
+            report.a_self[0] += not diverge(ref, path_of(t, keep), spec)
+            report.a_self[1] += 1
+        expected_outcome = _modal_outcome(ra)
+        for t in rb:
+            got = t.context.get(OUTCOME)
+            same = None if expected_outcome is None or got is None else compare(expected_outcome, got).equal
+            report.runs.append(PairedRun(cell, t.trajectory_id, diverge(ref, path_of(t, keep), spec), same))
+        if spec is not None:
+            report.conformance_pairs += [
+                (evaluate(spec, x).conforms("critical"), evaluate(spec, y).conforms("critical")) for x, y in zip(ra, rb)
+            ]
+    return report
+
+
+def render_text(report: EquivalenceReport) -> str:
+    """The `plumbline compare` report."""
+    d = report.as_dict()
+    n = d["runs"]
+    lines = [
+        f"compare {d['a']} (A) with {d['b']} (B) over {d['cells']} shared task/perturbation/variant cells, {n} B runs",
+        f"effect tools: {', '.join(d['effect_tools']) if d['effect_tools'] is not None else 'all tool calls'}",
+        f"same effect path: {d['same_effect_path']}/{n}   same arguments too: {d['same_arguments']}/{n}   "
+        f"(A against itself: {d['a_self_consistency']['k']}/{d['a_self_consistency']['n']})",
+        f"outcome agrees: {d['outcome']['agree']}/{d['outcome']['known']} where known ({d['outcome']['unknown']} unknown)",
+    ]
+    u = d["unpaired"]
+    if u["a_cells"] or u["b_cells"]:
+        lines.append(f"unpaired: {u['a_cells']} cells ({u['a_runs']} runs) only A ran, {u['b_cells']} cells ({u['b_runs']} runs) only B ran")
+    for p, c in d["by_perturbation"].items():
+        lines.append(f"  {p:<16} same effect path {c['same_effect_path']}/{c['n']}   outcome {c['outcome_agree']}/{c['outcome_known']}")
+    if d["conformance"] is not None:
+        c = d["conformance"]
+        lines.append(
+            f"critical conformance over {c['pairs']} paired runs: A {c['a_rate']:.3f}, B {c['b_rate']:.3f}; "
+            f"only A conformed {c['only_a']}, only B {c['only_b']}; McNemar exact p = {c['mcnemar_p']:.4g}"
+        )
+    if d["divergences"]:
+        lines.append("first divergences:")
+        for g in d["divergences"][:10]:
+            per = ", ".join(f"{p} {k}" for p, k in g["perturbations"].items())
+            lines.append(f"  {g['count']:>4} x {g['kind']:<16} {g['example']['detail']}   ({per}; e.g. {g['example']['trajectory_id']})")
+    return "\n".join(lines)
