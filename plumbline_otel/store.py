@@ -106,20 +106,32 @@ def _context(rec: SpanRecord) -> str | None:
     return _json(ctx) if ctx else None
 
 
+_ROW_FIELDS = tuple(c for c in _SPAN_COLUMNS if c not in ("proposed_calls", "tool_results", "context", "received_ns"))
+_SCHEMA = pa.schema([(n, _ARROW_TYPES.get(t.split()[0], pa.string())) for n, t in _SPAN_COLUMNS.items()])
+
+
+def _row(rec: SpanRecord) -> list[Any]:
+    values = rec.__dict__
+    row = [values[name] for name in _ROW_FIELDS]
+    for index in _JSON_INDEXES:
+        if row[index] is not None:
+            row[index] = _json(row[index])
+    row.append(_json([c.__dict__ for c in rec.proposed_calls]) if rec.proposed_calls else None)
+    row.append(_json([r.__dict__ for r in rec.tool_results]) if rec.tool_results else None)
+    row.append(_context(rec))
+    return row
+
+
+_JSON_INDEXES = tuple(_ROW_FIELDS.index(name) for name in _JSON_FIELDS)
+_ORDER = [*_ROW_FIELDS, "proposed_calls", "tool_results", "context"]
+
+
 def _columns(records: list[SpanRecord], now: int) -> pa.Table:
-    cols: dict[str, list[Any]] = {name: [] for name in _SPAN_COLUMNS}
-    for rec in records:
-        for name in _SPAN_COLUMNS:
-            if name in ("context", "received_ns", "proposed_calls", "tool_results"):
-                continue
-            value = getattr(rec, name)
-            cols[name].append(_json(value) if name in _JSON_FIELDS else value)
-        cols["proposed_calls"].append(_json([c.__dict__ for c in rec.proposed_calls]) if rec.proposed_calls else None)
-        cols["tool_results"].append(_json([r.__dict__ for r in rec.tool_results]) if rec.tool_results else None)
-        cols["context"].append(_context(rec))
-        cols["received_ns"].append(now)
-    schema = pa.schema([(n, _ARROW_TYPES.get(t.split()[0], pa.string())) for n, t in _SPAN_COLUMNS.items()])
-    return pa.table(cols, schema=schema)
+    """Span records as one Arrow table, built column-wise (the per-span Python work is the cost here)."""
+    rows = [_row(rec) for rec in records]
+    columns = dict(zip(_ORDER, map(list, zip(*rows)))) if rows else {name: [] for name in _ORDER}
+    columns["received_ns"] = [now] * len(records)
+    return pa.table({name: columns[name] for name in _SPAN_COLUMNS}, schema=_SCHEMA)
 
 
 _LOCK_HINT = (

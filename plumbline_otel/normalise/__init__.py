@@ -8,6 +8,7 @@ neighbours are kept.
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Any
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
@@ -50,8 +51,13 @@ def _attributes(pairs: Any, limits: Limits, where: str, problems: list[Problem])
     return attrs, dropped
 
 
+@lru_cache(maxsize=65536)
+def _unknown(key: str) -> bool:
+    return key.startswith(_NAMESPACES) and not key.startswith(_KNOWN_PREFIXES)
+
+
 def _unknown_keys(attrs: dict[str, Any]) -> list[str]:
-    return sorted(k for k in attrs if k.startswith(_NAMESPACES) and not k.startswith(_KNOWN_PREFIXES))
+    return sorted(k for k in attrs if _unknown(k))
 
 
 def _int(value: Any) -> int | None:

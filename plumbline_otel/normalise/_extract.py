@@ -206,8 +206,11 @@ def _llm(rec: SpanRecord, attrs: dict[str, Any], events: list[tuple[str, dict[st
     if rec.convention == "openinference":
         _apply_messages(rec, *_messages_flat(attrs, "llm.input_messages", "llm.output_messages"))
         _raw_request_errors(rec, attrs)
+        if rec.content_captured:
+            return  # GenAI keys on an OpenInference span only fill gaps
     _apply_messages(rec, *_messages_genai(attrs, events))
-    _apply_messages(rec, *_messages_flat(attrs, "gen_ai.prompt", "gen_ai.completion"))
+    if not rec.content_captured:  # the older indexed form is only looked for when nothing newer was there
+        _apply_messages(rec, *_messages_flat(attrs, "gen_ai.prompt", "gen_ai.completion"))
 
 
 # --- agent spans ------------------------------------------------------------------------------

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 import orjson
@@ -79,25 +80,30 @@ def text_of(value: Any) -> str | None:
     return orjson.dumps(value).decode()
 
 
+@lru_cache(maxsize=65536)
+def _path(key: str, start: int) -> tuple[str | int, ...]:
+    return tuple(int(part) if part.isdigit() else part for part in key[start:].split("."))
+
+
 def unflatten(attrs: dict[str, Any], prefix: str) -> list[Any]:
     """Rebuild a list from flattened keys (`prefix.0.message.role` …) in index order.
 
     Gaps in the indexes (an SDK's attribute limit cut the list) leave the present items in order.
     """
     root: dict[Any, Any] = {}
-    start = len(prefix) + 1
+    dotted = prefix + "."
+    start = len(dotted)
     for key, val in attrs.items():
-        if not key.startswith(prefix) or len(key) <= start or key[start - 1] != ".":
+        if not key.startswith(dotted) or len(key) == start:
             continue
         node = root
-        parts = key[start:].split(".")
-        for part in parts[:-1]:
-            node = node.setdefault(int(part) if part.isdigit() else part, {})
+        *parents, last = _path(key, start)
+        for part in parents:
+            node = node.setdefault(part, {})
             if not isinstance(node, dict):
                 break
         else:
-            last = parts[-1]
-            node[int(last) if last.isdigit() else last] = val
+            node[last] = val
     return _as_list(root)
 
 
