@@ -27,6 +27,7 @@ COMMANDS = [
     "plumbline_otel.cli.trajectories:trajectories",
     "plumbline_otel.cli.coverage:coverage",
     "plumbline_otel.cli.demo:demo",
+    "plumbline_otel.cli.serve:serve",
     "plumbline_otel.cli.check:check",
     "plumbline_otel.cli.certify:certify",
     "plumbline_otel.cli.gate:gate",

@@ -1,0 +1,95 @@
+"""A small client for a running `plumbline serve`: trajectories and coverage without opening the file.
+
+    with PlumblineClient("127.0.0.1:4317") as client:
+        for doc in client.trajectories(service="billing-agent"):
+            ...  # the `Trajectory.export()` dict; store.trajectory_from_doc(doc) gives a Trajectory
+        report = client.coverage()
+
+Connection problems and server errors raise `StoreError` with the address and what the server said.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Iterator
+
+import grpc
+import orjson
+
+from plumbline_otel.api import plumbline_pb2 as pb
+from plumbline_otel.api import plumbline_pb2_grpc as pb_grpc
+from plumbline_otel.config import TOKEN_ENV
+from plumbline_otel.errors import StoreError
+
+
+class PlumblineClient:
+    """Reads from a running server over plumbline's gRPC API.
+
+    Args:
+        address: HOST:PORT of the server's gRPC port (the OTLP/gRPC port).
+        token: bearer token when the server requires one; defaults to $PLUMBLINE_AUTH_TOKEN.
+        tls: use TLS; `ca_file` is the PEM of the CA (or the self-signed cert) to trust.
+        timeout: seconds allowed for each call.
+    """
+
+    def __init__(self, address: str, token: str | None = None, tls: bool = False, ca_file: str | None = None,
+                 timeout: float = 60.0) -> None:
+        self.address = address
+        self.timeout = timeout
+        token = token if token is not None else os.environ.get(TOKEN_ENV)
+        self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
+        options = [("grpc.max_receive_message_length", 64 << 20)]
+        if tls or ca_file:
+            roots = Path(ca_file).read_bytes() if ca_file else None
+            self._channel = grpc.secure_channel(address, grpc.ssl_channel_credentials(roots), options=options)
+        else:
+            self._channel = grpc.insecure_channel(address, options=options)
+        self._stub = pb_grpc.PlumblineStub(self._channel)
+
+    def _error(self, exc: grpc.RpcError) -> StoreError:
+        code = exc.code() if hasattr(exc, "code") else None
+        name = code.name if code is not None else "ERROR"
+        return StoreError(f"plumbline server at {self.address}: {name}: {exc.details() if hasattr(exc, 'details') else exc}")
+
+    def trajectories(self, service: str | None = None, task: str | None = None, since_ns: int | None = None,
+                     limit: int | None = None, assemble_first: bool = True) -> Iterator[dict[str, Any]]:
+        """Stored trajectories in start order, as `Trajectory.export()` dicts."""
+        request = pb.ListTrajectoriesRequest(service=service, task=task, since_ns=since_ns, limit=limit or 0,
+                                             assemble_first=assemble_first)
+        try:
+            for page in self._stub.ListTrajectories(request, timeout=self.timeout, metadata=self._metadata):
+                for doc in page.trajectory_json:
+                    yield orjson.loads(doc)
+        except grpc.RpcError as exc:
+            raise self._error(exc) from None
+
+    def coverage(self, since_ns: int | None = None, assemble_first: bool = True) -> dict[str, Any]:
+        """The coverage report of the server's store (the dict `coverage_report` returns)."""
+        try:
+            response = self._stub.Coverage(pb.CoverageRequest(since_ns=since_ns, assemble_first=assemble_first),
+                                           timeout=self.timeout, metadata=self._metadata)
+        except grpc.RpcError as exc:
+            raise self._error(exc) from None
+        return orjson.loads(response.report_json)
+
+    def health(self) -> dict[str, Any]:
+        """Status, version, ingest counters and queue depth."""
+        try:
+            response = self._stub.Health(pb.HealthRequest(), timeout=self.timeout, metadata=self._metadata)
+        except grpc.RpcError as exc:
+            raise self._error(exc) from None
+        return {f.name: getattr(response, f.name) for f in response.DESCRIPTOR.fields}
+
+    def close(self) -> None:
+        """Close the channel."""
+        self._channel.close()
+
+    def __enter__(self) -> "PlumblineClient":
+        return self
+
+    def __exit__(self, *_: Any) -> None:
+        self.close()
+
+
+__all__ = ["PlumblineClient"]

@@ -1,0 +1,69 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable
+from typing import ClassVar as _ClassVar, Optional as _Optional
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class ListTrajectoriesRequest(_message.Message):
+    __slots__ = ("service", "task", "since_ns", "limit", "assemble_first", "page_size")
+    SERVICE_FIELD_NUMBER: _ClassVar[int]
+    TASK_FIELD_NUMBER: _ClassVar[int]
+    SINCE_NS_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    ASSEMBLE_FIRST_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    service: str
+    task: str
+    since_ns: int
+    limit: int
+    assemble_first: bool
+    page_size: int
+    def __init__(self, service: _Optional[str] = ..., task: _Optional[str] = ..., since_ns: _Optional[int] = ..., limit: _Optional[int] = ..., assemble_first: _Optional[bool] = ..., page_size: _Optional[int] = ...) -> None: ...
+
+class TrajectoryPage(_message.Message):
+    __slots__ = ("trajectory_json",)
+    TRAJECTORY_JSON_FIELD_NUMBER: _ClassVar[int]
+    trajectory_json: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, trajectory_json: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class CoverageRequest(_message.Message):
+    __slots__ = ("since_ns", "assemble_first")
+    SINCE_NS_FIELD_NUMBER: _ClassVar[int]
+    ASSEMBLE_FIRST_FIELD_NUMBER: _ClassVar[int]
+    since_ns: int
+    assemble_first: bool
+    def __init__(self, since_ns: _Optional[int] = ..., assemble_first: _Optional[bool] = ...) -> None: ...
+
+class CoverageResponse(_message.Message):
+    __slots__ = ("report_json",)
+    REPORT_JSON_FIELD_NUMBER: _ClassVar[int]
+    report_json: str
+    def __init__(self, report_json: _Optional[str] = ...) -> None: ...
+
+class HealthRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class HealthResponse(_message.Message):
+    __slots__ = ("status", "version", "spans_received", "spans_stored", "spans_duplicate", "spans_rejected", "queue_spans", "queue_bytes", "db_path")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    SPANS_RECEIVED_FIELD_NUMBER: _ClassVar[int]
+    SPANS_STORED_FIELD_NUMBER: _ClassVar[int]
+    SPANS_DUPLICATE_FIELD_NUMBER: _ClassVar[int]
+    SPANS_REJECTED_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_SPANS_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    DB_PATH_FIELD_NUMBER: _ClassVar[int]
+    status: str
+    version: str
+    spans_received: int
+    spans_stored: int
+    spans_duplicate: int
+    spans_rejected: int
+    queue_spans: int
+    queue_bytes: int
+    db_path: str
+    def __init__(self, status: _Optional[str] = ..., version: _Optional[str] = ..., spans_received: _Optional[int] = ..., spans_stored: _Optional[int] = ..., spans_duplicate: _Optional[int] = ..., spans_rejected: _Optional[int] = ..., queue_spans: _Optional[int] = ..., queue_bytes: _Optional[int] = ..., db_path: _Optional[str] = ...) -> None: ...

@@ -1,0 +1,106 @@
+"""The server side of plumbline.v1.Plumbline; every read runs on the writer thread's connection."""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any, Callable, Iterator
+
+import grpc
+import orjson
+
+from plumbline_otel import __version__
+from plumbline_otel.api import plumbline_pb2 as pb
+from plumbline_otel.api import plumbline_pb2_grpc as pb_grpc
+from plumbline_otel.receive._metrics import Metrics
+from plumbline_otel.receive._writer import Overloaded, WriteQueue
+from plumbline_otel.store import Store
+
+DEFAULT_PAGE = 500
+_MAX_PAGE = 5000
+
+
+def _page(store: Store, state: dict[str, Any], request: pb.ListTrajectoriesRequest, size: int) -> list[str]:
+    """The next page of the listing; the generator lives between calls on the writer thread only."""
+    if "rows" not in state:
+        if request.assemble_first:
+            store.assemble()
+        state["rows"] = store.trajectories(
+            service=request.service if request.HasField("service") else None,
+            task=request.task if request.HasField("task") else None,
+            since_ns=request.since_ns if request.HasField("since_ns") else None,
+        )
+    page: list[str] = []
+    for trajectory in state["rows"]:
+        page.append(orjson.dumps(trajectory.export(), default=str).decode())
+        if len(page) >= size:
+            break
+    return page
+
+
+def _coverage(store: Store, request: pb.CoverageRequest) -> str:
+    coverage = importlib.import_module("plumbline_otel.coverage")
+    if request.assemble_first:
+        store.assemble()
+    since = request.since_ns if request.HasField("since_ns") else None
+    return orjson.dumps(coverage.coverage_report(store, since_ns=since), default=str).decode()
+
+
+class PlumblineServicer(pb_grpc.PlumblineServicer):
+    """Answers the API from the store the server is writing; `status` says SERVING or DRAINING."""
+
+    def __init__(self, queue: WriteQueue, metrics: Metrics, db_path: str, status: Callable[[], str]) -> None:
+        self._queue, self._metrics, self._db_path, self._status = queue, metrics, db_path, status
+
+    def _read(self, fn: Callable[[Store], Any], context: grpc.ServicerContext) -> Any:
+        try:
+            return self._queue.call(fn)
+        except Overloaded as exc:
+            context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
+        except TimeoutError as exc:
+            context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, str(exc))
+
+    def ListTrajectories(self, request: pb.ListTrajectoriesRequest, context: grpc.ServicerContext) -> Iterator[pb.TrajectoryPage]:
+        size = min(request.page_size or DEFAULT_PAGE, _MAX_PAGE)
+        remaining = request.limit or None
+        state: dict[str, Any] = {}
+        try:
+            while context.is_active():
+                want = size if remaining is None else min(size, remaining)
+                page = self._read(lambda store: _page(store, state, request, want), context)
+                if page:
+                    yield pb.TrajectoryPage(trajectory_json=page)
+                if remaining is not None:
+                    remaining -= len(page)
+                if len(page) < want or remaining == 0:
+                    return
+        finally:
+            if "rows" in state:  # close the cursor where it was opened
+                try:
+                    self._queue.call(lambda _store: state["rows"].close())
+                except Exception:
+                    pass
+
+    def Coverage(self, request: pb.CoverageRequest, context: grpc.ServicerContext) -> pb.CoverageResponse:
+        try:
+            importlib.import_module("plumbline_otel.coverage")
+        except ImportError:
+            context.abort(grpc.StatusCode.UNIMPLEMENTED, "this plumbline build has no coverage module")
+        return pb.CoverageResponse(report_json=self._read(lambda store: _coverage(store, request), context))
+
+    def Health(self, request: pb.HealthRequest, context: grpc.ServicerContext) -> pb.HealthResponse:
+        spans, nbytes = self._queue.depth
+        get = self._metrics.get
+        return pb.HealthResponse(
+            status=self._status(), version=__version__, db_path=self._db_path,
+            spans_received=int(get("plumbline_spans_received_total")), spans_stored=int(get("plumbline_spans_stored_total")),
+            spans_duplicate=int(get("plumbline_spans_duplicate_total")), spans_rejected=int(get("plumbline_spans_rejected_total")),
+            queue_spans=spans, queue_bytes=nbytes,
+        )
+
+
+def add_to_server(servicer: PlumblineServicer, server: grpc.Server) -> None:
+    """Register the API on a gRPC server."""
+    pb_grpc.add_PlumblineServicer_to_server(servicer, server)
+
+
+__all__ = ["PlumblineServicer", "add_to_server"]

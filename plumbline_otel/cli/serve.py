@@ -1,0 +1,91 @@
+"""`plumbline serve`: receive OTLP traces and logs over gRPC and HTTP into the store."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import click
+
+from plumbline_otel.config import TOKEN_ENV, load_config
+from plumbline_otel.errors import PlumblineError
+from plumbline_otel.receive import Server
+from plumbline_otel.receive._server import split_endpoint
+
+_GRPC = "receivers.otlp.protocols.grpc."
+_HTTP = "receivers.otlp.protocols.http."
+
+
+def _endpoint(configured: str, host: str | None, port: int | None) -> str | None:
+    """The endpoint after --host/--port; None when neither flag changes it, "" when port 0 turns it off."""
+    if port == 0:
+        return ""
+    if (host is None and port is None) or (port is None and not configured):
+        return None
+    configured_host, configured_port = split_endpoint(configured, "endpoint") if configured else ("127.0.0.1", 0)
+    host = host or configured_host
+    port = port if port is not None else configured_port
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _overrides(opts: dict[str, Any], config_path: str | None) -> dict[str, Any]:
+    """Flags as dotted config keys (None where a flag was not given, so the file's value stands)."""
+    base = load_config(config_path)
+    return {
+        _GRPC + "endpoint": _endpoint(base.grpc_endpoint, opts["host"], opts["grpc_port"]),
+        _HTTP + "endpoint": _endpoint(base.http_endpoint, opts["host"], opts["http_port"]),
+        _GRPC + "max_recv_msg_size_mib": opts["max_recv_msg_size_mib"],
+        _HTTP + "max_request_body_size_mib": opts["max_request_body_size_mib"],
+        "storage.path": opts["db"],
+        "storage.task_keys": list(opts["task_key"]) or None,
+        "queue.max_spans": opts["queue_max_spans"],
+        "queue.max_bytes_mib": opts["queue_max_bytes_mib"],
+        "queue.batch_max_spans": opts["batch_max_spans"],
+        "queue.retry_after_seconds": opts["retry_after"],
+        "assemble.interval_seconds": opts["assemble_interval"],
+        "auth.bearer_token": opts["auth_token"],
+        "auth.bearer_token_file": opts["auth_token_file"],
+        "tls.cert_file": opts["tls_cert"],
+        "tls.key_file": opts["tls_key"],
+        "content.drop": list(opts["drop_content"]) or None,
+        "content.hash": list(opts["hash_content"]) or None,
+    }
+
+
+@click.command()
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), help="YAML config (see configs/plumbline.yaml).")
+@click.option("--db", help="DuckDB file to write [storage.path; default plumbline.duckdb].")
+@click.option("--host", help="Address both transports bind [default 127.0.0.1; binding elsewhere must be explicit].")
+@click.option("--grpc-port", type=int, help="OTLP/gRPC port, also plumbline's API [default 4317; 0 turns gRPC off].")
+@click.option("--http-port", type=int, help="OTLP/HTTP port [default 4318; 0 turns HTTP off].")
+@click.option("--max-recv-msg-size-mib", type=int, help="Largest gRPC message accepted [default 64].")
+@click.option("--max-request-body-size-mib", type=int, help="Largest HTTP body after decompression [default 64].")
+@click.option("--queue-max-spans", type=int, help="Spans waiting to be committed before pushback [default 20000].")
+@click.option("--queue-max-bytes-mib", type=int, help="Request bytes waiting to be committed before pushback [default 128].")
+@click.option("--batch-max-spans", type=int, help="Most spans committed in one transaction [default 8192].")
+@click.option("--retry-after", type=float, help="Seconds clients are told to wait when pushed back [default 1].")
+@click.option("--assemble-interval", type=float, help="Idle seconds before trajectories are rebuilt [default 1].")
+@click.option("--auth-token", envvar=TOKEN_ENV, help=f"Bearer token required on both transports [env {TOKEN_ENV}].")
+@click.option("--auth-token-file", type=click.Path(dir_okay=False), help="File holding the bearer token.")
+@click.option("--tls-cert", type=click.Path(dir_okay=False), help="PEM certificate; with --tls-key, both transports use TLS.")
+@click.option("--tls-key", type=click.Path(dir_okay=False), help="PEM private key.")
+@click.option("--task-key", multiple=True, help="Attribute naming a run's task (repeatable) [storage.task_keys].")
+@click.option("--drop-content", multiple=True, metavar="PATTERN", help="Attribute-key glob whose values are replaced by __REDACTED__ (repeatable).")
+@click.option("--hash-content", multiple=True, metavar="PATTERN", help="Attribute-key glob whose values are stored as sha256 hashes (repeatable).")
+@click.option("--log-level", default="WARNING", show_default=True, type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"]))
+def serve(config_path: str | None, log_level: str, **opts: Any) -> None:
+    """Receive OTLP traces (and GenAI log events) from collectors and SDK exporters into the store.
+
+    Listens on 127.0.0.1 unless --host or the config says otherwise. Stops on SIGTERM/SIGINT after
+    committing everything it acknowledged. Other commands read a served store with --server.
+    """
+    logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        config = load_config(config_path, _overrides(opts, config_path))
+        Server(config).run()
+    except PlumblineError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+if __name__ == "__main__":
+    serve(prog_name="plumbline serve")  # `python -m plumbline_otel.cli.serve`, used by tests and supervisors

@@ -1,0 +1,158 @@
+"""`Server`: the writer, the two transports and the API wired together, with an orderly shutdown.
+
+Start order: the writer opens the store first (a locked or unreadable file fails here, before any
+port is bound); then gRPC (OTLP, health, plumbline's API) and HTTP. Stop order on SIGTERM: both
+transports stop accepting and finish the requests in flight (those wait for their commits), then
+the writer commits whatever is still queued, assembles, and closes the file.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+import threading
+from typing import Any
+
+from plumbline_otel.config import ServeConfig
+from plumbline_otel.errors import ConfigError
+from plumbline_otel.receive._content import ContentFilter
+from plumbline_otel.receive._grpc import GrpcReceiver
+from plumbline_otel.receive._http import HttpServer, make_ssl_context
+from plumbline_otel.receive._intake import Intake
+from plumbline_otel.receive._logs import create_logs_table
+from plumbline_otel.receive._metrics import Metrics
+from plumbline_otel.receive._writer import WriteQueue
+from plumbline_otel.store import Store
+
+log = logging.getLogger("plumbline.receive")
+
+_COUNTERS = ("plumbline_spans_received_total", "plumbline_spans_stored_total", "plumbline_spans_duplicate_total",
+             "plumbline_spans_rejected_total", "plumbline_log_records_received_total", "plumbline_log_records_stored_total")
+
+
+def split_endpoint(endpoint: str, key: str) -> tuple[str, int]:
+    """`host:port` or `[v6]:port` into its parts; `ConfigError` naming `key` otherwise."""
+    host, sep, port = endpoint.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ConfigError(f"{key}: expected HOST:PORT, got {endpoint!r}")
+    return host.strip("[]") or "127.0.0.1", int(port)
+
+
+class Server:
+    """A running `plumbline serve`; `run()` serves until SIGTERM/SIGINT, `start()`/`stop()` for tests."""
+
+    def __init__(self, config: ServeConfig) -> None:
+        self.config = config
+        self.metrics = Metrics()
+        for name in _COUNTERS:
+            self.metrics.inc(name, 0)
+        self.queue = WriteQueue(self._open_store, self.metrics, max_spans=config.queue_max_spans, max_bytes=config.queue_max_bytes,
+                                batch_max_spans=config.batch_max_spans, assemble_interval=config.assemble_interval_seconds,
+                                assemble_max_delay=config.assemble_max_delay_seconds)
+        self.intake = Intake(self.queue, self.metrics, ContentFilter(config.content))
+        self.grpc: GrpcReceiver | None = None
+        self.http: HttpServer | None = None
+        self._http_thread: threading.Thread | None = None
+        self._stop_requested = threading.Event()
+        self._stopped = False
+        self.status = "STARTING"
+
+    def _open_store(self) -> Store:
+        store = Store(self.config.db_path)
+        if self.config.task_keys:
+            store.set_task_keys(self.config.task_keys)
+        create_logs_table(store)
+        return store
+
+    def _start_grpc(self) -> None:
+        from plumbline_otel.api.servicer import PlumblineServicer, add_to_server
+
+        cfg = self.config
+        api = PlumblineServicer(self.queue, self.metrics, cfg.db_path, lambda: self.status)
+        try:
+            self.grpc = GrpcReceiver(self.intake, cfg.grpc_endpoint, max_recv_bytes=cfg.grpc_max_recv_bytes,
+                                     max_concurrent=cfg.grpc_max_concurrent_streams, retry_after=cfg.retry_after_seconds,
+                                     token=cfg.auth_token, tls_cert_file=cfg.tls_cert_file, tls_key_file=cfg.tls_key_file,
+                                     extra=lambda server: add_to_server(api, server))
+        except RuntimeError as exc:
+            raise ConfigError(f"receivers.otlp.protocols.grpc.endpoint: cannot listen on {cfg.grpc_endpoint}: {exc}") from None
+        self.grpc.start()
+
+    def _start_http(self) -> None:
+        cfg = self.config
+        host, port = split_endpoint(cfg.http_endpoint, "receivers.otlp.protocols.http.endpoint")
+        context = make_ssl_context(cfg.tls_cert_file, cfg.tls_key_file) if cfg.tls_cert_file and cfg.tls_key_file else None
+        try:
+            self.http = HttpServer(host, port, self.intake, max_body_bytes=cfg.http_max_body_bytes, max_connections=cfg.http_max_connections,
+                                   retry_after=cfg.retry_after_seconds, render_metrics=self.metrics.render, token=cfg.auth_token,
+                                   ssl_context=context)
+        except OSError as exc:
+            raise ConfigError(f"receivers.otlp.protocols.http.endpoint: cannot listen on {cfg.http_endpoint}: {exc.strerror}") from None
+        self._http_thread = threading.Thread(target=self.http.serve_forever, name="plumbline-http", daemon=True)
+        self._http_thread.start()
+
+    def start(self) -> None:
+        """Open the store, then listen; raises `StoreError`/`ConfigError` (nothing left running)."""
+        self.queue.start()
+        try:
+            if self.config.grpc_endpoint:
+                self._start_grpc()
+            if self.config.http_endpoint:
+                self._start_http()
+        except BaseException:
+            self.stop()
+            raise
+        self.status = "SERVING"
+
+    def describe(self) -> str:
+        """One line saying where the server listens, for the log."""
+        scheme = "https" if self.config.tls else "http"
+        parts = []
+        if self.grpc:
+            parts.append(f"OTLP/gRPC and plumbline API on {self.config.grpc_endpoint}{' (TLS)' if self.config.tls else ''}")
+        if self.http:
+            parts.append(f"OTLP/HTTP on {scheme}://{self.config.http_endpoint}")
+        auth = ", bearer token required" if self.config.auth_token else ""
+        return f"plumbline serve: {'; '.join(parts) or 'no transport enabled'}; store {self.config.db_path}{auth}"
+
+    def request_stop(self, *_: Any) -> None:
+        """Ask `run()` to shut down (signal-handler safe)."""
+        self._stop_requested.set()
+
+    def stop(self) -> None:
+        """Stop accepting, finish requests in flight, commit and assemble what was accepted, close."""
+        if self._stopped:
+            return
+        self._stopped = True
+        self.status = "DRAINING"
+        grace = self.config.shutdown_grace_seconds
+        stoppers = []
+        if self.http is not None:
+            stoppers.append(threading.Thread(target=self.http.drain, args=(grace,)))
+        if self.grpc is not None:
+            stoppers.append(threading.Thread(target=self.grpc.stop, args=(grace,)))
+        for thread in stoppers:
+            thread.start()
+        for thread in stoppers:
+            thread.join()
+        self.queue.close()
+        self.status = "STOPPED"
+
+    def run(self) -> None:
+        """Serve until SIGTERM or SIGINT, then stop cleanly."""
+        previous = {sig: signal.signal(sig, self.request_stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            self.start()
+            print(self.describe(), file=sys.stderr, flush=True)
+            while not self._stop_requested.wait(1.0):
+                pass
+            print("plumbline serve: shutting down (draining accepted requests)", file=sys.stderr, flush=True)
+        finally:
+            self.stop()
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+        print("plumbline serve: stopped", file=sys.stderr, flush=True)
+
+
+__all__ = ["Server", "split_endpoint"]
