@@ -1,0 +1,32 @@
+"""The three agent arms of the accounts-payable domain, and ``run_trial`` to run one of them.
+
+    run_trial(arm, task_id, client=..., trial=..., fault=..., tracer_provider=...) -> TrialResult
+
+Arms (``ARMS``):
+    plan_execute         one interpretation call, then fixed control flow; any tool error blocks
+    plan_execute_retry   the same, retrying transient tool errors (503, 429, timeout, reset)
+    react                a free-form tool-using loop; the model chooses every call
+
+Faults are declared with ``FaultSpec(tool, kind, on_call=1, times=1)`` and injected per trial.
+"""
+
+from __future__ import annotations
+
+from domains.accounts_payable.arms.faults import TRANSIENT_KINDS, FaultInjector, FaultSpec
+from domains.accounts_payable.arms.runtime import RetryPolicy, ToolStep, TrialResult
+from domains.accounts_payable.arms.trial import ARMS, DEFAULT_MODEL, make_client, run_trial
+from domains.accounts_payable.tracing import TrialIdentity
+
+__all__ = [
+    "ARMS",
+    "DEFAULT_MODEL",
+    "TRANSIENT_KINDS",
+    "FaultInjector",
+    "FaultSpec",
+    "RetryPolicy",
+    "ToolStep",
+    "TrialIdentity",
+    "TrialResult",
+    "make_client",
+    "run_trial",
+]
