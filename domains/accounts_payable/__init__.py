@@ -16,8 +16,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from domains.accounts_payable.errors import DomainError, TransientToolError
+from domains.accounts_payable.ground_truth import GradeResult, Outcome, context_for, expected_outcome, grade
 from domains.accounts_payable.reason_codes import REASON_CODES, REASON_PRIORITY, primary_reason
 from domains.accounts_payable.system_of_record import SystemOfRecord, open_system_of_record
+from domains.accounts_payable.tasks import TASKS, Task
 from domains.accounts_payable.tools import TOOLS, Tool, call_tool, tool_specs
 
 POLICY_PATH = Path(__file__).resolve().parent / "policy.md"
@@ -26,12 +28,19 @@ __all__ = [
     "POLICY_PATH",
     "REASON_CODES",
     "REASON_PRIORITY",
+    "TASKS",
     "TOOLS",
     "DomainError",
+    "GradeResult",
+    "Outcome",
     "SystemOfRecord",
+    "Task",
     "Tool",
     "TransientToolError",
     "call_tool",
+    "context_for",
+    "expected_outcome",
+    "grade",
     "open_system_of_record",
     "primary_reason",
     "tool_specs",

@@ -42,7 +42,7 @@ def request_approval(sor: SystemOfRecord, args: Args) -> dict[str, Any]:
     """Record an approval by the given role; refused when the role's authority is below the amount."""
     doc = L.invoice(sor, args["invoice_id"])
     role = args["approver_role"].strip().lower()
-    roles = sor.rows(
+    roles = sor.reference(
         "SELECT role, max(authority_limit_gbp) AS limit_gbp FROM approvers GROUP BY role ORDER BY limit_gbp"
     )
     limits = {r["role"]: r["limit_gbp"] for r in roles}
@@ -54,7 +54,7 @@ def request_approval(sor: SystemOfRecord, args: Args) -> dict[str, Any]:
     base = sor.setting("base_currency")
     amount_gbp, _, _ = L.convert(sor, amount, currency, base, doc["invoice_date"])
     band = approval_band(sor, amount_gbp)
-    approver = sor.row(
+    approver = sor.reference_row(
         "SELECT * FROM approvers WHERE role = ? AND authority_limit_gbp >= ? ORDER BY approver_id LIMIT 1",
         [role, amount_gbp],
     )
@@ -76,7 +76,7 @@ def schedule_payment(sor: SystemOfRecord, args: Args) -> dict[str, Any]:
     amount = _amount(args["amount"])
     currency = _currency(sor, args["currency"])
     vendor = L.vendor(sor, doc["vendor_id"])
-    terms = sor.row("SELECT * FROM payment_terms WHERE terms_code = ?", [vendor["payment_terms"]])
+    terms = sor.reference_row("SELECT * FROM payment_terms WHERE terms_code = ?", [vendor["payment_terms"]])
     days = 30 if terms is None else (terms["discount_days"] if terms["discount_pct"] > 0 else terms["net_days"])
     row = sor.insert("payments", {
         "invoice_id": doc["invoice_id"], "vendor_id": doc["vendor_id"], "amount": amount, "currency": currency,

@@ -66,7 +66,8 @@ def three_way_match(sor: SystemOfRecord, args: Args) -> dict[str, Any]:
     by_sku: dict[str, dict[str, Any]] = {}
     for pl in L.po_lines(sor, po["po_id"]):
         by_sku.setdefault(pl["sku"], pl)
-    lines = [_match_line(sor, doc, po, line, by_sku.get(line["sku"])) for line in L.invoice_lines(sor, doc["invoice_id"])]
+    lines = [_match_line(sor, doc, po, line, by_sku.get(line["sku"]))
+             for line in L.invoice_lines(sor, doc["invoice_id"])]
     return {**head, **_verdict([c for ln in lines for c in ln["reason_codes"]]), "lines": lines}
 
 
@@ -75,7 +76,8 @@ def _match_line(
 ) -> dict[str, Any]:
     out: dict[str, Any] = {"line_no": line["line_no"], "sku": line["sku"], "billed_qty": line["qty"]}
     if pl is None:
-        return out | {"status": "exception", "reason_codes": ["UNKNOWN_ITEM"], "note": f"{line['sku']} is not on {po['po_id']}"}
+        note = f"{line['sku']} is not on {po['po_id']}"
+        return out | {"status": "exception", "reason_codes": ["UNKNOWN_ITEM"], "note": note}
     price = line["unit_price"]
     if doc["currency"] != po["currency"]:  # compare in the PO's currency at the invoice-date rate
         price, _, _ = L.convert(sor, price, doc["currency"], po["currency"], doc["invoice_date"])
@@ -112,7 +114,7 @@ def check_duplicate(sor: SystemOfRecord, args: Args) -> dict[str, Any]:
     number = L.normalise_invoice_number(doc["invoice_number"])
     threshold = Decimal(sor.setting("duplicate_hold_confidence"))
     best: tuple[Decimal, str, dict[str, Any] | None] = (Decimal(0), "no similar document in the ledger", None)
-    for other in sor.rows(
+    for other in sor.reference(
         "SELECT * FROM invoices WHERE vendor_id = ? AND document_type = ? AND invoice_id <> ? "
         "AND status IN ('posted', 'paid') ORDER BY invoice_id",
         [doc["vendor_id"], doc["document_type"], doc["invoice_id"]],
@@ -151,7 +153,7 @@ def check_duplicate(sor: SystemOfRecord, args: Args) -> dict[str, Any]:
 def check_vendor_status(sor: SystemOfRecord, args: Args) -> dict[str, Any]:
     """Vendor master status, sanctions flag, and other vendor records sharing its bank account."""
     v = L.vendor(sor, args["vendor_id"])
-    sharing = sor.rows(
+    sharing = sor.reference(
         "SELECT vendor_id, name, created_on FROM vendors WHERE bank_account = ? AND vendor_id <> ? ORDER BY vendor_id",
         [v["bank_account"], v["vendor_id"]],
     )
@@ -309,7 +311,7 @@ def calculate_payable_amount(sor: SystemOfRecord, args: Args) -> dict[str, Any]:
     """
     doc = L.invoice(sor, args["invoice_id"])
     vendor = L.vendor(sor, doc["vendor_id"])
-    terms = sor.row("SELECT * FROM payment_terms WHERE terms_code = ?", [vendor["payment_terms"]])
+    terms = sor.reference_row("SELECT * FROM payment_terms WHERE terms_code = ?", [vendor["payment_terms"]])
     amounts = L.line_amounts(L.invoice_lines(sor, doc["invoice_id"]), L.tax_rates(sor))
     net = sum((n for n, _ in amounts), Decimal(0))
     tax = sum((t for _, t in amounts), Decimal(0))
@@ -319,7 +321,8 @@ def calculate_payable_amount(sor: SystemOfRecord, args: Args) -> dict[str, Any]:
     discount = L.money(net * discount_pct / L.HUNDRED)
     in_doc_currency = (net + tax + freight - discount) * (-1 if credit else 1)
     payable, rate, rate_date = L.convert(sor, in_doc_currency, doc["currency"], vendor["currency"], doc["invoice_date"])
-    amount_gbp, _, _ = L.convert(sor, in_doc_currency, doc["currency"], sor.setting("base_currency"), doc["invoice_date"])
+    base = sor.setting("base_currency")
+    amount_gbp, _, _ = L.convert(sor, in_doc_currency, doc["currency"], base, doc["invoice_date"])
     out = {
         "invoice_id": doc["invoice_id"],
         "document_type": doc["document_type"],
@@ -346,7 +349,7 @@ def calculate_payable_amount(sor: SystemOfRecord, args: Args) -> dict[str, Any]:
 
 def approval_band(sor: SystemOfRecord, amount_gbp: Decimal) -> dict[str, Any]:
     """The approval-matrix band an amount in GBP falls in (upper bounds inclusive)."""
-    for band in sor.rows("SELECT * FROM approval_matrix ORDER BY lower_gbp"):
+    for band in sor.reference("SELECT * FROM approval_matrix ORDER BY lower_gbp"):
         if band["upper_gbp"] is None or amount_gbp <= band["upper_gbp"]:
             return band
     raise DomainError("the approval matrix has no band for this amount")  # unreachable with an open top band
@@ -366,7 +369,7 @@ def get_approval_requirement(sor: SystemOfRecord, args: Args) -> dict[str, Any]:
     else:
         amount_gbp, _, _ = L.convert(sor, amount, currency, base, L.parse_date(args["on_date"], "on_date"))
     band = approval_band(sor, amount_gbp)
-    approvers = sor.rows("SELECT approver_id, name FROM approvers WHERE role = ? ORDER BY approver_id",
+    approvers = sor.reference("SELECT approver_id, name FROM approvers WHERE role = ? ORDER BY approver_id",
                          [band["required_role"]])
     return {"amount": amount, "currency": currency, "amount_gbp": amount_gbp, "band": band["band"],
             "band_lower_gbp": band["lower_gbp"], "band_upper_gbp": band["upper_gbp"],

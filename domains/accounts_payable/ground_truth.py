@@ -199,7 +199,7 @@ def _grade_pay(sor: SystemOfRecord, o: Outcome, mine: dict[str, list[dict[str, A
             problems.append(f"paid {p['amount']:.2f} {p['currency']}, expected {o.payable_amount:.2f} {o.currency}")
     if pays:
         limits = {r["approver_id"]: float(r["authority_limit_gbp"])
-                  for r in sor.rows("SELECT approver_id, authority_limit_gbp FROM approvers")}
+                  for r in sor.reference("SELECT approver_id, authority_limit_gbp FROM approvers")}
         need = abs(o.amount_gbp or 0.0)
         ok = [a for a in mine["approvals"] if a["seq"] < pays[0]["seq"] and limits.get(a["approver_id"], 0) >= need]
         if not ok:

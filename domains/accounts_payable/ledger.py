@@ -45,10 +45,10 @@ def parse_date(value: str, arg: str) -> dt.date:
 def invoice(sor: SystemOfRecord, invoice_id: str, arg: str = "invoice_id") -> dict[str, Any]:
     """The invoice (or credit note) header; unknown ids get a hint."""
     key = norm_id(invoice_id)
-    found = sor.row("SELECT * FROM invoices WHERE invoice_id = ?", [key])
+    found = sor.reference_row("SELECT * FROM invoices WHERE invoice_id = ?", [key])
     if found is not None:
         return found
-    by_number = sor.rows(
+    by_number = sor.reference(
         "SELECT invoice_id FROM invoices WHERE upper(invoice_number) = ? ORDER BY invoice_id", [key]
     )
     hint = ""
@@ -60,15 +60,15 @@ def invoice(sor: SystemOfRecord, invoice_id: str, arg: str = "invoice_id") -> di
 
 def invoice_lines(sor: SystemOfRecord, invoice_id: str) -> list[dict[str, Any]]:
     """The lines of a document in line order."""
-    return sor.rows("SELECT * FROM invoice_lines WHERE invoice_id = ? ORDER BY line_no", [invoice_id])
+    return sor.reference("SELECT * FROM invoice_lines WHERE invoice_id = ? ORDER BY line_no", [invoice_id])
 
 
 def vendor(sor: SystemOfRecord, vendor_id: str) -> dict[str, Any]:
     """The vendor record; a name passed as an id gets a hint naming the matching ids."""
-    found = sor.row("SELECT * FROM vendors WHERE vendor_id = ?", [norm_id(vendor_id)])
+    found = sor.reference_row("SELECT * FROM vendors WHERE vendor_id = ?", [norm_id(vendor_id)])
     if found is not None:
         return found
-    like = sor.rows(
+    like = sor.reference(
         "SELECT vendor_id, name FROM vendors WHERE lower(name) LIKE ? ORDER BY vendor_id",
         [f"%{vendor_id.strip().lower()}%"],
     )
@@ -86,17 +86,18 @@ def purchase_order(sor: SystemOfRecord, po_id: str | None) -> dict[str, Any] | N
     """The PO header, or None when there is no such PO."""
     if not po_id:
         return None
-    return sor.row("SELECT * FROM purchase_orders WHERE po_id = ?", [norm_id(po_id)])
+    return sor.reference_row("SELECT * FROM purchase_orders WHERE po_id = ?", [norm_id(po_id)])
 
 
 def po_lines(sor: SystemOfRecord, po_id: str) -> list[dict[str, Any]]:
     """The PO's lines with the quantity received so far and the line category's tolerances."""
-    return sor.rows(
+    return sor.reference(
         """
-        SELECT l.*, t.price_tolerance_pct, t.qty_tolerance_pct,
-               coalesce((SELECT sum(g.qty_received) FROM goods_receipts g
-                         WHERE g.po_id = l.po_id AND g.line_no = l.line_no), 0) AS qty_received
-        FROM po_lines l JOIN tolerance_rules t USING (category)
+        SELECT l.*, t.price_tolerance_pct, t.qty_tolerance_pct, coalesce(g.received, 0) AS qty_received
+        FROM po_lines l
+        JOIN tolerance_rules t USING (category)
+        LEFT JOIN (SELECT po_id, line_no, sum(qty_received) AS received FROM goods_receipts GROUP BY ALL) g
+               USING (po_id, line_no)
         WHERE l.po_id = ? ORDER BY l.line_no
         """,
         [po_id],
@@ -105,18 +106,18 @@ def po_lines(sor: SystemOfRecord, po_id: str) -> list[dict[str, Any]]:
 
 def tax_rates(sor: SystemOfRecord) -> dict[str, Decimal]:
     """Tax code -> rate in percent."""
-    return {r["tax_code"]: r["rate_pct"] for r in sor.rows("SELECT tax_code, rate_pct FROM tax_codes")}
+    return {r["tax_code"]: r["rate_pct"] for r in sor.reference("SELECT tax_code, rate_pct FROM tax_codes")}
 
 
 def currencies(sor: SystemOfRecord) -> list[str]:
     """Currencies the system of record has rates for."""
-    return [r["currency"] for r in sor.rows("SELECT DISTINCT currency FROM fx_rates ORDER BY currency")]
+    return [r["currency"] for r in sor.reference("SELECT DISTINCT currency FROM fx_rates ORDER BY currency")]
 
 
 def rate_to_gbp(sor: SystemOfRecord, currency: str, on_date: dt.date) -> tuple[Decimal, dt.date]:
     """GBP per unit of `currency` on `on_date`: the latest published rate on or before it."""
     code = norm_id(currency)
-    found = sor.row(
+    found = sor.reference_row(
         "SELECT rate_to_gbp, rate_date FROM fx_rates WHERE currency = ? AND rate_date <= ? "
         "ORDER BY rate_date DESC LIMIT 1",
         [code, on_date],

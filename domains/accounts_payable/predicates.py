@@ -36,7 +36,7 @@ def _reference() -> SystemOfRecord:
 @lru_cache(maxsize=1)
 def _authority_limits() -> dict[str, float]:
     with _LOCK:
-        rows = _reference().rows("SELECT role, max(authority_limit_gbp) AS limit_gbp FROM approvers GROUP BY role")
+        rows = _reference().reference("SELECT role, max(authority_limit_gbp) AS limit_gbp FROM approvers GROUP BY role")
     return {r["role"]: float(r["limit_gbp"]) for r in rows}
 
 

@@ -9,6 +9,10 @@ own cursor whose search path is `trial_<n>, ref`. Opening one costs about 3 ms.
 Isolation: every tool uses unqualified table names, so a trial reads the shared reference data
 and its own writes and never another trial's. Reference tables are never written by a tool.
 
+Speed: DuckDB answers a point query in about a millisecond, and a tool makes several. Reference
+tables never change after loading, so queries over them go through `reference()`, which
+memoises each (query, parameters) answer per process; only the write tables are queried live.
+
 Threads: one `SystemOfRecord` belongs to one trial and is used from one thread at a time (a lock
 makes accidental sharing safe, not fast); different trials may run in different threads. After a
 fork the child builds its own instance rather than reuse the parent's.
@@ -19,6 +23,7 @@ from __future__ import annotations
 import datetime as dt
 import itertools
 import os
+import re
 import threading
 import weakref
 from decimal import Decimal
@@ -44,6 +49,10 @@ ID_PREFIX: dict[str, tuple[str, str]] = {  # table -> (id column, prefix)
 }
 
 
+_MAX_ANSWERS = 4096
+_WRITE_TABLE_WORD = re.compile(r"\b(" + "|".join(WRITE_TABLES) + r")\b", re.IGNORECASE)
+
+
 class _Template:
     """The process-wide DuckDB instance holding the reference data (schema `ref`)."""
 
@@ -52,6 +61,7 @@ class _Template:
         self.pid = os.getpid()
         self.lock = threading.RLock()
         self.counter = itertools.count(1)
+        self.answers: dict[tuple[str, tuple[Any, ...]], list[dict[str, Any]]] = {}
         self.con = duckdb.connect(config={"threads": 1})
         self.con.execute("CREATE SCHEMA ref; SET schema = 'ref';")
         self.con.execute((data_dir / "schema.sql").read_text())
@@ -71,10 +81,15 @@ class _Template:
         return name
 
     def drop_schema(self, name: str) -> None:
+        """Drop a trial's schema; also run by garbage collection, so it uses a cursor of its own."""
         if os.getpid() != self.pid:
             return
         with self.lock:
-            self.con.execute(f"DROP SCHEMA IF EXISTS {name} CASCADE")
+            cursor = self.con.cursor()
+            try:
+                cursor.execute(f"DROP SCHEMA IF EXISTS {name} CASCADE")
+            finally:
+                cursor.close()
 
 
 _TEMPLATES: dict[Path, _Template] = {}
@@ -107,6 +122,25 @@ class SystemOfRecord:
         self._finalizer = weakref.finalize(self, template.drop_schema, self.schema)
 
     # -- reading ---------------------------------------------------------------------------
+    def reference(self, sql: str, params: list[Any] | tuple[Any, ...] = ()) -> list[dict[str, Any]]:
+        """Rows of a query over reference tables only, memoised per process (copies, safe to change)."""
+        self._check_open()
+        key = (sql, tuple(params))
+        answer = self._template.answers.get(key)
+        if answer is None:
+            if _WRITE_TABLE_WORD.search(sql):
+                raise ValueError(f"reference() is for reference tables only; query write tables with rows(): {sql}")
+            answer = self.rows(sql, params)
+            if len(self._template.answers) >= _MAX_ANSWERS:  # ids come from agents: bound the memo
+                self._template.answers.clear()
+            self._template.answers[key] = answer
+        return [dict(r) for r in answer]
+
+    def reference_row(self, sql: str, params: list[Any] | tuple[Any, ...] = ()) -> dict[str, Any] | None:
+        """The first row of a reference query, or None."""
+        found = self.reference(sql, params)
+        return found[0] if found else None
+
     def rows(self, sql: str, params: list[Any] | tuple[Any, ...] = ()) -> list[dict[str, Any]]:
         """All rows of a query, as dicts."""
         with self._lock:
@@ -127,7 +161,8 @@ class SystemOfRecord:
 
     def setting(self, key: str) -> str:
         """A value from the settings table (base currency, tolerances)."""
-        value = self.scalar("SELECT value FROM settings WHERE key = ?", [key])
+        found = self.reference_row("SELECT value FROM settings WHERE key = ?", [key])
+        value = found["value"] if found else None
         if value is None:
             raise KeyError(f"setting {key!r} missing from the system of record")
         return str(value)

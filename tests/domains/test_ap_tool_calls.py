@@ -159,3 +159,18 @@ def test_copies_used_from_several_threads_stay_isolated():
     for t in threads:
         t.join()
     assert errors == []
+
+
+def test_memoised_reference_queries_refuse_write_tables(sor):
+    with pytest.raises(ValueError, match="reference tables only"):
+        sor.reference("SELECT * FROM payments")
+    first = sor.reference("SELECT * FROM vendors WHERE vendor_id = ?", ["V-100"])
+    first[0]["name"] = "changed by a caller"
+    assert sor.reference("SELECT * FROM vendors WHERE vendor_id = ?", ["V-100"])[0]["name"] == "Northwind Supplies"
+
+
+def test_the_package_exports_what_it_lists():
+    import domains.accounts_payable as ap
+
+    assert all(hasattr(ap, name) for name in ap.__all__)
+    assert ap.POLICY_PATH.is_file()
