@@ -38,6 +38,7 @@ ValueType = Literal["auto", "identifier", "text", "number", "date", "datetime", 
 VALUE_TYPES: tuple[str, ...] = ("auto", "identifier", "text", "number", "date", "datetime", "set", "list", "dict", "exact")
 
 _MISSING = object()
+_SCALAR = frozenset({"identifier", "text", "exact", "date", "datetime"})
 
 
 @dataclass(frozen=True)
@@ -103,6 +104,9 @@ def rule_from(spec: Any) -> Rule:
     )
 
 
+_RULES: dict[str, Rule] = {k: Rule(type=k) for k in VALUE_TYPES}  # type: ignore[arg-type]
+
+
 @dataclass(frozen=True)
 class Difference:
     """One place where two values differ; ``path`` is "" for the value itself, else "a.b[2]"."""
@@ -141,8 +145,33 @@ def compare(expected: Any, got: Any, rule: Rule | str | Mapping[str, Any] | None
 
 
 def equal(expected: Any, got: Any, rule: Rule | str | Mapping[str, Any] | None = None) -> bool:
-    """Shorthand for ``compare(...).equal``."""
-    return compare(expected, got, rule).equal
+    """``compare(...).equal``, without building the explanation (the hot path of conditions)."""
+    r = rule_from(rule)
+    kind = _resolve(r, expected)
+    if kind in _SCALAR:
+        return _canon(expected, _RULES[kind]) == _canon(got, _RULES[kind])
+    if kind == "number":
+        e, g = to_number(expected), to_number(got)
+        if e is not None and g is not None and (e == g or not (r.tolerance or r.rel_tolerance)):
+            return e == g
+    return compare(expected, got, r).equal
+
+
+class Matcher:
+    """`equal` against one fixed expected value, canonicalised once (for conditions run per trajectory)."""
+
+    __slots__ = ("expected", "rule", "_kind", "_canon")
+
+    def __init__(self, expected: Any, rule: Rule | str | Mapping[str, Any] | None = None) -> None:
+        self.expected = expected
+        self.rule = rule_from(rule)
+        self._kind = _resolve(self.rule, expected)
+        self._canon = _canon(expected, _RULES[self._kind]) if self._kind in _SCALAR else None
+
+    def __call__(self, got: Any) -> bool:
+        if self._canon is not None:
+            return self._canon == _canon(got, _RULES[self._kind])
+        return equal(self.expected, got, self.rule)
 
 
 def canonical(value: Any, rule: Rule | str | Mapping[str, Any] | None = None) -> str:

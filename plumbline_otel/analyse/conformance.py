@@ -26,6 +26,7 @@ TRIAL_ID = "plumbline.trial.id"
 TRIAL_STATUS = "plumbline.trial.status"
 VARIANT = "plumbline.variant"
 MISSING_STATUSES = frozenset({"missing", "error"})
+_RANK = {s: i for i, s in enumerate(SEVERITIES)}
 
 
 def perturbation_of(trajectory: Trajectory) -> str:
@@ -57,12 +58,12 @@ class RunResult:
     def violations(self) -> list[tuple[DeclaredInvariant, Verdict]]:
         """The failed invariants, most severe first (declaration order within a severity)."""
         failed = [(i, v) for i, v in self.verdicts if v.status == "fail"]
-        return sorted(failed, key=lambda iv: SEVERITIES.index(iv[0].severity))
+        return sorted(failed, key=lambda iv: _RANK[iv[0].severity]) if len(failed) > 1 else failed
 
     def conforms(self, severity: Severity = "critical") -> bool:
         """No violation at `severity` or worse ("critical": critical conformance)."""
-        worst = SEVERITIES.index(severity)
-        return not any(v.status == "fail" and SEVERITIES.index(i.severity) <= worst for i, v in self.verdicts)
+        worst = _RANK[severity]
+        return not any(v.status == "fail" and _RANK[i.severity] <= worst for i, v in self.verdicts)
 
 
 def evaluate(spec: Spec, trajectory: Trajectory, context: Mapping[str, Any] | None = None) -> RunResult:
@@ -179,16 +180,19 @@ def check(
 ) -> ConformanceSummary:
     """Judge every run; with a duckdb `connection`, store the violations (idempotently)."""
     summary = ConformanceSummary.for_spec(spec)
-    pending: list[RunResult] = []
+    checked: list[str] = []
+    rows: list[tuple[Any, ...]] = []
     for result in _judge(spec, trajectories, summary):
         summary.add(result)
-        if connection is not None:
-            pending.append(result)
-            if len(pending) >= batch:
-                summary.violations_written += write_violations(connection, pending, spec.hash)
-                pending = []
-    if connection is not None and pending:
-        summary.violations_written += write_violations(connection, pending, spec.hash)
+        if connection is None:
+            continue
+        checked.append(result.trajectory_id)
+        rows.extend(_rows(result))
+        if len(checked) >= batch:
+            summary.violations_written += _write(connection, checked, rows, spec.hash)
+            checked, rows = [], []
+    if connection is not None and checked:
+        summary.violations_written += _write(connection, checked, rows, spec.hash)
     return summary
 
 
@@ -213,6 +217,14 @@ CREATE TABLE IF NOT EXISTS violations (
     PRIMARY KEY (spec_hash, trajectory_id, invariant_id)
 )
 """
+_ROW_COLUMNS = ("invariant_id", "trajectory_id", "severity", "task_key", "step_index", "step_name", "detail")
+
+
+def _rows(result: RunResult) -> list[tuple[Any, ...]]:
+    return [
+        (inv.id, result.trajectory_id, inv.severity, result.task_key, v.step_index, v.step_name, v.detail)
+        for inv, v in result.violations
+    ]
 
 
 def write_violations(connection: Any, results: Iterable[RunResult], spec_hash: str) -> int:
@@ -221,24 +233,22 @@ def write_violations(connection: Any, results: Iterable[RunResult], spec_hash: s
     One transaction, written as Arrow batches (never row-by-row INSERTs). The key is
     (spec_hash, trajectory_id, invariant_id): an invariant has one verdict per run.
     """
+    results = list(results)
+    return _write(connection, [r.trajectory_id for r in results], [row for r in results for row in _rows(r)], spec_hash)
+
+
+def _write(connection: Any, checked_ids: list[str], rows: list[tuple[Any, ...]], spec_hash: str) -> int:
     import pyarrow as pa
 
-    results = list(results)
-    checked = pa.table({"trajectory_id": pa.array([r.trajectory_id for r in results], pa.string())})
-    cols: dict[str, list[Any]] = {k: [] for k in ("invariant_id", "trajectory_id", "severity", "task_key", "step_index", "step_name", "detail")}
-    for r in results:
-        for inv, v in r.violations:
-            for key, value in zip(cols, (inv.id, r.trajectory_id, inv.severity, r.task_key, v.step_index, v.step_name, v.detail)):
-                cols[key].append(value)
-    rows = pa.table(
-        {
-            **{k: pa.array(cols[k], pa.string()) for k in ("invariant_id", "trajectory_id", "severity", "task_key", "step_name", "detail")},
-            "step_index": pa.array(cols["step_index"], pa.int32()),
-        }
-    )
+    checked = pa.table({"trajectory_id": pa.array(checked_ids, pa.string())})
+    columns = list(zip(*rows)) if rows else [[] for _ in _ROW_COLUMNS]
+    table = pa.table({
+        name: pa.array(list(col), pa.int32() if name == "step_index" else pa.string())
+        for name, col in zip(_ROW_COLUMNS, columns)
+    })
     connection.execute(VIOLATIONS_DDL)
     connection.register("_pl_checked", checked)
-    connection.register("_pl_rows", rows)
+    connection.register("_pl_rows", table)
     try:
         connection.execute("BEGIN TRANSACTION")
         try:
@@ -258,7 +268,7 @@ def write_violations(connection: Any, results: Iterable[RunResult], spec_hash: s
     finally:
         connection.unregister("_pl_checked")
         connection.unregister("_pl_rows")
-    return rows.num_rows
+    return table.num_rows
 
 
 def render_text(summary: ConformanceSummary) -> str:

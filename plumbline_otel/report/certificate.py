@@ -23,13 +23,14 @@ it, and the order runs were read in does not.
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from typing import Any
+
+import orjson
 
 from plumbline_otel import __version__
 from plumbline_otel.analyse.conformance import STUDY, TRIAL_ID, agent_label, evaluate, is_missing, perturbation_of
@@ -88,8 +89,7 @@ def evidence_digest(trajectory: Trajectory) -> str:
         "end_ns": trajectory.end_ns,
         "steps": [[s.kind, s.name, s.args, s.result, s.error, s.call_id] for s in trajectory.steps],
     }
-    text = json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
-    return hashlib.sha256(text.encode()).hexdigest()
+    return hashlib.sha256(orjson.dumps(doc, option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS, default=str)).hexdigest()
 
 
 def evidence_hash(digests: Iterable[tuple[str, str]]) -> str:

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from plumbline_otel.analyse.compare_values import equal
+from plumbline_otel.analyse.compare_values import Matcher
 
 ContextFn = Callable[[str], Mapping[str, Any]]
 _OPS = ("in", "not", "not_in")
@@ -37,6 +37,14 @@ class Condition:
     """All clauses must hold; each clause is (key, operator, operand)."""
 
     clauses: tuple[tuple[str, str, Any], ...]
+
+    def __post_init__(self) -> None:
+        # Operands canonicalised once: a condition runs on every trajectory.
+        compiled = tuple(
+            (key, op, tuple(Matcher(o) for o in operand) if op in ("in", "not_in") else (Matcher(operand),))
+            for key, op, operand in self.clauses
+        )
+        object.__setattr__(self, "_compiled", compiled)
 
     @staticmethod
     def parse(raw: Any) -> Condition:
@@ -58,20 +66,15 @@ class Condition:
 
     def holds(self, context: Mapping[str, Any], run: Mapping[str, Any] | None = None) -> bool:
         """True when every clause holds on the context (falling back to run attributes)."""
-        for key, op, operand in self.clauses:
+        for key, op, matchers in self._compiled:  # type: ignore[attr-defined]
             if key in context:
                 value = context[key]
             elif run is not None and key in run:
                 value = run[key]
             else:
                 return False
-            if op == "eq" and not equal(operand, value):
-                return False
-            if op == "not" and equal(operand, value):
-                return False
-            if op == "in" and not any(equal(o, value) for o in operand):
-                return False
-            if op == "not_in" and any(equal(o, value) for o in operand):
+            hit = any(m(value) for m in matchers)
+            if hit == (op in ("not", "not_in")):
                 return False
         return True
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from dataclasses import field as dc_field
 from typing import Any
 
-from plumbline_otel.analyse.compare_values import Rule, compare, rule_from
+from plumbline_otel.analyse.compare_values import Rule, compare, equal, rule_from
 from plumbline_otel.model import Step, Trajectory
 from plumbline_otel.spec._steps import MISSING, UNAVAILABLE, arg, calls, field_of
 from plumbline_otel.spec._verdict import Invariant, Verdict
@@ -231,10 +231,10 @@ class ArgEquals:
             expected = self.value
 
         def judge(i: int, step: Step, got: Any) -> Verdict:
-            cmp = compare(expected, got, self.rule)
-            if cmp.equal:
+            if equal(expected, got, self.rule):
                 return Verdict.ok()
-            return Verdict.fail(f"{_label(step, i)}: {self.arg} {cmp.detail}", i, step.name)
+            detail = compare(expected, got, self.rule).detail
+            return Verdict.fail(f"{_label(step, i)}: {self.arg} {detail}", i, step.name)
 
         return _check_calls(trajectory, self.tool, self.arg, judge)
 
@@ -294,11 +294,11 @@ class ArgMatchesResult:
             if expected is UNAVAILABLE or expected is MISSING:
                 what = "not captured" if expected is UNAVAILABLE else f"has no {self.field}"
                 return Verdict.na(f"result of {self.result_tool} at step {before[-1]} {what}")
-            cmp = compare(expected, got, self.rule)
-            if cmp.equal:
+            if equal(expected, got, self.rule):
                 return Verdict.ok()
+            detail = compare(expected, got, self.rule).detail
             src = f"{self.result_tool}.{self.field} at step {before[-1]}"
-            return Verdict.fail(f"{_label(step, i)}: {self.arg} {cmp.detail} (from {src})", i, step.name)
+            return Verdict.fail(f"{_label(step, i)}: {self.arg} {detail} (from {src})", i, step.name)
 
         return _check_calls(trajectory, self.tool, self.arg, judge)
 

@@ -17,6 +17,7 @@ from plumbline_otel.spec._context import Condition, ContextFn
 from plumbline_otel.spec._verdict import SEVERITIES, Invariant, Severity, Verdict
 
 SPEC_VERSION = 1
+_WHEN_FALSE = Verdict.na("condition does not hold")
 
 
 @dataclass(frozen=True)
@@ -42,7 +43,7 @@ class DeclaredInvariant:
 
     def __call__(self, trajectory: Trajectory, context: Mapping[str, Any]) -> Verdict:
         if self.when is not None and not self.when.holds(context, trajectory.context):
-            return Verdict.na("condition does not hold")
+            return _WHEN_FALSE
         return self.check(trajectory, context)
 
     @property

@@ -32,7 +32,7 @@ class Verdict:
     @staticmethod
     def ok(detail: str = "") -> Verdict:
         """A pass."""
-        return Verdict("pass", detail)
+        return Verdict("pass", detail) if detail else _PASS
 
     @staticmethod
     def na(detail: str) -> Verdict:
@@ -43,6 +43,9 @@ class Verdict:
     def fail(detail: str, step_index: int | None = None, step_name: str | None = None) -> Verdict:
         """A violation, located at a step when one is to blame."""
         return Verdict("fail", detail, step_index, step_name)
+
+
+_PASS = Verdict("pass")
 
 
 @runtime_checkable
