@@ -1,0 +1,178 @@
+"""Helpers for the receiver tests: `plumbline serve` as a subprocess, agent spans from the real SDK, certs."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+import duckdb
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import Tracer
+
+TOKEN = "s3cret-token"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class ServeProcess:
+    """`python -m plumbline_otel.cli.serve` on free loopback ports, with its stderr in a file."""
+
+    _count = 0
+
+    def __init__(self, tmp_path: Path, *args: str, db: Path | None = None, env: dict[str, str] | None = None,
+                 grpc_port: int | None = None, http_port: int | None = None) -> None:
+        self.tmp_path = tmp_path
+        self.db = db or tmp_path / "plumbline.duckdb"
+        self.grpc_port = grpc_port or free_port()
+        self.http_port = http_port or free_port()
+        self.args = args
+        self.env = {**os.environ, **(env or {})}
+        self.proc: subprocess.Popen[bytes] | None = None
+        ServeProcess._count += 1
+        self.log_path = tmp_path / f"serve-{ServeProcess._count}.log"
+
+    @property
+    def grpc_address(self) -> str:
+        return f"127.0.0.1:{self.grpc_port}"
+
+    @property
+    def http_url(self) -> str:
+        scheme = "https" if "--tls-cert" in self.args else "http"
+        return f"{scheme}://127.0.0.1:{self.http_port}"
+
+    def start(self, timeout: float = 30.0) -> "ServeProcess":
+        command = [sys.executable, "-m", "plumbline_otel.cli.serve", "--db", str(self.db),
+                   "--grpc-port", str(self.grpc_port), "--http-port", str(self.http_port), *self.args]
+        self.log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(command, stdout=self.log, stderr=self.log, env=self.env)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if "plumbline serve: OTLP" in self.log_path.read_text():
+                return self
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"plumbline serve exited with {self.proc.returncode}:\n{self.log_path.read_text()}")
+            time.sleep(0.05)
+        raise RuntimeError(f"plumbline serve did not start:\n{self.log_path.read_text()}")
+
+    def stop(self, timeout: float = 60.0) -> int:
+        """SIGTERM and wait: the server drains, commits, assembles and exits."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGTERM)
+        code = self.proc.wait(timeout)
+        self.log.close()
+        return code
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(10)
+        self.log.close()
+
+    def rss_mib(self) -> float:
+        assert self.proc is not None
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+        return 0.0
+
+    def output(self) -> str:
+        return self.log_path.read_text()
+
+    def __enter__(self) -> "ServeProcess":
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.kill()
+
+
+def agent_run(tracer: Tracer, task: str, tools: Sequence[tuple[str, dict[str, Any], Any]] = (("lookup_invoice", {"invoice_id": "INV-1"}, {"status": "open"}),)) -> None:
+    """invoke_agent with one execute_tool span per tool, in the current GenAI conventions."""
+    with tracer.start_as_current_span("invoke_agent payer", attributes={
+        "gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "payer", "gen_ai.conversation.id": task,
+        "gen_ai.input.messages": json.dumps([{"role": "user", "parts": [{"type": "text", "content": f"Handle {task}"}]}]),
+    }):
+        for i, (name, args, result) in enumerate(tools):
+            with tracer.start_as_current_span(f"execute_tool {name}", attributes={
+                "gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": name, "gen_ai.tool.call.id": f"call_{i}",
+                "gen_ai.tool.call.arguments": json.dumps(args), "gen_ai.tool.call.result": json.dumps(result),
+            }):
+                pass
+
+
+def finished_spans(runs: int, service: str = "test-agent", prefix: str = "task") -> list[ReadableSpan]:
+    """Spans of `runs` agent runs made by the real SDK, ready for an exporter's `export()`."""
+    memory = InMemorySpanExporter()
+    provider = TracerProvider(resource=Resource.create({"service.name": service}))
+    provider.add_span_processor(SimpleSpanProcessor(memory))
+    tracer = provider.get_tracer("tests.receive")
+    for i in range(runs):
+        agent_run(tracer, f"{prefix}-{i}")
+    provider.shutdown()
+    return list(memory.get_finished_spans())
+
+
+def span_key(span: ReadableSpan) -> tuple[str, str]:
+    context = span.get_span_context()
+    return f"{context.trace_id:032x}", f"{context.span_id:016x}"
+
+
+def stored_span_keys(db: Path) -> list[tuple[str, str]]:
+    """Every (trace_id, span_id) row, duplicates included (there must be none)."""
+    with duckdb.connect(str(db), read_only=True) as connection:
+        return [tuple(row) for row in connection.execute("SELECT trace_id, span_id FROM spans").fetchall()]
+
+
+def query(db: Path, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+    with duckdb.connect(str(db), read_only=True) as connection:
+        return connection.execute(sql, list(params)).fetchall()
+
+
+def self_signed_cert(directory: Path) -> tuple[Path, Path]:
+    """A cert for 127.0.0.1/localhost and its key, made now (cryptography, else the openssl CLI)."""
+    cert, key = directory / "server.pem", directory / "server-key.pem"
+    try:
+        _cert_with_cryptography(cert, key)
+    except ImportError:
+        subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=localhost",
+                        "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
+                       check=True, capture_output=True)
+    return cert, key
+
+
+def _cert_with_cryptography(cert_path: Path, key_path: Path) -> None:
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (
+        x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+        .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))

@@ -1,0 +1,138 @@
+"""The receiver's parts in-process: config, content rules, pushback status, metrics, queue bounds."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from google.protobuf.any_pb2 import Any as AnyProto
+from google.rpc import error_details_pb2, status_pb2
+from grpc import StatusCode
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+from plumbline_otel.cli.serve import serve
+from plumbline_otel.config import ContentRules, load_config
+from plumbline_otel.errors import ConfigError
+from plumbline_otel.receive import ContentFilter, Metrics, Overloaded, WriteQueue
+from plumbline_otel.receive._grpc import pushback_status
+from plumbline_otel.store import Store
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "plumbline.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_shipped_config_loads_with_loopback_defaults() -> None:
+    config = load_config(REPO / "configs" / "plumbline.yaml")
+    assert config.grpc_endpoint == "127.0.0.1:4317" and config.http_endpoint == "127.0.0.1:4318"
+    assert config.grpc_max_recv_bytes == 64 << 20 and config.queue_max_spans == 20000
+
+
+def test_unknown_key_is_a_config_error_naming_the_key(tmp_path: Path) -> None:
+    path = _write(tmp_path, "receivers:\n  otlp:\n    protocols:\n      grpc:\n        endpoitn: 0.0.0.0:4317\n")
+    with pytest.raises(ConfigError, match=r"receivers\.otlp\.protocols\.grpc\.endpoitn: unknown key \(expected one of: endpoint"):
+        load_config(path)
+
+
+def test_wrong_type_is_a_config_error_naming_the_key(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"queue\.max_spans: expected int, got str 'lots'"):
+        load_config(_write(tmp_path, "queue: {max_spans: lots}\n"))
+    with pytest.raises(ConfigError, match=r"content\.drop: expected a list of strings"):
+        load_config(_write(tmp_path, "content: {drop: [1, 2]}\n"))
+
+
+def test_tls_needs_both_files(tmp_path: Path) -> None:
+    (tmp_path / "cert.pem").write_text("x")
+    with pytest.raises(ConfigError, match=r"tls\.key_file"):
+        load_config(overrides={"tls.cert_file": str(tmp_path / "cert.pem")})
+
+
+def test_flags_override_the_file_and_the_token_comes_from_the_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PLUMBLINE_AUTH_TOKEN", "from-env")
+    path = _write(tmp_path, "storage: {path: a.duckdb}\nqueue: {max_spans: 10}\n")
+    config = load_config(path, {"storage.path": "b.duckdb", "queue.max_spans": None})
+    assert (config.db_path, config.queue_max_spans, config.auth_token) == ("b.duckdb", 10, "from-env")
+
+
+def test_serve_with_a_bad_config_exits_1_with_the_key_in_the_message(tmp_path: Path) -> None:
+    path = _write(tmp_path, "storage: {paht: x.duckdb}\n")
+    result = CliRunner().invoke(serve, ["--config", str(path)])
+    assert result.exit_code == 1 and "storage.paht: unknown key" in result.output
+
+
+def _request_with(attrs: dict[str, str], event_attrs: dict[str, str]) -> ExportTraceServiceRequest:
+    request = ExportTraceServiceRequest()
+    span = request.resource_spans.add().scope_spans.add().spans.add()
+    for key, value in attrs.items():
+        span.attributes.add(key=key).value.string_value = value
+    event = span.events.add(name="gen_ai.user.message")
+    for key, value in event_attrs.items():
+        event.attributes.add(key=key).value.string_value = value
+    return request
+
+
+def test_content_filter_drops_and_hashes_by_glob_on_span_and_event_attributes() -> None:
+    content = ContentFilter(ContentRules(drop=("gen_ai.*.messages", "content"), hash=("gen_ai.tool.call.arguments",)))
+    request = _request_with({"gen_ai.input.messages": "[secret]", "gen_ai.tool.call.arguments": '{"id": 1}', "gen_ai.tool.name": "pay"},
+                            {"content": "secret"})
+    assert content.apply_traces(request) == 3
+    span = request.resource_spans[0].scope_spans[0].spans[0]
+    values = {kv.key: kv.value.string_value for kv in span.attributes}
+    assert values["gen_ai.input.messages"] == "__REDACTED__" and values["gen_ai.tool.name"] == "pay"
+    assert values["gen_ai.tool.call.arguments"].startswith("sha256:") and len(values["gen_ai.tool.call.arguments"]) == 71
+    assert span.events[0].attributes[0].value.string_value == "__REDACTED__"
+    again = _request_with({"gen_ai.tool.call.arguments": '{"id": 1}'}, {})
+    content.apply_traces(again)
+    assert again.resource_spans[0].scope_spans[0].spans[0].attributes[0].value.string_value == values["gen_ai.tool.call.arguments"]
+    assert not ContentFilter(ContentRules())
+
+
+def test_pushback_status_carries_retry_info_in_details_and_in_the_python_trailer() -> None:
+    status = pushback_status(StatusCode.UNAVAILABLE, "queue full", 1.5)
+    assert status.code == StatusCode.UNAVAILABLE and status.details == "queue full"
+    trailers = dict(status.trailing_metadata)
+    rich = status_pb2.Status.FromString(trailers["grpc-status-details-bin"])
+    detail: AnyProto = rich.details[0]
+    info = error_details_pb2.RetryInfo()
+    assert rich.code == 14 and detail.Unpack(info) and info.retry_delay.ToTimedelta().total_seconds() == 1.5
+    assert error_details_pb2.RetryInfo.FromString(trailers["google.rpc.retryinfo-bin"]) == info
+
+
+def test_metrics_render_prometheus_text_with_a_cumulative_histogram() -> None:
+    metrics = Metrics()
+    metrics.inc("plumbline_spans_stored_total", 5)
+    metrics.gauge("plumbline_queue_spans", lambda: 7)
+    for seconds in (0.002, 0.02, 20.0):
+        metrics.observe(seconds, transport="grpc")
+    text = metrics.render()
+    assert "# TYPE plumbline_spans_stored_total counter\nplumbline_spans_stored_total 5\n" in text
+    assert "plumbline_queue_spans 7" in text
+    assert 'plumbline_request_duration_seconds_bucket{transport="grpc",le="0.0025"} 1' in text
+    assert 'plumbline_request_duration_seconds_bucket{transport="grpc",le="10.0"} 2' in text
+    assert 'plumbline_request_duration_seconds_bucket{transport="grpc",le="+Inf"} 3' in text
+    assert 'plumbline_request_duration_seconds_count{transport="grpc"} 3' in text
+
+
+def test_queue_admits_one_oversized_request_alone_and_pushes_back_past_its_bounds(tmp_path: Path) -> None:
+    queue = WriteQueue(lambda: Store(tmp_path / "q.duckdb"), Metrics(), max_spans=10, max_bytes=1000)
+    queue.start()
+    try:
+        queue.admit(5000)  # bigger than the bound, but the queue is empty
+        with pytest.raises(Overloaded, match="queue is full"):
+            queue.admit(1)
+        queue.release(5000)
+        queue.admit(600)
+        with pytest.raises(Overloaded):
+            queue.admit(600)
+        queue.release(600)
+        assert queue.depth == (0, 0)
+        assert queue.call(lambda store: store.connection.execute("SELECT 41 + 1").fetchone()[0]) == 42
+    finally:
+        queue.close()
+    with pytest.raises(Overloaded, match="shutting down"):
+        queue.admit(1)
