@@ -124,6 +124,7 @@ def run_ingest(path: str) -> dict[str, float]:
     start = time.perf_counter()
     with Store(db) as store:
         pending: list = []
+        recent: dict = {}  # as ingest.py keeps them: assembly reads nothing back
         stream = iter(read_trace_file(Path(path)))
         while True:
             t0 = time.perf_counter()
@@ -136,6 +137,8 @@ def run_ingest(path: str) -> dict[str, float]:
             t2 = time.perf_counter()
             t["normalise"] += t2 - t1
             pending.extend(records)
+            for rec in records:
+                recent.setdefault(rec.trace_id, []).append(rec)
             spans += len(records)
             if len(pending) >= 5000:
                 store.write_spans(pending, problems)
@@ -145,7 +148,7 @@ def run_ingest(path: str) -> dict[str, float]:
         store.write_spans(pending)
         t["write"] += time.perf_counter() - t0
         t0 = time.perf_counter()
-        trajectories = store.assemble()
+        trajectories = store.assemble(recent)
         t["assemble"] += time.perf_counter() - t0
     t["total"] = time.perf_counter() - start
     t["spans"] = spans

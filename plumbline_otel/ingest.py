@@ -50,10 +50,13 @@ class IngestSummary:
 class _Batcher:
     """Collects span records and problems; writes one transaction per `size` spans."""
 
-    def __init__(self, store: Store, size: int, summary: IngestSummary, source: str) -> None:
-        self.store, self.size, self.summary, self.source = store, size, summary, source
+    def __init__(self, store: Store, size: int, summary: IngestSummary, source: str, keep: int = 100_000) -> None:
+        self.store, self.size, self.summary, self.source, self.keep = store, size, summary, source, keep
         self.records: list[SpanRecord] = []
         self.problems: list[Problem] = []
+        # Records written since the last assembly, by trace, so assembly need not read them back.
+        self.recent: dict[str, list[SpanRecord]] = {}
+        self.recent_count = 0
 
     def add(self, records: list[SpanRecord], problems: list[Problem]) -> None:
         self.records.extend(records)
@@ -66,7 +69,16 @@ class _Batcher:
             result = self.store.write_spans(self.records, self.problems, self.source)
             self.summary.stored += result.stored
             self.summary.duplicate += result.duplicate
+            for rec in self.records:
+                self.recent.setdefault(rec.trace_id, []).append(rec)
+            self.recent_count += len(self.records)
             self.records, self.problems = [], []
+        if self.recent_count >= self.keep:  # memory stays bounded: assemble and let go
+            self.assemble()
+
+    def assemble(self) -> None:
+        self.summary.trajectories += self.store.assemble(self.recent)
+        self.recent, self.recent_count = {}, 0
 
 
 def ingest_decoded(decoded: Decoded, limits: Limits, summary: IngestSummary) -> tuple[list[SpanRecord], list[Problem]]:
@@ -104,5 +116,5 @@ def ingest_files(
         if on_file:
             on_file(path)
     batcher.flush()
-    summary.trajectories = store.assemble()
+    batcher.assemble()
     return summary

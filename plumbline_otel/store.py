@@ -250,14 +250,26 @@ class Store:
             by_trace.setdefault(rec.trace_id, []).append(rec)
         return by_trace
 
-    def assemble(self, chunk: int = 2000) -> int:
-        """Rebuild the trajectories of every trace that received spans since the last assembly."""
+    def assemble(self, recent: dict[str, list[SpanRecord]] | None = None, chunk: int = 2000) -> int:
+        """Rebuild the trajectories of every trace that received spans since the last assembly.
+
+        `recent` may hold the records just written, by trace: a trace whose stored spans are
+        exactly those (nothing arrived for it earlier) is assembled from memory, not read back.
+        """
+        recent = recent or {}
         total = 0
         while True:
-            dirty = [r[0] for r in self.connection.execute("SELECT trace_id FROM dirty_traces LIMIT ?", [chunk]).fetchall()]
-            if not dirty:
+            rows = self.connection.execute(
+                "SELECT d.trace_id, count(s.span_id) FROM (SELECT trace_id FROM dirty_traces LIMIT ?) d "
+                "JOIN spans s USING (trace_id) GROUP BY 1", [chunk]).fetchall()
+            if not rows:
+                self.connection.execute("DELETE FROM dirty_traces")  # traces whose spans all failed to store
                 return total
-            trajectories = [assemble(recs, self.task_keys) for recs in self._records_for(dirty).values()]
+            dirty = [trace_id for trace_id, _ in rows]
+            in_memory = {t: _unique(recent[t]) for t, n in rows if t in recent and len(_unique(recent[t])) == n}
+            by_trace = self._records_for([t for t in dirty if t not in in_memory]) if len(in_memory) < len(dirty) else {}
+            by_trace.update(in_memory)
+            trajectories = [assemble(recs, self.task_keys) for recs in by_trace.values()]
             self._write_trajectories(trajectories, dirty)
             total += len(trajectories)
 
@@ -317,6 +329,14 @@ class Store:
 
     def __exit__(self, *_: Any) -> None:
         self.close()
+
+
+def _unique(records: list[SpanRecord]) -> list[SpanRecord]:
+    """The first copy of each span, as the store keeps it (later copies were ignored)."""
+    seen: dict[str, SpanRecord] = {}
+    for rec in records:
+        seen.setdefault(rec.span_id, rec)
+    return list(seen.values()) if len(seen) < len(records) else records
 
 
 def _record(row: dict[str, Any], keys: list[str], key_values: list[Any]) -> SpanRecord:

@@ -41,10 +41,16 @@ _KNOWN_PREFIXES = (
 def _attributes(pairs: Any, limits: Limits, where: str, problems: list[Problem]) -> tuple[dict[str, Any], int]:
     attrs: dict[str, Any] = {}
     dropped = 0
+    max_bytes = limits.max_value_bytes
     kv: KeyValue
     for kv in pairs:
+        value = kv.value
+        text = value.string_value  # the common case, read without the oneof dispatch
+        if text and len(text) <= max_bytes:
+            attrs[kv.key] = text
+            continue
         try:
-            attrs[kv.key] = any_value(kv.value, limits)
+            attrs[kv.key] = any_value(value, limits)
         except (ValueRejected, RecursionError) as exc:
             dropped += 1
             problems.append(Problem(f"{where} attribute {kv.key!r}", f"dropped: {exc}"))
