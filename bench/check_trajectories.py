@@ -14,6 +14,7 @@ Reports trajectories/s for each. Budget (DESIGN.md section 10): seconds, not min
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import random
 import sys
@@ -117,7 +118,7 @@ def main() -> None:
 
     ctx = context_table()
     spec = parse_spec(SPEC)
-    spec = type(spec)(**{**spec.__dict__, "context_provider": lambda k: ctx.get(k, {})})
+    spec = dataclasses.replace(spec, context_provider=lambda k: ctx.get(k, {}))
     rng = random.Random(7)
     runs = timed(f"build {args.n:,} synthetic trajectories", args.n, lambda: [synth(i, ctx, rng) for i in range(args.n)])
     steps = sum(len(t.steps) for t in runs)
