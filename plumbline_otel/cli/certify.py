@@ -13,7 +13,7 @@ from plumbline_otel.cli.check import open_store
 @click.command("certify")
 @click.option("--spec", "spec_path", required=True, type=click.Path(exists=True, dir_okay=False), help="invariant spec (YAML)")
 @click.option("--db", default="plumbline.duckdb", show_default=True, help="store file")
-@click.option("--agent", default=None, help="only runs of this service")
+@click.option("--agent", default=None, help="only runs of this service (or service@version)")
 @click.option("--study", default=None, help="only runs whose plumbline.study is this")
 @click.option("--target", type=click.FloatRange(0, 1, min_open=True, max_open=True), default=0.95, show_default=True,
               help="the lower bound a gate will require (sets the runs each cell needs)")
@@ -28,7 +28,8 @@ def certify(spec_path: str, db: str, agent: str | None, study: str | None, targe
     spec = load_spec(spec_path)
     with open_store(db) as store:
         store.assemble()
-        cert = build_certificate(spec, store.trajectories(service=agent), agent=agent, study=study, target=target)
+        service = agent.split("@", 1)[0] if agent else None
+        cert = build_certificate(spec, store.trajectories(service=service), agent=agent, study=study, target=target)
     Path(out).write_text(json.dumps(cert, indent=2) + "\n", encoding="utf-8")
     if fmt == "text":
         click.echo(render_text(cert))

@@ -10,8 +10,10 @@ never as passes) and the violations per invariant with the runs it applied to.
 The headline is exactly ``min`` over cells of the Wilson lower 95% bound of critical
 conformance. Every cell attaining that minimum is reported (no order-dependent tie-breaking), and
 it is never replaced by the cell with the worst point estimate: with unequal n the two differ
-(9/10 has a higher lower bound than 60/64 despite a lower rate). Each cell also says how many runs
-the target bound needs at its observed failure count (`stats.trials_needed`).
+(10/10 has a lower bound below 60/64's despite its higher rate). Each cell also says how many runs
+the target bound needs at its observed failure count (`stats.trials_needed`). With several agents
+in one certificate each has its own headline and the top-level one is the minimum over all of
+them (certify one agent with ``agent=`` to gate it alone).
 
 Provenance pins the inputs: the spec hash, the data window, the plumbline version and an
 evidence hash. The evidence hash is a hash list: sha256 of each run's canonical JSON (ids, task,
@@ -116,7 +118,7 @@ def build_certificate(
 ) -> dict[str, Any]:
     """The certificate (a JSON-ready dict, ``version`` first) for the runs that match `agent` and `study`.
 
-    `agent` selects a service name; `study` the ``plumbline.study`` attribute. `target` is the
+    `agent` selects a service name (or ``service@version``); `study` the ``plumbline.study`` attribute. `target` is the
     lower bound a gate will ask for; it sets each cell's ``trials_needed``.
     """
     tallies: dict[tuple[str, str], _Tally] = defaultdict(_Tally)
@@ -124,7 +126,7 @@ def build_certificate(
     window = [None, None]  # type: list[int | None]
     trial_ids: set[str] = set()
     for t in trajectories:
-        if agent is not None and t.service != agent:
+        if agent is not None and agent not in (t.service, agent_label(t.service, t.service_version)):
             continue
         if study is not None and str(t.context.get(STUDY, "")) != study:
             continue

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from plumbline_otel.analyse.compare_values import Matcher
+from plumbline_otel.errors import ConfigError
 
 ContextFn = Callable[[str], Mapping[str, Any]]
 _OPS = ("in", "not", "not_in")
@@ -94,7 +95,12 @@ class _Cached:
     def __call__(self, task_key: str) -> Mapping[str, Any]:
         hit = self._cache.get(task_key)
         if hit is None:
-            hit = self._fn(task_key) or {}
+            try:
+                hit = self._fn(task_key) or {}
+            except Exception as exc:  # the system of record is the user's code: say where it broke
+                raise ConfigError(f"context provider failed for task {task_key!r}: {type(exc).__name__}: {exc}") from exc
+            if not isinstance(hit, Mapping):
+                raise ConfigError(f"context provider returned {type(hit).__name__} for task {task_key!r}, not a mapping")
             with self._lock:
                 self._cache[task_key] = hit
         return hit

@@ -138,3 +138,9 @@ def test_no_runs_certifies_nothing():
     cert = build_certificate(SPEC, [])
     assert cert["headline"]["lower_bound"] == 0.0 and not cert["headline"]["meets_target"]
     assert validate(cert) is None
+
+
+def test_agent_filter_accepts_service_at_version():
+    data = runs("baseline", 5, 5, version="1.0") + runs("baseline", 3, 3, version="2.0")
+    cert = build_certificate(SPEC, data, agent="ap-agent@2.0")
+    assert [a["agent"] for a in cert["agents"]] == ["ap-agent@2.0"] and cert["provenance"]["runs"] == 3

@@ -131,3 +131,13 @@ def test_python_and_yaml_forms_hash_alike():
 def test_python_duplicate_ids_are_rejected():
     with pytest.raises(SpecError, match="duplicate invariant id 'A'"):
         Spec.of("t", [invariant("A", MustCall("x")), invariant("A", MustCall("y"))])
+
+
+def test_a_failing_context_provider_is_a_config_error_naming_the_task(tmp_path):
+    from plumbline_otel.errors import ConfigError
+
+    (tmp_path / "broken_truth_for_test.py").write_text("def context_for(task):\n    raise KeyError(task)\n")
+    text = "version: 1\nname: t\ncontext: 'python:broken_truth_for_test:context_for'\ninvariants:\n  - {id: A, severity: minor, must_call: x}\n"
+    spec = load_spec(write(tmp_path, text))
+    with pytest.raises(ConfigError, match="context provider failed for task 'T-1'"):
+        spec.context_for("T-1")
