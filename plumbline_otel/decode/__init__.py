@@ -6,7 +6,7 @@ message or a span with a malformed id is reported with where it was, and everyth
 beside it is kept.
 """
 
-from plumbline_otel.decode._files import iter_trace_files, read_trace_file
+from plumbline_otel.decode._files import Unit, decode_unit, iter_trace_files, iter_units, read_trace_file
 from plumbline_otel.decode._json import request_from_json
 from plumbline_otel.decode._problems import Decoded, Problem
 from plumbline_otel.decode._proto import request_from_protobuf
@@ -15,8 +15,11 @@ from plumbline_otel.decode._request import decode_request_body
 __all__ = [
     "Decoded",
     "Problem",
+    "Unit",
     "decode_request_body",
+    "decode_unit",
     "iter_trace_files",
+    "iter_units",
     "read_trace_file",
     "request_from_json",
     "request_from_protobuf",

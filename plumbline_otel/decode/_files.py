@@ -13,8 +13,9 @@ import glob
 import gzip
 import io
 import os
+from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Iterator
+from typing import IO, Iterator, Literal
 
 import orjson
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
@@ -62,25 +63,40 @@ def _parse_json_line(line: bytes, where: str) -> Decoded:
     return request_from_json(doc, where)
 
 
-def _read_json(stream: IO[bytes], path: Path) -> Iterator[Decoded]:
+@dataclass(frozen=True)
+class Unit:
+    """One request's raw bytes from a file, not yet decoded: the piece of work a worker process takes."""
+
+    kind: Literal["json", "protobuf", "truncated"]
+    data: bytes
+    where: str
+
+
+def decode_unit(unit: Unit) -> Decoded:
+    """Decode one unit; damage comes back as problems."""
+    if unit.kind == "json":
+        return _parse_json_line(unit.data, unit.where)
+    if unit.kind == "truncated" and not unit.data:
+        return Decoded(ExportTraceServiceRequest(), unit.where, [Problem(unit.where, "file ends inside a length prefix")])
+    return request_from_protobuf(unit.data, unit.where)
+
+
+def _json_units(stream: IO[bytes], path: Path) -> Iterator[Unit]:
     first = stream.readline()
     while first and not first.strip():
         first = stream.readline()
     try:
         orjson.loads(first)
-        one_per_line = True
-    except orjson.JSONDecodeError:
-        one_per_line = False
-    if not one_per_line:  # a single (pretty-printed) JSON document
-        yield _parse_json_line(first + stream.read(), str(path))
+    except orjson.JSONDecodeError:  # a single (pretty-printed) JSON document
+        yield Unit("json", first + stream.read(), str(path))
         return
-    yield _parse_json_line(first, f"{path}:1")
+    yield Unit("json", first, f"{path}:1")
     for number, line in enumerate(stream, start=2):
         if line.strip():
-            yield _parse_json_line(line, f"{path}:{number}")
+            yield Unit("json", line, f"{path}:{number}")
 
 
-def _read_length_prefixed(stream: IO[bytes], path: Path) -> Iterator[Decoded]:
+def _length_prefixed_units(stream: IO[bytes], path: Path) -> Iterator[Unit]:
     number = 0
     while header := stream.read(4):
         number += 1
@@ -88,15 +104,13 @@ def _read_length_prefixed(stream: IO[bytes], path: Path) -> Iterator[Decoded]:
         size = int.from_bytes(header, "big")
         payload = stream.read(size)
         if len(header) < 4 or len(payload) < size:
-            yield request_from_protobuf(payload, where + " (truncated)") if payload else Decoded(
-                ExportTraceServiceRequest(), where, [Problem(where, "file ends inside a length prefix")]
-            )
+            yield Unit("truncated", payload, where + " (truncated)")
             return
-        yield request_from_protobuf(payload, where)
+        yield Unit("protobuf", payload, where)
 
 
-def read_trace_file(path: Path) -> Iterator[Decoded]:
-    """Yield the requests in one trace file; damaged parts come back as problems, never exceptions."""
+def iter_units(path: Path) -> Iterator[Unit]:
+    """The requests in one trace file as raw units, read one at a time."""
     try:
         stream = _open(path)
     except OSError as exc:
@@ -110,19 +124,24 @@ def read_trace_file(path: Path) -> Iterator[Decoded]:
             return
         if _looks_like_json(head):
             if head[:1] != b"\n":
-                yield from _read_json(stream, path)
+                yield from _json_units(stream, path)
                 return
             data = stream.read()  # "\n" also starts a protobuf request: let the content decide
             try:
                 orjson.loads(data)
             except orjson.JSONDecodeError:
-                yield request_from_protobuf(data, str(path))
+                yield Unit("protobuf", data, str(path))
                 return
-            yield from _read_json(io.BytesIO(data), path)
+            yield from _json_units(io.BytesIO(data), path)
         elif head[:1] == b"\x00":
-            yield from _read_length_prefixed(stream, path)
+            yield from _length_prefixed_units(stream, path)
         else:
-            yield request_from_protobuf(stream.read(), str(path))
+            yield Unit("protobuf", stream.read(), str(path))
+
+
+def read_trace_file(path: Path) -> Iterator[Decoded]:
+    """Yield the requests in one trace file; damaged parts come back as problems, never exceptions."""
+    return map(decode_unit, iter_units(path))
 
 
 def _looks_like_json(head: bytes) -> bool:
