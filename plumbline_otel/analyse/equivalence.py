@@ -14,7 +14,8 @@ are counted as unpaired. Within a cell:
   unknown, never as agreeing.
 - **conformance** (with a spec): A's and B's runs are paired in the cell by repeat
   (``plumbline.trial.repeat``, else start time, else id) and McNemar's exact test is run on
-  critical conformance over those pairs.
+  critical conformance over those pairs; runs past the shorter side of a cell are left out of
+  it, so an unpaired permutation test over every run of the shared cells is given beside it.
 
 A's own agreement with its reference (its self-consistency) is reported beside B's, as the noise
 floor: B cannot be expected to match A better than A matches itself.
@@ -30,7 +31,7 @@ from typing import Any
 from plumbline_otel.analyse.compare_values import canonical, compare
 from plumbline_otel.analyse.consistency import Divergence, Reference, build_reference, diverge, path_of
 from plumbline_otel.analyse.conformance import agent_label, evaluate, is_missing, perturbation_of
-from plumbline_otel.analyse.stats import PairedResult, mcnemar_exact
+from plumbline_otel.analyse.stats import PairedResult, mcnemar_exact, permutation_test
 from plumbline_otel.model import Trajectory
 from plumbline_otel.spec import Spec
 
@@ -83,6 +84,7 @@ class EquivalenceReport:
     a_self: list[int] = field(default_factory=lambda: [0, 0])  # A runs matching A's reference, A runs
     unpaired: dict[str, int] = field(default_factory=lambda: {"a_cells": 0, "b_cells": 0, "a_runs": 0, "b_runs": 0})
     conformance_pairs: list[tuple[bool, bool]] = field(default_factory=list)
+    conformance_all: list[int] = field(default_factory=lambda: [0, 0, 0, 0])  # kA, nA, kB, nB over shared cells
 
     @property
     def mcnemar(self) -> PairedResult | None:
@@ -121,8 +123,14 @@ class EquivalenceReport:
                 "pairs": m.n, "both": m.both, "only_a": m.only_a, "only_b": m.only_b, "neither": m.neither,
                 "a_rate": (m.both + m.only_a) / m.n, "b_rate": (m.both + m.only_b) / m.n,
                 "mcnemar_p": m.p_value,
+                "all_runs": self._unpaired_test(),
             },
         }
+
+    def _unpaired_test(self) -> dict[str, Any]:
+        ka, na, kb, nb = self.conformance_all
+        p = permutation_test(ka, na, kb, nb)
+        return {"a": {"k": ka, "n": na}, "b": {"k": kb, "n": nb}, "permutation_p": p.p_value}
 
     def grouped_divergences(self, limit: int = 20) -> list[dict[str, Any]]:
         """First divergences grouped by (kind, expected, got), commonest first."""
@@ -186,9 +194,11 @@ def equivalence(trajectories: Iterable[Trajectory], a: str, b: str, spec: Spec |
             same = None if expected_outcome is None or got is None else compare(expected_outcome, got).equal
             report.runs.append(PairedRun(cell, t.trajectory_id, diverge(ref, path_of(t, keep), spec), same))
         if spec is not None:
-            report.conformance_pairs += [
-                (evaluate(spec, x).conforms("critical"), evaluate(spec, y).conforms("critical")) for x, y in zip(ra, rb)
-            ]
+            ok_a = [evaluate(spec, x).conforms("critical") for x in ra]
+            ok_b = [evaluate(spec, y).conforms("critical") for y in rb]
+            report.conformance_pairs += list(zip(ok_a, ok_b))
+            for i, k in ((0, sum(ok_a)), (1, len(ok_a)), (2, sum(ok_b)), (3, len(ok_b))):
+                report.conformance_all[i] += k
     return report
 
 
@@ -213,6 +223,13 @@ def render_text(report: EquivalenceReport) -> str:
         lines.append(
             f"critical conformance over {c['pairs']} paired runs: A {c['a_rate']:.3f}, B {c['b_rate']:.3f}; "
             f"only A conformed {c['only_a']}, only B {c['only_b']}; McNemar exact p = {c['mcnemar_p']:.4g}"
+        )
+        u = c["all_runs"]
+        lines.append(
+            f"  over all runs of the shared cells (unpaired): A {u['a']['k']}/{u['a']['n']}, B {u['b']['k']}/{u['b']['n']}; "
+            f"permutation p = {u['permutation_p']:.4g}"
+            + ("  (cells have unequal repeats: runs past the shorter side are not in the paired test)"
+               if u["a"]["n"] != c["pairs"] or u["b"]["n"] != c["pairs"] else "")
         )
     if d["divergences"]:
         lines.append("first divergences:")

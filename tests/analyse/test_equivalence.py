@@ -84,3 +84,12 @@ def test_compare_command_over_a_store(tmp_path):
     assert result.exit_code == 0, result.output
     assert "same effect path: 0/1" in result.output and "post_audit_log skipped" in result.output
     assert "consistency:" in result.output
+
+
+def test_runs_beyond_the_pairs_are_tested_unpaired():
+    runs = [a_run(repeat=0), b_run(call("schedule_payment", {"amount": 100}), call("post_audit_log"), repeat=0)]
+    runs += [b_run(call("schedule_payment", {"amount": 100}), repeat=r) for r in (1, 2)]
+    report = equivalence(runs, "old", "new", SPEC)
+    c = report.as_dict()["conformance"]
+    assert c["pairs"] == 1 and c["all_runs"]["b"] == {"k": 1, "n": 3}
+    assert "not in the paired test" in render_text(report)
