@@ -62,6 +62,8 @@ def _id(value: Any, size: int, field: str) -> bytes:
 
 
 def _int(value: Any, field: str) -> int:
+    if value.__class__ is str and value.isdigit():
+        return int(value)
     if isinstance(value, bool):
         raise _Bad(f"{field} must be an integer, got a boolean")
     if isinstance(value, int):
@@ -123,9 +125,15 @@ def _attributes(pairs: Any, field: str) -> list[KeyValue]:
         raise _Bad(f"{field} must be a list of key/value objects")
     out = []
     for kv in pairs:
-        if not isinstance(kv, dict) or not isinstance(kv.get("key"), str):
+        key = kv.get("key") if isinstance(kv, dict) else None
+        if not isinstance(key, str):
             raise _Bad(f"{field} has an entry without a string key")
-        out.append(KeyValue(key=kv["key"], value=_any(kv.get("value") or {}, f"{field}[{kv['key']}]")))
+        value = kv.get("value") or {}
+        text = value.get("stringValue") if isinstance(value, dict) else None
+        if text is not None and text.__class__ is str:  # the common case, without the dispatch below
+            out.append(KeyValue(key=key, value=AnyValue(string_value=text)))
+        else:
+            out.append(KeyValue(key=key, value=_any(value, f"{field}[{key}]")))
     return out
 
 
