@@ -71,6 +71,15 @@ class _Handler(BaseHTTPRequestHandler):
     def _error(self, status: int, kind: str, message: str) -> None:
         self._send(status, {"type": "error", "error": {"type": kind, "message": message}})
 
+    def do_GET(self) -> None:  # noqa: N802 - stdlib naming
+        if self.path.split("?")[0].rstrip("/") == "/v1/models":
+            name = self.server.responder.model_name
+            model = {"type": "model", "id": name, "display_name": f"{name} (simulated)",
+                     "created_at": "2026-01-01T00:00:00Z"}
+            self._send(200, {"data": [model], "has_more": False, "first_id": name, "last_id": name})
+            return
+        self._error(404, "not_found_error", f"no route GET {self.path}")
+
     def do_POST(self) -> None:  # noqa: N802 - stdlib naming
         if self.path.split("?")[0].rstrip("/") != "/v1/messages":
             self._error(404, "not_found_error", f"no route {self.path}")

@@ -33,6 +33,7 @@ COMMANDS = [
     "plumbline_otel.cli.gate:gate",
     "plumbline_otel.cli.plan:plan",
     "plumbline_otel.cli.compare:compare",
+    "plumbline_otel.cli.domain:domain",
 ]
 
 

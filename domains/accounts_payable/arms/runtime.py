@@ -155,6 +155,7 @@ class ModelCaller:
         self._max_tokens = max_tokens
         self._temperature = temperature
         self.usage = Usage()
+        self.response_models: list[str] = []  # distinct, in order of first appearance
         base = getattr(client, "base_url", None)
         self._server_host = getattr(base, "host", None)
         self._server_port = getattr(base, "port", None)
@@ -197,6 +198,8 @@ class ModelCaller:
             response = self._client.messages.create(**kwargs)
             tracing.record_response(span, response, self._capture)
         self.usage.calls += 1
+        if response.model not in self.response_models:
+            self.response_models.append(response.model)
         self.usage.input_tokens += int(response.usage.input_tokens or 0)
         self.usage.output_tokens += int(response.usage.output_tokens or 0)
         return response
@@ -271,7 +274,9 @@ class TrialResult:
 
     def as_dict(self) -> dict[str, Any]:
         grade = self.grade
-        if hasattr(grade, "as_dict"):
+        if hasattr(grade, "export"):
+            grade = grade.export()
+        elif hasattr(grade, "as_dict"):
             grade = grade.as_dict()
         elif hasattr(grade, "__dataclass_fields__"):
             from dataclasses import asdict
@@ -295,4 +300,5 @@ class TrialResult:
             "input_tokens": self.input_tokens,
             "output_tokens": self.output_tokens,
             "duration_s": round(self.duration_s, 4),
+            "response_models": self.response_models,
         }

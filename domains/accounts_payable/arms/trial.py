@@ -139,6 +139,7 @@ def run_trial(
         input_tokens=caller.usage.input_tokens,
         output_tokens=caller.usage.output_tokens,
         duration_s=time.perf_counter() - started,
+        response_models=list(caller.response_models),
     )
 
 
