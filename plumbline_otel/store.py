@@ -106,11 +106,13 @@ def _context(rec: SpanRecord) -> str | None:
     return _json(ctx) if ctx else None
 
 
-_ROW_FIELDS = tuple(c for c in _SPAN_COLUMNS if c not in ("proposed_calls", "tool_results", "context", "received_ns"))
+_ROW_FIELDS = tuple(c for c in _SPAN_COLUMNS if c not in ("proposed_calls", "tool_results", "context", "resource", "received_ns"))
 _SCHEMA = pa.schema([(n, _ARROW_TYPES.get(t.split()[0], pa.string())) for n, t in _SPAN_COLUMNS.items()])
+_JSON_INDEXES = tuple(_ROW_FIELDS.index(name) for name in _JSON_FIELDS if name in _ROW_FIELDS)
+_ORDER = [*_ROW_FIELDS, "proposed_calls", "tool_results", "context", "resource"]
 
 
-def _row(rec: SpanRecord) -> list[Any]:
+def _row(rec: SpanRecord, resources: dict[int, str | None]) -> list[Any]:
     values = rec.__dict__
     row = [values[name] for name in _ROW_FIELDS]
     for index in _JSON_INDEXES:
@@ -119,16 +121,17 @@ def _row(rec: SpanRecord) -> list[Any]:
     row.append(_json([c.__dict__ for c in rec.proposed_calls]) if rec.proposed_calls else None)
     row.append(_json([r.__dict__ for r in rec.tool_results]) if rec.tool_results else None)
     row.append(_context(rec))
+    key = id(rec.resource)  # the spans of one ResourceSpans share one dict: encode it once
+    if key not in resources:
+        resources[key] = _json(rec.resource)
+    row.append(resources[key])
     return row
-
-
-_JSON_INDEXES = tuple(_ROW_FIELDS.index(name) for name in _JSON_FIELDS)
-_ORDER = [*_ROW_FIELDS, "proposed_calls", "tool_results", "context"]
 
 
 def _columns(records: list[SpanRecord], now: int) -> pa.Table:
     """Span records as one Arrow table, built column-wise (the per-span Python work is the cost here)."""
-    rows = [_row(rec) for rec in records]
+    resources: dict[int, str | None] = {}
+    rows = [_row(rec, resources) for rec in records]
     columns = dict(zip(_ORDER, map(list, zip(*rows)))) if rows else {name: [] for name in _ORDER}
     columns["received_ns"] = [now] * len(records)
     return pa.table({name: columns[name] for name in _SPAN_COLUMNS}, schema=_SCHEMA)
