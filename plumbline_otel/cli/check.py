@@ -7,38 +7,10 @@ Exit codes: 0 done (violations are findings, not failures, unless --fail-on says
 from __future__ import annotations
 
 import json
-import re
-import time
-from datetime import datetime, timezone
 
 import click
 
-from plumbline_otel.errors import ConfigError
-
-SINCE_HELP = "only runs started at/after this: an ISO time (2024-03-01, 2024-03-01T12:00Z) or an age (90m, 24h, 7d)"
-_AGE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
-_UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
-
-
-def parse_since(text: str | None, now_ns: int | None = None) -> int | None:
-    """--since as epoch nanoseconds; naive ISO times are UTC. Raises ConfigError on nonsense."""
-    if text is None or not text.strip():
-        return None
-    now_ns = time.time_ns() if now_ns is None else now_ns
-    age = _AGE.match(text)
-    if age:
-        return now_ns - int(float(age.group(1)) * _UNIT_S[age.group(2)] * 1_000_000_000)
-    iso = text.strip()
-    if iso.endswith(("Z", "z")):
-        iso = iso[:-1] + "+00:00"
-    try:
-        when = datetime.fromisoformat(iso)
-    except ValueError:
-        raise ConfigError(f"--since: {text!r} is neither an ISO time nor an age like 24h") from None
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=timezone.utc)
-    return int(when.timestamp()) * 1_000_000_000 + when.microsecond * 1000
-
+from plumbline_otel.cli.options import SINCE_HELP, parse_since
 
 def open_store(db: str, read_only: bool = False):  # type: ignore[no-untyped-def]
     """The store, imported late so commands that need none start fast."""

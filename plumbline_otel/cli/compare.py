@@ -6,7 +6,8 @@ import json
 
 import click
 
-from plumbline_otel.cli.check import SINCE_HELP, open_store, parse_since
+from plumbline_otel.cli.check import open_store
+from plumbline_otel.cli.options import SINCE_HELP, parse_since
 
 
 @click.command("compare")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import time
+from datetime import datetime, timezone
 from typing import Any, Callable
 
 import click
@@ -14,25 +15,29 @@ from plumbline_otel.store import DEFAULT_DB
 db_option = click.option("--db", "db", default=DEFAULT_DB, show_default=True, help="DuckDB file of the store.")
 server_option = click.option("--server", default=None, metavar="HOST:PORT", help="Ask a running `plumbline serve` instead of opening the file.")
 
-_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+SINCE_HELP = "only runs started at/after this: an ISO time (2024-03-01, 2024-03-01T12:00Z) or an age (90m, 24h, 7d)"
+_AGE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
+_UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
 
-def parse_since(value: str | None) -> int | None:
-    """`--since` as nanoseconds: a duration back from now (`30m`, `2h`, `7d`) or an ISO date/time."""
-    if not value:
+def parse_since(text: str | None, now_ns: int | None = None) -> int | None:
+    """--since as epoch nanoseconds; naive ISO times are UTC. Raises ConfigError on nonsense."""
+    if text is None or not text.strip():
         return None
-    match = re.fullmatch(r"(\d+)([smhd])", value.strip())
-    if match:
-        return time.time_ns() - int(match.group(1)) * _UNITS[match.group(2)] * 1_000_000_000
-    from datetime import datetime, timezone
-
+    now_ns = time.time_ns() if now_ns is None else now_ns
+    age = _AGE.match(text)
+    if age:
+        return now_ns - int(float(age.group(1)) * _UNIT_S[age.group(2)] * 1_000_000_000)
+    iso = text.strip()
+    if iso.endswith(("Z", "z")):
+        iso = iso[:-1] + "+00:00"
     try:
-        moment = datetime.fromisoformat(value)
+        when = datetime.fromisoformat(iso)
     except ValueError:
-        raise ConfigError(f"--since {value!r}: use a duration like 30m, 2h, 7d or an ISO date like 2026-12-01") from None
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=timezone.utc)
-    return int(moment.timestamp() * 1e9)
+        raise ConfigError(f"--since: {text!r} is neither an ISO time nor an age like 24h") from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=timezone.utc)
+    return int(when.timestamp()) * 1_000_000_000 + when.microsecond * 1000
 
 
-since_option: Callable[[Any], Any] = click.option("--since", default=None, help="Only data from this long ago (30m, 2h, 7d) or since this ISO date.")
+since_option: Callable[[Any], Any] = click.option("--since", default=None, help=SINCE_HELP)
