@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable
 
-from plumbline_otel.decode import Decoded, Problem, iter_trace_files, read_trace_file
+from plumbline_otel.decode import Decoded, Problem, decode_unit, iter_trace_files, iter_units
 from plumbline_otel.errors import MalformedTraceFile
 from plumbline_otel.model import SpanRecord
 from plumbline_otel.normalise import Limits, normalise_request
@@ -50,7 +50,7 @@ class IngestSummary:
 class _Batcher:
     """Collects span records and problems; writes one transaction per `size` spans."""
 
-    def __init__(self, store: Store, size: int, summary: IngestSummary, source: str, keep: int = 100_000) -> None:
+    def __init__(self, store: Store, size: int, summary: IngestSummary, source: str, keep: int = 20_000) -> None:
         self.store, self.size, self.summary, self.source, self.keep = store, size, summary, source, keep
         self.records: list[SpanRecord] = []
         self.problems: list[Problem] = []
@@ -107,8 +107,8 @@ def ingest_files(
     for path in files:
         summary.files += 1
         try:
-            for decoded in read_trace_file(path):
-                batcher.add(*ingest_decoded(decoded, limits, summary))
+            for unit in iter_units(path):
+                batcher.add(*ingest_decoded(decode_unit(unit), limits, summary))
         except MalformedTraceFile as exc:
             problem = Problem(str(path), exc.reason)
             summary.problems.append(problem)
