@@ -3,6 +3,10 @@
 Exit codes: 0 the headline lower bound meets --min-bound; 1 it does not (the message names the
 cells holding it down and the clean runs they would need); 2 the certificate is unusable
 (missing, not JSON, another kind or version, wrong shape).
+
+The clean runs a cell needs depend only on its n and failures. Missing trials and unexposed runs
+(a configured fault that never fired) are not in n, so they neither count toward it nor change
+the failures; the message names them so nobody mistakes them for runs already made.
 """
 
 from __future__ import annotations
@@ -39,6 +43,8 @@ def gate(certificate: str, min_bound: float) -> None:
         needed = trials_needed(min_bound, failures=failures)
         held = "held down by" if any(c["agent"] == h["agent"] and c["perturbation"] == h["perturbation"] for h in head["cells"]) else "also below:"
         missing = f", {c['missing']} missing trial(s) not counted" if c["missing"] else ""
+        if c.get("unexposed"):
+            missing += f", {c['unexposed']} run(s) whose fault never fired not scored"
         click.echo(
             f"  {held} {c['agent']} / {c['perturbation']}: {c['conforming']}/{c['n']} conforming, "
             f"lower bound {c['lower']:.4f}{missing}; needs {needed} runs at {failures} failure(s), "

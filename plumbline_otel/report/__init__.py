@@ -3,23 +3,27 @@
 from plumbline_otel.report.certificate import (
     CERTIFICATE_KIND,
     CERTIFICATE_VERSION,
+    FAULT_FIRED,
     Cell,
     agent_label,
     build_certificate,
     evidence_digest,
     evidence_hash,
+    fault_unexposed,
 )
 from plumbline_otel.report.render import CertificateError, load_certificate, render_text, validate
 
 __all__ = [
     "CERTIFICATE_KIND",
     "CERTIFICATE_VERSION",
+    "FAULT_FIRED",
     "Cell",
     "CertificateError",
     "agent_label",
     "build_certificate",
     "evidence_digest",
     "evidence_hash",
+    "fault_unexposed",
     "load_certificate",
     "render_text",
     "validate",

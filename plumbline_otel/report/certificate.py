@@ -5,7 +5,16 @@ into cells by agent (service name and version) and perturbation (``plumbline.per
 "baseline" when absent). Per cell: n judged runs, the conforming ones (critical conformance: no
 critical violation), the Wilson 95% interval, the interval with tasks as clusters, the trials
 recorded as missing (``plumbline.trial.status`` missing/error: counted beside n, never in it,
-never as passes) and the violations per invariant with the runs it applied to.
+never as passes), the runs never exposed to their perturbation (below) and the violations per
+invariant with the runs it applied to.
+
+Fault exposure. A run whose ``plumbline.fault.fired`` is false had a fault configured that never
+fired: it measured the agent without the fault, so it says nothing about the perturbation it is
+labelled with (the seed system's 81.2% for tool_fault mixed 32 such runs with 32 exposed ones).
+Such a run is ``unexposed``: counted per cell beside ``missing``, never in n, never as conforming,
+never in the clustered interval or the runs a cell needs, and still covered by the evidence hash.
+A run without the attribute (no fault configured, or an agent that does not report it) is scored
+as before; a fired fault (true) is scored.
 
 The headline is exactly ``min`` over cells of the Wilson lower 95% bound of critical
 conformance. Every cell attaining that minimum is reported (no order-dependent tie-breaking), and
@@ -42,6 +51,7 @@ from plumbline_otel.spec import Spec
 
 CERTIFICATE_VERSION = 1
 CERTIFICATE_KIND = "plumbline.certificate"
+FAULT_FIRED = "plumbline.fault.fired"
 _TIE = 1e-12  # lower bounds within this are the same bound (float noise, not a difference)
 
 
@@ -61,11 +71,13 @@ class Cell:
     clusters: int
     design_effect: float | None
     missing: int
+    unexposed: int  # runs whose configured fault never fired: not in n, not scored
     lower_if_missing_failed: float
     trials_needed: int
     short_by: int
     violations: dict[str, int] = field(default_factory=dict)  # invariant id -> runs violating
     applicable: dict[str, int] = field(default_factory=dict)  # invariant id -> runs it applied to
+    unexposed_runs: list[str] = field(default_factory=list)  # their trial ids (trajectory id without one), sorted
 
 
 @dataclass
@@ -73,9 +85,21 @@ class _Tally:
     runs: int = 0
     conforming: int = 0
     missing: int = 0
+    unexposed: int = 0
+    unexposed_ids: list[str] = field(default_factory=list)
     per_task: dict[str, list[int]] = field(default_factory=lambda: defaultdict(lambda: [0, 0]))
     violations: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     applicable: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+
+
+def fault_unexposed(trajectory: Trajectory) -> bool:
+    """True when the run had a fault configured that never fired (``plumbline.fault.fired`` false).
+
+    A boolean false is what the arms send; the string "false" (an exporter that stringifies
+    attributes) is read the same way. Absent, true or anything else is not unexposed.
+    """
+    value = trajectory.context.get(FAULT_FIRED)
+    return value is False or (isinstance(value, str) and value.strip().lower() == "false")
 
 
 def evidence_digest(trajectory: Trajectory) -> str:
@@ -154,6 +178,7 @@ def build_certificate(
             "filters": {"agent": agent, "study": study},
             "data_window": {"start_ns": window[0], "end_ns": window[1], "start": _iso(window[0]), "end": _iso(window[1])},
             "runs": len(digests),
+            "scored_runs": sum(c.n for c in cells),
             "trials_with_id": len(trial_ids),
             "evidence_sha256": evidence_hash(digests),
             "evidence_method": "sha256 over sorted 'trajectory_id:sha256(canonical run JSON)' lines",
@@ -164,6 +189,10 @@ def build_certificate(
 def _count(tally: _Tally, spec: Spec, t: Trajectory) -> None:
     if is_missing(t):
         tally.missing += 1
+        return
+    if fault_unexposed(t):
+        tally.unexposed += 1
+        tally.unexposed_ids.append(str(t.context.get(TRIAL_ID) or t.trajectory_id))
         return
     result = evaluate(spec, t)
     ok = result.conforms("critical")
@@ -198,11 +227,13 @@ def _cell(agent: str, perturbation: str, tally: _Tally, target: float) -> Cell:
         clusters=c.clusters or 0,
         design_effect=c.design_effect,
         missing=tally.missing,
+        unexposed=tally.unexposed,
         lower_if_missing_failed=worst_case.lower,
         trials_needed=needed,
         short_by=max(0, needed - tally.runs),
         violations=dict(sorted(tally.violations.items())),
         applicable=dict(sorted(tally.applicable.items())),
+        unexposed_runs=sorted(tally.unexposed_ids),
     )
 
 
@@ -226,6 +257,7 @@ def _headline(cells: list[Cell], target: float) -> dict[str, Any]:
         "meets_target": bound >= target,
         "clustered_lower_bound": min(c.clustered_lower for c in cells),
         "missing": sum(c.missing for c in cells),
+        "unexposed": sum(c.unexposed for c in cells),
         "short_cells": [_ref(c) for c in short],
         "note": note,
     }
@@ -233,7 +265,7 @@ def _headline(cells: list[Cell], target: float) -> dict[str, Any]:
 
 def _ref(c: Cell) -> dict[str, Any]:
     return {"agent": c.agent, "perturbation": c.perturbation, "n": c.n, "conforming": c.conforming,
-            "lower": c.lower, "missing": c.missing, "trials_needed": c.trials_needed, "short_by": c.short_by}
+            "lower": c.lower, "missing": c.missing, "unexposed": c.unexposed, "trials_needed": c.trials_needed, "short_by": c.short_by}
 
 
 def _agents(cells: list[Cell], target: float) -> list[dict[str, Any]]:

@@ -2,7 +2,9 @@
 
 `load_certificate` is what a gate trusts: it rejects a file that is missing, is not JSON, has
 another kind or version, lacks a field the gate reads, or whose headline is not the minimum of
-its own cells' lower bounds (a hand-edited headline). It raises `CertificateError`.
+its own cells' lower bounds (a hand-edited headline). It raises `CertificateError`. A cell's
+``unexposed`` count (runs whose fault never fired) is optional, so certificates written before it
+existed still load, but when present it must be a non-negative integer.
 """
 
 from __future__ import annotations
@@ -52,6 +54,9 @@ def _bad_cell(cell: Any, where: str) -> str | None:
         ok = _number(value) if kind is float else isinstance(value, kind) and not isinstance(value, bool)
         if not ok:
             return f"{where}.{name} missing or not a {kind.__name__}"
+    unexposed = cell.get("unexposed", 0)
+    if not isinstance(unexposed, int) or isinstance(unexposed, bool) or unexposed < 0:
+        return f"{where}.unexposed is not a non-negative int"
     return None
 
 
@@ -99,6 +104,12 @@ def _pct(x: float | None) -> str:
     return "  n/a" if x is None else f"{100 * x:5.1f}%"
 
 
+def _never_fired(count: int, perturbation: str) -> str:
+    if count == 1:
+        return f"1 {perturbation} run never met its fault and is not scored"
+    return f"{count} {perturbation} runs never met their fault and are not scored"
+
+
 def render_text(cert: dict[str, Any]) -> str:
     """A fixed-width text certificate: headline, one table per agent, top violations, provenance."""
     head = cert["headline"]
@@ -109,21 +120,27 @@ def render_text(cert: dict[str, Any]) -> str:
         f"headline: critical conformance lower 95% bound = {head['lower_bound']:.4f}  [{verdict} target {target}]",
     ]
     for c in head["cells"]:
-        lines.append(f"  set by {c['agent']} / {c['perturbation']}: {c['conforming']}/{c['n']} conforming, n={c['n']}")
+        unexposed = f" ({c['unexposed']} unexposed run(s) not scored)" if c.get("unexposed") else ""
+        lines.append(f"  set by {c['agent']} / {c['perturbation']}: {c['conforming']}/{c['n']} conforming, n={c['n']}{unexposed}")
     if len(head["cells"]) > 1:
         lines.append(f"  ({len(head['cells'])} cells tie for the minimum)")
     if head.get("note"):
         lines.append(f"  n is short: {head['note']}")
     if head.get("missing"):
         lines.append(f"  missing trials (not counted in n, never as passes): {head['missing']}")
+    if head.get("unexposed"):
+        lines.append(f"  runs whose fault never fired (not counted in n, not scored): {head['unexposed']}")
     for agent in cert["agents"]:
-        lines += ["", f"agent {agent['agent']}", "  perturbation        n   conforming   rate    Wilson 95%        clustered        missing  needs"]
+        lines += ["", f"agent {agent['agent']}", "  perturbation        n   conforming   rate    Wilson 95%        clustered        missing  unexposed  needs"]
         for c in sorted(agent["perturbations"], key=lambda c: (c["lower"], c["perturbation"])):
             lines.append(
                 f"  {c['perturbation']:<16}{c['n']:>5}   {c['conforming']:>10}  {_pct(c['rate'])}  "
                 f"[{c['lower']:.3f}, {c['upper']:.3f}]  [{c['clustered_lower']:.3f}, {c['clustered_upper']:.3f}]"
-                f"  {c['missing']:>7}  {c['trials_needed'] if c['short_by'] else 'ok':>5}"
+                f"  {c['missing']:>7}  {c.get('unexposed', 0):>9}  {c['trials_needed'] if c['short_by'] else 'ok':>5}"
             )
+        for c in sorted(agent["perturbations"], key=lambda c: c["perturbation"]):
+            if c.get("unexposed"):
+                lines.append(f"  {_never_fired(c['unexposed'], c['perturbation'])} (n={c['n']} is the exposed runs only)")
         totals: dict[str, list[int]] = {}
         for c in agent["perturbations"]:
             for inv, count in c["violations"].items():
@@ -137,9 +154,10 @@ def render_text(cert: dict[str, Any]) -> str:
             lines += [f"    {inv:<28} {k}/{n}" for k, inv, n in worst]
     prov = cert["provenance"]
     win = prov["data_window"]
+    scored = f" ({prov['scored_runs']} scored)" if prov.get("scored_runs", prov["runs"]) != prov["runs"] else ""
     lines += [
         "",
-        f"runs: {prov['runs']}   window: {win['start']} .. {win['end']}",
+        f"runs: {prov['runs']}{scored}   window: {win['start']} .. {win['end']}",
         f"evidence sha256: {prov['evidence_sha256']}",
         f"spec sha256: {cert['spec']['hash']}   plumbline {prov['plumbline_version']}",
     ]

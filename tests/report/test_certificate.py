@@ -1,9 +1,11 @@
-"""Certificates: the headline is exactly the minimum lower bound; missing trials are not passes."""
+"""Certificates: the headline is exactly the minimum lower bound; missing trials are not passes; runs
+whose fault never fired are not scored."""
 
+import json
 import random
 
-from plumbline_otel.analyse.stats import wilson_interval
-from plumbline_otel.report import build_certificate, render_text, validate
+from plumbline_otel.analyse.stats import trials_needed, wilson_interval
+from plumbline_otel.report import build_certificate, fault_unexposed, render_text, validate
 from plumbline_otel.spec import MustCall, MustNotCall, Spec, invariant
 from plumbline_otel.spec.testing import call, run
 
@@ -144,3 +146,124 @@ def test_agent_filter_accepts_service_at_version():
     data = runs("baseline", 5, 5, version="1.0") + runs("baseline", 3, 3, version="2.0")
     cert = build_certificate(SPEC, data, agent="ap-agent@2.0")
     assert [a["agent"] for a in cert["agents"]] == ["ap-agent@2.0"] and cert["provenance"]["runs"] == 3
+
+
+# Fault exposure: the seed system's parity study scored plan_execute 52/64 (81.2%) under tool_fault,
+# but its fault fired once per variant, so 32 of the 64 runs never met it. The 32 exposed runs were
+# 20/32 (62.5%). A run whose plumbline.fault.fired is false is counted apart and never scored.
+
+
+def faulted(conforming, n, fired, **kw):
+    return runs("tool_fault", conforming, n, plumbline__fault__fired=fired, **kw)
+
+
+def without(c, *names):
+    return {k: v for k, v in c.items() if k not in names}
+
+
+def test_unexposed_runs_are_not_in_n_and_the_interval_is_the_exposed_halfs():
+    exposed = faulted(20, 32, True)
+    unexposed = faulted(32, 32, False, task_count=3)
+    cert = build_certificate(SPEC, exposed + unexposed)
+    c = cell(cert, "tool_fault")
+    assert (c["n"], c["conforming"], c["unexposed"], c["missing"]) == (32, 20, 32, 0)
+    assert (c["lower"], c["upper"]) == (wilson_interval(20, 32).lower, wilson_interval(20, 32).upper)
+    assert c["lower"] < wilson_interval(52, 64).lower  # the mixed figure would have flattered the agent
+    assert c["trials_needed"] == trials_needed(0.95, failures=12) and c["short_by"] == c["trials_needed"] - 32
+    assert c["violations"]["AUDIT"] == 12 and c["applicable"]["AUDIT"] == 32
+    assert len(c["unexposed_runs"]) == 32 and c["unexposed_runs"] == sorted(c["unexposed_runs"])
+    # Everything scored is exactly what the exposed runs alone give (clustered interval included).
+    alone = cell(build_certificate(SPEC, exposed), "tool_fault")
+    ignore = ("unexposed", "unexposed_runs")
+    assert without(c, *ignore) == without(alone, *ignore) and alone["unexposed"] == 0
+    head = cert["headline"]
+    assert head["lower_bound"] == c["lower"] and head["unexposed"] == 32
+    assert head["cells"][0]["unexposed"] == 32 and head["cells"][0]["n"] == 32
+    assert cert["provenance"]["runs"] == 64 and cert["provenance"]["scored_runs"] == 32
+    assert validate(cert) is None
+
+
+def test_unexposed_runs_are_listed_by_trial_id():
+    data = [
+        run(call("post_audit_log"), id=f"r{i}", plumbline__perturbation="tool_fault", plumbline__fault__fired=False,
+            **({"plumbline__trial__id": f"react/INV-1/tool_fault/0/{i}"} if i else {}))
+        for i in range(2)
+    ]
+    c = cell(build_certificate(SPEC, data), "tool_fault")
+    assert c["unexposed_runs"] == ["r0", "react/INV-1/tool_fault/0/1"]
+
+
+def test_the_text_says_which_runs_were_not_scored():
+    cert = build_certificate(SPEC, runs("baseline", 34, 34) + faulted(20, 32, True) + faulted(32, 32, False))
+    text = render_text(cert)
+    assert "32 tool_fault runs never met their fault and are not scored" in text
+    assert "(n=32 is the exposed runs only)" in text
+    assert "set by ap-agent@1.0 / tool_fault: 20/32 conforming, n=32 (32 unexposed run(s) not scored)" in text
+    assert "runs whose fault never fired (not counted in n, not scored): 32" in text
+    assert "runs: 98 (66 scored)" in text
+    one = render_text(build_certificate(SPEC, faulted(5, 5, True) + faulted(1, 1, False)))
+    assert "1 tool_fault run never met its fault and is not scored" in one
+    plain = render_text(build_certificate(SPEC, runs("baseline", 34, 34)))
+    assert "never met" not in plain and "never fired" not in plain
+
+
+def test_runs_without_the_attribute_or_with_a_fired_fault_are_scored_as_before():
+    plain = runs("tool_fault", 7, 10)
+    fired = faulted(7, 10, True)
+    for data in (plain, fired):
+        c = cell(build_certificate(SPEC, data), "tool_fault")
+        assert (c["n"], c["conforming"], c["unexposed"], c["unexposed_runs"]) == (10, 7, 0, [])
+        assert c["lower"] == wilson_interval(7, 10).lower
+    # Any perturbation: a configured fault that never fired is unexposed wherever it is labelled.
+    c = cell(build_certificate(SPEC, runs("baseline", 5, 5, plumbline__fault__fired=False) + runs("baseline", 3, 3)), "baseline")
+    assert (c["n"], c["unexposed"]) == (3, 5)
+
+
+def test_a_stringified_false_is_unexposed_and_other_values_are_not():
+    for value, unexposed in ((False, True), ("false", True), (" False ", True), (True, False), ("true", False),
+                             (0, False), (None, False), ("", False)):
+        t = run(call("post_audit_log"), plumbline__fault__fired=value)
+        assert fault_unexposed(t) is unexposed, value
+
+
+def test_a_missing_trial_is_missing_even_if_its_fault_never_fired():
+    data = faulted(4, 4, True) + [run(task="T0", service="ap-agent", version="1.0", plumbline__perturbation="tool_fault",
+                                      plumbline__trial__status="missing", plumbline__fault__fired=False)]
+    c = cell(build_certificate(SPEC, data), "tool_fault")
+    assert (c["n"], c["missing"], c["unexposed"]) == (4, 1, 0)
+
+
+def test_a_cell_with_no_exposed_run_certifies_nothing():
+    cert = build_certificate(SPEC, runs("baseline", 80, 80) + faulted(10, 10, False))
+    c = cell(cert, "tool_fault")
+    assert (c["n"], c["conforming"], c["rate"], c["lower"], c["unexposed"]) == (0, 0, None, 0.0, 10)
+    assert cert["headline"]["lower_bound"] == 0.0 and [x["perturbation"] for x in cert["headline"]["cells"]] == ["tool_fault"]
+    assert c["trials_needed"] == 73 and c["short_by"] == 73
+    assert validate(cert) is None
+
+
+def test_the_evidence_hash_covers_unexposed_runs():
+    exposed = faulted(5, 5, True)
+    hidden = [run(call("post_audit_log", {"amount": 10}), id="u1", service="ap-agent", version="1.0",
+                  plumbline__perturbation="tool_fault", plumbline__fault__fired=False)]
+    digest = build_certificate(SPEC, exposed + hidden)["provenance"]["evidence_sha256"]
+    assert digest != build_certificate(SPEC, exposed)["provenance"]["evidence_sha256"]
+    changed = [run(call("post_audit_log", {"amount": 11}), id="u1", service="ap-agent", version="1.0",
+                   plumbline__perturbation="tool_fault", plumbline__fault__fired=False)]
+    assert build_certificate(SPEC, exposed + changed)["provenance"]["evidence_sha256"] != digest
+    # Flipping fired to true changes the evidence too (the attribute is in the run's context).
+    flipped = [run(call("post_audit_log", {"amount": 10}), id="u1", service="ap-agent", version="1.0",
+                   plumbline__perturbation="tool_fault", plumbline__fault__fired=True)]
+    assert build_certificate(SPEC, exposed + flipped)["provenance"]["evidence_sha256"] != digest
+
+
+def test_validate_reads_certificates_without_unexposed_and_rejects_a_bad_count():
+    cert = build_certificate(SPEC, faulted(20, 32, True) + faulted(32, 32, False))
+    old = json.loads(json.dumps(cert))
+    for c in old["agents"][0]["perturbations"] + old["headline"]["cells"]:
+        del c["unexposed"]
+    assert validate(old) is None
+    assert "unexposed" in render_text(old)  # the column renders 0 for an older certificate
+    bad = json.loads(json.dumps(cert))
+    bad["agents"][0]["perturbations"][0]["unexposed"] = -1
+    assert validate(bad) == "agents[0].perturbations[0].unexposed is not a non-negative int"

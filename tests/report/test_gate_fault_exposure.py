@@ -1,0 +1,82 @@
+"""certify and gate on runs whose fault never fired: they are not in n, so they never pass a gate."""
+
+import json
+
+from click.testing import CliRunner
+
+from plumbline_otel.cli.certify import certify
+from plumbline_otel.cli.gate import gate
+from plumbline_otel.report import build_certificate
+from plumbline_otel.spec import MustCall, Spec, invariant
+from plumbline_otel.spec.testing import call, run, span_records
+from plumbline_otel.store import Store
+
+SPEC = Spec.of("g", [invariant("AUDIT", MustCall("post_audit_log"))])
+SPEC_YAML = "version: 1\nname: g\ninvariants:\n  - {id: AUDIT, severity: critical, must_call: post_audit_log}\n"
+
+
+def runs(perturbation, conforming, n, start=0, **ctx):
+    return [
+        run(*([call("post_audit_log")] if i < conforming else []), task=f"T{i % 3}", id=f"{perturbation}-{start + i}",
+            plumbline__perturbation=perturbation, **ctx)
+        for i in range(n)
+    ]
+
+
+def write_cert(tmp_path, cert):
+    path = tmp_path / "cert.json"
+    path.write_text(json.dumps(cert))
+    return str(path)
+
+
+def test_clean_unexposed_runs_cannot_carry_a_cell_over_the_gate(tmp_path):
+    # 80 clean tool_fault runs would pass 0.95 (Wilson lower 0.954), but only 40 met their fault.
+    data = runs("baseline", 80, 80) + runs("tool_fault", 40, 40, plumbline__fault__fired=True) + runs(
+        "tool_fault", 40, 40, start=40, plumbline__fault__fired=False)
+    result = CliRunner().invoke(gate, [write_cert(tmp_path, build_certificate(SPEC, data)), "--min-bound", "0.95"])
+    assert result.exit_code == 1, result.output
+    assert "held down by agent / tool_fault: 40/40 conforming" in result.output
+    assert "40 run(s) whose fault never fired not scored" in result.output
+    # The runs it needs come from n alone: 73 at 0 failures, 33 more than the 40 exposed.
+    assert "needs 73 runs at 0 failure(s), i.e. 33 more clean runs" in result.output
+    mixed = [run(*t.steps, task=t.task_key, id=t.trajectory_id, plumbline__perturbation="tool_fault") for t in data[80:]]
+    assert CliRunner().invoke(gate, [write_cert(tmp_path, build_certificate(SPEC, data[:80] + mixed)),
+                                     "--min-bound", "0.95"]).exit_code == 0
+
+
+def test_gate_passes_when_the_exposed_runs_alone_reach_the_bound(tmp_path):
+    data = runs("baseline", 80, 80) + runs("tool_fault", 73, 73, plumbline__fault__fired=True) + runs(
+        "tool_fault", 10, 10, start=73, plumbline__fault__fired=False)
+    result = CliRunner().invoke(gate, [write_cert(tmp_path, build_certificate(SPEC, data)), "--min-bound", "0.95"])
+    assert result.exit_code == 0, result.output
+    assert "tool_fault (n=73)" in result.output
+
+
+def test_gate_fails_a_cell_with_no_exposed_run(tmp_path):
+    data = runs("baseline", 80, 80) + runs("tool_fault", 30, 30, plumbline__fault__fired=False)
+    result = CliRunner().invoke(gate, [write_cert(tmp_path, build_certificate(SPEC, data)), "--min-bound", "0.5"])
+    assert result.exit_code == 1, result.output
+    assert "0/0 conforming" in result.output and "30 run(s) whose fault never fired not scored" in result.output
+
+
+def test_certify_reads_fault_fired_back_from_the_store(tmp_path):
+    db = str(tmp_path / "p.duckdb")
+    data = runs("tool_fault", 8, 10, plumbline__fault__fired=True, plumbline__fault__step=3) + runs(
+        "tool_fault", 10, 10, start=10, plumbline__fault__fired=False) + runs("baseline", 10, 10)
+    with Store(db) as store:
+        for t in data:
+            store.write_spans(span_records(t))
+        store.assemble()
+    spec_path = tmp_path / "spec.yaml"
+    spec_path.write_text(SPEC_YAML)
+    out = tmp_path / "cert.json"
+    result = CliRunner().invoke(certify, ["--spec", str(spec_path), "--db", db, "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "10 tool_fault runs never met their fault and are not scored" in result.output
+    cert = json.loads(out.read_text())
+    cells = {c["perturbation"]: c for c in cert["agents"][0]["perturbations"]}
+    assert (cells["tool_fault"]["n"], cells["tool_fault"]["conforming"], cells["tool_fault"]["unexposed"]) == (10, 8, 10)
+    assert (cells["baseline"]["n"], cells["baseline"]["unexposed"]) == (10, 0)
+    assert cert["provenance"]["runs"] == 30 and cert["provenance"]["scored_runs"] == 20
+    assert CliRunner().invoke(gate, [str(out), "--min-bound", "0.4"]).exit_code == 0
+    assert CliRunner().invoke(gate, [str(out), "--min-bound", "0.95"]).exit_code == 1
