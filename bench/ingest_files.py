@@ -47,8 +47,10 @@ def _span(trace: int, n: int, parent: int | None, name: str, attrs: dict[str, ob
 
 def _genai_trace(trace: int) -> list[Span]:
     invoice = f"INV-{trace:06d}"
-    args = json.dumps({"invoice_id": invoice, "amount": 4820.0 + trace % 97, "currency": "EUR", "memo": "net 30, early-payment discount 2% within 10 days"})
-    result = json.dumps({"status": "ok", "invoice_id": invoice, "payment_id": f"PAY-{trace}", "scheduled_for": "2026-12-05", "ledger": {"account": "2100", "cost_center": "CC-17"}})
+    args = json.dumps({"invoice_id": invoice, "amount": 4820.0 + trace % 97, "currency": "EUR", "memo": "net 30, early-payment discount 2% within 10 days; remit to the account on file and quote the PO number and the invoice number on the remittance advice"})
+    result = json.dumps({"status": "ok", "invoice_id": invoice, "payment_id": f"PAY-{trace}", "scheduled_for": "2026-12-05", "ledger": {"account": "2100", "cost_center": "CC-17"},
+                         "lines": [{"sku": f"SKU-{i}", "qty": i + 1, "unit_price": 12.5 * (i + 1), "tax_code": "VAT20"} for i in range(6)],
+                         "note": "Matched against PO-7781 and goods receipt GR-5521; within tolerance on every line."})
     spans = [_span(trace, 0, None, "invoke_agent payer", {"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "payer", "gen_ai.conversation.id": invoice,
                                                           "gen_ai.input.messages": json.dumps([{"role": "user", "parts": [{"type": "text", "content": f"Please pay {invoice}"}]}])})]
     for i, tool in enumerate(("get_invoice", "three_way_match", "schedule_payment")):
@@ -65,8 +67,10 @@ def _genai_trace(trace: int) -> list[Span]:
 
 def _openinference_trace(trace: int) -> list[Span]:
     order = f"ORD-{trace:06d}"
-    args = json.dumps({"order_id": order, "amount": 129.99, "reason": "damaged in transit", "notify_customer": True, "channel": "email"})
-    result = json.dumps({"refund_id": f"RF-{trace}", "order_id": order, "status": "issued", "amount": 129.99, "eta_days": 5, "note": "card ending 4242"})
+    args = json.dumps({"order_id": order, "amount": 129.99, "reason": "damaged in transit: the outer carton was crushed and two of the six units arrived cracked", "notify_customer": True, "channel": "email"})
+    result = json.dumps({"refund_id": f"RF-{trace}", "order_id": order, "status": "issued", "amount": 129.99, "eta_days": 5, "note": "card ending 4242",
+                         "history": [{"event": e, "at": f"2026-11-2{i}T10:00:00Z", "by": "agent"} for i, e in enumerate(("opened", "verified", "approved", "issued", "notified"))],
+                         "policy": "Refunds up to 200.00 need no approval when the order is under 30 days old."})
     spans = [_span(trace, 0, None, "agent", {"openinference.span.kind": "AGENT", "input.value": f"Refund order {order}", "session.id": order})]
     for i, tool in enumerate(("get_order", "issue_refund", "send_email")):
         prefix = "llm.output_messages.0.message.tool_calls.0.tool_call"
