@@ -10,6 +10,7 @@ version in `meta` and migrates forward on open.
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Iterator
@@ -200,17 +201,15 @@ class Store:
             self.connection.execute("INSERT OR REPLACE INTO meta VALUES ('task_keys', ?)", [orjson.dumps(list(keys)).decode()])
             self.connection.execute("INSERT OR IGNORE INTO dirty_traces SELECT DISTINCT trace_id FROM spans")
 
-    def _transaction(self) -> Any:
-        connection = self.connection
-
-        class _Tx:
-            def __enter__(self) -> None:
-                connection.execute("BEGIN")
-
-            def __exit__(self, kind: Any, *_: Any) -> None:
-                connection.execute("ROLLBACK" if kind else "COMMIT")
-
-        return _Tx()
+    @contextmanager
+    def _transaction(self) -> Iterator[None]:
+        self.connection.execute("BEGIN")
+        try:
+            yield
+        except BaseException:
+            self.connection.execute("ROLLBACK")
+            raise
+        self.connection.execute("COMMIT")
 
     # --- writes -----------------------------------------------------------------------------
 

@@ -179,9 +179,9 @@ def _apply_messages(rec: SpanRecord, inputs: list[Message], outputs: list[Messag
     if not (inputs or outputs):
         return
     rec.content_captured = rec.content_captured or any(m.texts or m.calls or m.results for m in inputs + outputs)
-    if not rec.proposed_calls:
-        rec.proposed_calls = [c for m in outputs for c in m.calls]
-        rec.proposed_calls = [c.__class__(c.name, c.args, c.call_id, i) for i, c in enumerate(rec.proposed_calls)]
+    if not rec.proposed_calls:  # renumbered across output messages: the order the model proposed them
+        calls = [c for m in outputs for c in m.calls]
+        rec.proposed_calls = [replace(c, index=i) for i, c in enumerate(calls)]
     if not rec.tool_results:
         rec.tool_results = [r for m in inputs for r in m.results]
     users = [m for m in inputs if m.role == "user" and m.texts]

@@ -133,7 +133,7 @@ def parse_message(obj: Any) -> Message | None:
     for key in ("content", "contents"):
         if obj.get(key) is not None:
             _add_content(msg, obj[key])
-    for index, raw in enumerate(obj.get("tool_calls") or []):
+    for raw in obj.get("tool_calls") or []:
         call = _call(raw, len(msg.calls)) if isinstance(raw, dict) else None
         if call:
             msg.calls.append(call)
