@@ -1,0 +1,64 @@
+"""The replay driver: re-run an agent on stored tasks under meaning-preserving perturbations.
+
+    tasks   = select_tasks(store, agent="ap-agent-react")            # from stored trajectories
+    config  = StudyConfig("nightly", perturbations=("baseline", "distractor", "tool_fault"),
+                          repeats=2, sink=SpanSink(otlp_file="replay.otlp.jsonl"),
+                          state_dir="replay-state/nightly", budget_usd=5.0)
+    summary = run_study(config, tasks, load_adapter("python:domains.accounts_payable.replay_adapter:react"))
+
+Then ``plumbline ingest replay.otlp.jsonl`` and ``plumbline certify --study nightly``.
+
+Stages, one module each: ``tasks`` (selection), ``perturb`` and ``guard`` (variants),
+``identity`` (trial ids and the carriers), ``adapters`` (python / command / http), ``scope``
+(the running trial: cache, budget, fault), ``cache`` (model responses), ``budget`` (spend cap),
+``export`` (span sink, markers), ``ledger`` (resume state) and ``runner`` (the driver).
+"""
+
+from plumbline_otel.replay.adapters import (
+    Adapter,
+    AdapterError,
+    CommandAdapter,
+    HttpAdapter,
+    PythonAdapter,
+    Trial,
+    TrialOutcome,
+    TransientAdapterError,
+    load_adapter,
+)
+from plumbline_otel.replay.budget import BudgetExceeded, SpendCap, TrialBudget, cost_usd, price_of
+from plumbline_otel.replay.cache import ResponseCache, anthropic_client, cache_key, caching_transport
+from plumbline_otel.replay.export import MarkerWriter, OtlpJsonFileExporter, SpanSink, TrialSpanBuffer
+from plumbline_otel.replay.guard import GuardVerdict, check_equivalent, protected_tokens
+from plumbline_otel.replay.identity import FaultPlan, TrialIdentity, trial_id_for
+from plumbline_otel.replay.ledger import Ledger
+from plumbline_otel.replay.perturb import (
+    PERTURBATIONS,
+    AnthropicParaphraser,
+    PerturbOptions,
+    Variant,
+    build_variants,
+    register,
+)
+from plumbline_otel.replay.runner import (
+    Plan,
+    RetryPolicy,
+    StudyConfig,
+    StudySummary,
+    TrialRecord,
+    plan_study,
+    run_study,
+    stored_trials,
+)
+from plumbline_otel.replay.scope import InjectedFault, TrialScope, current_scope, inject_fault
+from plumbline_otel.replay.tasks import ReplayTask, select_tasks, tasks_from_trajectories
+
+__all__ = [
+    "PERTURBATIONS", "Adapter", "AdapterError", "AnthropicParaphraser", "BudgetExceeded", "CommandAdapter",
+    "FaultPlan", "GuardVerdict", "HttpAdapter", "InjectedFault", "Ledger", "MarkerWriter", "OtlpJsonFileExporter",
+    "PerturbOptions", "Plan", "PythonAdapter", "ReplayTask", "ResponseCache", "RetryPolicy", "SpanSink", "SpendCap",
+    "StudyConfig", "StudySummary", "TransientAdapterError", "Trial", "TrialBudget", "TrialIdentity", "TrialOutcome",
+    "TrialRecord", "TrialScope", "TrialSpanBuffer", "Variant", "anthropic_client", "build_variants", "cache_key",
+    "caching_transport", "check_equivalent", "cost_usd", "current_scope", "inject_fault", "load_adapter",
+    "plan_study", "price_of", "protected_tokens", "register", "run_study", "select_tasks", "stored_trials",
+    "tasks_from_trajectories", "trial_id_for",
+]

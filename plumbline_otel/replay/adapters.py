@@ -1,0 +1,280 @@
+"""Adapters: how the driver reaches the agent under test. One small protocol, three kinds.
+
+    class Adapter(Protocol):
+        def run(self, trial: Trial) -> TrialOutcome: ...
+
+Optional attributes the driver reads: ``service`` / ``service_version`` (the agent label its
+spans carry, used on missing-trial markers), ``decoy_tools`` (the domain's decoys), ``close()``.
+
+- ``PythonAdapter``: a callable in this process, ``fn(trial)``. The driver runs it inside the
+  trial's OTel context (trace and baggage) and trial scope (cache, budget, fault).
+- ``CommandAdapter``: a subprocess per trial. Identity in ``OTEL_RESOURCE_ATTRIBUTES``,
+  ``TRACEPARENT``/``BAGGAGE`` (the OTel environment carriers) and ``PLUMBLINE_*`` variables;
+  the variant text on stdin, or in place of ``{input}`` in the arguments. Exit 75 (EX_TEMPFAIL)
+  is a transient failure. A last stdout line that is a JSON object may report ``trace_id``,
+  ``cost_usd``, ``fault_fired`` and ``output``.
+- ``HttpAdapter``: POSTs ``{input, trial, metadata, fault}`` as JSON with W3C ``traceparent`` and
+  ``baggage`` headers; 408/425/429/5xx and connection failures are transient (``Retry-After``
+  honoured). A JSON response may report the same fields as the command adapter.
+
+Transient errors are retried by the driver, so an adapter should only call an error transient
+when the agent did not get to export a run (a refused connection, a 503 at the door).
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import json
+import os
+import shlex
+import subprocess
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+from plumbline_otel.errors import ConfigError, ReplayError
+from plumbline_otel.replay.identity import FAULT, FaultPlan, TrialIdentity
+
+if TYPE_CHECKING:
+    from plumbline_otel.replay.export import SpanSink
+    from plumbline_otel.replay.tasks import ReplayTask
+
+
+class AdapterError(ReplayError):
+    """The agent could not be run for this trial (not retried)."""
+
+
+class TransientAdapterError(AdapterError):
+    """A failure worth retrying (the agent did not run); ``retry_after`` seconds if the peer said."""
+
+    def __init__(self, message: str, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+TRANSIENT_HTTP = frozenset({408, 425, 429, 500, 502, 503, 504})
+EX_TEMPFAIL = 75
+
+
+@dataclass(frozen=True)
+class Trial:
+    """One run to make: who (identity), what (text, metadata, fault), where spans go (sink)."""
+
+    identity: TrialIdentity
+    task: "ReplayTask"
+    text: str
+    metadata: dict[str, Any] = field(default_factory=dict, hash=False)
+    fault: FaultPlan | None = None
+    sink: "SpanSink | None" = field(default=None, hash=False, compare=False)
+
+    @property
+    def trial_id(self) -> str:
+        return self.identity.trial_id
+
+    @property
+    def trace_id(self) -> str:
+        return self.identity.trace_id
+
+    def headers(self) -> dict[str, str]:
+        """W3C trace context and baggage for an HTTP call."""
+        extra = {FAULT: str(self.fault)} if self.fault else None
+        return {"traceparent": self.identity.traceparent(), "baggage": self.identity.baggage(extra)}
+
+    def payload(self) -> dict[str, Any]:
+        """The JSON body the HTTP adapter sends."""
+        return {"input": self.text, "trial": self.identity.as_dict(), "metadata": self.metadata,
+                "fault": self.fault.as_dict() if self.fault else None,
+                "traceparent": self.identity.traceparent()}
+
+    def env(self, base: Mapping[str, str] | None = None) -> dict[str, str]:
+        """Environment for a subprocess agent: OTel carriers, resource attributes, PLUMBLINE_*."""
+        env = dict(os.environ if base is None else base)
+        ident = self.identity
+        env["OTEL_RESOURCE_ATTRIBUTES"] = ident.resource_attributes(env.get("OTEL_RESOURCE_ATTRIBUTES"))
+        env["TRACEPARENT"] = ident.traceparent()
+        env["BAGGAGE"] = ident.baggage({FAULT: str(self.fault)} if self.fault else None)
+        env.update({
+            "PLUMBLINE_TRIAL_ID": ident.trial_id, "PLUMBLINE_PERTURBATION": ident.perturbation,
+            "PLUMBLINE_VARIANT": ident.variant, "PLUMBLINE_STUDY": ident.study,
+            "PLUMBLINE_REPEAT": str(ident.repeat), "PLUMBLINE_TASK_KEY": ident.task_key or "",
+            "PLUMBLINE_TRIAL_METADATA": json.dumps(self.metadata, sort_keys=True, default=str),
+        })
+        if self.fault:
+            env["PLUMBLINE_FAULT"] = str(self.fault)
+        else:
+            env.pop("PLUMBLINE_FAULT", None)
+        if self.sink is not None and self.sink.endpoint:
+            env["OTEL_EXPORTER_OTLP_ENDPOINT"] = self.sink.endpoint
+        if self.sink is not None and self.sink.otlp_file:
+            env["PLUMBLINE_OTLP_FILE"] = str(self.sink.otlp_file)
+        return env
+
+
+@dataclass
+class TrialOutcome:
+    """What an adapter reports about a trial that ran (failures are raised instead)."""
+
+    trace_id: str | None = None
+    cost_usd: float | None = None  # None: unknown (metered model calls are counted anyway)
+    output: str | None = None
+    fault_fired: bool | None = None
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    detail: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def coerce(cls, value: Any) -> "TrialOutcome":
+        if isinstance(value, TrialOutcome):
+            return value
+        if value is None:
+            return cls()
+        if isinstance(value, str):
+            return cls(output=value)
+        if isinstance(value, Mapping):
+            known = {k: value[k] for k in cls.__dataclass_fields__ if k in value and k != "detail"}
+            rest = {k: v for k, v in value.items() if k not in cls.__dataclass_fields__}
+            return cls(**known, detail={**dict(value.get("detail") or {}), **rest})
+        raise AdapterError(f"an adapter returned {type(value).__name__}; expected TrialOutcome, dict, str or None")
+
+
+@runtime_checkable
+class Adapter(Protocol):
+    def run(self, trial: Trial) -> TrialOutcome: ...
+
+
+class PythonAdapter:
+    """An in-process callable ``fn(trial) -> TrialOutcome | dict | str | None``."""
+
+    def __init__(self, fn: Callable[[Trial], Any], service: str | None = None, service_version: str | None = None) -> None:
+        self.fn = fn
+        self.service = service
+        self.service_version = service_version
+
+    def run(self, trial: Trial) -> TrialOutcome:
+        return TrialOutcome.coerce(self.fn(trial))
+
+
+def _last_json_line(text: str) -> dict[str, Any]:
+    for line in reversed(text.strip().splitlines()):
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                value = json.loads(line)
+            except ValueError:
+                return {}
+            return value if isinstance(value, dict) else {}
+        if line:
+            return {}
+    return {}
+
+
+class CommandAdapter:
+    """One subprocess per trial (see module docstring)."""
+
+    def __init__(self, command: str | list[str], timeout_s: float = 600.0, service: str | None = None,
+                 service_version: str | None = None, cwd: str | None = None) -> None:
+        self.argv = shlex.split(command) if isinstance(command, str) else list(command)
+        if not self.argv:
+            raise ConfigError("command adapter: empty command")
+        self.timeout_s = timeout_s
+        self.service = service
+        self.service_version = service_version
+        self.cwd = cwd
+
+    def run(self, trial: Trial) -> TrialOutcome:
+        as_arg = any("{input}" in a for a in self.argv)
+        argv = [a.replace("{input}", trial.text) for a in self.argv]
+        try:
+            done = subprocess.run(argv, input=None if as_arg else trial.text, capture_output=True, text=True,
+                                  env=trial.env(), timeout=self.timeout_s, cwd=self.cwd)
+        except FileNotFoundError as exc:
+            raise AdapterError(f"command not found: {argv[0]}") from exc
+        except subprocess.TimeoutExpired as exc:
+            raise AdapterError(f"command timed out after {self.timeout_s:g}s") from exc
+        if done.returncode == EX_TEMPFAIL:
+            raise TransientAdapterError(f"command exited {EX_TEMPFAIL} (temporary failure): {done.stderr.strip()[-300:]}")
+        if done.returncode != 0:
+            raise AdapterError(f"command exited {done.returncode}: {done.stderr.strip()[-300:]}")
+        report = _last_json_line(done.stdout)
+        outcome = TrialOutcome.coerce(report) if report else TrialOutcome(output=done.stdout.strip()[-2000:] or None)
+        outcome.trace_id = outcome.trace_id or trial.trace_id
+        return outcome
+
+
+class HttpAdapter:
+    """POST the trial to an HTTP endpoint (see module docstring)."""
+
+    def __init__(self, url: str, timeout_s: float = 600.0, headers: Mapping[str, str] | None = None,
+                 service: str | None = None, service_version: str | None = None) -> None:
+        self.url = url
+        self.timeout_s = timeout_s
+        self.extra_headers = dict(headers or {})
+        self.service = service
+        self.service_version = service_version
+
+    def run(self, trial: Trial) -> TrialOutcome:
+        body = json.dumps(trial.payload(), default=str).encode()
+        headers = {"content-type": "application/json", **trial.headers(), **self.extra_headers}
+        request = urllib.request.Request(self.url, data=body, headers=headers, method="POST")
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:  # noqa: S310 - URL given by the user
+                text = response.read().decode("utf-8", "replace")
+        except urllib.error.HTTPError as exc:
+            detail = exc.read().decode("utf-8", "replace")[:300]
+            if exc.code in TRANSIENT_HTTP:
+                raise TransientAdapterError(f"HTTP {exc.code} from {self.url}: {detail}",
+                                            _retry_after(exc.headers.get("Retry-After"))) from exc
+            raise AdapterError(f"HTTP {exc.code} from {self.url}: {detail}") from exc
+        except (urllib.error.URLError, ConnectionError, TimeoutError) as exc:
+            reason = getattr(exc, "reason", exc)
+            raise TransientAdapterError(f"cannot reach {self.url}: {reason}") from exc
+        try:
+            report = json.loads(text) if text.strip() else {}
+        except ValueError:
+            report = {"output": text[:2000]}
+        outcome = TrialOutcome.coerce(report if isinstance(report, dict) else {"output": str(report)})
+        outcome.trace_id = outcome.trace_id or trial.trace_id
+        return outcome
+
+
+def _retry_after(value: str | None) -> float | None:
+    try:
+        return max(0.0, float(value)) if value else None
+    except ValueError:
+        return None
+
+
+def load_adapter(spec: str, options: Mapping[str, Any] | None = None) -> Any:
+    """An adapter from ``python:module:attr``, ``command:CMD`` or ``http:URL`` (or a bare http(s) URL).
+
+    For ``python:``, ``attr`` may be an adapter object (has ``run``), a class (built with
+    ``options``), a factory (called with ``options`` when there are any) or a trial function.
+    """
+    options = dict(options or {})
+    kind, _, rest = spec.partition(":")
+    if kind == "python":
+        module_name, _, attr = rest.partition(":")
+        if not module_name or not attr:
+            raise ConfigError(f"--adapter {spec!r}: expected python:module:callable")
+        try:
+            target = getattr(importlib.import_module(module_name), attr)
+        except (ImportError, AttributeError) as exc:
+            raise ConfigError(f"--adapter {spec!r}: {exc}") from exc
+        if inspect.isclass(target):
+            return target(**options)
+        if hasattr(target, "run"):
+            if options:
+                raise ConfigError(f"--adapter {spec!r} is an adapter object; options apply to classes and factories")
+            return target
+        if options:
+            return target(**options)
+        return PythonAdapter(target)
+    if kind == "command":
+        return CommandAdapter(rest, **options)
+    if kind in ("http", "https"):
+        url = f"{kind}:{rest}" if rest.startswith("//") else rest
+        return HttpAdapter(url, **options)
+    raise ConfigError(f"--adapter {spec!r}: expected python:module:callable, command:CMD or http:URL")

@@ -1,0 +1,244 @@
+"""Response cache for model calls: keyed by trial identity *and* request, one JSONL file per study.
+
+The key is sha256 of canonical JSON of the trial identity (trial id, perturbation, variant,
+repeat), the occurrence of this exact request within the attempt (0, 1, … for a request sent
+again in the same trial), and the request itself (method, path, body; tool lists in name order,
+so an incidental reordering of tools does not miss). Two repeats of one request therefore have
+two entries and are sampled independently; a content-only key would serve k repeats one answer
+and fake perfect consistency. Re-running a trial replays exactly its own recorded answers.
+
+Modes: ``record`` (serve hits, call and record misses), ``replay`` (offline: a miss is refused
+and the trial is recorded missing, never run against a live model), ``off``.
+
+It is an HTTP transport under the real ``anthropic`` client (``anthropic_client`` builds one),
+so the client code path is the one users run; the transport also meters each live call against
+the trial's budget before sending it (``scope.TrialScope.charge``) and records its cost after.
+A refused call (budget, offline miss) gets a non-retryable error response and the trial scope
+says why, so the driver records the trial as missing, not as an agent failure. Streaming
+requests pass through uncached and unmetered.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from plumbline_otel.errors import ConfigError
+from plumbline_otel.replay.budget import cost_usd, price_of
+from plumbline_otel.replay.identity import TrialIdentity
+from plumbline_otel.replay.scope import TrialScope, current_scope
+
+MODES = ("record", "replay", "off")
+_DROP_HEADERS = {"content-encoding", "content-length", "transfer-encoding", "connection"}
+
+
+def _canonical(value: Any) -> bytes:
+    return orjson.dumps(value, option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS, default=str)
+
+
+def request_content(method: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
+    """What identifies a request's content: method, path and body, tools in name order."""
+    body = dict(body)
+    if isinstance(body.get("tools"), list):
+        body["tools"] = sorted(body["tools"], key=lambda t: str(t.get("name", "")) if isinstance(t, dict) else str(t))
+    return {"method": method.upper(), "path": path, "body": body}
+
+
+def content_digest(content: dict[str, Any]) -> str:
+    return hashlib.sha256(_canonical(content)).hexdigest()
+
+
+def cache_key(identity: TrialIdentity, content: dict[str, Any], occurrence: int = 0) -> str:
+    """The cache key: trial identity + occurrence + request content."""
+    trial = {"trial_id": identity.trial_id, "perturbation": identity.perturbation,
+             "variant": identity.variant, "repeat": identity.repeat}
+    return hashlib.sha256(_canonical({"trial": trial, "occurrence": occurrence, "request": content})).hexdigest()
+
+
+class ResponseCache:
+    """Recorded responses of one study, in a JSONL file (loaded at open, appended per new entry)."""
+
+    def __init__(self, path: str | Path, mode: str = "record") -> None:
+        if mode not in MODES:
+            raise ConfigError(f"cache mode {mode!r}: expected one of {', '.join(MODES)}")
+        self.path = Path(path)
+        self.mode = mode
+        self._entries: dict[str, dict[str, Any]] = {}
+        self._lock = threading.Lock()
+        self.hits = 0
+        self.misses = 0
+        self.recorded = 0
+        if self.path.exists():
+            for line in self.path.read_bytes().splitlines():
+                if line.strip():
+                    try:
+                        entry = orjson.loads(line)
+                    except orjson.JSONDecodeError:
+                        continue  # a torn last line from a crash: the rest is good
+                    self._entries[entry["key"]] = entry
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def get(self, key: str) -> dict[str, Any] | None:
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is None:
+                self.misses += 1
+            else:
+                self.hits += 1
+            return entry
+
+    def put(self, entry: dict[str, Any]) -> None:
+        line = orjson.dumps(entry) + b"\n"
+        with self._lock:
+            if entry["key"] in self._entries:
+                return
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            try:
+                os.write(fd, line)
+            finally:
+                os.close(fd)
+            self._entries[entry["key"]] = entry
+            self.recorded += 1
+
+
+# --- the transport -----------------------------------------------------------------------------
+
+
+def http_module() -> Any:
+    """The HTTP library the installed ``anthropic`` client is built on (``httpx`` or ``httpx2``)."""
+    try:
+        import anthropic._base_client as base
+        module = getattr(base, "httpx2", None) or getattr(base, "httpx", None)
+        if module is not None:
+            return module
+    except ImportError:  # pragma: no cover - anthropic is a dependency
+        pass
+    import httpx
+
+    return httpx
+
+
+_CLASSES: dict[int, type] = {}
+
+
+def _transport_class(module: Any) -> type:
+    if id(module) in _CLASSES:
+        return _CLASSES[id(module)]
+
+    class CachingTransport(module.BaseTransport):  # type: ignore[name-defined,misc]
+        """Serves recorded responses for the current trial and records (and meters) live ones."""
+
+        def __init__(self, inner: Any = None) -> None:
+            self.inner = inner if inner is not None else module.HTTPTransport()
+
+        def handle_request(self, request: Any) -> Any:
+            scope = current_scope()
+            if scope is None or request.method.upper() != "POST":
+                return self.inner.handle_request(request)
+            raw = request.read()
+            try:
+                body = orjson.loads(raw)
+            except orjson.JSONDecodeError:
+                return self.inner.handle_request(request)
+            if not isinstance(body, dict) or body.get("stream"):
+                return self.inner.handle_request(request)
+            return _handle(module, self.inner, scope, request, raw, body)
+
+        def close(self) -> None:
+            self.inner.close()
+
+    _CLASSES[id(module)] = CachingTransport
+    return CachingTransport
+
+
+def _refuse(module: Any, request: Any, status: int, reason: str) -> Any:
+    body = {"type": "error", "error": {"type": "plumbline_replay_refused", "message": reason}}
+    return module.Response(status, headers={"content-type": "application/json", "x-should-retry": "false"},
+                           content=orjson.dumps(body), request=request)
+
+
+def _handle(module: Any, inner: Any, scope: TrialScope, request: Any, raw: bytes, body: dict[str, Any]) -> Any:
+    content = request_content(request.method, request.url.path, body)
+    occurrence = scope.occurrence(content_digest(content))
+    key = cache_key(scope.identity, content, occurrence)
+    cache = scope.cache if scope.cache is not None and scope.cache.mode != "off" else None
+    if cache is not None:
+        entry = cache.get(key)
+        if entry is not None:
+            scope.cache_hits += 1
+            headers = {"content-type": entry.get("content_type") or "application/json", "x-plumbline-cache": "hit"}
+            return module.Response(entry["status"], headers=headers, content=entry["body"].encode(), request=request)
+        scope.cache_misses += 1
+        if cache.mode == "replay":
+            scope.abort_reason = (f"offline: no recorded response for trial {scope.identity.trial_id} "
+                                  f"(request {content_digest(content)[:12]}, occurrence {occurrence})")
+            return _refuse(module, request, 424, scope.abort_reason)
+    model = body.get("model")
+    budget = scope.budget
+    if budget is not None and budget.cap.limit is not None:
+        price = price_of(model)
+        if price is None:
+            scope.abort_reason = f"budget: model {model!r} has no price, so a spend cap cannot bound it"
+            return _refuse(module, request, 402, scope.abort_reason)
+        estimate = (len(raw) / 3 * price[0] + int(body.get("max_tokens") or 4096) * price[1]) / 1_000_000
+        try:
+            scope.charge(estimate)
+        except Exception:
+            return _refuse(module, request, 402, scope.abort_reason or "budget: spend cap reached")
+    started = time.perf_counter()
+    response = inner.handle_request(request)
+    payload = response.read()
+    scope.model_calls += 1
+    status = response.status_code
+    parsed: Any = None
+    if 200 <= status < 300:
+        try:
+            parsed = orjson.loads(payload)
+        except orjson.JSONDecodeError:
+            parsed = None
+    usage = parsed.get("usage") if isinstance(parsed, dict) else None
+    if isinstance(usage, dict):
+        cost = cost_usd(parsed.get("model") or model, int(usage.get("input_tokens") or 0), int(usage.get("output_tokens") or 0))
+        scope.spent(cost or 0.0)
+    elif budget is not None and budget.cap.limit is not None:
+        scope.spent(0.0)
+    if cache is not None and parsed is not None:
+        identity = scope.identity
+        cache.put({
+            "key": key, "trial_id": identity.trial_id, "perturbation": identity.perturbation,
+            "variant": identity.variant, "repeat": identity.repeat, "occurrence": occurrence,
+            "path": request.url.path, "model": model, "status": status,
+            "content_type": response.headers.get("content-type"), "body": payload.decode("utf-8"),
+            "latency_ms": round((time.perf_counter() - started) * 1000, 1), "recorded_at": time.time(),
+        })
+    headers = [(k, v) for k, v in response.headers.items() if k.lower() not in _DROP_HEADERS]
+    return module.Response(status, headers=headers, content=payload, request=request)
+
+
+def caching_transport(inner: Any = None, module: Any = None) -> Any:
+    """A caching, metering transport for the HTTP library ``module`` (default: the anthropic client's)."""
+    module = module or http_module()
+    return _transport_class(module)(inner)
+
+
+def anthropic_client(base_url: str | None = None, api_key: str | None = None, *, inner_transport: Any = None,
+                     **kwargs: Any) -> Any:
+    """An ``anthropic.Anthropic`` client whose requests go through the cache of the current trial.
+
+    Outside a replay (no current trial) it behaves exactly like a plain client.
+    """
+    import anthropic
+
+    module = http_module()
+    http_client = module.Client(transport=caching_transport(inner_transport, module), timeout=600.0)
+    key = api_key or os.environ.get("ANTHROPIC_API_KEY") or "offline"
+    return anthropic.Anthropic(base_url=base_url, api_key=key, http_client=http_client, **kwargs)

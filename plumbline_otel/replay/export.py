@@ -1,0 +1,240 @@
+"""Where a study's spans go, and the marker span of a trial that could not run.
+
+``SpanSink`` is the study's destination: an OTLP JSON-lines file (what a Collector's file
+exporter writes; ``plumbline ingest`` reads it) or an OTLP endpoint (a running
+``plumbline serve``). In-process adapters export through ``sink.exporter()``; the file exporter
+serialises writers per path, so the driver's markers and an agent's spans can share one file.
+
+``TrialSpanBuffer`` is a span processor for in-process agents: it holds each trace's spans until
+the adapter releases them (the trial produced a run) or discards them (the attempt failed, and
+a retry or a marker will stand for it), so a trial's spans are exported all or nothing.
+
+A marker is one plain (non-agent) root span in the trial's own trace carrying the trial identity
+and ``plumbline.trial.status`` ``missing`` or ``error``; ``conformance.is_missing`` and the
+certificate count it beside n, never in it and never as a failure.
+"""
+
+from __future__ import annotations
+
+import base64
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+from google.protobuf import json_format
+from opentelemetry import trace
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
+from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
+
+from plumbline_otel.replay.identity import TRIAL_STATUS, TrialIdentity
+
+SCOPE_NAME = "plumbline_otel.replay"
+MARKER_SPAN = "plumbline.replay.trial"
+
+_PATH_LOCKS: dict[str, threading.Lock] = {}
+_PATH_LOCKS_GUARD = threading.Lock()
+
+
+def _path_lock(path: Path) -> threading.Lock:
+    key = str(path.resolve())
+    with _PATH_LOCKS_GUARD:
+        return _PATH_LOCKS.setdefault(key, threading.Lock())
+
+
+def _hex_ids(node: Any) -> Any:
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key in ("traceId", "spanId", "parentSpanId") and isinstance(value, str):
+                node[key] = base64.b64decode(value).hex()
+            else:
+                _hex_ids(value)
+    elif isinstance(node, list):
+        for item in node:
+            _hex_ids(item)
+    return node
+
+
+class OtlpJsonFileExporter(SpanExporter):
+    """Appends one OTLP JSON ``ExportTraceServiceRequest`` line per export (hex ids, int enums)."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock = _path_lock(self.path)
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        if not spans:
+            return SpanExportResult.SUCCESS
+        message = json_format.MessageToDict(encode_spans(spans), use_integers_for_enums=True)
+        line = orjson.dumps(_hex_ids(message)) + b"\n"
+        with self._lock, self.path.open("ab") as fh:
+            fh.write(line)
+        return SpanExportResult.SUCCESS
+
+    def shutdown(self) -> None:
+        pass
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return True
+
+
+class _Serialised(SpanExporter):
+    """One exporter shared by many threads and providers: one export at a time, shut down once."""
+
+    def __init__(self, inner: SpanExporter) -> None:
+        self.inner = inner
+        self._lock = threading.Lock()
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        with self._lock:
+            return self.inner.export(spans)
+
+    def shutdown(self) -> None:
+        pass  # the sink owns the exporter
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return self.inner.force_flush(timeout_millis)
+
+
+@dataclass
+class SpanSink:
+    """A study's span destination: an OTLP JSON-lines file, an OTLP endpoint, or an exporter."""
+
+    otlp_file: str | None = None
+    endpoint: str | None = None
+    custom: SpanExporter | None = None
+    _exporter: _Serialised | None = field(default=None, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def describe(self) -> str:
+        return self.otlp_file or self.endpoint or type(self.custom).__name__
+
+    def exporter(self) -> SpanExporter:
+        """The sink's one shared exporter (thread-safe)."""
+        with self._lock:
+            if self._exporter is None:
+                self._exporter = _Serialised(self._build())
+            return self._exporter
+
+    def _build(self) -> SpanExporter:
+        if self.custom is not None:
+            return self.custom
+        if self.otlp_file:
+            return OtlpJsonFileExporter(self.otlp_file)
+        if self.endpoint:
+            return exporter_for_endpoint(self.endpoint)
+        raise ValueError("a span sink needs an OTLP file, an endpoint or an exporter")
+
+    def close(self) -> None:
+        with self._lock:
+            if self._exporter is not None:
+                self._exporter.inner.force_flush()
+                self._exporter.inner.shutdown()
+                self._exporter = None
+
+
+def exporter_for_endpoint(endpoint: str) -> SpanExporter:
+    """OTLP/HTTP when the URL ends in /v1/traces or uses port 4318, OTLP/gRPC otherwise."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(endpoint if "://" in endpoint else f"http://{endpoint}")
+    if parts.path.rstrip("/").endswith("/v1/traces") or parts.port == 4318:
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as Http
+
+        path = parts.path if parts.path.rstrip("/").endswith("/v1/traces") else "/v1/traces"
+        return Http(endpoint=f"{parts.scheme or 'http'}://{parts.netloc}{path}")
+    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as Grpc
+
+    return Grpc(endpoint=parts.netloc, insecure=parts.scheme != "https")
+
+
+class TrialSpanBuffer(SpanProcessor):
+    """Holds ended spans per trace until the trial's adapter releases or discards them."""
+
+    def __init__(self, exporter: SpanExporter) -> None:
+        self.exporter = exporter
+        self._held: dict[int, list[ReadableSpan]] = {}
+        self._lock = threading.Lock()
+
+    def on_start(self, span: Any, parent_context: Any = None) -> None:
+        pass
+
+    def on_end(self, span: ReadableSpan) -> None:
+        with self._lock:
+            self._held.setdefault(span.context.trace_id, []).append(span)
+
+    def _take(self, trace_id: str | int) -> list[ReadableSpan]:
+        key = int(trace_id, 16) if isinstance(trace_id, str) else trace_id
+        with self._lock:
+            return self._held.pop(key, [])
+
+    def release(self, trace_id: str | int) -> int:
+        """Export the trace's held spans (one export call); returns how many."""
+        spans = self._take(trace_id)
+        if spans:
+            self.exporter.export(spans)
+        return len(spans)
+
+    def discard(self, trace_id: str | int) -> int:
+        return len(self._take(trace_id))
+
+    def shutdown(self) -> None:
+        with self._lock:
+            self._held.clear()
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return True
+
+
+def trial_span_context(identity: TrialIdentity) -> SpanContext:
+    """The remote span context of the trial's virtual root (trace id fixed per trial)."""
+    return SpanContext(int(identity.trace_id, 16), int(identity.parent_span_id, 16), is_remote=True,
+                       trace_flags=TraceFlags(TraceFlags.SAMPLED))
+
+
+class MarkerWriter:
+    """Writes missing/error markers for trials, one provider per agent label."""
+
+    def __init__(self, sink: SpanSink) -> None:
+        self.sink = sink
+        self._providers: dict[tuple[str | None, str | None], TracerProvider] = {}
+        self._lock = threading.Lock()
+        self.written = 0
+
+    def _provider(self, service: str | None, version: str | None) -> TracerProvider:
+        with self._lock:
+            key = (service, version)
+            if key not in self._providers:
+                attrs = {"service.name": service or "unknown_service"}
+                if version:
+                    attrs["service.version"] = version
+                provider = TracerProvider(resource=Resource.create(attrs))
+                provider.add_span_processor(SimpleSpanProcessor(self.sink.exporter()))
+                self._providers[key] = provider
+            return self._providers[key]
+
+    def write(self, identity: TrialIdentity, status: str, reason: str, *, service: str | None,
+              version: str | None = None, attempts: int = 0) -> None:
+        """One root span: this trial has no run (``status`` "missing" or "error") and why."""
+        tracer = self._provider(service, version).get_tracer(SCOPE_NAME)
+        parent = trace.set_span_in_context(NonRecordingSpan(trial_span_context(identity)))
+        attributes: dict[str, Any] = {k: v for k, v in identity.attributes().items() if v is not None}
+        attributes.update({TRIAL_STATUS: status, "plumbline.trial.reason": reason[:500], "plumbline.trial.attempts": attempts})
+        now = time.time_ns()
+        span = tracer.start_span(MARKER_SPAN, context=parent, attributes=attributes, start_time=now)
+        span.end(end_time=now)
+        with self._lock:
+            self.written += 1
+
+    def close(self) -> None:
+        with self._lock:
+            for provider in self._providers.values():
+                provider.shutdown()
+            self._providers.clear()

@@ -1,0 +1,155 @@
+"""Who a trial is, and how that identity travels to an agent: span attributes, W3C baggage,
+``OTEL_RESOURCE_ATTRIBUTES`` and a W3C trace context.
+
+Everything here is pure. A trial id is readable and deterministic
+(``study/task_key/perturbation/variant/kN``), so re-running a study names the same trials and
+resume can recognise them. Each trial also owns a deterministic trace id: every attempt of the
+trial runs under it (the agent's root span becomes a child of the trial's virtual parent span),
+and a "missing" marker for the trial is written into the same trace. When a trial that was once
+recorded missing is resumed and now runs, its agent span and the old marker share one trace; the
+store takes the agent span as the trajectory's root (an agent span is preferred over a plain
+span), so the trial counts once, as a run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote
+
+# Attribute names; the analyses read the first four (analyse/conformance.py).
+TRIAL_ID = "plumbline.trial.id"
+PERTURBATION = "plumbline.perturbation"
+VARIANT = "plumbline.variant"
+STUDY = "plumbline.study"
+REPEAT = "plumbline.trial.repeat"
+TASK_KEY = "plumbline.task.key"  # first of the store's default task-key attributes
+TRIAL_STATUS = "plumbline.trial.status"  # "missing" / "error" on a marker (conformance.is_missing)
+FAULT = "plumbline.fault"  # a fault plan in text form, for agents outside this process
+
+TRANSIENT_FAULT_KINDS = ("503", "429", "timeout", "connection_reset")
+
+
+@dataclass(frozen=True)
+class FaultPlan:
+    """A declarative tool fault: fail call number ``on_call`` of ``tool`` (and ``times - 1`` more).
+
+    Immutable, so one plan can be shared by every trial of a variant; each trial builds its own
+    injector from it (``scope.FaultInjector``), so every trial sees its fault.
+    """
+
+    tool: str
+    kind: str = "503"
+    on_call: int = 1
+    times: int = 1
+
+    def __post_init__(self) -> None:
+        if not self.tool:
+            raise ValueError("a fault needs a tool")
+        if self.on_call < 1 or self.times < 1:
+            raise ValueError("fault on_call and times must be at least 1")
+
+    def __str__(self) -> str:
+        return f"{self.tool}:{self.kind}:{self.on_call}:{self.times}"
+
+    @classmethod
+    def parse(cls, text: str) -> "FaultPlan":
+        """``tool:kind[:on_call[:times]]``."""
+        parts = [p.strip() for p in text.split(":")]
+        if len(parts) < 2 or not parts[0]:
+            raise ValueError(f"fault {text!r}: expected tool:kind[:on_call[:times]]")
+        return cls(parts[0], parts[1], *(int(p) for p in parts[2:4]))
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"tool": self.tool, "kind": self.kind, "on_call": self.on_call, "times": self.times}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any] | None) -> "FaultPlan | None":
+        return cls(**data) if data else None
+
+
+def trial_id_for(study: str, task_key: str, perturbation: str, variant: str, repeat: int) -> str:
+    """The readable, deterministic id of one trial."""
+    return f"{study}/{task_key}/{perturbation}/{variant}/k{repeat}"
+
+
+@dataclass(frozen=True)
+class TrialIdentity:
+    """Which trial a run belongs to. Carried on spans, in baggage and in resource attributes."""
+
+    trial_id: str
+    perturbation: str
+    variant: str
+    study: str
+    repeat: int = 0
+    task_key: str | None = None
+
+    def attributes(self) -> dict[str, Any]:
+        """Span / resource attributes (``plumbline.*``)."""
+        attrs: dict[str, Any] = {
+            TRIAL_ID: self.trial_id,
+            PERTURBATION: self.perturbation,
+            VARIANT: self.variant,
+            STUDY: self.study,
+            REPEAT: self.repeat,
+        }
+        if self.task_key is not None:
+            attrs[TASK_KEY] = self.task_key
+        return attrs
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"trial_id": self.trial_id, "perturbation": self.perturbation, "variant": self.variant,
+                "study": self.study, "repeat": self.repeat, "task_key": self.task_key}
+
+    # --- the trial's trace ------------------------------------------------------------------
+
+    def _digest(self) -> str:
+        return hashlib.sha256(f"plumbline.replay:{self.trial_id}".encode()).hexdigest()
+
+    @property
+    def trace_id(self) -> str:
+        """32 hex digits, the same for every attempt of this trial (never all zero)."""
+        value = self._digest()[:32]
+        return value if int(value, 16) else "1".rjust(32, "0")
+
+    @property
+    def parent_span_id(self) -> str:
+        """16 hex digits: the trial's virtual root, parent of the agent's root span."""
+        value = self._digest()[32:48]
+        return value if int(value, 16) else "1".rjust(16, "0")
+
+    def traceparent(self) -> str:
+        """W3C ``traceparent`` (sampled) pointing at the trial's virtual root."""
+        return f"00-{self.trace_id}-{self.parent_span_id}-01"
+
+    # --- carriers for agents in other processes ----------------------------------------------
+
+    def baggage(self, extra: dict[str, Any] | None = None) -> str:
+        """W3C ``baggage`` header value: ``key=value`` pairs, values percent-encoded."""
+        items = {**self.attributes(), **(extra or {})}
+        return ",".join(f"{k}={_encode(v)}" for k, v in items.items() if v is not None)
+
+    def resource_attributes(self, existing: str | None = None) -> str:
+        """``OTEL_RESOURCE_ATTRIBUTES``: the caller's own pairs first, then this trial's (which win)."""
+        ours = ",".join(f"{k}={_encode(v)}" for k, v in self.attributes().items())
+        mine = {k for k in self.attributes()}
+        kept = [p for p in (existing or "").split(",") if p.strip() and p.split("=", 1)[0].strip() not in mine]
+        return ",".join([*kept, ours])
+
+
+def _encode(value: Any) -> str:
+    return quote(str(value), safe="/:@-._~")
+
+
+def parse_baggage(header: str) -> dict[str, str]:
+    """The inverse of ``TrialIdentity.baggage`` (properties after ``;`` are ignored)."""
+    from urllib.parse import unquote
+
+    out: dict[str, str] = {}
+    for member in header.split(","):
+        if "=" not in member:
+            continue
+        key, value = member.split("=", 1)
+        out[key.strip()] = unquote(value.split(";", 1)[0].strip())
+    return out

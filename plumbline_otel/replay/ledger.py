@@ -1,0 +1,64 @@
+"""The study ledger: one JSON line per finished trial attempt sequence, appended as it happens.
+
+It is what resume trusts besides the store: a trial whose last row says ``ok`` is done. Rows
+also carry the cost, so a study's spend cap is cumulative across runs. The variants file beside
+it lists every variant built for the study, rejected ones with the guard's reason.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+
+class Ledger:
+    """Append-only JSONL; the last row of a trial wins. Thread-safe within a process."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self._lock = threading.Lock()
+        self.rows: list[dict[str, Any]] = []
+        if self.path.exists():
+            for line in self.path.read_bytes().splitlines():
+                if line.strip():
+                    try:
+                        self.rows.append(orjson.loads(line))
+                    except orjson.JSONDecodeError:
+                        continue  # a torn last line after a crash
+
+    def latest(self) -> dict[str, dict[str, Any]]:
+        """The last row per trial id."""
+        return {row["trial_id"]: row for row in self.rows if "trial_id" in row}
+
+    def completed(self) -> set[str]:
+        return {tid for tid, row in self.latest().items() if row.get("status") == "ok"}
+
+    def spent_usd(self) -> float:
+        return float(sum(row.get("cost_usd") or 0.0 for row in self.rows))
+
+    def append(self, row: dict[str, Any]) -> None:
+        line = orjson.dumps(row, default=str) + b"\n"
+        with self._lock:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            try:
+                os.write(fd, line)
+            finally:
+                os.close(fd)
+            self.rows.append(row)
+
+
+def write_jsonl(path: str | Path, rows: Iterable[dict[str, Any]]) -> None:
+    """Replace ``path`` with these rows (atomically)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    with tmp.open("wb") as fh:
+        for row in rows:
+            fh.write(orjson.dumps(row, default=str) + b"\n")
+    os.replace(tmp, path)

@@ -1,0 +1,309 @@
+"""Perturbations: small registered functions that turn a task into variants.
+
+Each perturbation returns candidate ``(text, metadata)`` pairs for a task; ``build_variants``
+gives every candidate a stable id (index plus a digest of its text and metadata, so a changed
+input never reuses an old trial id), puts every text-changing candidate through the
+semantic-equivalence guard, and keeps rejected candidates with their reason instead of running
+them. Randomness comes from one RNG per (seed, task, perturbation), derived with SHA-256, so
+variants are the same in every process and adding a perturbation does not shift the others.
+
+Registered:
+    baseline      the request as recorded (one variant; repeats give its self-consistency)
+    paraphrase    template rewording (clause order, a synonym table, a polite prefix or suffix),
+                  or a pluggable paraphraser (``PerturbOptions.paraphraser``, e.g. a model)
+    distractor    unrelated office chatter before or after the request (guarded too)
+    decoy_tools   metadata ``decoy_tools``: plausible extra tool specs the adapter should offer
+    sampling      metadata ``temperature`` and ``seed``; the text is unchanged
+    tool_fault    metadata ``fault``: a declarative transient fault (tool, kind, which call),
+                  turned into a fresh injector for every trial
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from plumbline_otel.replay.guard import check_equivalent
+from plumbline_otel.replay.identity import TRANSIENT_FAULT_KINDS, FaultPlan
+from plumbline_otel.replay.tasks import ReplayTask
+
+Candidate = tuple[str, dict[str, Any]]
+
+
+class Paraphraser(Protocol):
+    """Rewords ``text`` into up to ``n`` candidates (the guard then filters them)."""
+
+    def __call__(self, text: str, n: int, rng: random.Random) -> list[str]: ...
+
+
+DISTRACTORS = (
+    "By the way, the coffee machine on the third floor is working again.",
+    "Unrelated, but the team lunch has moved to the usual place down the road.",
+    "FYI, the printer near reception is out of toner again.",
+    "Also, the parking garage will be repainted at some point next week.",
+    "Reminder: there is a fire drill sometime this week.",
+    "Someone left a blue umbrella in the big meeting room.",
+)
+
+DECOY_TOOLS: tuple[dict[str, Any], ...] = (
+    {"name": "search_knowledge_base", "description": "Search the internal knowledge base for help articles.",
+     "input_schema": {"type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]}},
+    {"name": "lookup_employee", "description": "Look up an employee's department and manager by name.",
+     "input_schema": {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}},
+    {"name": "create_calendar_event", "description": "Create a calendar event for the current user.",
+     "input_schema": {"type": "object", "properties": {"title": {"type": "string"}, "when": {"type": "string"}},
+                      "required": ["title", "when"]}},
+)
+
+SYNONYMS = {
+    "process": "handle", "handle": "process", "check": "verify", "verify": "check", "review": "look over",
+    "confirm": "double-check", "quickly": "promptly", "help": "assist", "need": "require", "ensure": "make sure",
+}
+PREFIXES = ("Hi,", "Hello there.", "When you have a moment:", "Quick one:")
+SUFFIXES = ("Thanks!", "Thank you.", "Much appreciated.")
+_SEQUENCE_WORDS = re.compile(r"\b(then|after|afterwards|before|first|next|finally|once|until)\b", re.I)
+_SENTENCE = re.compile(r"(?<=[.!?])\s+")
+
+
+@dataclass(frozen=True)
+class PerturbOptions:
+    """How many variants per perturbation and what the perturbations draw from."""
+
+    variants: int = 1  # per perturbation (baseline always has one)
+    seed: int = 7
+    paraphraser: Paraphraser | None = None  # None: the templates
+    distractors: tuple[str, ...] = DISTRACTORS
+    decoy_tools: tuple[dict[str, Any], ...] = DECOY_TOOLS
+    fault_tools: tuple[str, ...] = ()  # empty: the tools the task's source run called
+    fault_kinds: tuple[str, ...] = TRANSIENT_FAULT_KINDS
+    temperatures: tuple[float, ...] = (1.0, 0.7, 0.3)
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One variant of one task under one perturbation; ``rejected`` says why it is not run."""
+
+    task_key: str
+    perturbation: str
+    variant_id: str
+    text: str
+    metadata: dict[str, Any] = field(default_factory=dict)
+    rejected: str | None = None
+
+    @property
+    def fault(self) -> FaultPlan | None:
+        return FaultPlan.from_dict(self.metadata.get("fault"))
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"task_key": self.task_key, "perturbation": self.perturbation, "variant_id": self.variant_id,
+                "text": self.text, "metadata": self.metadata, "rejected": self.rejected}
+
+
+@dataclass(frozen=True)
+class Perturbation:
+    name: str
+    build: Callable[[ReplayTask, PerturbOptions, random.Random], list[Candidate]]
+    changes_text: bool
+    preserves: str
+
+
+PERTURBATIONS: dict[str, Perturbation] = {}
+
+
+def register(name: str, *, changes_text: bool, preserves: str) -> Callable[[Callable[..., list[Candidate]]], Callable[..., list[Candidate]]]:
+    """Register ``fn(task, options, rng) -> [(text, metadata), …]`` as perturbation ``name``."""
+    def wrap(fn: Callable[..., list[Candidate]]) -> Callable[..., list[Candidate]]:
+        PERTURBATIONS[name] = Perturbation(name, fn, changes_text, preserves)
+        return fn
+    return wrap
+
+
+def _rng(seed: int, task_key: str, perturbation: str) -> random.Random:
+    digest = hashlib.sha256(f"{seed}:{task_key}:{perturbation}".encode()).hexdigest()
+    return random.Random(int(digest[:16], 16))
+
+
+def _variant_id(index: int, perturbation: str, text: str, metadata: Mapping[str, Any]) -> str:
+    blob = json.dumps([perturbation, text, metadata], sort_keys=True, separators=(",", ":"), default=str)
+    return f"{index}-{hashlib.sha256(blob.encode()).hexdigest()[:8]}"
+
+
+# --- the perturbations -------------------------------------------------------------------------
+
+
+@register("baseline", changes_text=False, preserves="everything: the request as recorded")
+def _baseline(task: ReplayTask, options: PerturbOptions, rng: random.Random) -> list[Candidate]:
+    return [(task.input, {})]
+
+
+def _lower_first(text: str) -> str:
+    if len(text) > 1 and text[0].isupper() and text[1].islower():
+        return text[0].lower() + text[1:]
+    return text
+
+
+def _synonyms(text: str, rng: random.Random) -> str:
+    words = [w for w in SYNONYMS if re.search(rf"\b{re.escape(w)}\b", text, re.I)]
+    if not words:
+        return text
+    chosen = set(rng.sample(words, k=max(1, len(words) // 2 + (len(words) % 2))))
+
+    def swap(m: re.Match[str]) -> str:
+        word = m.group(0)
+        if word.lower() not in chosen:
+            return word
+        new = SYNONYMS[word.lower()]
+        return new[0].upper() + new[1:] if word[0].isupper() else new
+
+    pattern = re.compile(r"\b(" + "|".join(re.escape(w) for w in SYNONYMS) + r")\b", re.I)
+    return pattern.sub(swap, text)
+
+
+def reorder_clauses(text: str) -> str:
+    """Move a closing ``from X`` to the front, or swap two sentences with no sequence words."""
+    stripped = text.strip()
+    sentences = _SENTENCE.split(stripped)
+    if len(sentences) == 1:
+        m = re.match(r"^(?P<head>.+?)\s+from\s+(?P<src>[^.,;:!?]+?)(?P<end>[.!?]?)$", stripped)
+        if m:
+            return f"From {m.group('src')}: {_lower_first(m.group('head'))}{m.group('end')}"
+        return text
+    if len(sentences) == 2 and not _SEQUENCE_WORDS.search(stripped):
+        return f"{sentences[1]} {sentences[0]}"
+    return text
+
+
+def template_paraphrases(text: str, n: int, rng: random.Random) -> list[str]:
+    """Up to ``n`` distinct template rewordings of ``text`` (none equal to it)."""
+    out: list[str] = []
+    for _ in range(n * 4):
+        if len(out) >= n:
+            break
+        candidate = text.strip()
+        if rng.random() < 0.5:
+            candidate = reorder_clauses(candidate)
+        if rng.random() < 0.7:
+            candidate = _synonyms(candidate, rng)
+        polite = rng.random()
+        if polite < 0.45 or candidate == text.strip():
+            candidate = f"{rng.choice(PREFIXES)} {_lower_first(candidate)}"
+        elif polite < 0.8:
+            candidate = f"{candidate} {rng.choice(SUFFIXES)}"
+        if candidate != text.strip() and candidate not in out:
+            out.append(candidate)
+    return out
+
+
+@register("paraphrase", changes_text=True, preserves="the task's ids, amounts, dates and currencies (guarded)")
+def _paraphrase(task: ReplayTask, options: PerturbOptions, rng: random.Random) -> list[Candidate]:
+    if options.paraphraser is not None:
+        texts = options.paraphraser(task.input, options.variants, rng)
+        source = getattr(options.paraphraser, "name", type(options.paraphraser).__name__)
+    else:
+        texts = template_paraphrases(task.input, options.variants, rng)
+        source = "templates"
+    return [(t, {"paraphraser": source}) for t in texts]
+
+
+@register("distractor", changes_text=True, preserves="the request; unrelated chatter is added (guarded)")
+def _distractor(task: ReplayTask, options: PerturbOptions, rng: random.Random) -> list[Candidate]:
+    out: list[Candidate] = []
+    pool = list(options.distractors)
+    for i in range(options.variants):
+        for _ in range(20):  # distinct chatter per variant while the pool allows it
+            chatter = " ".join(rng.sample(pool, k=min(len(pool), 1 + i % 2)))
+            text = f"{task.input.rstrip()}\n\n{chatter}" if i % 2 == 0 else f"{chatter}\n\n{task.input.lstrip()}"
+            if all(text != t for t, _ in out):
+                break
+        out.append((text, {"placement": "after" if i % 2 == 0 else "before"}))
+    return out
+
+
+@register("decoy_tools", changes_text=False, preserves="the request; extra irrelevant tools are offered")
+def _decoy_tools(task: ReplayTask, options: PerturbOptions, rng: random.Random) -> list[Candidate]:
+    decoys = list(options.decoy_tools)
+    if not decoys:
+        return []
+    out = []
+    for i in range(options.variants):
+        chosen = sorted(rng.sample(decoys, k=1 + i % len(decoys)), key=lambda d: d["name"])  # canonical order
+        out.append((task.input, {"decoy_tools": chosen}))
+    return out
+
+
+@register("sampling", changes_text=False, preserves="the request; only sampling parameters change")
+def _sampling(task: ReplayTask, options: PerturbOptions, rng: random.Random) -> list[Candidate]:
+    return [(task.input, {"temperature": options.temperatures[i % len(options.temperatures)],
+                          "seed": rng.randrange(2**31)}) for i in range(options.variants)]
+
+
+@register("tool_fault", changes_text=False, preserves="the request; one tool call fails transiently")
+def _tool_fault(task: ReplayTask, options: PerturbOptions, rng: random.Random) -> list[Candidate]:
+    targets = list(options.fault_tools or task.tools)
+    if not targets:
+        return []
+    kinds = list(options.fault_kinds) or ["503"]
+    return [(task.input, {"fault": FaultPlan(targets[i % len(targets)], kinds[i % len(kinds)]).as_dict()})
+            for i in range(options.variants)]
+
+
+# --- building ----------------------------------------------------------------------------------
+
+
+def build_variants(task: ReplayTask, perturbations: Sequence[str], options: PerturbOptions = PerturbOptions()) -> list[Variant]:
+    """Every variant of ``task`` under each perturbation, guarded; rejected ones are kept, marked."""
+    out: list[Variant] = []
+    for name in perturbations:
+        if name not in PERTURBATIONS:
+            raise ValueError(f"unknown perturbation {name!r}; known: {', '.join(PERTURBATIONS)}")
+        spec = PERTURBATIONS[name]
+        candidates = spec.build(task, options, _rng(options.seed, task.task_key, name))
+        if not candidates:
+            out.append(Variant(task.task_key, name, "none", task.input, {},
+                               rejected=f"{name}: nothing to vary for this task"
+                               + (" (its source run called no tool; set fault tools)" if name == "tool_fault" else "")))
+            continue
+        seen: set[str] = set()
+        for index, (text, metadata) in enumerate(candidates):
+            blob = json.dumps([text, metadata], sort_keys=True, default=str)
+            if blob in seen:  # an exact repeat of an earlier candidate is not a new variant
+                continue
+            seen.add(blob)
+            rejected = None
+            if spec.changes_text or text != task.input:
+                verdict = check_equivalent(task.input, text)
+                rejected = verdict.reason
+            out.append(Variant(task.task_key, name, _variant_id(index, name, text, metadata), text, metadata, rejected))
+    return out
+
+
+class AnthropicParaphraser:
+    """A model-based paraphraser through the ``anthropic`` client (the guard still checks each one)."""
+
+    name = "anthropic"
+    SYSTEM = ("Rewrite the user's request in different words, keeping its meaning exactly: the same "
+              "documents, ids, amounts, dates and actions; add no instructions and remove nothing. "
+              "Vary the register (terse, chatty, formal, hurried). Answer with only a JSON array of strings.")
+
+    def __init__(self, client: Any, model: str, max_tokens: int = 1024) -> None:
+        self.client, self.model, self.max_tokens = client, model, max_tokens
+
+    def __call__(self, text: str, n: int, rng: random.Random) -> list[str]:
+        response = self.client.messages.create(
+            model=self.model, max_tokens=self.max_tokens, system=self.SYSTEM,
+            messages=[{"role": "user", "content": f"Give {n} rewordings of:\n\n{text}"}])
+        raw = "".join(getattr(b, "text", "") for b in response.content).strip()
+        raw = re.sub(r"^```(?:json)?|```$", "", raw).strip()
+        if not raw.startswith("["):
+            start, end = raw.find("["), raw.rfind("]")
+            raw = raw[start:end + 1] if 0 <= start < end else "[]"
+        try:
+            items = json.loads(raw)
+        except ValueError:
+            return []
+        return [s for s in items if isinstance(s, str) and s.strip()][:n]

@@ -1,0 +1,130 @@
+"""The running trial, as seen from inside an adapter: identity, budget, cache and fault.
+
+The driver opens a fresh ``TrialScope`` for every attempt of every trial and makes it current
+(a context variable, so each worker thread sees its own). Code that runs inside the trial reads
+it: the response cache's transport (``cache.py``) keys and meters model calls with it, and an
+in-process agent's tool wrapper calls ``inject_fault(tool)`` so the trial's declared fault fires
+there. The injector is built from the immutable ``FaultPlan`` per scope, so every trial sees its
+fault (the seed system kept a fail-once flag on the shared variant: one fault per process).
+"""
+
+from __future__ import annotations
+
+import contextvars
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from plumbline_otel.errors import ReplayError
+from plumbline_otel.replay.budget import TrialBudget
+from plumbline_otel.replay.identity import FaultPlan, TrialIdentity
+
+if TYPE_CHECKING:
+    from plumbline_otel.replay.cache import ResponseCache
+
+_MESSAGES = {
+    "503": "503 Service Unavailable: {tool} is temporarily unavailable",
+    "429": "429 Too Many Requests: rate limit exceeded calling {tool}, retry later",
+    "timeout": "timeout: {tool} did not answer in time",
+    "connection_reset": "connection reset by peer while calling {tool}",
+}
+
+
+class InjectedFault(Exception):
+    """A transient tool failure injected by the trial's fault plan (looks like a real one)."""
+
+    def __init__(self, kind: str, tool: str) -> None:
+        super().__init__(_MESSAGES.get(kind, "{tool} failed: " + kind).format(tool=tool))
+        self.kind = kind
+        self.tool = tool
+
+
+@dataclass
+class FaultInjector:
+    """The mutable state of one trial's fault; built per trial, never shared."""
+
+    plan: FaultPlan
+    calls_seen: int = 0
+    fired_calls: list[int] = field(default_factory=list)
+
+    def before_call(self, tool: str) -> None:
+        if tool != self.plan.tool:
+            return
+        self.calls_seen += 1
+        if self.plan.on_call <= self.calls_seen < self.plan.on_call + self.plan.times:
+            self.fired_calls.append(self.calls_seen)
+            raise InjectedFault(self.plan.kind, tool)
+
+    @property
+    def fired(self) -> bool:
+        return bool(self.fired_calls)
+
+
+@dataclass
+class TrialScope:
+    """One attempt of one trial."""
+
+    identity: TrialIdentity
+    budget: TrialBudget | None = None
+    cache: "ResponseCache | None" = None
+    fault: FaultInjector | None = None
+    attempt: int = 1
+    abort_reason: str | None = None  # set when the budget or an offline cache stopped a model call
+    model_calls: int = 0
+    cache_hits: int = 0
+    cache_misses: int = 0
+    _occurrences: dict[str, int] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def occurrence(self, content_digest: str) -> int:
+        """0 for the first identical request in this attempt, 1 for the next, … (part of the cache key)."""
+        with self._lock:
+            n = self._occurrences.get(content_digest, 0)
+            self._occurrences[content_digest] = n + 1
+            return n
+
+    def charge(self, estimate_usd: float) -> None:
+        """Before a paid call: make room for ``estimate_usd`` in the cap or raise BudgetExceeded."""
+        if self.budget is not None:
+            try:
+                self.budget.ensure(estimate_usd)
+            except ReplayError as exc:
+                self.abort_reason = f"budget: {exc}"
+                raise
+
+    def spent(self, usd: float) -> None:
+        """After a paid call: record what it cost."""
+        if self.budget is not None:
+            self.budget.add(usd)
+
+
+_CURRENT: contextvars.ContextVar[TrialScope | None] = contextvars.ContextVar("plumbline_replay_trial", default=None)
+
+
+def current_scope() -> TrialScope | None:
+    """The trial this code runs in, or None outside a replay."""
+    return _CURRENT.get()
+
+
+@contextmanager
+def activate(scope: TrialScope) -> Iterator[TrialScope]:
+    token = _CURRENT.set(scope)
+    try:
+        yield scope
+    finally:
+        _CURRENT.reset(token)
+
+
+def inject_fault(tool: str) -> None:
+    """Call before running ``tool`` in an in-process agent: raises the trial's fault when due."""
+    scope = _CURRENT.get()
+    if scope is not None and scope.fault is not None:
+        scope.fault.before_call(tool)
+
+
+def current_trial_attributes() -> dict[str, Any]:
+    """The current trial's ``plumbline.*`` attributes (empty outside a replay)."""
+    scope = _CURRENT.get()
+    return scope.identity.attributes() if scope else {}
