@@ -6,7 +6,7 @@
     python:domains.accounts_payable.replay_adapter:APAdapter  + --adapter-option arm=… live=true …
 
 Each trial runs ``run_trial`` with the variant's text, its fault (a fresh ``FaultSpec`` injector
-per trial), its sampling temperature and its decoy tools (appended to the tools a request offers;
+per trial), its sampling temperature (sent in the request body) and its decoy tools (appended to the tools a request offers;
 a call to one fails as an unknown tool), under the trial identity. Spans go to the study's sink
 (an OTLP endpoint such as a running ``plumbline serve``, or an OTLP JSON-lines file), all or
 nothing per trial: an attempt that fails is discarded, so a retry or a missing marker stands for
@@ -52,22 +52,25 @@ _DOC_ID = re.compile(r"\bINV-\d{3,}\b", re.I)
 
 
 class _Messages:
-    def __init__(self, inner: Any, decoys: list[dict[str, Any]]) -> None:
-        self._inner, self._decoys = inner, decoys
+    def __init__(self, inner: Any, decoys: list[dict[str, Any]], extra_body: dict[str, Any]) -> None:
+        self._inner, self._decoys, self._extra_body = inner, decoys, extra_body
 
     def create(self, **kwargs: Any) -> Any:
-        if kwargs.get("tools"):
+        if self._decoys and kwargs.get("tools"):
             names = {t.get("name") for t in kwargs["tools"]}
             kwargs["tools"] = [*kwargs["tools"], *(d for d in self._decoys if d["name"] not in names)]
+        if self._extra_body:
+            kwargs["extra_body"] = {**(kwargs.get("extra_body") or {}), **self._extra_body}
         return self._inner.create(**kwargs)
 
 
-class _WithDecoys:
-    """The client, with decoy tools appended to every request that offers tools."""
+class _Perturbed:
+    """The client, with decoy tools appended to every request that offers tools, and sampling
+    parameters sent in the body (the installed SDK's ``messages.create`` has no ``temperature``)."""
 
-    def __init__(self, client: Any, decoys: list[dict[str, Any]]) -> None:
+    def __init__(self, client: Any, decoys: list[dict[str, Any]], extra_body: dict[str, Any]) -> None:
         self._client = client
-        self.messages = _Messages(client.messages, decoys)
+        self.messages = _Messages(client.messages, decoys, extra_body)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._client, name)
@@ -176,14 +179,14 @@ class APAdapter:
             if trial.fault.kind not in TRANSIENT_KINDS:
                 raise AdapterError(f"fault kind {trial.fault.kind!r} is not one of {', '.join(TRANSIENT_KINDS)}")
             fault = FaultSpec(trial.fault.tool, trial.fault.kind, trial.fault.on_call, trial.fault.times)
-        decoys = trial.metadata.get("decoy_tools")
+        decoys = list(trial.metadata.get("decoy_tools") or ())
+        sampling = {"temperature": trial.metadata["temperature"]} if trial.metadata.get("temperature") is not None else {}
         ident = trial.identity
         try:
             result = run_trial(
-                self.arm, task_id, client=_WithDecoys(client, list(decoys)) if decoys else client,
+                self.arm, task_id, client=_Perturbed(client, decoys, sampling) if decoys or sampling else client,
                 model=backend.model, trial=tracing.TrialIdentity(ident.trial_id, ident.perturbation, ident.variant, ident.study),
-                fault=fault, request_text=trial.text, tracer_provider=provider,
-                temperature=trial.metadata.get("temperature"), capture_content=self.capture_content)
+                fault=fault, request_text=trial.text, tracer_provider=provider, capture_content=self.capture_content)
         except Exception as exc:
             buffer.discard(trial.trace_id)
             if _transient(exc):

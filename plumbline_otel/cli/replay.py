@@ -1,0 +1,163 @@
+"""`plumbline replay`: re-run an agent on stored tasks under perturbations, for `plumbline certify`.
+
+Exit codes: 0 every planned trial ran (or was already done), 3 some trials are recorded missing
+or failed (the rest ran; the summary lists them), 1 a usage or setup error (no tasks, etc.).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from plumbline_otel.cli.options import SINCE_HELP, parse_since
+from plumbline_otel.errors import ConfigError
+from plumbline_otel.store import DEFAULT_DB
+
+
+def _split(values: tuple[str, ...] | str | None) -> list[str]:
+    items = [values] if isinstance(values, str) else list(values or ())
+    return [p.strip() for v in items for p in v.split(",") if p.strip()]
+
+
+def _value(text: str) -> Any:
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return {"true": True, "false": False}.get(text.lower(), text)
+
+
+def _options(pairs: tuple[str, ...]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"--adapter-option {pair!r}: expected KEY=VALUE")
+        out[key.strip().replace("-", "_")] = _value(value.strip())
+    return out
+
+
+def _next_steps(db: str, study: str, otlp_file: str | None, endpoint: str | None, spec: str | None, agent: str | None) -> str:
+    spec_arg = spec or "SPEC.yaml"
+    agent_arg = f" --agent {agent}" if agent else ""
+    certify = f"plumbline certify --spec {spec_arg} --db {db} --study {study}{agent_arg} --out {study}.certificate.json"
+    if otlp_file:
+        return f"next:\n  plumbline ingest {otlp_file} --db {db}\n  {certify}"
+    return f"next (the spans went to {endpoint}; certify the store that server writes):\n  {certify}"
+
+
+@click.command("replay")
+@click.option("--db", default=DEFAULT_DB, show_default=True, help="store whose runs supply the tasks (and resume state)")
+@click.option("--study", required=True, help="study name (plumbline.study on every trial)")
+@click.option("--agent", default=None, help="tasks from this agent's runs: service or service@version")
+@click.option("--task", "task_keys", multiple=True, help="only these task keys (repeatable, or comma-separated)")
+@click.option("--where", default=None, help="extra SQL filter over the trajectories table")
+@click.option("--since", default=None, help=SINCE_HELP)
+@click.option("--perturbations", default="baseline", show_default=True,
+              help="comma-separated: baseline, paraphrase, distractor, decoy_tools, sampling, tool_fault")
+@click.option("--repeats", type=click.IntRange(1), default=1, show_default=True, help="trials per variant")
+@click.option("--variants", type=click.IntRange(1), default=1, show_default=True, help="variants per perturbation")
+@click.option("--seed", type=int, default=7, show_default=True, help="seed of the variants")
+@click.option("--fault-tools", default=None, help="tools tool_fault may fail (default: those the source run called)")
+@click.option("--adapter", "adapter_spec", required=True, help='python:module:callable | command:"CMD …" | http:URL')
+@click.option("--adapter-option", "adapter_options", multiple=True, metavar="KEY=VALUE",
+              help="passed to a python adapter class/factory (or the command/http adapter)")
+@click.option("--otlp-file", default=None, help="write spans (agent's and markers) to this OTLP JSON-lines file")
+@click.option("--endpoint", default=None, help="send spans to this OTLP endpoint (a running `plumbline serve`)")
+@click.option("--concurrency", type=click.IntRange(1, 64), default=4, show_default=True)
+@click.option("--budget-usd", type=click.FloatRange(0), default=None, help="cumulative spend cap of the study")
+@click.option("--trial-estimate-usd", type=click.FloatRange(0), default=0.0, show_default=True,
+              help="reserved per trial before it starts (metered model calls grow it)")
+@click.option("--max-attempts", type=click.IntRange(1), default=3, show_default=True, help="tries per trial on transient errors")
+@click.option("--resume", is_flag=True, help="skip trials already stored or recorded ok in the study's ledger")
+@click.option("--state-dir", default=None, help="ledger, variants and response cache (default: <db>.replay/<study>)")
+@click.option("--cache", "cache_mode", type=click.Choice(["record", "replay", "off"]), default="record", show_default=True,
+              help="model-response cache: record, replay only (offline), off")
+@click.option("--service", default=None, help="label (service[@version]) the agent's runs carry, for missing markers")
+@click.option("--spec", default=None, help="spec file to name in the printed certify command")
+@click.option("--dry-run", is_flag=True, help="print the plan; run nothing")
+@click.option("--quiet", is_flag=True, help="no per-trial lines")
+def replay(db: str, study: str, agent: str | None, task_keys: tuple[str, ...], where: str | None, since: str | None,
+           perturbations: str, repeats: int, variants: int, seed: int, fault_tools: str | None, adapter_spec: str,
+           adapter_options: tuple[str, ...], otlp_file: str | None, endpoint: str | None, concurrency: int,
+           budget_usd: float | None, trial_estimate_usd: float, max_attempts: int, resume: bool,
+           state_dir: str | None, cache_mode: str, service: str | None, spec: str | None, dry_run: bool,
+           quiet: bool) -> None:
+    """Replay stored tasks through an agent under perturbations; print what to ingest and certify."""
+    from plumbline_otel.replay import (
+        PERTURBATIONS,
+        PerturbOptions,
+        RetryPolicy,
+        SpanSink,
+        StudyConfig,
+        load_adapter,
+        plan_study,
+        run_study,
+        select_tasks,
+        stored_trials,
+    )
+    from plumbline_otel.store import Store
+
+    names = _split(perturbations)
+    unknown = [n for n in names if n not in PERTURBATIONS]
+    if unknown or not names:
+        raise ConfigError(f"--perturbations: unknown {', '.join(unknown) or '(none given)'}; known: {', '.join(PERTURBATIONS)}")
+    if bool(otlp_file) == bool(endpoint) and not dry_run:
+        raise ConfigError("give exactly one of --otlp-file and --endpoint (where the trials' spans and markers go)")
+    if not Path(db).exists():
+        raise ConfigError(f"--db {db}: no such store; ingest the agent's traces first (`plumbline ingest … --db {db}`)")
+    with Store(db) as store:
+        store.assemble()
+        tasks = select_tasks(store, agent=agent, task_keys=_split(task_keys) or None, since_ns=parse_since(since), where=where)
+        completed, was_missing = stored_trials(store, study)
+    if not tasks:
+        raise ConfigError("no tasks matched (baseline runs with a task key and an input"
+                          + (f" of {agent}" if agent else "") + "): check --agent/--task/--where/--since")
+    label, _, version = (service or "").partition("@")
+    config = StudyConfig(
+        study=study, perturbations=tuple(names), repeats=repeats,
+        options=PerturbOptions(variants=variants, seed=seed, fault_tools=tuple(_split(fault_tools))),
+        concurrency=concurrency, budget_usd=budget_usd, trial_estimate_usd=trial_estimate_usd, resume=resume,
+        retry=RetryPolicy(max_attempts=max_attempts),
+        state_dir=state_dir or f"{Path(db).with_suffix('')}.replay/{study}", cache_mode=cache_mode,
+        sink=SpanSink(otlp_file=otlp_file, endpoint=endpoint) if (otlp_file or endpoint) else None,
+        service=label or None, service_version=version or None)
+    adapter = load_adapter(adapter_spec, _options(adapter_options))
+    try:
+        describe = getattr(adapter, "describe", None)
+        plan = plan_study(config, tasks, getattr(adapter, "decoy_tools", None))
+        click.echo(f"{len(tasks)} task(s) × {', '.join(names)} × {repeats} repeat(s): {len(plan.trials)} trials, "
+                   f"{len(plan.rejected)} variant(s) rejected; agent {describe() if callable(describe) else adapter_spec}")
+        if was_missing:
+            click.echo(f"{len(was_missing)} trial(s) of this study are stored as missing; they run again in their own trace")
+        if dry_run:
+            for v in plan.variants:
+                status = f"REJECTED: {v.rejected}" if v.rejected else "ok"
+                click.echo(f"  {v.task_key} {v.perturbation}/{v.variant_id} {status}\n    {v.text!r} {json.dumps(v.metadata, default=str)}")
+            return
+
+        def progress(record: Any, done: int, total: int) -> None:
+            if not quiet:
+                extra = f"  {record.reason}" if record.reason else ""
+                click.echo(f"[{done}/{total}] {record.status:<7} {record.trial_id}  {record.seconds:.2f}s{extra}", err=True)
+
+        summary = run_study(config, tasks, adapter, completed=completed, on_record=progress)
+    finally:
+        close = getattr(adapter, "close", None)
+        if callable(close):
+            close()
+        if config.sink is not None:
+            config.sink.close()
+    state = Path(config.state_dir or ".")
+    (state / "summary.json").write_text(json.dumps(summary.as_dict(), indent=2) + "\n", encoding="utf-8")
+    click.echo(summary.render())
+    click.echo(f"state: {state} (ledger.jsonl, variants.jsonl, responses.jsonl, summary.json)")
+    agent_label = service or getattr(adapter, "service", None)
+    click.echo(_next_steps(db, study, otlp_file, endpoint, spec, agent_label))
+    if summary.missing or summary.errors:
+        sys.exit(3)
