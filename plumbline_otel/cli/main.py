@@ -34,6 +34,7 @@ COMMANDS = [
     "plumbline_otel.cli.plan:plan",
     "plumbline_otel.cli.compare:compare",
     "plumbline_otel.cli.domain:domain",
+    "plumbline_otel.cli.replay:replay",
 ]
 
 
