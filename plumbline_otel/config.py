@@ -5,7 +5,7 @@
         protocols:
           grpc: {endpoint: 127.0.0.1:4317, max_recv_msg_size_mib: 64}
           http: {endpoint: 127.0.0.1:4318, max_request_body_size_mib: 64}
-    storage: {path: plumbline.duckdb, task_keys: [session.id]}
+    storage: {path: plumbline.duckdb, task_keys: [session.id], memory_limit_mib: 512}
     queue: {max_spans: 20000, max_bytes_mib: 128, batch_max_spans: 8192, retry_after_seconds: 1}
     assemble: {interval_seconds: 1, max_delay_seconds: 10}
     auth: {bearer_token_file: /run/secrets/plumbline-token}
@@ -41,7 +41,7 @@ _SCHEMA: dict[str, Any] = {
             },
         },
     },
-    "storage": {"path": (str, "plumbline.duckdb"), "task_keys": (list, None)},
+    "storage": {"path": (str, "plumbline.duckdb"), "task_keys": (list, None), "memory_limit_mib": (int, 512)},
     "queue": {"max_spans": (int, 20000), "max_bytes_mib": (int, 128), "batch_max_spans": (int, 8192), "retry_after_seconds": (float, 1.0)},
     "assemble": {"interval_seconds": (float, 1.0), "max_delay_seconds": (float, 10.0)},
     "auth": {"bearer_token": (str, None), "bearer_token_file": (str, None)},
@@ -75,6 +75,7 @@ class ServeConfig:
     http_max_connections: int = 256
     db_path: str = "plumbline.duckdb"
     task_keys: tuple[str, ...] | None = None
+    db_memory_limit_mib: int = 512
     queue_max_spans: int = 20000
     queue_max_bytes: int = 128 * _MIB
     batch_max_spans: int = 8192
@@ -170,7 +171,8 @@ def _positive(values: dict[str, Any], *keys: str) -> None:
 
 def _build(values: dict[str, Any]) -> ServeConfig:
     _positive(values, "receivers.otlp.protocols.grpc.max_recv_msg_size_mib", "receivers.otlp.protocols.http.max_request_body_size_mib",
-              "queue.max_spans", "queue.max_bytes_mib", "queue.batch_max_spans", "assemble.interval_seconds")
+              "queue.max_spans", "queue.max_bytes_mib", "queue.batch_max_spans", "assemble.interval_seconds",
+              "storage.memory_limit_mib")
     cert, key = values["tls.cert_file"], values["tls.key_file"]
     if bool(cert) != bool(key):
         raise ConfigError(f"tls.{'key_file' if cert else 'cert_file'}: TLS needs both tls.cert_file and tls.key_file")
@@ -187,6 +189,7 @@ def _build(values: dict[str, Any]) -> ServeConfig:
         http_max_connections=values[http + "max_connections"],
         db_path=values["storage.path"],
         task_keys=tuple(values["storage.task_keys"]) if values["storage.task_keys"] else None,
+        db_memory_limit_mib=values["storage.memory_limit_mib"],
         queue_max_spans=values["queue.max_spans"],
         queue_max_bytes=values["queue.max_bytes_mib"] * _MIB,
         batch_max_spans=values["queue.batch_max_spans"],

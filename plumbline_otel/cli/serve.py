@@ -38,11 +38,17 @@ def _overrides(opts: dict[str, Any], config_path: str | None) -> dict[str, Any]:
         _HTTP + "max_request_body_size_mib": opts["max_request_body_size_mib"],
         "storage.path": opts["db"],
         "storage.task_keys": list(opts["task_key"]) or None,
+        "storage.memory_limit_mib": opts["db_memory_limit_mib"],
         "queue.max_spans": opts["queue_max_spans"],
         "queue.max_bytes_mib": opts["queue_max_bytes_mib"],
         "queue.batch_max_spans": opts["batch_max_spans"],
         "queue.retry_after_seconds": opts["retry_after"],
         "assemble.interval_seconds": opts["assemble_interval"],
+        "assemble.max_delay_seconds": opts["assemble_max_delay"],
+        _GRPC + "max_concurrent_streams": opts["max_concurrent_streams"],
+        _HTTP + "max_connections": opts["max_connections"],
+        "shutdown.grace_seconds": opts["shutdown_grace"],
+        "content.hash_salt": opts["hash_salt"],
         "auth.bearer_token": opts["auth_token"],
         "auth.bearer_token_file": opts["auth_token_file"],
         "tls.cert_file": opts["tls_cert"],
@@ -55,6 +61,7 @@ def _overrides(opts: dict[str, Any], config_path: str | None) -> dict[str, Any]:
 @click.command()
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), help="YAML config (see configs/plumbline.yaml).")
 @click.option("--db", help="DuckDB file to write [storage.path; default plumbline.duckdb].")
+@click.option("--db-memory-limit-mib", type=int, help="DuckDB's memory limit [storage.memory_limit_mib; default 512].")
 @click.option("--host", help="Address both transports bind [default 127.0.0.1; binding elsewhere must be explicit].")
 @click.option("--grpc-port", type=int, help="OTLP/gRPC port, also plumbline's API [default 4317; 0 turns gRPC off].")
 @click.option("--http-port", type=int, help="OTLP/HTTP port [default 4318; 0 turns HTTP off].")
@@ -65,6 +72,10 @@ def _overrides(opts: dict[str, Any], config_path: str | None) -> dict[str, Any]:
 @click.option("--batch-max-spans", type=int, help="Most spans committed in one transaction [default 8192].")
 @click.option("--retry-after", type=float, help="Seconds clients are told to wait when pushed back [default 1].")
 @click.option("--assemble-interval", type=float, help="Idle seconds before trajectories are rebuilt [default 1].")
+@click.option("--assemble-max-delay", type=float, help="Longest a write waits for assembly under sustained load [default 10].")
+@click.option("--max-concurrent-streams", type=int, help="gRPC calls in flight before grpcio answers RESOURCE_EXHAUSTED [default 256].")
+@click.option("--max-connections", type=int, help="HTTP connections open before new ones get 503 [default 256].")
+@click.option("--shutdown-grace", type=float, help="Seconds SIGTERM allows requests in flight [default 10].")
 @click.option("--auth-token", envvar=TOKEN_ENV, help=f"Bearer token required on both transports [env {TOKEN_ENV}].")
 @click.option("--auth-token-file", type=click.Path(dir_okay=False), help="File holding the bearer token.")
 @click.option("--tls-cert", type=click.Path(dir_okay=False), help="PEM certificate; with --tls-key, both transports use TLS.")
@@ -72,6 +83,7 @@ def _overrides(opts: dict[str, Any], config_path: str | None) -> dict[str, Any]:
 @click.option("--task-key", multiple=True, help="Attribute naming a run's task (repeatable) [storage.task_keys].")
 @click.option("--drop-content", multiple=True, metavar="PATTERN", help="Attribute-key glob whose values are replaced by __REDACTED__ (repeatable).")
 @click.option("--hash-content", multiple=True, metavar="PATTERN", help="Attribute-key glob whose values are stored as sha256 hashes (repeatable).")
+@click.option("--hash-salt", help="Salt mixed into --hash-content hashes [content.hash_salt].")
 @click.option("--log-level", default="WARNING", show_default=True, type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"]))
 def serve(config_path: str | None, log_level: str, **opts: Any) -> None:
     """Receive OTLP traces (and GenAI log events) from collectors and SDK exporters into the store.

@@ -10,9 +10,9 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import Literal
+from typing import Callable, Literal
 
-from plumbline_otel.decode import decode_request_body
+from plumbline_otel.decode import Decoded, decode_request_body
 from plumbline_otel.decode._request import BodyTooLarge, _inflate
 from plumbline_otel.errors import MalformedRequest, StoreError
 from plumbline_otel.ingest import IngestSummary, ingest_decoded
@@ -20,7 +20,7 @@ from plumbline_otel.normalise import Limits
 from plumbline_otel.receive._content import ContentFilter
 from plumbline_otel.receive._logs import decode_logs, log_rows, write_logs
 from plumbline_otel.receive._metrics import Metrics
-from plumbline_otel.receive._writer import Overloaded, WriteQueue
+from plumbline_otel.receive._writer import Overloaded, Prepared, WriteQueue
 
 log = logging.getLogger("plumbline.receive")
 
@@ -44,13 +44,25 @@ def _problem_text(problems: list, rejected: int) -> str:
     return (head + shown + more)[:_MAX_MESSAGE]
 
 
+def make_prepare(content: ContentFilter, limits: Limits, metrics: Metrics) -> Callable[[Decoded], Prepared]:
+    """The pipeline's normalising step: content rules first, then normalise and count."""
+
+    def prepare(decoded: Decoded) -> Prepared:
+        content.apply_traces(decoded.request)
+        summary = IngestSummary()
+        records, problems = ingest_decoded(decoded, limits, summary)
+        metrics.inc("plumbline_spans_received_total", len(records))
+        metrics.inc("plumbline_spans_rejected_total", summary.rejected_spans)
+        return records, problems, summary.rejected_spans
+
+    return prepare
+
+
 class Intake:
     """Transport-neutral request handling; thread-safe, one instance per server."""
 
-    def __init__(self, queue: WriteQueue, metrics: Metrics, content: ContentFilter, *,
-                 limits: Limits | None = None, commit_timeout: float = 30.0) -> None:
+    def __init__(self, queue: WriteQueue, metrics: Metrics, content: ContentFilter, *, commit_timeout: float = 30.0) -> None:
         self.queue, self.metrics, self.content = queue, metrics, content
-        self.limits = limits or Limits()
         self.commit_timeout = commit_timeout
 
     def traces(self, data: bytes, content_type: str, encoding: str, transport: str, limit: int) -> Outcome:
@@ -81,34 +93,27 @@ class Intake:
             return Outcome("overloaded", str(exc))
         try:
             decoded = decode_request_body(data, content_type, encoding, limit, where=f"{transport} request")
-            del data
-            self.content.apply_traces(decoded.request)
-            summary = IngestSummary()
-            records, problems = ingest_decoded(decoded, self.limits, summary)
-            del decoded
         except BodyTooLarge as exc:
             self.queue.release(nbytes)
             return Outcome("too_large", str(exc))
         except MalformedRequest as exc:
             self.queue.release(nbytes)
             return Outcome("invalid", str(exc))
-        except Exception as exc:  # a bug must cost one request, never the server
-            self.queue.release(nbytes)
-            log.exception("decoding a %s request failed", transport)
-            return Outcome("invalid", f"request could not be processed: {exc}")
-        self.metrics.inc("plumbline_spans_received_total", len(records))
-        self.metrics.inc("plumbline_spans_rejected_total", summary.rejected_spans)
-        if not records and not problems:
+        del data
+        spans = sum(len(ss.spans) for rs in decoded.request.resource_spans for ss in rs.scope_spans)
+        if not spans and not decoded.problems:
             self.queue.release(nbytes)
             return Outcome("ok")
         try:
-            self.queue.submit_spans(nbytes, records, problems).wait(self.commit_timeout)
+            _records, problems, rejected = self.queue.submit(nbytes, decoded, spans).wait(self.commit_timeout)
         except Overloaded as exc:
             return Outcome("overloaded", str(exc))
         except (StoreError, TimeoutError) as exc:
             return Outcome("unavailable", str(exc))
+        except Exception as exc:  # normalising this request failed: a bug costs one request, never the server
+            return Outcome("invalid", f"request could not be processed: {exc}")
         if problems:
-            return Outcome("partial", _problem_text(problems, summary.rejected_spans), summary.rejected_spans)
+            return Outcome("partial", _problem_text(problems, rejected), rejected)
         return Outcome("ok")
 
     def _logs(self, data: bytes, content_type: str, encoding: str, limit: int) -> Outcome:

@@ -16,10 +16,11 @@ from typing import Any
 
 from plumbline_otel.config import ServeConfig
 from plumbline_otel.errors import ConfigError
+from plumbline_otel.normalise import Limits
 from plumbline_otel.receive._content import ContentFilter
 from plumbline_otel.receive._grpc import GrpcReceiver
 from plumbline_otel.receive._http import HttpServer, make_ssl_context
-from plumbline_otel.receive._intake import Intake
+from plumbline_otel.receive._intake import Intake, make_prepare
 from plumbline_otel.receive._logs import create_logs_table
 from plumbline_otel.receive._metrics import Metrics
 from plumbline_otel.receive._writer import WriteQueue
@@ -47,10 +48,11 @@ class Server:
         self.metrics = Metrics()
         for name in _COUNTERS:
             self.metrics.inc(name, 0)
+        content = ContentFilter(config.content)
         self.queue = WriteQueue(self._open_store, self.metrics, max_spans=config.queue_max_spans, max_bytes=config.queue_max_bytes,
-                                batch_max_spans=config.batch_max_spans, assemble_interval=config.assemble_interval_seconds,
-                                assemble_max_delay=config.assemble_max_delay_seconds)
-        self.intake = Intake(self.queue, self.metrics, ContentFilter(config.content))
+                                prepare=make_prepare(content, Limits(), self.metrics), batch_max_spans=config.batch_max_spans,
+                                assemble_interval=config.assemble_interval_seconds, assemble_max_delay=config.assemble_max_delay_seconds)
+        self.intake = Intake(self.queue, self.metrics, content)
         self.grpc: GrpcReceiver | None = None
         self.http: HttpServer | None = None
         self._http_thread: threading.Thread | None = None
@@ -60,6 +62,7 @@ class Server:
 
     def _open_store(self) -> Store:
         store = Store(self.config.db_path)
+        store.connection.execute(f"SET memory_limit = '{int(self.config.db_memory_limit_mib)}MB'")  # DuckDB's cache defaults to 80% of RAM
         if self.config.task_keys:
             store.set_task_keys(self.config.task_keys)
         create_logs_table(store)

@@ -136,3 +136,11 @@ def test_queue_admits_one_oversized_request_alone_and_pushes_back_past_its_bound
         queue.close()
     with pytest.raises(Overloaded, match="shutting down"):
         queue.admit(1)
+
+
+def test_every_config_key_is_also_a_flag() -> None:
+    from plumbline_otel.cli.serve import _overrides
+    from plumbline_otel.config import config_keys
+
+    opts = {p.name: (() if p.multiple else None) for p in serve.params}
+    assert set(config_keys()) <= set(_overrides(opts, None))
