@@ -35,6 +35,7 @@ from plumbline_otel.replay.identity import TrialIdentity
 from plumbline_otel.replay.scope import TrialScope, current_scope
 
 MODES = ("record", "replay", "off")
+_OVERHEAD_TOKENS = 1000
 _DROP_HEADERS = {"content-encoding", "content-length", "transfer-encoding", "connection"}
 
 
@@ -189,7 +190,9 @@ def _handle(module: Any, inner: Any, scope: TrialScope, request: Any, raw: bytes
         if price is None:
             scope.abort_reason = f"budget: model {model!r} has no price, so a spend cap cannot bound it"
             return _refuse(module, request, 402, scope.abort_reason)
-        estimate = (len(raw) / 3 * price[0] + int(body.get("max_tokens") or 4096) * price[1]) / 1_000_000
+        # An upper bound: a token covers at least one byte, plus the API's own prompt for tools;
+        # the output cannot pass max_tokens. Settled at the real usage after the call.
+        estimate = ((len(raw) + _OVERHEAD_TOKENS) * price[0] + int(body.get("max_tokens") or 4096) * price[1]) / 1_000_000
         try:
             scope.charge(estimate)
         except Exception:

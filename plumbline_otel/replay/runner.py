@@ -33,7 +33,7 @@ from opentelemetry import baggage, context, trace
 from opentelemetry.trace import NonRecordingSpan
 
 from plumbline_otel.errors import ReplayError
-from plumbline_otel.replay.adapters import Trial, TrialOutcome, TransientAdapterError
+from plumbline_otel.replay.adapters import PythonAdapter, Trial, TrialOutcome, TransientAdapterError
 from plumbline_otel.replay.budget import BudgetExceeded, SpendCap, TrialBudget
 from plumbline_otel.replay.cache import ResponseCache
 from plumbline_otel.replay.export import MarkerWriter, SpanSink, trial_span_context
@@ -315,11 +315,14 @@ class _Runner:
 def run_study(config: StudyConfig, tasks: Sequence[ReplayTask], adapter: Any, *,
               completed: set[str] | frozenset[str] = frozenset(),
               on_record: Callable[[TrialRecord, int, int], None] | None = None) -> StudySummary:
-    """Run the study's planned trials through ``adapter``; ``completed`` are trial ids already stored.
+    """Run the study's planned trials through ``adapter`` (an Adapter, or a function of the trial);
+    ``completed`` are trial ids already stored.
 
     ``on_record(record, done, total)`` is called in the calling thread as each trial finishes.
     """
     started = time.perf_counter()
+    if not hasattr(adapter, "run") and callable(adapter):
+        adapter = PythonAdapter(adapter)
     plan = plan_study(config, tasks, getattr(adapter, "decoy_tools", None))
     state = Path(config.state_dir) if config.state_dir is not None else None
     ledger = Ledger(state / "ledger.jsonl") if state else None

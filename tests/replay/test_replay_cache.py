@@ -1,0 +1,116 @@
+"""The response cache: trial identity is part of the key, so k repeats are k samples, and reruns replay."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import anthropic
+import pytest
+
+from plumbline_otel.replay import ResponseCache, SpendCap, TrialBudget, TrialIdentity, TrialScope, anthropic_client, cache_key
+from plumbline_otel.replay.cache import http_module, request_content
+from plumbline_otel.replay.scope import activate
+
+MODEL = "claude-haiku-4-5"
+
+
+class FakeModel:
+    """A Messages API that answers every call differently (a sampling model), counting calls."""
+
+    def __init__(self) -> None:
+        self.calls: list[dict[str, Any]] = []
+        self.module = http_module()
+
+    def __call__(self, request: Any) -> Any:
+        self.calls.append(json.loads(request.content))
+        n = len(self.calls)
+        return self.module.Response(200, json={
+            "id": f"msg_{n}", "type": "message", "role": "assistant", "model": MODEL,
+            "content": [{"type": "text", "text": f"answer {n}"}], "stop_reason": "end_turn", "stop_sequence": None,
+            "usage": {"input_tokens": 1000, "output_tokens": 200}})
+
+    def client(self) -> anthropic.Anthropic:
+        return anthropic_client("http://127.0.0.1:9", api_key="test", max_retries=0,
+                                inner_transport=self.module.MockTransport(self))
+
+
+def identity(k: int, study: str = "s") -> TrialIdentity:
+    return TrialIdentity(f"{study}/INV-1029/baseline/0-abc/k{k}", "baseline", "0-abc", study, k, "INV-1029")
+
+
+def ask(client: anthropic.Anthropic, text: str = "Please pay INV-1029.", **extra: Any) -> str:
+    response = client.messages.create(model=MODEL, max_tokens=300, messages=[{"role": "user", "content": text}], **extra)
+    return response.content[0].text
+
+
+def test_repeats_of_one_request_get_their_own_entries_and_a_rerun_gets_its_own_answer(tmp_path: Path) -> None:
+    model, cache = FakeModel(), ResponseCache(tmp_path / "responses.jsonl")
+    client = model.client()
+    answers = {}
+    for k in (0, 1):
+        with activate(TrialScope(identity(k), cache=cache)):
+            answers[k] = ask(client)
+    assert answers == {0: "answer 1", 1: "answer 2"}  # two repeats, two samples: no faked consistency
+    assert len(model.calls) == 2 and len(cache) == 2
+    with activate(TrialScope(identity(1), cache=cache)) as scope:  # the same trial again: its recorded answer
+        assert ask(client) == "answer 2"
+    assert scope.cache_hits == 1 and len(model.calls) == 2
+
+
+def test_the_file_replays_offline_and_a_miss_is_refused_not_sent(tmp_path: Path) -> None:
+    model = FakeModel()
+    with activate(TrialScope(identity(0), cache=ResponseCache(tmp_path / "r.jsonl"))):
+        recorded = ask(model.client())
+    offline = ResponseCache(tmp_path / "r.jsonl", mode="replay")  # a new process, no network
+    client = model.client()
+    with activate(TrialScope(identity(0), cache=offline)) as scope:
+        assert ask(client) == recorded
+    with activate(TrialScope(identity(5), cache=offline)) as scope:
+        with pytest.raises(anthropic.APIStatusError):
+            ask(client)
+    assert scope.abort_reason and scope.abort_reason.startswith("offline: no recorded response for trial s/INV-1029/baseline/0-abc/k5")
+    assert len(model.calls) == 1
+
+
+def test_a_request_sent_twice_in_one_trial_is_two_entries(tmp_path: Path) -> None:
+    model, cache = FakeModel(), ResponseCache(tmp_path / "r.jsonl")
+    client = model.client()
+    with activate(TrialScope(identity(0), cache=cache)):
+        first, second = ask(client), ask(client)
+    assert (first, second) == ("answer 1", "answer 2")
+    with activate(TrialScope(identity(0), cache=cache)):  # a rerun replays both, in order
+        assert (ask(client), ask(client)) == ("answer 1", "answer 2")
+    assert len(model.calls) == 2
+
+
+def test_key_parts() -> None:
+    content = request_content("post", "/v1/messages", {"model": MODEL, "tools": [{"name": "b"}, {"name": "a"}]})
+    assert [t["name"] for t in content["body"]["tools"]] == ["a", "b"]  # tool order is not part of the key
+    base = cache_key(identity(0), content)
+    assert base != cache_key(identity(1), content)
+    assert base != cache_key(TrialIdentity(identity(0).trial_id, "distractor", "0-abc", "s", 0), content)
+    assert base != cache_key(identity(0), content, occurrence=1)
+    assert base == cache_key(identity(0), request_content("POST", "/v1/messages", {"tools": [{"name": "a"}, {"name": "b"}], "model": MODEL}))
+
+
+def test_live_calls_are_metered_against_the_trial_budget_and_refused_at_the_cap(tmp_path: Path) -> None:
+    model = FakeModel()
+    client = model.client()
+    cap = SpendCap(0.005)  # haiku: 1000 in + 200 out = $0.002 per call
+    budget = TrialBudget.open(cap, 0.0)
+    with activate(TrialScope(identity(0), budget=budget, cache=None)) as scope:
+        ask(client, "one")
+        ask(client, "two")
+        with pytest.raises(anthropic.APIStatusError):  # its upper-bound estimate does not fit what is left
+            ask(client, "three")
+    assert scope.abort_reason and scope.abort_reason.startswith("budget:")
+    budget.close()
+    assert len(model.calls) == 2 and cap.spent == pytest.approx(0.004) and cap.high_water <= 0.005
+
+
+def test_outside_a_trial_the_client_is_a_plain_client() -> None:
+    model = FakeModel()
+    client = model.client()
+    assert [ask(client), ask(client)] == ["answer 1", "answer 2"]

@@ -1,0 +1,144 @@
+"""End to end on the reference domain: traffic → store → replay (AP adapter) → ingest → certificate.
+
+The agents run on the SIMULATED model (a seeded policy behind the loopback Anthropic stand-in).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from domains.accounts_payable import study as ap_study
+from domains.accounts_payable.replay_adapter import APAdapter
+from domains.accounts_payable.tasks import TASKS
+from plumbline_otel.cli.main import _register, cli
+from plumbline_otel.ingest import ingest_files
+from plumbline_otel.replay import Ledger, SpanSink, StudyConfig, run_study, select_tasks
+from plumbline_otel.report import build_certificate
+from plumbline_otel.spec import load_spec
+from plumbline_otel.store import Store
+
+ARM = "plan_execute_retry"
+AGENT = f"ap-agent-{ARM}"
+SPEC = Path(__file__).resolve().parents[2] / "configs" / "accounts_payable.invariants.yaml"
+
+
+@pytest.fixture(scope="module")
+def traffic(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A store holding one arm's baseline runs of three invoices (the 'production traffic')."""
+    root = tmp_path_factory.mktemp("traffic")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(ap_study, "TASKS", TASKS[:3])
+        ap_study.run_study(root / "src", arms=[ARM], perturbations=("baseline",), imperfections={}, study="traffic")
+    with Store(root / "p.duckdb") as store:
+        assert ingest_files(store, [str(root / "src")]).trajectories == 3
+    return root
+
+
+@pytest.fixture
+def db(traffic: Path, tmp_path: Path) -> Iterator[Path]:
+    path = tmp_path / "p.duckdb"
+    shutil.copy(traffic / "p.duckdb", path)
+    yield path
+
+
+def cells(cert: dict) -> dict[tuple[str, str], tuple[int, int, int]]:
+    return {(a["agent"], c["perturbation"]): (c["n"], c["missing"], c["unexposed"])
+            for a in cert["agents"] for c in a["perturbations"]}
+
+
+def test_replay_the_stored_tasks_and_certify_every_cell(db: Path, tmp_path: Path) -> None:
+    with Store(db) as store:
+        tasks = select_tasks(store, agent=AGENT)
+    assert [t.task_key for t in tasks] == ["INV-1001", "INV-1002", "INV-1003"]
+    adapter = APAdapter(ARM)
+    config = StudyConfig("e2e", perturbations=("baseline", "distractor", "tool_fault"), repeats=2, concurrency=2,
+                         sink=SpanSink(otlp_file=str(tmp_path / "replay.otlp.jsonl")), state_dir=tmp_path / "state")
+    try:
+        assert adapter.backend_kind == "simulated" and "SIMULATED" in adapter.describe()
+        summary = run_study(config, tasks, adapter)
+    finally:
+        adapter.close()
+        config.sink.close()
+    assert (summary.planned, summary.ok, summary.missing, summary.errors) == (18, 18, 0, 0)
+    assert summary.faults() == (6, 6)
+    assert summary.cache_recorded >= 18
+
+    with Store(db) as store:
+        ingest_files(store, [str(tmp_path / "replay.otlp.jsonl")])
+        replayed = list(store.trajectories(where="json_extract_string(doc, '$.context.\"plumbline.study\"') = 'e2e'"))
+        cert = build_certificate(load_spec(SPEC), store.trajectories(), study="e2e")
+    label = f"{AGENT}@1.0.0"
+    assert cells(cert) == {(label, "baseline"): (6, 0, 0), (label, "distractor"): (6, 0, 0), (label, "tool_fault"): (6, 0, 0)}
+    assert cert["provenance"]["trials_with_id"] == 18
+    by_trial = {t.context["plumbline.trial.id"]: t for t in replayed}
+    records = {r.trial_id: r for r in summary.records}
+    assert set(by_trial) == set(records)
+    for trial_id, t in by_trial.items():
+        assert t.trace_id == records[trial_id].trace_id and t.task_key == trial_id.split("/")[1]
+        perturbation = t.context["plumbline.perturbation"]
+        assert ("coffee" in t.input or "printer" in t.input or "umbrella" in t.input or "lunch" in t.input
+                or "parking" in t.input or "fire drill" in t.input) == (perturbation == "distractor")
+        assert t.context.get("plumbline.fault.fired") is (True if perturbation == "tool_fault" else None)
+
+    # Offline: the recorded responses alone replay the study; nothing reaches a model.
+    offline_state = tmp_path / "offline"
+    offline_state.mkdir()
+    shutil.copy(tmp_path / "state" / "responses.jsonl", offline_state / "responses.jsonl")
+    dead = APAdapter(ARM, model_url="http://127.0.0.1:9", model="simulated-ap-policy-v1")
+    again_config = StudyConfig("e2e", perturbations=("baseline", "distractor", "tool_fault"), repeats=2, concurrency=2,
+                               sink=SpanSink(otlp_file=str(tmp_path / "offline.otlp.jsonl")), state_dir=offline_state,
+                               cache_mode="replay")
+    try:
+        again = run_study(again_config, tasks, dead)
+    finally:
+        dead.close()
+        again_config.sink.close()
+    assert (again.ok, again.cache_hits, again.cache_recorded) == (18, summary.cache_recorded, 0)
+    with Store(tmp_path / "offline.duckdb") as store:
+        ingest_files(store, [str(tmp_path / "offline.otlp.jsonl")])
+        offline_runs = {t.context["plumbline.trial.id"]: t for t in store.trajectories()}
+    assert {tid: [(s.name, s.args, s.failed) for s in t.tool_steps] for tid, t in offline_runs.items()} == \
+        {tid: [(s.name, s.args, s.failed) for s in t.tool_steps] for tid, t in by_trial.items()}
+
+
+def test_the_cli_replays_resumes_and_says_what_to_run_next(db: Path, tmp_path: Path) -> None:
+    _register()
+    runner = CliRunner()
+    out = tmp_path / "cli.otlp.jsonl"
+    args = ["replay", "--db", str(db), "--study", "cli", "--agent", AGENT, "--task", "INV-1001,INV-1003",
+            "--perturbations", "baseline,paraphrase,tool_fault", "--repeats", "2",
+            "--adapter", f"python:domains.accounts_payable.replay_adapter:{ARM}", "--otlp-file", str(out),
+            "--concurrency", "2", "--spec", str(SPEC), "--state-dir", str(tmp_path / "state")]
+    dry = runner.invoke(cli, [*args, "--dry-run"])
+    assert dry.exit_code == 0, dry.output
+    assert "12 trials, 0 variant(s) rejected" in dry.output and "SIMULATED" in dry.output
+    assert not out.exists()
+
+    result = runner.invoke(cli, args)
+    assert result.exit_code == 0, result.output
+    assert "ran 12 (12 ok, 0 missing, 0 error), 0 skipped by resume; 0 variant(s) rejected" in result.output
+    assert f"plumbline ingest {out} --db {db}" in result.output
+    assert f"plumbline certify --spec {SPEC} --db {db} --study cli --agent {AGENT}" in result.output
+    summary = json.loads((tmp_path / "state" / "summary.json").read_text())
+    assert summary["ok"] == 12 and summary["faults_fired"] == summary["fault_trials"] == 4
+
+    refused = runner.invoke(cli, args)
+    assert refused.exit_code != 0 and "--resume" in str(refused.exception or refused.output)
+    resumed = runner.invoke(cli, [*args, "--repeats", "3", "--resume", "--quiet"])
+    assert resumed.exit_code == 0, resumed.output
+    assert "ran 6 (6 ok, 0 missing, 0 error), 12 skipped by resume" in resumed.output
+    assert len(Ledger(tmp_path / "state" / "ledger.jsonl").completed()) == 18
+
+    assert runner.invoke(cli, ["ingest", str(out), "--db", str(db), "--quiet"]).exit_code == 0
+    cert_path = tmp_path / "cert.json"
+    certified = runner.invoke(cli, ["certify", "--spec", str(SPEC), "--db", str(db), "--study", "cli",
+                                    "--agent", AGENT, "--out", str(cert_path), "--format", "none"])
+    assert certified.exit_code == 0, certified.output
+    cert = json.loads(cert_path.read_text())
+    assert {p: n for (_, p), (n, _, _) in cells(cert).items()} == {"baseline": 6, "paraphrase": 6, "tool_fault": 6}

@@ -1,0 +1,162 @@
+"""The driver's runtime: per-trial faults, identity in the agent's own spans, retries, missing trials, resume."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from plumbline_otel.errors import ReplayError
+from plumbline_otel.ingest import ingest_files
+from plumbline_otel.replay import (
+    AdapterError,
+    RetryPolicy,
+    SpanSink,
+    StudyConfig,
+    TransientAdapterError,
+    Trial,
+    run_study,
+    select_tasks,
+    stored_trials,
+)
+from plumbline_otel.report import build_certificate
+from plumbline_otel.spec import MustCall, Spec, invariant
+from plumbline_otel.store import Store
+
+from .toy import ToyAgent, one_task, tasks
+
+SPEC = Spec.of("toy", [invariant("PAY", MustCall("pay"))])
+FAST = RetryPolicy(max_attempts=3, base_delay_s=0.001)
+
+
+def config(tmp_path: Path, study: str = "s", **kw: object) -> StudyConfig:
+    kw.setdefault("sink", SpanSink(otlp_file=str(tmp_path / "replay.otlp.jsonl")))
+    kw.setdefault("state_dir", tmp_path / "state" / study)
+    kw.setdefault("retry", FAST)
+    return StudyConfig(study, **kw)  # type: ignore[arg-type]
+
+
+def certify(tmp_path: Path, study: str) -> dict[str, dict[str, int]]:
+    with Store(tmp_path / "p.duckdb") as store:
+        ingest_files(store, [str(tmp_path / "replay.otlp.jsonl")])
+        cert = build_certificate(SPEC, store.trajectories(), study=study)
+    return {c["perturbation"]: {"n": c["n"], "missing": c["missing"], "unexposed": c["unexposed"]}
+            for a in cert["agents"] for c in a["perturbations"]}
+
+
+def test_every_trial_of_a_variant_sees_its_own_fault(tmp_path: Path) -> None:
+    agent = ToyAgent()
+    summary = run_study(config(tmp_path, perturbations=("tool_fault",), repeats=3, concurrency=3), [one_task()], agent)
+    assert summary.ok == 3
+    assert [r.fault_fired for r in summary.records] == [True, True, True]  # the seed fired once per variant
+    assert all(s["fired"] for s in agent.seen)
+    with Store(tmp_path / "p.duckdb") as store:
+        ingest_files(store, [str(tmp_path / "replay.otlp.jsonl")])
+        runs = list(store.trajectories())
+    assert len(runs) == 3
+    for t in runs:
+        assert t.context["plumbline.fault.fired"] is True
+        assert [(s.name, s.failed) for s in t.tool_steps] == [("lookup_invoice", True), ("lookup_invoice", False), ("pay", False)]
+
+
+def test_the_agent_joins_the_trial_through_context_and_baggage(tmp_path: Path) -> None:
+    agent = ToyAgent()
+    summary = run_study(config(tmp_path, perturbations=("baseline", "distractor"), repeats=2), tasks(2), agent)
+    assert summary.ok == 8
+    by_trial = {s["trial_id"]: s for s in agent.seen}
+    for record in summary.records:
+        seen = by_trial[record.trial_id]
+        assert seen["baggage"]["plumbline.trial.id"] == record.trial_id
+        assert seen["baggage"]["plumbline.perturbation"] == record.perturbation
+        assert seen["baggage"]["plumbline.study"] == "s"
+        assert seen["trace_id"] == record.trace_id  # the agent's trace is the trial's trace
+    with Store(tmp_path / "p.duckdb") as store:
+        ingest_files(store, [str(tmp_path / "replay.otlp.jsonl")])
+        stored = {t.context["plumbline.trial.id"]: t for t in store.trajectories()}
+    assert set(stored) == set(by_trial)
+    assert {t.trace_id for t in stored.values()} == {r.trace_id for r in summary.records}
+    assert {t.task_key for t in stored.values()} == {"INV-1000", "INV-1001"}
+
+
+def test_transient_errors_are_retried_with_backoff_and_others_are_not(tmp_path: Path) -> None:
+    attempts: Counter[str] = Counter()
+    lock = threading.Lock()
+
+    def flaky(trial: Trial) -> None:
+        with lock:
+            attempts[trial.trial_id] += 1
+            n = attempts[trial.trial_id]
+        if trial.identity.task_key == "INV-1000" and n == 1:
+            raise TransientAdapterError("503 at the door")
+        if trial.identity.task_key == "INV-1001":
+            raise TransientAdapterError("always busy", retry_after=0.0)
+        if trial.identity.task_key == "INV-1002":
+            raise AdapterError("agent crashed")
+
+    summary = run_study(config(tmp_path, concurrency=2), tasks(3), flaky)
+    by_task = {r.task_key: r for r in summary.records}
+    assert (by_task["INV-1000"].status, by_task["INV-1000"].attempts) == ("ok", 2)
+    assert (by_task["INV-1001"].status, by_task["INV-1001"].attempts) == ("error", 3)
+    assert "after 3 attempts" in (by_task["INV-1001"].reason or "")
+    assert (by_task["INV-1002"].status, by_task["INV-1002"].attempts) == ("error", 1)
+    assert summary.errors == 2 and summary.markers == 2
+    assert FAST.delay(1) == pytest.approx(0.001) and FAST.delay(3) == pytest.approx(0.004)
+    assert RetryPolicy(max_delay_s=5).delay(2, retry_after=60) == 5
+
+
+def test_missing_trials_are_counted_beside_n_and_a_resumed_run_replaces_its_marker(tmp_path: Path) -> None:
+    agent = ToyAgent(cost_usd=1.0)
+    first = run_study(config(tmp_path, perturbations=("baseline",), repeats=2, concurrency=1, budget_usd=2.0,
+                             trial_estimate_usd=1.0), tasks(2), agent)
+    assert (first.ok, first.missing) == (2, 2)
+    assert certify(tmp_path, "s") == {"baseline": {"n": 2, "missing": 2, "unexposed": 0}}
+
+    # Resume with a larger (cumulative) cap: the missing trials run in their own trace, where the
+    # agent's span takes over from the marker, so each trial counts once, as a run.
+    second = run_study(config(tmp_path, perturbations=("baseline",), repeats=2, concurrency=1, budget_usd=4.0,
+                              trial_estimate_usd=1.0, resume=True), tasks(2), agent)
+    assert (second.ok, second.missing, second.skipped) == (2, 0, 2)
+    assert second.spent_usd == pytest.approx(4.0) and second.session_usd == pytest.approx(2.0)
+    assert certify(tmp_path, "s") == {"baseline": {"n": 4, "missing": 0, "unexposed": 0}}
+
+
+def test_resume_skips_trials_already_in_the_store_and_a_rerun_without_resume_is_refused(tmp_path: Path) -> None:
+    agent = ToyAgent()
+    run_study(config(tmp_path, perturbations=("baseline", "tool_fault"), state_dir=None), tasks(2), agent)
+    with Store(tmp_path / "p.duckdb") as store:
+        ingest_files(store, [str(tmp_path / "replay.otlp.jsonl")])
+        done, missing = stored_trials(store, "s")
+    assert len(done) == 4 and not missing
+
+    with pytest.raises(ReplayError, match="already has 4 of its 4 trials done"):
+        run_study(config(tmp_path, perturbations=("baseline", "tool_fault"), state_dir=None), tasks(2), agent, completed=done)
+    agent.seen.clear()
+    summary = run_study(config(tmp_path, perturbations=("baseline", "tool_fault"), repeats=2, resume=True, state_dir=None),
+                        tasks(2), agent, completed=done)
+    assert (summary.planned, summary.skipped, summary.ok) == (8, 4, 4)
+    assert all(s["trial_id"].endswith("/k1") for s in agent.seen)  # only the new repeats ran
+
+
+def test_the_ledger_alone_is_enough_to_resume(tmp_path: Path) -> None:
+    agent = ToyAgent()
+    assert run_study(config(tmp_path), tasks(3), agent).ok == 3
+    again = run_study(config(tmp_path, resume=True, repeats=2), tasks(3), agent)  # no store given
+    assert (again.skipped, again.ok) == (3, 3)
+    assert (tmp_path / "state" / "s" / "variants.jsonl").exists()
+
+
+def test_tasks_come_from_the_latest_baseline_run_of_each_key(tmp_path: Path) -> None:
+    agent = ToyAgent()
+    run_study(config(tmp_path, "src", perturbations=("baseline", "distractor")), tasks(2), agent)
+    with Store(tmp_path / "p.duckdb") as store:
+        ingest_files(store, [str(tmp_path / "replay.otlp.jsonl")])
+        found = select_tasks(store, agent="toy-agent")
+        assert [t.task_key for t in found] == ["INV-1000", "INV-1001"]
+        assert [t.input for t in found] == [t.input for t in tasks(2)]  # never a distractor variant's input
+        assert found[0].tools == ("lookup_invoice", "pay")
+        assert select_tasks(store, agent="toy-agent@1", task_keys=["INV-1001"])[0].task_key == "INV-1001"
+        assert select_tasks(store, agent="other") == []
+        assert [t.task_key for t in select_tasks(store, where="task_key LIKE '%1'")] == ["INV-1001"]
+        assert select_tasks(store, since_ns=2**62) == []

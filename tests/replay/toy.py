@@ -1,0 +1,93 @@
+"""Helpers for the replay tests: a toy in-process agent that traces itself like a real one."""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+from typing import Any
+
+from opentelemetry import baggage
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.trace import Status, StatusCode
+
+from plumbline_otel.replay import InjectedFault, ReplayTask, Trial, TrialOutcome, TrialSpanBuffer, inject_fault
+
+REQUEST = "Please pay invoice INV-1029 for 4,820.00 GBP to Acme Ltd by 2026-03-01."
+
+
+def one_task() -> ReplayTask:
+    return ReplayTask("INV-1029", REQUEST, "src-1", "toy-agent", "1", 1, ("lookup_invoice", "pay"))
+
+
+def tasks(n: int) -> list[ReplayTask]:
+    return [ReplayTask(f"INV-{1000 + i}", f"Please pay invoice INV-{1000 + i} for {100 + i}.00 GBP.", f"src-{i}",
+                       "toy-agent", "1", i, ("lookup_invoice", "pay")) for i in range(n)]
+
+
+class ToyAgent:
+    """An in-process agent: an ``invoke_agent`` root and one ``execute_tool`` span per tool call.
+
+    It reads its trial identity from OTel baggage (as an instrumented agent would), calls
+    ``inject_fault`` before each tool and retries a faulted call once, and exports its spans to
+    the trial's sink, all or nothing.
+    """
+
+    service = "toy-agent"
+    service_version = "1"
+
+    def __init__(self, tools: tuple[str, ...] = ("lookup_invoice", "pay"), cost_usd: float | None = None) -> None:
+        self.tools = tools
+        self.cost_usd = cost_usd
+        self.seen: list[dict[str, Any]] = []
+        self._providers: dict[int, tuple[TracerProvider, TrialSpanBuffer]] = {}
+        self._lock = threading.Lock()
+
+    def _provider(self, trial: Trial) -> tuple[TracerProvider, TrialSpanBuffer]:
+        with self._lock:
+            key = id(trial.sink)
+            if key not in self._providers:
+                provider = TracerProvider(resource=Resource.create({"service.name": self.service, "service.version": self.service_version}))
+                buffer = TrialSpanBuffer(trial.sink.exporter())
+                provider.add_span_processor(buffer)
+                self._providers[key] = (provider, buffer)
+            return self._providers[key]
+
+    def run(self, trial: Trial) -> TrialOutcome:
+        provider, buffer = self._provider(trial)
+        tracer = provider.get_tracer("toy")
+        identity = {k: v for k, v in baggage.get_all().items() if k.startswith("plumbline.")}
+        fired = False
+        attrs = {"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "toy",
+                 "gen_ai.input.messages": json.dumps([{"role": "user", "parts": [{"type": "text", "content": trial.text}]}]),
+                 **{k: v for k, v in identity.items() if k != "plumbline.fault"}}
+        with tracer.start_as_current_span("invoke_agent toy", attributes=attrs) as root:
+            for tool in self.tools:
+                for _attempt in range(2):
+                    with tracer.start_as_current_span(f"execute_tool {tool}", attributes={
+                            "gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": tool,
+                            "gen_ai.tool.call.arguments": json.dumps({"invoice_id": trial.identity.task_key})}) as span:
+                        try:
+                            inject_fault(tool)
+                        except InjectedFault as exc:
+                            fired = True
+                            span.set_attribute("error.type", exc.kind)
+                            span.set_status(Status(StatusCode.ERROR, str(exc)))
+                            continue
+                        span.set_attribute("gen_ai.tool.call.result", json.dumps({"ok": True}))
+                        break
+            if trial.fault is not None:
+                root.set_attribute("plumbline.fault.fired", fired)
+            trace_id = format(root.get_span_context().trace_id, "032x")
+        buffer.release(trace_id)
+        self.seen.append({"trial_id": trial.trial_id, "baggage": identity, "trace_id": trace_id, "fired": fired})
+        return TrialOutcome(trace_id=trace_id, cost_usd=self.cost_usd, fault_fired=fired if trial.fault else None)
+
+    def close(self) -> None:
+        for provider, _ in self._providers.values():
+            provider.shutdown()
+
+
+def read_lines(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
