@@ -42,17 +42,40 @@ def _options(pairs: tuple[str, ...]) -> dict[str, Any]:
     return out
 
 
-def _next_steps(db: str, study: str, otlp_file: str | None, endpoint: str | None, spec: str | None, agent: str | None) -> str:
+def _next_steps(db: str, study: str, otlp_file: str | None, endpoint: str | None, spec: str | None, agent: str | None,
+                server: str | None) -> str:
     spec_arg = spec or "SPEC.yaml"
     agent_arg = f" --agent {agent}" if agent else ""
-    certify = f"plumbline certify --spec {spec_arg} --db {db} --study {study}{agent_arg} --out {study}.certificate.json"
+    store = "STORE_OF_THE_SERVER.duckdb" if server else db
+    certify = f"plumbline certify --spec {spec_arg} --db {store} --study {study}{agent_arg} --out {study}.certificate.json"
     if otlp_file:
-        return f"next:\n  plumbline ingest {otlp_file} --db {db}\n  {certify}"
-    return f"next (the spans went to {endpoint}; certify the store that server writes):\n  {certify}"
+        return f"next:\n  plumbline ingest {otlp_file} --db {store}\n  {certify}"
+    return (f"next: the spans went to {endpoint} and are stored as they arrive; certify that server's store "
+            f"(stop the server first, or certify a copy of its file):\n  {certify}")
+
+
+def _from_server(server: str, study: str, agent: str | None, keys: list[str] | None, since_ns: int | None,
+                 where: str | None) -> tuple[list[Any], set[str], set[str]]:
+    """Tasks and resume state through plumbline's gRPC API (the served file cannot be opened)."""
+    from plumbline_otel.api.client import PlumblineClient
+    from plumbline_otel.replay import tasks_from_trajectories, trials_of
+    from plumbline_otel.store import trajectory_from_doc
+
+    if where:
+        raise ConfigError("--where is SQL over the store file; it cannot be used with --server")
+    with PlumblineClient(server) as client:
+        service = agent.split("@", 1)[0] if agent else None
+        sources = [trajectory_from_doc(d) for d in client.trajectories(service=service, since_ns=since_ns)]
+        study_runs = [trajectory_from_doc(d) for d in client.trajectories()
+                      if (d.get("context") or {}).get("plumbline.study") == study]
+    completed, missing = trials_of(study_runs, study)
+    return tasks_from_trajectories(sources, keys, agent), completed, missing
 
 
 @click.command("replay")
 @click.option("--db", default=DEFAULT_DB, show_default=True, help="store whose runs supply the tasks (and resume state)")
+@click.option("--server", default=None, metavar="HOST:PORT",
+              help="read tasks and resume state from a running `plumbline serve` instead of opening --db")
 @click.option("--study", required=True, help="study name (plumbline.study on every trial)")
 @click.option("--agent", default=None, help="tasks from this agent's runs: service or service@version")
 @click.option("--task", "task_keys", multiple=True, help="only these task keys (repeatable, or comma-separated)")
@@ -82,7 +105,7 @@ def _next_steps(db: str, study: str, otlp_file: str | None, endpoint: str | None
 @click.option("--spec", default=None, help="spec file to name in the printed certify command")
 @click.option("--dry-run", is_flag=True, help="print the plan; run nothing")
 @click.option("--quiet", is_flag=True, help="no per-trial lines")
-def replay(db: str, study: str, agent: str | None, task_keys: tuple[str, ...], where: str | None, since: str | None,
+def replay(db: str, server: str | None, study: str, agent: str | None, task_keys: tuple[str, ...], where: str | None, since: str | None,
            perturbations: str, repeats: int, variants: int, seed: int, fault_tools: str | None, adapter_spec: str,
            adapter_options: tuple[str, ...], otlp_file: str | None, endpoint: str | None, concurrency: int,
            budget_usd: float | None, trial_estimate_usd: float, max_attempts: int, resume: bool,
@@ -109,12 +132,16 @@ def replay(db: str, study: str, agent: str | None, task_keys: tuple[str, ...], w
         raise ConfigError(f"--perturbations: unknown {', '.join(unknown) or '(none given)'}; known: {', '.join(PERTURBATIONS)}")
     if bool(otlp_file) == bool(endpoint) and not dry_run:
         raise ConfigError("give exactly one of --otlp-file and --endpoint (where the trials' spans and markers go)")
-    if not Path(db).exists():
-        raise ConfigError(f"--db {db}: no such store; ingest the agent's traces first (`plumbline ingest … --db {db}`)")
-    with Store(db) as store:
-        store.assemble()
-        tasks = select_tasks(store, agent=agent, task_keys=_split(task_keys) or None, since_ns=parse_since(since), where=where)
-        completed, was_missing = stored_trials(store, study)
+    keys = _split(task_keys) or None
+    if server:
+        tasks, completed, was_missing = _from_server(server, study, agent, keys, parse_since(since), where)
+    else:
+        if not Path(db).exists():
+            raise ConfigError(f"--db {db}: no such store; ingest the agent's traces first (`plumbline ingest … --db {db}`)")
+        with Store(db) as store:
+            store.assemble()
+            tasks = select_tasks(store, agent=agent, task_keys=keys, since_ns=parse_since(since), where=where)
+            completed, was_missing = stored_trials(store, study)
     if not tasks:
         raise ConfigError("no tasks matched (baseline runs with a task key and an input"
                           + (f" of {agent}" if agent else "") + "): check --agent/--task/--where/--since")
@@ -158,6 +185,6 @@ def replay(db: str, study: str, agent: str | None, task_keys: tuple[str, ...], w
     click.echo(summary.render())
     click.echo(f"state: {state} (ledger.jsonl, variants.jsonl, responses.jsonl, summary.json)")
     agent_label = service or getattr(adapter, "service", None)
-    click.echo(_next_steps(db, study, otlp_file, endpoint, spec, agent_label))
+    click.echo(_next_steps(db, study, otlp_file, endpoint, spec, agent_label, server))
     if summary.missing or summary.errors:
         sys.exit(3)

@@ -48,6 +48,7 @@ from plumbline_otel.replay.runner import (
     plan_study,
     run_study,
     stored_trials,
+    trials_of,
 )
 from plumbline_otel.replay.scope import InjectedFault, TrialScope, current_scope, inject_fault
 from plumbline_otel.replay.tasks import ReplayTask, select_tasks, tasks_from_trajectories
@@ -60,5 +61,5 @@ __all__ = [
     "TrialRecord", "TrialScope", "TrialSpanBuffer", "Variant", "anthropic_client", "build_variants", "cache_key",
     "caching_transport", "check_equivalent", "cost_usd", "current_scope", "inject_fault", "load_adapter",
     "plan_study", "price_of", "protected_tokens", "register", "run_study", "select_tasks", "stored_trials",
-    "tasks_from_trajectories", "trial_id_for",
+    "tasks_from_trajectories", "trial_id_for", "trials_of",
 ]

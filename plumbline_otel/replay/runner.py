@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
@@ -32,7 +32,9 @@ from typing import Any
 from opentelemetry import baggage, context, trace
 from opentelemetry.trace import NonRecordingSpan
 
+from plumbline_otel.analyse.conformance import is_missing
 from plumbline_otel.errors import ReplayError
+from plumbline_otel.model import Trajectory
 from plumbline_otel.replay.adapters import PythonAdapter, Trial, TrialOutcome, TransientAdapterError
 from plumbline_otel.replay.budget import BudgetExceeded, SpendCap, TrialBudget
 from plumbline_otel.replay.cache import ResponseCache
@@ -369,6 +371,18 @@ def run_study(config: StudyConfig, tasks: Sequence[ReplayTask], adapter: Any, *,
     summary.cache_recorded = cache.recorded if cache else 0
     summary.seconds = time.perf_counter() - started
     return summary
+
+
+def trials_of(trajectories: Iterable[Trajectory], study: str) -> tuple[set[str], set[str]]:
+    """(trial ids with a run, trial ids only recorded missing) of ``study`` among these runs."""
+    runs: set[str] = set()
+    missing: set[str] = set()
+    for t in trajectories:
+        tid = t.context.get("plumbline.trial.id")
+        if tid is None or str(t.context.get("plumbline.study", "")) != study:
+            continue
+        (missing if is_missing(t) else runs).add(str(tid))
+    return runs, missing - runs
 
 
 def stored_trials(store: Any, study: str) -> tuple[set[str], set[str]]:

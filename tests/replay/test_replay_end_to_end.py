@@ -7,6 +7,11 @@ from __future__ import annotations
 
 import json
 import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -142,3 +147,58 @@ def test_the_cli_replays_resumes_and_says_what_to_run_next(db: Path, tmp_path: P
     assert certified.exit_code == 0, certified.output
     cert = json.loads(cert_path.read_text())
     assert {p: n for (_, p), (n, _, _) in cells(cert).items()} == {"baseline": 6, "paraphrase": 6, "tool_fault": 6}
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_replay_against_a_running_plumbline_serve(tmp_path: Path) -> None:
+    """Tasks and resume state through the server's API; the trials' spans through its OTLP/HTTP port."""
+    from domains.accounts_payable.run import run_domain
+    from plumbline_otel.api.client import PlumblineClient
+
+    grpc_port, http_port = _free_port(), _free_port()
+    log = tmp_path / "serve.log"
+    with log.open("ab") as fh:
+        proc = subprocess.Popen([sys.executable, "-m", "plumbline_otel.cli.serve", "--db", str(tmp_path / "served.duckdb"),
+                                 "--grpc-port", str(grpc_port), "--http-port", str(http_port), "--assemble-interval", "0.2"],
+                                stdout=fh, stderr=fh)
+    try:
+        deadline = time.monotonic() + 30
+        while "plumbline serve: OTLP" not in log.read_text():
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.05)
+        endpoint = f"http://127.0.0.1:{http_port}/v1/traces"
+        run_domain(ARM, ["INV-1001", "INV-1002"], endpoint=endpoint, offline=True, study="traffic")
+
+        def study_runs(study: str, n: int) -> list[dict]:
+            with PlumblineClient(f"127.0.0.1:{grpc_port}") as client:
+                while True:
+                    docs = [d for d in client.trajectories() if d["context"].get("plumbline.study") == study]
+                    if len(docs) >= n or time.monotonic() > deadline:
+                        return docs
+                    time.sleep(0.2)
+
+        deadline = time.monotonic() + 30
+        assert len(study_runs("traffic", 2)) == 2
+        _register()
+        args = ["replay", "--server", f"127.0.0.1:{grpc_port}", "--study", "served", "--agent", AGENT,
+                "--perturbations", "baseline,tool_fault", "--adapter", f"python:domains.accounts_payable.replay_adapter:{ARM}",
+                "--endpoint", endpoint, "--state-dir", str(tmp_path / "state"), "--quiet"]
+        result = CliRunner().invoke(cli, args)
+        assert result.exit_code == 0, result.output
+        assert "ran 4 (4 ok, 0 missing, 0 error)" in result.output
+        deadline = time.monotonic() + 30
+        docs = study_runs("served", 4)
+        assert sorted(d["context"]["plumbline.perturbation"] for d in docs) == ["baseline", "baseline", "tool_fault", "tool_fault"]
+        # A fresh state directory: only the server knows these trials ran, and resume believes it.
+        again = CliRunner().invoke(cli, [*args[:-2], str(tmp_path / "fresh"), "--quiet", "--resume"])
+        assert again.exit_code == 0, again.output
+        assert "ran 0 (0 ok, 0 missing, 0 error), 4 skipped by resume" in again.output
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(60)
