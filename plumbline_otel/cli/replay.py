@@ -87,6 +87,8 @@ def _from_server(server: str, study: str, agent: str | None, keys: list[str] | N
 @click.option("--variants", type=click.IntRange(1), default=1, show_default=True, help="variants per perturbation")
 @click.option("--seed", type=int, default=7, show_default=True, help="seed of the variants")
 @click.option("--fault-tools", default=None, help="tools tool_fault may fail (default: those the source run called)")
+@click.option("--paraphrase-model", default=None,
+              help="paraphrase with this model through the anthropic client (cached per study) instead of templates")
 @click.option("--adapter", "adapter_spec", required=True, help='python:module:callable | command:"CMD …" | http:URL')
 @click.option("--adapter-option", "adapter_options", multiple=True, metavar="KEY=VALUE",
               help="passed to a python adapter class/factory (or the command/http adapter)")
@@ -106,7 +108,7 @@ def _from_server(server: str, study: str, agent: str | None, keys: list[str] | N
 @click.option("--dry-run", is_flag=True, help="print the plan; run nothing")
 @click.option("--quiet", is_flag=True, help="no per-trial lines")
 def replay(db: str, server: str | None, study: str, agent: str | None, task_keys: tuple[str, ...], where: str | None, since: str | None,
-           perturbations: str, repeats: int, variants: int, seed: int, fault_tools: str | None, adapter_spec: str,
+           perturbations: str, repeats: int, variants: int, seed: int, fault_tools: str | None, paraphrase_model: str | None, adapter_spec: str,
            adapter_options: tuple[str, ...], otlp_file: str | None, endpoint: str | None, concurrency: int,
            budget_usd: float | None, trial_estimate_usd: float, max_attempts: int, resume: bool,
            state_dir: str | None, cache_mode: str, service: str | None, spec: str | None, dry_run: bool,
@@ -114,13 +116,14 @@ def replay(db: str, server: str | None, study: str, agent: str | None, task_keys
     """Replay stored tasks through an agent under perturbations; print what to ingest and certify."""
     from plumbline_otel.replay import (
         PERTURBATIONS,
+        AnthropicParaphraser,
         PerturbOptions,
         RetryPolicy,
         SpanSink,
         StudyConfig,
+        anthropic_client,
         load_adapter,
-        plan_study,
-        run_study,
+        open_study,
         select_tasks,
         stored_trials,
     )
@@ -148,7 +151,8 @@ def replay(db: str, server: str | None, study: str, agent: str | None, task_keys
     label, _, version = (service or "").partition("@")
     config = StudyConfig(
         study=study, perturbations=tuple(names), repeats=repeats,
-        options=PerturbOptions(variants=variants, seed=seed, fault_tools=tuple(_split(fault_tools))),
+        options=PerturbOptions(variants=variants, seed=seed, fault_tools=tuple(_split(fault_tools)),
+                               paraphraser=AnthropicParaphraser(anthropic_client(), paraphrase_model) if paraphrase_model else None),
         concurrency=concurrency, budget_usd=budget_usd, trial_estimate_usd=trial_estimate_usd, resume=resume,
         retry=RetryPolicy(max_attempts=max_attempts),
         state_dir=state_dir or f"{Path(db).with_suffix('')}.replay/{study}", cache_mode=cache_mode,
@@ -157,7 +161,8 @@ def replay(db: str, server: str | None, study: str, agent: str | None, task_keys
     adapter = load_adapter(adapter_spec, _options(adapter_options))
     try:
         describe = getattr(adapter, "describe", None)
-        plan = plan_study(config, tasks, getattr(adapter, "decoy_tools", None))
+        prepared = open_study(config, tasks, adapter)
+        plan = prepared.plan
         click.echo(f"{len(tasks)} task(s) × {', '.join(names)} × {repeats} repeat(s): {len(plan.trials)} trials, "
                    f"{len(plan.rejected)} variant(s) rejected; agent {describe() if callable(describe) else adapter_spec}")
         if was_missing:
@@ -173,7 +178,7 @@ def replay(db: str, server: str | None, study: str, agent: str | None, task_keys
                 extra = f"  {record.reason}" if record.reason else ""
                 click.echo(f"[{done}/{total}] {record.status:<7} {record.trial_id}  {record.seconds:.2f}s{extra}", err=True)
 
-        summary = run_study(config, tasks, adapter, completed=completed, on_record=progress)
+        summary = prepared.run(completed, on_record=progress)
     finally:
         close = getattr(adapter, "close", None)
         if callable(close):

@@ -70,6 +70,10 @@ _SEQUENCE_WORDS = re.compile(r"\b(then|after|afterwards|before|first|next|finall
 _SENTENCE = re.compile(r"(?<=[.!?])\s+")
 
 
+class _NoCandidates(Exception):
+    """A perturbation could not produce candidates for a task (the reason is recorded)."""
+
+
 @dataclass(frozen=True)
 class PerturbOptions:
     """How many variants per perturbation and what the perturbations draw from."""
@@ -202,8 +206,11 @@ def template_paraphrases(text: str, n: int, rng: random.Random) -> list[str]:
 @register("paraphrase", changes_text=True, preserves="the task's ids, amounts, dates and currencies (guarded)")
 def _paraphrase(task: ReplayTask, options: PerturbOptions, rng: random.Random) -> list[Candidate]:
     if options.paraphraser is not None:
-        texts = options.paraphraser(task.input, options.variants, rng)
         source = getattr(options.paraphraser, "name", type(options.paraphraser).__name__)
+        try:
+            texts = options.paraphraser(task.input, options.variants, rng)
+        except Exception as exc:  # a failed paraphraser rejects the variants; the study goes on
+            raise _NoCandidates(f"paraphraser {source} failed: {type(exc).__name__}: {exc}") from exc
     else:
         texts = template_paraphrases(task.input, options.variants, rng)
         source = "templates"
@@ -262,7 +269,11 @@ def build_variants(task: ReplayTask, perturbations: Sequence[str], options: Pert
         if name not in PERTURBATIONS:
             raise ValueError(f"unknown perturbation {name!r}; known: {', '.join(PERTURBATIONS)}")
         spec = PERTURBATIONS[name]
-        candidates = spec.build(task, options, _rng(options.seed, task.task_key, name))
+        try:
+            candidates = spec.build(task, options, _rng(options.seed, task.task_key, name))
+        except _NoCandidates as exc:
+            out.append(Variant(task.task_key, name, "none", task.input, {}, rejected=str(exc)))
+            continue
         if not candidates:
             out.append(Variant(task.task_key, name, "none", task.input, {},
                                rejected=f"{name}: nothing to vary for this task"

@@ -20,6 +20,7 @@ its deterministic identity. ``run_study`` runs a plan:
 
 from __future__ import annotations
 
+import hashlib
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -314,63 +315,111 @@ class _Runner:
                     record.fault_fired = scope.fault.fired
 
 
+class _ScopedParaphraser:
+    """Runs a (model) paraphraser inside a scope of its own: its calls are cached per study, so
+    re-planning on resume or offline gives the same variants (and trial ids), and they are paid
+    from the study's cap."""
+
+    def __init__(self, inner: Any, study: str, cap: SpendCap, cache: ResponseCache | None) -> None:
+        self.inner, self.study, self.cap, self.cache = inner, study, cap, cache
+        self.name = getattr(inner, "name", type(inner).__name__)
+
+    def __call__(self, text: str, n: int, rng: Any) -> list[str]:
+        digest = hashlib.sha256(text.encode()).hexdigest()[:16]
+        identity = TrialIdentity(f"{self.study}/paraphrase-generator/{digest}", "paraphrase", "generator", self.study)
+        budget = TrialBudget.open(self.cap, 0.0)
+        if budget is None:
+            raise BudgetExceeded("spend cap reached before paraphrasing")
+        try:
+            with activate(TrialScope(identity, budget, self.cache)):
+                return list(self.inner(text, n, rng))
+        finally:
+            budget.close()
+
+
+class Study:
+    """A study opened for running: its plan, ledger, cache and cap (``open_study`` builds it)."""
+
+    def __init__(self, config: StudyConfig, adapter: Any, plan: Plan, ledger: Ledger | None, cache: ResponseCache | None,
+                 cap: SpendCap) -> None:
+        self.config, self.adapter, self.plan, self.ledger, self.cache, self.cap = config, adapter, plan, ledger, cache, cap
+
+    def run(self, completed: set[str] | frozenset[str] = frozenset(),
+            on_record: Callable[[TrialRecord, int, int], None] | None = None) -> StudySummary:
+        """Run the planned trials not yet done (``completed``: trial ids with a stored run)."""
+        config, plan, ledger, cache, cap = self.config, self.plan, self.ledger, self.cache, self.cap
+        started = time.perf_counter()
+        done = set(completed) | (ledger.completed() if ledger else set())
+        already = [t for t in plan.trials if t.trial_id in done]
+        if already and not config.resume:
+            raise ReplayError(f"study {config.study!r} already has {len(already)} of its {len(plan.trials)} trials done "
+                              f"(e.g. {already[0].trial_id}); pass --resume to run only the rest, or choose a new --study")
+        todo = [t for t in plan.trials if t.trial_id not in done]
+        markers = MarkerWriter(config.sink) if config.sink is not None else None
+        runner = _Runner(config, self.adapter, cap, cache, ledger, markers)
+        summary = StudySummary(config.study, planned=len(plan.trials), skipped=len(already), rejected=plan.rejected,
+                               budget_usd=config.budget_usd)
+        order = {t.trial_id: i for i, t in enumerate(plan.trials)}
+        records: list[TrialRecord] = []
+        pool = ThreadPoolExecutor(max_workers=config.concurrency, thread_name_prefix="replay")
+        try:
+            futures = [pool.submit(runner.run, t) for t in todo]
+            for n, future in enumerate(as_completed(futures), 1):
+                record = future.result()
+                records.append(record)
+                if on_record is not None:
+                    on_record(record, n, len(todo))
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
+            if markers is not None:
+                markers.close()
+        records.sort(key=lambda r: order[r.trial_id])
+        summary.records = records
+        for r in records:
+            if r.status == "ok":
+                summary.ok += 1
+            elif r.status == "missing":
+                summary.missing += 1
+            else:
+                summary.errors += 1
+        summary.spent_usd, summary.session_usd, summary.budget_high_water_usd = cap.spent, cap.session_usd, cap.high_water
+        summary.markers = markers.written if markers else 0
+        summary.cache_hits = sum(r.cache_hits for r in records)
+        summary.cache_recorded = cache.recorded if cache else 0
+        summary.seconds = time.perf_counter() - started
+        return summary
+
+
+def open_study(config: StudyConfig, tasks: Sequence[ReplayTask], adapter: Any) -> Study:
+    """Open the study's state (ledger, response cache, cumulative cap) and plan it.
+
+    ``adapter`` is an Adapter or a plain function of the trial. The variants file is rewritten.
+    """
+    if not hasattr(adapter, "run") and callable(adapter):
+        adapter = PythonAdapter(adapter)
+    state = Path(config.state_dir) if config.state_dir is not None else None
+    ledger = Ledger(state / "ledger.jsonl") if state else None
+    cap = SpendCap(config.budget_usd, prior_usd=ledger.spent_usd() if ledger else 0.0)
+    cache = ResponseCache(state / "responses.jsonl", config.cache_mode) if state and config.cache_mode != "off" else None
+    planning = config
+    if config.options.paraphraser is not None:
+        scoped = _ScopedParaphraser(config.options.paraphraser, config.study, cap, cache)
+        planning = replace(config, options=replace(config.options, paraphraser=scoped))
+    plan = plan_study(planning, tasks, getattr(adapter, "decoy_tools", None))
+    if state:
+        write_jsonl(state / "variants.jsonl", [v.as_dict() for v in plan.variants])
+    return Study(config, adapter, plan, ledger, cache, cap)
+
+
 def run_study(config: StudyConfig, tasks: Sequence[ReplayTask], adapter: Any, *,
               completed: set[str] | frozenset[str] = frozenset(),
               on_record: Callable[[TrialRecord, int, int], None] | None = None) -> StudySummary:
-    """Run the study's planned trials through ``adapter`` (an Adapter, or a function of the trial);
-    ``completed`` are trial ids already stored.
+    """Plan and run a study (``open_study(...).run(...)``).
 
-    ``on_record(record, done, total)`` is called in the calling thread as each trial finishes.
+    ``adapter`` is an Adapter or a function of the trial; ``completed`` are trial ids already
+    stored; ``on_record(record, done, total)`` is called in the calling thread as each trial ends.
     """
-    started = time.perf_counter()
-    if not hasattr(adapter, "run") and callable(adapter):
-        adapter = PythonAdapter(adapter)
-    plan = plan_study(config, tasks, getattr(adapter, "decoy_tools", None))
-    state = Path(config.state_dir) if config.state_dir is not None else None
-    ledger = Ledger(state / "ledger.jsonl") if state else None
-    if state:
-        write_jsonl(state / "variants.jsonl", [v.as_dict() for v in plan.variants])
-    done = set(completed) | (ledger.completed() if ledger else set())
-    already = [t for t in plan.trials if t.trial_id in done]
-    if already and not config.resume:
-        raise ReplayError(f"study {config.study!r} already has {len(already)} of its {len(plan.trials)} trials done "
-                          f"(e.g. {already[0].trial_id}); pass --resume to run only the rest, or choose a new --study")
-    todo = [t for t in plan.trials if t.trial_id not in done]
-    cap = SpendCap(config.budget_usd, prior_usd=ledger.spent_usd() if ledger else 0.0)
-    cache = ResponseCache(state / "responses.jsonl", config.cache_mode) if state and config.cache_mode != "off" else None
-    markers = MarkerWriter(config.sink) if config.sink is not None else None
-    runner = _Runner(config, adapter, cap, cache, ledger, markers)
-    summary = StudySummary(config.study, planned=len(plan.trials), skipped=len(already), rejected=plan.rejected,
-                           budget_usd=config.budget_usd)
-    order = {t.trial_id: i for i, t in enumerate(plan.trials)}
-    records: list[TrialRecord] = []
-    pool = ThreadPoolExecutor(max_workers=config.concurrency, thread_name_prefix="replay")
-    try:
-        futures = [pool.submit(runner.run, t) for t in todo]
-        for n, future in enumerate(as_completed(futures), 1):
-            record = future.result()
-            records.append(record)
-            if on_record is not None:
-                on_record(record, n, len(todo))
-    finally:
-        pool.shutdown(wait=True, cancel_futures=True)
-        if markers is not None:
-            markers.close()
-    records.sort(key=lambda r: order[r.trial_id])
-    summary.records = records
-    for r in records:
-        if r.status == "ok":
-            summary.ok += 1
-        elif r.status == "missing":
-            summary.missing += 1
-        else:
-            summary.errors += 1
-    summary.spent_usd, summary.session_usd, summary.budget_high_water_usd = cap.spent, cap.session_usd, cap.high_water
-    summary.markers = markers.written if markers else 0
-    summary.cache_hits = sum(r.cache_hits for r in records)
-    summary.cache_recorded = cache.recorded if cache else 0
-    summary.seconds = time.perf_counter() - started
-    return summary
+    return open_study(config, tasks, adapter).run(completed, on_record)
 
 
 def trials_of(trajectories: Iterable[Trajectory], study: str) -> tuple[set[str], set[str]]:

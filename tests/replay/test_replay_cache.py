@@ -114,3 +114,34 @@ def test_outside_a_trial_the_client_is_a_plain_client() -> None:
     model = FakeModel()
     client = model.client()
     assert [ask(client), ask(client)] == ["answer 1", "answer 2"]
+
+
+def test_a_model_paraphraser_is_cached_per_study_guarded_and_paid_from_the_cap(tmp_path: Path) -> None:
+    from plumbline_otel.replay import AnthropicParaphraser, PerturbOptions, StudyConfig, open_study
+
+    from .toy import one_task
+
+    module = http_module()
+    calls: list[dict[str, Any]] = []
+
+    def paraphrasing_model(request: Any) -> Any:
+        calls.append(json.loads(request.content))
+        rewordings = ["Kindly settle INV-1029 (4,820.00 GBP) by 2026-03-01 for Acme Ltd.",
+                      "Pay INV-1029 for 4,280.00 GBP by 2026-03-01.",  # a changed amount: the guard rejects it
+                      "Could you pay Acme Ltd invoice INV-1029, GBP 4,820.00, by 1 March 2026?"]
+        return module.Response(200, json={
+            "id": "msg", "type": "message", "role": "assistant", "model": MODEL, "stop_reason": "end_turn",
+            "stop_sequence": None, "usage": {"input_tokens": 100, "output_tokens": 100},
+            "content": [{"type": "text", "text": "```json\n" + json.dumps(rewordings) + "\n```"}]})
+
+    client = anthropic_client("http://127.0.0.1:9", api_key="test", max_retries=0,
+                              inner_transport=module.MockTransport(paraphrasing_model))
+    config = StudyConfig("para", perturbations=("paraphrase",), budget_usd=1.0, state_dir=tmp_path / "state",
+                         options=PerturbOptions(variants=3, paraphraser=AnthropicParaphraser(client, MODEL)))
+    first = open_study(config, [one_task()], lambda trial: None)
+    assert [v.rejected is None for v in first.plan.variants] == [True, False, True]
+    assert "amount 4820" in (first.plan.rejected[0].rejected or "")
+    assert first.cap.spent == pytest.approx((100 * 1 + 100 * 5) / 1e6)  # the paraphrase call was paid from the cap
+    again = open_study(config, [one_task()], lambda trial: None)  # resume / re-plan: same variants, no new call
+    assert [v.as_dict() for v in again.plan.variants] == [v.as_dict() for v in first.plan.variants]
+    assert len(calls) == 1
