@@ -48,6 +48,9 @@ AP_DECOY_TOOLS: tuple[dict[str, Any], ...] = (
     {"name": "check_budget_remaining", "description": "Remaining budget of a cost centre this quarter.",
      "input_schema": {"type": "object", "properties": {"cost_centre": {"type": "string"}}, "required": ["cost_centre"]}},
 )
+# Where tool_fault injects by default: checks that most documents go through, never a payment
+# (the same target as the demo study first); only tools the task's source run called are used.
+AP_FAULT_TOOLS = ("check_duplicate", "check_vendor_status", "three_way_match", "validate_po")
 _DOC_ID = re.compile(r"\bINV-\d{3,}\b", re.I)
 
 
@@ -94,6 +97,7 @@ class APAdapter:
         self.service = f"ap-agent-{arm}"
         self.service_version = tracing.SERVICE_VERSION
         self.decoy_tools = AP_DECOY_TOOLS
+        self.fault_tools = AP_FAULT_TOOLS
         self.live = _flag(live)
         self.model, self.model_url, self.imperfections, self.seed = model, model_url, imperfections, int(seed)
         self.capture_content = _flag(capture_content)

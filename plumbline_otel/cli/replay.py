@@ -170,7 +170,8 @@ def replay(db: str, server: str | None, study: str, agent: str | None, task_keys
         if dry_run:
             for v in plan.variants:
                 status = f"REJECTED: {v.rejected}" if v.rejected else "ok"
-                click.echo(f"  {v.task_key} {v.perturbation}/{v.variant_id} {status}\n    {v.text!r} {json.dumps(v.metadata, default=str)}")
+                meta = {k: ([d.get("name") for d in val] if k == "decoy_tools" else val) for k, val in v.metadata.items()}
+                click.echo(f"  {v.task_key} {v.perturbation}/{v.variant_id} {status}\n    {v.text!r} {json.dumps(meta, default=str)}")
             return
 
         def progress(record: Any, done: int, total: int) -> None:

@@ -83,7 +83,8 @@ class PerturbOptions:
     paraphraser: Paraphraser | None = None  # None: the templates
     distractors: tuple[str, ...] = DISTRACTORS
     decoy_tools: tuple[dict[str, Any], ...] = DECOY_TOOLS
-    fault_tools: tuple[str, ...] = ()  # empty: the tools the task's source run called
+    fault_tools: tuple[str, ...] = ()  # fault these tools; empty: the preferred ones the source run called, else all it called
+    preferred_fault_tools: tuple[str, ...] = ()  # a domain's choice of targets (checks rather than effects)
     fault_kinds: tuple[str, ...] = TRANSIENT_FAULT_KINDS
     temperatures: tuple[float, ...] = (1.0, 0.7, 0.3)
 
@@ -189,12 +190,14 @@ def template_paraphrases(text: str, n: int, rng: random.Random) -> list[str]:
         if len(out) >= n:
             break
         candidate = text.strip()
+        reordered = False
         if rng.random() < 0.5:
             candidate = reorder_clauses(candidate)
+            reordered = candidate != text.strip()
         if rng.random() < 0.7:
             candidate = _synonyms(candidate, rng)
         polite = rng.random()
-        if polite < 0.45 or candidate == text.strip():
+        if (polite < 0.45 and not reordered) or candidate == text.strip():
             candidate = f"{rng.choice(PREFIXES)} {_lower_first(candidate)}"
         elif polite < 0.8:
             candidate = f"{candidate} {rng.choice(SUFFIXES)}"
@@ -251,7 +254,8 @@ def _sampling(task: ReplayTask, options: PerturbOptions, rng: random.Random) -> 
 
 @register("tool_fault", changes_text=False, preserves="the request; one tool call fails transiently")
 def _tool_fault(task: ReplayTask, options: PerturbOptions, rng: random.Random) -> list[Candidate]:
-    targets = list(options.fault_tools or task.tools)
+    preferred = [t for t in options.preferred_fault_tools if t in task.tools]
+    targets = list(options.fault_tools or preferred or task.tools)
     if not targets:
         return []
     kinds = list(options.fault_kinds) or ["503"]

@@ -102,11 +102,19 @@ class Plan:
         return [v for v in self.variants if v.rejected]
 
 
-def plan_study(config: StudyConfig, tasks: Sequence[ReplayTask], decoy_tools: Sequence[dict[str, Any]] | None = None) -> Plan:
-    """Variants and trials, in a deterministic order (task, perturbation, variant, repeat)."""
+def plan_study(config: StudyConfig, tasks: Sequence[ReplayTask], adapter: Any = None) -> Plan:
+    """Variants and trials, in a deterministic order (task, perturbation, variant, repeat).
+
+    A domain adapter may offer its own ``decoy_tools`` (used unless the options name others) and
+    ``fault_tools`` (preferred fault targets, among the tools each task's source run called).
+    """
     options = config.options
-    if decoy_tools and options.decoy_tools == PerturbOptions().decoy_tools:
-        options = replace(options, decoy_tools=tuple(decoy_tools))
+    decoys = getattr(adapter, "decoy_tools", None)
+    if decoys and options.decoy_tools == PerturbOptions().decoy_tools:
+        options = replace(options, decoy_tools=tuple(decoys))
+    preferred = getattr(adapter, "fault_tools", None)
+    if preferred and not options.preferred_fault_tools:
+        options = replace(options, preferred_fault_tools=tuple(preferred))
     variants: list[Variant] = []
     trials: list[Trial] = []
     for task in sorted(tasks, key=lambda t: t.task_key):
@@ -405,7 +413,7 @@ def open_study(config: StudyConfig, tasks: Sequence[ReplayTask], adapter: Any) -
     if config.options.paraphraser is not None:
         scoped = _ScopedParaphraser(config.options.paraphraser, config.study, cap, cache)
         planning = replace(config, options=replace(config.options, paraphraser=scoped))
-    plan = plan_study(planning, tasks, getattr(adapter, "decoy_tools", None))
+    plan = plan_study(planning, tasks, adapter)
     if state:
         write_jsonl(state / "variants.jsonl", [v.as_dict() for v in plan.variants])
     return Study(config, adapter, plan, ledger, cache, cap)

@@ -120,3 +120,16 @@ def test_trials_carry_identity_and_one_plan_per_variant_repeat() -> None:
     assert t.identity.attributes()["plumbline.perturbation"] == "tool_fault" and t.identity.repeat == 1
     assert t.fault == FaultPlan("lookup_invoice", "503")
     assert len({x.identity.trace_id for x in plan.trials}) == 4  # one trace per trial
+
+
+def test_a_domain_adapter_names_its_decoys_and_preferred_fault_targets() -> None:
+    class Domain:
+        decoy_tools = ({"name": "estimate_freight", "description": "d", "input_schema": {"type": "object"}},)
+        fault_tools = ("check_duplicate", "pay", "lookup_invoice")
+
+    plan = plan_study(StudyConfig("s", perturbations=("decoy_tools", "tool_fault"), options=PerturbOptions(variants=2)),
+                      [one_task()], Domain())
+    decoys = [v for v in plan.variants if v.perturbation == "decoy_tools"]
+    assert all([d["name"] for d in v.metadata["decoy_tools"]] == ["estimate_freight"] for v in decoys)
+    faults = [v.fault for v in plan.variants if v.perturbation == "tool_fault"]
+    assert [f.tool for f in faults if f] == ["pay", "lookup_invoice"]  # preferred, among what the source run called
