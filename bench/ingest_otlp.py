@@ -169,6 +169,21 @@ def _tree_rss_mib(pid: int) -> float:
     return total / 1024
 
 
+def _tree_cpu_s(pid: int) -> float:
+    """User+system CPU seconds of a process and its descendants so far."""
+    total, todo = 0.0, [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+            for task in Path(f"/proc/{p}/task").iterdir():
+                todo.extend(int(c) for c in (task / "children").read_text().split())
+        except (FileNotFoundError, ProcessLookupError, PermissionError):
+            continue
+    return total
+
+
 def run_load(name: str, address: str, pid: int, committed: Callable[[], int], args: argparse.Namespace) -> dict[str, Any]:
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
@@ -182,8 +197,10 @@ def run_load(name: str, address: str, pid: int, committed: Callable[[], int], ar
         elapsed = time.monotonic() - start
         if "warm" not in marks and elapsed >= args.warmup:
             marks["warm"] = (elapsed, committed())
+            marks["cpu"] = _tree_cpu_s(pid)
         time.sleep(0.25)
     end = (time.monotonic() - start, committed())
+    cpu = _tree_cpu_s(pid) - marks.get("cpu", 0.0)
     totals = {"acked_spans": 0, "requests": 0, "pushback": 0, "errors": 0}
     for _ in procs:
         for key, value in results.get(timeout=60).items():
@@ -192,10 +209,12 @@ def run_load(name: str, address: str, pid: int, committed: Callable[[], int], ar
         p.join(30)
     (t0, c0), (t1, c1) = marks.get("warm", (0.0, 0)), end
     rate = (c1 - c0) / (t1 - t0) if t1 > t0 else 0.0
-    out = {"server": name, "committed_spans_per_s": round(rate), "committed_in_run": c1, "peak_rss_mib": round(peak, 1), **totals}
+    cores = cpu / (t1 - t0) if t1 > t0 else 0.0
+    out = {"server": name, "committed_spans_per_s": round(rate), "committed_in_run": c1, "peak_rss_mib": round(peak, 1),
+           "server_cpu_cores": round(cores, 2), **totals}
     print(f"  {name}: {out['committed_spans_per_s']:,} spans/s committed (after {args.warmup:.0f}s warm-up), "
           f"{totals['acked_spans']:,} acknowledged, {totals['pushback']:,} pushbacks, {totals['errors']} errors, "
-          f"peak RSS {peak:.0f} MiB", flush=True)
+          f"peak RSS {peak:.0f} MiB, server CPU {cores:.2f} cores", flush=True)
     return out
 
 
@@ -257,14 +276,18 @@ def bench_phoenix(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
 
         result = run_load("phoenix", f"127.0.0.1:{grpc_port}", proc.pid, committed, args)
         before, waited = committed(), time.monotonic()
-        while time.monotonic() - waited < 120:  # let its in-memory queue drain, to report what it kept
-            time.sleep(2)
+        last_change = waited
+        while time.monotonic() - waited < 180 and time.monotonic() - last_change < 10:  # let its queue drain
+            time.sleep(1)
             now = committed()
-            if now == before:
-                break
-            before = now
+            if now != before:
+                before, last_change = now, time.monotonic()
+        drain = last_change - waited
         result["rows_after_drain"] = before
-        result["drain_s"] = round(time.monotonic() - waited, 1)
+        result["drain_s"] = round(drain, 1)
+        result["drain_spans_per_s"] = round((before - result["committed_in_run"]) / drain) if drain > 0 else 0
+        print(f"  phoenix after the load: {before:,} spans stored of {result['acked_spans']:,} acknowledged, "
+              f"{result['drain_spans_per_s']:,} spans/s while draining with no load", flush=True)
         return result
     finally:
         proc.send_signal(signal.SIGTERM)

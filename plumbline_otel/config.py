@@ -6,8 +6,8 @@
           grpc: {endpoint: 127.0.0.1:4317, max_recv_msg_size_mib: 64}
           http: {endpoint: 127.0.0.1:4318, max_request_body_size_mib: 64}
     storage: {path: plumbline.duckdb, task_keys: [session.id], memory_limit_mib: 512}
-    queue: {max_spans: 20000, max_bytes_mib: 128, batch_max_spans: 8192, retry_after_seconds: 1}
-    assemble: {interval_seconds: 1, max_delay_seconds: 10}
+    queue: {max_spans: 8192, max_bytes_mib: 128, batch_max_spans: 8192, retry_after_seconds: 1}
+    assemble: {interval_seconds: 1, max_delay_seconds: 2}
     auth: {bearer_token_file: /run/secrets/plumbline-token}
     tls: {cert_file: server.pem, key_file: server-key.pem}
     content: {drop: ["gen_ai.input.messages"], hash: ["gen_ai.tool.call.arguments"]}
@@ -36,14 +36,14 @@ _SCHEMA: dict[str, Any] = {
     "receivers": {
         "otlp": {
             "protocols": {
-                "grpc": {"endpoint": (str, "127.0.0.1:4317"), "max_recv_msg_size_mib": (int, 64), "max_concurrent_streams": (int, 256)},
+                "grpc": {"endpoint": (str, "127.0.0.1:4317"), "max_recv_msg_size_mib": (int, 64), "max_concurrent_streams": (int, 128)},
                 "http": {"endpoint": (str, "127.0.0.1:4318"), "max_request_body_size_mib": (int, 64), "max_connections": (int, 256)},
             },
         },
     },
     "storage": {"path": (str, "plumbline.duckdb"), "task_keys": (list, None), "memory_limit_mib": (int, 512)},
-    "queue": {"max_spans": (int, 20000), "max_bytes_mib": (int, 128), "batch_max_spans": (int, 8192), "retry_after_seconds": (float, 1.0)},
-    "assemble": {"interval_seconds": (float, 1.0), "max_delay_seconds": (float, 10.0)},
+    "queue": {"max_spans": (int, 8192), "max_bytes_mib": (int, 128), "batch_max_spans": (int, 8192), "retry_after_seconds": (float, 1.0)},
+    "assemble": {"interval_seconds": (float, 1.0), "max_delay_seconds": (float, 2.0)},
     "auth": {"bearer_token": (str, None), "bearer_token_file": (str, None)},
     "tls": {"cert_file": (str, None), "key_file": (str, None)},
     "content": {"drop": (list, None), "hash": (list, None), "hash_salt": (str, "")},
@@ -70,18 +70,18 @@ class ServeConfig:
     grpc_endpoint: str = "127.0.0.1:4317"
     http_endpoint: str = "127.0.0.1:4318"
     grpc_max_recv_bytes: int = 64 * _MIB
-    grpc_max_concurrent_streams: int = 256
+    grpc_max_concurrent_streams: int = 128
     http_max_body_bytes: int = 64 * _MIB
     http_max_connections: int = 256
     db_path: str = "plumbline.duckdb"
     task_keys: tuple[str, ...] | None = None
     db_memory_limit_mib: int = 512
-    queue_max_spans: int = 20000
+    queue_max_spans: int = 8192
     queue_max_bytes: int = 128 * _MIB
     batch_max_spans: int = 8192
     retry_after_seconds: float = 1.0
     assemble_interval_seconds: float = 1.0
-    assemble_max_delay_seconds: float = 10.0
+    assemble_max_delay_seconds: float = 2.0
     auth_token: str | None = None
     tls_cert_file: str | None = None
     tls_key_file: str | None = None

@@ -30,7 +30,6 @@ LOGS_SERVICE = "opentelemetry.proto.collector.logs.v1.LogsService"
 _PROTOBUF = "application/x-protobuf"
 _RETRY_INFO_KEY = "google.rpc.retryinfo-bin"
 _UNAUTHENTICATED_OK = ("/grpc.health.v1.Health/",)
-_WORKERS = 32
 
 
 def pushback_status(code: grpc.StatusCode, message: str, retry_after: float) -> grpc.Status:
@@ -109,7 +108,9 @@ class GrpcReceiver:
             ("grpc.so_reuseport", 0),
         ]
         self.server = grpc.server(
-            ThreadPoolExecutor(max_workers=_WORKERS, thread_name_prefix="plumbline-grpc"),
+            # One thread per admitted call: every call reaches the queue's admission check at once
+            # (and gets pushback there) instead of waiting unseen in the executor's queue.
+            ThreadPoolExecutor(max_workers=max_concurrent, thread_name_prefix="plumbline-grpc"),
             handlers=_otlp_handlers(intake, max_recv_bytes, retry_after),
             interceptors=[_BearerAuth(token)] if token else None,
             options=options,

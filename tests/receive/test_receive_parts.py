@@ -30,7 +30,7 @@ def _write(tmp_path: Path, text: str) -> Path:
 def test_shipped_config_loads_with_loopback_defaults() -> None:
     config = load_config(REPO / "configs" / "plumbline.yaml")
     assert config.grpc_endpoint == "127.0.0.1:4317" and config.http_endpoint == "127.0.0.1:4318"
-    assert config.grpc_max_recv_bytes == 64 << 20 and config.queue_max_spans == 20000
+    assert config.grpc_max_recv_bytes == 64 << 20 and config.queue_max_spans == 8192
 
 
 def test_unknown_key_is_a_config_error_naming_the_key(tmp_path: Path) -> None:
