@@ -66,7 +66,7 @@ class PlumblineServicer(pb_grpc.PlumblineServicer):
         try:
             while context.is_active():
                 want = size if remaining is None else min(size, remaining)
-                page = self._read(lambda store: _page(store, state, request, want), context)
+                page = self._read(lambda store, want=want: _page(store, state, request, want), context)
                 if page:
                     yield pb.TrajectoryPage(trajectory_json=page)
                 if remaining is not None:

@@ -26,7 +26,6 @@ from google.rpc import status_pb2
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsPartialSuccess, ExportLogsServiceResponse
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTracePartialSuccess, ExportTraceServiceResponse
 
-from plumbline_otel.decode._request import is_json
 from plumbline_otel.receive._intake import Intake, Outcome
 
 log = logging.getLogger("plumbline.receive")

@@ -1,8 +1,10 @@
 """What both transports do with an export request, once they have its bytes: the shared core.
 
-`Intake.traces` admits the bytes into the queue, decodes (with span salvage), applies the content
-rules, normalises, queues the records and waits for their commit. It answers with an `Outcome`
-that each transport maps to its own status codes in one place (`_grpc.py`, `_http.py`).
+`Intake.traces` admits the bytes into the queue, decodes them (with span salvage), queues the
+decoded request and waits until the pipeline has applied the content rules (`make_prepare`),
+normalised it and committed its spans. It answers with an `Outcome` that each transport maps to its
+own status codes in one place (`_grpc.py`, `_http.py`). Logs take a shorter path: decoded, filtered
+to gen_ai.* events and written by the commit thread in one call.
 """
 
 from __future__ import annotations

@@ -6,7 +6,6 @@ import gzip
 import http.client
 import json
 import os
-from pathlib import Path
 
 import grpc
 import pytest
