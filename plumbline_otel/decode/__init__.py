@@ -10,9 +10,12 @@ from plumbline_otel.decode._files import Unit, decode_unit, iter_trace_files, it
 from plumbline_otel.decode._json import request_from_json
 from plumbline_otel.decode._problems import Decoded, Problem
 from plumbline_otel.decode._proto import request_from_protobuf
-from plumbline_otel.decode._request import decode_request_body
+from plumbline_otel.decode._request import BodyTooLarge, decode_request_body, inflate, is_json
 
 __all__ = [
+    "BodyTooLarge",
+    "inflate",
+    "is_json",
     "Decoded",
     "Problem",
     "Unit",

@@ -16,7 +16,8 @@ class BodyTooLarge(InputError):
     """The body is larger than the configured limit after decompression (HTTP 413)."""
 
 
-def _inflate(body: bytes, encoding: str, limit: int) -> bytes:
+def inflate(body: bytes, encoding: str, limit: int) -> bytes:
+    """Undo Content-Encoding (gzip, deflate/zlib), refusing output past `limit` bytes (a gzip bomb is 413, not OOM)."""
     encoding = (encoding or "identity").strip().lower()
     if encoding in ("", "identity"):
         data = body
@@ -41,7 +42,7 @@ def is_json(content_type: str) -> bool:
 
 def decode_request_body(body: bytes, content_type: str, encoding: str = "", limit: int = 64 << 20, where: str = "request") -> Decoded:
     """Decode one export request body; raise MalformedRequest when nothing in it is usable."""
-    data = _inflate(body, encoding, limit)
+    data = inflate(body, encoding, limit)
     if is_json(content_type):
         try:
             doc = orjson.loads(data)
@@ -55,4 +56,4 @@ def decode_request_body(body: bytes, content_type: str, encoding: str = "", limi
     return decoded
 
 
-__all__ = ["BodyTooLarge", "decode_request_body", "is_json"]
+__all__ = ["BodyTooLarge", "decode_request_body", "inflate", "is_json"]

@@ -20,7 +20,7 @@ from plumbline_otel.model import SpanRecord
 from plumbline_otel.normalise._extract import detect, extract
 from plumbline_otel.normalise._values import Limits, ValueRejected, any_value
 
-__all__ = ["Limits", "normalise_request", "normalise_span"]
+__all__ = ["Limits", "ValueRejected", "any_value", "normalise_request", "normalise_span"]
 
 # Attribute namespaces we read; a key in them that we do not know is reported by coverage.
 _NAMESPACES = ("gen_ai.", "llm.", "tool.", "openinference.", "traceloop.")

@@ -109,6 +109,23 @@ class _Handler(BaseHTTPRequestHandler):
         given = (self.headers.get("Authorization") or "").encode()
         return hmac.compare_digest(given, expected)
 
+    def _discard_body(self, cap: int) -> None:
+        """Read and drop a declared body up to `cap` bytes, so the client is reading when the 413 comes.
+
+        Past the cap the connection is closed unread; a client still writing may then see a reset.
+        """
+        try:
+            remaining = int(self.headers.get("Content-Length") or 0)
+        except ValueError:
+            return
+        if remaining > cap:
+            return
+        while remaining > 0:
+            chunk = self.rfile.read(min(remaining, 1 << 16))
+            if not chunk:
+                return
+            remaining -= len(chunk)
+
     def _read_body(self, limit: int) -> bytes:
         if "chunked" in (self.headers.get("Transfer-Encoding") or "").lower():
             return self._read_chunked(limit)
@@ -150,6 +167,7 @@ class _Handler(BaseHTTPRequestHandler):
             body = self._read_body(limit)
         except _BodyTooLarge:
             self.close_connection = True
+            self._discard_body(4 * limit)
             self._error(413, f"request body is larger than the {limit >> 20} MiB limit", media)
             return
         except ValueError:

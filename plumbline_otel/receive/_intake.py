@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Callable, Literal
 
 from plumbline_otel.decode import Decoded, decode_request_body
-from plumbline_otel.decode._request import BodyTooLarge, _inflate
+from plumbline_otel.decode import BodyTooLarge, inflate
 from plumbline_otel.errors import MalformedRequest, StoreError
 from plumbline_otel.ingest import IngestSummary, ingest_decoded
 from plumbline_otel.normalise import Limits
@@ -125,7 +125,7 @@ class Intake:
         except Overloaded as exc:
             return Outcome("overloaded", str(exc))
         try:
-            request = decode_logs(_inflate(data, encoding, limit), content_type)
+            request = decode_logs(inflate(data, encoding, limit), content_type)
             self.content.apply_logs(request)
             rows = log_rows(request)
             del request, data

@@ -22,10 +22,10 @@ from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 from opentelemetry.proto.logs.v1.logs_pb2 import LogRecord
 
-from plumbline_otel.decode._request import is_json
+from plumbline_otel.decode import is_json
 from plumbline_otel.errors import MalformedRequest
 from plumbline_otel.normalise import Limits
-from plumbline_otel.normalise._values import ValueRejected, any_value
+from plumbline_otel.normalise import ValueRejected, any_value
 from plumbline_otel.store import Store
 
 _CREATE = """CREATE TABLE IF NOT EXISTS logs (

@@ -178,8 +178,8 @@ class ModelCaller:
             kwargs["tools"] = list(tools)
         if tool_choice:
             kwargs["tool_choice"] = dict(tool_choice)
-        if self._temperature is not None:
-            kwargs["temperature"] = self._temperature
+        if self._temperature is not None:  # anthropic 2.x dropped the keyword; the API still takes the field
+            kwargs["extra_body"] = {"temperature": self._temperature}
         if self._headers:
             kwargs["extra_headers"] = self._headers
         with tracing.chat_span(
