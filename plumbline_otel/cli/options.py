@@ -5,11 +5,12 @@ from __future__ import annotations
 import re
 import time
 from datetime import datetime, timezone
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import click
 
 from plumbline_otel.errors import ConfigError
+from plumbline_otel.model import Trajectory
 from plumbline_otel.store import DEFAULT_DB
 
 db_option = click.option("--db", "db", default=DEFAULT_DB, show_default=True, help="DuckDB file of the store.")
@@ -41,3 +42,13 @@ def parse_since(text: str | None, now_ns: int | None = None) -> int | None:
 
 
 since_option: Callable[[Any], Any] = click.option("--since", default=None, help=SINCE_HELP)
+
+
+def server_trajectories(server: str, service: str | None = None, since_ns: int | None = None) -> Iterator[Trajectory]:
+    """Trajectories from a running `plumbline serve` (its gRPC API), for commands given --server."""
+    from plumbline_otel.api.client import PlumblineClient
+    from plumbline_otel.store import trajectory_from_doc
+
+    with PlumblineClient(server) as client:
+        for doc in client.trajectories(service=service, since_ns=since_ns):
+            yield trajectory_from_doc(doc)

@@ -1,0 +1,51 @@
+"""Reading while serving: every reader command goes through the server's API, and says so when it cannot."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+from opentelemetry.sdk.trace.export import SpanExportResult
+from receive_support import ServeProcess, finished_spans
+
+from plumbline_otel.cli.main import _register, cli
+
+pytestmark = [pytest.mark.slow, pytest.mark.e2e]
+_register()
+
+SPEC = """
+version: 1
+name: readers
+invariants:
+  - id: MUST-PAY
+    severity: critical
+    must_call: schedule_payment
+"""
+
+
+def test_commands_read_a_served_store_through_the_api(tmp_path: Path) -> None:
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(SPEC)
+    with ServeProcess(tmp_path) as server:
+        exporter = OTLPSpanExporter(endpoint=server.grpc_address, insecure=True)
+        assert exporter.export(finished_spans(3)) == SpanExportResult.SUCCESS
+        exporter.shutdown()
+        runner = CliRunner()
+        direct = runner.invoke(cli, ["trajectories", "--db", str(server.db)])
+        assert "held by another process" in str(direct.exception) and "--server" in str(direct.exception)
+        lines = runner.invoke(cli, ["trajectories", "--server", server.grpc_address]).output.strip().splitlines()
+        assert sorted(json.loads(line)["task_key"] for line in lines) == ["task-0", "task-1", "task-2"]
+        coverage = json.loads(runner.invoke(cli, ["coverage", "--server", server.grpc_address, "--format", "json"]).output)
+        assert coverage["overall"]["tool_calls"]["tool_calls"] == 3
+        checked = runner.invoke(cli, ["check", "--spec", str(spec), "--server", server.grpc_address, "--format", "json"])
+        assert checked.exit_code == 0, checked.output
+        summary = json.loads(checked.output[checked.output.index("{"):])
+        assert summary["runs"] == 3 and summary["critical_conforming"] == 0 and summary["violations_written"] == 0
+        cert = tmp_path / "cert.json"
+        result = runner.invoke(cli, ["certify", "--spec", str(spec), "--server", server.grpc_address, "--out", str(cert), "--format", "none"])
+        assert result.exit_code == 0, result.output
+        headline = json.loads(cert.read_text())["headline"]
+        assert headline["cells"][0]["n"] == 3 and headline["cells"][0]["conforming"] == 0
