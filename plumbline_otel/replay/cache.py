@@ -32,6 +32,7 @@ import orjson
 from plumbline_otel.errors import ConfigError
 from plumbline_otel.replay.budget import cost_usd, price_of
 from plumbline_otel.replay.identity import TrialIdentity
+from plumbline_otel.replay.ledger import append_line
 from plumbline_otel.replay.scope import TrialScope, current_scope
 
 MODES = ("record", "replay", "off")
@@ -101,12 +102,7 @@ class ResponseCache:
         with self._lock:
             if entry["key"] in self._entries:
                 return
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-            try:
-                os.write(fd, line)
-            finally:
-                os.close(fd)
+            append_line(self.path, line)
             self._entries[entry["key"]] = entry
             self.recorded += 1
 

@@ -16,6 +16,16 @@ from typing import Any
 import orjson
 
 
+def append_line(path: Path, line: bytes) -> None:
+    """Append one whole line with a single O_APPEND write, so a crash never leaves half a record."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line)
+    finally:
+        os.close(fd)
+
+
 class Ledger:
     """Append-only JSONL; the last row of a trial wins. Thread-safe within a process."""
 
@@ -44,12 +54,7 @@ class Ledger:
     def append(self, row: dict[str, Any]) -> None:
         line = orjson.dumps(row, default=str) + b"\n"
         with self._lock:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-            try:
-                os.write(fd, line)
-            finally:
-                os.close(fd)
+            append_line(self.path, line)
             self.rows.append(row)
 
 

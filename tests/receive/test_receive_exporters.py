@@ -10,29 +10,19 @@ from typing import Any
 
 import grpc
 import pytest
-from google.protobuf.json_format import MessageToDict
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcSpanExporter
 from opentelemetry.exporter.otlp.proto.http import Compression
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpSpanExporter
 from opentelemetry.proto.collector.logs.v1 import logs_service_pb2, logs_service_pb2_grpc
 from opentelemetry.sdk.trace.export import SpanExportResult
+from otlp import to_otlp_json
 from receive_support import ServeProcess, finished_spans, query, span_key
 
 from plumbline_otel.api.client import PlumblineClient
 from plumbline_otel.store import Store
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
-
-
-def _hex_ids(node: Any) -> Any:
-    import base64
-
-    if isinstance(node, dict):
-        return {k: (base64.b64decode(v).hex() if k in ("traceId", "spanId", "parentSpanId") and v else _hex_ids(v)) for k, v in node.items()}
-    if isinstance(node, list):
-        return [_hex_ids(v) for v in node]
-    return node
 
 
 def _logs_request(service: str, trace_id: bytes, span_id: bytes) -> logs_service_pb2.ExportLogsServiceRequest:
@@ -81,14 +71,14 @@ def scenario(tmp_path_factory: pytest.TempPathFactory) -> Scenario:
         out.sent["agent-http"] = [span_key(s) for s in spans]
 
         spans = finished_spans(2, service="agent-json", prefix="json")
-        body = json.dumps(_hex_ids(MessageToDict(encode_spans(spans), use_integers_for_enums=True))).encode()
+        body = json.dumps(to_otlp_json(encode_spans(spans))).encode()
         out.results["json"] = _post(f"{server.http_url}/v1/traces", body, "application/json")
         out.sent["agent-json"] = [span_key(s) for s in spans]
 
         with grpc.insecure_channel(server.grpc_address) as channel:
             stub = logs_service_pb2_grpc.LogsServiceStub(channel)
             out.results["logs_grpc"] = stub.Export(_logs_request("agent-grpc", b"\x01" * 16, b"\x02" * 8), timeout=10)
-        logs_json = _hex_ids(MessageToDict(_logs_request("agent-http", b"\x03" * 16, b"\x04" * 8), use_integers_for_enums=True))
+        logs_json = to_otlp_json(_logs_request("agent-http", b"\x03" * 16, b"\x04" * 8))
         out.results["logs_http"] = _post(f"{server.http_url}/v1/logs", json.dumps(logs_json).encode(), "application/json")
 
         with PlumblineClient(server.grpc_address) as client:
