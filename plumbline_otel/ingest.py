@@ -34,8 +34,6 @@ class IngestSummary:
     @property
     def exit_code(self) -> int:
         """0 everything accepted, 3 some input rejected (the rest kept), 2 nothing usable given."""
-        if self.spans_read == 0 and self.rejected_spans == 0 and not self.problems:
-            return 2
         if self.spans_read == 0:
             return 2
         return 3 if self.problems else 0
