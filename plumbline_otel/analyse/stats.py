@@ -221,7 +221,8 @@ def cluster_bounds(
     the same tasks' sizes: one call scores a whole simulation grid cell, and `clustered_interval`
     calls it with one sample. The method and its reasons are in the module docstring.
     """
-    ks, ns = np.atleast_2d(ks).astype(float), np.broadcast_to(np.atleast_2d(ns), np.shape(np.atleast_2d(ks))).astype(float)
+    ks = np.atleast_2d(ks).astype(float)
+    ns = np.broadcast_to(np.atleast_2d(ns), ks.shape).astype(float)
     g = ks.shape[1]
     n = float(ns[0].sum())
     k = ks.sum(axis=1)

@@ -251,12 +251,17 @@ def _count(tally: _Tally, spec: Spec, t: Trajectory) -> None:
             tally.violations[inv.id] += 1
 
 
+def _if_missing_failed(tally: _Tally) -> list[tuple[int, int]]:
+    """Per-task (conforming, runs) with every missing trial added as a failing run of its task."""
+    counts = {task: list(kn) for task, kn in tally.per_task.items()}
+    for task, missing in tally.missing_per_task.items():
+        counts.setdefault(task, [0, 0])[1] += missing
+    return [(k, n) for k, n in counts.values()]
+
+
 def _cell(agent: str, perturbation: str, tally: _Tally, target: float) -> Cell:
     w = wilson_interval(tally.conforming, tally.runs)
     c = clustered_interval([(k, n) for k, n in tally.per_task.values()])
-    tasks = set(tally.per_task) | set(tally.missing_per_task)
-    if_failed = [(tally.per_task[t][0] if t in tally.per_task else 0,
-                  (tally.per_task[t][1] if t in tally.per_task else 0) + tally.missing_per_task.get(t, 0)) for t in tasks]
     needed = trials_needed(target, failures=tally.runs - tally.conforming)
     agreement = repeat_agreement([(k, n) for k, n in tally.per_task.values()])
     return Cell(
@@ -280,7 +285,7 @@ def _cell(agent: str, perturbation: str, tally: _Tally, target: float) -> Cell:
         errored=len(tally.errored),
         missing=tally.missing,
         lower_if_missing_failed=wilson_interval(tally.conforming, tally.runs + tally.missing).lower,
-        gate_lower_if_missing_failed=clustered_interval(if_failed).lower,
+        gate_lower_if_missing_failed=clustered_interval(_if_missing_failed(tally)).lower,
         pass_k={"k": agreement.k, "value": agreement.pass_k},
         flip_rate=agreement.flip_rate,
         trials_needed=needed,
