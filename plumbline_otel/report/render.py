@@ -1,7 +1,8 @@
 """Reading a certificate back (validated) and rendering it as text.
 
 `load_certificate` is what a gate trusts: it rejects a file that is missing, is not JSON, has
-another kind or version, lacks or mistypes any per-cell field the gate or the text reads, whose
+another kind or version, lacks or mistypes any per-cell field the gate or the text reads, names a
+gate method this version does not compute, whose
 counts do not add up (n = exposed + errored; one listed run per errored or unexposed count), or
 whose headline is not the minimum of its own cells' gate bounds (a hand-edited headline). It
 raises `CertificateError`.
@@ -19,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from plumbline_otel.errors import InputError
-from plumbline_otel.report.certificate import CERTIFICATE_KIND, CERTIFICATE_VERSION
+from plumbline_otel.report.certificate import CERTIFICATE_KIND, CERTIFICATE_VERSION, GATE_METHOD
 
 _COUNTS = ("n", "conforming", "exposed", "unexposed", "errored", "missing", "tasks", "trials_needed", "short_by")
 _BOUNDS = ("lower", "upper", "gate_lower", "gate_upper")
@@ -94,8 +95,8 @@ def _bad_cell(cell: Any, where: str) -> str | None:
         return f"{where} is not an object"
     if (bad := _bad_fields(cell, where, _COUNTS, _BOUNDS)) is not None:
         return bad
-    if not isinstance(cell.get("gate_method"), str) or not cell["gate_method"]:
-        return f"{where}.gate_method missing"
+    if cell.get("gate_method") != GATE_METHOD:
+        return f"{where}.gate_method {cell.get('gate_method')!r} is not the bound this plumbline gates on ({GATE_METHOD!r})"
     if (bad := _bad_lists(cell, where)) is not None:
         return bad
     if cell["n"] != cell["exposed"] + cell["errored"] or cell["conforming"] > cell["exposed"]:
@@ -119,8 +120,8 @@ def _bad_version(data: dict[str, Any]) -> str | None:
 def _bad_headline(head: Any) -> str | None:
     if not isinstance(head, dict) or not _number(head.get("lower_bound")) or not 0 <= head["lower_bound"] <= 1:
         return "headline.lower_bound missing or not a number in [0, 1]"
-    if not isinstance(head.get("method"), str):
-        return "headline.method missing"
+    if head.get("method") != GATE_METHOD:
+        return f"headline.method {head.get('method')!r} is not the bound this plumbline gates on ({GATE_METHOD!r})"
     if not isinstance(head.get("cells"), list):
         return "headline.cells missing"
     for i, ref in enumerate(head["cells"]):

@@ -347,7 +347,7 @@ def test_validate_rejects_version_1_and_any_field_it_cannot_fully_read():
         (("unexposed",), -1, "agents[0].perturbations[0].unexposed missing or not a non-negative int"),
         (("errored",), None, "agents[0].perturbations[0].errored missing or not a non-negative int"),
         (("gate_lower",), 1.5, "agents[0].perturbations[0].gate_lower missing or not a number in [0, 1]"),
-        (("gate_method",), "", "agents[0].perturbations[0].gate_method missing"),
+        (("gate_method",), "wilson", "agents[0].perturbations[0].gate_method 'wilson' is not the bound this plumbline gates on ('cluster_kg')"),
         (("errored_runs",), [{"run": "x"}], "agents[0].perturbations[0].errored_runs missing or not a list of {run, reason}"),
         (("unexposed_runs",), [], "agents[0].perturbations[0]: errored/unexposed counts do not match the runs listed"),
         (("pass_k",), {"k": 1}, "agents[0].perturbations[0].pass_k missing or not {k: int, value: number or null}"),
