@@ -382,3 +382,18 @@ def test_repeat_agreement_pass_k_and_flip_rate() -> None:
     # Every task ran once: pass^1 is the rate and there is no flip rate to report.
     assert repeat_agreement([(1, 1), (0, 1), (1, 1)]) == RepeatAgreement(1, pytest.approx(2 / 3), None)
     assert repeat_agreement([]) == RepeatAgreement(0, None, None)
+
+
+def test_cluster_kg_never_claims_more_than_wilson() -> None:
+    import random
+
+    rng = random.Random(5)
+    for _ in range(300):
+        tasks = []
+        for _ in range(rng.randint(1, 12)):
+            n = rng.randint(1, 8)
+            tasks.append((rng.randint(0, n), n))
+        k, n = sum(t[0] for t in tasks), sum(t[1] for t in tasks)
+        clustered, plain = clustered_interval(tasks), wilson_interval(k, n)
+        assert clustered.lower <= plain.lower + 1e-12, tasks
+        assert clustered.upper >= plain.upper - 1e-12, tasks
