@@ -28,7 +28,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections import Counter
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,6 +39,7 @@ from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span, Status
 
 from plumbline_otel.errors import InputError
+from plumbline_otel.model import Trajectory
 from plumbline_otel.replay.identity import PERTURBATION, REPEAT, STUDY, TASK_KEY, TRIAL_ID, TRIAL_STATUS, VARIANT
 
 FILES = ("trajectories.jsonl", "ledger_states.json", "variants.json", "errors.json", "summary.json")
@@ -436,7 +437,8 @@ def import_run_dir(store: Any, path: str | Path, study: str | None = None) -> Im
 # --- outcome correctness, per cell -------------------------------------------------------------
 
 
-def outcome_cells(trajectories: Iterable[Any], study: str | None = None, scored: Any = None) -> dict[tuple[str, str], tuple[int, int]]:
+def outcome_cells(trajectories: Iterable[Trajectory], study: str | None = None,
+                  scored: Callable[[Trajectory], bool] | None = None) -> dict[tuple[str, str], tuple[int, int]]:
     """(agent, perturbation) -> (correct, graded) over runs carrying ``plumbline.outcome``.
 
     Missing and errored trials have no outcome and are not graded (the seed excluded them too).
