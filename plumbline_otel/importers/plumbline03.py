@@ -339,42 +339,54 @@ def _resource(study: str, trial: Trial, variants: Mapping[str, list[dict[str, An
     return attrs
 
 
+def _latency_ns(record: Mapping[str, Any]) -> int:
+    try:
+        return max(0, int(float(record.get("latency_ms") or 0) * 1_000_000))
+    except (TypeError, ValueError):
+        return 0  # a nominal duration only: the spans' order does not depend on it
+
+
+def _run_spans(trial: Trial, digest: bytes, start: int) -> list[Span]:
+    """The agent run: an ``invoke_agent`` root over one span per recorded step, 1 ms apart."""
+    tid, record = trial.id, trial.record or {}
+    trace_id, root_id = digest[:16], digest[16:24]
+    model = record.get("model")
+    steps = [s for s in record.get("steps") or [] if isinstance(s, Mapping) and s.get("kind") != "final"]
+    spans = []
+    for n, step in enumerate(steps):
+        name, attrs, error = _step_span(step, n, model)
+        at = start + (n + 1) * _STEP_NS
+        kind = Span.SPAN_KIND_INTERNAL if attrs.get("gen_ai.operation.name") == "execute_tool" else Span.SPAN_KIND_CLIENT
+        spans.append(_span(trace_id, _span_id(digest, n), root_id, name, at, at + _STEP_NS // 2, attrs, error, kind))
+    root_attrs = {
+        "gen_ai.operation.name": "invoke_agent",
+        "gen_ai.agent.name": tid.arm,
+        "gen_ai.provider.name": "anthropic" if model else None,
+        "gen_ai.request.model": model,
+        "gen_ai.input.messages": _messages("user", record.get("task_input")),
+        "gen_ai.output.messages": _messages("assistant", record.get("final_output")),
+        "gen_ai.usage.input_tokens": record.get("tokens_in"),
+        "gen_ai.usage.output_tokens": record.get("tokens_out"),
+    }
+    end = start + max(_latency_ns(record), (len(spans) + 1) * _STEP_NS)
+    root = _span(trace_id, root_id, None, f"invoke_agent {tid.arm}", start, end, root_attrs, trial.error, Span.SPAN_KIND_INTERNAL)
+    return [root, *spans]
+
+
 def trial_request(study: str, trial: Trial, variants: Mapping[str, list[dict[str, Any]]],
                   missing_reason: str | None = None) -> ExportTraceServiceRequest:
-    """One trial as one export request: its resource, an ``invoke_agent`` root and a span per step.
+    """One trial as one export request: its resource (every run attribute) and its spans.
 
     A missing trial (`missing_reason` given) is a single plain marker span, never an agent run.
     """
-    tid, record = trial.id, trial.record or {}
-    digest = _digest(study, tid)
-    trace_id, root_id = digest[:16], digest[16:24]
+    digest = _digest(study, trial.id)
     start = _EPOCH_NS + int.from_bytes(digest[24:28], "big") % 86_400_000 * 1_000_000
     status = "missing" if missing_reason else ("errored" if trial.error else None)
     resource = _resource(study, trial, variants, status, missing_reason or trial.error)
-    spans: list[Span] = []
     if missing_reason is None:
-        model = record.get("model")
-        steps = [s for s in record.get("steps") or [] if isinstance(s, Mapping)]
-        for n, step in enumerate(s for s in steps if s.get("kind") != "final"):
-            name, attrs, error = _step_span(step, n, model)
-            at = start + (n + 1) * _STEP_NS
-            spans.append(_span(trace_id, _span_id(digest, n), root_id, name, at, at + _STEP_NS // 2, attrs, error,
-                               Span.SPAN_KIND_INTERNAL if attrs.get("gen_ai.operation.name") == "execute_tool" else Span.SPAN_KIND_CLIENT))
-        latency = int(float(record.get("latency_ms") or 0) * 1_000_000)
-        end = start + max(latency, (len(spans) + 1) * _STEP_NS)
-        root_attrs = {
-            "gen_ai.operation.name": "invoke_agent",
-            "gen_ai.agent.name": tid.arm,
-            "gen_ai.provider.name": "anthropic" if model else None,
-            "gen_ai.request.model": model,
-            "gen_ai.input.messages": _messages("user", record.get("task_input")),
-            "gen_ai.output.messages": _messages("assistant", record.get("final_output")),
-            "gen_ai.usage.input_tokens": record.get("tokens_in"),
-            "gen_ai.usage.output_tokens": record.get("tokens_out"),
-        }
-        spans.insert(0, _span(trace_id, root_id, None, f"invoke_agent {tid.arm}", start, end, root_attrs, trial.error, Span.SPAN_KIND_INTERNAL))
+        spans = _run_spans(trial, digest, start)
     else:
-        spans.append(_span(trace_id, root_id, None, "plumbline.import.trial", start, start + _STEP_NS, {}, None, Span.SPAN_KIND_INTERNAL))
+        spans = [_span(digest[:16], digest[16:24], None, "plumbline.import.trial", start, start + _STEP_NS, {}, None, Span.SPAN_KIND_INTERNAL)]
     scope = ScopeSpans(scope=InstrumentationScope(name=SCOPE), spans=spans)
     return ExportTraceServiceRequest(resource_spans=[ResourceSpans(resource=Resource(attributes=_attrs(resource)), scope_spans=[scope])])
 
