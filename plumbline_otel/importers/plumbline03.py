@@ -352,9 +352,15 @@ def _run_spans(trial: Trial, digest: bytes, start: int) -> list[Span]:
     trace_id, root_id = digest[:16], digest[16:24]
     model = record.get("model")
     steps = [s for s in record.get("steps") or [] if isinstance(s, Mapping) and s.get("kind") != "final"]
+    usage = {"gen_ai.usage.input_tokens": record.get("tokens_in"), "gen_ai.usage.output_tokens": record.get("tokens_out")}
+    # The seed counted tokens per run. With exactly one model call recorded (the plan-execute arm)
+    # they are that call's; otherwise they stay on the root, since the calls were not recorded.
+    model_calls = [n for n, step in enumerate(steps) if step.get("name") == "interpret_request"]
     spans = []
     for n, step in enumerate(steps):
         name, attrs, error = _step_span(step, n, model)
+        if model_calls == [n]:
+            attrs.update(usage)
         at = start + (n + 1) * _STEP_NS
         kind = Span.SPAN_KIND_INTERNAL if attrs.get("gen_ai.operation.name") == "execute_tool" else Span.SPAN_KIND_CLIENT
         spans.append(_span(trace_id, _span_id(digest, n), root_id, name, at, at + _STEP_NS // 2, attrs, error, kind))
@@ -365,8 +371,7 @@ def _run_spans(trial: Trial, digest: bytes, start: int) -> list[Span]:
         "gen_ai.request.model": model,
         "gen_ai.input.messages": _messages("user", record.get("task_input")),
         "gen_ai.output.messages": _messages("assistant", record.get("final_output")),
-        "gen_ai.usage.input_tokens": record.get("tokens_in"),
-        "gen_ai.usage.output_tokens": record.get("tokens_out"),
+        **({} if len(model_calls) == 1 else usage),
     }
     end = start + max(_latency_ns(record), (len(spans) + 1) * _STEP_NS)
     root = _span(trace_id, root_id, None, f"invoke_agent {tid.arm}", start, end, root_attrs, trial.error, Span.SPAN_KIND_INTERNAL)
