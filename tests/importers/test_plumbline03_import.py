@@ -52,7 +52,10 @@ def test_a_trial_becomes_a_genai_run_with_its_steps_arguments_results_and_errors
     assert "plumbline.fault.fired" not in ctx  # the seed never recorded it: no evidence, no claim
     assert ctx["plumbline.outcome"] == "incorrect"  # held a clean invoice: the fault hit the executor without retry
     assert json.loads(ctx["plumbline.ledger"])["paid"] is False
-    assert [s.kind for s in t.steps][0] == "llm_call"  # the executor's interpretation call
+    record = next(json.loads(line) for line in (SEED_RUNS / "parity-study" / "trajectories.jsonl").open()
+                  if '"plan_execute/INV-7002/tool_fault/0/0"' in line)
+    interpret = t.steps[0]  # the executor's one model call, with the run's token counts
+    assert (interpret.kind, interpret.input_tokens, interpret.output_tokens) == ("llm_call", record["tokens_in"], record["tokens_out"])
     tools = [(s.name, s.error) for s in t.steps if s.kind == "tool_call"]
     assert tools[:2] == [("fetch_invoice", None), ("match_purchase_order", "503 upstream temporarily unavailable")]
     fetch = next(s for s in t.steps if s.name == "fetch_invoice")
