@@ -207,14 +207,17 @@ def read_run_dir(path: str | Path) -> RunDir:
 # --- what a trial means --------------------------------------------------------------------------
 
 
+def _variant(tid: TrialId, variants: Mapping[str, list[dict[str, Any]]]) -> Mapping[str, Any]:
+    return next((v for v in variants.get(tid.task, []) if isinstance(v, Mapping) and v.get("variant_id") == tid.variant_id), {})
+
+
 def fault_of(tid: TrialId, variants: Mapping[str, list[dict[str, Any]]]) -> tuple[str, str] | None:
     """The (tool, error text) the seed injected into a tool_fault trial; None for other perturbations."""
     if tid.perturbation != "tool_fault":
         return None
-    for variant in variants.get(tid.task, []):
-        meta = variant.get("meta") or {}
-        if variant.get("variant_id") == tid.variant_id and meta.get("target") and meta.get("error"):
-            return str(meta["target"]), str(meta["error"])
+    meta = _variant(tid, variants).get("meta") or {}
+    if meta.get("target") and meta.get("error"):
+        return str(meta["target"]), str(meta["error"])
     return _FAULT_TOOLS[tid.variant % 3], _FAULT_ERRORS[tid.variant % 3]
 
 
@@ -346,8 +349,11 @@ def _latency_ns(record: Mapping[str, Any]) -> int:
         return 0  # a nominal duration only: the spans' order does not depend on it
 
 
-def _run_spans(trial: Trial, digest: bytes, start: int) -> list[Span]:
-    """The agent run: an ``invoke_agent`` root over one span per recorded step, 1 ms apart."""
+def _run_spans(trial: Trial, digest: bytes, start: int, prompt: Any) -> list[Span]:
+    """The agent run: an ``invoke_agent`` root over one span per recorded step, 1 ms apart.
+
+    `prompt` is the variant's prompt from variants.json, the input when no trajectory was kept.
+    """
     tid, record = trial.id, trial.record or {}
     trace_id, root_id = digest[:16], digest[16:24]
     model = record.get("model")
@@ -369,7 +375,7 @@ def _run_spans(trial: Trial, digest: bytes, start: int) -> list[Span]:
         "gen_ai.agent.name": tid.arm,
         "gen_ai.provider.name": "anthropic" if model else None,
         "gen_ai.request.model": model,
-        "gen_ai.input.messages": _messages("user", record.get("task_input")),
+        "gen_ai.input.messages": _messages("user", record.get("task_input") or prompt),
         "gen_ai.output.messages": _messages("assistant", record.get("final_output")),
         **({} if len(model_calls) == 1 else usage),
     }
@@ -389,7 +395,7 @@ def trial_request(study: str, trial: Trial, variants: Mapping[str, list[dict[str
     status = "missing" if missing_reason else ("errored" if trial.error else None)
     resource = _resource(study, trial, variants, status, missing_reason or trial.error)
     if missing_reason is None:
-        spans = _run_spans(trial, digest, start)
+        spans = _run_spans(trial, digest, start, _variant(trial.id, variants).get("prompt"))
     else:
         spans = [_span(digest[:16], digest[16:24], None, "plumbline.import.trial", start, start + _STEP_NS, {}, None, Span.SPAN_KIND_INTERNAL)]
     scope = ScopeSpans(scope=InstrumentationScope(name=SCOPE), spans=spans)

@@ -39,6 +39,9 @@ def test_retry_study_without_trajectories_keeps_outcomes_and_marks_the_errored_r
     assert outcome_cells(retry.runs)[("plan_execute", "tool_fault")] == (64, 64)  # the retry executor, as published
     stepless = [t for t in retry.runs if t.context.get("plumbline.import.steps_recorded") is False]
     assert len(stepless) == 768 - 52 and all(not t.steps for t in stepless)
+    variants = json.loads((SEED_RUNS / "retry-study" / "variants.json").read_text())
+    paraphrased = retry.by_trial["react/INV-7003/paraphrase/2/1"]
+    assert paraphrased.input == next(v["prompt"] for v in variants["INV-7003"] if v["variant_id"] == "paraphrase/2")
 
 
 def test_a_trial_becomes_a_genai_run_with_its_steps_arguments_results_and_errors(parity: Imported) -> None:
