@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from plumbline_otel.analyse.conformance import STUDY, run_status
 from plumbline_otel.cli.options import db_option
 from plumbline_otel.importers import ImportResult, import_run_dir, outcome_cells
 from plumbline_otel.store import Store
@@ -14,8 +15,13 @@ def import_group() -> None:
     """Store runs recorded by other systems (their spans go through the ordinary ingest path)."""
 
 
-def render(result: ImportResult, cells: dict[tuple[str, str], tuple[int, int]]) -> str:
-    """Counts, then outcome correctness per (agent, perturbation) beside the figure the study published."""
+Cells = dict[tuple[str, str], tuple[int, int]]
+
+
+def render(result: ImportResult, cells: Cells, exposed: Cells) -> str:
+    """Counts, then outcome correctness per (agent, perturbation): every run, as the seed scored
+    it, beside the exposed runs only (this product's rule), then the figures the study published.
+    """
     lines = [
         f"study {result.study}: files {', '.join(result.files)}",
         f"trials {result.trials} (with steps {result.with_steps}, errored {result.errored}, outcome only "
@@ -26,9 +32,10 @@ def render(result: ImportResult, cells: dict[tuple[str, str], tuple[int, int]]) 
         lines.append(f"  note: {result.outcome_only} trials have an end state but no recorded steps "
                      "(no trajectories.jsonl): their outcomes are known, their conformance is not")
     if cells:
-        lines.append("outcome correctness (every graded run, as the seed scored it):")
+        lines.append(f"outcome correctness   {'agent':<14} {'perturbation':<12} {'every run':>10} {'exposed runs':>13}")
         for (agent, perturbation), (ok, n) in cells.items():
-            lines.append(f"  {agent:<14} {perturbation:<12} {ok}/{n}")
+            ok_e, n_e = exposed.get((agent, perturbation), (0, 0))
+            lines.append(f"{'':<22}{agent:<14} {perturbation:<12} {f'{ok}/{n}':>10} {f'{ok_e}/{n_e}':>13}")
     published = result.published or {}
     for agent, figure in published.items():
         if isinstance(figure, dict):
@@ -46,5 +53,7 @@ def plumbline03(directory: str, db: str, study: str | None) -> None:
     """
     with Store(db) as store:
         result = import_run_dir(store, directory, study)
-        cells = outcome_cells(store.trajectories(), study=result.study)
-    click.echo(render(result, cells))
+        runs = [t for t in store.trajectories() if t.context.get(STUDY) == result.study]
+    cells = outcome_cells(runs)
+    exposed = outcome_cells(runs, scored=lambda t: run_status(t) == "exposed")
+    click.echo(render(result, cells, exposed))

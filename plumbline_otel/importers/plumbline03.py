@@ -38,16 +38,14 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue, Instr
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span, Status
 
+from plumbline_otel.analyse.conformance import FAULT_ERROR, FAULT_TOOL, TRIAL_REASON, is_marker
 from plumbline_otel.errors import InputError
 from plumbline_otel.model import Trajectory
 from plumbline_otel.replay.identity import PERTURBATION, REPEAT, STUDY, TASK_KEY, TRIAL_ID, TRIAL_STATUS, VARIANT
 
 FILES = ("trajectories.jsonl", "ledger_states.json", "variants.json", "errors.json", "summary.json")
 SCOPE = "plumbline_otel.importers.plumbline03"
-TRIAL_ATTEMPT = "plumbline.trial.attempt"
-TRIAL_REASON = "plumbline.trial.reason"
-FAULT_TOOL = "plumbline.fault.tool"
-FAULT_ERROR = "plumbline.fault.error"
+TRIAL_ATTEMPT = "plumbline.trial.attempt"  # the issue-8 contract's name; nothing else writes it yet
 OUTCOME = "plumbline.outcome"  # "correct" / "incorrect": the ledger's end state against the task's expected outcome
 LEDGER = "plumbline.ledger"  # the end state itself, JSON
 STEPS_RECORDED = "plumbline.import.steps_recorded"  # false: the directory kept the outcome, not the steps
@@ -460,7 +458,7 @@ def import_run_dir(store: Any, path: str | Path, study: str | None = None) -> Im
 # --- outcome correctness, per cell -------------------------------------------------------------
 
 
-def outcome_cells(trajectories: Iterable[Trajectory], study: str | None = None,
+def outcome_cells(trajectories: Iterable[Trajectory],
                   scored: Callable[[Trajectory], bool] | None = None) -> dict[tuple[str, str], tuple[int, int]]:
     """(agent, perturbation) -> (correct, graded) over runs carrying ``plumbline.outcome``.
 
@@ -469,10 +467,8 @@ def outcome_cells(trajectories: Iterable[Trajectory], study: str | None = None,
     """
     counts: Counter[tuple[str, str, bool]] = Counter()
     for t in trajectories:
-        if study is not None and t.context.get(STUDY) != study:
-            continue
         outcome = t.context.get(OUTCOME)
-        if outcome not in ("correct", "incorrect") or t.context.get(TRIAL_STATUS) or (scored and not scored(t)):
+        if outcome not in ("correct", "incorrect") or is_marker(t) or (scored and not scored(t)):
             continue
         counts[(t.service or "", str(t.context.get(PERTURBATION) or "baseline"), outcome == "correct")] += 1
     cells = {(a, p) for a, p, _ in counts}
