@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable
 
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
 from plumbline_otel.decode import Decoded, Problem, decode_unit, iter_trace_files, iter_units
 from plumbline_otel.errors import MalformedTraceFile
 from plumbline_otel.model import SpanRecord
@@ -113,6 +115,19 @@ def ingest_files(
             batcher.add([], [problem])
         if on_file:
             on_file(path)
+    batcher.flush()
+    batcher.assemble()
+    return summary
+
+
+def ingest_requests(store: Store, requests: Iterable[ExportTraceServiceRequest], source: str, limits: Limits | None = None,
+                    batch_spans: int = 5000) -> IngestSummary:
+    """Ingest export requests built in-process (an importer's), exactly as if a receiver had decoded them."""
+    limits = limits or Limits()
+    summary = IngestSummary()
+    batcher = _Batcher(store, batch_spans, summary, source=source)
+    for i, request in enumerate(requests):
+        batcher.add(*ingest_decoded(Decoded(request, f"{source} request {i}"), limits, summary))
     batcher.flush()
     batcher.assemble()
     return summary
