@@ -17,7 +17,9 @@ import pytest
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 FRAMEWORKS = FIXTURES / "frameworks"
-SETUPS = sorted(p.parent.name for p in FRAMEWORKS.glob("*/expected.json"))
+# The set-ups written by generate_langchain/_smolagents/_llamaindex/_adk.py (other generators may share the folder).
+SETUPS = ["adk_content", "adk_content_events", "adk_nocontent", "langchain_openinference", "langchain_traceloop",
+          "llamaindex_openinference", "smolagents_openinference"]
 
 _spec = importlib.util.spec_from_file_location("producers_generate", FIXTURES / "producers" / "generate.py")
 assert _spec is not None and _spec.loader is not None
@@ -57,9 +59,10 @@ def _found(values: list[Any], wanted: Any) -> bool:
     return bool(nested) and _found(nested, wanted)
 
 
-def test_every_set_up_the_issue_names_from_this_generator_is_here() -> None:
-    assert SETUPS == sorted(["adk_content", "adk_content_events", "adk_nocontent", "langchain_openinference",
-                             "langchain_traceloop", "llamaindex_openinference", "smolagents_openinference"])
+def test_every_set_up_has_its_fixture_and_pins() -> None:
+    for setup in SETUPS:
+        assert (FRAMEWORKS / setup / "expected.json").is_file() and (FRAMEWORKS / setup / "trace.otlp.jsonl").is_file()
+        assert (FRAMEWORKS / f"requirements-{setup}.txt").is_file(), setup
 
 
 @pytest.mark.parametrize("setup", SETUPS)
