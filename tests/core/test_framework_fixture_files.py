@@ -1,0 +1,99 @@
+"""The framework fixtures hold what their expected.json says happened, and only where content was captured.
+
+tests/fixtures/frameworks/generate_*.py drove real agent frameworks against a simulated model and recorded
+expected.json while they ran. These checks read the trace files only (no product code), so that a
+regenerated fixture that lost its runs, mixed them up or leaked content it claims not to capture fails
+here, before any normaliser test has to explain it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+FRAMEWORKS = FIXTURES / "frameworks"
+# The set-ups written by generate_langchain/_smolagents/_llamaindex/_adk.py (other generators may share the folder).
+SETUPS = ["adk_content", "adk_content_events", "adk_nocontent", "langchain_openinference", "langchain_traceloop",
+          "llamaindex_openinference", "smolagents_openinference"]
+
+_spec = importlib.util.spec_from_file_location("producers_generate", FIXTURES / "producers" / "generate.py")
+assert _spec is not None and _spec.loader is not None
+producers = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(producers)  # stdlib-only at import: its `_any_value` and `_contains` helpers
+
+
+def _values(line: str) -> list[Any]:
+    """Every attribute value of every span, span event and log record (with its body) in one export line."""
+    out: list[Any] = []
+    request = json.loads(line)
+    for rs in request.get("resourceSpans", []):
+        for ss in rs["scopeSpans"]:
+            for span in ss["spans"]:
+                attrs = span.get("attributes", []) + [a for ev in span.get("events", []) for a in ev.get("attributes", [])]
+                out.extend(producers._any_value(a["value"]) for a in attrs)
+    for rl in request.get("resourceLogs", []):
+        for sl in rl["scopeLogs"]:
+            for record in sl["logRecords"]:
+                out.extend(producers._any_value(a["value"]) for a in record.get("attributes", []))
+                out.append(producers._any_value(record.get("body") or {}))
+    return out
+
+
+def _lines(setup: str, name: str) -> list[str]:
+    path = FRAMEWORKS / setup / name
+    return path.read_text().splitlines() if path.exists() else []
+
+
+def _found(values: list[Any], wanted: Any) -> bool:
+    """An object anywhere (JSON strings included), or a text inside any string, however deeply nested."""
+    if isinstance(wanted, dict):
+        return any(producers._contains(v, wanted) for v in values)
+    if any(isinstance(v, str) and wanted in v for v in values):
+        return True
+    nested = [x for v in values if isinstance(v, (dict, list)) for x in (v.values() if isinstance(v, dict) else v)]
+    return bool(nested) and _found(nested, wanted)
+
+
+def test_every_set_up_has_its_fixture_and_pins() -> None:
+    for setup in SETUPS:
+        assert (FRAMEWORKS / setup / "expected.json").is_file() and (FRAMEWORKS / setup / "trace.otlp.jsonl").is_file()
+        assert (FRAMEWORKS / f"requirements-{setup}.txt").is_file(), setup
+
+
+@pytest.mark.parametrize("setup", SETUPS)
+def test_each_run_is_in_its_own_line_with_what_expected_json_recorded(setup: str) -> None:
+    expected = json.loads((FRAMEWORKS / setup / "expected.json").read_text())
+    lines = _lines(setup, "trace.otlp.jsonl")
+    log_lines = _lines(setup, "logs.otlp.jsonl")
+    assert len(log_lines) in (0, len(lines))
+    runs = expected["runs"]
+    assert expected["setup"] == setup and expected["framework"]["version"]
+    assert [r["label"] for r in runs] == ["clean", "tool_called_twice", "skipped_check", "wrong_amount",
+                                           "tool_raises", "clean_repeat"]
+    assert runs[0]["task"] == runs[-1]["task"] and runs[0]["input"] == runs[-1]["input"]
+    assert len({r["task"] for r in runs}) == 5
+    assert len(lines) == len(runs)
+    assert set(expected["streamed_runs"]) <= {r["label"] for r in runs}
+    for i, (run, line) in enumerate(zip(runs, lines)):
+        values = _values(line) + (_values(log_lines[i]) if log_lines else [])
+        assert run["llm_calls"] >= 2 and run["tool_calls"], run["label"]
+        assert [c["failed"] for c in run["tool_calls"]].count(True) == (run["label"] == "tool_raises")
+        captured = expected["content_captured"]
+        assert _found(values, run["input"]) == captured, f"{setup}/{run['label']}: input"
+        assert _found(values, run["final_output"]) == captured, f"{setup}/{run['label']}: final output"
+        for call in run["tool_calls"]:
+            assert _found(values, call["args"]) == captured, f"{setup}/{run['label']}: args of {call['name']}"
+            assert any(v == call["name"] or (isinstance(v, str) and call["name"] in v) for v in values)
+
+
+def test_langchain_openinference_has_a_streamed_run_and_two_parallel_tool_calls() -> None:
+    expected = json.loads((FRAMEWORKS / "langchain_openinference" / "expected.json").read_text())
+    assert expected["streamed_runs"] == ["skipped_check"]
+    line = (FRAMEWORKS / "langchain_openinference" / "trace.otlp.jsonl").read_text().splitlines()[1]
+    first_turn = [v for v in _values(line) if isinstance(v, str) and v.startswith("call_tool_called_twice_0_")]
+    assert sorted(set(first_turn)) == ["call_tool_called_twice_0_0", "call_tool_called_twice_0_1"]
