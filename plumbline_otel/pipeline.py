@@ -31,9 +31,11 @@ import pyarrow as pa
 
 from plumbline_otel.assemble import DEFAULT_TASK_KEYS, assemble
 from plumbline_otel.config import ContentRules
+from plumbline_otel.content import ContentFilter
 from plumbline_otel.decode import Decoded, Problem, Unit, decode_unit
 from plumbline_otel.model import SpanRecord
 from plumbline_otel.normalise import Limits, normalise_request
+from plumbline_otel.store import span_table, trajectory_table, unique_spans
 
 _IN_FLIGHT_PER_WORKER = 8  # units queued for one worker before `submit` waits: bounds memory
 _WORKER_START_TIMEOUT = 60.0
@@ -122,7 +124,7 @@ class Shard:
     """One shard's work and state: the same code in a worker process and in-process."""
 
     def __init__(self, index: int, settings: ShardSettings) -> None:
-        from plumbline_otel.receive._content import ContentFilter  # the receiver's rules, applied here
+        from plumbline_otel.content import ContentFilter  # the receiver's rules, applied here
 
         self.index, self.settings = index, settings
         self.content = ContentFilter(settings.content) if settings.content else None
@@ -132,8 +134,6 @@ class Shard:
 
     def prepare(self, seq: int, unit: Unit) -> list[Part]:
         """Decode and normalise this shard's spans of `unit`; hold them for assembly."""
-        from plumbline_otel.store import span_table
-
         n, me = self.settings.shards, self.index
         decoded = decode_unit(unit, (lambda raw: json_shard_of(raw, n) == me) if n > 1 else None)
         if n > 1 and unit.kind != "json":  # JSON spans were filtered, by their text ids, while decoding
@@ -170,8 +170,6 @@ class Shard:
         return self._assemble([t for t, seen in self.last_seen.items() if seen <= cutoff])
 
     def _assemble(self, trace_ids: list[str]) -> list[Part]:
-        from plumbline_otel.store import trajectory_table, unique_spans
-
         if not trace_ids:
             return []
         trajectories, counts = [], {}
