@@ -92,7 +92,7 @@ def test_two_workers_store_what_each_trace_assembled_whole_gives(tmp_path: Path)
 def test_workers_give_the_producer_fixtures_the_same_trajectories_and_problems(tmp_path: Path) -> None:
     bad_span = {"resourceSpans": [{"scopeSpans": [{"spans": [{"traceId": "zz", "spanId": "ab" * 8, "name": "bad"}]}]}]}
     damaged = tmp_path / "damaged.otlp.jsonl"
-    damaged.write_text("{not json\n" + json.dumps(bad_span) + "\n")
+    damaged.write_text(json.dumps(bad_span) + "\n{not json\n")
     files = [str(p) for p in sorted(FIXTURES.glob("*.otlp.*"))] + [str(damaged)]
     results = []
     for workers in (0, 2):
