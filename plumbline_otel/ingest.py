@@ -15,10 +15,9 @@ from typing import Callable, Iterable, Iterator
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from plumbline_otel.decode import Decoded, Problem, Unit, iter_trace_files, iter_units
+from plumbline_otel.decode import Problem, Unit, iter_trace_files, iter_units
 from plumbline_otel.errors import MalformedTraceFile
-from plumbline_otel.model import SpanRecord
-from plumbline_otel.normalise import Limits, normalise_request
+from plumbline_otel.normalise import Limits
 from plumbline_otel.pipeline import Part, ShardPool, ShardSettings, SpanPart, TrajectoryPart, concat_parts, default_workers
 from plumbline_otel.store import Store
 
@@ -88,17 +87,6 @@ class PartWriter:
         self.summary.stored += result.stored
         self.summary.duplicate += result.duplicate
         self.pending, self.pending_spans = [], 0
-
-
-def ingest_decoded(decoded: Decoded, limits: Limits, summary: IngestSummary) -> tuple[list[SpanRecord], list[Problem]]:
-    """Normalise one decoded request and count it; the caller writes the records."""
-    records, problems = normalise_request(decoded.request, limits)
-    problems = decoded.problems + problems
-    summary.requests += 1
-    summary.spans_read += len(records)
-    summary.rejected_spans += sum(p.spans for p in problems)
-    summary.problems.extend(problems)
-    return records, problems
 
 
 def _ingest_units(store: Store, units: Iterable[Unit], summary: IngestSummary, source: str, limits: Limits | None,

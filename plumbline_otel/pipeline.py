@@ -124,7 +124,6 @@ class Shard:
     """One shard's work and state: the same code in a worker process and in-process."""
 
     def __init__(self, index: int, settings: ShardSettings) -> None:
-        from plumbline_otel.content import ContentFilter  # the receiver's rules, applied here
 
         self.index, self.settings = index, settings
         self.content = ContentFilter(settings.content) if settings.content else None
