@@ -124,7 +124,6 @@ class Shard:
     """One shard's work and state: the same code in a worker process and in-process."""
 
     def __init__(self, index: int, settings: ShardSettings) -> None:
-
         self.index, self.settings = index, settings
         self.content = ContentFilter(settings.content) if settings.content else None
         self.held: dict[str, list[SpanRecord]] = {}
