@@ -13,6 +13,7 @@ import glob
 import gzip
 import io
 import os
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Iterator, Literal
@@ -20,7 +21,7 @@ from typing import IO, Iterator, Literal
 import orjson
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from plumbline_otel.decode._json import SpanFilter, request_from_json
+from plumbline_otel.decode._json import SpanFilter, cap_depth, request_from_json
 from plumbline_otel.decode._problems import Decoded, Problem
 from plumbline_otel.decode._proto import request_from_protobuf
 from plumbline_otel.errors import MalformedTraceFile
@@ -53,6 +54,8 @@ def _parse_json_line(line: bytes, where: str, keep: SpanFilter | None = None) ->
     try:
         doc = orjson.loads(line)
     except orjson.JSONDecodeError as exc:
+        if "depth limit" in str(exc):  # one runaway value: cut it, keep the rest (the value is dropped with a problem)
+            return _parse_json_line(cap_depth(line), where, keep)
         try:  # invalid UTF-8 is a common corruption: keep the line, mark what was replaced
             doc = orjson.loads(line.decode("utf-8", errors="replace"))
         except orjson.JSONDecodeError:
@@ -115,33 +118,46 @@ def _length_prefixed_units(stream: IO[bytes], path: Path) -> Iterator[Unit]:
 
 
 def iter_units(path: Path) -> Iterator[Unit]:
-    """The requests in one trace file as raw units, read one at a time."""
+    """The requests in one trace file as raw units, read one at a time.
+
+    A damaged gzip stream (truncated, or corrupt part-way) raises `MalformedTraceFile` after the
+    units that decompressed before the damage: those are kept.
+    """
     try:
         stream = _open(path)
     except OSError as exc:
         raise MalformedTraceFile(str(path), f"cannot open: {exc.strerror or exc}") from None
     with stream:
         try:
-            head = stream.peek(256)[:256]
-        except (OSError, EOFError) as exc:
-            raise MalformedTraceFile(str(path), f"unreadable: {exc}") from None
-        if not head:
+            yield from _units(stream, path)
+        except EOFError:
+            raise MalformedTraceFile(str(path), "the gzip stream is truncated; what decompressed before the cut was kept") from None
+        except (gzip.BadGzipFile, zlib.error) as exc:
+            raise MalformedTraceFile(str(path), f"the gzip stream is corrupt ({exc}); what decompressed before it was kept") from None
+
+
+def _units(stream: IO[bytes], path: Path) -> Iterator[Unit]:
+    try:
+        head = stream.peek(256)[:256]  # type: ignore[attr-defined]
+    except OSError as exc:
+        raise MalformedTraceFile(str(path), f"unreadable: {exc}") from None
+    if not head:
+        return
+    if _looks_like_json(head):
+        if head[:1] != b"\n":
+            yield from _json_units(stream, path)
             return
-        if _looks_like_json(head):
-            if head[:1] != b"\n":
-                yield from _json_units(stream, path)
-                return
-            data = stream.read()  # "\n" also starts a protobuf request: let the content decide
-            try:
-                orjson.loads(data)
-            except orjson.JSONDecodeError:
-                yield Unit("protobuf", data, str(path))
-                return
-            yield from _json_units(io.BytesIO(data), path)
-        elif head[:1] == b"\x00":
-            yield from _length_prefixed_units(stream, path)
-        else:
-            yield Unit("protobuf", stream.read(), str(path))
+        data = stream.read()  # "\n" also starts a protobuf request: let the content decide
+        try:
+            orjson.loads(data)
+        except orjson.JSONDecodeError:
+            yield Unit("protobuf", data, str(path))
+            return
+        yield from _json_units(io.BytesIO(data), path)
+    elif head[:1] == b"\x00":
+        yield from _length_prefixed_units(stream, path)
+    else:
+        yield Unit("protobuf", stream.read(), str(path))
 
 
 def read_trace_file(path: Path) -> Iterator[Decoded]:

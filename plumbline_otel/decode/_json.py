@@ -12,6 +12,7 @@ import base64
 import binascii
 from typing import Any, Callable
 
+import orjson
 from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import (
@@ -34,6 +35,54 @@ _FLOAT_WORDS = {"NaN": float("nan"), "Infinity": float("inf"), "-Infinity": floa
 
 class _Bad(ValueError):
     """A field that cannot be mapped; the message names the field."""
+
+
+class _TooDeep(_Bad):
+    """A value cut by `cap_depth`: it costs its attribute, not its span."""
+
+
+# What `cap_depth` puts where a value nested past the parser's depth limit was.
+TOO_DEEP = "\u0000plumbline: nested too deeply"
+_MARKER = orjson.dumps(TOO_DEEP)
+_OPEN, _CLOSE, _QUOTE, _ESCAPE = frozenset(b"[{"), frozenset(b"]}"), ord('"'), ord("\\")
+
+
+def cap_depth(text: bytes, limit: int = 200) -> bytes:
+    """`text` with every JSON value that opens past nesting `limit` replaced by the string `TOO_DEEP`.
+
+    orjson (like every JSON parser) refuses a document nested deeper than its limit, which would
+    lose a whole request for one runaway attribute; cut there, the attribute alone is dropped.
+    """
+    out, depth, start, i, n = bytearray(), 0, 0, 0, len(text)
+    while i < n:
+        c = text[i]
+        if c == _QUOTE:
+            i += 1
+            while i < n and text[i] != _QUOTE:
+                i += 2 if text[i] == _ESCAPE else 1
+        elif c in _OPEN:
+            depth += 1
+            if depth > limit:
+                out += text[start:i] + _MARKER
+                inner, i = 1, i + 1
+                while i < n and inner:
+                    c = text[i]
+                    if c == _QUOTE:
+                        i += 1
+                        while i < n and text[i] != _QUOTE:
+                            i += 2 if text[i] == _ESCAPE else 1
+                    elif c in _OPEN:
+                        inner += 1
+                    elif c in _CLOSE:
+                        inner -= 1
+                    i += 1
+                depth -= 1
+                start = i
+                continue
+        elif c in _CLOSE:
+            depth -= 1
+        i += 1
+    return bytes(out + text[start:])
 
 
 def _get(obj: dict[str, Any], camel: str, snake: str, default: Any = None) -> Any:
@@ -86,6 +135,8 @@ def _enum(value: Any, names: dict[str, int], field: str) -> int:
 
 
 def _any(value: Any, field: str) -> AnyValue:
+    if value == TOO_DEEP:
+        raise _TooDeep(f"{field} is nested deeper than the JSON parser allows")
     if not isinstance(value, dict):
         raise _Bad(f"{field} must be an AnyValue object")
     if "stringValue" in value or "string_value" in value:
@@ -108,10 +159,16 @@ def _any(value: Any, field: str) -> AnyValue:
             raise _Bad(f"{field}.doubleValue must be a number")
         return AnyValue(double_value=float(d))
     if "arrayValue" in value or "array_value" in value:
-        items = _get(value, "arrayValue", "array_value").get("values") or []
+        items = _get(value, "arrayValue", "array_value")
+        if items == TOO_DEEP:
+            raise _TooDeep(f"{field} is nested deeper than the JSON parser allows")
+        items = items.get("values") or []
         return AnyValue(array_value=ArrayValue(values=[_any(v, field + "[]") for v in items]))
     if "kvlistValue" in value or "kvlist_value" in value:
-        pairs = _get(value, "kvlistValue", "kvlist_value").get("values") or []
+        pairs = _get(value, "kvlistValue", "kvlist_value")
+        if pairs == TOO_DEEP:
+            raise _TooDeep(f"{field} is nested deeper than the JSON parser allows")
+        pairs = pairs.get("values") or []
         return AnyValue(kvlist_value=KeyValueList(values=_attributes(pairs, field)))
     if "bytesValue" in value or "bytes_value" in value:
         try:
@@ -121,11 +178,16 @@ def _any(value: Any, field: str) -> AnyValue:
     return AnyValue()  # {} is an explicit empty value (None in SDK >= 1.45)
 
 
-def _attributes(pairs: Any, field: str) -> list[KeyValue]:
+def _attributes(pairs: Any, field: str, dropped: list[str] | None = None) -> list[KeyValue]:
+    """Key/values; with `dropped`, a value cut for depth drops its key (listed there), not the caller."""
+    if pairs == TOO_DEEP:
+        raise _TooDeep(f"{field} is nested deeper than the JSON parser allows")
     if not isinstance(pairs, list):
         raise _Bad(f"{field} must be a list of key/value objects")
     out = []
     for kv in pairs:
+        if kv == TOO_DEEP:
+            raise _TooDeep(f"{field} is nested deeper than the JSON parser allows")
         key = kv.get("key") if isinstance(kv, dict) else None
         if not isinstance(key, str):
             raise _Bad(f"{field} has an entry without a string key")
@@ -133,8 +195,13 @@ def _attributes(pairs: Any, field: str) -> list[KeyValue]:
         text = value.get("stringValue") if isinstance(value, dict) else None
         if text is not None and text.__class__ is str:  # the common case, without the dispatch below
             out.append(KeyValue(key=key, value=AnyValue(string_value=text)))
-        else:
+            continue
+        try:
             out.append(KeyValue(key=key, value=_any(value, f"{field}[{key}]")))
+        except _TooDeep:
+            if dropped is None:
+                raise
+            dropped.append(key)
     return out
 
 
@@ -162,7 +229,7 @@ def _links(items: list[Any]) -> list[Span.Link]:
     ]
 
 
-def _span(obj: Any) -> Span:
+def _span(obj: Any, dropped: list[str]) -> Span:
     if not isinstance(obj, dict):
         raise _Bad("span is not a JSON object")
     trace_id = _id(_get(obj, "traceId", "trace_id"), 16, "traceId")
@@ -180,8 +247,8 @@ def _span(obj: Any) -> Span:
         kind=_enum(obj.get("kind", 0), _SPAN_KINDS, "kind"),
         start_time_unix_nano=_int(_get(obj, "startTimeUnixNano", "start_time_unix_nano", 0), "startTimeUnixNano"),
         end_time_unix_nano=_int(_get(obj, "endTimeUnixNano", "end_time_unix_nano", 0), "endTimeUnixNano"),
-        attributes=_attributes(obj.get("attributes") or [], "attributes"),
-        dropped_attributes_count=_int(_get(obj, "droppedAttributesCount", "dropped_attributes_count", 0), "droppedAttributesCount"),
+        attributes=_attributes(obj.get("attributes") or [], "attributes", dropped),
+        dropped_attributes_count=_int(_get(obj, "droppedAttributesCount", "dropped_attributes_count", 0), "droppedAttributesCount") + len(dropped),
         events=_events(obj.get("events") or []),
         dropped_events_count=_int(_get(obj, "droppedEventsCount", "dropped_events_count", 0), "droppedEventsCount"),
         links=_links(obj.get("links") or []),
@@ -200,8 +267,11 @@ def _scope_spans(obj: dict[str, Any], path: str, problems: list[Problem], keep: 
     for k, raw in enumerate(obj.get("spans") or []):
         if keep is not None and not keep(_get(raw, "traceId", "trace_id") if isinstance(raw, dict) else None):
             continue
+        dropped: list[str] = []
         try:
-            spans.append(_span(raw))
+            spans.append(_span(raw, dropped))
+            problems.extend(Problem(f"{path}.spans[{k}]{_span_label(raw)} attribute {key!r}", "dropped: nested deeper than the JSON parser allows")
+                            for key in dropped)
         except _Bad as exc:
             problems.append(Problem(f"{path}.spans[{k}]{_span_label(raw)}", str(exc), spans=1))
         except (DecodeError, RecursionError) as exc:  # protobuf's own nesting limit, met while building

@@ -9,7 +9,6 @@ UNAVAILABLE with `google.rpc.RetryInfo` in both places clients look for it: the 
 
 from __future__ import annotations
 
-import hmac
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable
@@ -23,6 +22,7 @@ from grpc_status import rpc_status
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsPartialSuccess, ExportLogsServiceResponse
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTracePartialSuccess, ExportTraceServiceResponse
 
+from plumbline_otel.receive._auth import bearer_ok
 from plumbline_otel.receive._intake import Intake, Outcome
 
 TRACE_SERVICE = "opentelemetry.proto.collector.trace.v1.TraceService"
@@ -59,7 +59,7 @@ class _BearerAuth(grpc.ServerInterceptor):
     """Every method but health checking needs `authorization: Bearer <token>`."""
 
     def __init__(self, token: str) -> None:
-        self._expected = f"Bearer {token}".encode()
+        self._token = token.encode()
 
         def deny(_request: Any, context: grpc.ServicerContext) -> None:
             context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong bearer token")
@@ -70,8 +70,7 @@ class _BearerAuth(grpc.ServerInterceptor):
     def intercept_service(self, continuation: Any, details: grpc.HandlerCallDetails) -> Any:
         if details.method.startswith(_UNAUTHENTICATED_OK):
             return continuation(details)
-        given = dict(details.invocation_metadata).get("authorization", "")
-        if hmac.compare_digest(given.encode(), self._expected):
+        if bearer_ok(dict(details.invocation_metadata).get("authorization"), self._token):
             return continuation(details)
         return self._deny_stream if details.method.endswith("/ListTrajectories") else self._deny
 

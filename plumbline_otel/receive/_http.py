@@ -11,7 +11,6 @@ once, so threads (and memory) stay bounded whatever the load.
 from __future__ import annotations
 
 import contextlib
-import hmac
 import logging
 import math
 import socket
@@ -26,6 +25,7 @@ from google.rpc import status_pb2
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsPartialSuccess, ExportLogsServiceResponse
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTracePartialSuccess, ExportTraceServiceResponse
 
+from plumbline_otel.receive._auth import bearer_ok
 from plumbline_otel.receive._intake import Intake, Outcome
 
 log = logging.getLogger("plumbline.receive")
@@ -106,8 +106,7 @@ class _Handler(BaseHTTPRequestHandler):
         expected = self.server.auth_header
         if expected is None or urlsplit(self.path).path in _OPEN_PATHS:
             return True
-        given = (self.headers.get("Authorization") or "").encode()
-        return hmac.compare_digest(given, expected)
+        return bearer_ok(self.headers.get("Authorization"), expected)
 
     def _discard_body(self, cap: int) -> None:
         """Read and drop a declared body up to `cap` bytes, so the client is reading when the 413 comes.
@@ -236,7 +235,7 @@ class HttpServer(ThreadingHTTPServer):
         self.address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self.intake, self.max_body_bytes, self.render_metrics = intake, max_body_bytes, render_metrics
         self.retry_after_header = max(1, math.ceil(retry_after))
-        self.auth_header = f"Bearer {token}".encode() if token else None
+        self.auth_header = token.encode() if token else None  # the token a request's bearer header must carry
         self.ssl_context = ssl_context
         self.draining = False
         self._slots = threading.BoundedSemaphore(max_connections)

@@ -96,6 +96,17 @@ def test_http_without_token_is_401(secure: tuple[ServeProcess, Path]) -> None:
     connection.close()
 
 
+def test_a_lower_case_bearer_scheme_is_accepted_on_both_transports(secure: tuple[ServeProcess, Path]) -> None:
+    server, cert = secure
+    with grpc.secure_channel(server.grpc_address, grpc.ssl_channel_credentials(cert.read_bytes())) as channel:
+        export = channel.unary_unary("/opentelemetry.proto.collector.trace.v1.TraceService/Export")
+        export(b"", timeout=10, metadata=(("authorization", f"bearer {TOKEN}"),))  # an empty request: nothing stored
+    connection = http.client.HTTPSConnection("127.0.0.1", server.http_port, timeout=10, context=ssl.create_default_context(cafile=str(cert)))
+    connection.request("POST", "/v1/traces", body=b"", headers={"Content-Type": "application/x-protobuf", "Authorization": f"BEARER {TOKEN}"})
+    assert connection.getresponse().status == 200
+    connection.close()
+
+
 def test_plain_http_to_the_tls_port_gets_no_answer(secure: tuple[ServeProcess, Path]) -> None:
     server, _ = secure
     connection = http.client.HTTPConnection("127.0.0.1", server.http_port, timeout=10)
@@ -124,3 +135,11 @@ def test_content_rules_drop_and_hash_before_anything_is_stored(secure: tuple[Ser
     assert len(args) == 1 and args[0][1].startswith("sha256:")
     inputs = query(server.db, "SELECT json_extract_string(attributes, '$.\"gen_ai.input.messages\"') FROM spans WHERE step_kind = 'agent'")
     assert {row[0] for row in inputs} == {"__REDACTED__"}
+
+
+@pytest.mark.parametrize(("header", "ok"), [("Bearer s3cret", True), ("bearer s3cret", True), ("bEaReR  s3cret ", True),
+                                            ("Bearer S3CRET", False), ("Basic s3cret", False), ("s3cret", False), (None, False), ("Bearer", False)])
+def test_the_bearer_scheme_is_case_insensitive_and_the_token_is_not(header: str | None, ok: bool) -> None:
+    from plumbline_otel.receive._auth import bearer_ok
+
+    assert bearer_ok(header, b"s3cret") is ok
