@@ -19,16 +19,17 @@ import duckdb
 import orjson
 import pyarrow as pa
 
-from plumbline_otel.assemble import DEFAULT_TASK_KEYS, assemble
+from plumbline_otel.assemble import DEFAULT_TASK_KEYS, assemble, is_context_key
 from plumbline_otel.decode import Problem
 from plumbline_otel.errors import StoreError
 from plumbline_otel.model import SpanRecord, Step, ToolCallRef, ToolResultRef, Trajectory
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 DEFAULT_DB = "plumbline.duckdb"
 
-# Column name -> DuckDB type, in table order. JSON columns hold orjson text.
-_SPAN_COLUMNS: dict[str, str] = {
+# Column name -> DuckDB type, in table order. JSON columns hold orjson text. Version 1's columns
+# stay as they were; later versions append theirs (ALTER TABLE adds at the end).
+_SPAN_COLUMNS_V1: dict[str, str] = {
     "trace_id": "VARCHAR NOT NULL",
     "span_id": "VARCHAR NOT NULL",
     "parent_span_id": "VARCHAR",
@@ -67,15 +68,15 @@ _SPAN_COLUMNS: dict[str, str] = {
     "resource": "JSON",
     "received_ns": "BIGINT",
 }
+_SPAN_COLUMNS: dict[str, str] = {**_SPAN_COLUMNS_V1, "shapes": "VARCHAR[]"}
 _ARROW_TYPES = {"BIGINT": pa.int64(), "INTEGER": pa.int32(), "BOOLEAN": pa.bool_(), "VARCHAR[]": pa.list_(pa.string())}
 _JSON_FIELDS = ("args", "result", "attributes", "resource")
-_CONTEXT_PREFIX = "plumbline."
 
 _MIGRATIONS: dict[int, list[str]] = {
     1: [
         "CREATE TABLE IF NOT EXISTS meta (key VARCHAR PRIMARY KEY, value VARCHAR)",
         "CREATE TABLE spans ("
-        + ", ".join(f"{name} {kind}" for name, kind in _SPAN_COLUMNS.items())
+        + ", ".join(f"{name} {kind}" for name, kind in _SPAN_COLUMNS_V1.items())
         + ", PRIMARY KEY (trace_id, span_id))",
         "CREATE TABLE dirty_traces (trace_id VARCHAR PRIMARY KEY)",
         """CREATE TABLE trajectories (
@@ -86,6 +87,8 @@ _MIGRATIONS: dict[int, list[str]] = {
         """CREATE TABLE problems (
             received_ns BIGINT, source VARCHAR, location VARCHAR, reason VARCHAR, spans INTEGER)""",
     ],
+    # Framework wrappers and dumps unwrapped per span, for coverage (issue 15).
+    2: ["ALTER TABLE spans ADD COLUMN shapes VARCHAR[]"],
 }
 
 
@@ -102,8 +105,8 @@ def _json(value: Any) -> str | None:
 
 
 def _context(rec: SpanRecord) -> str | None:
-    ctx = {k: v for k, v in rec.resource.items() if k.startswith(_CONTEXT_PREFIX)}
-    ctx.update({k: v for k, v in rec.attributes.items() if k.startswith(_CONTEXT_PREFIX)})
+    ctx = {k: v for k, v in rec.resource.items() if is_context_key(k)}
+    ctx.update({k: v for k, v in rec.attributes.items() if is_context_key(k)})
     return _json(ctx) if ctx else None
 
 
@@ -271,7 +274,8 @@ class Store:
             in_memory = {t: _unique(recent[t]) for t, n in rows if t in recent and len(_unique(recent[t])) == n}
             by_trace = self._records_for([t for t in dirty if t not in in_memory]) if len(in_memory) < len(dirty) else {}
             by_trace.update(in_memory)
-            trajectories = [assemble(recs, self.task_keys) for recs in by_trace.values()]
+            built = (assemble(recs, self.task_keys) for recs in by_trace.values())
+            trajectories = [t for t in built if t is not None]
             self._write_trajectories(trajectories, dirty)
             total += len(trajectories)
 
@@ -347,6 +351,7 @@ def _record(row: dict[str, Any], keys: list[str], key_values: list[Any]) -> Span
     row["proposed_calls"] = [ToolCallRef(**c) for c in orjson.loads(row["proposed_calls"])] if row["proposed_calls"] else []
     row["tool_results"] = [ToolResultRef(**r) for r in orjson.loads(row["tool_results"])] if row["tool_results"] else []
     row["unknown_keys"] = row["unknown_keys"] or []
+    row["shapes"] = row["shapes"] or []
     context_json = row.pop("context")
     context = orjson.loads(context_json) if context_json else {}
     attributes = {k: v for k, v in zip(keys, key_values or []) if v is not None}

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from plumbline_otel.model import ArgsState, ToolCallRef, ToolResultRef
+from plumbline_otel.normalise._shapes import unwrap_result
 from plumbline_otel.normalise._values import is_redacted, maybe_json
 
 _ERROR_TEXT = re.compile(r"\s*[A-Za-z_.]*(Error|Exception)\s*:")
@@ -74,7 +75,7 @@ def _result(obj: dict[str, Any]) -> ToolResultRef | None:
         return None
     for key in ("response", "result", "content", "output"):
         if key in obj:
-            value = maybe_json(obj[key])
+            value, _ = unwrap_result(obj[key])
             break
     else:
         value = None
@@ -92,6 +93,12 @@ def _add_block(msg: Message, block: Any) -> None:
         block = block["message_content"]
     elif isinstance(block.get("tool_call"), dict) and "type" not in block:
         block = {"type": "tool_call", **block["tool_call"]}
+    elif isinstance(block.get("toolUse"), dict):  # strands / Bedrock Converse content blocks
+        use = block["toolUse"]
+        block = {"type": "tool_call", "id": use.get("toolUseId"), "name": use.get("name"), "arguments": use.get("input")}
+    elif isinstance(block.get("toolResult"), dict):
+        res = block["toolResult"]
+        block = {"type": "tool_result", "id": res.get("toolUseId"), "content": res.get("content"), "is_error": res.get("status") == "error"}
     kind = str(block.get("type", "text"))
     if kind in _CALL_TYPES:
         call = _call(block, len(msg.calls))
@@ -130,9 +137,12 @@ def parse_message(obj: Any) -> Message | None:
     msg = Message(role=obj.get("role"))
     for part in obj.get("parts") or []:
         _add_block(msg, part)
-    for key in ("content", "contents"):
-        if obj.get(key) is not None:
-            _add_content(msg, obj[key])
+    # OpenInference may write both `content` and `contents` for one message: the same text twice.
+    content = obj.get("content")
+    if content is None or content == "" or content == []:
+        content = obj.get("contents")
+    if content is not None:
+        _add_content(msg, content)
     for raw in obj.get("tool_calls") or []:
         call = _call(raw, len(msg.calls)) if isinstance(raw, dict) else None
         if call:

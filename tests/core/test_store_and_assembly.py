@@ -44,7 +44,8 @@ def test_tool_spans_and_model_proposals_are_one_step_per_call(store: Store, tmp_
     assert [(s.name, s.source) for s in t.tool_steps] == [
         ("get_invoice", "tool_span+llm_output"), ("schedule_payment", "tool_span+llm_output")]
     assert [s.kind for s in t.steps] == ["llm_call", "tool_call", "llm_call", "tool_call"]
-    assert (t.task_key, t.task_key_source, t.input, t.final_output) == ("INV-1029", "attribute:gen_ai.conversation.id", "Pay invoice INV-1029", "Paid 4820.00 EUR")
+    assert (t.task_key_source, t.input, t.final_output) == ("input_hash", "Pay invoice INV-1029", "Paid 4820.00 EUR")
+    assert t.context["gen_ai.conversation.id"] == "INV-1029"  # a conversation is not a task: kept in context
     assert t.tool_steps[0].result == {"amount": 4820.0}
 
 
