@@ -205,9 +205,12 @@ def _context(root: SpanRecord, records: list[SpanRecord]) -> dict[str, Any]:
     return context
 
 
-def _final_output(root: SpanRecord, llm: list[SpanRecord]) -> str | None:
+def _final_output(root: SpanRecord, records: list[SpanRecord], llm: list[SpanRecord]) -> str | None:
     if root.output_text:
         return root.output_text
+    answers = [r.output_text for r in records if "step:answer_tool" in r.shapes and r.output_text]
+    if answers:  # a framework's answer tool (smolagents final_answer) carries the answer
+        return answers[-1]
     for rec in sorted(llm, key=lambda r: r.end_ns, reverse=True):
         if rec.output_text and not rec.proposed_calls:
             return rec.output_text
@@ -263,7 +266,7 @@ def assemble(records: list[SpanRecord], task_keys: Iterable[str] = DEFAULT_TASK_
         service_version=root.service_version,
         agent_name=next((r.agent_name for r in records if r.agent_name), None),
         input=input_text,
-        final_output=_final_output(root, llm),
+        final_output=_final_output(root, records, llm),
         conventions=tuple(sorted({r.convention for r in records if r.convention != "unknown"})),
         steps=tuple(steps),
         start_ns=records[0].start_ns,

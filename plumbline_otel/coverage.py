@@ -186,6 +186,8 @@ def findings(section: dict[str, Any]) -> list[str]:
     if llm and llm_calls["with_tokens"] < llm:
         out.append(f"{llm - llm_calls['with_tokens']} of {llm} LLM calls report no token usage, so cost figures undercount.")
     n = trajs["trajectories"]
+    if spans["traces"] > n:
+        out.append(f"{spans['traces'] - n} of {spans['traces']} traces hold no steps (no tool, LLM or agent call, e.g. a lone create_agent span) and are not runs.")
     if n_tools:
         out.append(_evidence_sentence(section["evidence_sources"]))
     out += _shape_sentences(section["shapes"], tools)
@@ -211,12 +213,14 @@ _SHAPE_NAMES = {
     "langchain_callback": "LangChain callback payloads (input_str/inputs/kwargs)",
     "tool_call_object": "LangChain tool-call objects {name, args, id}",
     "langchain_tool_message": "LangChain ToolMessage dumps", "llamaindex_tool_output": "LlamaIndex ToolOutput dumps",
+    "langchain_tool_message_error": "LangChain ToolMessage dumps with status error (marked failed)",
+    "answer_tool": "a framework's answer tool (smolagents final_answer: the run's answer, not a tool call)",
     "content_blocks": "content blocks", "output_wrapper": "{output} wrappers",
     "graph_state": "graph-state dumps {messages}", "run_kwargs": "run() keyword dumps", "message_list": "message lists",
     "agent_output": "agent result objects", "run_result": "run result objects", "traceloop_entity": "Traceloop entity payloads",
     "scalar": "a bare value, not an object", "unrecognised": "a structure of unknown shape",
 }
-_FIELD_NAMES = {"args": "tool arguments", "result": "tool results", "input": "run inputs", "output": "run outputs"}
+_FIELD_NAMES = {"args": "tool arguments", "result": "tool results", "input": "run inputs", "output": "run outputs", "step": "spans"}
 
 
 def _shape_phrase(shape: str, n: int) -> str:

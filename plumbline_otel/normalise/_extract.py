@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 from plumbline_otel.model import Convention, SpanRecord, StepKind
 from plumbline_otel.normalise._messages import Message, parse_args, parse_messages, result_is_error
-from plumbline_otel.normalise._shapes import answer_text, request_text, unwrap_args, unwrap_result
+from plumbline_otel.normalise._shapes import TOOL_ERROR_SHAPE, answer_text, request_text, unwrap_args, unwrap_result
 from plumbline_otel.normalise._values import is_redacted, maybe_json, text_of, unflatten
 
 _GENAI_KINDS: dict[str, StepKind] = {
@@ -28,6 +28,8 @@ _GENAI_KINDS: dict[str, StepKind] = {
 }
 _OI_KINDS: dict[str, StepKind] = {"TOOL": "tool_call", "LLM": "llm_call", "AGENT": "agent"}
 _TRACELOOP_KINDS: dict[str, StepKind] = {"tool": "tool_call", "workflow": "agent", "agent": "agent"}
+# Tools a framework calls to end a run, not tools of the user's: their argument is the answer.
+_ANSWER_TOOLS = {("openinference.instrumentation.smolagents", "final_answer")}
 _GENAI_MARKERS = ("gen_ai.operation.name", "gen_ai.input.messages", "gen_ai.output.messages", "gen_ai.tool.name", "gen_ai.provider.name")
 _EVENT_MESSAGES = {
     "gen_ai.system.message": "system",
@@ -275,7 +277,7 @@ def _error(rec: SpanRecord, attrs: dict[str, Any], events: list[tuple[str, dict[
         return str(attrs["error.type"])
     if attrs.get("gen_ai.tool.status") == "error":
         return "tool status error"
-    if rec.step_kind == "tool_call" and result_is_error(rec.result):
+    if rec.step_kind == "tool_call" and (result_is_error(rec.result) or f"result:{TOOL_ERROR_SHAPE}" in rec.shapes):
         return "error result"
     return None
 
@@ -297,6 +299,9 @@ def extract(rec: SpanRecord, attrs: dict[str, Any], events: list[tuple[str, dict
             rec.tool_name = rec.name.removeprefix("execute_tool ").strip() or rec.name
         if is_redacted(rec.result):
             rec.result = None
+        if (rec.scope_name, rec.tool_name) in _ANSWER_TOOLS:  # the run's answer, not a tool call
+            rec.step_kind, rec.output_text = "other", text_of(rec.result)
+            _note(rec, "step", "answer_tool")
     elif rec.step_kind == "llm_call":
         _llm(rec, attrs, events)
     elif rec.step_kind == "agent":

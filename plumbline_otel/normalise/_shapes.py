@@ -19,14 +19,22 @@ from plumbline_otel.normalise._values import maybe_json
 _ROLES = {"human": "user", "humanmessage": "user", "user": "user", "ai": "assistant", "aimessage": "assistant",
           "assistant": "assistant", "aimessagechunk": "assistant", "model": "assistant",
           "tool": "tool", "toolmessage": "tool", "system": "system", "systemmessage": "system"}
+# A ToolMessage whose status says the tool raised: the call failed, whatever its text says.
+TOOL_ERROR_SHAPE = "langchain_tool_message_error"
 _RUN_KWARGS = {"stream", "reset", "images", "additional_args", "max_steps", "return_full_result"}
 
 
 def _lc_object(value: Any) -> tuple[str | None, dict[str, Any]] | None:
-    """A LangChain object dump: `{"lc": 1, "type": "constructor", "id": [..., cls], "kwargs": {...}}`."""
+    """A LangChain object dump, as (type, fields).
+
+    Two forms: `dumpd` (`{"lc": 1, "type": "constructor", "id": [..., cls], "kwargs": {...}}`) and
+    `message_to_dict` (`{"type": "tool", "data": {...}}`).
+    """
     if isinstance(value, dict) and value.get("lc") == 1 and isinstance(value.get("kwargs"), dict):
         ids = value.get("id") if isinstance(value.get("id"), list) else []
         return (str(ids[-1]) if ids else None), value["kwargs"]
+    if isinstance(value, dict) and isinstance(value.get("data"), dict) and isinstance(value.get("type"), str) and len(value) == 2:
+        return value["type"], value["data"]
     return None
 
 
@@ -87,10 +95,10 @@ def unwrap_result(raw: Any) -> tuple[Any, str | None]:
     value = maybe_json(raw)
     lc = _lc_object(value)
     if lc is not None and "content" in lc[1]:
-        return _content(lc[1]["content"]), "langchain_tool_message"
+        value = lc[1]
     if isinstance(value, dict):
-        if value.get("type") == "tool" and "content" in value and "tool_call_id" in value:
-            return _content(value["content"]), "langchain_tool_message"
+        if "content" in value and "tool_call_id" in value:  # a LangChain ToolMessage, dumped
+            return _content(value["content"]), TOOL_ERROR_SHAPE if value.get("status") == "error" else "langchain_tool_message"
         if "raw_output" in value and "tool_name" in value:
             inner = value["raw_output"] if value["raw_output"] is not None else value.get("content")
             return maybe_json(inner), "llamaindex_tool_output"

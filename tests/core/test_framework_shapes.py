@@ -235,3 +235,25 @@ def test_conversations_are_not_tasks_empty_traces_are_not_runs_and_coverage_says
     assert "set plumbline.task.key on the run's root span" in text
     assert "3 runs carry a session or conversation id; it is kept in the run's context, not used as the task key" in text
     assert "Evidence for tool calls: 4 from their own tool spans." in text
+
+
+def test_a_tool_message_with_status_error_marks_the_call_failed_and_keeps_its_content() -> None:
+    message = {"type": "tool", "data": {"content": "refused by the bank", "type": "tool", "name": "pay",
+                                        "tool_call_id": "c1", "status": "error"}}
+    rec = _one(_oi_tool("pay", '{"id": 1}', json.dumps(message)))
+    assert (rec.result, rec.error, rec.shapes) == ("refused by the bank", "error result", ["result:langchain_tool_message_error"])
+
+
+def test_smolagents_final_answer_is_the_runs_answer_not_a_tool_call() -> None:
+    def build(tracer: Tracer) -> None:
+        with tracer.start_as_current_span("ToolCallingAgent.run", attributes={"openinference.span.kind": "AGENT",
+                                                                               "input.value": json.dumps({"task": "Pay INV-1", "stream": False})}):
+            for name, args, result in (("pay", {"id": 1}, "ok"), ("final_answer", {"answer": "Paid."}, "Paid.")):
+                call = {"args": [], "sanitize_inputs_outputs": True, "kwargs": args}
+                with tracer.start_as_current_span(name, attributes=_oi_tool(name, json.dumps(call), result)):
+                    pass
+
+    records, _ = normalise_request(record(build, scope="openinference.instrumentation.smolagents"))
+    trajectory = assemble(records)
+    assert [s.name for s in trajectory.tool_steps] == ["pay"]
+    assert (trajectory.input, trajectory.final_output) == ("Pay INV-1", "Paid.")
