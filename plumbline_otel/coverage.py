@@ -182,7 +182,7 @@ def findings(section: dict[str, Any]) -> list[str]:
     if spans["llm_spans"] > llm:
         out.append(f"{spans['llm_spans'] - llm} LLM spans describe a call another span already records (a provider SDK's own span beside an instrumentation's); each such call counts once.")
     if llm and content < llm:
-        out.append(f"{_pct(llm - content, llm)} of LLM calls ({llm - content} of {llm}) have no message content: content capture is off by default in most instrumentations (OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT for the OpenTelemetry GenAI ones); without it, tool calls inside LLM spans and the run's input are invisible.")
+        out.append(f"{_pct(llm - content, llm)} of LLM calls ({llm - content} of {llm}) have no message content: content capture is off by default in most instrumentations (OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT for the OpenTelemetry GenAI ones and Google ADK: SPAN_ONLY puts it on spans); without it, tool calls inside LLM spans and the run's input are invisible.")
     if llm and llm_calls["with_tokens"] < llm:
         out.append(f"{llm - llm_calls['with_tokens']} of {llm} LLM calls report no token usage, so cost figures undercount.")
     n = trajs["trajectories"]
@@ -214,8 +214,9 @@ _SHAPE_NAMES = {
     "tool_call_object": "LangChain tool-call objects {name, args, id}",
     "langchain_tool_message": "LangChain ToolMessage dumps", "llamaindex_tool_output": "LlamaIndex ToolOutput dumps",
     "langchain_tool_message_error": "LangChain ToolMessage dumps with status error (marked failed)",
+    "merged_tools_summary": "Google ADK's (merged tools) span over parallel calls (not a call: each call has its own span)",
     "answer_tool": "a framework's answer tool (smolagents final_answer: the run's answer, not a tool call)",
-    "content_blocks": "content blocks", "output_wrapper": "{output} wrappers",
+    "content_blocks": "content blocks", "gcp.vertex.agent_result_wrapper": "Google ADK {result} wrappers of plain return values", "output_wrapper": "{output} wrappers",
     "graph_state": "graph-state dumps {messages}", "run_kwargs": "run() keyword dumps", "message_list": "message lists",
     "agent_output": "agent result objects", "run_result": "run result objects", "traceloop_entity": "Traceloop entity payloads",
     "scalar": "a bare value, not an object", "unrecognised": "a structure of unknown shape",
@@ -250,6 +251,9 @@ def _task_key_sentence(sources: dict[str, int], trajs: dict[str, Any]) -> str:
     names = {"input_hash": "a hash of the normalised request", "none": "nothing (no key, no input)"}
     parts = ", ".join(f"{n} from {names.get(s, s.replace('attribute:', 'attribute '))}" for s, n in sources.items())
     text = f"Task keys: {parts}."
+    if sources.get("none"):
+        text += (f" {sources['none']} runs have no task key and no recorded request, so they cannot be grouped by task:"
+                 " set plumbline.task.key, or turn content capture on so the request is recorded.")
     if trajs["task_key_from_attribute"] < trajs["trajectories"]:
         text += (" A hashed request splits a task whose request is reworded: set plumbline.task.key on the run's root span"
                  " or resource (or name your own attribute with --task-key / storage.task_keys).")

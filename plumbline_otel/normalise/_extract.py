@@ -13,7 +13,9 @@ from typing import Any, Callable
 
 from plumbline_otel.model import Convention, SpanRecord, StepKind
 from plumbline_otel.normalise._messages import Message, parse_args, parse_messages, result_is_error
-from plumbline_otel.normalise._shapes import TOOL_ERROR_SHAPE, answer_text, request_text, unwrap_args, unwrap_result
+from plumbline_otel.normalise._shapes import (
+    TOOL_ERROR_SHAPE, answer_text, request_text, unwrap_args, unwrap_result, unwrap_scoped_result,
+)
 from plumbline_otel.normalise._values import is_redacted, maybe_json, text_of, unflatten
 
 _GENAI_KINDS: dict[str, StepKind] = {
@@ -30,6 +32,8 @@ _OI_KINDS: dict[str, StepKind] = {"TOOL": "tool_call", "LLM": "llm_call", "AGENT
 _TRACELOOP_KINDS: dict[str, StepKind] = {"tool": "tool_call", "workflow": "agent", "agent": "agent"}
 # Tools a framework calls to end a run, not tools of the user's: their argument is the answer.
 _ANSWER_TOOLS = {("openinference.instrumentation.smolagents", "final_answer")}
+# Tool spans that summarise other tool spans: Google ADK's span over parallel calls' merged responses.
+_SUMMARY_TOOLS = {("gcp.vertex.agent", "(merged tools)")}
 _GENAI_MARKERS = ("gen_ai.operation.name", "gen_ai.input.messages", "gen_ai.output.messages", "gen_ai.tool.name", "gen_ai.provider.name")
 _EVENT_MESSAGES = {
     "gen_ai.system.message": "system",
@@ -98,6 +102,8 @@ def _set_args(rec: SpanRecord, raw: Any) -> None:
 def _set_result(rec: SpanRecord, raw: Any) -> None:
     if rec.result is None and raw is not None:
         rec.result, shape = unwrap_result(raw)
+        _note(rec, "result", shape)
+        rec.result, shape = unwrap_scoped_result(rec.result, rec.scope_name)
         _note(rec, "result", shape)
 
 
@@ -302,6 +308,9 @@ def extract(rec: SpanRecord, attrs: dict[str, Any], events: list[tuple[str, dict
         if (rec.scope_name, rec.tool_name) in _ANSWER_TOOLS:  # the run's answer, not a tool call
             rec.step_kind, rec.output_text = "other", text_of(rec.result)
             _note(rec, "step", "answer_tool")
+        elif (rec.scope_name, rec.tool_name) in _SUMMARY_TOOLS:  # the calls it merges have their own spans
+            rec.step_kind = "other"
+            _note(rec, "step", "merged_tools_summary")
     elif rec.step_kind == "llm_call":
         _llm(rec, attrs, events)
     elif rec.step_kind == "agent":

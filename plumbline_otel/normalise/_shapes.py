@@ -116,6 +116,19 @@ def unwrap_result(raw: Any) -> tuple[Any, str | None]:
     return value, None
 
 
+# Frameworks that wrap a tool's non-object return value in an object of one key, by tracer scope:
+# Google ADK returns `{"result": value}` to the model for a function that returned a plain value.
+_SCOPE_RESULT_KEYS = {"gcp.vertex.agent": "result"}
+
+
+def unwrap_scoped_result(value: Any, scope: str) -> tuple[Any, str | None]:
+    """A result a framework wrapped in its one-key object (known by the tracer's scope), unwrapped."""
+    key = _SCOPE_RESULT_KEYS.get(scope)
+    if key and isinstance(value, dict) and set(value) == {key}:
+        return maybe_json(value[key]), f"{scope}_result_wrapper"
+    return value, None
+
+
 def _content(content: Any) -> Any:
     if isinstance(content, list):
         inner = _blocks_text(content)
