@@ -206,7 +206,8 @@ def _context(root: SpanRecord, records: list[SpanRecord]) -> dict[str, Any]:
 
 
 def _final_output(root: SpanRecord, records: list[SpanRecord], llm: list[SpanRecord]) -> str | None:
-    if root.output_text:
+    kept_as_is = root.output_text if "output:unrecognised" in root.shapes else None
+    if root.output_text and not kept_as_is:
         return root.output_text
     answers = [r.output_text for r in records if "step:answer_tool" in r.shapes and r.output_text]
     if answers:  # a framework's answer tool (smolagents final_answer) carries the answer
@@ -214,7 +215,7 @@ def _final_output(root: SpanRecord, records: list[SpanRecord], llm: list[SpanRec
     for rec in sorted(llm, key=lambda r: r.end_ns, reverse=True):
         if rec.output_text and not rec.proposed_calls:
             return rec.output_text
-    return None
+    return kept_as_is
 
 
 def _is_empty_llm(rec: SpanRecord) -> bool:
@@ -255,7 +256,9 @@ def assemble(records: list[SpanRecord], task_keys: Iterable[str] = DEFAULT_TASK_
     if not steps and not any(k.startswith(CONTEXT_PREFIX) for k in context):
         return None
     first_llm = next((r for r in sorted(llm, key=lambda r: r.start_ns) if r.input_text), None)
-    input_text = root.input_text or (first_llm.input_text if first_llm else None)
+    # A root input of a shape we could not read is kept only when no LLM span has the request.
+    root_input = None if "input:unrecognised" in root.shapes else root.input_text
+    input_text = root_input or (first_llm.input_text if first_llm else None) or root.input_text
     task_key, source = _task_key(root, records, input_text, task_keys)
     return Trajectory(
         trajectory_id=root.trace_id,

@@ -11,6 +11,7 @@ kept as it came.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from plumbline_otel.normalise._values import maybe_json
@@ -19,6 +20,8 @@ from plumbline_otel.normalise._values import maybe_json
 _ROLES = {"human": "user", "humanmessage": "user", "user": "user", "ai": "assistant", "aimessage": "assistant",
           "assistant": "assistant", "aimessagechunk": "assistant", "model": "assistant",
           "tool": "tool", "toolmessage": "tool", "system": "system", "systemmessage": "system"}
+# `repr()` of a Python object (LlamaIndex records `StopEvent(result=AgentOutput(…))` as text).
+_PYTHON_REPR = re.compile(r"^[A-Za-z_][\w.]*\(\w+=")  # often cut short by the tracer: the start is enough
 # A ToolMessage whose status says the tool raised: the call failed, whatever its text says.
 TOOL_ERROR_SHAPE = "langchain_tool_message_error"
 _RUN_KWARGS = {"stream", "reset", "images", "additional_args", "max_steps", "return_full_result"}
@@ -169,7 +172,7 @@ def request_text(raw: Any) -> tuple[str | None, str | None]:
     """A run's recorded input as (the user's request, shape name); structures we cannot read stay JSON."""
     value = maybe_json(raw)
     if isinstance(value, str):
-        return value, None
+        return (None, "unrecognised") if _PYTHON_REPR.match(value) else (value, None)
     if isinstance(value, dict):
         if isinstance(value.get("messages"), list):
             return _last_text(value["messages"], "user"), "graph_state"
@@ -189,7 +192,7 @@ def answer_text(raw: Any) -> tuple[str | None, str | None]:
     """A run's recorded output as (the agent's answer, shape name)."""
     value = maybe_json(raw)
     if isinstance(value, str):
-        return value, None
+        return (None, "unrecognised") if _PYTHON_REPR.match(value) else (value, None)
     if isinstance(value, dict):
         if isinstance(value.get("messages"), list):
             return _last_text(value["messages"], "assistant"), "graph_state"
