@@ -216,7 +216,7 @@ _SHAPE_NAMES = {
     "langchain_tool_message_error": "LangChain ToolMessage dumps with status error (marked failed)",
     "merged_tools_summary": "Google ADK's (merged tools) span over parallel calls (not a call: each call has its own span)",
     "answer_tool": "a framework's answer tool (smolagents final_answer: the run's answer, not a tool call)",
-    "content_blocks": "content blocks", "gcp.vertex.agent_result_wrapper": "Google ADK {result} wrappers of plain return values", "output_wrapper": "{output} wrappers",
+    "content_blocks": "content blocks", "responses_dump": "OpenAI Responses objects (a streamed response)", "gcp.vertex.agent_result_wrapper": "Google ADK {result} wrappers of plain return values", "output_wrapper": "{output} wrappers",
     "graph_state": "graph-state dumps {messages}", "run_kwargs": "run() keyword dumps", "message_list": "message lists",
     "agent_output": "agent result objects", "run_result": "run result objects", "traceloop_entity": "Traceloop entity payloads",
     "scalar": "a bare value, not an object", "unrecognised": "a structure of unknown shape",

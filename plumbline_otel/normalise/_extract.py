@@ -12,7 +12,7 @@ from dataclasses import replace
 from typing import Any, Callable
 
 from plumbline_otel.model import Convention, SpanRecord, StepKind
-from plumbline_otel.normalise._messages import Message, parse_args, parse_messages, result_is_error
+from plumbline_otel.normalise._messages import Message, parse_args, parse_messages, response_messages, result_is_error
 from plumbline_otel.normalise._shapes import (
     TOOL_ERROR_SHAPE, answer_text, request_text, unwrap_args, unwrap_result, unwrap_scoped_result,
 )
@@ -245,6 +245,10 @@ def _llm(rec: SpanRecord, attrs: dict[str, Any], events: list[tuple[str, dict[st
     _llm_fields(rec, attrs)
     if rec.convention == "openinference":
         _apply_messages(rec, *_messages_flat(attrs, "llm.input_messages", "llm.output_messages"))
+        if rec.output_text is None and not rec.proposed_calls:  # a streamed response: only the Responses dump
+            outputs = response_messages(attrs.get("output.value"))
+            _apply_messages(rec, [], outputs)
+            _note(rec, "output", "responses_dump" if outputs else None)
         _raw_request_errors(rec, attrs)
         if rec.content_captured:
             return  # GenAI keys on an OpenInference span only fill gaps

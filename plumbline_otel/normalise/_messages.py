@@ -65,7 +65,8 @@ def _call(obj: dict[str, Any], index: int) -> ToolCallRef | None:
         return None
     raw = obj.get("arguments", obj.get("input", function.get("arguments")))
     args, _ = parse_args(raw)
-    call_id = obj.get("id") or obj.get("call_id")
+    # A Responses API `function_call` item has its own `id`; the call's id is `call_id`.
+    call_id = obj.get("call_id") or obj.get("id") if obj.get("type") == "function_call" else obj.get("id") or obj.get("call_id")
     return ToolCallRef(name=str(name), args=args, call_id=str(call_id) if call_id else None, index=index)
 
 
@@ -152,6 +153,15 @@ def parse_message(obj: Any) -> Message | None:
         msg.results.append(ToolResultRef(str(obj["tool_call_id"]), value, result_is_error(value)))
         msg.texts = []
     return msg
+
+
+def response_messages(value: Any) -> list[Message]:
+    """The output items of OpenAI Responses objects (one, or a list of them) as messages."""
+    value = maybe_json(value)
+    responses = value if isinstance(value, list) else [value]
+    items = [item for r in responses if isinstance(r, dict) and r.get("object") == "response"
+             for item in (r.get("output") or []) if isinstance(item, dict)]
+    return parse_messages([item if item.get("type") == "message" else {"role": "assistant", "content": [item]} for item in items])
 
 
 def parse_messages(value: Any) -> list[Message]:
