@@ -193,6 +193,9 @@ def findings(section: dict[str, Any]) -> list[str]:
     out += _shape_sentences(section["shapes"], tools)
     if n and trajs["with_input"] < n:
         out.append(f"{n - trajs['with_input']} of {n} trajectories have no recorded input, so they cannot be replayed.")
+    if n and trajs["with_final_output"] < n:
+        out.append(f"{n - trajs['with_final_output']} of {n} trajectories have no final output: neither the agent span nor the last"
+                   " LLM response records the answer (content capture off, or an instrumentation that records no model output).")
     if n:
         out.append(_task_key_sentence(section["task_key_sources"], trajs))
     if n and trajs["tasks_seen_more_than_once"] == 0:
