@@ -87,8 +87,10 @@ _MIGRATIONS: dict[int, list[str]] = {
         """CREATE TABLE problems (
             received_ns BIGINT, source VARCHAR, location VARCHAR, reason VARCHAR, spans INTEGER)""",
     ],
-    # Framework wrappers and dumps unwrapped per span, for coverage (issue 15).
-    2: ["ALTER TABLE spans ADD COLUMN shapes VARCHAR[]"],
+    # Framework wrappers and dumps unwrapped per span, for coverage (issue 15); every trajectory is
+    # rebuilt, because a conversation id is no longer a default task key.
+    2: ["ALTER TABLE spans ADD COLUMN shapes VARCHAR[]",
+        "INSERT OR IGNORE INTO dirty_traces SELECT DISTINCT trace_id FROM spans"],
 }
 
 

@@ -109,6 +109,22 @@ def test_task_key_falls_back_to_a_hash_of_the_input_and_can_be_reconfigured(stor
     assert (t.task_key, t.task_key_source) == ("INV-1029", "attribute:invoice.id")
 
 
+def test_a_version_1_store_migrates_and_rebuilds_its_task_keys(tmp_path: Path) -> None:
+    path = tmp_path / "old.duckdb"
+    with Store(path) as store:
+        ingest_files(store, [str(_write(tmp_path / "a.jsonl", [record(genai_run)]))])
+    with duckdb.connect(str(path)) as con:  # the file as version 1 wrote it: no shapes, conversation ids as task keys
+        con.execute("ALTER TABLE spans DROP COLUMN shapes")
+        con.execute("UPDATE meta SET value = '1' WHERE key = 'schema_version'")
+        con.execute("UPDATE trajectories SET task_key = 'INV-1029', task_key_source = 'attribute:gen_ai.conversation.id'")
+    with Store(path) as store:
+        store.assemble()
+        [t] = list(store.trajectories())
+        assert t.task_key_source == "input_hash" and t.context["gen_ai.conversation.id"] == "INV-1029"
+        assert store.connection.execute("SELECT count(*) FROM spans WHERE shapes IS NULL").fetchone()[0] > 0
+        ingest_files(store, [str(_write(tmp_path / "b.jsonl", [record(genai_run)]))])  # new rows write the new column
+
+
 def test_a_newer_schema_is_refused_with_a_message(tmp_path: Path) -> None:
     path = tmp_path / "future.duckdb"
     Store(path).close()
