@@ -1,0 +1,79 @@
+"""The framework fixtures hold what their expected.json says happened, and only where content was captured.
+
+tests/fixtures/frameworks/generate_*.py drove real agent frameworks against a simulated model and recorded
+expected.json while they ran. These checks read the trace files only (no product code), so that a
+regenerated fixture that lost its runs, mixed them up or leaked content it claims not to capture fails
+here, before any normaliser test has to explain it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+FRAMEWORKS = FIXTURES / "frameworks"
+SETUPS = sorted(p.parent.name for p in FRAMEWORKS.glob("*/expected.json"))
+
+_spec = importlib.util.spec_from_file_location("producers_generate", FIXTURES / "producers" / "generate.py")
+assert _spec is not None and _spec.loader is not None
+producers = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(producers)  # stdlib-only at import: its `_any_value` and `_contains` helpers
+
+
+def _values(line: str) -> list[Any]:
+    """Every attribute value of every span (and span event) in one ExportTraceServiceRequest line."""
+    out: list[Any] = []
+    for rs in json.loads(line)["resourceSpans"]:
+        for ss in rs["scopeSpans"]:
+            for span in ss["spans"]:
+                attrs = span.get("attributes", []) + [a for ev in span.get("events", []) for a in ev.get("attributes", [])]
+                out.extend(producers._any_value(a["value"]) for a in attrs)
+    return out
+
+
+def _found(values: list[Any], wanted: Any) -> bool:
+    if isinstance(wanted, dict):
+        return any(producers._contains(v, wanted) for v in values)
+    return any(isinstance(v, str) and wanted in v for v in values)
+
+
+def test_every_set_up_the_issue_names_from_this_generator_is_here() -> None:
+    assert SETUPS == sorted(["adk_content", "adk_nocontent", "langchain_openinference", "langchain_traceloop",
+                             "llamaindex_openinference", "smolagents_openinference"])
+
+
+@pytest.mark.parametrize("setup", SETUPS)
+def test_each_run_is_in_its_own_line_with_what_expected_json_recorded(setup: str) -> None:
+    expected = json.loads((FRAMEWORKS / setup / "expected.json").read_text())
+    lines = (FRAMEWORKS / setup / "trace.otlp.jsonl").read_text().splitlines()
+    runs = expected["runs"]
+    assert expected["setup"] == setup and expected["framework"]["version"]
+    assert [r["label"] for r in runs] == ["clean", "tool_called_twice", "skipped_check", "wrong_amount",
+                                           "tool_raises", "clean_repeat"]
+    assert runs[0]["task"] == runs[-1]["task"] and runs[0]["input"] == runs[-1]["input"]
+    assert len({r["task"] for r in runs}) == 5
+    assert len(lines) == len(runs)
+    assert set(expected["streamed_runs"]) <= {r["label"] for r in runs}
+    for run, line in zip(runs, lines):
+        values = _values(line)
+        assert run["llm_calls"] >= 2 and run["tool_calls"], run["label"]
+        assert [c["failed"] for c in run["tool_calls"]].count(True) == (run["label"] == "tool_raises")
+        captured = expected["content_captured"]
+        assert _found(values, run["input"]) == captured, f"{setup}/{run['label']}: input"
+        assert _found(values, run["final_output"]) == captured, f"{setup}/{run['label']}: final output"
+        for call in run["tool_calls"]:
+            assert _found(values, call["args"]) == captured, f"{setup}/{run['label']}: args of {call['name']}"
+            assert any(v == call["name"] or (isinstance(v, str) and call["name"] in v) for v in values)
+
+
+def test_langchain_openinference_has_a_streamed_run_and_two_parallel_tool_calls() -> None:
+    expected = json.loads((FRAMEWORKS / "langchain_openinference" / "expected.json").read_text())
+    assert expected["streamed_runs"] == ["skipped_check"]
+    line = (FRAMEWORKS / "langchain_openinference" / "trace.otlp.jsonl").read_text().splitlines()[1]
+    first_turn = [v for v in _values(line) if isinstance(v, str) and v.startswith("call_tool_called_twice_0_")]
+    assert sorted(set(first_turn)) == ["call_tool_called_twice_0_0", "call_tool_called_twice_0_1"]
