@@ -26,31 +26,48 @@ _spec.loader.exec_module(producers)  # stdlib-only at import: its `_any_value` a
 
 
 def _values(line: str) -> list[Any]:
-    """Every attribute value of every span (and span event) in one ExportTraceServiceRequest line."""
+    """Every attribute value of every span, span event and log record (with its body) in one export line."""
     out: list[Any] = []
-    for rs in json.loads(line)["resourceSpans"]:
+    request = json.loads(line)
+    for rs in request.get("resourceSpans", []):
         for ss in rs["scopeSpans"]:
             for span in ss["spans"]:
                 attrs = span.get("attributes", []) + [a for ev in span.get("events", []) for a in ev.get("attributes", [])]
                 out.extend(producers._any_value(a["value"]) for a in attrs)
+    for rl in request.get("resourceLogs", []):
+        for sl in rl["scopeLogs"]:
+            for record in sl["logRecords"]:
+                out.extend(producers._any_value(a["value"]) for a in record.get("attributes", []))
+                out.append(producers._any_value(record.get("body") or {}))
     return out
 
 
+def _lines(setup: str, name: str) -> list[str]:
+    path = FRAMEWORKS / setup / name
+    return path.read_text().splitlines() if path.exists() else []
+
+
 def _found(values: list[Any], wanted: Any) -> bool:
+    """An object anywhere (JSON strings included), or a text inside any string, however deeply nested."""
     if isinstance(wanted, dict):
         return any(producers._contains(v, wanted) for v in values)
-    return any(isinstance(v, str) and wanted in v for v in values)
+    if any(isinstance(v, str) and wanted in v for v in values):
+        return True
+    nested = [x for v in values if isinstance(v, (dict, list)) for x in (v.values() if isinstance(v, dict) else v)]
+    return bool(nested) and _found(nested, wanted)
 
 
 def test_every_set_up_the_issue_names_from_this_generator_is_here() -> None:
-    assert SETUPS == sorted(["adk_content", "adk_nocontent", "langchain_openinference", "langchain_traceloop",
-                             "llamaindex_openinference", "smolagents_openinference"])
+    assert SETUPS == sorted(["adk_content", "adk_content_events", "adk_nocontent", "langchain_openinference",
+                             "langchain_traceloop", "llamaindex_openinference", "smolagents_openinference"])
 
 
 @pytest.mark.parametrize("setup", SETUPS)
 def test_each_run_is_in_its_own_line_with_what_expected_json_recorded(setup: str) -> None:
     expected = json.loads((FRAMEWORKS / setup / "expected.json").read_text())
-    lines = (FRAMEWORKS / setup / "trace.otlp.jsonl").read_text().splitlines()
+    lines = _lines(setup, "trace.otlp.jsonl")
+    log_lines = _lines(setup, "logs.otlp.jsonl")
+    assert len(log_lines) in (0, len(lines))
     runs = expected["runs"]
     assert expected["setup"] == setup and expected["framework"]["version"]
     assert [r["label"] for r in runs] == ["clean", "tool_called_twice", "skipped_check", "wrong_amount",
@@ -59,8 +76,8 @@ def test_each_run_is_in_its_own_line_with_what_expected_json_recorded(setup: str
     assert len({r["task"] for r in runs}) == 5
     assert len(lines) == len(runs)
     assert set(expected["streamed_runs"]) <= {r["label"] for r in runs}
-    for run, line in zip(runs, lines):
-        values = _values(line)
+    for i, (run, line) in enumerate(zip(runs, lines)):
+        values = _values(line) + (_values(log_lines[i]) if log_lines else [])
         assert run["llm_calls"] >= 2 and run["tool_calls"], run["label"]
         assert [c["failed"] for c in run["tool_calls"]].count(True) == (run["label"] == "tool_raises")
         captured = expected["content_captured"]
