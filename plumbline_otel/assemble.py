@@ -206,6 +206,12 @@ def _context(root: SpanRecord, records: list[SpanRecord]) -> dict[str, Any]:
 
 
 def _final_output(root: SpanRecord, records: list[SpanRecord], llm: list[SpanRecord]) -> str | None:
+    """The agent's answer; a trailing newline is presentation (strands' `str(AgentResult)` adds one)."""
+    text = _answer(root, records, llm)
+    return text.rstrip("\n") if text else text
+
+
+def _answer(root: SpanRecord, records: list[SpanRecord], llm: list[SpanRecord]) -> str | None:
     kept_as_is = root.output_text if "output:unrecognised" in root.shapes else None
     if root.output_text and not kept_as_is:
         return root.output_text
