@@ -180,7 +180,7 @@ def findings(section: dict[str, Any]) -> list[str]:
         out.append(f"{tools['only_in_llm_output']} tool calls exist only in LLM output messages (no tool spans): their results come from later LLM inputs, and a call the agent never executed cannot be told apart from one that ran.")
     llm, content = llm_calls["llm_calls"], llm_calls["with_content"]
     if spans["llm_spans"] > llm:
-        out.append(f"{spans['llm_spans'] - llm} LLM spans describe a call another span already records (a provider SDK's own span beside an instrumentation's); each such call counts once.")
+        out.append(f"{spans['llm_spans'] - llm} LLM spans describe a call another span already records (a provider SDK's own span beside an instrumentation's) or made no request (no content and no tokens beside a sibling that has them, e.g. LlamaIndex's _prepare_chat_with_tools); each call counts once.")
     if llm and content < llm:
         out.append(f"{_pct(llm - content, llm)} of LLM calls ({llm - content} of {llm}) have no message content: content capture is off by default in most instrumentations (OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT for the OpenTelemetry GenAI ones and Google ADK: SPAN_ONLY puts it on spans); without it, tool calls inside LLM spans and the run's input are invisible.")
     if llm and llm_calls["with_tokens"] < llm:
@@ -242,11 +242,16 @@ def _shape_sentences(shapes: dict[str, dict[str, int]], tools: dict[str, Any]) -
     if shapes["unwrapped"]:
         parts = "; ".join(_shape_phrase(s, n) for s, n in shapes["unwrapped"].items())
         out.append(f"Recognised framework wrappers and dumps, unwrapped to the value inside: {parts}.")
-    if shapes["kept_as_is"]:
-        parts = "; ".join(_shape_phrase(s, n) for s, n in shapes["kept_as_is"].items())
-        replaced = tools.get("bare_args_replaced_by_llm_output", 0)
-        out.append(f"Kept as they came (shape not recognised): {parts}; {replaced} bare tool arguments were replaced by the "
-                   "model's proposed call object. Arguments that stay bare cannot be checked by name.")
+    kept = shapes["kept_as_is"]
+    if kept:
+        parts = "; ".join(_shape_phrase(s, n) for s, n in kept.items())
+        text = f"Kept as they came (shape not recognised): {parts}."
+        if any(s.startswith("args:") for s in kept):
+            text += (f" {tools.get('bare_args_replaced_by_llm_output', 0)} bare tool arguments were replaced by the model's"
+                     " proposed call object; arguments that stay bare cannot be checked by name.")
+        if any(s.startswith(("input:", "output:")) for s in kept):
+            text += " A run input or output kept as it came gives way to the LLM spans' request and answer where they have them."
+        out.append(text)
     return out
 
 
