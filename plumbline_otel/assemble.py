@@ -224,17 +224,19 @@ def _answer(root: SpanRecord, records: list[SpanRecord], llm: list[SpanRecord]) 
     return kept_as_is
 
 
-def _is_empty_llm(rec: SpanRecord) -> bool:
-    return not (rec.content_captured or rec.proposed_calls or rec.input_tokens or rec.output_tokens or rec.output_text)
+def _has_evidence(rec: SpanRecord) -> bool:
+    return bool(rec.content_captured or rec.proposed_calls or rec.input_tokens or rec.output_tokens or rec.output_text)
 
 
 def _without_preparation(llm: list[SpanRecord]) -> list[SpanRecord]:
     """Drop LLM-kind spans that made no request: no content and no tokens beside a sibling that has them.
 
     LlamaIndex opens one for local preparation (`…_prepare_chat_with_tools`) next to the real call.
+    Only a span whose recorded payload held no chat counts as such: with content capture off a
+    real call can lack content and tokens too (a stream without usage), and it stays a call.
     """
-    real_parents = {r.parent_span_id for r in llm if not _is_empty_llm(r)}
-    return [r for r in llm if not (_is_empty_llm(r) and r.parent_span_id in real_parents)]
+    real_parents = {r.parent_span_id for r in llm if _has_evidence(r)}
+    return [r for r in llm if not ("step:no_model_request" in r.shapes and not _has_evidence(r) and r.parent_span_id in real_parents)]
 
 
 def assemble(records: list[SpanRecord], task_keys: Iterable[str] = DEFAULT_TASK_KEYS) -> Trajectory | None:

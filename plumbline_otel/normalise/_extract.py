@@ -252,6 +252,10 @@ def _llm(rec: SpanRecord, attrs: dict[str, Any], events: list[tuple[str, dict[st
         _raw_request_errors(rec, attrs)
         if rec.content_captured:
             return  # GenAI keys on an OpenInference span only fill gaps
+        if rec.input_tokens is None and rec.output_tokens is None and "input.value" in attrs:
+            # Its payload was recorded and holds no chat: local work such as LlamaIndex's
+            # `_prepare_chat_with_tools`, not a model request (assembly drops it beside the real call).
+            _note(rec, "step", "no_model_request")
     _apply_messages(rec, *_messages_genai(attrs, events))
     if not rec.content_captured:  # the older indexed form is only looked for when nothing newer was there
         _apply_messages(rec, *_messages_flat(attrs, "gen_ai.prompt", "gen_ai.completion"))

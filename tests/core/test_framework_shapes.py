@@ -127,18 +127,21 @@ def test_input_comes_from_the_first_llm_span_that_has_one() -> None:
     assert assemble(_records(build)).input == "Pay INV-1"
 
 
-def test_a_contentless_tokenless_llm_span_beside_the_real_call_is_not_a_call() -> None:
+def test_local_preparation_beside_the_real_call_is_not_a_call_but_a_stream_without_usage_is() -> None:
     def build(tracer: Tracer) -> None:
         with tracer.start_as_current_span("FunctionAgent.run", attributes={"openinference.span.kind": "AGENT", "input.value": "Pay INV-1"}):
-            with tracer.start_as_current_span("OpenAI._prepare_chat_with_tools", attributes={"openinference.span.kind": "LLM"}):
+            with tracer.start_as_current_span("OpenAI._prepare_chat_with_tools", attributes={
+                    "openinference.span.kind": "LLM", "llm.model_name": "gpt-4o-mini", "input.value": '{"tools": [], "user_msg": null}'}):
                 pass
+            with tracer.start_as_current_span("OpenAI.astream_chat", attributes={"openinference.span.kind": "LLM", "llm.model_name": "gpt-4o-mini"}):
+                pass  # content capture off and a stream without usage: still a model request
             with tracer.start_as_current_span("OpenAI.achat", attributes={
                     "openinference.span.kind": "LLM", "llm.token_count.prompt": 10, "llm.token_count.completion": 2,
                     "llm.output_messages.0.message.role": "assistant", "llm.output_messages.0.message.content": "Paid."}):
                 pass
 
     trajectory = assemble(_records(build))
-    assert [s.name for s in trajectory.steps if s.kind == "llm_call"] == ["OpenAI.achat"]
+    assert [s.name for s in trajectory.steps if s.kind == "llm_call"] == ["gpt-4o-mini", "OpenAI.achat"]
 
 
 def test_a_provider_name_alone_is_not_a_chat_call_traceloop_kind_decides() -> None:
