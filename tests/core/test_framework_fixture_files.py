@@ -17,7 +17,13 @@ import pytest
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 FRAMEWORKS = FIXTURES / "frameworks"
-SETUPS = sorted(p.parent.name for p in FRAMEWORKS.glob("*/expected.json"))
+# The set-ups written by generate_langchain/_smolagents/_llamaindex/_adk.py and by
+# generate_strands/_openai_agents/_pydantic_ai.py: one that goes missing fails here.
+SETUPS = ["adk_content", "adk_content_events", "adk_nocontent", "langchain_openinference", "langchain_traceloop",
+          "llamaindex_openinference", "smolagents_openinference",
+          "strands_default", "strands_latest", "pydantic_ai",
+          "openai_agents_openinference_chat", "openai_agents_openinference_responses",
+          "openai_agents_traceloop_chat", "openai_agents_traceloop_responses"]
 
 _spec = importlib.util.spec_from_file_location("producers_generate", FIXTURES / "producers" / "generate.py")
 assert _spec is not None and _spec.loader is not None
@@ -57,9 +63,10 @@ def _found(values: list[Any], wanted: Any) -> bool:
     return bool(nested) and _found(nested, wanted)
 
 
-def test_every_set_up_the_issue_names_from_this_generator_is_here() -> None:
-    assert SETUPS == sorted(["adk_content", "adk_content_events", "adk_nocontent", "langchain_openinference",
-                             "langchain_traceloop", "llamaindex_openinference", "smolagents_openinference"])
+def test_every_set_up_has_its_fixture_and_pins() -> None:
+    for setup in SETUPS:
+        assert (FRAMEWORKS / setup / "expected.json").is_file() and (FRAMEWORKS / setup / "trace.otlp.jsonl").is_file()
+        assert (FRAMEWORKS / f"requirements-{setup}.txt").is_file(), setup
 
 
 @pytest.mark.parametrize("setup", SETUPS)
@@ -82,7 +89,8 @@ def test_each_run_is_in_its_own_line_with_what_expected_json_recorded(setup: str
         assert [c["failed"] for c in run["tool_calls"]].count(True) == (run["label"] == "tool_raises")
         captured = expected["content_captured"]
         assert _found(values, run["input"]) == captured, f"{setup}/{run['label']}: input"
-        assert _found(values, run["final_output"]) == captured, f"{setup}/{run['label']}: final output"
+        in_trace = captured and "final_output" not in expected.get("absent_from_trace", [])
+        assert _found(values, run["final_output"]) == in_trace, f"{setup}/{run['label']}: final output"
         for call in run["tool_calls"]:
             assert _found(values, call["args"]) == captured, f"{setup}/{run['label']}: args of {call['name']}"
             assert any(v == call["name"] or (isinstance(v, str) and call["name"] in v) for v in values)
@@ -94,3 +102,15 @@ def test_langchain_openinference_has_a_streamed_run_and_two_parallel_tool_calls(
     line = (FRAMEWORKS / "langchain_openinference" / "trace.otlp.jsonl").read_text().splitlines()[1]
     first_turn = [v for v in _values(line) if isinstance(v, str) and v.startswith("call_tool_called_twice_0_")]
     assert sorted(set(first_turn)) == ["call_tool_called_twice_0_0", "call_tool_called_twice_0_1"]
+
+
+@pytest.mark.parametrize("setup", [s for s in SETUPS if s.startswith(("openai_agents_", "strands_", "pydantic_ai"))])
+def test_streamed_runs_and_parallel_calls_are_in_the_trace(setup: str) -> None:
+    """A streamed model response and two parallel calls in one response, each with the id the stand-in gave it."""
+    expected = json.loads((FRAMEWORKS / setup / "expected.json").read_text())
+    assert "skipped_check" in expected["streamed_runs"]
+    twice = expected["runs"][1]
+    parallel = [c for c in twice["tool_calls"] if c["model_turn"] == 0]
+    assert [c["call_id"] for c in parallel] == ["call_tool_called_twice_0_0", "call_tool_called_twice_0_1"]
+    values = _values((FRAMEWORKS / setup / "trace.otlp.jsonl").read_text().splitlines()[1])
+    assert all(_found(values, c["call_id"]) for c in parallel)
