@@ -164,6 +164,8 @@ class Store:
             raise StoreError(f"cannot open {self.path}: {exc}") from None
         if not read_only:
             self._migrate()
+        # A file opened read-only keeps the schema it was written with (older columns may be missing).
+        self.schema_version = self._version()
         self.task_keys = tuple(task_keys) if task_keys else self._stored_task_keys()
 
     # --- schema -----------------------------------------------------------------------------

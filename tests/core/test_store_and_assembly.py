@@ -15,6 +15,7 @@ from otlp import record, to_otlp_json
 from plumbline_otel.cli.main import _register, cli
 from plumbline_otel.errors import StoreError
 from plumbline_otel.ingest import ingest_files
+from plumbline_otel.coverage import coverage_report
 from plumbline_otel.store import SCHEMA_VERSION, Store
 
 _register()
@@ -117,6 +118,8 @@ def test_a_version_1_store_migrates_and_rebuilds_its_task_keys(tmp_path: Path) -
         con.execute("ALTER TABLE spans DROP COLUMN shapes")
         con.execute("UPDATE meta SET value = '1' WHERE key = 'schema_version'")
         con.execute("UPDATE trajectories SET task_key = 'INV-1029', task_key_source = 'attribute:gen_ai.conversation.id'")
+    with Store(path, read_only=True) as store:  # a reader does not migrate, and coverage still answers
+        assert store.schema_version == 1 and coverage_report(store)["overall"]["shapes"] == {"unwrapped": {}, "kept_as_is": {}}
     with Store(path) as store:
         store.assemble()
         [t] = list(store.trajectories())
