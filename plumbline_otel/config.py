@@ -8,6 +8,7 @@
     storage: {path: plumbline.duckdb, task_keys: [session.id], memory_limit_mib: 512}
     queue: {max_spans: 8192, max_bytes_mib: 128, batch_max_spans: 8192, retry_after_seconds: 1}
     assemble: {interval_seconds: 1, max_delay_seconds: 2}
+    pipeline: {workers: 2}           # shard worker processes; default: one per core, 0 = in-process
     auth: {bearer_token_file: /run/secrets/plumbline-token}
     tls: {cert_file: server.pem, key_file: server-key.pem}
     content: {drop: ["gen_ai.input.messages"], hash: ["gen_ai.tool.call.arguments"]}
@@ -44,6 +45,7 @@ _SCHEMA: dict[str, Any] = {
     "storage": {"path": (str, "plumbline.duckdb"), "task_keys": (list, None), "memory_limit_mib": (int, 512)},
     "queue": {"max_spans": (int, 8192), "max_bytes_mib": (int, 128), "batch_max_spans": (int, 8192), "retry_after_seconds": (float, 1.0)},
     "assemble": {"interval_seconds": (float, 1.0), "max_delay_seconds": (float, 2.0)},
+    "pipeline": {"workers": (int, None)},
     "auth": {"bearer_token": (str, None), "bearer_token_file": (str, None)},
     "tls": {"cert_file": (str, None), "key_file": (str, None)},
     "content": {"drop": (list, None), "hash": (list, None), "hash_salt": (str, "")},
@@ -82,6 +84,7 @@ class ServeConfig:
     retry_after_seconds: float = 1.0
     assemble_interval_seconds: float = 1.0
     assemble_max_delay_seconds: float = 2.0
+    workers: int | None = None  # shard worker processes (None: one per core; 0: in the server's process)
     auth_token: str | None = None
     tls_cert_file: str | None = None
     tls_key_file: str | None = None
@@ -163,6 +166,12 @@ def _token(values: dict[str, Any]) -> str | None:
     return token
 
 
+def _not_negative(values: dict[str, Any], *keys: str) -> None:
+    for key in keys:
+        if values[key] is not None and values[key] < 0:
+            raise ConfigError(f"{key}: must be 0 or more, got {values[key]}")
+
+
 def _positive(values: dict[str, Any], *keys: str) -> None:
     for key in keys:
         if values[key] is not None and values[key] <= 0:
@@ -173,6 +182,7 @@ def _build(values: dict[str, Any]) -> ServeConfig:
     _positive(values, "receivers.otlp.protocols.grpc.max_recv_msg_size_mib", "receivers.otlp.protocols.http.max_request_body_size_mib",
               "queue.max_spans", "queue.max_bytes_mib", "queue.batch_max_spans", "assemble.interval_seconds",
               "storage.memory_limit_mib")
+    _not_negative(values, "pipeline.workers")
     cert, key = values["tls.cert_file"], values["tls.key_file"]
     if bool(cert) != bool(key):
         raise ConfigError(f"tls.{'key_file' if cert else 'cert_file'}: TLS needs both tls.cert_file and tls.key_file")
@@ -196,6 +206,7 @@ def _build(values: dict[str, Any]) -> ServeConfig:
         retry_after_seconds=values["queue.retry_after_seconds"],
         assemble_interval_seconds=values["assemble.interval_seconds"],
         assemble_max_delay_seconds=values["assemble.max_delay_seconds"],
+        workers=values["pipeline.workers"],
         auth_token=_token(values),
         tls_cert_file=cert,
         tls_key_file=key,

@@ -91,7 +91,7 @@ def _evidence(store: Store, where: str, params: list[Any]) -> dict[str, int]:
 
 def _shapes(store: Store, where: str, params: list[Any]) -> dict[str, dict[str, int]]:
     """Framework wrappers and dumps met per span: recognised (and unwrapped) or kept as they came."""
-    if store.schema_version < 2:  # written before spans recorded their shapes, opened read-only
+    if store.schema_version < 3:  # written before spans recorded their shapes, opened read-only
         return {"unwrapped": {}, "kept_as_is": {}}
     rows = store.connection.execute(f"""
         SELECT shape, count(*) FROM (SELECT unnest(shapes) AS shape FROM spans WHERE {where})

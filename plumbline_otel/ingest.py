@@ -1,20 +1,25 @@
 """Ingest: trace files or decoded requests through normalisation into the store.
 
-The same `ingest_decoded` serves files and the receivers, so a span means the same thing however
-it arrived. Spans are written in batches (one transaction each) and trajectories are rebuilt once
-at the end of a run of files, for the traces that changed.
+Files go through the shard pipeline (`pipeline.py`): every core decodes and normalises, the
+store commits span batches (one transaction each) and each trace is assembled once, at the end of
+a run of files. The receiver runs the same shards, so a span means the same thing however it
+arrived.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Iterator
 
-from plumbline_otel.decode import Decoded, Problem, decode_unit, iter_trace_files, iter_units
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+from plumbline_otel.decode import Decoded, Problem, Unit, iter_trace_files, iter_units
 from plumbline_otel.errors import MalformedTraceFile
 from plumbline_otel.model import SpanRecord
 from plumbline_otel.normalise import Limits, normalise_request
+from plumbline_otel.pipeline import Part, ShardPool, ShardSettings, SpanPart, TrajectoryPart, concat_parts, default_workers
 from plumbline_otel.store import Store
 
 
@@ -45,38 +50,44 @@ class IngestSummary:
         self.problems.extend(other.problems)
 
 
-class _Batcher:
-    """Collects span records and problems; writes one transaction per `size` spans."""
+class PartWriter:
+    """The writer's side of the pipeline: commits the parts shards send, in the order they come.
 
-    def __init__(self, store: Store, size: int, summary: IngestSummary, source: str, keep: int = 20_000) -> None:
-        self.store, self.size, self.summary, self.source, self.keep = store, size, summary, source, keep
-        self.records: list[SpanRecord] = []
-        self.problems: list[Problem] = []
-        # Records written since the last assembly, by trace, so assembly need not read them back.
-        self.recent: dict[str, list[SpanRecord]] = {}
-        self.recent_count = 0
+    Span parts are gathered into one transaction per `batch_spans` spans; a trajectory part first
+    commits the spans gathered so far (its trajectories were built from them), then is stored for
+    the traces whose stored spans match (`Store.write_assembled`).
+    """
 
-    def add(self, records: list[SpanRecord], problems: list[Problem]) -> None:
-        self.records.extend(records)
-        self.problems.extend(problems)
-        if len(self.records) >= self.size:
-            self.flush()
+    def __init__(self, store: Store, summary: IngestSummary, batch_spans: int = 5000, source: str = "file") -> None:
+        self.store, self.summary, self.batch_spans, self.source = store, summary, batch_spans, source
+        self.pending: list[SpanPart] = []
+        self.pending_spans = 0
 
-    def flush(self) -> None:
-        if self.records or self.problems:
-            result = self.store.write_spans(self.records, self.problems, self.source)
-            self.summary.stored += result.stored
-            self.summary.duplicate += result.duplicate
-            for rec in self.records:
-                self.recent.setdefault(rec.trace_id, []).append(rec)
-            self.recent_count += len(self.records)
-            self.records, self.problems = [], []
-        if self.recent_count >= self.keep:  # memory stays bounded: assemble and let go
-            self.assemble()
+    def take(self, part: Part) -> None:
+        """Count and commit (or gather) one part."""
+        if isinstance(part, SpanPart):
+            self.summary.spans_read += part.spans
+            self.summary.rejected_spans += part.rejected
+            self.summary.problems.extend(part.problems)
+            if part.error:
+                self.summary.problems.append(Problem(f"unit {part.seq}", f"not normalised: {part.error}"))
+            self.pending.append(part)
+            self.pending_spans += part.spans
+            if self.pending_spans >= self.batch_spans:
+                self.commit()
+        elif isinstance(part, TrajectoryPart):
+            self.commit()
+            self.summary.trajectories += self.store.write_assembled(part.table, part.counts)
 
-    def assemble(self) -> None:
-        self.summary.trajectories += self.store.assemble(self.recent)
-        self.recent, self.recent_count = {}, 0
+    def commit(self) -> None:
+        """Commit the gathered span parts in one transaction."""
+        if not self.pending:
+            return
+        table, problems = concat_parts(self.pending)
+        result = self.store.write_span_table(table, problems, self.source)
+        self.summary.stored += result.stored
+        self.summary.duplicate += result.duplicate
+        self.pending, self.pending_spans = [], 0
 
 
 def ingest_decoded(decoded: Decoded, limits: Limits, summary: IngestSummary) -> tuple[list[SpanRecord], list[Problem]]:
@@ -90,29 +101,59 @@ def ingest_decoded(decoded: Decoded, limits: Limits, summary: IngestSummary) -> 
     return records, problems
 
 
+def _ingest_units(store: Store, units: Iterable[Unit], summary: IngestSummary, source: str, limits: Limits | None,
+                  batch_spans: int, workers: int) -> IngestSummary:
+    """Units through the shards into the store; then the traces no shard could assemble alone, from the store."""
+    settings = ShardSettings(limits=limits or Limits(), task_keys=store.task_keys)
+    writer = PartWriter(store, summary, batch_spans, source=source)
+    with ShardPool(settings, workers) as pool:
+        for unit in units:
+            pool.submit(unit)
+            summary.requests += 1
+            for part in pool.parts():
+                writer.take(part)
+        for part in pool.flush():
+            writer.take(part)
+    writer.commit()
+    summary.trajectories += store.assemble()  # traces whose stored spans differ from what their shard held
+    return summary
+
+
 def ingest_files(
     store: Store,
     paths: Iterable[str],
     limits: Limits | None = None,
     batch_spans: int = 5000,
     on_file: Callable[[Path], None] | None = None,
+    workers: int | None = None,
 ) -> IngestSummary:
-    """Ingest trace files (files, directories, globs) and rebuild the trajectories they touched."""
-    limits = limits or Limits()
+    """Ingest trace files (files, directories, globs) and rebuild the trajectories they touched.
+
+    `workers` processes share the work by trace id (None: every core, or none for inputs under
+    8 MiB); each trace is assembled once, after the last file, unless memory asks for it sooner.
+    """
     summary = IngestSummary()
     files = list(iter_trace_files(list(paths)))
-    batcher = _Batcher(store, batch_spans, summary, source="file")
-    for path in files:
-        summary.files += 1
-        try:
-            for unit in iter_units(path):
-                batcher.add(*ingest_decoded(decode_unit(unit), limits, summary))
-        except MalformedTraceFile as exc:
-            problem = Problem(str(path), exc.reason)
-            summary.problems.append(problem)
-            batcher.add([], [problem])
-        if on_file:
-            on_file(path)
-    batcher.flush()
-    batcher.assemble()
-    return summary
+    if workers is None:
+        workers = default_workers(sum(os.path.getsize(p) for p in files))
+
+    def units() -> Iterator[Unit]:
+        for path in files:
+            summary.files += 1
+            try:
+                yield from iter_units(path)
+            except MalformedTraceFile as exc:
+                problem = Problem(str(path), exc.reason)
+                summary.problems.append(problem)
+                store.write_span_table(None, [problem], "file")
+            if on_file:
+                on_file(path)
+
+    return _ingest_units(store, units(), summary, "file", limits, batch_spans, workers)
+
+
+def ingest_requests(store: Store, requests: Iterable[ExportTraceServiceRequest], source: str, limits: Limits | None = None,
+                    batch_spans: int = 5000, workers: int = 0) -> IngestSummary:
+    """Ingest export requests built in-process (an importer's), exactly as if a receiver had decoded them."""
+    units = (Unit("protobuf", r.SerializeToString(), f"{source} request {i}") for i, r in enumerate(requests))
+    return _ingest_units(store, units, IngestSummary(), source, limits, batch_spans, workers)

@@ -1,10 +1,11 @@
 """Store: one DuckDB file holding span rows (the source of truth) and the trajectories built from them.
 
-Writes are batched through Arrow (`INSERT OR IGNORE … SELECT` from a table), never row by row. A
-span is keyed by (trace_id, span_id), so an exporter's retry changes nothing. Each write marks its
-traces dirty; `assemble()` rebuilds exactly those trajectories, so spans may arrive in any order
-and across any number of requests, and a late span updates its trajectory. The schema carries a
-version in `meta` and migrates forward on open.
+Writes are batched through Arrow (an `INSERT … SELECT` from a table, built by the shard workers),
+never row by row. A span is identified by (trace_id, span_id): an exporter's retry changes nothing
+(`_SpanKeys` recognises it without an index). Each write marks its traces dirty; a trajectory is
+stored from its shard's assembly when the span counts agree, and `assemble()` rebuilds the dirty
+rest from the rows, so spans may arrive in any order and across any number of requests, and a late
+span updates its trajectory. The schema carries a version in `meta` and migrates forward on open.
 """
 
 from __future__ import annotations
@@ -16,15 +17,17 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 import duckdb
+import numpy as np
 import orjson
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from plumbline_otel.assemble import DEFAULT_TASK_KEYS, assemble, is_context_key
 from plumbline_otel.decode import Problem
 from plumbline_otel.errors import StoreError
 from plumbline_otel.model import SpanRecord, Step, ToolCallRef, ToolResultRef, Trajectory
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 DEFAULT_DB = "plumbline.duckdb"
 
 # Column name -> DuckDB type, in table order. JSON columns hold orjson text. Version 1's columns
@@ -87,11 +90,49 @@ _MIGRATIONS: dict[int, list[str]] = {
         """CREATE TABLE problems (
             received_ns BIGINT, source VARCHAR, location VARCHAR, reason VARCHAR, spans INTEGER)""",
     ],
+    # Spans lose their primary-key index (it halved insert speed); `_SpanKeys` keeps retries idempotent.
+    2: [
+        "CREATE TABLE spans_v2 AS SELECT * FROM spans",
+        "DROP TABLE spans",
+        "ALTER TABLE spans_v2 RENAME TO spans",
+    ],
     # Framework wrappers and dumps unwrapped per span, for coverage (issue 15); every trajectory is
     # rebuilt, because a conversation id is no longer a default task key.
-    2: ["ALTER TABLE spans ADD COLUMN shapes VARCHAR[]",
+    3: ["ALTER TABLE spans ADD COLUMN shapes VARCHAR[]",
         "INSERT OR IGNORE INTO dirty_traces SELECT DISTINCT trace_id FROM spans"],
 }
+
+
+class _SpanKeys:
+    """The 64-bit hashes of every stored (trace_id, span_id), so a retried span is recognised without an index.
+
+    A primary-key index on two strings halves DuckDB's insert rate; this costs 8 bytes a stored
+    span instead. The keys are DuckDB's own `hash(trace_id, span_id)`, read from the table when the
+    first write comes (so they never go stale across versions), kept as a sorted array plus a set of
+    recent keys. A hit is only a suspicion (two spans can share a hash): the writer confirms it
+    against the rows before it skips anything.
+    """
+
+    def __init__(self, stored: np.ndarray) -> None:
+        self.base = np.sort(stored)
+        self.recent: set[int] = set()
+
+    def suspects(self, keys: np.ndarray) -> bool:
+        """True when some key was seen before, or occurs twice in `keys`."""
+        if len(np.unique(keys)) < len(keys):
+            return True
+        if len(self.base):
+            at = np.searchsorted(self.base, keys).clip(max=len(self.base) - 1)
+            if bool((self.base[at] == keys).any()):
+                return True
+        return bool(self.recent) and not self.recent.isdisjoint(keys.tolist())
+
+    def add(self, keys: np.ndarray) -> None:
+        """Remember newly stored keys; the recent set is folded into the sorted array as it grows."""
+        self.recent.update(keys.tolist())
+        if len(self.recent) > max(1 << 18, len(self.base) // 4):
+            self.base = np.union1d(self.base, np.fromiter(self.recent, np.uint64, len(self.recent)))
+            self.recent = set()
 
 
 @dataclass(frozen=True)
@@ -134,8 +175,8 @@ def _row(rec: SpanRecord, resources: dict[int, str | None]) -> list[Any]:
     return row
 
 
-def _columns(records: list[SpanRecord], now: int) -> pa.Table:
-    """Span records as one Arrow table, built column-wise (the per-span Python work is the cost here)."""
+def span_table(records: list[SpanRecord], now: int) -> pa.Table:
+    """Span records as the Arrow table the store inserts (built in the shard workers, off the writer)."""
     resources: dict[int, str | None] = {}
     rows = [_row(rec, resources) for rec in records]
     columns = dict(zip(_ORDER, map(list, zip(*rows)))) if rows else {name: [] for name in _ORDER}
@@ -162,6 +203,7 @@ class Store:
             raise StoreError(f"cannot open {self.path}: {exc}") from None
         except duckdb.Error as exc:
             raise StoreError(f"cannot open {self.path}: {exc}") from None
+        self._span_keys: _SpanKeys | None = None
         if not read_only:
             self._migrate()
         # A file opened read-only keeps the schema it was written with (older columns may be missing).
@@ -222,23 +264,77 @@ class Store:
 
     def write_spans(self, records: list[SpanRecord], problems: Iterable[Problem] = (), source: str = "") -> WriteResult:
         """Commit a batch of span records (and the problems met reading them) in one transaction."""
+        return self.write_span_table(span_table(records, time.time_ns()) if records else None, problems, source)
+
+    def write_span_table(self, batch: pa.Table | None, problems: Iterable[Problem] = (), source: str = "") -> WriteResult:
+        """Commit a `span_table` (and the problems met reading its spans) in one transaction; marks its traces dirty."""
         problems = list(problems)
-        if not records and not problems:
+        rows = batch.num_rows if batch is not None else 0
+        if not rows and not problems:
             return WriteResult(0, 0)
         now = time.time_ns()
-        batch = _columns(records, now)  # noqa: F841 - read by name in the SQL below
+        keys = self._keys()
         with self._transaction():
             stored = 0
-            if records:
-                row = self.connection.execute("INSERT OR IGNORE INTO spans SELECT * FROM batch").fetchone()
-                stored = int(row[0]) if row else 0
-                self.connection.execute("INSERT OR IGNORE INTO dirty_traces SELECT DISTINCT trace_id FROM batch")
+            if rows:
+                fresh = self._fresh(batch, keys)  # noqa: F841 - read by name in the SQL below
+                stored = fresh.num_rows
+                if stored:
+                    self.connection.execute("INSERT INTO spans SELECT * FROM fresh")
+                    self.connection.execute("INSERT OR IGNORE INTO dirty_traces SELECT DISTINCT trace_id FROM fresh")
             if problems:
                 self.connection.executemany(
                     "INSERT INTO problems VALUES (?, ?, ?, ?, ?)",
                     [(now, source, p.where, p.reason, p.spans) for p in problems],
                 )
-        return WriteResult(stored=stored, duplicate=len(records) - stored)
+        if stored:
+            keys.add(self._hashes("fresh_keys", fresh))
+        return WriteResult(stored=stored, duplicate=rows - stored)
+
+    def _keys(self) -> _SpanKeys:
+        if self._span_keys is None:
+            self._span_keys = _SpanKeys(self.connection.execute("SELECT hash(trace_id, span_id) AS k FROM spans").fetchnumpy()["k"])
+        return self._span_keys
+
+    def _hashes(self, name: str, table: pa.Table) -> np.ndarray:
+        self.connection.register(name, table)
+        try:
+            return self.connection.execute(f"SELECT hash(trace_id, span_id) AS k FROM {name}").fetchnumpy()["k"]
+        finally:
+            self.connection.unregister(name)
+
+    def _fresh(self, batch: pa.Table, keys: _SpanKeys) -> pa.Table:
+        """The rows of `batch` not stored yet (and each span once); the table scan runs only on a suspected retry."""
+        if not keys.suspects(self._hashes("batch_keys", batch)):
+            return batch
+        self.connection.register("incoming", batch)
+        try:
+            return self.connection.sql(
+                "SELECT * FROM (SELECT DISTINCT ON (trace_id, span_id) * FROM incoming) b "
+                "WHERE NOT EXISTS (SELECT 1 FROM spans s WHERE s.trace_id = b.trace_id AND s.span_id = b.span_id)"
+            ).to_arrow_table()
+        finally:
+            self.connection.unregister("incoming")
+
+    def write_assembled(self, built: pa.Table, counts: dict[str, int]) -> int:
+        """Store trajectories assembled outside the store, for the traces whose stored spans are exactly those they were built from.
+
+        A trace with more (or other) stored spans than its builder saw stays dirty and is rebuilt
+        from its rows by `assemble`. Returns how many trajectories were written.
+        """
+        if not counts:
+            return 0
+        stored = dict(self.connection.execute(
+            "SELECT trace_id, count(*) FROM spans WHERE trace_id IN (SELECT unnest(?)) GROUP BY 1", [list(counts)]).fetchall())
+        done = [t for t, n in counts.items() if stored.get(t) == n]
+        if not done:
+            return 0
+        keep = built.filter(pc.is_in(built["trace_id"], value_set=pa.array(done, pa.string())))  # noqa: F841 - read by name below
+        with self._transaction():
+            self.connection.execute("DELETE FROM trajectories WHERE trace_id IN (SELECT unnest(?))", [done])
+            self.connection.execute("INSERT INTO trajectories SELECT * FROM keep")
+            self.connection.execute("DELETE FROM dirty_traces WHERE trace_id IN (SELECT unnest(?))", [done])
+        return len(done)
 
     # --- assembly ---------------------------------------------------------------------------
 
@@ -275,7 +371,7 @@ class Store:
                 self.connection.execute("DELETE FROM dirty_traces")  # traces whose spans all failed to store
                 return total
             dirty = [trace_id for trace_id, _ in rows]
-            in_memory = {t: _unique(recent[t]) for t, n in rows if t in recent and len(_unique(recent[t])) == n}
+            in_memory = {t: unique_spans(recent[t]) for t, n in rows if t in recent and len(unique_spans(recent[t])) == n}
             by_trace = self._records_for([t for t in dirty if t not in in_memory]) if len(in_memory) < len(dirty) else {}
             by_trace.update(in_memory)
             built = (assemble(recs, self.task_keys) for recs in by_trace.values())
@@ -284,25 +380,7 @@ class Store:
             total += len(trajectories)
 
     def _write_trajectories(self, trajectories: list[Trajectory], done: list[str]) -> None:
-        now = time.time_ns()
-        built = pa.table({  # noqa: F841 - read by name in the SQL below
-            "trajectory_id": [t.trajectory_id for t in trajectories],
-            "trace_id": [t.trace_id for t in trajectories],
-            "task_key": [t.task_key for t in trajectories],
-            "task_key_source": [t.task_key_source for t in trajectories],
-            "service": [t.service for t in trajectories],
-            "service_version": [t.service_version for t in trajectories],
-            "agent_name": [t.agent_name for t in trajectories],
-            "input": [t.input for t in trajectories],
-            "final_output": [t.final_output for t in trajectories],
-            "conventions": [list(t.conventions) for t in trajectories],
-            "start_ns": pa.array([t.start_ns for t in trajectories], pa.int64()),
-            "end_ns": pa.array([t.end_ns for t in trajectories], pa.int64()),
-            "n_steps": pa.array([len(t.steps) for t in trajectories], pa.int32()),
-            "n_tool_calls": pa.array([len(t.tool_steps) for t in trajectories], pa.int32()),
-            "doc": [_json(_doc(t)) for t in trajectories],
-            "assembled_ns": pa.array([now] * len(trajectories), pa.int64()),
-        })
+        built = trajectory_table(trajectories, time.time_ns())  # noqa: F841 - read by name in the SQL below
         with self._transaction():
             self.connection.execute("DELETE FROM trajectories WHERE trace_id IN (SELECT unnest(?))", [done])
             if trajectories:
@@ -310,6 +388,7 @@ class Store:
             self.connection.execute("DELETE FROM dirty_traces WHERE trace_id IN (SELECT unnest(?))", [done])
 
     # --- reads ------------------------------------------------------------------------------
+
 
     def trajectories(self, service: str | None = None, task: str | None = None, since_ns: int | None = None,
                      where: str | None = None) -> Iterator[Trajectory]:
@@ -341,7 +420,29 @@ class Store:
         self.close()
 
 
-def _unique(records: list[SpanRecord]) -> list[SpanRecord]:
+def trajectory_table(trajectories: list[Trajectory], now: int) -> pa.Table:
+    """Trajectories as the Arrow table the store inserts (built where they were assembled)."""
+    return pa.table({
+        "trajectory_id": pa.array([t.trajectory_id for t in trajectories], pa.string()),
+        "trace_id": pa.array([t.trace_id for t in trajectories], pa.string()),
+        "task_key": pa.array([t.task_key for t in trajectories], pa.string()),
+        "task_key_source": pa.array([t.task_key_source for t in trajectories], pa.string()),
+        "service": pa.array([t.service for t in trajectories], pa.string()),
+        "service_version": pa.array([t.service_version for t in trajectories], pa.string()),
+        "agent_name": pa.array([t.agent_name for t in trajectories], pa.string()),
+        "input": pa.array([t.input for t in trajectories], pa.string()),
+        "final_output": pa.array([t.final_output for t in trajectories], pa.string()),
+        "conventions": pa.array([list(t.conventions) for t in trajectories], pa.list_(pa.string())),
+        "start_ns": pa.array([t.start_ns for t in trajectories], pa.int64()),
+        "end_ns": pa.array([t.end_ns for t in trajectories], pa.int64()),
+        "n_steps": pa.array([len(t.steps) for t in trajectories], pa.int32()),
+        "n_tool_calls": pa.array([len(t.tool_steps) for t in trajectories], pa.int32()),
+        "doc": pa.array([_json(_doc(t)) for t in trajectories], pa.string()),
+        "assembled_ns": pa.array([now] * len(trajectories), pa.int64()),
+    })
+
+
+def unique_spans(records: list[SpanRecord]) -> list[SpanRecord]:
     """The first copy of each span, as the store keeps it (later copies were ignored)."""
     seen: dict[str, SpanRecord] = {}
     for rec in records:

@@ -2,9 +2,14 @@
 
 `evaluate` judges one trajectory; `check` streams a store (or any iterable of trajectories)
 through a spec, writes the violations to the store's ``violations`` table and returns a
-`ConformanceSummary` grouped by severity and invariant. Runs recorded as missing trials
-(``plumbline.trial.status`` of ``missing`` or ``error``: the agent never produced a run) are not
-judged at all: they are counted apart, never as passes and never as failures.
+`ConformanceSummary` grouped by severity and invariant. Trial markers (``plumbline.trial.status``)
+are not judged against the invariants, since they hold no steps: ``missing`` (never started) is
+counted apart, ``errored`` (started, then crashed, timed out or left no trace; the legacy value
+``error`` reads the same) is counted apart here and scored as a failing run by the certificate.
+
+This module also owns the run-status predicates every analysis shares (the contract of issue 8):
+`is_missing`, `is_errored` and `fault_exposed`. A ``tool_fault`` run is exposed only on positive
+evidence; the attribute names match ``plumbline_otel/replay/identity.py``, which writes them.
 
 Writing is idempotent and correct under re-assembly: a trajectory's old violations for the same
 spec hash are replaced by the new ones in one transaction, so checking twice adds nothing and a
@@ -15,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from plumbline_otel.model import Trajectory
 from plumbline_otel.spec import SEVERITIES, DeclaredInvariant, Severity, Spec, Verdict
@@ -24,8 +29,14 @@ PERTURBATION = "plumbline.perturbation"
 STUDY = "plumbline.study"
 TRIAL_ID = "plumbline.trial.id"
 TRIAL_STATUS = "plumbline.trial.status"
+TRIAL_REASON = "plumbline.trial.reason"
 VARIANT = "plumbline.variant"
-MISSING_STATUSES = frozenset({"missing", "error"})
+FAULT_TOOL = "plumbline.fault.tool"
+FAULT_ERROR = "plumbline.fault.error"
+FAULT_FIRED = "plumbline.fault.fired"
+TOOL_FAULT = "tool_fault"
+ERRORED_STATUSES = frozenset({"errored", "error"})  # "error": markers written before issue 8
+RunStatus = Literal["missing", "errored", "unexposed", "exposed"]
 _RANK = {s: i for i, s in enumerate(SEVERITIES)}
 
 
@@ -41,9 +52,79 @@ def agent_label(service: str | None, version: str | None) -> str:
     return f"{name}@{version}" if version else name
 
 
+def _status(trajectory: Trajectory) -> str:
+    return str(trajectory.context.get(TRIAL_STATUS, "")).strip().lower()
+
+
 def is_missing(trajectory: Trajectory) -> bool:
-    """True for a trial recorded as missing: there is no run to judge."""
-    return str(trajectory.context.get(TRIAL_STATUS, "")).lower() in MISSING_STATUSES
+    """A trial never started (spend cap, interrupted): counted beside n, never in it."""
+    return _status(trajectory) == "missing"
+
+
+def is_errored(trajectory: Trajectory) -> bool:
+    """A trial that started and produced no usable run: a run, and a failing one."""
+    return _status(trajectory) in ERRORED_STATUSES
+
+
+def is_marker(trajectory: Trajectory) -> bool:
+    """A trial marker (missing or errored): no steps of the agent to analyse."""
+    return is_missing(trajectory) or is_errored(trajectory)
+
+
+def errored_reason(trajectory: Trajectory) -> str:
+    """Why an errored trial failed, as its marker recorded it."""
+    reason = trajectory.context.get(TRIAL_REASON)
+    return str(reason) if reason not in (None, "") else "(no reason recorded)"
+
+
+def strict_bool(value: Any) -> bool | None:
+    """True / "true" / 1 / "1" -> True; False / "false" / 0 / "0" -> False; anything else -> None.
+
+    Exporters stringify attributes, so the text forms are accepted; "yes", 2 or "" are not
+    evidence of anything.
+    """
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str):
+        return {"true": True, "1": True, "false": False, "0": False}.get(value.strip().lower())
+    return None
+
+
+def fault_exposed(trajectory: Trajectory) -> bool:
+    """Positive evidence that the injected fault hit this run.
+
+    Either a failed step of the targeted tool (``plumbline.fault.tool``) whose error contains the
+    text the driver injected (``plumbline.fault.error``), or ``plumbline.fault.fired`` strictly
+    true. Absent or unreadable evidence is no evidence: the run is unexposed.
+    """
+    if strict_bool(trajectory.context.get(FAULT_FIRED)) is True:
+        return True
+    tool, message = trajectory.context.get(FAULT_TOOL), trajectory.context.get(FAULT_ERROR)
+    if tool in (None, "") or message in (None, ""):
+        return False
+    return any(s.name == str(tool) and s.error is not None and str(message) in s.error for s in trajectory.steps)
+
+
+def run_status(trajectory: Trajectory) -> RunStatus:
+    """How a run counts: missing (not in n), errored (in n, failing), unexposed (listed only), exposed (judged).
+
+    Only ``tool_fault`` runs need exposure evidence; every other perturbation is exposed by
+    construction (its variant is the prompt or tool set the agent saw).
+    """
+    if is_missing(trajectory):
+        return "missing"
+    if is_errored(trajectory):
+        return "errored"
+    if perturbation_of(trajectory) == TOOL_FAULT and not fault_exposed(trajectory):
+        return "unexposed"
+    return "exposed"
+
+
+def run_label(trajectory: Trajectory) -> str:
+    """How reports list one run: its trial id, else its trajectory id."""
+    return str(trajectory.context.get(TRIAL_ID) or trajectory.trajectory_id)
 
 
 @dataclass(frozen=True)
@@ -115,6 +196,7 @@ class ConformanceSummary:
     conforming: int = 0  # no violation at all
     critical_conforming: int = 0
     missing: int = 0
+    errored: int = 0  # markers of trials that started and left no run: not judged here
     not_covered: int = 0  # runs where no invariant applied
     violations_written: int = 0
 
@@ -166,6 +248,7 @@ class ConformanceSummary:
             "conforming": self.conforming,
             "critical_conforming": self.critical_conforming,
             "missing_trials": self.missing,
+            "errored_trials": self.errored,
             "not_covered": self.not_covered,
             "violations_written": self.violations_written,
             "by_severity": groups,
@@ -198,8 +281,9 @@ def check(
 
 def _judge(spec: Spec, trajectories: Iterable[Trajectory], summary: ConformanceSummary) -> Iterator[RunResult]:
     for trajectory in trajectories:
-        if is_missing(trajectory):
-            summary.missing += 1
+        if is_marker(trajectory):
+            summary.missing += is_missing(trajectory)
+            summary.errored += is_errored(trajectory)
             continue
         yield evaluate(spec, trajectory)
 
@@ -279,7 +363,9 @@ def render_text(summary: ConformanceSummary) -> str:
         f"critical-conforming: {summary.critical_conforming}/{summary.runs}",
     ]
     if summary.missing:
-        lines.append(f"missing trials (not judged): {summary.missing}")
+        lines.append(f"missing trials (never started, not judged): {summary.missing}")
+    if summary.errored:
+        lines.append(f"errored trials (started, no run to judge; certify scores them as failing runs): {summary.errored}")
     if summary.not_covered:
         lines.append(f"runs no invariant applied to: {summary.not_covered}")
     data = summary.as_dict()["by_severity"]

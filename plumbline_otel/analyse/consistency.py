@@ -22,7 +22,7 @@ from typing import Any, Literal
 
 from plumbline_otel.analyse.align import align
 from plumbline_otel.analyse.compare_values import Rule, canonical, compare
-from plumbline_otel.analyse.conformance import agent_label, evaluate, is_missing, perturbation_of
+from plumbline_otel.analyse.conformance import agent_label, evaluate, is_marker, perturbation_of
 from plumbline_otel.analyse.stats import pass_hat_k
 from plumbline_otel.model import REDACTED, Step, Trajectory
 from plumbline_otel.spec import Spec
@@ -206,7 +206,7 @@ def consistency(trajectories: Iterable[Trajectory], spec: Spec | None = None) ->
     """Per (agent, task) consistency of the runs (missing trials and runs without a task are left out)."""
     groups: dict[tuple[str, str], list[Trajectory]] = defaultdict(list)
     for t in trajectories:
-        if not is_missing(t) and t.task_key is not None:
+        if not is_marker(t) and t.task_key is not None:
             groups[(agent_label(t.service, t.service_version), t.task_key)].append(t)
     out = []
     for (agent, task), runs in sorted(groups.items()):

@@ -13,9 +13,16 @@ are counted as unpaired. Within a cell:
   record): B's outcome against A's modal outcome for the cell. Runs without one are counted as
   unknown, never as agreeing.
 - **conformance** (with a spec): A's and B's runs are paired in the cell by repeat
-  (``plumbline.trial.repeat``, else start time, else id) and McNemar's exact test is run on
-  critical conformance over those pairs; runs past the shorter side of a cell are left out of
-  it, so an unpaired permutation test over every run of the shared cells is given beside it.
+  (``plumbline.trial.repeat``, else start time, else id), and one McNemar exact test on critical
+  conformance is run *per perturbation* over its pairs, with Holm's correction across the
+  perturbations (pooling them would let one perturbation's difference hide another's). Runs past
+  the shorter side of a cell are left out of the pairs, so an unpaired permutation test over
+  every run of the perturbation's shared cells is given beside each.
+
+Which runs count is the certificate's rule (`conformance.run_status`): missing trials and
+``tool_fault`` runs without evidence the fault hit them are left out and counted per side;
+errored runs (crashed, timed out, no trace) are failing runs in the conformance tests and have no
+effect path to compare.
 
 A's own agreement with its reference (its self-consistency) is reported beside B's, as the noise
 floor: B cannot be expected to match A better than A matches itself.
@@ -30,8 +37,8 @@ from typing import Any
 
 from plumbline_otel.analyse.compare_values import canonical, compare
 from plumbline_otel.analyse.consistency import Divergence, Reference, build_reference, diverge, path_of
-from plumbline_otel.analyse.conformance import agent_label, evaluate, is_missing, perturbation_of
-from plumbline_otel.analyse.stats import PairedResult, mcnemar_exact, permutation_test
+from plumbline_otel.analyse.conformance import agent_label, evaluate, perturbation_of, run_status
+from plumbline_otel.analyse.stats import PairedResult, holm, mcnemar_exact, permutation_test
 from plumbline_otel.model import Trajectory
 from plumbline_otel.spec import Spec
 
@@ -83,13 +90,16 @@ class EquivalenceReport:
     references: dict[Cell, Reference] = field(default_factory=dict)
     a_self: list[int] = field(default_factory=lambda: [0, 0])  # A runs matching A's reference, A runs
     unpaired: dict[str, int] = field(default_factory=lambda: {"a_cells": 0, "b_cells": 0, "a_runs": 0, "b_runs": 0})
-    conformance_pairs: list[tuple[bool, bool]] = field(default_factory=list)
-    conformance_all: list[int] = field(default_factory=lambda: [0, 0, 0, 0])  # kA, nA, kB, nB over shared cells
+    # perturbation -> paired (A conformed, B conformed); and kA, nA, kB, nB over its shared cells
+    conformance_pairs: dict[str, list[tuple[bool, bool]]] = field(default_factory=lambda: defaultdict(list))
+    conformance_all: dict[str, list[int]] = field(default_factory=lambda: defaultdict(lambda: [0, 0, 0, 0]))
+    excluded: dict[str, Counter[str]] = field(default_factory=lambda: {"a": Counter(), "b": Counter()})
+    alpha: float = 0.05
+    tested: bool = False  # a spec was given, so conformance is compared
 
-    @property
-    def mcnemar(self) -> PairedResult | None:
-        """Exact McNemar on critical conformance over paired runs (None without a spec)."""
-        return mcnemar_exact(self.conformance_pairs) if self.conformance_pairs else None
+    def mcnemar(self) -> dict[str, PairedResult]:
+        """Exact McNemar on critical conformance per perturbation, over its paired runs (empty without a spec)."""
+        return {p: mcnemar_exact(pairs) for p, pairs in sorted(self.conformance_pairs.items()) if pairs}
 
     def as_dict(self) -> dict[str, Any]:
         """JSON form."""
@@ -104,13 +114,14 @@ class EquivalenceReport:
             if r.outcome_equal is not None:
                 cell[2] += r.outcome_equal
                 cell[3] += 1
-        m = self.mcnemar
         return {
             "a": self.a,
             "b": self.b,
             "effect_tools": self.effect_tools,
             "cells": len(self.references),
             "unpaired": self.unpaired,
+            "excluded": {side: {k: counts.get(k, 0) for k in ("missing", "unexposed", "errored")}
+                         for side, counts in self.excluded.items()},
             "runs": n,
             "same_effect_path": len(same),
             "same_arguments": sum(not r.divergences for r in same),
@@ -119,18 +130,26 @@ class EquivalenceReport:
             "by_perturbation": {p: {"same_effect_path": s, "n": k, "outcome_agree": oa, "outcome_known": on}
                                 for p, (s, k, oa, on) in sorted(by_pert.items())},
             "divergences": self.grouped_divergences(),
-            "conformance": None if m is None else {
-                "pairs": m.n, "both": m.both, "only_a": m.only_a, "only_b": m.only_b, "neither": m.neither,
-                "a_rate": (m.both + m.only_a) / m.n, "b_rate": (m.both + m.only_b) / m.n,
-                "mcnemar_p": m.p_value,
-                "all_runs": self._unpaired_test(),
-            },
+            "conformance": self._conformance(),
         }
 
-    def _unpaired_test(self) -> dict[str, Any]:
-        ka, na, kb, nb = self.conformance_all
-        p = permutation_test(ka, na, kb, nb)
-        return {"a": {"k": ka, "n": na}, "b": {"k": kb, "n": nb}, "permutation_p": p.p_value}
+    def _conformance(self) -> dict[str, Any] | None:
+        if not self.tested:
+            return None
+        tests = self.mcnemar()
+        adjusted = holm([m.p_value for m in tests.values()], self.alpha)
+        by_pert = {}
+        for (p, m), p_holm, reject in zip(tests.items(), adjusted.adjusted, adjusted.reject):
+            ka, na, kb, nb = self.conformance_all[p]
+            by_pert[p] = {
+                "pairs": m.n, "both": m.both, "only_a": m.only_a, "only_b": m.only_b, "neither": m.neither,
+                "a_rate": (m.both + m.only_a) / m.n, "b_rate": (m.both + m.only_b) / m.n,
+                "mcnemar_p": m.p_value, "holm_p": p_holm, "differs": reject,
+                "all_runs": {"a": {"k": ka, "n": na}, "b": {"k": kb, "n": nb},
+                             "permutation_p": permutation_test(ka, na, kb, nb).p_value},
+            }
+        return {"test": "McNemar exact per perturbation, Holm across perturbations", "alpha": self.alpha,
+                "perturbations": len(by_pert), "by_perturbation": by_pert}
 
     def grouped_divergences(self, limit: int = 20) -> list[dict[str, Any]]:
         """First divergences grouped by (kind, expected, got), commonest first."""
@@ -151,14 +170,22 @@ class EquivalenceReport:
         return out
 
 
-def _select(runs: Iterable[Trajectory], agent: str) -> dict[Cell, list[Trajectory]]:
+def _select(runs: Iterable[Trajectory], agent: str, excluded: Counter[str]) -> dict[Cell, list[Trajectory]]:
+    """`agent`'s scored runs (exposed or errored) by cell; missing, unexposed and errored ones counted too."""
     out: dict[Cell, list[Trajectory]] = defaultdict(list)
     for t in runs:
-        if is_missing(t) or t.task_key is None:
+        if t.task_key is None or agent not in (t.service, agent_label(t.service, t.service_version)):
             continue
-        if agent in (t.service, agent_label(t.service, t.service_version)):
+        status = run_status(t)
+        if status != "exposed":
+            excluded[status] += 1
+        if status in ("exposed", "errored"):
             out[cell_of(t)].append(t)
     return out
+
+
+def _conforms(spec: Spec, t: Trajectory) -> bool:
+    return run_status(t) == "exposed" and evaluate(spec, t).conforms("critical")
 
 
 def _modal_outcome(runs: Sequence[Trajectory]) -> Any:
@@ -173,9 +200,10 @@ def _modal_outcome(runs: Sequence[Trajectory]) -> Any:
 def equivalence(trajectories: Iterable[Trajectory], a: str, b: str, spec: Spec | None = None) -> EquivalenceReport:
     """Compare agent `b` with agent `a` (a service name, or ``service@version``) on shared cells."""
     runs = list(trajectories)
-    cells_a, cells_b = _select(runs, a), _select(runs, b)
     keep = spec.is_effect if spec is not None else None
-    report = EquivalenceReport(a, b, sorted(spec.effect_tools) if spec and spec.effect_tools is not None else None)
+    report = EquivalenceReport(a, b, sorted(spec.effect_tools) if spec and spec.effect_tools is not None else None,
+                               tested=spec is not None)
+    cells_a, cells_b = _select(runs, a, report.excluded["a"]), _select(runs, b, report.excluded["b"])
     for cell in sorted(set(cells_a) ^ set(cells_b)):
         side = "a" if cell in cells_a else "b"
         report.unpaired[f"{side}_cells"] += 1
@@ -183,23 +211,34 @@ def equivalence(trajectories: Iterable[Trajectory], a: str, b: str, spec: Spec |
     for cell in sorted(set(cells_a) & set(cells_b)):
         ra = sorted(cells_a[cell], key=_order)
         rb = sorted(cells_b[cell], key=_order)
-        ref = build_reference(ra, spec, keep=keep)
-        report.references[cell] = ref
-        for t in ra:
-            report.a_self[0] += not diverge(ref, path_of(t, keep), spec)
-            report.a_self[1] += 1
-        expected_outcome = _modal_outcome(ra)
-        for t in rb:
-            got = t.context.get(OUTCOME)
-            same = None if expected_outcome is None or got is None else compare(expected_outcome, got).equal
-            report.runs.append(PairedRun(cell, t.trajectory_id, diverge(ref, path_of(t, keep), spec), same))
+        _compare_paths(report, cell, ra, rb, spec, keep)
         if spec is not None:
-            ok_a = [evaluate(spec, x).conforms("critical") for x in ra]
-            ok_b = [evaluate(spec, y).conforms("critical") for y in rb]
-            report.conformance_pairs += list(zip(ok_a, ok_b))
+            ok_a = [_conforms(spec, x) for x in ra]
+            ok_b = [_conforms(spec, y) for y in rb]
+            report.conformance_pairs[cell[1]] += list(zip(ok_a, ok_b))
+            totals = report.conformance_all[cell[1]]
             for i, k in ((0, sum(ok_a)), (1, len(ok_a)), (2, sum(ok_b)), (3, len(ok_b))):
-                report.conformance_all[i] += k
+                totals[i] += k
     return report
+
+
+def _compare_paths(report: EquivalenceReport, cell: Cell, ra: list[Trajectory], rb: list[Trajectory],
+                   spec: Spec | None, keep: Any) -> None:
+    """Effect paths and outcomes of B's runs against A's reference; errored runs have neither."""
+    ra = [t for t in ra if run_status(t) == "exposed"]
+    rb = [t for t in rb if run_status(t) == "exposed"]
+    if not ra:
+        return
+    ref = build_reference(ra, spec, keep=keep)
+    report.references[cell] = ref
+    for t in ra:
+        report.a_self[0] += not diverge(ref, path_of(t, keep), spec)
+        report.a_self[1] += 1
+    expected_outcome = _modal_outcome(ra)
+    for t in rb:
+        got = t.context.get(OUTCOME)
+        same = None if expected_outcome is None or got is None else compare(expected_outcome, got).equal
+        report.runs.append(PairedRun(cell, t.trajectory_id, diverge(ref, path_of(t, keep), spec), same))
 
 
 def render_text(report: EquivalenceReport) -> str:
@@ -218,19 +257,25 @@ def render_text(report: EquivalenceReport) -> str:
         lines.append(f"unpaired: {u['a_cells']} cells ({u['a_runs']} runs) only A ran, {u['b_cells']} cells ({u['b_runs']} runs) only B ran")
     for p, c in d["by_perturbation"].items():
         lines.append(f"  {p:<16} same effect path {c['same_effect_path']}/{c['n']}   outcome {c['outcome_agree']}/{c['outcome_known']}")
+    x = d["excluded"]
+    lines.append(f"not compared: A {x['a']['unexposed']} unexposed, {x['a']['missing']} missing; "
+                 f"B {x['b']['unexposed']} unexposed, {x['b']['missing']} missing; errored runs (failures in the "
+                 f"conformance tests, no effect path): A {x['a']['errored']}, B {x['b']['errored']}")
     if d["conformance"] is not None:
         c = d["conformance"]
-        lines.append(
-            f"critical conformance over {c['pairs']} paired runs: A {c['a_rate']:.3f}, B {c['b_rate']:.3f}; "
-            f"only A conformed {c['only_a']}, only B {c['only_b']}; McNemar exact p = {c['mcnemar_p']:.4g}"
-        )
-        u = c["all_runs"]
-        lines.append(
-            f"  over all runs of the shared cells (unpaired): A {u['a']['k']}/{u['a']['n']}, B {u['b']['k']}/{u['b']['n']}; "
-            f"permutation p = {u['permutation_p']:.4g}"
-            + ("  (cells have unequal repeats: runs past the shorter side are not in the paired test)"
-               if u["a"]["n"] != c["pairs"] or u["b"]["n"] != c["pairs"] else "")
-        )
+        lines.append(f"critical conformance, {c['test']} (alpha {c['alpha']}):")
+        for p, t in c["by_perturbation"].items():
+            u = t["all_runs"]
+            lines.append(
+                f"  {p:<16} {t['pairs']} pairs: A {t['a_rate']:.3f}, B {t['b_rate']:.3f}; only A {t['only_a']}, only B {t['only_b']}; "
+                f"McNemar p = {t['mcnemar_p']:.4g}, Holm p = {t['holm_p']:.4g}{'  DIFFERS' if t['differs'] else ''}"
+            )
+            lines.append(
+                f"  {'':<16} all runs (unpaired): A {u['a']['k']}/{u['a']['n']}, B {u['b']['k']}/{u['b']['n']}; "
+                f"permutation p = {u['permutation_p']:.4g}"
+                + ("  (unequal repeats: runs past the shorter side are not in the paired test)"
+                   if u["a"]["n"] != t["pairs"] or u["b"]["n"] != t["pairs"] else "")
+            )
     if d["divergences"]:
         lines.append("first divergences:")
         for g in d["divergences"][:10]:

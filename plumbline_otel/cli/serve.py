@@ -45,6 +45,7 @@ def _overrides(opts: dict[str, Any], config_path: str | None) -> dict[str, Any]:
         "queue.retry_after_seconds": opts["retry_after"],
         "assemble.interval_seconds": opts["assemble_interval"],
         "assemble.max_delay_seconds": opts["assemble_max_delay"],
+        "pipeline.workers": opts["workers"],
         _GRPC + "max_concurrent_streams": opts["max_concurrent_streams"],
         _HTTP + "max_connections": opts["max_connections"],
         "shutdown.grace_seconds": opts["shutdown_grace"],
@@ -73,6 +74,7 @@ def _overrides(opts: dict[str, Any], config_path: str | None) -> dict[str, Any]:
 @click.option("--retry-after", type=float, help="Seconds clients are told to wait when pushed back [default 1].")
 @click.option("--assemble-interval", type=float, help="Idle seconds before trajectories are rebuilt [default 1].")
 @click.option("--assemble-max-delay", type=float, help="Longest a write waits for assembly under sustained load [default 2].")
+@click.option("--workers", type=int, help="Shard worker processes for decoding and normalising [pipeline.workers; default one per core; 0 in-process].")
 @click.option("--max-concurrent-streams", type=int, help="gRPC calls in flight before grpcio answers RESOURCE_EXHAUSTED [default 128].")
 @click.option("--max-connections", type=int, help="HTTP connections open before new ones get 503 [default 256].")
 @click.option("--shutdown-grace", type=float, help="Seconds SIGTERM allows requests in flight [default 10].")

@@ -20,7 +20,7 @@ from typing import IO, Iterator, Literal
 import orjson
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from plumbline_otel.decode._json import request_from_json
+from plumbline_otel.decode._json import SpanFilter, request_from_json
 from plumbline_otel.decode._problems import Decoded, Problem
 from plumbline_otel.decode._proto import request_from_protobuf
 from plumbline_otel.errors import MalformedTraceFile
@@ -49,7 +49,7 @@ def _open(path: Path) -> IO[bytes]:
     return gzip.open(path, "rb") if magic == _GZIP_MAGIC else open(path, "rb")
 
 
-def _parse_json_line(line: bytes, where: str) -> Decoded:
+def _parse_json_line(line: bytes, where: str, keep: SpanFilter | None = None) -> Decoded:
     try:
         doc = orjson.loads(line)
     except orjson.JSONDecodeError as exc:
@@ -57,10 +57,10 @@ def _parse_json_line(line: bytes, where: str) -> Decoded:
             doc = orjson.loads(line.decode("utf-8", errors="replace"))
         except orjson.JSONDecodeError:
             return Decoded(ExportTraceServiceRequest(), where, [Problem(where, f"invalid JSON: {exc}")])
-        decoded = request_from_json(doc, where)
+        decoded = request_from_json(doc, where, keep)
         decoded.problems.append(Problem(where, "invalid UTF-8 replaced with U+FFFD"))
         return decoded
-    return request_from_json(doc, where)
+    return request_from_json(doc, where, keep)
 
 
 @dataclass(frozen=True)
@@ -72,10 +72,15 @@ class Unit:
     where: str
 
 
-def decode_unit(unit: Unit) -> Decoded:
-    """Decode one unit; damage comes back as problems."""
+def decode_unit(unit: Unit, keep: SpanFilter | None = None) -> Decoded:
+    """Decode one unit; damage comes back as problems.
+
+    `keep`, given a span's raw JSON trace id, says whether to decode that span at all: a shard
+    skips the (costly) mapping of JSON spans it does not own. Protobuf spans are all decoded (the
+    C parser makes that cheap); the caller filters them.
+    """
     if unit.kind == "json":
-        return _parse_json_line(unit.data, unit.where)
+        return _parse_json_line(unit.data, unit.where, keep)
     if unit.kind == "truncated" and not unit.data:
         return Decoded(ExportTraceServiceRequest(), unit.where, [Problem(unit.where, "file ends inside a length prefix")])
     return request_from_protobuf(unit.data, unit.where)

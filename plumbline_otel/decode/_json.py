@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import base64
 import binascii
-from typing import Any
+from typing import Any, Callable
 
 from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
@@ -26,6 +26,7 @@ from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Sp
 
 from plumbline_otel.decode._problems import Decoded, Problem
 
+SpanFilter = Callable[[Any], bool]  # given a span's raw JSON trace id: decode this span?
 _SPAN_KINDS = {name: value for name, value in Span.SpanKind.items()}
 _STATUS_CODES = {name: value for name, value in Status.StatusCode.items()}
 _FLOAT_WORDS = {"NaN": float("nan"), "Infinity": float("inf"), "-Infinity": float("-inf")}
@@ -193,10 +194,12 @@ def _span_label(obj: Any) -> str:
     return f" (spanId {str(span_id)[:40]})" if span_id else ""
 
 
-def _scope_spans(obj: dict[str, Any], path: str, problems: list[Problem]) -> ScopeSpans:
+def _scope_spans(obj: dict[str, Any], path: str, problems: list[Problem], keep: SpanFilter | None) -> ScopeSpans:
     scope = obj.get("scope") or obj.get("instrumentationLibrary") or {}
     spans = []
     for k, raw in enumerate(obj.get("spans") or []):
+        if keep is not None and not keep(_get(raw, "traceId", "trace_id") if isinstance(raw, dict) else None):
+            continue
         try:
             spans.append(_span(raw))
         except _Bad as exc:
@@ -210,7 +213,7 @@ def _scope_spans(obj: dict[str, Any], path: str, problems: list[Problem]) -> Sco
     )
 
 
-def _resource_spans(obj: dict[str, Any], path: str, problems: list[Problem]) -> ResourceSpans:
+def _resource_spans(obj: dict[str, Any], path: str, problems: list[Problem], keep: SpanFilter | None) -> ResourceSpans:
     resource = obj.get("resource") or {}
     try:
         attrs = _attributes(resource.get("attributes") or [], f"{path}.resource.attributes")
@@ -220,13 +223,16 @@ def _resource_spans(obj: dict[str, Any], path: str, problems: list[Problem]) -> 
     scopes = _get(obj, "scopeSpans", "scope_spans") or obj.get("instrumentationLibrarySpans") or []
     return ResourceSpans(
         resource=Resource(attributes=attrs),
-        scope_spans=[_scope_spans(s, f"{path}.scopeSpans[{j}]", problems) for j, s in enumerate(scopes)],
+        scope_spans=[_scope_spans(s, f"{path}.scopeSpans[{j}]", problems, keep) for j, s in enumerate(scopes)],
         schema_url=_get(obj, "schemaUrl", "schema_url", ""),
     )
 
 
-def request_from_json(doc: Any, where: str) -> Decoded:
-    """Map one parsed OTLP JSON `ExportTraceServiceRequest` into protobuf; bad spans become problems."""
+def request_from_json(doc: Any, where: str, keep: SpanFilter | None = None) -> Decoded:
+    """Map one parsed OTLP JSON `ExportTraceServiceRequest` into protobuf; bad spans become problems.
+
+    `keep` (given a span's raw trace id) skips spans another shard owns, before any mapping.
+    """
     if not isinstance(doc, dict):
         return Decoded(ExportTraceServiceRequest(), where, [Problem(where, "not an OTLP JSON object")])
     problems: list[Problem] = []
@@ -235,7 +241,7 @@ def request_from_json(doc: Any, where: str) -> Decoded:
         return Decoded(ExportTraceServiceRequest(), where, [Problem(where, "resourceSpans is not a list")])
     request = ExportTraceServiceRequest(
         resource_spans=[
-            _resource_spans(rs, f"{where} resourceSpans[{i}]", problems)
+            _resource_spans(rs, f"{where} resourceSpans[{i}]", problems, keep)
             for i, rs in enumerate(groups)
             if isinstance(rs, dict)
         ]

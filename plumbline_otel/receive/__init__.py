@@ -8,7 +8,7 @@ idempotent through the store's (trace_id, span_id) key; a full queue answers wit
 (UNAVAILABLE + RetryInfo, HTTP 503 + Retry-After). `Server(config).run()` is `plumbline serve`.
 """
 
-from plumbline_otel.receive._content import ContentFilter
+from plumbline_otel.content import ContentFilter
 from plumbline_otel.receive._intake import Intake, Outcome
 from plumbline_otel.receive._metrics import Metrics
 from plumbline_otel.receive._server import Server

@@ -1,8 +1,8 @@
 """What both transports do with an export request, once they have its bytes: the shared core.
 
 `Intake.traces` admits the bytes into the queue, decodes them (with span salvage), queues the
-decoded request and waits until the pipeline has applied the content rules (`make_prepare`),
-normalised it and committed its spans. It answers with an `Outcome` that each transport maps to its
+decoded request and waits until the shards have applied the content rules and normalised it and
+the writer has committed its spans. It answers with an `Outcome` that each transport maps to its
 own status codes in one place (`_grpc.py`, `_http.py`). Logs take a shorter path: decoded, filtered
 to gen_ai.* events and written by the commit thread in one call.
 """
@@ -12,17 +12,15 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import Callable, Literal
+from typing import Literal
 
-from plumbline_otel.decode import Decoded, decode_request_body
+from plumbline_otel.decode import decode_request_body
 from plumbline_otel.decode import BodyTooLarge, inflate
 from plumbline_otel.errors import MalformedRequest, StoreError
-from plumbline_otel.ingest import IngestSummary, ingest_decoded
-from plumbline_otel.normalise import Limits
-from plumbline_otel.receive._content import ContentFilter
+from plumbline_otel.content import ContentFilter
 from plumbline_otel.receive._logs import decode_logs, log_rows, write_logs
 from plumbline_otel.receive._metrics import Metrics
-from plumbline_otel.receive._writer import Overloaded, Prepared, WriteQueue
+from plumbline_otel.receive._writer import Overloaded, WriteQueue
 
 log = logging.getLogger("plumbline.receive")
 
@@ -44,20 +42,6 @@ def _problem_text(problems: list, rejected: int) -> str:
     more = f" (and {len(problems) - 5} more problems)" if len(problems) > 5 else ""
     head = f"{rejected} span(s) rejected: " if rejected else ""
     return (head + shown + more)[:_MAX_MESSAGE]
-
-
-def make_prepare(content: ContentFilter, limits: Limits, metrics: Metrics) -> Callable[[Decoded], Prepared]:
-    """The pipeline's normalising step: content rules first, then normalise and count."""
-
-    def prepare(decoded: Decoded) -> Prepared:
-        content.apply_traces(decoded.request)
-        summary = IngestSummary()
-        records, problems = ingest_decoded(decoded, limits, summary)
-        metrics.inc("plumbline_spans_received_total", len(records))
-        metrics.inc("plumbline_spans_rejected_total", summary.rejected_spans)
-        return records, problems, summary.rejected_spans
-
-    return prepare
 
 
 class Intake:
@@ -107,7 +91,13 @@ class Intake:
             self.queue.release(nbytes)
             return Outcome("ok")
         try:
-            _records, problems, rejected = self.queue.submit(nbytes, decoded, spans).wait(self.commit_timeout)
+            ticket = self.queue.submit(nbytes, decoded, spans)
+        except Overloaded as exc:
+            self.metrics.inc("plumbline_spans_pushed_back_total", spans)
+            return Outcome("overloaded", str(exc))
+        self.metrics.inc("plumbline_spans_accepted_total", spans)
+        try:
+            problems, rejected = ticket.wait(self.commit_timeout)
         except Overloaded as exc:
             return Outcome("overloaded", str(exc))
         except (StoreError, TimeoutError) as exc:

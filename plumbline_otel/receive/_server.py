@@ -16,11 +16,11 @@ from typing import Any
 
 from plumbline_otel.config import ServeConfig
 from plumbline_otel.errors import ConfigError
-from plumbline_otel.normalise import Limits
-from plumbline_otel.receive._content import ContentFilter
+from plumbline_otel.pipeline import ShardSettings, default_workers
+from plumbline_otel.content import ContentFilter
 from plumbline_otel.receive._grpc import GrpcReceiver
 from plumbline_otel.receive._http import HttpServer, make_ssl_context
-from plumbline_otel.receive._intake import Intake, make_prepare
+from plumbline_otel.receive._intake import Intake
 from plumbline_otel.receive._logs import create_logs_table
 from plumbline_otel.receive._metrics import Metrics
 from plumbline_otel.receive._writer import WriteQueue
@@ -29,7 +29,8 @@ from plumbline_otel.store import Store
 log = logging.getLogger("plumbline.receive")
 
 _COUNTERS = ("plumbline_spans_received_total", "plumbline_spans_stored_total", "plumbline_spans_duplicate_total",
-             "plumbline_spans_rejected_total", "plumbline_log_records_received_total", "plumbline_log_records_stored_total")
+             "plumbline_spans_rejected_total", "plumbline_spans_accepted_total", "plumbline_spans_committed_total", "plumbline_spans_pushed_back_total",
+             "plumbline_log_records_received_total", "plumbline_log_records_stored_total")
 
 
 def split_endpoint(endpoint: str, key: str) -> tuple[str, int]:
@@ -49,8 +50,10 @@ class Server:
         for name in _COUNTERS:
             self.metrics.inc(name, 0)
         content = ContentFilter(config.content)
+        settings = ShardSettings(content=config.content if content else None)  # task keys: the store's, once open
+        workers = config.workers if config.workers is not None else default_workers()
         self.queue = WriteQueue(self._open_store, self.metrics, max_spans=config.queue_max_spans, max_bytes=config.queue_max_bytes,
-                                prepare=make_prepare(content, Limits(), self.metrics), batch_max_spans=config.batch_max_spans,
+                                settings=settings, workers=workers, batch_max_spans=config.batch_max_spans,
                                 assemble_interval=config.assemble_interval_seconds, assemble_max_delay=config.assemble_max_delay_seconds)
         self.intake = Intake(self.queue, self.metrics, content)
         self.grpc: GrpcReceiver | None = None

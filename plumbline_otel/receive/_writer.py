@@ -1,17 +1,20 @@
-"""The ingest pipeline behind the transports: a bounded queue, a normaliser thread, and the one DuckDB thread.
+"""The ingest pipeline behind the transports: a bounded queue, the shard workers, and the one DuckDB thread.
 
     handler threads ──admit/submit──► queue of decoded requests (bounded in spans and in bytes)
-        ──► prepare thread: content rules + normalise, up to `batch_max_spans` per batch
-        ──► commit thread (the only one that touches DuckDB): one transaction per batch, then
-            every request in the batch is answered; reads for the API (`call`) run here too
+        ──► dispatch thread: each request, re-encoded as protobuf, to every shard (`pipeline.py`:
+            worker processes sharded by trace id apply the content rules, normalise, build Arrow
+            span tables and assemble each trace once it has been quiet for `assemble_interval`)
+        ──► collect thread: the shards' parts, in the order each shard made them
+        ──► commit thread (the only one that touches DuckDB): span parts in one transaction per
+            `batch_max_spans`, then every request whose parts are all committed is answered;
+            assembled trajectories stored when their span counts match; reads for the API
+            (`call`) run here too
 
-Request handlers only decode (protobuf parsing is C) and wait on a `Ticket`; the Python-heavy
-normalisation runs on one thread, overlapping with DuckDB's insert (which releases the GIL) on the
-other. Two threads doing the Python work instead of dozens keeps the GIL from thrashing. A request is
-answered only after the transaction holding its spans committed. Trajectories are assembled on the
-commit thread when the queue has been idle for `assemble_interval` (and at the latest
-`assemble_max_delay` after the first unassembled write), and once more on close; the records written
-since the last assembly are kept (up to `keep_recent`) so assembly need not read them back.
+Request handlers only decode (protobuf parsing is C) and wait on a `Ticket`; the Python-heavy work
+runs in the shard processes, on every core. A request is answered only after the transactions
+holding its spans committed. Traces a shard could not assemble alone (spans from before a restart,
+a trace it let go of to bound memory) stay dirty and are rebuilt from the store when the queue is
+idle (at the latest `assemble_max_delay` after the first), and once more on close.
 
 Admission is two-step so memory stays bounded before decoding starts: `admit(nbytes)` reserves the
 body's bytes, `submit` adds its span count; either past its bound raises `Overloaded` (unless the
@@ -24,22 +27,22 @@ import logging
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
-from plumbline_otel.decode import Decoded, Problem
+from plumbline_otel.decode import Decoded, Problem, Unit
 from plumbline_otel.errors import PlumblineError, StoreError
-from plumbline_otel.model import SpanRecord
+from plumbline_otel.pipeline import Flushed, ShardPool, ShardSettings, SpanPart, TrajectoryPart, concat_parts
 from plumbline_otel.receive._metrics import Metrics
 from plumbline_otel.store import Store
 
 log = logging.getLogger("plumbline.receive")
 
 _MAX_PENDING_CALLS = 64
-_MAX_PREPARED_BATCHES = 2  # normalised batches waiting for the commit thread
+_MAX_COMMIT_QUEUE = 64  # parts waiting for the commit thread before the collector waits
 
-# What the prepare step makes of one request: its records, its problems and how many spans it rejected.
-Prepared = tuple[list[SpanRecord], list[Problem], int]
+# What a request comes back as once committed: the problems met in it and how many spans it rejected.
+Prepared = tuple[list[Problem], int]
 
 
 class Overloaded(PlumblineError):
@@ -73,20 +76,11 @@ class _Request:
     nbytes: int
     spans: int
     decoded: Decoded | None
-    prepared: Prepared | None = None
-
-
-@dataclass
-class _Batch:
-    requests: list[_Request]
-
-    @property
-    def records(self) -> list[SpanRecord]:
-        return [r for req in self.requests if req.prepared for r in req.prepared[0]]
-
-    @property
-    def problems(self) -> list[Problem]:
-        return [p for req in self.requests if req.prepared for p in req.prepared[1]]
+    parts_left: int = 0
+    problems: list[Problem] = field(default_factory=list)
+    rejected: int = 0
+    error: BaseException | None = None
+    unstored: list[Problem] = field(default_factory=list)  # met while decoding: stored with the request's first part
 
 
 @dataclass
@@ -95,35 +89,40 @@ class _Call:
     fn: Callable[[Store], Any]
 
 
+_END = "end"  # the collector's last word: every shard has flushed
+
+
 class WriteQueue:
-    """Owns the `Store` on the commit thread; see the module docstring for the contract."""
+    """Owns the `Store` on the commit thread and the shard pool; see the module docstring for the contract."""
 
     def __init__(self, open_store: Callable[[], Store], metrics: Metrics, *, max_spans: int, max_bytes: int,
-                 prepare: Callable[[Decoded], Prepared] | None = None, batch_max_spans: int = 8192,
-                 assemble_interval: float = 1.0, assemble_max_delay: float = 10.0, keep_recent: int = 20000) -> None:
+                 settings: ShardSettings | None = None, workers: int = 0, batch_max_spans: int = 8192,
+                 assemble_interval: float = 1.0, assemble_max_delay: float = 10.0) -> None:
         self._open_store = open_store
         self._metrics = metrics
-        self._prepare = prepare or default_prepare
+        self._settings, self._workers = settings or ShardSettings(), workers
         self.max_spans, self.max_bytes, self.batch_max_spans = max_spans, max_bytes, batch_max_spans
-        self._assemble_interval, self._assemble_max_delay, self._keep_recent = assemble_interval, assemble_max_delay, keep_recent
+        self._assemble_interval, self._assemble_max_delay = assemble_interval, assemble_max_delay
         self._lock = threading.Lock()
         self._inbound: deque[_Request] = deque()
         self._inbound_ready = threading.Condition(self._lock)
-        self._commit: deque[_Batch | _Call] = deque()
+        self._commit: deque[SpanPart | TrajectoryPart | _Call | str] = deque()
         self._commit_ready = threading.Condition(self._lock)
         self._commit_room = threading.Condition(self._lock)
+        self._by_seq: dict[int, _Request] = {}
         self._spans = 0  # submitted, not yet committed
         self._bytes = 0  # admitted, not yet committed or released
         self._calls = 0
         self._closing = False
-        self._prepare_done = False
-        self._preparer = threading.Thread(target=self._run_prepare, name="plumbline-prepare", daemon=True)
+        self._dispatch_done = False
+        self._pool: ShardPool | None = None
+        self._dispatcher = threading.Thread(target=self._run_dispatch, name="plumbline-dispatch", daemon=True)
+        self._collector = threading.Thread(target=self._run_collect, name="plumbline-collect", daemon=True)
         self._committer = threading.Thread(target=self._run_commit, name="plumbline-writer", daemon=True)
         self._started = threading.Event()
         self._start_error: BaseException | None = None
-        self._recent: dict[str, list[SpanRecord]] = {}
-        self._recent_count = 0
         self._dirty_since: float | None = None
+        self._task_keys: tuple[str, ...] = ()
         self._last_write = time.monotonic()
         metrics.gauge("plumbline_queue_spans", lambda: self._spans)
         metrics.gauge("plumbline_queue_bytes", lambda: self._bytes)
@@ -131,12 +130,15 @@ class WriteQueue:
     # --- producer side (any thread) ---------------------------------------------------------
 
     def start(self) -> None:
-        """Open the store on the commit thread; raise its `StoreError` here if that fails."""
+        """Open the store on the commit thread and start the shards; raise a `StoreError` here if that fails."""
         self._committer.start()
         self._started.wait()
         if self._start_error is not None:
             raise self._start_error
-        self._preparer.start()
+        self._pool = ShardPool(replace(self._settings, task_keys=self._task_keys), self._workers, collector=True)
+        self._dispatcher.start()
+        if self._workers:
+            self._collector.start()
 
     @property
     def depth(self) -> tuple[int, int]:
@@ -163,14 +165,15 @@ class WriteQueue:
         Raises `Overloaded` (and releases the admission) past `max_spans`.
         """
         with self._lock:
-            if self._prepare_done:
+            if self._dispatch_done or self._closing:
                 self._bytes -= nbytes
                 raise Overloaded("the server is shutting down")
             if self._spans and self._spans + spans > self.max_spans:
                 self._bytes -= nbytes
                 raise Overloaded(f"the ingest queue is full ({self._spans} spans waiting to be stored)")
             self._spans += spans
-            request = _Request(Ticket(), nbytes, spans, decoded)
+            request = _Request(Ticket(), nbytes, spans, decoded, problems=list(decoded.problems),
+                               rejected=sum(p.spans for p in decoded.problems), unstored=list(decoded.problems))
             self._inbound.append(request)
             self._inbound_ready.notify()
         return request.ticket
@@ -189,48 +192,84 @@ class WriteQueue:
         return call.ticket.wait(timeout)
 
     def close(self, timeout: float | None = None) -> None:
-        """Stop taking work, commit everything queued, assemble, close the store."""
+        """Stop taking work, commit everything queued, assemble everything, close the store."""
         with self._lock:
             self._closing = True
             self._inbound_ready.notify_all()
             self._commit_ready.notify_all()
-        if self._preparer.is_alive():
-            self._preparer.join(timeout)
-        self._committer.join(timeout)
+        for thread in (self._dispatcher, self._collector, self._committer):
+            if thread.is_alive():
+                thread.join(timeout)
+        if self._pool is not None:
+            self._pool.close()
 
-    # --- the prepare thread -----------------------------------------------------------------
+    # --- the dispatch thread: requests to the shards ------------------------------------------
 
-    def _take_requests(self) -> list[_Request] | None:
+    def _take_request(self) -> _Request | None | str:
+        """The next request; "tick" when the shards should look for quiet traces; None once closed and drained."""
         with self._lock:
             while not self._inbound:
                 if self._closing:
-                    self._prepare_done = True
-                    self._commit_ready.notify_all()
                     return None
-                self._inbound_ready.wait()
-            taken, spans = [], 0
-            while self._inbound and (not taken or spans + self._inbound[0].spans <= self.batch_max_spans):
-                request = self._inbound.popleft()
-                taken.append(request)
-                spans += request.spans
-            return taken
+                if not self._inbound_ready.wait(self._assemble_interval / 2):
+                    return "tick"
+            return self._inbound.popleft()
 
-    def _run_prepare(self) -> None:
-        while (requests := self._take_requests()) is not None:
-            for request in requests:
+    def _run_dispatch(self) -> None:
+        pool = self._pool
+        assert pool is not None
+        last_tick = time.monotonic()
+        while (request := self._take_request()) is not None:
+            if isinstance(request, _Request):
                 assert request.decoded is not None
-                try:
-                    request.prepared = self._prepare(request.decoded)
-                except Exception as exc:  # a bug costs one request, never the pipeline
-                    log.exception("normalising a request failed")
-                    request.prepared = ([], [], 0)
-                    request.ticket.error = exc
+                unit = Unit("protobuf", request.decoded.request.SerializeToString(), request.decoded.where)
                 request.decoded = None  # let the protobuf go
-            with self._lock:
-                while len([b for b in self._commit if isinstance(b, _Batch)]) >= _MAX_PREPARED_BATCHES:
-                    self._commit_room.wait()
-                self._commit.append(_Batch(requests))
-                self._commit_ready.notify()
+                request.parts_left = pool.shards
+                seq = pool.submit(unit) if not self._workers else self._submit_remote(pool, unit, request)
+                if not self._workers:
+                    self._by_seq[seq] = request
+            if time.monotonic() - last_tick >= self._assemble_interval / 2:
+                pool.tick(self._assemble_interval)
+                last_tick = time.monotonic()
+            if not self._workers:
+                self._forward(list(pool.parts()))
+        pool.request_flush()
+        with self._lock:
+            self._dispatch_done = True
+        if not self._workers:
+            self._forward([*pool.parts(), _END])
+
+    def _submit_remote(self, pool: ShardPool, unit: Unit, request: _Request) -> int:
+        with self._lock:  # registered before any part of it can come back
+            seq = pool.next_seq
+            self._by_seq[seq] = request
+        return pool.submit(unit)
+
+    # --- the collect thread (worker processes only) -------------------------------------------
+
+    def _run_collect(self) -> None:
+        pool = self._pool
+        assert pool is not None
+        flushed = 0
+        while flushed < pool.shards:
+            try:
+                part = pool.next_part(timeout=0.5)
+            except RuntimeError:  # a worker died: nothing more will come; the commit thread reports it
+                log.exception("a shard worker exited")
+                break
+            if isinstance(part, Flushed):
+                flushed += 1
+            elif part is not None:
+                self._forward([part])
+        self._forward([_END])
+
+    def _forward(self, parts: list[Any]) -> None:
+        with self._lock:
+            for part in parts:
+                while len(self._commit) >= _MAX_COMMIT_QUEUE and not isinstance(part, str):
+                    self._commit_room.wait(0.5)
+                self._commit.append(part)
+            self._commit_ready.notify()
 
     # --- the commit thread (the only one that touches DuckDB) ------------------------------------
 
@@ -241,17 +280,22 @@ class WriteQueue:
             self._start_error = exc
             self._started.set()
             return
+        self._task_keys = store.task_keys
         self._started.set()
         try:
             while (work := self._next_work()) is not None:
                 if isinstance(work, _Call):
                     self._run_call(store, work)
-                elif isinstance(work, _Batch):
+                elif isinstance(work, list):
                     self._write(store, work)
+                elif isinstance(work, TrajectoryPart):
+                    self._store_assembled(store, work)
                 if self._assemble_due_in() == 0.0:
                     self._assemble(store)
+            self._dirty_since = self._dirty_since or time.monotonic()
             self._assemble(store)
         finally:
+            self._fail_unfinished(StoreError("the server stopped before these spans were committed"))
             store.close()
 
     def _assemble_due_in(self) -> float | None:
@@ -260,50 +304,83 @@ class WriteQueue:
         now = time.monotonic()
         return max(0.0, min(self._last_write + self._assemble_interval, self._dirty_since + self._assemble_max_delay) - now)
 
-    def _next_work(self) -> _Batch | _Call | str | None:
-        """The next batch or call; "assemble" when only an assembly is due; None when drained and closed."""
+    def _next_work(self) -> list[SpanPart] | TrajectoryPart | _Call | str | None:
+        """Span parts (as many as one transaction takes), a trajectory part or a call; "assemble" when only that is due; None at the end."""
         with self._lock:
             while not self._commit:
-                if self._prepare_done or (self._closing and not self._preparer.is_alive()):
-                    return None
                 due = self._assemble_due_in()
                 if due == 0.0:
                     return "assemble"
-                self._commit_ready.wait(due)
+                self._commit_ready.wait(due if due is not None else 0.5)
             work = self._commit.popleft()
-            self._commit_room.notify()
-            return work
+            if work == _END:
+                return None
+            if isinstance(work, SpanPart):
+                batch, spans = [work], work.spans
+                while self._commit and isinstance(self._commit[0], SpanPart) and spans + self._commit[0].spans <= self.batch_max_spans:
+                    part = self._commit.popleft()
+                    assert isinstance(part, SpanPart)
+                    batch.append(part)
+                    spans += part.spans
+                work = batch  # type: ignore[assignment]
+            self._commit_room.notify_all()
+            return work  # type: ignore[return-value]
 
-    def _write(self, store: Store, batch: _Batch) -> None:
-        records = batch.records
+    def _write(self, store: Store, parts: list[SpanPart]) -> None:
+        table, problems = concat_parts(parts)
+        with self._lock:
+            requests = [self._by_seq.get(part.seq) for part in parts]
+        for request in requests:
+            if request is not None and request.unstored:
+                problems.extend(request.unstored)
+                request.unstored = []
         error: BaseException | None = None
         try:
-            result = store.write_spans(records, batch.problems, source="otlp")
+            result = store.write_span_table(table, problems, source="otlp")
             self._metrics.inc("plumbline_spans_stored_total", result.stored)
             self._metrics.inc("plumbline_spans_duplicate_total", result.duplicate)
         except Exception as exc:  # the store failed: every request in the batch is told to retry
-            log.exception("writing %d spans failed", len(records))
+            log.exception("writing %d spans failed", table.num_rows if table is not None else 0)
             error = StoreError(f"the store could not commit: {exc}")
-        now = time.monotonic()
-        self._last_write = now
-        if records and error is None:
-            self._remember(records)
-            if self._dirty_since is None:
-                self._dirty_since = now
-        with self._lock:
-            self._spans -= sum(req.spans for req in batch.requests)
-            self._bytes -= sum(req.nbytes for req in batch.requests)
-        for request in batch.requests:
-            request.ticket.finish(request.prepared, request.ticket.error or error)
+        self._last_write = time.monotonic()
+        for part, request in zip(parts, requests):
+            self._metrics.inc("plumbline_spans_received_total", part.spans)
+            self._metrics.inc("plumbline_spans_rejected_total", part.rejected)
+            if request is None:
+                continue
+            request.problems.extend(part.problems)
+            request.rejected += part.rejected
+            if part.error:
+                request.error = RuntimeError(f"request could not be processed: {part.error}")
+            request.error = request.error or error
+            request.parts_left -= 1
+            if request.parts_left == 0:
+                self._finish(part.seq, request)
 
-    def _remember(self, records: list[SpanRecord]) -> None:
-        """Keep what was written for assembly, up to `keep_recent` records; past that, assembly reads back."""
-        if self._recent_count + len(records) > self._keep_recent:
-            self._recent, self._recent_count = {}, 0
-            return
-        for rec in records:
-            self._recent.setdefault(rec.trace_id, []).append(rec)
-        self._recent_count += len(records)
+    def _finish(self, seq: int, request: _Request) -> None:
+        with self._lock:
+            self._by_seq.pop(seq, None)
+            self._spans -= request.spans
+            self._bytes -= request.nbytes
+        if request.error is None:
+            self._metrics.inc("plumbline_spans_committed_total", request.spans - request.rejected)
+        request.ticket.finish((request.problems, request.rejected), request.error)
+
+    def _fail_unfinished(self, error: BaseException) -> None:
+        with self._lock:
+            left = list(self._by_seq.items())
+        for seq, request in left:
+            request.error = request.error or error
+            self._finish(seq, request)
+
+    def _store_assembled(self, store: Store, part: TrajectoryPart) -> None:
+        try:
+            written = store.write_assembled(part.table, part.counts)
+        except Exception:
+            log.exception("storing %d assembled trajectories failed; the store will rebuild them", len(part.counts))
+            written = 0
+        if written < len(part.counts) and self._dirty_since is None:  # the rest stays dirty: rebuilt from the store
+            self._dirty_since = time.monotonic()
 
     def _run_call(self, store: Store, call: _Call) -> None:
         try:
@@ -319,24 +396,13 @@ class WriteQueue:
             return
         started = time.monotonic()
         try:
-            n = store.assemble(self._recent)
-            log.debug("assembled %d trajectories in %.3fs", n, time.monotonic() - started)
+            n = store.assemble()
+            log.debug("assembled %d trajectories from the store in %.3fs", n, time.monotonic() - started)
         except Exception:
             log.exception("assembling trajectories failed; will retry")
             self._last_write = time.monotonic()
             return
-        self._recent, self._recent_count = {}, 0
         self._dirty_since = None
 
 
-def default_prepare(decoded: Decoded) -> Prepared:
-    """Normalise with default limits and no content rules."""
-    from plumbline_otel.ingest import IngestSummary, ingest_decoded
-    from plumbline_otel.normalise import Limits
-
-    summary = IngestSummary()
-    records, problems = ingest_decoded(decoded, Limits(), summary)
-    return records, problems, summary.rejected_spans
-
-
-__all__ = ["Overloaded", "Prepared", "Ticket", "WriteQueue", "default_prepare"]
+__all__ = ["Overloaded", "Prepared", "Ticket", "WriteQueue"]

@@ -2,33 +2,44 @@
 
 A certificate is built from runs (stored traffic or replay trials) and a spec. Runs are grouped
 into cells by agent (service name and version) and perturbation (``plumbline.perturbation``,
-"baseline" when absent). Per cell: n judged runs, the conforming ones (critical conformance: no
-critical violation), the Wilson 95% interval, the interval with tasks as clusters, the trials
-recorded as missing (``plumbline.trial.status`` missing/error: counted beside n, never in it,
-never as passes), the runs never exposed to their perturbation (below) and the violations per
-invariant with the runs it applied to.
+"baseline" when absent). Every trial lands in exactly one of four counts
+(`conformance.run_status`):
 
-Fault exposure. A run whose ``plumbline.fault.fired`` is false had a fault configured that never
-fired: it measured the agent without the fault, so it says nothing about the perturbation it is
-labelled with (the seed system's 81.2% for tool_fault mixed 32 such runs with 32 exposed ones).
-Such a run is ``unexposed``: counted per cell beside ``missing``, never in n, never as conforming,
-never in the clustered interval or the runs a cell needs, and still covered by the evidence hash.
-A run without the attribute (no fault configured, or an agent that does not report it) is scored
-as before; a fired fault (true) is scored.
+* **exposed**: a run judged against the spec. A ``tool_fault`` run is exposed only on positive
+  evidence that the injected fault hit it (a failed step of ``plumbline.fault.tool`` whose error
+  contains ``plumbline.fault.error``, or ``plumbline.fault.fired`` strictly true); runs of other
+  perturbations are always exposed.
+* **errored**: a trial that started and then crashed, timed out or left no trace. It is a run, in
+  n, and non-conforming, listed with its reason (``errored_runs``). An agent that crashes on a
+  fault is failing it, not skipping it.
+* **unexposed**: a ``tool_fault`` run without that evidence. It measured the agent without the
+  fault, so it is listed (``unexposed_runs``) and never scored; a cell of only unexposed runs has
+  n = 0 and certifies nothing (the seed system's 81.2% mixed 32 such runs with 32 exposed ones).
+* **missing**: a trial never started (spend cap, interruption): beside n, never in it; the cell
+  also gives the bound if every missing trial had failed.
 
-The headline is exactly ``min`` over cells of the Wilson lower 95% bound of critical
-conformance. Every cell attaining that minimum is reported (no order-dependent tie-breaking), and
-it is never replaced by the cell with the worst point estimate: with unequal n the two differ
-(10/10 has a lower bound below 60/64's despite its higher rate). Each cell also says how many runs
-the target bound needs at its observed failure count (`stats.trials_needed`). With several agents
-in one certificate each has its own headline and the top-level one is the minimum over all of
-them (certify one agent with ``agent=`` to gate it alone).
+So n = exposed + errored, and conforming counts exposed runs with no critical violation.
+
+Per cell: Wilson 95% (``lower``/``upper``: runs as if independent), the gate's bound
+(``gate_lower``/``gate_upper``, method ``gate_method``: `stats.clustered_interval`'s
+``cluster_kg``, valid when runs cluster by task and for few tasks; it equals Wilson when every
+task ran once and is 0 for a single task), the distinct ``tasks``, pass^k over each task's repeats
+and the flip rate (tasks whose repeats disagree), and the violations per invariant with the runs
+it applied to. ``clustered_lower``/``clustered_upper`` repeat the gate's bound for readers of
+version-1 fields.
+
+The headline is exactly ``min`` over cells of ``gate_lower``. Every cell attaining it is reported
+(no order-dependent tie-breaking), and it is never replaced by the cell with the worst point
+estimate. Each cell also says how many runs the target needs at its observed failure count if
+they came from distinct tasks (`stats.trials_needed`). With several agents each has its own
+headline and the top-level one is the minimum over all of them.
 
 Provenance pins the inputs: the spec hash, the data window, the plumbline version and an
 evidence hash. The evidence hash is a hash list: sha256 of each run's canonical JSON (ids, task,
 agent, run attributes, and every step with its arguments, result and error), then sha256 over
 the ``trajectory_id:digest`` lines sorted by trajectory id. Any changed byte of any step changes
-it, and the order runs were read in does not.
+it, and the order runs were read in does not. It covers every matched trajectory: markers and
+unexposed runs too.
 """
 
 from __future__ import annotations
@@ -44,62 +55,84 @@ from typing import Any
 import orjson
 
 from plumbline_otel import __version__
-from plumbline_otel.analyse.conformance import STUDY, TRIAL_ID, agent_label, evaluate, is_missing, perturbation_of
-from plumbline_otel.analyse.stats import clustered_interval, trials_needed, wilson_interval
+from plumbline_otel.analyse.conformance import (
+    FAULT_FIRED,
+    STUDY,
+    TRIAL_ID,
+    agent_label,
+    errored_reason,
+    evaluate,
+    perturbation_of,
+    run_label,
+    run_status,
+)
+from plumbline_otel.analyse.stats import CLUSTER_METHOD, clustered_interval, repeat_agreement, trials_needed, wilson_interval
 from plumbline_otel.model import Trajectory
 from plumbline_otel.spec import Spec
 
-CERTIFICATE_VERSION = 1
+CERTIFICATE_VERSION = 2  # 2: exposure by evidence, errored runs in n, the clustered gate bound
 CERTIFICATE_KIND = "plumbline.certificate"
-FAULT_FIRED = "plumbline.fault.fired"
+GATE_METHOD = CLUSTER_METHOD
+GATE_METHOD_DESCRIPTION = ("Wilson on a Korn-Graubard effective n, design effect at its upper "
+               "confidence bound, t on tasks-1 df (plain Wilson when every task ran once)")
 _TIE = 1e-12  # lower bounds within this are the same bound (float noise, not a difference)
 
 
 @dataclass
 class Cell:
-    """One (agent, perturbation): the counts and intervals of critical conformance."""
+    """One (agent, perturbation): the counts and intervals of critical conformance (module docstring)."""
 
     agent: str
     perturbation: str
-    n: int
+    n: int  # exposed + errored
     conforming: int
     rate: float | None
-    lower: float
+    lower: float  # Wilson
     upper: float
-    clustered_lower: float
+    gate_lower: float  # the bound the headline and the gate use
+    gate_upper: float
+    gate_method: str
+    clustered_lower: float  # == gate_lower (kept from version 1)
     clustered_upper: float
     clusters: int
+    tasks: int
     design_effect: float | None
+    exposed: int
+    unexposed: int
+    errored: int
     missing: int
-    unexposed: int  # runs whose configured fault never fired: not in n, not scored
-    lower_if_missing_failed: float
+    lower_if_missing_failed: float  # Wilson
+    gate_lower_if_missing_failed: float
+    pass_k: dict[str, Any]
+    flip_rate: float | None
     trials_needed: int
     short_by: int
     violations: dict[str, int] = field(default_factory=dict)  # invariant id -> runs violating
     applicable: dict[str, int] = field(default_factory=dict)  # invariant id -> runs it applied to
-    unexposed_runs: list[str] = field(default_factory=list)  # their trial ids (trajectory id without one), sorted
+    errored_runs: list[dict[str, str]] = field(default_factory=list)  # {"run", "reason"}, sorted by run
+    unexposed_runs: list[str] = field(default_factory=list)  # trial ids (trajectory id without one), sorted
 
 
 @dataclass
 class _Tally:
-    runs: int = 0
+    exposed: int = 0
     conforming: int = 0
     missing: int = 0
-    unexposed: int = 0
-    unexposed_ids: list[str] = field(default_factory=list)
+    errored: list[dict[str, str]] = field(default_factory=list)
+    unexposed: list[str] = field(default_factory=list)
     per_task: dict[str, list[int]] = field(default_factory=lambda: defaultdict(lambda: [0, 0]))
+    missing_per_task: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     violations: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     applicable: dict[str, int] = field(default_factory=lambda: defaultdict(int))
 
+    @property
+    def runs(self) -> int:
+        return self.exposed + len(self.errored)
+
 
 def fault_unexposed(trajectory: Trajectory) -> bool:
-    """True when the run had a fault configured that never fired (``plumbline.fault.fired`` false).
-
-    A boolean false is what the arms send; the string "false" (an exporter that stringifies
-    attributes) is read the same way. Absent, true or anything else is not unexposed.
-    """
-    value = trajectory.context.get(FAULT_FIRED)
-    return value is False or (isinstance(value, str) and value.strip().lower() == "false")
+    """True for a run that counts as unexposed (see `conformance.run_status`)."""
+    return run_status(trajectory) == "unexposed"
 
 
 def evidence_digest(trajectory: Trajectory) -> str:
@@ -168,6 +201,7 @@ def build_certificate(
         "target_bound": target,
         "confidence": 0.95,
         "measure": "critical conformance: runs with no violation of a critical invariant",
+        "n_counts": "exposed runs judged against the spec plus errored runs (failures); unexposed runs and missing trials are listed beside n",
         "headline": _headline(cells, target),
         "agents": _agents(cells, target),
         "spec": {"name": spec.name, "hash": spec.hash, "source": spec.source,
@@ -186,21 +220,29 @@ def build_certificate(
     }
 
 
+def _task(t: Trajectory) -> str:
+    return t.task_key or f"(no task) {t.trajectory_id}"
+
+
 def _count(tally: _Tally, spec: Spec, t: Trajectory) -> None:
-    if is_missing(t):
+    status = run_status(t)
+    if status == "missing":
         tally.missing += 1
+        tally.missing_per_task[_task(t)] += 1
         return
-    if fault_unexposed(t):
-        tally.unexposed += 1
-        tally.unexposed_ids.append(str(t.context.get(TRIAL_ID) or t.trajectory_id))
+    if status == "unexposed":
+        tally.unexposed.append(run_label(t))
+        return
+    task = tally.per_task[_task(t)]
+    task[1] += 1
+    if status == "errored":
+        tally.errored.append({"run": run_label(t), "reason": errored_reason(t)})
         return
     result = evaluate(spec, t)
     ok = result.conforms("critical")
-    tally.runs += 1
+    tally.exposed += 1
     tally.conforming += ok
-    task = tally.per_task[t.task_key or f"(no task) {t.trajectory_id}"]
     task[0] += ok
-    task[1] += 1
     for inv, verdict in result.verdicts:
         if verdict.status == "not_applicable":
             continue
@@ -209,11 +251,19 @@ def _count(tally: _Tally, spec: Spec, t: Trajectory) -> None:
             tally.violations[inv.id] += 1
 
 
+def _if_missing_failed(tally: _Tally) -> list[tuple[int, int]]:
+    """Per-task (conforming, runs) with every missing trial added as a failing run of its task."""
+    counts = {task: list(kn) for task, kn in tally.per_task.items()}
+    for task, missing in tally.missing_per_task.items():
+        counts.setdefault(task, [0, 0])[1] += missing
+    return [(k, n) for k, n in counts.values()]
+
+
 def _cell(agent: str, perturbation: str, tally: _Tally, target: float) -> Cell:
     w = wilson_interval(tally.conforming, tally.runs)
     c = clustered_interval([(k, n) for k, n in tally.per_task.values()])
-    worst_case = wilson_interval(tally.conforming, tally.runs + tally.missing)
     needed = trials_needed(target, failures=tally.runs - tally.conforming)
+    agreement = repeat_agreement([(k, n) for k, n in tally.per_task.values()])
     return Cell(
         agent=agent,
         perturbation=perturbation,
@@ -222,50 +272,72 @@ def _cell(agent: str, perturbation: str, tally: _Tally, target: float) -> Cell:
         rate=w.rate,
         lower=w.lower,
         upper=w.upper,
+        gate_lower=c.lower,
+        gate_upper=c.upper,
+        gate_method=GATE_METHOD,
         clustered_lower=c.lower,
         clustered_upper=c.upper,
         clusters=c.clusters or 0,
+        tasks=len(tally.per_task),
         design_effect=c.design_effect,
+        exposed=tally.exposed,
+        unexposed=len(tally.unexposed),
+        errored=len(tally.errored),
         missing=tally.missing,
-        unexposed=tally.unexposed,
-        lower_if_missing_failed=worst_case.lower,
+        lower_if_missing_failed=wilson_interval(tally.conforming, tally.runs + tally.missing).lower,
+        gate_lower_if_missing_failed=clustered_interval(_if_missing_failed(tally)).lower,
+        pass_k={"k": agreement.k, "value": agreement.pass_k},
+        flip_rate=agreement.flip_rate,
         trials_needed=needed,
         short_by=max(0, needed - tally.runs),
         violations=dict(sorted(tally.violations.items())),
         applicable=dict(sorted(tally.applicable.items())),
-        unexposed_runs=sorted(tally.unexposed_ids),
+        errored_runs=sorted(tally.errored, key=lambda r: (r["run"], r["reason"])),
+        unexposed_runs=sorted(tally.unexposed),
     )
 
 
 def _headline(cells: list[Cell], target: float) -> dict[str, Any]:
-    """min over cells of the Wilson lower bound; every cell attaining it; whether n suffices."""
+    """min over cells of the gate's bound; every cell attaining it; what holds the others back."""
     if not cells:
-        return {"lower_bound": 0.0, "cells": [], "meets_target": False, "short_cells": [],
+        return {"lower_bound": 0.0, "method": GATE_METHOD, "method_description": GATE_METHOD_DESCRIPTION, "cells": [], "meets_target": False, "short_cells": [],
                 "note": "no runs matched: nothing is certified"}
-    bound = min(c.lower for c in cells)
-    tied = [c for c in cells if math.isclose(c.lower, bound, rel_tol=0.0, abs_tol=_TIE)]
-    short = [c for c in cells if c.short_by > 0]
-    note = ""
-    if short:
-        note = "; ".join(
-            f"{c.agent} {c.perturbation}: n={c.n}, needs {c.trials_needed} runs at {c.n - c.conforming} failure(s) for {target}"
-            for c in short
-        )
+    bound = min(c.gate_lower for c in cells)
+    tied = [c for c in cells if math.isclose(c.gate_lower, bound, rel_tol=0.0, abs_tol=_TIE)]
+    short = [c for c in cells if c.short_by > 0 or c.n == 0]
     return {
         "lower_bound": bound,
+        "method": GATE_METHOD,
+        "method_description": GATE_METHOD_DESCRIPTION,
         "cells": [_ref(c) for c in tied],
         "meets_target": bound >= target,
-        "clustered_lower_bound": min(c.clustered_lower for c in cells),
+        "wilson_lower_bound": min(c.lower for c in cells),
+        "clustered_lower_bound": bound,
         "missing": sum(c.missing for c in cells),
+        "errored": sum(c.errored for c in cells),
         "unexposed": sum(c.unexposed for c in cells),
         "short_cells": [_ref(c) for c in short],
-        "note": note,
+        "note": "; ".join(note for c in cells if (note := _shortfall(c, target))),
     }
+
+
+def _shortfall(c: Cell, target: float) -> str:
+    """Why a cell cannot reach the target yet, in words ("" when it does)."""
+    where = f"{c.agent} {c.perturbation}"
+    if c.n == 0:
+        return f"{where}: no evidence (0 scored runs; {c.unexposed} unexposed, {c.missing} missing)"
+    if c.short_by > 0:
+        return f"{where}: n={c.n}, needs {c.trials_needed} runs at {c.n - c.conforming} failure(s) for {target}, from distinct tasks"
+    if c.gate_lower < target:
+        return f"{where}: n={c.n} would do as independent runs, but they come from {c.tasks} task(s); the clustered bound is {c.gate_lower:.4f}"
+    return ""
 
 
 def _ref(c: Cell) -> dict[str, Any]:
     return {"agent": c.agent, "perturbation": c.perturbation, "n": c.n, "conforming": c.conforming,
-            "lower": c.lower, "missing": c.missing, "unexposed": c.unexposed, "trials_needed": c.trials_needed, "short_by": c.short_by}
+            "lower": c.lower, "gate_lower": c.gate_lower, "tasks": c.tasks, "exposed": c.exposed,
+            "errored": c.errored, "missing": c.missing, "unexposed": c.unexposed,
+            "trials_needed": c.trials_needed, "short_by": c.short_by}
 
 
 def _agents(cells: list[Cell], target: float) -> list[dict[str, Any]]:
@@ -278,7 +350,8 @@ def _agents(cells: list[Cell], target: float) -> list[dict[str, Any]]:
         head = _headline(mine, target)
         out.append({
             "agent": name,
-            "headline": {k: head[k] for k in ("lower_bound", "cells", "meets_target", "clustered_lower_bound")},
+            "headline": {k: head[k] for k in ("lower_bound", "method", "cells", "meets_target", "wilson_lower_bound",
+                                              "clustered_lower_bound")},
             "perturbations": [asdict(c) for c in mine],
         })
     return out

@@ -1,10 +1,15 @@
 """Reading a certificate back (validated) and rendering it as text.
 
 `load_certificate` is what a gate trusts: it rejects a file that is missing, is not JSON, has
-another kind or version, lacks a field the gate reads, or whose headline is not the minimum of
-its own cells' lower bounds (a hand-edited headline). It raises `CertificateError`. A cell's
-``unexposed`` count (runs whose fault never fired) is optional, so certificates written before it
-existed still load, but when present it must be a non-negative integer.
+another kind or version, lacks or mistypes any per-cell field the gate or the text reads, names a
+gate method this version does not compute, whose
+counts do not add up (n = exposed + errored; one listed run per errored or unexposed count), or
+whose headline is not the minimum of its own cells' gate bounds (a hand-edited headline). It
+raises `CertificateError`.
+
+Version-1 certificates (before exposure evidence, errored runs and the clustered gate bound) are
+rejected with a message saying to re-run ``plumbline certify``: their n may hold runs the fault
+never hit and lack crashed ones, and their headline is plain Wilson, so a gate cannot trust them.
 """
 
 from __future__ import annotations
@@ -15,10 +20,11 @@ from pathlib import Path
 from typing import Any
 
 from plumbline_otel.errors import InputError
-from plumbline_otel.report.certificate import CERTIFICATE_KIND, CERTIFICATE_VERSION
+from plumbline_otel.report.certificate import CERTIFICATE_KIND, CERTIFICATE_VERSION, GATE_METHOD
 
-_CELL_FIELDS = {"agent": str, "perturbation": str, "n": int, "conforming": int, "lower": float, "missing": int,
-                "trials_needed": int, "short_by": int}
+_COUNTS = ("n", "conforming", "exposed", "unexposed", "errored", "missing", "tasks", "trials_needed", "short_by")
+_BOUNDS = ("lower", "upper", "gate_lower", "gate_upper")
+_REF_COUNTS = ("n", "conforming", "exposed", "unexposed", "errored", "missing", "tasks", "trials_needed", "short_by")
 
 
 class CertificateError(InputError):
@@ -46,17 +52,83 @@ def _number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _bad_fields(cell: dict[str, Any], where: str, counts: tuple[str, ...], bounds: tuple[str, ...]) -> str | None:
+    for name in ("agent", "perturbation"):
+        if not isinstance(cell.get(name), str):
+            return f"{where}.{name} missing or not a string"
+    for name in counts:
+        if not _count(cell.get(name)):
+            return f"{where}.{name} missing or not a non-negative int"
+    for name in bounds:
+        if not _number(cell.get(name)) or not 0 <= cell[name] <= 1:
+            return f"{where}.{name} missing or not a number in [0, 1]"
+    return None
+
+
+def _bad_lists(cell: dict[str, Any], where: str) -> str | None:
+    runs = cell.get("errored_runs")
+    if not isinstance(runs, list) or not all(
+        isinstance(r, dict) and isinstance(r.get("run"), str) and isinstance(r.get("reason"), str) for r in runs
+    ):
+        return f"{where}.errored_runs missing or not a list of {{run, reason}}"
+    unexposed = cell.get("unexposed_runs")
+    if not isinstance(unexposed, list) or not all(isinstance(r, str) for r in unexposed):
+        return f"{where}.unexposed_runs missing or not a list of run ids"
+    if len(runs) != cell["errored"] or len(unexposed) != cell["unexposed"]:
+        return f"{where}: errored/unexposed counts do not match the runs listed"
+    pass_k = cell.get("pass_k")
+    if not isinstance(pass_k, dict) or not _count(pass_k.get("k")) or "value" not in pass_k or not (
+        pass_k["value"] is None or _number(pass_k["value"])
+    ):
+        return f"{where}.pass_k missing or not {{k: int, value: number or null}}"
+    if not (cell.get("flip_rate") is None or _number(cell["flip_rate"])):
+        return f"{where}.flip_rate not a number or null"
+    return None
+
+
 def _bad_cell(cell: Any, where: str) -> str | None:
     if not isinstance(cell, dict):
         return f"{where} is not an object"
-    for name, kind in _CELL_FIELDS.items():
-        value = cell.get(name)
-        ok = _number(value) if kind is float else isinstance(value, kind) and not isinstance(value, bool)
-        if not ok:
-            return f"{where}.{name} missing or not a {kind.__name__}"
-    unexposed = cell.get("unexposed", 0)
-    if not isinstance(unexposed, int) or isinstance(unexposed, bool) or unexposed < 0:
-        return f"{where}.unexposed is not a non-negative int"
+    if (bad := _bad_fields(cell, where, _COUNTS, _BOUNDS)) is not None:
+        return bad
+    if cell.get("gate_method") != GATE_METHOD:
+        return f"{where}.gate_method {cell.get('gate_method')!r} is not the bound this plumbline gates on ({GATE_METHOD!r})"
+    if (bad := _bad_lists(cell, where)) is not None:
+        return bad
+    if cell["n"] != cell["exposed"] + cell["errored"] or cell["conforming"] > cell["exposed"]:
+        return f"{where}: n must be exposed + errored and conforming at most exposed"
+    return None
+
+
+def _bad_version(data: dict[str, Any]) -> str | None:
+    version = data.get("version")
+    if version == CERTIFICATE_VERSION:
+        return None
+    if isinstance(version, int) and not isinstance(version, bool) and version < CERTIFICATE_VERSION:
+        return (f"certificate version {version} was written by an older plumbline, before exposure evidence, "
+                "errored runs and the clustered gate bound; it cannot be gated: re-run plumbline certify")
+    newer = isinstance(version, int) and version > CERTIFICATE_VERSION
+    return f"certificate version {version!r} is not supported (this reads {CERTIFICATE_VERSION})" + (
+        "; it was written by a newer plumbline" if newer else ""
+    )
+
+
+def _bad_headline(head: Any) -> str | None:
+    if not isinstance(head, dict) or not _number(head.get("lower_bound")) or not 0 <= head["lower_bound"] <= 1:
+        return "headline.lower_bound missing or not a number in [0, 1]"
+    if head.get("method") != GATE_METHOD:
+        return f"headline.method {head.get('method')!r} is not the bound this plumbline gates on ({GATE_METHOD!r})"
+    if not isinstance(head.get("cells"), list):
+        return "headline.cells missing"
+    for i, ref in enumerate(head["cells"]):
+        if not isinstance(ref, dict):
+            return f"headline.cells[{i}] is not an object"
+        if (bad := _bad_fields(ref, f"headline.cells[{i}]", _REF_COUNTS, ("lower", "gate_lower"))) is not None:
+            return bad
     return None
 
 
@@ -66,20 +138,9 @@ def validate(data: Any) -> str | None:
         return "not a certificate (a JSON object is expected)"
     if data.get("kind") != CERTIFICATE_KIND:
         return f"not a certificate (kind {data.get('kind')!r}, expected {CERTIFICATE_KIND!r})"
-    version = data.get("version")
-    if version != CERTIFICATE_VERSION:
-        newer = isinstance(version, int) and version > CERTIFICATE_VERSION
-        return f"certificate version {version!r} is not supported (this reads {CERTIFICATE_VERSION})" + (
-            "; it was written by a newer plumbline" if newer else ""
-        )
-    head = data.get("headline")
-    if not isinstance(head, dict) or not _number(head.get("lower_bound")) or not 0 <= head["lower_bound"] <= 1:
-        return "headline.lower_bound missing or not a number in [0, 1]"
-    if not isinstance(head.get("cells"), list):
-        return "headline.cells missing"
-    for i, cell in enumerate(head["cells"]):
-        if (bad := _bad_cell(cell, f"headline.cells[{i}]")) is not None:
-            return bad
+    if (bad := _bad_version(data) or _bad_headline(data.get("headline"))) is not None:
+        return bad
+    head = data["headline"]
     agents = data.get("agents")
     if not isinstance(agents, list):
         return "agents missing"
@@ -91,10 +152,10 @@ def validate(data: Any) -> str | None:
         for c, cell in enumerate(cells):
             if (bad := _bad_cell(cell, f"agents[{a}].perturbations[{c}]")) is not None:
                 return bad
-            lowers.append(cell["lower"])
+            lowers.append(cell["gate_lower"])
     expected = min(lowers) if lowers else 0.0
     if not math.isclose(expected, head["lower_bound"], rel_tol=0.0, abs_tol=1e-9):
-        return f"headline.lower_bound {head['lower_bound']} is not the minimum of its cells' lower bounds ({expected})"
+        return f"headline.lower_bound {head['lower_bound']} is not the minimum of its cells' gate bounds ({expected})"
     if lowers and not head["cells"]:
         return "headline.cells is empty although there are cells"
     return None
@@ -110,53 +171,100 @@ def _never_fired(count: int, perturbation: str) -> str:
     return f"{count} {perturbation} runs never met their fault and are not scored"
 
 
-def render_text(cert: dict[str, Any]) -> str:
-    """A fixed-width text certificate: headline, one table per agent, top violations, provenance."""
+N_COUNTS = ("n counts exposed runs judged against the spec plus errored runs (crashed, timed out or no trace: "
+            "scored as failures); unexposed tool_fault runs (no evidence the fault hit) and missing trials "
+            "(never started) are listed beside n, never scored")
+
+
+def _bound(c: dict[str, Any]) -> str:
+    return "no evidence" if c["n"] == 0 else f"{c['gate_lower']:.4f}"
+
+
+def _pass_k(c: dict[str, Any]) -> str:
+    value = c["pass_k"]["value"]
+    return "  n/a" if value is None else f"^{c['pass_k']['k']} {value:.2f}"
+
+
+def _headline_lines(cert: dict[str, Any]) -> list[str]:
     head = cert["headline"]
     target = cert.get("target_bound", 0.95)
     verdict = "MEETS" if head["lower_bound"] >= target else "BELOW"
     lines = [
         f"plumbline certificate  (spec {cert['spec']['name']}, {cert['spec']['hash'][:12]})",
-        f"headline: critical conformance lower 95% bound = {head['lower_bound']:.4f}  [{verdict} target {target}]",
+        f"headline: critical conformance lower 95% bound, clustered by task ({head['method']}) = "
+        f"{head['lower_bound']:.4f}  [{verdict} target {target}]",
     ]
+    if "wilson_lower_bound" in head:
+        lines.append(f"  (Wilson, treating runs as independent: {head['wilson_lower_bound']:.4f})")
     for c in head["cells"]:
-        unexposed = f" ({c['unexposed']} unexposed run(s) not scored)" if c.get("unexposed") else ""
-        lines.append(f"  set by {c['agent']} / {c['perturbation']}: {c['conforming']}/{c['n']} conforming, n={c['n']}{unexposed}")
+        lines.append(
+            f"  set by {c['agent']} / {c['perturbation']}: {c['conforming']}/{c['n']} conforming, n={c['n']} "
+            f"({c['exposed']} exposed + {c['errored']} errored) from {c['tasks']} task(s); "
+            f"unexposed {c['unexposed']}, missing {c['missing']}" + ("  -- no evidence: certifies nothing" if c["n"] == 0 else "")
+        )
     if len(head["cells"]) > 1:
         lines.append(f"  ({len(head['cells'])} cells tie for the minimum)")
+    lines.append(f"  {N_COUNTS}")
     if head.get("note"):
-        lines.append(f"  n is short: {head['note']}")
-    if head.get("missing"):
-        lines.append(f"  missing trials (not counted in n, never as passes): {head['missing']}")
-    if head.get("unexposed"):
-        lines.append(f"  runs whose fault never fired (not counted in n, not scored): {head['unexposed']}")
+        lines.append(f"  short: {head['note']}")
+    for key, words in (("errored", "errored runs (in n, scored as failures)"), ("unexposed", "runs whose fault never fired (not counted in n, not scored)"),
+                       ("missing", "missing trials (never started; not counted in n, never as passes)")):
+        if head.get(key):
+            lines.append(f"  {words}: {head[key]}")
+    return lines
+
+
+def _cell_notes(c: dict[str, Any]) -> list[str]:
+    lines = []
+    if c["unexposed"]:
+        lines.append(f"  {_never_fired(c['unexposed'], c['perturbation'])} (n={c['n']} is the exposed and errored runs only)")
+    if c["errored"]:
+        shown = "; ".join(f"{r['run']}: {r['reason']}" for r in c["errored_runs"][:5])
+        more = f"; and {c['errored'] - 5} more" if c["errored"] > 5 else ""
+        lines.append(f"  {c['perturbation']}: {c['errored']} errored run(s), scored as failures: {shown}{more}")
+    if c["missing"]:
+        lines.append(f"  {c['perturbation']}: {c['missing']} missing trial(s); if they had all failed the bound would be "
+                     f"{c['gate_lower_if_missing_failed']:.4f} (Wilson {c['lower_if_missing_failed']:.4f})")
+    return lines
+
+
+def _violation_lines(cells: list[dict[str, Any]]) -> list[str]:
+    totals: dict[str, list[int]] = {}
+    for c in cells:
+        for inv, count in c["violations"].items():
+            totals.setdefault(inv, [0, 0])[0] += count
+        for inv, count in c["applicable"].items():
+            totals.setdefault(inv, [0, 0])[1] += count
+    worst = sorted(((v[0], inv, v[1]) for inv, v in totals.items() if v[0]), reverse=True)[:8]
+    if not worst:
+        return []
+    return ["  violations (runs violating / runs it applied to):", *(f"    {inv:<28} {k}/{n}" for k, inv, n in worst)]
+
+
+def render_text(cert: dict[str, Any]) -> str:
+    """A fixed-width text certificate: headline, one table per agent, notes per cell, violations, provenance."""
+    lines = _headline_lines(cert)
     for agent in cert["agents"]:
-        lines += ["", f"agent {agent['agent']}", "  perturbation        n   conforming   rate    Wilson 95%        clustered        missing  unexposed  needs"]
-        for c in sorted(agent["perturbations"], key=lambda c: (c["lower"], c["perturbation"])):
+        lines += ["", f"agent {agent['agent']}",
+                  "  perturbation        n  conf.   rate   Wilson 95%        gate bound  tasks  pass^k    flip  errored  unexposed  missing  needs"]
+        cells = agent["perturbations"]
+        for c in sorted(cells, key=lambda c: (c["gate_lower"], c["perturbation"])):
+            flip = "  n/a" if c["flip_rate"] is None else f"{c['flip_rate']:.2f}"
             lines.append(
-                f"  {c['perturbation']:<16}{c['n']:>5}   {c['conforming']:>10}  {_pct(c['rate'])}  "
-                f"[{c['lower']:.3f}, {c['upper']:.3f}]  [{c['clustered_lower']:.3f}, {c['clustered_upper']:.3f}]"
-                f"  {c['missing']:>7}  {c.get('unexposed', 0):>9}  {c['trials_needed'] if c['short_by'] else 'ok':>5}"
+                f"  {c['perturbation']:<16}{c['n']:>5}  {c['conforming']:>5}  {_pct(c['rate'])}  "
+                f"[{c['lower']:.3f}, {c['upper']:.3f}]  {_bound(c):>11}  {c['tasks']:>5}  {_pass_k(c):>8}  {flip:>5}"
+                f"  {c['errored']:>7}  {c['unexposed']:>9}  {c['missing']:>7}  {c['trials_needed'] if c['short_by'] else 'ok':>5}"
             )
-        for c in sorted(agent["perturbations"], key=lambda c: c["perturbation"]):
-            if c.get("unexposed"):
-                lines.append(f"  {_never_fired(c['unexposed'], c['perturbation'])} (n={c['n']} is the exposed runs only)")
-        totals: dict[str, list[int]] = {}
-        for c in agent["perturbations"]:
-            for inv, count in c["violations"].items():
-                t = totals.setdefault(inv, [0, 0])
-                t[0] += count
-            for inv, count in c["applicable"].items():
-                totals.setdefault(inv, [0, 0])[1] += count
-        worst = sorted(((v[0], inv, v[1]) for inv, v in totals.items() if v[0]), reverse=True)[:8]
-        if worst:
-            lines.append("  violations (runs violating / runs it applied to):")
-            lines += [f"    {inv:<28} {k}/{n}" for k, inv, n in worst]
+        for c in sorted(cells, key=lambda c: c["perturbation"]):
+            lines += _cell_notes(c)
+        lines += _violation_lines(cells)
     prov = cert["provenance"]
     win = prov["data_window"]
     scored = f" ({prov['scored_runs']} scored)" if prov.get("scored_runs", prov["runs"]) != prov["runs"] else ""
     lines += [
         "",
+        "pass^k: the chance all k repeats of a task conform (k = fewest repeats of any task), averaged over tasks; "
+        "flip: share of repeated tasks whose repeats disagree",
         f"runs: {prov['runs']}{scored}   window: {win['start']} .. {win['end']}",
         f"evidence sha256: {prov['evidence_sha256']}",
         f"spec sha256: {cert['spec']['hash']}   plumbline {prov['plumbline_version']}",

@@ -5,7 +5,17 @@ import json
 import duckdb
 from click.testing import CliRunner
 
-from plumbline_otel.analyse.conformance import check, evaluate, render_text, write_violations
+from plumbline_otel.analyse.conformance import (
+    check,
+    evaluate,
+    fault_exposed,
+    is_errored,
+    is_missing,
+    render_text,
+    run_status,
+    strict_bool,
+    write_violations,
+)
 from plumbline_otel.cli.check import check as check_cmd
 from plumbline_otel.cli.check import parse_since
 from plumbline_otel.spec import ArgEquals, MustCall, MustNotCall, Ordering, Rule, Spec, invariant, parse_spec
@@ -142,3 +152,53 @@ def test_spec_from_yaml_checks_like_the_python_form():
     spec = parse_spec(SPEC_YAML)
     summary = check(spec, [good("A")])
     assert summary.critical_conforming == 1
+
+
+# ---- run status: missing / errored / exposure (issue 8) ------------------------------------------
+
+FAULT_MSG = "503 Service Unavailable: the check_duplicate backend is temporarily unavailable"
+
+
+def faulted(*steps, **ctx):
+    return run(*steps, plumbline__perturbation="tool_fault", plumbline__fault__tool="check_duplicate",
+               plumbline__fault__error=FAULT_MSG, **ctx)
+
+
+def test_strict_bool_reads_only_true_false_one_and_zero():
+    for value, expected in ((True, True), ("true", True), (" TRUE ", True), (1, True), ("1", True),
+                            (False, False), ("false", False), (0, False), ("0", False),
+                            ("no", None), ("yes", None), (2, None), ("", None), (None, None), (1.0, None)):
+        assert strict_bool(value) is expected, value
+
+
+def test_a_tool_fault_run_is_exposed_only_on_positive_evidence():
+    hit = faulted(call("check_duplicate", error=f"ToolError: {FAULT_MSG}"), call("post_audit_log"))
+    assert fault_exposed(hit) and run_status(hit) == "exposed"
+    # The agent never called the targeted tool, or called it and it succeeded: the fault never hit.
+    for steps in ((call("post_audit_log"),), (call("check_duplicate"), call("post_audit_log"))):
+        assert run_status(faulted(*steps)) == "unexposed"
+    # A failure of the tool with some other error, or of another tool with the injected text, is not the fault.
+    assert run_status(faulted(call("check_duplicate", error="KeyError: vendor"))) == "unexposed"
+    assert run_status(faulted(call("validate_po", error=FAULT_MSG))) == "unexposed"
+    # The driver's own word: fired strictly true exposes; "0", "no", 0, absent do not.
+    assert run_status(run(call("x"), plumbline__perturbation="tool_fault", plumbline__fault__fired="true")) == "exposed"
+    for value in (False, 0, "0", "no", "yes", None):
+        assert run_status(run(call("x"), plumbline__perturbation="tool_fault", plumbline__fault__fired=value)) == "unexposed"
+    # Other perturbations need no fault evidence.
+    assert run_status(run(call("x"), plumbline__perturbation="paraphrase")) == "exposed"
+    assert run_status(run(call("x"), plumbline__perturbation="baseline", plumbline__fault__fired=False)) == "exposed"
+
+
+def test_errored_and_missing_markers_and_the_legacy_error_value():
+    assert run_status(run(plumbline__trial__status="missing")) == "missing"
+    for value in ("errored", "error", "ERRORED"):
+        marker = run(plumbline__trial__status=value, plumbline__perturbation="tool_fault")
+        assert is_errored(marker) and not is_missing(marker) and run_status(marker) == "errored"
+
+
+def test_check_counts_errored_trials_apart_from_missing_ones():
+    data = [run(call("a")), run(plumbline__trial__status="missing"), run(plumbline__trial__status="error"),
+            run(plumbline__trial__status="errored")]
+    summary = check(Spec.of("s", [invariant("A", MustCall("a"))]), data)
+    assert (summary.runs, summary.missing, summary.errored) == (1, 1, 2)
+    assert "errored trials (started, no run to judge" in render_text(summary)

@@ -18,9 +18,9 @@ def a_run(task="T1", pert="baseline", repeat=0, outcome="paid:100"):
                plumbline__trial__repeat=repeat, plumbline__outcome=outcome)
 
 
-def b_run(*steps, task="T1", pert="baseline", repeat=0, outcome="paid:100"):
+def b_run(*steps, task="T1", pert="baseline", repeat=0, outcome="paid:100", **ctx):
     return run(*steps, service="new", task=task, plumbline__perturbation=pert, plumbline__variant="0",
-               plumbline__trial__repeat=repeat, plumbline__outcome=outcome)
+               plumbline__trial__repeat=repeat, plumbline__outcome=outcome, **ctx)
 
 
 def test_deliberation_steps_are_not_compared_only_effects():
@@ -43,9 +43,11 @@ def test_divergences_are_localised_and_grouped():
     assert kinds == {"skipped", "substituted", "argument_changed"}
     assert d["outcome"] == {"agree": 2, "known": 3, "unknown": 0}
     assert d["a_self_consistency"] == {"k": 3, "n": 3}
-    assert d["conformance"]["pairs"] == 3 and d["conformance"]["only_a"] == 1
+    by_pert = d["conformance"]["by_perturbation"]
+    assert (by_pert["baseline"]["pairs"], by_pert["baseline"]["only_a"]) == (2, 1)
+    assert (by_pert["paraphrase"]["pairs"], by_pert["paraphrase"]["only_a"]) == (1, 0)
     text = render_text(report)
-    assert "McNemar" in text and "skipped" in text
+    assert "McNemar" in text and "Holm p" in text and "skipped" in text
 
 
 def test_unpaired_cells_are_counted_not_compared():
@@ -64,8 +66,8 @@ def test_mcnemar_on_a_clear_paired_difference():
     for i in range(12):
         runs.append(a_run(task=f"T{i}"))
         runs.append(b_run(call("schedule_payment", {"amount": 100}), task=f"T{i}"))
-    c = equivalence(runs, "old", "new", SPEC).as_dict()["conformance"]
-    assert (c["only_a"], c["only_b"]) == (12, 0) and c["mcnemar_p"] < 0.001
+    c = equivalence(runs, "old", "new", SPEC).as_dict()["conformance"]["by_perturbation"]["baseline"]
+    assert (c["only_a"], c["only_b"]) == (12, 0) and c["mcnemar_p"] < 0.001 and c["holm_p"] == c["mcnemar_p"]
 
 
 def test_compare_command_over_a_store(tmp_path):
@@ -90,6 +92,60 @@ def test_runs_beyond_the_pairs_are_tested_unpaired():
     runs = [a_run(repeat=0), b_run(call("schedule_payment", {"amount": 100}), call("post_audit_log"), repeat=0)]
     runs += [b_run(call("schedule_payment", {"amount": 100}), repeat=r) for r in (1, 2)]
     report = equivalence(runs, "old", "new", SPEC)
-    c = report.as_dict()["conformance"]
+    c = report.as_dict()["conformance"]["by_perturbation"]["baseline"]
     assert c["pairs"] == 1 and c["all_runs"]["b"] == {"k": 1, "n": 3}
     assert "not in the paired test" in render_text(report)
+
+
+FAULT = {"plumbline__fault__tool": "get_invoice", "plumbline__fault__error": "503 Service Unavailable"}
+
+
+def test_compare_does_not_score_runs_the_fault_never_hit():
+    # Issue 8, case 6: runs whose fault never fired certified as n=0 but compared as 8/8.
+    runs = []
+    for i in range(8):
+        runs.append(run(call("get_invoice", error="ToolError: 503 Service Unavailable"), call("get_invoice"),
+                        call("schedule_payment", {"amount": 100}), call("post_audit_log"), service="old", task=f"T{i}",
+                        plumbline__perturbation="tool_fault", plumbline__variant="0", **FAULT))
+        runs.append(b_run(call("schedule_payment", {"amount": 100}), call("post_audit_log"), task=f"T{i}",
+                          pert="tool_fault", **FAULT))  # B's fault never hit it: no failed get_invoice
+    d = equivalence(runs, "old", "new", SPEC).as_dict()
+    assert d["runs"] == 0 and d["excluded"]["b"] == {"missing": 0, "unexposed": 8, "errored": 0}
+    assert d["conformance"]["by_perturbation"] == {} and d["unpaired"]["a_cells"] == 8
+
+
+def test_one_paired_test_per_perturbation_with_holm_across_them():
+    # B is worse only under distractor; pooled with 3 perturbations where they agree, one test would dilute it.
+    runs = []
+    for pert in ("baseline", "paraphrase", "sampling", "distractor"):
+        for i in range(10):
+            runs.append(a_run(task=f"T{i}", pert=pert))
+            steps = [call("schedule_payment", {"amount": 100})] + ([] if pert == "distractor" else [call("post_audit_log")])
+            runs.append(b_run(*steps, task=f"T{i}", pert=pert))
+    c = equivalence(runs, "old", "new", SPEC).as_dict()["conformance"]
+    assert c["perturbations"] == 4 and c["test"].startswith("McNemar exact per perturbation, Holm")
+    worse = c["by_perturbation"]["distractor"]
+    assert (worse["only_a"], worse["only_b"]) == (10, 0)
+    assert worse["holm_p"] == min(1.0, 4 * worse["mcnemar_p"]) and worse["differs"]
+    assert all(not c["by_perturbation"][p]["differs"] and c["by_perturbation"][p]["holm_p"] == 1.0
+               for p in ("baseline", "paraphrase", "sampling"))
+
+
+def test_errored_runs_fail_the_paired_test_and_have_no_effect_path():
+    runs = [a_run(task=f"T{i}") for i in range(6)]
+    runs += [run(service="new", task=f"T{i}", plumbline__perturbation="baseline", plumbline__variant="0",
+                 plumbline__trial__status="errored", plumbline__trial__reason="timeout") for i in range(6)]
+    d = equivalence(runs, "old", "new", SPEC).as_dict()
+    assert d["runs"] == 0 and d["excluded"]["b"]["errored"] == 6
+    c = d["conformance"]["by_perturbation"]["baseline"]
+    assert (c["pairs"], c["only_a"], c["b_rate"]) == (6, 6, 0.0)
+
+
+def test_outcome_agreement_when_runs_carry_an_outcome():
+    runs = [a_run(task=f"T{i}", outcome="paid:100") for i in range(4)]
+    runs += [b_run(call("schedule_payment", {"amount": 100}), call("post_audit_log"), task=f"T{i}",
+                   outcome="paid:100" if i < 3 else "held") for i in range(4)]
+    runs += [a_run(task="T9", outcome=None), b_run(call("post_audit_log"), task="T9", outcome=None)]
+    d = equivalence(runs, "old", "new", SPEC).as_dict()
+    assert d["outcome"] == {"agree": 3, "known": 4, "unknown": 1}
+    assert "outcome agrees: 3/4 where known (1 unknown)" in render_text(equivalence(runs, "old", "new", SPEC))

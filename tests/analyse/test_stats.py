@@ -8,11 +8,13 @@ import pytest
 
 from plumbline_otel.analyse.stats import (
     Interval,
+    RepeatAgreement,
     clustered_interval,
     holm,
     mcnemar_exact,
     pass_at_k,
     pass_hat_k,
+    repeat_agreement,
     permutation_test,
     trials_needed,
     wilson_interval,
@@ -94,7 +96,7 @@ BINOMIAL_LIKE = [(7, 10), (9, 10), (8, 10), (6, 10), (10, 10), (8, 10), (9, 10),
 
 
 def test_design_effect_with_homogeneous_clusters_is_plain_wilson() -> None:
-    clustered = clustered_interval(HOMOGENEOUS)
+    clustered = clustered_interval(HOMOGENEOUS, method="design_effect")
     plain = wilson_interval(64, 80)
     assert (clustered.k, clustered.n, clustered.clusters) == (64, 80, 8)
     assert clustered.design_effect == 1.0
@@ -106,13 +108,13 @@ def test_design_effect_with_homogeneous_clusters_is_plain_wilson() -> None:
 
 def test_design_effect_all_pass_is_plain_wilson() -> None:
     # No variation at all: the ICC is not estimable, so no widening (see module docstring).
-    clustered = clustered_interval([(8, 8)] * 8)
+    clustered = clustered_interval([(8, 8)] * 8, method="design_effect")
     assert clustered.lower == pytest.approx(wilson_interval(64, 64).lower, abs=1e-12)
     assert clustered.upper == 1.0
 
 
 def test_design_effect_with_binomial_like_clusters_is_close_to_wilson() -> None:
-    clustered = clustered_interval(BINOMIAL_LIKE)
+    clustered = clustered_interval(BINOMIAL_LIKE, method="design_effect")
     plain = wilson_interval(64, 80)
     assert clustered.design_effect == pytest.approx(1.0, abs=0.1)
     assert clustered.lower == pytest.approx(plain.lower, abs=0.01)
@@ -132,9 +134,39 @@ def test_design_effect_with_heterogeneous_clusters_is_wider() -> None:
 def test_design_effect_hand_computed_icc() -> None:
     # Two tasks of 10: 10/10 and 0/10. Between-task MS = 5, within-task MS = 0, so ICC = 1 and
     # the design effect is the cluster size: 20 runs are worth 2.
-    clustered = clustered_interval([(10, 10), (0, 10)])
+    clustered = clustered_interval([(10, 10), (0, 10)], method="design_effect")
     assert clustered.design_effect == pytest.approx(10.0)
     assert clustered.lower == pytest.approx(wilson_interval(1, 2).lower, abs=1e-12)
+
+
+def test_cluster_kg_is_plain_wilson_when_every_task_ran_once() -> None:
+    for k, n in ((52, 64), (73, 73), (5, 9)):
+        clustered = clustered_interval([(1, 1)] * k + [(0, 1)] * (n - k))
+        plain = wilson_interval(k, n)
+        assert (clustered.lower, clustered.upper) == (plain.lower, plain.upper)
+        assert clustered.method == "cluster_kg" and clustered.design_effect == 1.0
+
+
+def test_cluster_kg_one_task_certifies_nothing() -> None:
+    # The case: 80 clean runs of one task gave 0.954 and passed a 0.95 gate.
+    assert wilson_interval(80, 80).lower > 0.95
+    one = clustered_interval([(80, 80)])
+    assert (one.lower, one.upper, one.clusters) == (0.0, 1.0, 1)
+
+
+def test_cluster_kg_with_no_failures_counts_tasks_not_runs() -> None:
+    # No within-task variation: clustering cannot be estimated, so the design effect is the task size.
+    clean = clustered_interval([(8, 8)] * 8)
+    assert clean.design_effect == 8.0 and clean.lower < wilson_interval(8, 8).lower
+    # 100 clean tasks x 4 repeats reach 0.95; 80 clean tasks x 2 repeats do not.
+    assert clustered_interval([(4, 4)] * 100).lower > 0.95 > clustered_interval([(2, 2)] * 80).lower
+
+
+def test_cluster_kg_widens_with_heterogeneous_tasks_and_stays_below_wilson() -> None:
+    for tasks in (HOMOGENEOUS, BINOMIAL_LIKE, HETEROGENEOUS):
+        clustered = clustered_interval(tasks)
+        assert clustered.lower < wilson_interval(64, 80).lower
+    assert clustered_interval(HETEROGENEOUS).lower < clustered_interval(BINOMIAL_LIKE).lower - 0.1
 
 
 def test_bootstrap_with_binomial_like_clusters_is_close_to_wilson() -> None:
@@ -167,7 +199,7 @@ def test_clustered_one_sided() -> None:
 
 
 def test_clustered_with_no_runs_says_so() -> None:
-    for method in ("design_effect", "bootstrap"):
+    for method in ("cluster_kg", "design_effect", "bootstrap"):
         empty = clustered_interval([(0, 0)], method=method)  # type: ignore[arg-type]
         assert (empty.k, empty.n, empty.rate, empty.lower, empty.upper) == (0, 0, None, 0.0, 1.0)
         assert empty.clusters == 0
@@ -339,3 +371,29 @@ def test_trials_needed_rejects_unreachable_targets(target: float) -> None:
 def test_permutation_rejects_unknown_method_even_with_an_empty_side() -> None:
     with pytest.raises(ValueError):
         permutation_test(3, 5, 0, 0, method="bootstrap")  # type: ignore[arg-type]
+
+
+def test_repeat_agreement_pass_k_and_flip_rate() -> None:
+    # Three tasks of 4 repeats: all pass, 2 of 4, all fail. pass^4 = (1 + 0 + 0) / 3; one task flips.
+    agreement = repeat_agreement([(4, 4), (2, 4), (0, 4)])
+    assert agreement == RepeatAgreement(4, pytest.approx(1 / 3), pytest.approx(1 / 3))
+    # Unequal repeats: k is the fewest (2); pass^2 of 2/3 is C(2,2)/C(3,2) = 1/3.
+    assert repeat_agreement([(2, 3), (2, 2)]) == RepeatAgreement(2, pytest.approx((1 / 3 + 1) / 2), 0.5)
+    # Every task ran once: pass^1 is the rate and there is no flip rate to report.
+    assert repeat_agreement([(1, 1), (0, 1), (1, 1)]) == RepeatAgreement(1, pytest.approx(2 / 3), None)
+    assert repeat_agreement([]) == RepeatAgreement(0, None, None)
+
+
+def test_cluster_kg_never_claims_more_than_wilson() -> None:
+    import random
+
+    rng = random.Random(5)
+    for _ in range(300):
+        tasks = []
+        for _ in range(rng.randint(1, 12)):
+            n = rng.randint(1, 8)
+            tasks.append((rng.randint(0, n), n))
+        k, n = sum(t[0] for t in tasks), sum(t[1] for t in tasks)
+        clustered, plain = clustered_interval(tasks), wilson_interval(k, n)
+        assert clustered.lower <= plain.lower + 1e-12, tasks
+        assert clustered.upper >= plain.upper - 1e-12, tasks

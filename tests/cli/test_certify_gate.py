@@ -16,9 +16,11 @@ from plumbline_otel.store import Store
 SPEC = Spec.of("g", [invariant("AUDIT", MustCall("post_audit_log"))])
 
 
-def runs(perturbation, conforming, n):
+def runs(perturbation, conforming, n, tasks=None, **ctx):
+    """n runs, the first `conforming` clean; each on its own task unless `tasks` groups them."""
     return [
-        run(*([call("post_audit_log")] if i < conforming else []), task=f"T{i % 3}", plumbline__perturbation=perturbation)
+        run(*([call("post_audit_log")] if i < conforming else []), task=f"{perturbation}-T{i % tasks if tasks else i}",
+            plumbline__perturbation=perturbation, **ctx)
         for i in range(n)
     ]
 
@@ -39,6 +41,43 @@ def test_gate_passes_when_the_headline_meets_the_bound(tmp_path, runner):
     result = runner.invoke(gate, [path, "--min-bound", "0.95"])
     assert result.exit_code == 0, result.output
     assert "PASS" in result.output and "paraphrase" in result.output
+    # A PASS names what it left out, and each cell's pass^k and flip rate.
+    assert "errored runs 0 (in n, failures), missing trials 0 and unexposed runs 0 (not in n)" in result.output
+    assert "agent / paraphrase: 75/75 conforming, bound 0.9513; n=75 (75 exposed + 0 errored) from 75 task(s)" in result.output
+    assert "pass^1 1.000, flip rate n/a" in result.output
+
+
+def test_gate_names_errored_and_missing_trials_when_it_passes_and_when_it_fails(tmp_path, runner):
+    crashed = [run(task=f"C{i}", plumbline__perturbation="paraphrase", plumbline__trial__status="errored",
+                   plumbline__trial__reason="timed out") for i in range(2)]
+    never = [run(task=f"M{i}", plumbline__perturbation="paraphrase", plumbline__trial__status="missing") for i in range(3)]
+    path = write_cert(tmp_path, build_certificate(SPEC, runs("baseline", 80, 80) + runs("paraphrase", 150, 150) + crashed + never))
+    passed = runner.invoke(gate, [path, "--min-bound", "0.9"])
+    assert passed.exit_code == 0, passed.output
+    assert "errored runs 2 (in n, failures), missing trials 3 and unexposed runs 0 (not in n)" in passed.output
+    assert "n=152 (150 exposed + 2 errored) from 152 task(s), 3 missing" in passed.output
+    failed = runner.invoke(gate, [path, "--min-bound", "0.99"])
+    assert failed.exit_code == 1
+    assert "FAIL" in failed.output and "errored runs 2 (in n, failures), missing trials 3" in failed.output
+    assert "if the 3 missing trial(s) had failed the bound would be" in failed.output
+
+
+def test_gate_fails_one_task_run_80_times(tmp_path, runner):
+    # Issue 8, case 5: Wilson gives 0.954 for 80 clean runs, but they are all one task.
+    path = write_cert(tmp_path, build_certificate(SPEC, runs("baseline", 80, 80, tasks=1)))
+    result = runner.invoke(gate, [path, "--min-bound", "0.95"])
+    assert result.exit_code == 1
+    assert "bound 0.0000 (Wilson 0.9542)" in result.output
+    assert "80 runs would do as independent runs, but they come from 1 task(s): run more distinct tasks" in result.output
+
+
+def test_gate_prints_pass_k_and_flip_rate_over_repeats(tmp_path, runner):
+    # 40 tasks x 2 repeats; 4 tasks flip.
+    data = runs("sampling", 80, 80, tasks=40)
+    data = [run(*([] if i in (0, 1, 2, 3) else t.steps), task=t.task_key, plumbline__perturbation="sampling") for i, t in enumerate(data)]
+    result = runner.invoke(gate, [write_cert(tmp_path, build_certificate(SPEC, data)), "--min-bound", "0.5"])
+    assert result.exit_code == 0, result.output
+    assert "from 40 task(s)" in result.output and "pass^2 0.900, flip rate 0.100" in result.output
 
 
 def test_gate_fails_naming_the_perturbation_and_the_clean_runs_it_needs(tmp_path, runner):
@@ -57,7 +96,8 @@ def test_gate_fails_naming_the_perturbation_and_the_clean_runs_it_needs(tmp_path
         (json.dumps({"kind": "plumbline.certificate", "version": 99}), "newer plumbline"),
         (json.dumps({"kind": "something.else", "version": 1}), "not a certificate"),
         (json.dumps([1, 2]), "not a certificate"),
-        (json.dumps({"kind": "plumbline.certificate", "version": 1, "headline": {"lower_bound": "high"}}), "lower_bound"),
+        (json.dumps({"kind": "plumbline.certificate", "version": 2, "headline": {"lower_bound": "high"}}), "lower_bound"),
+        (json.dumps({"kind": "plumbline.certificate", "version": 1, "headline": {"lower_bound": 0.99}}), "re-run plumbline certify"),
     ],
 )
 def test_gate_exits_2_on_an_unusable_certificate(tmp_path, runner, content, reason):

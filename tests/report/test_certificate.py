@@ -1,5 +1,5 @@
-"""Certificates: the headline is exactly the minimum lower bound; missing trials are not passes; runs
-whose fault never fired are not scored."""
+"""Certificates: the headline is exactly the minimum of the cells' gate bounds; missing trials are not
+passes; errored trials are failing runs; tool_fault runs count only with evidence the fault hit them."""
 
 import json
 import random
@@ -19,11 +19,12 @@ SPEC = Spec.of(
 )
 
 
-def runs(perturbation, conforming, n, task_count=4, service="ap-agent", version="1.0", **ctx):
+def runs(perturbation, conforming, n, task_count=None, service="ap-agent", version="1.0", **ctx):
+    """n runs, the first `conforming` clean; each on its own task unless `task_count` groups them."""
     out = []
     for i in range(n):
         steps = [call("post_audit_log")] if i < conforming else [call("post_audit_log", error="503")]
-        out.append(run(*steps, task=f"T{i % task_count}", service=service, version=version,
+        out.append(run(*steps, task=f"T{i % task_count if task_count else i}", service=service, version=version,
                        plumbline__perturbation=perturbation, start_ns=1_700_000_000_000_000_000 + i, **ctx))
     return out
 
@@ -130,7 +131,7 @@ def test_provenance_and_rendering():
     cert = build_certificate(SPEC, runs("baseline", 34, 34) + runs("tool_fault", 30, 34))
     prov = cert["provenance"]
     assert prov["data_window"]["start_ns"] == 1_700_000_000_000_000_000 and prov["runs"] == 68
-    assert cert["spec"]["hash"] == SPEC.hash and cert["version"] == 1
+    assert cert["spec"]["hash"] == SPEC.hash and cert["version"] == 2
     assert validate(cert) is None
     text = render_text(cert)
     assert "tool_fault" in text and "set by ap-agent@1.0 / tool_fault" in text and "evidence sha256" in text
@@ -197,8 +198,8 @@ def test_the_text_says_which_runs_were_not_scored():
     cert = build_certificate(SPEC, runs("baseline", 34, 34) + faulted(20, 32, True) + faulted(32, 32, False))
     text = render_text(cert)
     assert "32 tool_fault runs never met their fault and are not scored" in text
-    assert "(n=32 is the exposed runs only)" in text
-    assert "set by ap-agent@1.0 / tool_fault: 20/32 conforming, n=32 (32 unexposed run(s) not scored)" in text
+    assert "(n=32 is the exposed and errored runs only)" in text
+    assert "set by ap-agent@1.0 / tool_fault: 20/32 conforming, n=32 (32 exposed + 0 errored) from 32 task(s); unexposed 32" in text
     assert "runs whose fault never fired (not counted in n, not scored): 32" in text
     assert "runs: 98 (66 scored)" in text
     one = render_text(build_certificate(SPEC, faulted(5, 5, True) + faulted(1, 1, False)))
@@ -207,23 +208,102 @@ def test_the_text_says_which_runs_were_not_scored():
     assert "never met" not in plain and "never fired" not in plain
 
 
-def test_runs_without_the_attribute_or_with_a_fired_fault_are_scored_as_before():
+def test_tool_fault_runs_without_evidence_are_unexposed_other_perturbations_need_none():
+    # Before issue 8 a tool_fault run with no fault attribute at all was scored as exposed.
     plain = runs("tool_fault", 7, 10)
+    c = cell(build_certificate(SPEC, plain), "tool_fault")
+    assert (c["n"], c["exposed"], c["unexposed"]) == (0, 0, 10) and c["gate_lower"] == 0.0
     fired = faulted(7, 10, True)
-    for data in (plain, fired):
-        c = cell(build_certificate(SPEC, data), "tool_fault")
-        assert (c["n"], c["conforming"], c["unexposed"], c["unexposed_runs"]) == (10, 7, 0, [])
-        assert c["lower"] == wilson_interval(7, 10).lower
-    # Any perturbation: a configured fault that never fired is unexposed wherever it is labelled.
+    c = cell(build_certificate(SPEC, fired), "tool_fault")
+    assert (c["n"], c["conforming"], c["unexposed"], c["unexposed_runs"]) == (10, 7, 0, [])
+    assert c["lower"] == c["gate_lower"] == wilson_interval(7, 10).lower  # one run per task: the gate bound is Wilson
+    # A baseline run is exposed whatever a stray fault attribute says.
     c = cell(build_certificate(SPEC, runs("baseline", 5, 5, plumbline__fault__fired=False) + runs("baseline", 3, 3)), "baseline")
-    assert (c["n"], c["unexposed"]) == (3, 5)
+    assert (c["n"], c["unexposed"]) == (8, 0)
 
 
-def test_a_stringified_false_is_unexposed_and_other_values_are_not():
-    for value, unexposed in ((False, True), ("false", True), (" False ", True), (True, False), ("true", False),
-                             (0, False), (None, False), ("", False)):
-        t = run(call("post_audit_log"), plumbline__fault__fired=value)
+def test_fault_fired_is_read_strictly():
+    for value, unexposed in ((False, True), ("false", True), (0, True), ("0", True), ("no", True), ("yes", True),
+                             (None, True), ("", True), (True, False), ("true", False), (" True ", False), (1, False), ("1", False)):
+        t = run(call("post_audit_log"), plumbline__perturbation="tool_fault", plumbline__fault__fired=value)
         assert fault_unexposed(t) is unexposed, value
+
+
+FAULT_MSG = "503 Service Unavailable: the check_duplicate backend is temporarily unavailable"
+
+
+def agent_ignoring_its_fault(i, hit, **ctx):
+    """A tool_fault trial as the replay driver records it: the fault's tool and text on the trial, and
+    (when `hit`) the failed step the injected fault left in the trace."""
+    steps = [call("check_duplicate", error=f"ToolError: {FAULT_MSG}")] if hit else []
+    return run(*steps, call("check_duplicate"), call("post_audit_log"), task=f"INV-{i % 4}", id=f"tf-{i}",
+               service="ap-agent", version="1.0", plumbline__perturbation="tool_fault",
+               plumbline__fault__tool="check_duplicate", plumbline__fault__error=FAULT_MSG,
+               plumbline__trial__id=f"s/INV-{i % 4}/tool_fault/v/k{i}", **ctx)
+
+
+def test_an_agent_the_fault_never_hit_certifies_nothing():
+    # Issue 8, case 1: the driver said "fired in 0/12" and the certificate scored 12/12 (0.758).
+    for fired in ({}, {"plumbline__fault__fired": "0"}, {"plumbline__fault__fired": "no"}):
+        cert = build_certificate(SPEC, [agent_ignoring_its_fault(i, False, **fired) for i in range(12)] + runs("baseline", 80, 80))
+        c = cell(cert, "tool_fault")
+        assert (c["n"], c["exposed"], c["unexposed"], c["gate_lower"]) == (0, 0, 12, 0.0)
+        assert c["unexposed_runs"][0] == "s/INV-0/tool_fault/v/k0"
+        head = cert["headline"]
+        assert head["lower_bound"] == 0.0 and head["cells"][0]["perturbation"] == "tool_fault"
+        assert "ap-agent@1.0 tool_fault: no evidence (0 scored runs; 12 unexposed, 0 missing)" in head["note"]
+        assert "no evidence: certifies nothing" in render_text(cert)
+    # The same runs with the injected failure in their trace are exposed by the store's match.
+    c = cell(build_certificate(SPEC, [agent_ignoring_its_fault(i, True) for i in range(12)]), "tool_fault")
+    assert (c["n"], c["exposed"], c["unexposed"]) == (12, 12, 0)
+
+
+def test_errored_trials_are_failing_runs_listed_with_their_reason():
+    # Issue 8, case 2: crashing on 4 of 16 fault trials gave 12/12 (0.758) instead of 12/16 (0.505).
+    ok = faulted(12, 12, True)
+    crashed = [run(task=f"C{i}", id=f"c{i}", service="ap-agent", version="1.0", plumbline__perturbation="tool_fault",
+                   plumbline__trial__status="errored" if i else "error", plumbline__trial__reason=f"adapter raised: boom {i}")
+               for i in range(4)]
+    cert = build_certificate(SPEC, ok + crashed)
+    c = cell(cert, "tool_fault")
+    assert (c["n"], c["conforming"], c["exposed"], c["errored"], c["missing"]) == (16, 12, 12, 4, 0)
+    assert round(c["lower"], 3) == 0.505 and c["lower"] == wilson_interval(12, 16).lower
+    assert c["errored_runs"][0] == {"run": "c0", "reason": "adapter raised: boom 0"}
+    assert cert["headline"]["errored"] == 4
+    text = render_text(cert)
+    assert "4 errored run(s), scored as failures: c0: adapter raised: boom 0" in text
+    assert validate(cert) is None
+
+
+def test_missing_trials_show_the_bound_if_they_had_all_failed():
+    missing = [run(task=f"M{i}", service="ap-agent", version="1.0", plumbline__perturbation="baseline",
+                   plumbline__trial__status="missing") for i in range(5)]
+    c = cell(build_certificate(SPEC, runs("baseline", 10, 10) + missing), "baseline")
+    assert (c["n"], c["missing"], c["tasks"]) == (10, 5, 10)
+    assert c["gate_lower_if_missing_failed"] == wilson_interval(10, 15).lower  # every task once: Wilson
+
+
+def test_one_task_run_80_times_certifies_nothing():
+    # Issue 8, case 5: 80 clean runs of a single task certified 0.954 and passed a 0.95 gate.
+    cert = build_certificate(SPEC, runs("baseline", 80, 80, task_count=1))
+    c = cell(cert, "baseline")
+    assert c["lower"] > 0.95 and (c["gate_lower"], c["tasks"]) == (0.0, 1)
+    assert cert["headline"]["lower_bound"] == 0.0 and cert["headline"]["wilson_lower_bound"] == c["lower"]
+    assert "they come from 1 task(s)" in cert["headline"]["note"]
+    assert cert["headline"]["method"] == c["gate_method"] == "cluster_kg"
+
+
+def test_pass_k_and_flip_rate_per_cell():
+    # 4 tasks x 3 repeats: T0 and T1 always conform, T2 conforms once, T3 never.
+    data = [run(*([call("post_audit_log")] if ok else []), task=t, service="ap-agent", version="1.0",
+                plumbline__perturbation="sampling")
+            for t, oks in (("T0", (1, 1, 1)), ("T1", (1, 1, 1)), ("T2", (1, 0, 0)), ("T3", (0, 0, 0))) for ok in oks]
+    cert = build_certificate(SPEC, data)
+    c = cell(cert, "sampling")
+    assert c["pass_k"] == {"k": 3, "value": 0.5} and c["flip_rate"] == 0.25 and c["tasks"] == 4
+    assert c["gate_lower"] < c["lower"]
+    text = render_text(cert)
+    assert "^3 0.50   0.25" in text and "pass^k: the chance all k repeats of a task conform" in text
 
 
 def test_a_missing_trial_is_missing_even_if_its_fault_never_fired():
@@ -257,13 +337,29 @@ def test_the_evidence_hash_covers_unexposed_runs():
     assert build_certificate(SPEC, exposed + flipped)["provenance"]["evidence_sha256"] != digest
 
 
-def test_validate_reads_certificates_without_unexposed_and_rejects_a_bad_count():
+def test_validate_rejects_version_1_and_any_field_it_cannot_fully_read():
     cert = build_certificate(SPEC, faulted(20, 32, True) + faulted(32, 32, False))
+    assert validate(cert) is None
     old = json.loads(json.dumps(cert))
-    for c in old["agents"][0]["perturbations"] + old["headline"]["cells"]:
-        del c["unexposed"]
-    assert validate(old) is None
-    assert "unexposed" in render_text(old)  # the column renders 0 for an older certificate
-    bad = json.loads(json.dumps(cert))
-    bad["agents"][0]["perturbations"][0]["unexposed"] = -1
-    assert validate(bad) == "agents[0].perturbations[0].unexposed is not a non-negative int"
+    old["version"] = 1
+    assert "older plumbline" in validate(old) and "re-run plumbline certify" in validate(old)
+    cases = [
+        (("unexposed",), -1, "agents[0].perturbations[0].unexposed missing or not a non-negative int"),
+        (("errored",), None, "agents[0].perturbations[0].errored missing or not a non-negative int"),
+        (("gate_lower",), 1.5, "agents[0].perturbations[0].gate_lower missing or not a number in [0, 1]"),
+        (("gate_method",), "wilson", "agents[0].perturbations[0].gate_method 'wilson' is not the bound this plumbline gates on ('cluster_kg')"),
+        (("errored_runs",), [{"run": "x"}], "agents[0].perturbations[0].errored_runs missing or not a list of {run, reason}"),
+        (("unexposed_runs",), [], "agents[0].perturbations[0]: errored/unexposed counts do not match the runs listed"),
+        (("pass_k",), {"k": 1}, "agents[0].perturbations[0].pass_k missing or not {k: int, value: number or null}"),
+        (("flip_rate",), "0.1", "agents[0].perturbations[0].flip_rate not a number or null"),
+        (("exposed",), 31, "agents[0].perturbations[0]: n must be exposed + errored and conforming at most exposed"),
+    ]
+    for (name,), value, reason in cases:
+        bad = json.loads(json.dumps(cert))
+        bad["agents"][0]["perturbations"][0][name] = value
+        if value is None:
+            del bad["agents"][0]["perturbations"][0][name]
+        assert validate(bad) == reason, name
+    raised = json.loads(json.dumps(cert))
+    raised["headline"]["lower_bound"] = raised["headline"]["wilson_lower_bound"] = 0.99
+    assert "not the minimum of its cells' gate bounds" in validate(raised)

@@ -1,4 +1,5 @@
-"""certify and gate on runs whose fault never fired: they are not in n, so they never pass a gate."""
+"""certify and gate on runs whose fault never fired (or that carry no evidence it did): they are not in n,
+so they never pass a gate."""
 
 import json
 
@@ -17,7 +18,7 @@ SPEC_YAML = "version: 1\nname: g\ninvariants:\n  - {id: AUDIT, severity: critica
 
 def runs(perturbation, conforming, n, start=0, **ctx):
     return [
-        run(*([call("post_audit_log")] if i < conforming else []), task=f"T{i % 3}", id=f"{perturbation}-{start + i}",
+        run(*([call("post_audit_log")] if i < conforming else []), task=f"T{start + i}", id=f"{perturbation}-{start + i}",
             plumbline__perturbation=perturbation, **ctx)
         for i in range(n)
     ]
@@ -36,12 +37,13 @@ def test_clean_unexposed_runs_cannot_carry_a_cell_over_the_gate(tmp_path):
     result = CliRunner().invoke(gate, [write_cert(tmp_path, build_certificate(SPEC, data)), "--min-bound", "0.95"])
     assert result.exit_code == 1, result.output
     assert "held down by agent / tool_fault: 40/40 conforming" in result.output
-    assert "40 run(s) whose fault never fired not scored" in result.output
+    assert "n=40 (40 exposed + 0 errored) from 40 task(s), 0 missing, 40 unexposed" in result.output
     # The runs it needs come from n alone: 73 at 0 failures, 33 more than the 40 exposed.
     assert "needs 73 runs at 0 failure(s), i.e. 33 more clean runs" in result.output
-    mixed = [run(*t.steps, task=t.task_key, id=t.trajectory_id, plumbline__perturbation="tool_fault") for t in data[80:]]
-    assert CliRunner().invoke(gate, [write_cert(tmp_path, build_certificate(SPEC, data[:80] + mixed)),
-                                     "--min-bound", "0.95"]).exit_code == 0
+    # Without the attribute there is no evidence either: before issue 8 these 80 runs passed 0.95.
+    bare = [run(*t.steps, task=t.task_key, id=t.trajectory_id, plumbline__perturbation="tool_fault") for t in data[80:]]
+    result = CliRunner().invoke(gate, [write_cert(tmp_path, build_certificate(SPEC, data[:80] + bare)), "--min-bound", "0.95"])
+    assert result.exit_code == 1 and "no evidence: no scored run, it certifies nothing" in result.output
 
 
 def test_gate_passes_when_the_exposed_runs_alone_reach_the_bound(tmp_path):
@@ -49,14 +51,15 @@ def test_gate_passes_when_the_exposed_runs_alone_reach_the_bound(tmp_path):
         "tool_fault", 10, 10, start=73, plumbline__fault__fired=False)
     result = CliRunner().invoke(gate, [write_cert(tmp_path, build_certificate(SPEC, data)), "--min-bound", "0.95"])
     assert result.exit_code == 0, result.output
-    assert "tool_fault (n=73)" in result.output
+    assert "tool_fault (n=73, 73 tasks)" in result.output
+    assert "errored runs 0 (in n, failures), missing trials 0 and unexposed runs 10 (not in n)" in result.output
 
 
 def test_gate_fails_a_cell_with_no_exposed_run(tmp_path):
     data = runs("baseline", 80, 80) + runs("tool_fault", 30, 30, plumbline__fault__fired=False)
     result = CliRunner().invoke(gate, [write_cert(tmp_path, build_certificate(SPEC, data)), "--min-bound", "0.5"])
     assert result.exit_code == 1, result.output
-    assert "0/0 conforming" in result.output and "30 run(s) whose fault never fired not scored" in result.output
+    assert "0/0 conforming" in result.output and "30 unexposed" in result.output
 
 
 def test_certify_reads_fault_fired_back_from_the_store(tmp_path):
@@ -80,3 +83,31 @@ def test_certify_reads_fault_fired_back_from_the_store(tmp_path):
     assert cert["provenance"]["runs"] == 30 and cert["provenance"]["scored_runs"] == 20
     assert CliRunner().invoke(gate, [str(out), "--min-bound", "0.4"]).exit_code == 0
     assert CliRunner().invoke(gate, [str(out), "--min-bound", "0.95"]).exit_code == 1
+
+
+FAULT_MSG = "503 Service Unavailable: the post_audit_log backend is temporarily unavailable"
+
+
+def test_certify_matches_the_injected_error_to_a_failed_step_in_the_store(tmp_path):
+    # The driver records the fault's tool and text on the trial; only runs whose stored trace holds a
+    # failed step of that tool with that text are exposed. Nothing says "fired" here.
+    db = str(tmp_path / "p.duckdb")
+    fault = {"plumbline__fault__tool": "post_audit_log", "plumbline__fault__error": FAULT_MSG}
+    hit = [run(call("post_audit_log", error=f"ToolError: {FAULT_MSG}"), *([call("post_audit_log")] if i < 6 else []),
+               task=f"H{i}", id=f"hit-{i}", plumbline__perturbation="tool_fault", **fault) for i in range(8)]
+    missed = [run(call("post_audit_log"), task=f"M{i}", id=f"miss-{i}", plumbline__perturbation="tool_fault", **fault)
+              for i in range(5)]
+    other_error = [run(call("post_audit_log", error="ToolError: 500 internal"), call("post_audit_log"), task="O0", id="other-0",
+                       plumbline__perturbation="tool_fault", **fault)]
+    with Store(db) as store:
+        for t in hit + missed + other_error:
+            store.write_spans(span_records(t))
+        store.assemble()
+    spec_path = tmp_path / "spec.yaml"
+    spec_path.write_text(SPEC_YAML)
+    out = tmp_path / "cert.json"
+    result = CliRunner().invoke(certify, ["--spec", str(spec_path), "--db", db, "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    c = json.loads(out.read_text())["agents"][0]["perturbations"][0]
+    assert (c["n"], c["conforming"], c["exposed"], c["unexposed"]) == (8, 6, 8, 6)
+    assert "6 tool_fault runs never met their fault and are not scored" in result.output

@@ -1,0 +1,357 @@
+"""The prepare stage on every core: decode, normalise, columnar span batches and assembly, sharded by trace id.
+
+    reader / receiver ──unit (raw request bytes)──► every shard
+        a shard keeps only the spans whose trace id falls in it (the way the Collector's
+        loadbalancing exporter routes), applies the content rules, normalises them into an Arrow
+        span table, holds its traces' records and assembles each trace once, when it goes quiet
+        (or on flush), into trajectory rows
+    ◄──parts── the writer, the one owner of the DuckDB file, commits span tables, then the
+        trajectories whose span count equals the store's (`Store.write_assembled`)
+
+A shard runs in a worker process (`workers` > 0) or in the caller's process (`workers` = 0, for
+small inputs where starting processes costs more than it saves); both run the same `Shard` code,
+so they store the same rows. Nothing here needs the spans of a trace to arrive together: a trace
+whose stored spans differ from the ones its shard held (spans from before a restart, a trace the
+shard let go of to bound memory, a retry of an assembled trace) stays dirty and the store rebuilds
+it from its rows. Sharding only decides where work is done, never what is stored.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import queue
+import time
+from collections import deque
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import pyarrow as pa
+
+from plumbline_otel.assemble import DEFAULT_TASK_KEYS, assemble
+from plumbline_otel.config import ContentRules
+from plumbline_otel.content import ContentFilter
+from plumbline_otel.decode import Decoded, Problem, Unit, decode_unit
+from plumbline_otel.model import SpanRecord
+from plumbline_otel.normalise import Limits, normalise_request
+from plumbline_otel.store import span_table, trajectory_table, unique_spans
+
+_IN_FLIGHT_PER_WORKER = 8  # units queued for one worker before `submit` waits: bounds memory
+_WORKER_START_TIMEOUT = 60.0
+
+
+def shard_of(trace_id: bytes, shards: int) -> int:
+    """The shard owning a trace: the low 32 bits of its id, modulo the shard count."""
+    return int.from_bytes(trace_id[-4:], "big") % shards if len(trace_id) == 16 else 0
+
+
+def json_shard_of(trace_id: Any, shards: int) -> int:
+    """`shard_of` for an OTLP JSON hex trace id, read before it is decoded; 0 for anything malformed."""
+    if isinstance(trace_id, str) and len(trace_id) == 32:
+        try:
+            return int(trace_id[-8:], 16) % shards
+        except ValueError:
+            return 0
+    return 0
+
+
+def default_workers(input_bytes: int | None = None) -> int:
+    """Worker processes to use: every core, unless the input is too small to repay starting them."""
+    if input_bytes is not None and input_bytes < 8 << 20:
+        return 0
+    return os.cpu_count() or 1
+
+
+@dataclass(frozen=True)
+class ShardSettings:
+    """What every shard needs to know; sent once to each worker."""
+
+    shards: int = 1
+    limits: Limits = field(default_factory=Limits)
+    task_keys: tuple[str, ...] = DEFAULT_TASK_KEYS
+    content: ContentRules | None = None
+    hold_spans: int = 20_000  # records a shard holds for assembly before it assembles the oldest traces
+
+
+@dataclass
+class SpanPart:
+    """One shard's share of one unit: its spans as an Arrow table, and what was rejected."""
+
+    seq: int
+    shard: int
+    table: pa.Table | None
+    problems: list[Problem]
+    spans: int
+    rejected: int
+    error: str | None = None  # an internal failure: the unit's spans of this shard were not prepared
+
+
+@dataclass
+class TrajectoryPart:
+    """Trajectories a shard assembled, with the number of spans each was built from."""
+
+    shard: int
+    table: pa.Table
+    counts: dict[str, int]
+
+
+@dataclass
+class Flushed:
+    """A shard has assembled everything it held (the answer to `flush`)."""
+
+    shard: int
+
+
+Part = SpanPart | TrajectoryPart | Flushed
+
+
+def _span_problem(problem: Problem) -> bool:
+    """A problem about one span, met only by the shard that owns the span; others are met by every shard."""
+    return problem.where.startswith("span ") or ".spans[" in problem.where
+
+
+def _keep_own_spans(decoded: Decoded, shard: int, shards: int) -> None:
+    for resource_spans in decoded.request.resource_spans:
+        for scope_spans in resource_spans.scope_spans:
+            own = [s for s in scope_spans.spans if shard_of(s.trace_id, shards) == shard]
+            if len(own) != len(scope_spans.spans):
+                del scope_spans.spans[:]
+                scope_spans.spans.extend(own)
+
+
+class Shard:
+    """One shard's work and state: the same code in a worker process and in-process."""
+
+    def __init__(self, index: int, settings: ShardSettings) -> None:
+        from plumbline_otel.content import ContentFilter  # the receiver's rules, applied here
+
+        self.index, self.settings = index, settings
+        self.content = ContentFilter(settings.content) if settings.content else None
+        self.held: dict[str, list[SpanRecord]] = {}
+        self.last_seen: dict[str, float] = {}
+        self.held_spans = 0
+
+    def prepare(self, seq: int, unit: Unit) -> list[Part]:
+        """Decode and normalise this shard's spans of `unit`; hold them for assembly."""
+        n, me = self.settings.shards, self.index
+        decoded = decode_unit(unit, (lambda raw: json_shard_of(raw, n) == me) if n > 1 else None)
+        if n > 1 and unit.kind != "json":  # JSON spans were filtered, by their text ids, while decoding
+            _keep_own_spans(decoded, me, n)
+        if self.content:
+            self.content.apply_traces(decoded.request)
+        records, problems = normalise_request(decoded.request, self.settings.limits)
+        problems = decoded.problems + problems
+        if me != 0:
+            problems = [p for p in problems if _span_problem(p)]
+        now = time.monotonic()
+        for rec in records:
+            self.held.setdefault(rec.trace_id, []).append(rec)
+            self.last_seen[rec.trace_id] = now
+        self.held_spans += len(records)
+        table = span_table(records, time.time_ns()) if records else None
+        parts: list[Part] = [SpanPart(seq, me, table, problems, len(records), sum(p.spans for p in problems))]
+        if self.held_spans > self.settings.hold_spans:  # memory stays bounded: assemble the oldest traces now
+            oldest = sorted(self.last_seen, key=self.last_seen.__getitem__)
+            let_go, freed = [], 0
+            for trace_id in oldest:
+                if self.held_spans - freed <= self.settings.hold_spans // 2:
+                    break
+                let_go.append(trace_id)
+                freed += len(self.held[trace_id])
+            parts.extend(self._assemble(let_go))
+        return parts
+
+    def assemble_quiet(self, quiet_seconds: float | None) -> list[Part]:
+        """Assemble the traces with no new span for `quiet_seconds` (all of them when None)."""
+        if quiet_seconds is None:
+            return [*self._assemble(list(self.held)), Flushed(self.index)]
+        cutoff = time.monotonic() - quiet_seconds
+        return self._assemble([t for t, seen in self.last_seen.items() if seen <= cutoff])
+
+    def _assemble(self, trace_ids: list[str]) -> list[Part]:
+        if not trace_ids:
+            return []
+        trajectories, counts = [], {}
+        for trace_id in trace_ids:
+            held = self.held.pop(trace_id)
+            del self.last_seen[trace_id]
+            self.held_spans -= len(held)
+            records = unique_spans(held)
+            counts[trace_id] = len(records)  # counted even when no run: its stale trajectory is removed
+            trajectory = assemble(records, self.settings.task_keys)
+            if trajectory is not None:
+                trajectories.append(trajectory)
+        return [TrajectoryPart(self.index, trajectory_table(trajectories, time.time_ns()), counts)]
+
+
+def _worker(index: int, settings: ShardSettings, inbox: Any, outbox: Any) -> None:
+    """A worker process: one shard, messages in order, parts out in order."""
+    shard = Shard(index, settings)
+    outbox.put(("ready", index))
+    while (message := inbox.get()) is not None:
+        kind, payload = message
+        try:
+            if kind == "unit":
+                seq, unit = payload
+                parts = shard.prepare(seq, unit)
+            else:  # "assemble": quiet seconds, or None for everything
+                parts = shard.assemble_quiet(payload)
+        except Exception as exc:  # a bug costs this unit's spans of this shard, never the worker
+            if kind != "unit":
+                raise
+            parts = [SpanPart(payload[0], index, None, [], 0, 0, error=f"{type(exc).__name__}: {exc}")]
+        for part in parts:
+            outbox.put(part)
+
+
+class ShardPool:
+    """Shards behind one interface: `submit` units, `tick`/`flush` for assembly, `parts` to collect.
+
+    With `workers` = 0 one in-process shard does the work as it is submitted. Otherwise each
+    worker process owns one shard; every unit goes to every worker, parts come back on one queue,
+    each worker's in the order it produced them, which is what lets the writer commit a shard's
+    spans before the trajectories assembled from them.
+    """
+
+    def __init__(self, settings: ShardSettings | None = None, workers: int = 0, collector: bool = False) -> None:
+        """`collector`: another thread reads the parts (`next_part`), so `submit` only waits when inboxes are full."""
+        settings = settings or ShardSettings()
+        self.workers, self.collector = workers, collector
+        self._ready: deque[Part] = deque()
+        self._seq = 0
+        if workers == 0:
+            self._local: Shard | None = Shard(0, replace(settings, shards=1))
+            self._procs: list[Any] = []
+            return
+        self._local = None
+        context = multiprocessing.get_context("spawn")  # no fork: the receiver runs threads
+        self._outbox = context.Queue()
+        self._inboxes = [context.Queue(maxsize=_IN_FLIGHT_PER_WORKER) for _ in range(workers)]
+        shard_settings = replace(settings, shards=workers)
+        self._procs = [context.Process(target=_worker, args=(i, shard_settings, self._inboxes[i], self._outbox),
+                                       name=f"plumbline-shard-{i}", daemon=True) for i in range(workers)]
+        for proc in self._procs:
+            proc.start()
+        started = 0
+        while started < workers:
+            message = self._get(_WORKER_START_TIMEOUT)
+            if message is None:
+                self.close()
+                raise RuntimeError("shard workers did not start")
+            started += 1
+
+    @property
+    def next_seq(self) -> int:
+        """The sequence number the next `submit` will return."""
+        return self._seq + 1
+
+    def submit(self, unit: Unit) -> int:
+        """Send one unit to every shard; returns its sequence number (its parts carry it)."""
+        self._seq += 1
+        if self._local is not None:
+            self._ready.extend(self._local.prepare(self._seq, unit))
+        else:
+            for inbox in self._inboxes:
+                self._put(inbox, ("unit", (self._seq, unit)))
+        return self._seq
+
+    def tick(self, quiet_seconds: float) -> None:
+        """Ask every shard to assemble the traces quiet for `quiet_seconds`."""
+        if self._local is not None:
+            self._ready.extend(self._local.assemble_quiet(quiet_seconds))
+        else:
+            for inbox in self._inboxes:
+                self._put(inbox, ("assemble", quiet_seconds))
+
+    def request_flush(self) -> None:
+        """Ask every shard to assemble everything it holds; each answers with `Flushed` after its parts."""
+        if self._local is not None:
+            self._ready.extend(self._local.assemble_quiet(None))
+        else:
+            for inbox in self._inboxes:
+                self._put(inbox, ("assemble", None))
+
+    def flush(self) -> Iterator[Part]:
+        """`request_flush`, then every part until all shards have flushed (for a single-threaded caller)."""
+        self.request_flush()
+        flushed = 0
+        while flushed < self.shards:
+            part = self.next_part(timeout=None)
+            if isinstance(part, Flushed):
+                flushed += 1
+            elif part is not None:
+                yield part
+
+    def next_part(self, timeout: float | None = 0.0) -> Part | None:
+        """The next part, waiting up to `timeout` seconds (None: until one comes); None when none came."""
+        if self._ready:
+            return self._ready.popleft()
+        if self._local is not None:
+            return None
+        return self._get(timeout)
+
+    @property
+    def shards(self) -> int:
+        """How many parts each unit comes back as."""
+        return max(1, self.workers)
+
+    def parts(self) -> Iterator[Part]:
+        """The parts ready now, without waiting."""
+        while (part := self.next_part()) is not None:
+            yield part
+
+    def _put(self, inbox: Any, message: Any) -> None:
+        while True:  # while a worker's inbox is full, collect what the workers made so they can go on
+            try:
+                inbox.put(message, timeout=0.05)
+                return
+            except queue.Full:
+                self._check_alive()
+                if not self.collector and (part := self._get(0.0)) is not None:
+                    self._ready.append(part)
+
+    def _get(self, timeout: float | None) -> Any:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            wait = 0.5 if deadline is None else max(0.0, min(0.5, deadline - time.monotonic()))
+            try:
+                return self._outbox.get(timeout=wait) if wait > 0 else self._outbox.get_nowait()
+            except queue.Empty:
+                self._check_alive()
+                if deadline is not None and time.monotonic() >= deadline:
+                    return None
+
+    def _check_alive(self) -> None:
+        dead = [p.name for p in self._procs if not p.is_alive()]
+        if dead:
+            raise RuntimeError(f"shard worker(s) {', '.join(dead)} exited")
+
+    def close(self) -> None:
+        """Stop the workers (they hold nothing that is not also in the store or still to be flushed)."""
+        for inbox in getattr(self, "_inboxes", []):
+            try:
+                inbox.put(None, timeout=1.0)
+            except queue.Full:
+                pass
+        for proc in self._procs:
+            proc.join(timeout=5.0)
+            if proc.is_alive():
+                proc.terminate()
+        self._procs = []
+
+    def __enter__(self) -> ShardPool:
+        return self
+
+    def __exit__(self, *_: Any) -> None:
+        self.close()
+
+
+def concat_parts(parts: Iterable[SpanPart]) -> tuple[pa.Table | None, list[Problem]]:
+    """The span tables of several parts as one table (for one transaction), with their problems."""
+    tables, problems = [], []
+    for part in parts:
+        if part.table is not None:
+            tables.append(part.table)
+        problems.extend(part.problems)
+    return (pa.concat_tables(tables) if tables else None), problems

@@ -1,0 +1,167 @@
+"""The shard pipeline: worker processes store exactly what one process stores, whatever the order.
+
+Every test here compares against a reference that does not go through the shards: each trace's
+spans normalised and assembled whole, in one call (`_reference`).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import duckdb
+import pytest
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+from corpus import build_requests
+from otlp import to_otlp_json
+from plumbline_otel.assemble import assemble
+from plumbline_otel.decode import Unit
+from plumbline_otel.ingest import IngestSummary, PartWriter, ingest_files
+from plumbline_otel.normalise import normalise_request
+from plumbline_otel.pipeline import Shard, ShardPool, ShardSettings, SpanPart, shard_of
+from plumbline_otel.store import SCHEMA_VERSION, Store
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "producers"
+
+
+def _exports(store: Store) -> list[str]:
+    return sorted(json.dumps(t.export(), sort_keys=True) for t in store.trajectories())
+
+
+def _reference(requests: list[ExportTraceServiceRequest]) -> list[str]:
+    """Each trace assembled from all of its spans at once, with no store and no shards."""
+    by_trace: dict[str, dict[str, object]] = {}
+    for request in requests:
+        for rec in normalise_request(request)[0]:
+            by_trace.setdefault(rec.trace_id, {}).setdefault(rec.span_id, rec)
+    return sorted(json.dumps(assemble(list(spans.values())).export(), sort_keys=True) for spans in by_trace.values())  # type: ignore[arg-type]
+
+
+def _shuffled_requests(seed: int, spans: int = 3000) -> list[ExportTraceServiceRequest]:
+    """The corpus re-cut into small requests in random order, each trace's spans scattered, with retries."""
+    rng = random.Random(seed)
+    all_spans = []
+    resource = None
+    for request in build_requests(spans, 500):
+        resource = request.resource_spans[0]
+        all_spans.extend(resource.scope_spans[0].spans)
+    rng.shuffle(all_spans)
+    requests = []
+    for start in range(0, len(all_spans), 97):
+        piece = ExportTraceServiceRequest()
+        rs = piece.resource_spans.add()
+        rs.resource.CopyFrom(resource.resource)
+        rs.scope_spans.add().spans.extend(all_spans[start:start + 97])
+        requests.append(piece)
+    requests.extend(rng.sample(requests, 5))  # exporter retries, arriving late
+    return requests
+
+
+def _write_jsonl(path: Path, requests: list[ExportTraceServiceRequest]) -> Path:
+    path.write_text("".join(json.dumps(to_otlp_json(r)) + "\n" for r in requests))
+    return path
+
+
+def _write_pb(path: Path, requests: list[ExportTraceServiceRequest]) -> Path:
+    with open(path, "wb") as out:
+        for r in requests:
+            body = r.SerializeToString()
+            out.write(len(body).to_bytes(4, "big") + body)
+    return path
+
+
+@pytest.mark.slow
+def test_two_workers_store_what_each_trace_assembled_whole_gives(tmp_path: Path) -> None:
+    requests = _shuffled_requests(seed=1)
+    half = len(requests) // 2
+    files = [str(_write_jsonl(tmp_path / "a.otlp.jsonl", requests[:half])), str(_write_pb(tmp_path / "b.otlp.pb", requests[half:]))]
+    expected = _reference(requests)
+    for workers in (0, 2):
+        with Store(tmp_path / f"w{workers}.duckdb") as store:
+            summary = ingest_files(store, files, workers=workers)
+            assert _exports(store) == expected
+            spans = store.connection.execute("SELECT count(*), count(DISTINCT (trace_id, span_id)) FROM spans").fetchone()
+            assert spans is not None and spans[0] == spans[1] == summary.stored
+            assert summary.duplicate == sum(len(r.resource_spans[0].scope_spans[0].spans) for r in requests) - summary.stored
+            assert not store.connection.execute("SELECT * FROM dirty_traces").fetchall()
+
+
+@pytest.mark.slow
+def test_workers_give_the_producer_fixtures_the_same_trajectories_and_problems(tmp_path: Path) -> None:
+    bad_span = {"resourceSpans": [{"scopeSpans": [{"spans": [{"traceId": "zz", "spanId": "ab" * 8, "name": "bad"}]}]}]}
+    damaged = tmp_path / "damaged.otlp.jsonl"
+    damaged.write_text(json.dumps(bad_span) + "\n{not json\n")
+    files = [str(p) for p in sorted(FIXTURES.glob("*.otlp.*"))] + [str(damaged)]
+    results = []
+    for workers in (0, 2):
+        with Store(tmp_path / f"w{workers}.duckdb") as store:
+            summary = ingest_files(store, files, workers=workers)
+            results.append((_exports(store), summary.stored, summary.duplicate, sorted(map(str, summary.problems))))
+    assert results[0] == results[1]
+    assert results[0][0] and len(results[0][3]) == 2  # each problem reported once, not once per shard
+
+
+def test_a_trace_its_shard_let_go_of_is_rebuilt_from_the_store(tmp_path: Path) -> None:
+    requests = _shuffled_requests(seed=2, spans=700)
+    summary = IngestSummary()
+    with Store(tmp_path / "s.duckdb") as store, ShardPool(ShardSettings(hold_spans=40)) as pool:
+        writer = PartWriter(store, summary, batch_spans=100)
+        for request in requests:
+            pool.submit(Unit("protobuf", request.SerializeToString(), "test"))
+            for part in pool.parts():
+                writer.take(part)
+        for part in pool.flush():
+            writer.take(part)
+        writer.commit()
+        rebuilt = store.assemble()
+        assert rebuilt > 0  # traces assembled early from some of their spans were left dirty, then rebuilt whole
+        assert _exports(store) == _reference(requests)
+
+
+def test_a_retry_after_the_store_was_reopened_changes_nothing(tmp_path: Path) -> None:
+    path = str(_write_jsonl(tmp_path / "a.otlp.jsonl", list(build_requests(300, 100))))
+    with Store(tmp_path / "s.duckdb") as store:
+        first = ingest_files(store, [path], workers=0)
+        before = _exports(store)
+    with Store(tmp_path / "s.duckdb") as store:  # the span keys come back from the table
+        again = ingest_files(store, [path], workers=0)
+        assert (again.stored, again.duplicate) == (0, first.stored)
+        assert _exports(store) == before
+        count = store.connection.execute("SELECT count(*) FROM spans").fetchone()
+        assert count is not None and count[0] == first.stored
+
+
+def test_json_spans_are_decoded_only_by_the_shard_that_owns_them() -> None:
+    requests = list(build_requests(200, 200))
+    trace_ids = {s.trace_id for s in requests[0].resource_spans[0].scope_spans[0].spans}
+    owners = {shard_of(t, 2) for t in trace_ids}
+    assert owners == {0, 1}  # the corpus spreads over both shards
+    line = json.dumps(to_otlp_json(requests[0])).encode()
+    seen = []
+    for index in (0, 1):
+        part = Shard(index, ShardSettings(shards=2)).prepare(1, Unit("json", line, "x"))[0]
+        assert isinstance(part, SpanPart)
+        seen.append(part.spans)
+    assert sum(seen) == sum(len(r.resource_spans[0].scope_spans[0].spans) for r in requests)
+    assert all(seen)
+
+
+def test_a_version_1_store_migrates_without_its_primary_key_and_keeps_its_spans(tmp_path: Path) -> None:
+    from plumbline_otel.store import _MIGRATIONS
+
+    db = tmp_path / "old.duckdb"
+    con = duckdb.connect(str(db))
+    for statement in _MIGRATIONS[1]:
+        con.execute(statement)
+    con.execute("INSERT INTO meta VALUES ('schema_version', '1')")
+    con.close()
+    path = str(_write_jsonl(tmp_path / "a.otlp.jsonl", list(build_requests(120, 60))))
+    with Store(db) as store:
+        stored = ingest_files(store, [path], workers=0).stored
+    with Store(db) as store:
+        version = store.connection.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+        assert version is not None and int(version[0]) == SCHEMA_VERSION
+        again = ingest_files(store, [path], workers=0)
+        assert (again.stored, again.duplicate) == (0, stored)

@@ -1,0 +1,85 @@
+"""A generated corpus of realistic agent traces (half OTel GenAI, half OpenInference; ~1 KB spans
+with JSON arguments and results), shared by the ingest benchmarks and the pipeline tests."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, InstrumentationScope, KeyValue
+from opentelemetry.proto.resource.v1.resource_pb2 import Resource
+from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
+
+SPANS_PER_REQUEST = 1000
+
+
+def _kv(key: str, value: object) -> KeyValue:
+    if isinstance(value, bool):
+        return KeyValue(key=key, value=AnyValue(bool_value=value))
+    if isinstance(value, int):
+        return KeyValue(key=key, value=AnyValue(int_value=value))
+    return KeyValue(key=key, value=AnyValue(string_value=str(value)))
+
+
+def _span(trace: int, n: int, parent: int | None, name: str, attrs: dict[str, object]) -> Span:
+    start = 1_790_000_000_000_000_000 + trace * 10_000_000 + n * 1_000_000
+    return Span(trace_id=trace.to_bytes(16, "big"), span_id=(trace * 16 + n + 1).to_bytes(8, "big"),
+                parent_span_id=(trace * 16 + parent + 1).to_bytes(8, "big") if parent is not None else b"",
+                name=name, kind=1, start_time_unix_nano=start, end_time_unix_nano=start + 900_000,
+                attributes=[_kv(k, v) for k, v in attrs.items()])
+
+
+def _genai_trace(trace: int) -> list[Span]:
+    invoice = f"INV-{trace:06d}"
+    args = json.dumps({"invoice_id": invoice, "amount": 4820.0 + trace % 97, "currency": "EUR", "memo": "net 30, early-payment discount 2% within 10 days; remit to the account on file and quote the PO number and the invoice number on the remittance advice"})
+    result = json.dumps({"status": "ok", "invoice_id": invoice, "payment_id": f"PAY-{trace}", "scheduled_for": "2026-12-05", "ledger": {"account": "2100", "cost_center": "CC-17"},
+                         "lines": [{"sku": f"SKU-{i}", "qty": i + 1, "unit_price": 12.5 * (i + 1), "tax_code": "VAT20"} for i in range(6)],
+                         "note": "Matched against PO-7781 and goods receipt GR-5521; within tolerance on every line."})
+    spans = [_span(trace, 0, None, "invoke_agent payer", {"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "payer", "gen_ai.conversation.id": invoice,
+                                                          "gen_ai.input.messages": json.dumps([{"role": "user", "parts": [{"type": "text", "content": f"Please pay {invoice}"}]}])})]
+    for i, tool in enumerate(("get_invoice", "three_way_match", "schedule_payment")):
+        call = f"call_{trace}_{i}"
+        spans.append(_span(trace, 1 + 2 * i, 0, "chat claude", {
+            "gen_ai.operation.name": "chat", "gen_ai.provider.name": "anthropic", "gen_ai.request.model": "claude-haiku-4-5",
+            "gen_ai.usage.input_tokens": 900 + i, "gen_ai.usage.output_tokens": 40 + i, "gen_ai.response.id": f"msg_{trace}_{i}",
+            "gen_ai.output.messages": json.dumps([{"role": "assistant", "parts": [{"type": "tool_call", "id": call, "name": tool, "arguments": json.loads(args)}]}])}))
+        spans.append(_span(trace, 2 + 2 * i, 0, f"execute_tool {tool}", {
+            "gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": tool, "gen_ai.tool.call.id": call,
+            "gen_ai.tool.call.arguments": args, "gen_ai.tool.call.result": result}))
+    return spans
+
+
+def _openinference_trace(trace: int) -> list[Span]:
+    order = f"ORD-{trace:06d}"
+    args = json.dumps({"order_id": order, "amount": 129.99, "reason": "damaged in transit: the outer carton was crushed and two of the six units arrived cracked", "notify_customer": True, "channel": "email"})
+    result = json.dumps({"refund_id": f"RF-{trace}", "order_id": order, "status": "issued", "amount": 129.99, "eta_days": 5, "note": "card ending 4242",
+                         "history": [{"event": e, "at": f"2026-11-2{i}T10:00:00Z", "by": "agent"} for i, e in enumerate(("opened", "verified", "approved", "issued", "notified"))],
+                         "policy": "Refunds up to 200.00 need no approval when the order is under 30 days old."})
+    spans = [_span(trace, 0, None, "agent", {"openinference.span.kind": "AGENT", "input.value": f"Refund order {order}", "session.id": order})]
+    for i, tool in enumerate(("get_order", "issue_refund", "send_email")):
+        prefix = "llm.output_messages.0.message.tool_calls.0.tool_call"
+        spans.append(_span(trace, 1 + 2 * i, 0, "ChatCompletion", {
+            "openinference.span.kind": "LLM", "llm.model_name": "gpt-4o-mini", "llm.token_count.prompt": 800, "llm.token_count.completion": 30,
+            "llm.input_messages.0.message.role": "user", "llm.input_messages.0.message.content": f"Refund order {order}",
+            f"{prefix}.id": f"call_{trace}_{i}", f"{prefix}.function.name": tool, f"{prefix}.function.arguments": args}))
+        spans.append(_span(trace, 2 + 2 * i, 0, tool, {
+            "openinference.span.kind": "TOOL", "tool.name": tool, "input.value": args, "input.mime_type": "application/json",
+            "output.value": result, "output.mime_type": "application/json"}))
+    return spans
+
+
+def build_requests(total_spans: int, spans_per_request: int = SPANS_PER_REQUEST, first_trace: int = 0) -> Iterator[ExportTraceServiceRequest]:
+    """Export requests of about `spans_per_request` spans until `total_spans` are made."""
+    trace, made, batch = first_trace, 0, []
+    while made < total_spans:
+        spans = (_genai_trace if trace % 2 == 0 else _openinference_trace)(trace)
+        batch.extend(spans)
+        made += len(spans)
+        trace += 1
+        if len(batch) >= spans_per_request or made >= total_spans:
+            service = "bench-agent"
+            yield ExportTraceServiceRequest(resource_spans=[ResourceSpans(
+                resource=Resource(attributes=[_kv("service.name", service)]),
+                scope_spans=[ScopeSpans(scope=InstrumentationScope(name="bench"), spans=batch)])])
+            batch = []
