@@ -176,8 +176,10 @@ class Shard:
             del self.last_seen[trace_id]
             self.held_spans -= len(held)
             records = unique_spans(held)
-            counts[trace_id] = len(records)
-            trajectories.append(assemble(records, self.settings.task_keys))
+            counts[trace_id] = len(records)  # counted even when no run: its stale trajectory is removed
+            trajectory = assemble(records, self.settings.task_keys)
+            if trajectory is not None:
+                trajectories.append(trajectory)
         return [TrajectoryPart(self.index, trajectory_table(trajectories, time.time_ns()), counts)]
 
 

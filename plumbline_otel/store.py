@@ -22,16 +22,17 @@ import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from plumbline_otel.assemble import DEFAULT_TASK_KEYS, assemble
+from plumbline_otel.assemble import DEFAULT_TASK_KEYS, assemble, is_context_key
 from plumbline_otel.decode import Problem
 from plumbline_otel.errors import StoreError
 from plumbline_otel.model import SpanRecord, Step, ToolCallRef, ToolResultRef, Trajectory
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 DEFAULT_DB = "plumbline.duckdb"
 
-# Column name -> DuckDB type, in table order. JSON columns hold orjson text.
-_SPAN_COLUMNS: dict[str, str] = {
+# Column name -> DuckDB type, in table order. JSON columns hold orjson text. Version 1's columns
+# stay as they were; later versions append theirs (ALTER TABLE adds at the end).
+_SPAN_COLUMNS_V1: dict[str, str] = {
     "trace_id": "VARCHAR NOT NULL",
     "span_id": "VARCHAR NOT NULL",
     "parent_span_id": "VARCHAR",
@@ -70,15 +71,15 @@ _SPAN_COLUMNS: dict[str, str] = {
     "resource": "JSON",
     "received_ns": "BIGINT",
 }
+_SPAN_COLUMNS: dict[str, str] = {**_SPAN_COLUMNS_V1, "shapes": "VARCHAR[]"}
 _ARROW_TYPES = {"BIGINT": pa.int64(), "INTEGER": pa.int32(), "BOOLEAN": pa.bool_(), "VARCHAR[]": pa.list_(pa.string())}
 _JSON_FIELDS = ("args", "result", "attributes", "resource")
-_CONTEXT_PREFIX = "plumbline."
 
 _MIGRATIONS: dict[int, list[str]] = {
     1: [
         "CREATE TABLE IF NOT EXISTS meta (key VARCHAR PRIMARY KEY, value VARCHAR)",
         "CREATE TABLE spans ("
-        + ", ".join(f"{name} {kind}" for name, kind in _SPAN_COLUMNS.items())
+        + ", ".join(f"{name} {kind}" for name, kind in _SPAN_COLUMNS_V1.items())
         + ", PRIMARY KEY (trace_id, span_id))",
         "CREATE TABLE dirty_traces (trace_id VARCHAR PRIMARY KEY)",
         """CREATE TABLE trajectories (
@@ -95,6 +96,10 @@ _MIGRATIONS: dict[int, list[str]] = {
         "DROP TABLE spans",
         "ALTER TABLE spans_v2 RENAME TO spans",
     ],
+    # Framework wrappers and dumps unwrapped per span, for coverage (issue 15); every trajectory is
+    # rebuilt, because a conversation id is no longer a default task key.
+    3: ["ALTER TABLE spans ADD COLUMN shapes VARCHAR[]",
+        "INSERT OR IGNORE INTO dirty_traces SELECT DISTINCT trace_id FROM spans"],
 }
 
 
@@ -143,8 +148,8 @@ def _json(value: Any) -> str | None:
 
 
 def _context(rec: SpanRecord) -> str | None:
-    ctx = {k: v for k, v in rec.resource.items() if k.startswith(_CONTEXT_PREFIX)}
-    ctx.update({k: v for k, v in rec.attributes.items() if k.startswith(_CONTEXT_PREFIX)})
+    ctx = {k: v for k, v in rec.resource.items() if is_context_key(k)}
+    ctx.update({k: v for k, v in rec.attributes.items() if is_context_key(k)})
     return _json(ctx) if ctx else None
 
 
@@ -201,6 +206,8 @@ class Store:
         self._span_keys: _SpanKeys | None = None
         if not read_only:
             self._migrate()
+        # A file opened read-only keeps the schema it was written with (older columns may be missing).
+        self.schema_version = self._version()
         self.task_keys = tuple(task_keys) if task_keys else self._stored_task_keys()
 
     # --- schema -----------------------------------------------------------------------------
@@ -367,7 +374,8 @@ class Store:
             in_memory = {t: unique_spans(recent[t]) for t, n in rows if t in recent and len(unique_spans(recent[t])) == n}
             by_trace = self._records_for([t for t in dirty if t not in in_memory]) if len(in_memory) < len(dirty) else {}
             by_trace.update(in_memory)
-            trajectories = [assemble(recs, self.task_keys) for recs in by_trace.values()]
+            built = (assemble(recs, self.task_keys) for recs in by_trace.values())
+            trajectories = [t for t in built if t is not None]
             self._write_trajectories(trajectories, dirty)
             total += len(trajectories)
 
@@ -448,6 +456,7 @@ def _record(row: dict[str, Any], keys: list[str], key_values: list[Any]) -> Span
     row["proposed_calls"] = [ToolCallRef(**c) for c in orjson.loads(row["proposed_calls"])] if row["proposed_calls"] else []
     row["tool_results"] = [ToolResultRef(**r) for r in orjson.loads(row["tool_results"])] if row["tool_results"] else []
     row["unknown_keys"] = row["unknown_keys"] or []
+    row["shapes"] = row["shapes"] or []
     context_json = row.pop("context")
     context = orjson.loads(context_json) if context_json else {}
     attributes = {k: v for k, v in zip(keys, key_values or []) if v is not None}

@@ -303,6 +303,7 @@ def agent_span(
         "gen_ai.operation.name": "invoke_agent",
         "gen_ai.agent.name": arm,
         "gen_ai.conversation.id": task_id,
+        "plumbline.task.key": task_id,  # the conversation is not the task key by default; name the task
         "gen_ai.provider.name": PROVIDER_NAME,
         "gen_ai.input.messages": dumps([text_message("user", request_text)]),
         "invoice.id": task_id,

@@ -29,7 +29,7 @@ def render_summary(summary: IngestSummary, limit: int = 20) -> str:
 @click.command()
 @click.argument("paths", nargs=-1, required=True)
 @db_option
-@click.option("--task-key", "task_keys", multiple=True, help="Attribute naming a run's task (repeatable; default session.id, gen_ai.conversation.id).")
+@click.option("--task-key", "task_keys", multiple=True, help="Attribute naming a run's task (repeatable; default plumbline.task.key, else a hash of the normalised request).")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 def ingest(paths: tuple[str, ...], db: str, task_keys: tuple[str, ...], quiet: bool) -> None:
     """Ingest OTLP trace files (protobuf, JSON, JSON lines; gzipped or not), directories or globs.
