@@ -144,6 +144,10 @@ _LOCK_HINT = (
 )
 
 
+class StoreLocked(StoreError):
+    """Another process holds the file (a writer: `plumbline serve`, `ingest`; or a reader)."""
+
+
 class Store:
     """The DuckDB store. One writer per file; readers of a served file go through the server."""
 
@@ -153,7 +157,7 @@ class Store:
             self.connection = duckdb.connect(self.path, read_only=read_only)
         except duckdb.IOException as exc:
             if "lock" in str(exc).lower():
-                raise StoreError(_LOCK_HINT.format(path=self.path)) from None
+                raise StoreLocked(_LOCK_HINT.format(path=self.path)) from None
             raise StoreError(f"cannot open {self.path}: {exc}") from None
         except duckdb.Error as exc:
             raise StoreError(f"cannot open {self.path}: {exc}") from None
@@ -252,15 +256,19 @@ class Store:
             by_trace.setdefault(rec.trace_id, []).append(rec)
         return by_trace
 
-    def assemble(self, recent: dict[str, list[SpanRecord]] | None = None, chunk: int = 2000) -> int:
+    def assemble(self, recent: dict[str, list[SpanRecord]] | None = None, chunk: int = 2000,
+                 deadline: float | None = None) -> int:
         """Rebuild the trajectories of every trace that received spans since the last assembly.
 
         `recent` may hold the records just written, by trace: a trace whose stored spans are
         exactly those (nothing arrived for it earlier) is assembled from memory, not read back.
+        Past `deadline` (a `time.monotonic()` value) no further chunk starts: what is left stays
+        pending (see `pending_traces`) and the next assembly takes it up, so a bounded shutdown
+        never loses work, only defers it.
         """
         recent = recent or {}
         total = 0
-        while True:
+        while deadline is None or time.monotonic() < deadline:
             rows = self.connection.execute(
                 "SELECT d.trace_id, count(s.span_id) FROM (SELECT trace_id FROM dirty_traces LIMIT ?) d "
                 "JOIN spans s USING (trace_id) GROUP BY 1", [chunk]).fetchall()
@@ -274,6 +282,16 @@ class Store:
             trajectories = [assemble(recs, self.task_keys) for recs in by_trace.values()]
             self._write_trajectories(trajectories, dirty)
             total += len(trajectories)
+        return total
+
+    def pending_traces(self) -> int:
+        """Traces whose spans arrived after their trajectory was last built (or that have none yet).
+
+        Readers that cannot assemble (a read-only file) report this count, because the
+        trajectories table does not reflect those traces' spans.
+        """
+        row = self.connection.execute("SELECT count(*) FROM dirty_traces").fetchone()
+        return int(row[0]) if row else 0
 
     def _write_trajectories(self, trajectories: list[Trajectory], done: list[str]) -> None:
         now = time.time_ns()
@@ -331,6 +349,37 @@ class Store:
 
     def __exit__(self, *_: Any) -> None:
         self.close()
+
+
+def open_assembled(path: str | Path) -> tuple[Store, int]:
+    """The store for a reader, with every stored span in a trajectory when that is possible.
+
+    A reader that can write assembles what is pending first, so it gives the same answer as
+    `check` or a server would. When another reader holds the file it opens read-only and
+    returns how many traces are pending (their spans are not in the trajectories it will see),
+    for the caller to say so. A file a writer holds raises `StoreLocked`; a missing file raises
+    `StoreError` (a reader never creates a store).
+    """
+    if not Path(path).exists():
+        return Store(path, read_only=True), 0  # raises "cannot open" naming the path
+    try:
+        store = Store(path)
+    except StoreLocked:
+        store = Store(path, read_only=True)
+        return store, store.pending_traces()
+    try:
+        store.assemble()
+    except BaseException:
+        store.close()
+        raise
+    return store, 0
+
+
+def pending_note(pending: int) -> str:
+    """The sentence a read-only reader prints beside figures that exclude pending traces."""
+    return (f"note: {pending} trace{'s' if pending != 1 else ''} not yet assembled into trajectories "
+            f"{'are' if pending != 1 else 'is'} excluded from these figures (the store is open read-only "
+            "because another process holds it); run again when it is free, or ask a server with --server")
 
 
 def _unique(records: list[SpanRecord]) -> list[SpanRecord]:

@@ -1,9 +1,11 @@
 """`Server`: the writer, the two transports and the API wired together, with an orderly shutdown.
 
 Start order: the writer opens the store first (a locked or unreadable file fails here, before any
-port is bound); then gRPC (OTLP, health, plumbline's API) and HTTP. Stop order on SIGTERM: both
-transports stop accepting and finish the requests in flight (those wait for their commits), then
-the writer commits whatever is still queued, assembles, and closes the file.
+port is bound) and assembles whatever a crash left pending, so health reports SERVING only when
+every stored span is in a trajectory; then gRPC (OTLP, health, plumbline's API) and HTTP. Stop
+order on SIGTERM: both transports stop accepting and finish the requests in flight (those wait for
+their commits), then the writer commits whatever is still queued, assembles for at most the grace
+period again, logs how many traces it left pending (the next start takes them up), and closes.
 """
 
 from __future__ import annotations
@@ -139,7 +141,7 @@ class Server:
             thread.start()
         for thread in stoppers:
             thread.join()
-        self.queue.close()
+        self.queue.close(assemble_budget=grace)
         self.status = "STOPPED"
 
     def run(self) -> None:
@@ -147,6 +149,9 @@ class Server:
         previous = {sig: signal.signal(sig, self.request_stop) for sig in (signal.SIGTERM, signal.SIGINT)}
         try:
             self.start()
+            if self.queue.recovered:
+                print(f"plumbline serve: assembled {self.queue.recovered} traces an earlier stop left pending",
+                      file=sys.stderr, flush=True)
             print(self.describe(), file=sys.stderr, flush=True)
             while not self._stop_requested.wait(1.0):
                 pass

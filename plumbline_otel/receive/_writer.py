@@ -12,6 +12,9 @@ answered only after the transaction holding its spans committed. Trajectories ar
 commit thread when the queue has been idle for `assemble_interval` (and at the latest
 `assemble_max_delay` after the first unassembled write), and once more on close; the records written
 since the last assembly are kept (up to `keep_recent`) so assembly need not read them back.
+Whatever an earlier process left pending (a crash, or a shutdown whose assembly budget ran out) is
+assembled when the store opens, before `start()` returns, so the server listens only once every
+stored span is in a trajectory; `recovered` and `left_pending` report both ends.
 
 Admission is two-step so memory stays bounded before decoding starts: `admit(nbytes)` reserves the
 body's bytes, `submit` adds its span count; either past its bound raises `Overloaded` (unless the
@@ -125,6 +128,9 @@ class WriteQueue:
         self._recent_count = 0
         self._dirty_since: float | None = None
         self._last_write = time.monotonic()
+        self._close_budget: float | None = None
+        self.recovered = 0  # traces an earlier process left pending, assembled at start
+        self.left_pending = 0  # traces still pending when the store closed
         metrics.gauge("plumbline_queue_spans", lambda: self._spans)
         metrics.gauge("plumbline_queue_bytes", lambda: self._bytes)
 
@@ -188,9 +194,14 @@ class WriteQueue:
             self._commit_ready.notify()
         return call.ticket.wait(timeout)
 
-    def close(self, timeout: float | None = None) -> None:
-        """Stop taking work, commit everything queued, assemble, close the store."""
+    def close(self, timeout: float | None = None, assemble_budget: float | None = None) -> None:
+        """Stop taking work, commit everything queued, assemble, close the store.
+
+        The final assembly may take `assemble_budget` seconds (unbounded when None); traces it
+        could not reach stay pending in the store, are counted in `left_pending` and logged.
+        """
         with self._lock:
+            self._close_budget = assemble_budget
             self._closing = True
             self._inbound_ready.notify_all()
             self._commit_ready.notify_all()
@@ -241,6 +252,7 @@ class WriteQueue:
             self._start_error = exc
             self._started.set()
             return
+        self._recover(store)
         self._started.set()
         try:
             while (work := self._next_work()) is not None:
@@ -250,9 +262,27 @@ class WriteQueue:
                     self._write(store, work)
                 if self._assemble_due_in() == 0.0:
                     self._assemble(store)
-            self._assemble(store)
+            self._assemble_before_close(store)
         finally:
             store.close()
+
+    def _recover(self, store: Store) -> None:
+        """Assemble what an earlier process left pending; a failure is logged and leaves it pending."""
+        try:
+            self.recovered = store.assemble() if store.pending_traces() else 0
+        except Exception:
+            log.exception("assembling the traces left pending by an earlier stop failed")
+
+    def _assemble_before_close(self, store: Store) -> None:
+        budget = self._close_budget
+        try:
+            store.assemble(self._recent, deadline=None if budget is None else time.monotonic() + budget)
+        except Exception:
+            log.exception("assembling trajectories at shutdown failed")
+        self.left_pending = store.pending_traces()
+        if self.left_pending:
+            log.warning("%d traces left pending: not assembled within the %.1f s shutdown grace; "
+                        "the next start (or any writing reader) assembles them", self.left_pending, budget or 0.0)
 
     def _assemble_due_in(self) -> float | None:
         if self._dirty_since is None:
