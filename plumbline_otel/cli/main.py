@@ -35,6 +35,7 @@ COMMANDS = [
     "plumbline_otel.cli.compare:compare",
     "plumbline_otel.cli.domain:domain",
     "plumbline_otel.cli.replay:replay",
+    "plumbline_otel.cli.export:export",
 ]
 
 
