@@ -25,6 +25,7 @@ from plumbline_otel.receive._http import HttpServer, make_ssl_context
 from plumbline_otel.receive._intake import Intake, make_prepare
 from plumbline_otel.receive._logs import create_logs_table
 from plumbline_otel.receive._metrics import Metrics
+from plumbline_otel.receive._standing import StandingCheck
 from plumbline_otel.receive._writer import WriteQueue
 from plumbline_otel.store import Store
 
@@ -55,12 +56,22 @@ class Server:
                                 prepare=make_prepare(content, Limits(), self.metrics), batch_max_spans=config.batch_max_spans,
                                 assemble_interval=config.assemble_interval_seconds, assemble_max_delay=config.assemble_max_delay_seconds)
         self.intake = Intake(self.queue, self.metrics, content)
+        self.standing = self._standing_check()
         self.grpc: GrpcReceiver | None = None
         self.http: HttpServer | None = None
         self._http_thread: threading.Thread | None = None
         self._stop_requested = threading.Event()
         self._stopped = False
         self.status = "STARTING"
+
+    def _standing_check(self) -> StandingCheck | None:
+        """The configured standing check (its spec is read now, so a bad spec fails before anything starts)."""
+        if not self.config.check_spec:
+            return None
+        from plumbline_otel.spec import load_spec
+
+        return StandingCheck(self.queue, load_spec(self.config.check_spec), self.config.check_interval_seconds, self.metrics,
+                             emit_url=self.config.emit_endpoint)
 
     def _open_store(self) -> Store:
         store = Store(self.config.db_path)
@@ -108,6 +119,8 @@ class Server:
         except BaseException:
             self.stop()
             raise
+        if self.standing is not None:
+            self.standing.start()
         self.status = "SERVING"
 
     def describe(self) -> str:
@@ -119,6 +132,9 @@ class Server:
         if self.http:
             parts.append(f"OTLP/HTTP on {scheme}://{self.config.http_endpoint}")
         auth = ", bearer token required" if self.config.auth_token else ""
+        if self.config.check_spec:
+            emit = f", violations sent to {self.config.emit_endpoint}" if self.config.emit_endpoint else ""
+            auth += f"; standing check of {self.config.check_spec} every {self.config.check_interval_seconds:g} s{emit}"
         return f"plumbline serve: {'; '.join(parts) or 'no transport enabled'}; store {self.config.db_path}{auth}"
 
     def request_stop(self, *_: Any) -> None:
@@ -141,6 +157,8 @@ class Server:
             thread.start()
         for thread in stoppers:
             thread.join()
+        if self.standing is not None:
+            self.standing.stop()
         self.queue.close(assemble_budget=grace)
         self.status = "STOPPED"
 

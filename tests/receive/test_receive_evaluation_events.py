@@ -124,3 +124,73 @@ def test_certify_emit_to_a_dead_endpoint_says_how_many_events_were_lost(tmp_path
     assert result.exit_code == 1
     assert f"{url}: 5 of 5 evaluation events were not accepted" in str(result.exception)
     assert (tmp_path / "c.json").exists()  # the certificate itself is written first
+
+
+def _metric(server: ServeProcess, name: str) -> float:
+    import urllib.request
+
+    with urllib.request.urlopen(f"{server.http_url}/metrics", timeout=5) as response:
+        lines = response.read().decode().splitlines()
+    return next((float(line.split()[-1]) for line in lines if line.startswith(name + " ")), -1.0)
+
+
+def _serve_checking(tmp_path: Path, spec: Path, collector: ServeProcess) -> ServeProcess:
+    return ServeProcess(tmp_path, "--check-spec", str(spec), "--check-interval", "0.2", "--emit", f"grpc://{collector.grpc_address}",
+                        db=tmp_path / "served.duckdb").start()
+
+
+def test_serve_with_a_standing_check_emits_each_new_violation_once_linked_to_its_run(tmp_path: Path) -> None:
+    import time
+
+    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(SPEC)
+    (tmp_path / "first").mkdir()
+    (tmp_path / "second").mkdir()
+    collector = ServeProcess(tmp_path / "first").start()
+    server = _serve_checking(tmp_path, spec, collector)
+    memory = InMemorySpanExporter()
+    provider = TracerProvider(resource=Resource.create({"service.name": "payer"}))
+    provider.add_span_processor(SimpleSpanProcessor(memory))
+    for task, tools in RUNS.items():
+        agent_run(provider.get_tracer("tests"), task, tools)
+    provider.shutdown()
+    exporter = OTLPSpanExporter(endpoint=server.grpc_address, insecure=True)
+    exporter.export(memory.get_finished_spans())
+    exporter.shutdown()
+    deadline = time.monotonic() + 30
+    while _metric(server, "plumbline_violations_found_total") < 2 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _metric(server, "plumbline_violations_found_total") == 2
+    assert server.stop() == 0  # flushes the emitter
+    assert collector.stop() == 0
+    runs = {task: (trace, json.loads(doc)) for trace, task, doc in query(server.db, "SELECT trace_id, task_key, doc FROM trajectories")}
+    assert sorted(query(server.db, "SELECT task_key, invariant_id FROM violations")) == [("deleted", "NO-DELETE"), ("unpaid", "MUST-PAY")]
+    events = {e["plumbline.task.key"]: e for e in _events(collector.db)}
+    assert sorted(events) == ["deleted", "unpaid"]
+    spec_hash = query(server.db, "SELECT DISTINCT spec_hash FROM violations")[0][0]
+    for task, invariant in (("deleted", "NO-DELETE"), ("unpaid", "MUST-PAY")):
+        event, (trace_id, doc) = events[task], runs[task]
+        assert {k: event[k] for k in ("event_name", "gen_ai.evaluation.name", "gen_ai.evaluation.score.value", "gen_ai.evaluation.score.label",
+                                      "plumbline.invariant.id", "plumbline.invariant.severity", "plumbline.spec.name", "plumbline.spec.hash",
+                                      "plumbline.run.id", "plumbline.cell.agent", "plumbline.cell.perturbation", "plumbline.evaluator.name",
+                                      "plumbline.evaluator.version", "trace_id")} == {
+            "event_name": "gen_ai.evaluation.result", "gen_ai.evaluation.name": "plumbline.invariant", "gen_ai.evaluation.score.value": 0.0,
+            "gen_ai.evaluation.score.label": "fail", "plumbline.invariant.id": invariant, "plumbline.invariant.severity": "critical",
+            "plumbline.spec.name": "payments", "plumbline.spec.hash": spec_hash, "plumbline.run.id": trace_id, "plumbline.cell.agent": "payer",
+            "plumbline.cell.perturbation": "baseline", "plumbline.evaluator.name": "plumbline", "plumbline.evaluator.version": __version__,
+            "trace_id": trace_id}
+        assert event["gen_ai.evaluation.explanation"].startswith(f"violates {invariant} (critical): ")
+    assert events["deleted"]["span_id"] == runs["deleted"][1]["steps"][2]["span_id"]
+    assert events["unpaid"]["span_id"] is None
+
+    second = ServeProcess(tmp_path / "second").start()  # a restart re-reads every run and finds nothing new to send
+    again = _serve_checking(tmp_path, spec, second)
+    deadline = time.monotonic() + 30
+    while _metric(again, "plumbline_runs_checked_total") < 4 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _metric(again, "plumbline_runs_checked_total") == 4
+    assert _metric(again, "plumbline_violations_found_total") == 0
+    assert again.stop() == 0 and second.stop() == 0
+    assert query(second.db, "SELECT count(*) FROM logs")[0][0] == 0
