@@ -9,6 +9,7 @@ version in `meta` and migrates forward on open.
 
 from __future__ import annotations
 
+import os
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -355,16 +356,21 @@ def open_assembled(path: str | Path) -> tuple[Store, int]:
     """The store for a reader, with every stored span in a trajectory when that is possible.
 
     A reader that can write assembles what is pending first, so it gives the same answer as
-    `check` or a server would. When another reader holds the file it opens read-only and
-    returns how many traces are pending (their spans are not in the trajectories it will see),
-    for the caller to say so. A file a writer holds raises `StoreLocked`; a missing file raises
-    `StoreError` (a reader never creates a store).
+    `check` or a server would. When another reader holds the file, or the file (or its folder,
+    where DuckDB keeps its write-ahead log) is not writable, it opens read-only and returns how
+    many traces are pending (their spans are not in the trajectories it will see), for the caller
+    to say so. A file a writer holds raises `StoreLocked`; a missing file raises `StoreError` (a
+    reader never creates a store).
     """
-    if not Path(path).exists():
+    file = Path(path)
+    if not file.exists():
         return Store(path, read_only=True), 0  # raises "cannot open" naming the path
     try:
         store = Store(path)
-    except StoreLocked:
+    except StoreError as exc:
+        writable = os.access(file, os.W_OK) and os.access(file.parent, os.W_OK)
+        if not isinstance(exc, StoreLocked) and writable:
+            raise
         store = Store(path, read_only=True)
         return store, store.pending_traces()
     try:
@@ -378,8 +384,8 @@ def open_assembled(path: str | Path) -> tuple[Store, int]:
 def pending_note(pending: int) -> str:
     """The sentence a read-only reader prints beside figures that exclude pending traces."""
     return (f"note: {pending} trace{'s' if pending != 1 else ''} not yet assembled into trajectories "
-            f"{'are' if pending != 1 else 'is'} excluded from these figures (the store is open read-only "
-            "because another process holds it); run again when it is free, or ask a server with --server")
+            f"{'are' if pending != 1 else 'is'} excluded from these figures (the store is open read-only: another "
+            "process holds it, or it is not writable); run again when it is free, or ask a server with --server")
 
 
 def _unique(records: list[SpanRecord]) -> list[SpanRecord]:
