@@ -31,7 +31,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from plumbline_otel import __version__
-from plumbline_otel.analyse.conformance import STUDY, RunResult, agent_label, evaluate, is_missing, perturbation_of
+from plumbline_otel.analyse.conformance import STUDY, TRIAL_ID, RunResult, agent_label, evaluate, is_missing, perturbation_of
 from plumbline_otel.errors import ConfigError, PlumblineError
 from plumbline_otel.model import Trajectory
 from plumbline_otel.spec import DeclaredInvariant, Spec, Verdict
@@ -135,16 +135,15 @@ def certificate_events(cert: dict[str, Any], spec: Spec, trajectories: Iterable[
     now_ns = time.time_ns() if now_ns is None else now_ns
     cells = _cells(cert)
     events = [cell_event(cert, cell, now_ns) for cell in cells.values()]
+    unexposed = {key: set(map(str, cell.get("unexposed_runs", ()))) for key, cell in cells.items()}
+    errored = {key: {str(e.get("run")): str(e.get("reason", "")) for e in cell.get("errored_runs", ())} for key, cell in cells.items()}
     study = cert.get("provenance", {}).get("filters", {}).get("study")
     for trajectory in trajectories:
-        cell = cells.get((agent_label(trajectory.service, trajectory.service_version), perturbation_of(trajectory)))
-        if cell is None or is_missing(trajectory) or (study and trajectory.context.get(STUDY) != study):
+        key = (agent_label(trajectory.service, trajectory.service_version), perturbation_of(trajectory))
+        label = str(trajectory.context.get(TRIAL_ID) or trajectory.trajectory_id)  # how the certificate lists a run
+        if key not in cells or is_missing(trajectory) or (study and trajectory.context.get(STUDY) != study) or label in unexposed[key]:
             continue
-        label = str(trajectory.context.get("plumbline.trial.id") or trajectory.trajectory_id)
-        if label in cell.get("unexposed_runs", ()):
-            continue
-        errored = {str(e.get("run")): str(e.get("reason", "")) for e in cell.get("errored_runs", ())}
-        events.append(run_event(cert, cell, trajectory, evaluate(spec, trajectory), errored.get(label), now_ns))
+        events.append(run_event(cert, cells[key], trajectory, evaluate(spec, trajectory), errored[key].get(label), now_ns))
     return events
 
 
