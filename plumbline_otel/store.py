@@ -10,6 +10,7 @@ span updates its trajectory. The schema carries a version in `meta` and migrates
 
 from __future__ import annotations
 
+import os
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -190,6 +191,10 @@ _LOCK_HINT = (
 )
 
 
+class StoreLocked(StoreError):
+    """Another process holds the file (a writer: `plumbline serve`, `ingest`; or a reader)."""
+
+
 class Store:
     """The DuckDB store. One writer per file; readers of a served file go through the server."""
 
@@ -199,7 +204,7 @@ class Store:
             self.connection = duckdb.connect(self.path, read_only=read_only)
         except duckdb.IOException as exc:
             if "lock" in str(exc).lower():
-                raise StoreError(_LOCK_HINT.format(path=self.path)) from None
+                raise StoreLocked(_LOCK_HINT.format(path=self.path)) from None
             raise StoreError(f"cannot open {self.path}: {exc}") from None
         except duckdb.Error as exc:
             raise StoreError(f"cannot open {self.path}: {exc}") from None
@@ -355,15 +360,19 @@ class Store:
             by_trace.setdefault(rec.trace_id, []).append(rec)
         return by_trace
 
-    def assemble(self, recent: dict[str, list[SpanRecord]] | None = None, chunk: int = 2000) -> int:
+    def assemble(self, recent: dict[str, list[SpanRecord]] | None = None, chunk: int = 2000,
+                 deadline: float | None = None) -> int:
         """Rebuild the trajectories of every trace that received spans since the last assembly.
 
         `recent` may hold the records just written, by trace: a trace whose stored spans are
         exactly those (nothing arrived for it earlier) is assembled from memory, not read back.
+        Past `deadline` (a `time.monotonic()` value) no further chunk starts: what is left stays
+        pending (see `pending_traces`) and the next assembly takes it up, so a bounded shutdown
+        never loses work, only defers it.
         """
         recent = recent or {}
         total = 0
-        while True:
+        while deadline is None or time.monotonic() < deadline:
             rows = self.connection.execute(
                 "SELECT d.trace_id, count(s.span_id) FROM (SELECT trace_id FROM dirty_traces LIMIT ?) d "
                 "JOIN spans s USING (trace_id) GROUP BY 1", [chunk]).fetchall()
@@ -378,6 +387,16 @@ class Store:
             trajectories = [t for t in built if t is not None]
             self._write_trajectories(trajectories, dirty)
             total += len(trajectories)
+        return total
+
+    def pending_traces(self) -> int:
+        """Traces whose spans arrived after their trajectory was last built (or that have none yet).
+
+        Readers that cannot assemble (a read-only file) report this count, because the
+        trajectories table does not reflect those traces' spans.
+        """
+        row = self.connection.execute("SELECT count(*) FROM dirty_traces").fetchone()
+        return int(row[0]) if row else 0
 
     def _write_trajectories(self, trajectories: list[Trajectory], done: list[str]) -> None:
         built = trajectory_table(trajectories, time.time_ns())  # noqa: F841 - read by name in the SQL below
@@ -418,6 +437,42 @@ class Store:
 
     def __exit__(self, *_: Any) -> None:
         self.close()
+
+
+def open_assembled(path: str | Path) -> tuple[Store, int]:
+    """The store for a reader, with every stored span in a trajectory when that is possible.
+
+    A reader that can write assembles what is pending first, so it gives the same answer as
+    `check` or a server would. When another reader holds the file, or the file (or its folder,
+    where DuckDB keeps its write-ahead log) is not writable, it opens read-only and returns how
+    many traces are pending (their spans are not in the trajectories it will see), for the caller
+    to say so. A file a writer holds raises `StoreLocked`; a missing file raises `StoreError` (a
+    reader never creates a store).
+    """
+    file = Path(path)
+    if not file.exists():
+        return Store(path, read_only=True), 0  # raises "cannot open" naming the path
+    try:
+        store = Store(path)
+    except StoreError as exc:
+        writable = os.access(file, os.W_OK) and os.access(file.parent, os.W_OK)
+        if not isinstance(exc, StoreLocked) and writable:
+            raise
+        store = Store(path, read_only=True)
+        return store, store.pending_traces()
+    try:
+        store.assemble()
+    except BaseException:
+        store.close()
+        raise
+    return store, 0
+
+
+def pending_note(pending: int) -> str:
+    """The sentence a read-only reader prints beside figures that exclude pending traces."""
+    return (f"note: {pending} trace{'s' if pending != 1 else ''} not yet assembled into trajectories "
+            f"{'are' if pending != 1 else 'is'} excluded from these figures (the store is open read-only: another "
+            "process holds it, or it is not writable); run again when it is free, or ask a server with --server")
 
 
 def trajectory_table(trajectories: list[Trajectory], now: int) -> pa.Table:

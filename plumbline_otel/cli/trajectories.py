@@ -9,7 +9,7 @@ import orjson
 
 from plumbline_otel.cli.options import db_option, parse_since, server_option, since_option
 from plumbline_otel.model import Trajectory
-from plumbline_otel.store import Store
+from plumbline_otel.store import open_assembled, pending_note
 
 
 def _table_line(t: Trajectory) -> str:
@@ -36,12 +36,19 @@ def emit(trajectories: Iterable[dict[str, Any]], fmt: str) -> None:
 @since_option
 @click.option("--format", "fmt", type=click.Choice(["jsonl", "table"]), default="jsonl", show_default=True)
 def trajectories(db: str, server: str | None, service: str | None, task: str | None, since: str | None, fmt: str) -> None:
-    """Print stored trajectories: one JSON object per line, or a table."""
+    """Print stored trajectories: one JSON object per line, or a table.
+
+    Traces still pending assembly (left by a crash) are assembled first; when another process
+    holds the file, they are counted on stderr instead.
+    """
     if server:
         from plumbline_otel.api.client import PlumblineClient
 
         docs: Iterable[dict[str, Any]] = PlumblineClient(server).trajectories(service=service, task=task)
         emit(docs, fmt)
         return
-    with Store(db, read_only=True) as store:
+    store, pending = open_assembled(db)
+    with store:
         emit((t.export() for t in store.trajectories(service=service, task=task, since_ns=parse_since(since))), fmt)
+    if pending:
+        click.echo(pending_note(pending), err=True)
