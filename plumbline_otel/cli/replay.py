@@ -1,7 +1,8 @@
 """`plumbline replay`: re-run an agent on stored tasks under perturbations, for `plumbline certify`.
 
 Exit codes: 0 every planned trial ran (or was already done), 3 some trials are recorded missing
-or failed (the rest ran; the summary lists them), 1 a usage or setup error (no tasks, etc.).
+or errored (the rest ran; the summary lists them), 1 a usage or setup error (no tasks, another
+runner holds the study, etc.).
 """
 
 from __future__ import annotations
@@ -96,10 +97,14 @@ def _from_server(server: str, study: str, agent: str | None, keys: list[str] | N
 @click.option("--endpoint", default=None, help="send spans to this OTLP endpoint (a running `plumbline serve`)")
 @click.option("--concurrency", type=click.IntRange(1, 64), default=4, show_default=True)
 @click.option("--budget-usd", type=click.FloatRange(0), default=None, help="cumulative spend cap of the study")
-@click.option("--trial-estimate-usd", type=click.FloatRange(0), default=0.0, show_default=True,
-              help="reserved per trial before it starts (metered model calls grow it)")
+@click.option("--trial-max-usd", type=click.FloatRange(0), default=None,
+              help="declared per-trial maximum, reserved before each trial starts (default with --budget-usd: the "
+                   "price table × the source run's tokens × 1.5; a capped study with neither is refused)")
 @click.option("--max-attempts", type=click.IntRange(1), default=3, show_default=True, help="tries per trial on transient errors")
 @click.option("--resume", is_flag=True, help="skip trials already stored or recorded ok in the study's ledger")
+@click.option("--rerun", is_flag=True, help="run trials already done again, each as a new attempt stored as a separate run")
+@click.option("--trace-wait", type=click.FloatRange(0), default=5.0, show_default=True,
+              help="seconds a finished trial's trace may take to reach the sink before the trial is errored")
 @click.option("--state-dir", default=None, help="ledger, variants and response cache (default: <db>.replay/<study>)")
 @click.option("--cache", "cache_mode", type=click.Choice(["record", "replay", "off"]), default="record", show_default=True,
               help="model-response cache: record, replay only (offline), off")
@@ -110,7 +115,8 @@ def _from_server(server: str, study: str, agent: str | None, keys: list[str] | N
 def replay(db: str, server: str | None, study: str, agent: str | None, task_keys: tuple[str, ...], where: str | None, since: str | None,
            perturbations: str, repeats: int, variants: int, seed: int, fault_tools: str | None, paraphrase_model: str | None, adapter_spec: str,
            adapter_options: tuple[str, ...], otlp_file: str | None, endpoint: str | None, concurrency: int,
-           budget_usd: float | None, trial_estimate_usd: float, max_attempts: int, resume: bool,
+           budget_usd: float | None, trial_max_usd: float | None, max_attempts: int, resume: bool, rerun: bool,
+           trace_wait: float,
            state_dir: str | None, cache_mode: str, service: str | None, spec: str | None, dry_run: bool,
            quiet: bool) -> None:
     """Replay stored tasks through an agent under perturbations; print what to ingest and certify."""
@@ -153,7 +159,8 @@ def replay(db: str, server: str | None, study: str, agent: str | None, task_keys
         study=study, perturbations=tuple(names), repeats=repeats,
         options=PerturbOptions(variants=variants, seed=seed, fault_tools=tuple(_split(fault_tools)),
                                paraphraser=AnthropicParaphraser(anthropic_client(), paraphrase_model) if paraphrase_model else None),
-        concurrency=concurrency, budget_usd=budget_usd, trial_estimate_usd=trial_estimate_usd, resume=resume,
+        concurrency=concurrency, budget_usd=budget_usd, trial_max_usd=trial_max_usd, resume=resume,
+        rerun=rerun, trace_wait_s=trace_wait,
         retry=RetryPolicy(max_attempts=max_attempts),
         state_dir=state_dir or f"{Path(db).with_suffix('')}.replay/{study}", cache_mode=cache_mode,
         sink=SpanSink(otlp_file=otlp_file, endpoint=endpoint) if (otlp_file or endpoint) else None,
@@ -166,7 +173,7 @@ def replay(db: str, server: str | None, study: str, agent: str | None, task_keys
         click.echo(f"{len(tasks)} task(s) × {', '.join(names)} × {repeats} repeat(s): {len(plan.trials)} trials, "
                    f"{len(plan.rejected)} variant(s) rejected; agent {describe() if callable(describe) else adapter_spec}")
         if was_missing:
-            click.echo(f"{len(was_missing)} trial(s) of this study are stored as missing; they run again in their own trace")
+            click.echo(f"{len(was_missing)} trial(s) of this study are stored only as markers; they run again as new attempts")
         if dry_run:
             for v in plan.variants:
                 status = f"REJECTED: {v.rejected}" if v.rejected else "ok"
@@ -192,5 +199,5 @@ def replay(db: str, server: str | None, study: str, agent: str | None, task_keys
     click.echo(f"state: {state} (ledger.jsonl, variants.jsonl, responses.jsonl, summary.json)")
     agent_label = service or getattr(adapter, "service", None)
     click.echo(_next_steps(db, study, otlp_file, endpoint, spec, agent_label, server))
-    if summary.missing or summary.errors:
+    if summary.missing or summary.errored:
         sys.exit(3)

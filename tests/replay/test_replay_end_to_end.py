@@ -70,7 +70,7 @@ def test_replay_the_stored_tasks_and_certify_every_cell(db: Path, tmp_path: Path
     finally:
         adapter.close()
         config.sink.close()
-    assert (summary.planned, summary.ok, summary.missing, summary.errors) == (18, 18, 0, 0)
+    assert (summary.planned, summary.ok, summary.missing, summary.errored) == (18, 18, 0, 0)
     assert summary.faults() == (6, 6)
     assert summary.cache_recorded >= 18
 
@@ -127,7 +127,7 @@ def test_the_cli_replays_resumes_and_says_what_to_run_next(db: Path, tmp_path: P
 
     result = runner.invoke(cli, args)
     assert result.exit_code == 0, result.output
-    assert "ran 12 (12 ok, 0 missing, 0 error), 0 skipped by resume; 0 variant(s) rejected" in result.output
+    assert "ran 12 (12 ok, 0 missing, 0 errored), 0 skipped by resume; 0 variant(s) rejected" in result.output
     assert f"plumbline ingest {out} --db {db}" in result.output
     assert f"plumbline certify --spec {SPEC} --db {db} --study cli --agent {AGENT}" in result.output
     summary = json.loads((tmp_path / "state" / "summary.json").read_text())
@@ -137,7 +137,7 @@ def test_the_cli_replays_resumes_and_says_what_to_run_next(db: Path, tmp_path: P
     assert refused.exit_code != 0 and "--resume" in str(refused.exception or refused.output)
     resumed = runner.invoke(cli, [*args, "--repeats", "3", "--resume", "--quiet"])
     assert resumed.exit_code == 0, resumed.output
-    assert "ran 6 (6 ok, 0 missing, 0 error), 12 skipped by resume" in resumed.output
+    assert "ran 6 (6 ok, 0 missing, 0 errored), 12 skipped by resume" in resumed.output
     assert len(Ledger(tmp_path / "state" / "ledger.jsonl").completed()) == 18
 
     assert runner.invoke(cli, ["ingest", str(out), "--db", str(db), "--quiet"]).exit_code == 0
@@ -191,14 +191,14 @@ def test_replay_against_a_running_plumbline_serve(tmp_path: Path) -> None:
                 "--endpoint", endpoint, "--state-dir", str(tmp_path / "state"), "--quiet"]
         result = CliRunner().invoke(cli, args)
         assert result.exit_code == 0, result.output
-        assert "ran 4 (4 ok, 0 missing, 0 error)" in result.output
+        assert "ran 4 (4 ok, 0 missing, 0 errored)" in result.output
         deadline = time.monotonic() + 30
         docs = study_runs("served", 4)
         assert sorted(d["context"]["plumbline.perturbation"] for d in docs) == ["baseline", "baseline", "tool_fault", "tool_fault"]
         # A fresh state directory: only the server knows these trials ran, and resume believes it.
         again = CliRunner().invoke(cli, [*args[:-2], str(tmp_path / "fresh"), "--quiet", "--resume"])
         assert again.exit_code == 0, again.output
-        assert "ran 0 (0 ok, 0 missing, 0 error), 4 skipped by resume" in again.output
+        assert "ran 0 (0 ok, 0 missing, 0 errored), 4 skipped by resume" in again.output
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(60)
