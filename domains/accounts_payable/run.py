@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from domains.accounts_payable import tracing
-from domains.accounts_payable.arms import FaultSpec, TrialResult, make_client, run_trial
+from domains.accounts_payable.arms import FaultPlan, TrialResult, make_client, run_trial
 from domains.accounts_payable.arms.trial import DEFAULT_MODEL
 from domains.accounts_payable.simulated_model import SIMULATED_MODEL_NAME, SimulatedModel, parse_imperfections
 
@@ -105,7 +105,7 @@ def run_domain(
     endpoint: str | None = None,
     otlp_file: str | Path | None = None,
     imperfections: str | dict[str, float] | None = None,
-    fault: str | FaultSpec | None = None,
+    fault: str | FaultPlan | None = None,
     seed: int = 0,
     model: str | None = None,
     model_url: str | None = None,
@@ -117,7 +117,7 @@ def run_domain(
 ) -> RunSummary:
     """Run ``arm`` on the selected tasks (``repeats`` trials each) and grade every trial."""
     task_ids = select_tasks(task)
-    spec = FaultSpec.parse(fault) if isinstance(fault, str) else fault
+    spec = FaultPlan.parse(fault) if isinstance(fault, str) else fault
     study = study or f"ap-{arm}-seed{seed}"
     provider = tracing.make_tracer_provider(arm, endpoint=endpoint, otlp_file=otlp_file, exporter=exporter)
     started = time.perf_counter()

@@ -60,6 +60,8 @@ class FaultPlan:
     def __post_init__(self) -> None:
         if not self.tool:
             raise ValueError("a fault needs a tool")
+        if self.kind not in TRANSIENT_FAULT_KINDS:
+            raise ValueError(f"fault kind {self.kind!r} is not one of {', '.join(TRANSIENT_FAULT_KINDS)}")
         if self.on_call < 1 or self.times < 1:
             raise ValueError("fault on_call and times must be at least 1")
 
@@ -70,7 +72,7 @@ class FaultPlan:
     def error_message(self) -> str:
         """The exact text the injected error carries; recorded as ``plumbline.fault.error`` so the
         store can match a failed step to this fault (and to nothing else)."""
-        return _FAULT_MESSAGES.get(self.kind, "{tool} failed: " + self.kind).format(tool=self.tool)
+        return _FAULT_MESSAGES[self.kind].format(tool=self.tool)
 
     def attributes(self) -> dict[str, str]:
         """``plumbline.fault.tool`` and ``plumbline.fault.error``: what any attempt may be matched on."""
@@ -102,9 +104,9 @@ class TrialIdentity:
     """Which trial a run belongs to. Carried on spans, in baggage and in resource attributes."""
 
     trial_id: str
-    perturbation: str
-    variant: str
-    study: str
+    perturbation: str = "baseline"
+    variant: str = "0"
+    study: str = "adhoc"
     repeat: int = 0
     task_key: str | None = None
     attempt: int = 1

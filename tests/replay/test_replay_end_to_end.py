@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from domains.accounts_payable import study as ap_study
+from domains.accounts_payable.run import run_domain
 from domains.accounts_payable.replay_adapter import APAdapter
 from domains.accounts_payable.tasks import TASKS
 from plumbline_otel.cli.main import _register, cli
@@ -37,9 +37,8 @@ SPEC = Path(__file__).resolve().parents[2] / "configs" / "accounts_payable.invar
 def traffic(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A store holding one arm's baseline runs of three invoices (the 'production traffic')."""
     root = tmp_path_factory.mktemp("traffic")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(ap_study, "TASKS", TASKS[:3])
-        ap_study.run_study(root / "src", arms=[ARM], perturbations=("baseline",), imperfections={}, study="traffic")
+    run_domain(ARM, [t.task_id for t in TASKS[:3]], otlp_file=root / "src" / f"{ARM}.otlp.jsonl", offline=True,
+               imperfections={}, study="traffic")
     with Store(root / "p.duckdb") as store:
         assert ingest_files(store, [str(root / "src")]).trajectories == 3
     return root
