@@ -60,6 +60,15 @@ class Ledger:
         """Settled spend of the study (``budget.SpendCap`` rows)."""
         return float(sum(row.get("usd") or 0.0 for row in self.rows if row.get("spend") == "settle"))
 
+    def unfinished(self) -> dict[str, tuple[int, Any]]:
+        """trial id -> (attempt, pid) of its last attempt when that attempt started and no outcome
+        followed it: its runner died mid-attempt."""
+        last: dict[str, dict[str, Any]] = {}
+        for row in self.rows:
+            if "trial_id" in row and "status" in row:
+                last[row["trial_id"]] = row
+        return {tid: (int(row.get("attempt") or 0), row.get("pid")) for tid, row in last.items() if row["status"] == "started"}
+
     def begin_attempt(self, trial_id: str) -> int:
         """Number and record the next attempt of ``trial_id`` (1, 2, …; never reused)."""
         with self._lock:

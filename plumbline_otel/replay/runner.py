@@ -147,7 +147,8 @@ class TrialRecord:
     repeat: int
     status: str
     reason: str | None = None
-    attempts: int = 0
+    attempts: int = 0  # executions in this run of the study
+    attempt: int = 0  # the number of the last one (0: never started)
     cost_usd: float = 0.0
     trace_id: str | None = None
     seconds: float = 0.0
@@ -181,6 +182,7 @@ class StudySummary:
     cache_hits: int = 0
     cache_recorded: int = 0
     seconds: float = 0.0
+    recovered: list[TrialRecord] = field(default_factory=list)  # attempts a dead runner left unfinished
 
     @property
     def ran(self) -> int:
@@ -201,6 +203,7 @@ class StudySummary:
             "budget_high_water_usd": self.budget_high_water_usd, "markers": self.markers,
             "cache_hits": self.cache_hits, "cache_recorded": self.cache_recorded,
             "faults_fired": fired, "fault_trials": faulted, "seconds": round(self.seconds, 3),
+            "recovered": [{"trial_id": r.trial_id, "attempt": r.attempt, "reason": r.reason} for r in self.recovered],
             "overruns": [{"trial_id": r.trial_id, "reserved_usd": r.reserved_usd, "overrun_usd": r.overrun_usd}
                          for r in self.records if r.overrun_usd > 0],
         }
@@ -209,6 +212,8 @@ class StudySummary:
         lines = [f"study {self.study}: {self.planned} trials planned; ran {self.ran} ({self.ok} ok, "
                  f"{self.missing} missing, {self.errored} errored), {self.skipped} skipped by resume; "
                  f"{len(self.rejected)} variant(s) rejected by the guard; {self.seconds:.1f}s"]
+        for r in self.recovered[:10]:
+            lines.append(f"  recorded missing {r.trial_id}: {r.reason}")
         for v in self.rejected[:10]:
             lines.append(f"  rejected {v.task_key} {v.perturbation}/{v.variant_id}: {v.rejected}")
         if len(self.rejected) > 10:
@@ -290,6 +295,7 @@ class _Runner:
         if record.status in ("missing", "errored") and self.markers is not None:
             if current is trial:  # never started: the marker still takes a number, so no later run shares its trace
                 current = self._begin(trial)
+            record.attempt = current.identity.attempt
             service, version = self._label(current)
             self.markers.write(current.identity, record.status, record.reason or record.status, service=service,
                                version=version, attempts=record.attempts)
@@ -324,6 +330,7 @@ class _Runner:
             while True:
                 attempt = self._begin(trial)
                 record.attempts += 1
+                record.attempt = attempt.identity.attempt
                 scope = TrialScope(attempt.identity, budget, self.cache,
                                    FaultInjector(trial.fault) if trial.fault else None, attempt.identity.attempt)
                 outcome, error, retry = self._attempt(attempt, scope, record.attempts)
@@ -463,20 +470,29 @@ class Study:
                                rejected=plan.rejected, budget_usd=config.budget_usd)
         order = {t.trial_id: i for i, t in enumerate(plan.trials)}
         records: list[TrialRecord] = []
+        recovered = self._interrupted(runner, ledger, done) if ledger is not None else []
         pool = ThreadPoolExecutor(max_workers=config.concurrency, thread_name_prefix="replay")
+        interrupted = False
+        futures = [pool.submit(runner.run, t) for t in todo]
+        collected: set[Any] = set()
         try:
-            futures = [pool.submit(runner.run, t) for t in todo]
-            for n, future in enumerate(as_completed(futures), 1):
-                record = future.result()
-                records.append(record)
+            for future in as_completed(futures):
+                collected.add(future)
+                records.append(future.result())
                 if on_record is not None:
-                    on_record(record, n, len(todo))
+                    on_record(records[-1], len(records), len(todo))
+        except KeyboardInterrupt:
+            # Ctrl-C: running trials finish; queued ones are recorded missing ("not started: interrupted")
+            interrupted = True
+            runner._halt("interrupted")
+            records.extend(f.result() for f in futures if f not in collected)
         finally:
-            pool.shutdown(wait=True, cancel_futures=True)
+            pool.shutdown(wait=True)
             if markers is not None:
                 markers.close()
         records.sort(key=lambda r: order[r.trial_id])
         summary.records = records
+        summary.recovered = recovered
         summary.ok = sum(r.status == "ok" for r in records)
         summary.missing = sum(r.status == "missing" for r in records)
         summary.errored = sum(r.status == "errored" for r in records)
@@ -485,7 +501,29 @@ class Study:
         summary.cache_hits = sum(r.cache_hits for r in records)
         summary.cache_recorded = cache.recorded if cache else 0
         summary.seconds = time.perf_counter() - started
+        if interrupted:
+            raise KeyboardInterrupt
         return summary
+
+    def _interrupted(self, runner: _Runner, ledger: Ledger, done: set[str]) -> list[TrialRecord]:
+        """Attempts a runner that died left started and unfinished: each is recorded missing
+        ("interrupted"), with a marker in that attempt's trace; the trial runs again as a new attempt."""
+        by_id = {t.trial_id: t for t in self.plan.trials}
+        out = []
+        for trial_id, (attempt, pid) in ledger.unfinished().items():
+            trial = by_id.get(trial_id)
+            if trial is None or trial_id in done:
+                continue
+            ident = trial.identity.at_attempt(attempt)
+            reason = f"interrupted: runner pid {pid} stopped during attempt {attempt}"
+            record = TrialRecord(trial_id, ident.task_key, ident.perturbation, ident.variant, ident.repeat, "missing",
+                                 reason, attempt=attempt, fault=str(trial.fault) if trial.fault else None)
+            if runner.markers is not None:
+                service, version = runner._label(trial)
+                runner.markers.write(ident, "missing", reason, service=service, version=version)
+            ledger.append(record.row())
+            out.append(record)
+        return out
 
 
 def open_study(config: StudyConfig, tasks: Sequence[ReplayTask], adapter: Any) -> Study:

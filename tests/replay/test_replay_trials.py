@@ -150,3 +150,43 @@ def test_an_agent_that_ignores_the_fault_is_not_recorded_as_fired(tmp_path: Path
     for t in _runs(tmp_path):
         assert t.context.get("plumbline.fault.fired") in (None, False)
         assert not [s for s in t.tool_steps if s.failed]
+
+
+def test_an_attempt_a_dead_runner_left_unfinished_is_recorded_missing_and_runs_again(tmp_path: Path) -> None:
+    from plumbline_otel.replay import Ledger, plan_study
+
+    first = run_study(_config(tmp_path), tasks(2), ToyAgent())
+    assert first.ok == 2
+    # A runner that died in attempt 2 of a third trial left a "started" row and nothing after it.
+    orphan = plan_study(_config(tmp_path), tasks(3)).trials[2].trial_id
+    ledger = Ledger(tmp_path / "state" / "ledger.jsonl")
+    ledger.append({"trial_id": orphan, "attempt": 1, "status": "started", "pid": 999998})
+    ledger.append({"trial_id": orphan, "attempt": 2, "status": "started", "pid": 999999})
+    again = run_study(_config(tmp_path, resume=True), tasks(3), ToyAgent())
+    assert [(r.trial_id, r.attempt, r.status) for r in again.recovered] == [(orphan, 2, "missing")]
+    assert "interrupted: runner pid 999999 stopped during attempt 2" in again.render()
+    assert again.skipped == 2 and [(r.trial_id, r.attempt, r.status) for r in again.records] == [(orphan, 3, "ok")]
+    markers = [t.context for t in _runs(tmp_path) if t.context.get("plumbline.trial.status")]
+    assert [(m["plumbline.trial.status"], m["plumbline.trial.attempt"]) for m in markers] == [("missing", 2)]
+
+
+def test_ctrl_c_lets_running_trials_finish_and_records_the_queued_ones_missing(tmp_path: Path) -> None:
+    import _thread
+    import threading
+
+    class Interrupting(ToyAgent):
+        def run(self, trial: Trial) -> TrialOutcome:
+            if trial.identity.task_key == "INV-1001":
+                threading.Timer(0.01, _thread.interrupt_main).start()
+                time.sleep(0.2)
+            return super().run(trial)
+
+    with pytest.raises(KeyboardInterrupt):
+        run_study(_config(tmp_path, concurrency=1), tasks(6), Interrupting())
+    from plumbline_otel.replay import Ledger
+
+    latest = Ledger(tmp_path / "state" / "ledger.jsonl").latest()
+    statuses = [row["status"] for row in latest.values()]
+    # the trial running when Ctrl-C arrived (and at most the one the worker took next) finished
+    assert len(statuses) == 6 and 2 <= statuses.count("ok") <= 3 and statuses.count("missing") >= 3
+    assert all(row["reason"] == "not started: interrupted" for row in latest.values() if row["status"] == "missing")
