@@ -59,6 +59,10 @@ def test_resource_attributes_and_carriers_decode_to_the_identity_in_the_otel_sdk
     assert attrs["plumbline.trial.id"] == t.trial_id and "/" in t.trial_id
     assert attrs["plumbline.study"] == "ext" and attrs["deployment.environment"] == "ci"
     assert attrs["plumbline.task.key"] == "INV-1029" and attrs["plumbline.perturbation"] == "tool_fault"
+    # the fault evidence survives the environment carrier exactly (spaces, colons and all)
+    assert attrs["plumbline.fault.tool"] == "lookup_invoice" and attrs["plumbline.trial.attempt"] == "1"
+    assert attrs["plumbline.fault.error"] == FaultPlan("lookup_invoice", "503").error_message
+    assert env["PLUMBLINE_TRIAL_ATTEMPT"] == "1"
     ctx = W3CBaggagePropagator().extract({"baggage": env["BAGGAGE"]})
     assert baggage.get_all(ctx)["plumbline.trial.id"] == t.trial_id
     assert baggage.get_all(ctx)["plumbline.fault"] == "lookup_invoice:503:1:1"
