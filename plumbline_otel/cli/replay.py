@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +56,25 @@ def _next_steps(db: str, study: str, otlp_file: str | None, endpoint: str | None
             f"(stop the server first, or certify a copy of its file):\n  {certify}")
 
 
+class _ServerTraces:
+    """Which traces a running server has stored since the study began (through its gRPC API)."""
+
+    def __init__(self, server: str) -> None:
+        from plumbline_otel.api.client import PlumblineClient
+
+        self.client = PlumblineClient(server)
+        self.since_ns = time.time_ns()
+        self.seen: set[str] = set()
+
+    def __call__(self, trace_id: str) -> bool:
+        if trace_id not in self.seen:
+            self.seen.update(str(d.get("trace_id")) for d in self.client.trajectories(since_ns=self.since_ns))
+        return trace_id in self.seen
+
+    def close(self) -> None:
+        self.client.close()
+
+
 def _from_server(server: str, study: str, agent: str | None, keys: list[str] | None, since_ns: int | None,
                  where: str | None) -> tuple[list[Any], set[str], set[str]]:
     """Tasks and resume state through plumbline's gRPC API (the served file cannot be opened)."""
@@ -76,7 +96,8 @@ def _from_server(server: str, study: str, agent: str | None, keys: list[str] | N
 @click.command("replay")
 @click.option("--db", default=DEFAULT_DB, show_default=True, help="store whose runs supply the tasks (and resume state)")
 @click.option("--server", default=None, metavar="HOST:PORT",
-              help="read tasks and resume state from a running `plumbline serve` instead of opening --db")
+              help="read tasks and resume state from a running `plumbline serve` instead of opening --db "
+                   "(and, with --endpoint, confirm each trial's run in its store)")
 @click.option("--study", required=True, help="study name (plumbline.study on every trial)")
 @click.option("--agent", default=None, help="tasks from this agent's runs: service or service@version")
 @click.option("--task", "task_keys", multiple=True, help="only these task keys (repeatable, or comma-separated)")
@@ -123,6 +144,8 @@ def replay(db: str, server: str | None, study: str, agent: str | None, task_keys
     from plumbline_otel.replay import (
         PERTURBATIONS,
         AnthropicParaphraser,
+        CommandAdapter,
+        HttpAdapter,
         PerturbOptions,
         RetryPolicy,
         SpanSink,
@@ -165,7 +188,12 @@ def replay(db: str, server: str | None, study: str, agent: str | None, task_keys
         state_dir=state_dir or f"{Path(db).with_suffix('')}.replay/{study}", cache_mode=cache_mode,
         sink=SpanSink(otlp_file=otlp_file, endpoint=endpoint) if (otlp_file or endpoint) else None,
         service=label or None, service_version=version or None)
+    stored = _ServerTraces(server) if server and endpoint and not dry_run else None
+    config.trace_stored = stored
     adapter = load_adapter(adapter_spec, _options(adapter_options))
+    if endpoint and not server and isinstance(adapter, (CommandAdapter, HttpAdapter)):
+        click.echo("note: with --endpoint the driver sees only spans exported through it; give --server (the server's "
+                   "gRPC address) so runs of an agent in another process are confirmed in the store", err=True)
     try:
         describe = getattr(adapter, "describe", None)
         prepared = open_study(config, tasks, adapter)
@@ -191,6 +219,8 @@ def replay(db: str, server: str | None, study: str, agent: str | None, task_keys
         close = getattr(adapter, "close", None)
         if callable(close):
             close()
+        if stored is not None:
+            stored.close()
         if config.sink is not None:
             config.sink.close()
     state = Path(config.state_dir or ".")

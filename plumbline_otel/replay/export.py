@@ -21,7 +21,7 @@ import base64
 import re
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -141,15 +141,18 @@ class SpanSink:
                 return trace_id in self._file_traces
         return False
 
-    def wait_for_trace(self, trace_id: str, timeout_s: float) -> bool:
-        """``has_trace``, polled for up to ``timeout_s`` (agents export asynchronously)."""
+    def wait_for_trace(self, trace_id: str, timeout_s: float, stored: Callable[[str], bool] | None = None) -> bool:
+        """``has_trace`` (or ``stored``: the trace is in the store the sink feeds), polled for up to
+        ``timeout_s`` with a growing pause (agents export asynchronously)."""
         deadline = time.monotonic() + timeout_s
+        pause = 0.02
         while True:
-            if self.has_trace(trace_id):
+            if self.has_trace(trace_id) or (stored is not None and stored(trace_id)):
                 return True
             if time.monotonic() >= deadline:
                 return False
-            time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
+            time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
+            pause = min(pause * 2, 0.5)
 
     def _scan_file(self) -> None:
         path = Path(self.otlp_file or "")

@@ -82,6 +82,9 @@ class StudyConfig:
     resume: bool = False
     rerun: bool = False  # run trials already done again, each as a new attempt (a separate run)
     trace_wait_s: float = 5.0  # how long a finished attempt's trace may take to reach the sink
+    # Whether a trace is in the store the sink feeds: how runs exported by agents in other
+    # processes straight to an endpoint are seen (the CLI asks the server's API).
+    trace_stored: Callable[[str], bool] | None = None
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     state_dir: str | Path | None = None  # ledger.jsonl, variants.jsonl, responses.jsonl
     cache_mode: str = "record"  # record | replay (offline) | off
@@ -376,7 +379,7 @@ class _Runner:
         trace_id = outcome.trace_id or attempt.trace_id
         record.trace_id = trace_id
         sink = self.config.sink
-        if sink is None or sink.wait_for_trace(trace_id, self.config.trace_wait_s):
+        if sink is None or sink.wait_for_trace(trace_id, self.config.trace_wait_s, self.config.trace_stored):
             record.status, record.reason = "ok", None
         else:
             record.status = "errored"

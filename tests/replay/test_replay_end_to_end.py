@@ -148,6 +148,27 @@ def test_the_cli_replays_resumes_and_says_what_to_run_next(db: Path, tmp_path: P
     assert {p: n for (_, p), (n, _, _) in cells(cert).items()} == {"baseline": 6, "paraphrase": 6, "tool_fault": 6}
 
 
+EXPORTING_AGENT = """
+import json, os, sys
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+text = sys.stdin.read()
+if not os.environ.get("AGENT_SILENT"):
+    provider = TracerProvider(resource=Resource.create({"service.name": "cmd-agent"}))
+    provider.add_span_processor(SimpleSpanProcessor(OTLPSpanExporter(endpoint=os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"])))
+    parent = TraceContextTextMapPropagator().extract({"traceparent": os.environ["TRACEPARENT"]})
+    messages = json.dumps([{"role": "user", "parts": [{"type": "text", "content": text}]}])
+    provider.get_tracer("cmd").start_span("invoke_agent cmd", context=parent, attributes={
+        "gen_ai.operation.name": "invoke_agent", "gen_ai.input.messages": messages}).end()
+    provider.shutdown()
+print(json.dumps({"output": "done"}))
+"""
+
+
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -198,6 +219,20 @@ def test_replay_against_a_running_plumbline_serve(tmp_path: Path) -> None:
         again = CliRunner().invoke(cli, [*args[:-2], str(tmp_path / "fresh"), "--quiet", "--resume"])
         assert again.exit_code == 0, again.output
         assert "ran 0 (0 ok, 0 missing, 0 errored), 4 skipped by resume" in again.output
+
+        # An agent in another process exports straight to the server: only the store can show
+        # the driver its run, so --server confirms it there; a silent agent's trial is errored.
+        script = tmp_path / "agent.py"
+        script.write_text(EXPORTING_AGENT)
+        command = ["replay", "--server", f"127.0.0.1:{grpc_port}", "--agent", AGENT, "--endpoint", endpoint,
+                   "--adapter", f"command:{sys.executable} {script}", "--quiet", "--trace-wait", "10"]
+        ran = CliRunner().invoke(cli, [*command, "--study", "cmd", "--state-dir", str(tmp_path / "cmd")])
+        assert ran.exit_code == 0, ran.output
+        assert "ran 2 (2 ok, 0 missing, 0 errored)" in ran.output
+        silent = CliRunner().invoke(cli, [*command[:-1], "0.5", "--study", "mute", "--state-dir", str(tmp_path / "mute")],
+                                    env={"AGENT_SILENT": "1"})
+        assert silent.exit_code == 3 and "ran 2 (0 ok, 0 missing, 2 errored)" in silent.output
+        assert "no trace received" in silent.output
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(60)
