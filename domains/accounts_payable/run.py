@@ -25,6 +25,7 @@ from typing import Any
 
 from domains.accounts_payable import tracing
 from domains.accounts_payable.arms import FaultPlan, TrialResult, make_client, run_trial
+from plumbline_otel.replay.identity import TrialIdentity, trial_id_for
 from domains.accounts_payable.arms.trial import DEFAULT_MODEL
 from domains.accounts_payable.simulated_model import SIMULATED_MODEL_NAME, SimulatedModel, parse_imperfections
 
@@ -127,12 +128,9 @@ def run_domain(
             summary = RunSummary(arm, backend.kind)
             for task_id in task_ids:
                 for k in range(repeats):
-                    trial = tracing.TrialIdentity(
-                        trial_id=f"{study}/{task_id}/k{k}",
-                        perturbation="tool_fault" if spec else "baseline",
-                        variant="0",
-                        study=study,
-                    )
+                    perturbation = "tool_fault" if spec else "baseline"
+                    trial = TrialIdentity(trial_id_for(study, task_id, perturbation, "0", k), perturbation, "0", study,
+                                          k, task_id)
                     result = run_trial(arm, task_id, client=backend.client, model=backend.model,
                                        trial=trial, fault=spec, tracer_provider=provider)
                     provider.force_flush()
