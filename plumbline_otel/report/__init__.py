@@ -1,4 +1,4 @@
-"""Certificates: build from runs and a spec, validate when read back, render as text."""
+"""Certificates (build, validate, render as text) and the pages: the HTML report, run views and diffs."""
 
 from plumbline_otel.report.certificate import (
     CERTIFICATE_KIND,
@@ -12,6 +12,7 @@ from plumbline_otel.report.certificate import (
     fault_unexposed,
 )
 from plumbline_otel.report.render import CertificateError, load_certificate, render_text, validate
+from plumbline_otel.report.pages import write_report
 
 __all__ = [
     "CERTIFICATE_KIND",
@@ -27,4 +28,5 @@ __all__ = [
     "load_certificate",
     "render_text",
     "validate",
+    "write_report",
 ]
