@@ -48,6 +48,7 @@ _SCHEMA: dict[str, Any] = {
     "tls": {"cert_file": (str, None), "key_file": (str, None)},
     "content": {"drop": (list, None), "hash": (list, None), "hash_salt": (str, "")},
     "shutdown": {"grace_seconds": (float, 10.0)},
+    "console": {"certificate": (str, None)},
 }
 
 
@@ -87,6 +88,7 @@ class ServeConfig:
     tls_key_file: str | None = None
     content: ContentRules = field(default_factory=ContentRules)
     shutdown_grace_seconds: float = 10.0
+    console_certificate: str | None = None  # certificate JSON the console shows (re-read per page)
 
     @property
     def tls(self) -> bool:
@@ -201,6 +203,7 @@ def _build(values: dict[str, Any]) -> ServeConfig:
         tls_key_file=key,
         content=ContentRules(tuple(values["content.drop"] or ()), tuple(values["content.hash"] or ()), values["content.hash_salt"] or ""),
         shutdown_grace_seconds=values["shutdown.grace_seconds"],
+        console_certificate=values["console.certificate"],
     )
 
 

@@ -35,6 +35,8 @@ COMMANDS = [
     "plumbline_otel.cli.compare:compare",
     "plumbline_otel.cli.domain:domain",
     "plumbline_otel.cli.replay:replay",
+    "plumbline_otel.cli.report:report",
+    "plumbline_otel.cli.show:show",
 ]
 
 

@@ -53,6 +53,7 @@ def _overrides(opts: dict[str, Any], config_path: str | None) -> dict[str, Any]:
         "auth.bearer_token_file": opts["auth_token_file"],
         "tls.cert_file": opts["tls_cert"],
         "tls.key_file": opts["tls_key"],
+        "console.certificate": opts["console_cert"],
         "content.drop": list(opts["drop_content"]) or None,
         "content.hash": list(opts["hash_content"]) or None,
     }
@@ -84,6 +85,7 @@ def _overrides(opts: dict[str, Any], config_path: str | None) -> dict[str, Any]:
 @click.option("--drop-content", multiple=True, metavar="PATTERN", help="Attribute-key glob whose values are replaced by __REDACTED__ (repeatable).")
 @click.option("--hash-content", multiple=True, metavar="PATTERN", help="Attribute-key glob whose values are stored as sha256 hashes (repeatable).")
 @click.option("--hash-salt", help="Salt mixed into --hash-content hashes [content.hash_salt].")
+@click.option("--console-cert", type=click.Path(dir_okay=False), help="Certificate JSON the console at / shows [console.certificate].")
 @click.option("--log-level", default="WARNING", show_default=True, type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"]))
 def serve(config_path: str | None, log_level: str, **opts: Any) -> None:
     """Receive OTLP traces (and GenAI log events) from collectors and SDK exporters into the store.

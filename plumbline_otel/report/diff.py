@@ -53,11 +53,10 @@ class RunDiff:
 
 
 def _arg_differences(a: Step, b: Step) -> tuple[str, ...]:
-    """Typed differences of two calls of the same tool, each as "path: detail" (B read against A)."""
+    """Typed differences of two calls of the same tool (B read against A), each naming its argument."""
     if a.args == b.args:
         return ()
-    found = compare(a.args, b.args).differences
-    return tuple(f"{d.path}: {d.detail}" if d.path else d.detail for d in found)
+    return tuple(d.detail for d in compare(a.args, b.args).differences)  # each detail names its path
 
 
 def _outcome_differs(a: Step, b: Step) -> bool:

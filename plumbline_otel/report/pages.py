@@ -68,7 +68,8 @@ def example_diffs(connection: Any, limit: int = _DIFFS) -> list[RunDiff]:
     return found[:limit]
 
 
-def _spec_violations(connection: Any, cert: dict[str, Any] | None) -> list[dict[str, Any]]:
+def spec_violations(connection: Any, cert: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """Violations stored under the certificate's spec; all stored ones when none match (or no certificate)."""
     if cert is not None:
         mine = data.violations_summary(connection, cert["spec"]["hash"])
         if mine:
@@ -76,9 +77,9 @@ def _spec_violations(connection: Any, cert: dict[str, Any] | None) -> list[dict[
     return data.violations_summary(connection)
 
 
-def report_html(connection: Any, cert: dict[str, Any] | None, source: str) -> str:
-    """The whole report as one HTML document."""
-    violations = _spec_violations(connection, cert)
+def report_html(connection: Any, cert: dict[str, Any] | None, source: str, coverage: dict[str, Any] | None = None) -> str:
+    """The whole report as one HTML document; `coverage` replaces the store's own (a served store's, read over the API)."""
+    violations = spec_violations(connection, cert)
     diffs = example_diffs(connection)
     shown: dict[str, None] = {}
     for d in diffs:
@@ -97,7 +98,7 @@ def report_html(connection: Any, cert: dict[str, Any] | None, source: str) -> st
         "report.html", file_href,
         cert=cert, chart=chart_rows(cert) if cert else [], source=source, totals=data.store_totals(connection),
         generated=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), violations=violations,
-        coverage=data.coverage(connection), consistency=summary, equivalences=equivalences,
+        coverage=coverage or data.coverage(connection), consistency=summary, equivalences=equivalences,
         window=f"the {len(recent)} most recent runs with a task", diffs=diffs, runs=runs,
     )
 
@@ -128,5 +129,5 @@ def write_report(db_path: str | Path, cert_path: str | Path | None, out_path: st
     return out
 
 
-__all__ = ["WINDOW_RUNS", "agreement", "diff_page", "example_diffs", "file_href", "recent_runs", "report_html", "run_page",
+__all__ = ["WINDOW_RUNS", "agreement", "diff_page", "example_diffs", "file_href", "recent_runs", "report_html", "run_page", "spec_violations",
            "write_report"]

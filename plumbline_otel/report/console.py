@@ -1,0 +1,128 @@
+"""The live console: the report's pages served read-only by `plumbline serve` under `/`.
+
+    /                       overview: certificate (when one is configured), violations, coverage, diffable tasks
+    /runs?page=&agent=&task= runs, newest first, paged
+    /runs/<id>              one run, step by step
+    /diff?a=<id>&b=<id>     two runs side by side
+    /diff?task=K&vs=AGENT[&agent=A][&perturbation=P]   the same, chosen by task
+
+The console reads through a DuckDB connection of its own (a cursor of the writer's database):
+it sees what has been committed and never queues behind ingest, and ingest never waits for a
+page. Page requests are served one at a time on that connection. The overview's coverage figures
+scan the store, so the overview is kept for `overview_ttl` seconds.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, quote, unquote, urlencode
+
+from plumbline_otel.errors import PlumblineError
+from plumbline_otel.report import data
+from plumbline_otel.report.html import chart_rows, render
+from plumbline_otel.report.pages import diff_page, run_page, spec_violations
+
+PREFIXES = ("/runs", "/diff")
+
+
+def console_href(kind: str, **params: Any) -> str:
+    """Links between console pages."""
+    if kind == "run":
+        return "/runs/" + quote(str(params["id"]), safe="")
+    query = urlencode({k: v for k, v in params.items() if v not in (None, "")})
+    if kind == "runs":
+        return "/runs" + (f"?{query}" if query else "")
+    return "/diff?" + query  # "diff" (a, b) and "task_diff" (task, vs, ...)
+
+
+def is_console_path(path: str) -> bool:
+    """True for the paths the console answers."""
+    return path == "/" or any(path == p or path.startswith(p + "/") for p in PREFIXES)
+
+
+class Console:
+    """Renders console pages from `connection`; `handle(path, query)` gives (HTTP status, HTML)."""
+
+    def __init__(self, connection: Any, source: str, certificate: str | Path | None = None, overview_ttl: float = 5.0) -> None:
+        self._connection, self._source, self._certificate = connection, source, certificate
+        self._lock = threading.Lock()
+        self._ttl = overview_ttl
+        self._overview: tuple[float, str] | None = None
+
+    @staticmethod
+    def answers(path: str) -> bool:
+        """True for the paths the console serves."""
+        return is_console_path(path)
+
+    def handle(self, path: str, query: str) -> tuple[int, str]:
+        """Answer one GET; errors become an error page, never an exception."""
+        params = {k: v[-1] for k, v in parse_qs(query).items()}
+        try:
+            with self._lock:
+                return self._route(path, params)
+        except PlumblineError as exc:
+            return self._error(400, str(exc))
+        except ValueError as exc:
+            return self._error(400, f"bad request: {exc}")
+
+    def _route(self, path: str, params: dict[str, str]) -> tuple[int, str]:
+        if path == "/":
+            return 200, self._overview_page()
+        if path == "/runs":
+            page = data.runs_page(self._connection, int(params.get("page", 0) or 0), agent=params.get("agent"), task=params.get("task"))
+            return 200, render("runs.html", console_href, page=page, agent=params.get("agent"), task=params.get("task"))
+        if path.startswith("/runs/"):
+            run = data.load_run(self._connection, unquote(path[len("/runs/"):]))
+            if run is None:
+                return self._error(404, "no stored run with that id")
+            return 200, run_page(self._connection, run, console_href)
+        if path == "/diff":
+            return self._diff(params)
+        return self._error(404, f"no such page {path}")
+
+    def _diff(self, params: dict[str, str]) -> tuple[int, str]:
+        if "task" in params and "vs" in params:
+            pair = data.pair_on_task(self._connection, params["task"], params["vs"], params.get("agent"), params.get("perturbation"))
+            if pair is None:
+                return self._error(404, "no two runs on that task share a perturbation and variant")
+            return 200, diff_page(self._connection, *pair, console_href)
+        if "a" in params and "b" in params:
+            a, b = data.load_run(self._connection, params["a"]), data.load_run(self._connection, params["b"])
+            if a is None or b is None:
+                return self._error(404, "no stored run with that id")
+            return 200, diff_page(self._connection, a, b, console_href)
+        return self._error(400, "a diff takes ?a=RUN&b=RUN or ?task=K&vs=AGENT")
+
+    def _overview_page(self) -> str:
+        now = time.monotonic()
+        if self._overview is not None and now - self._overview[0] < self._ttl:
+            return self._overview[1]
+        cert = self._load_certificate()
+        html = render("console.html", console_href, source=self._source, totals=data.store_totals(self._connection),
+                      cert=cert, chart=chart_rows(cert) if cert else [],
+                      violations=spec_violations(self._connection, cert),
+                      coverage=data.coverage(self._connection), candidates=data.diff_candidates(self._connection))
+        self._overview = (now, html)
+        return html
+
+    def _load_certificate(self) -> dict[str, Any] | None:
+        """The configured certificate, re-read each time so a new `plumbline certify` shows at once."""
+        if self._certificate is None:
+            return None
+        from plumbline_otel.report.render import load_certificate
+
+        return load_certificate(self._certificate)
+
+    def _error(self, status: int, message: str) -> tuple[int, str]:
+        return status, render("error.html", console_href, status=status, message=message)
+
+    def close(self) -> None:
+        """Close the read connection."""
+        with self._lock:
+            self._connection.close()
+
+
+__all__ = ["Console", "console_href", "is_console_path"]
