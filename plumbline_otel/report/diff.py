@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from plumbline_otel.analyse.align import Column, align
-from plumbline_otel.analyse.compare_values import compare
+from plumbline_otel.analyse.compare_values import Rule, compare, to_number
 from plumbline_otel.model import Step, Trajectory
 
 
@@ -56,7 +56,17 @@ def _arg_differences(a: Step, b: Step) -> tuple[str, ...]:
     """Typed differences of two calls of the same tool (B read against A), each naming its argument."""
     if a.args == b.args:
         return ()
-    return tuple(d.detail for d in compare(a.args, b.args).differences)  # each detail names its path
+    return tuple(d.detail for d in compare(a.args, b.args, _numbers_as_numbers(a.args, b.args)).differences)
+
+
+def _numbers_as_numbers(a: Any, b: Any) -> Rule | None:
+    """Compare an argument as a number when both sides read as one ("28500.00" and 285000): traces
+    often carry amounts as strings, and "10× too large" is the difference a reader needs."""
+    if not isinstance(a, dict) or not isinstance(b, dict):
+        return None
+    numeric = {k: Rule(type="number") for k in a.keys() & b.keys()
+               if not isinstance(a[k], bool) and not isinstance(b[k], bool) and to_number(a[k]) is not None and to_number(b[k]) is not None}
+    return Rule(type="dict", fields=numeric) if numeric else None
 
 
 def _outcome_differs(a: Step, b: Step) -> bool:
