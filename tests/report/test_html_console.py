@@ -1,0 +1,151 @@
+"""The console `plumbline serve` answers under /: the same pages, read-only, behind the token, never in ingest's way."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import duckdb
+import httpx
+import pytest
+from html_fixtures import NO_RETRY, RETRY_FAULT, SCRIPT, Built, build_store
+from test_html_report import assert_self_contained, parse, text_of
+
+from plumbline_otel.config import load_config
+from plumbline_otel.receive import Server
+
+TOKEN = "console-token"
+_NS = {"h": "http://www.w3.org/1999/xhtml"}
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class Served:
+    def __init__(self, server: Server, url: str) -> None:
+        self.server, self.url = server, url
+
+    def get(self, path: str, token: str | None = TOKEN) -> httpx.Response:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        return httpx.get(self.url + path, headers=headers, timeout=30)
+
+
+def serve(db: Path, cert: Path | None = None) -> Served:
+    port = free_port()
+    overrides = {"receivers.otlp.protocols.grpc.endpoint": "", "receivers.otlp.protocols.http.endpoint": f"127.0.0.1:{port}",
+                 "storage.path": str(db), "auth.bearer_token": TOKEN, "console.certificate": str(cert) if cert else None,
+                 "assemble.interval_seconds": 0.1}
+    server = Server(load_config(None, overrides))
+    server.start()
+    return Served(server, f"http://127.0.0.1:{port}")
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> Built:
+    return build_store(tmp_path_factory.mktemp("console"))
+
+
+@pytest.fixture
+def served(built: Built, tmp_path: Path) -> Iterator[Served]:
+    db = tmp_path / "served.duckdb"
+    shutil.copy(built.db, db)
+    s = serve(db, built.cert)
+    try:
+        yield s
+    finally:
+        s.server.stop()
+
+
+def test_pages_need_the_token_like_the_api(served: Served) -> None:
+    for path in ("/", "/runs", "/diff?task=INV-1001&vs=x"):
+        assert served.get(path, token=None).status_code == 401
+        assert served.get(path, token="wrong").status_code == 401
+
+
+def test_overview_shows_certificate_violations_coverage_and_links_a_diff(served: Served, built: Built) -> None:
+    page = served.get("/")
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    assert "script-src" not in page.headers["content-security-policy"] and "default-src 'none'" in page.headers["content-security-policy"]
+    assert_self_contained(page.text)
+    doc = parse(page.text)
+    cert = json.loads(built.cert.read_text())
+    assert text_of(doc.find(".//*[@data-testid='headline']", _NS)) == f"{100 * cert['headline']['lower_bound']:.1f}%"
+    assert doc.findall(".//h:tr[@class='violation']", _NS) and doc.find(".//h:section[@id='coverage']", _NS) is not None
+    diff_links = [a.get("href") for a in doc.findall(".//h:section[@id='diffs']//h:a", _NS)]
+    assert any("task=INV-1001" in href for href in diff_links)
+    retry = next(href for href in diff_links if "task=INV-1001" in href)
+    diff = served.get(retry)
+    assert diff.status_code == 200
+    first = [tr for tr in parse(diff.text).iter("{http://www.w3.org/1999/xhtml}tr") if "first-divergence" in (tr.get("class") or "")]
+    assert len(first) == 1 and "check_duplicate" in text_of(first[0])
+
+
+def test_runs_are_paged_and_each_opens(served: Served) -> None:
+    page = served.get("/runs")
+    doc = parse(page.text)
+    links = [a.get("href") for a in doc.findall(".//h:table//h:a", _NS)]
+    assert len(links) == 4
+    run = served.get(links[0])
+    assert run.status_code == 200 and "<table class=\"steps\">" in run.text
+    assert served.get("/runs?page=9").status_code == 200
+    assert served.get("/runs/does-not-exist").status_code == 404
+    assert served.get("/runs?page=x").status_code == 400
+    assert served.get("/nowhere").status_code == 404
+
+
+def test_hostile_values_are_text_in_served_pages(served: Served) -> None:
+    doc = parse(served.get("/runs").text)
+    rows = doc.findall(".//h:tbody/h:tr", _NS)
+    hostile = next(row.find(".//h:a", _NS).get("href") for row in rows if "<script>agent-a</script>" in text_of(row))
+    page = served.get(hostile)
+    assert SCRIPT in text_of(parse(page.text)) and "<script>" not in page.text
+
+
+def test_spans_sent_to_serve_show_up_in_the_console(built: Built, tmp_path: Path) -> None:
+    s = serve(tmp_path / "fresh.duckdb")
+    try:
+        assert "0 runs" in s.get("/").text
+        for line in (RETRY_FAULT / "plan_execute.otlp.jsonl").read_text().splitlines():
+            assert httpx.post(s.url + "/v1/traces", content=line, timeout=30,
+                              headers={"Content-Type": "application/json", "Authorization": f"Bearer {TOKEN}"}).status_code == 200
+        deadline = time.monotonic() + 20
+        while NO_RETRY not in s.get("/runs").text and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert NO_RETRY in s.get("/runs").text
+    finally:
+        s.server.stop()
+
+
+def test_a_slow_page_never_blocks_ingest(served: Served) -> None:
+    """A read holding the console's connection for as long as it likes: spans are still acknowledged."""
+    console = served.server.http.console  # type: ignore[union-attr]
+    started, failed = threading.Event(), []
+
+    def slow_read() -> None:
+        with console._lock:  # what a page holds while it renders
+            started.set()
+            try:
+                console._connection.execute("SELECT sum(a.range * b.range) FROM range(200000) a, range(200000) b").fetchall()
+            except duckdb.Error as exc:  # interrupted below
+                failed.append(exc)
+
+    reader = threading.Thread(target=slow_read)
+    reader.start()
+    started.wait(10)
+    time.sleep(0.2)
+    line = (RETRY_FAULT / "plan_execute_retry.otlp.jsonl").read_text().splitlines()[0]
+    posted = httpx.post(served.url + "/v1/traces", content=line, timeout=30,
+                        headers={"Content-Type": "application/json", "Authorization": f"Bearer {TOKEN}"})
+    still_reading = reader.is_alive()
+    console._connection.interrupt()
+    reader.join(30)
+    assert posted.status_code == 200
+    assert still_reading, "the read was still running when the spans were committed and acknowledged"
