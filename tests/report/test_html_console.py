@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -13,39 +12,10 @@ from pathlib import Path
 import duckdb
 import httpx
 import pytest
-from html_fixtures import NO_RETRY, RETRY_FAULT, SCRIPT, Built, build_store
-from test_html_report import assert_self_contained, parse, text_of
+from pages_support import NO_RETRY, RETRY_FAULT, SCRIPT, TOKEN, Built, Served, assert_self_contained, build_store, parse, serve, text_of
 
-from plumbline_otel.config import load_config
-from plumbline_otel.receive import Server
 
-TOKEN = "console-token"
 _NS = {"h": "http://www.w3.org/1999/xhtml"}
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-class Served:
-    def __init__(self, server: Server, url: str) -> None:
-        self.server, self.url = server, url
-
-    def get(self, path: str, token: str | None = TOKEN) -> httpx.Response:
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
-        return httpx.get(self.url + path, headers=headers, timeout=30)
-
-
-def serve(db: Path, cert: Path | None = None) -> Served:
-    port = free_port()
-    overrides = {"receivers.otlp.protocols.grpc.endpoint": "", "receivers.otlp.protocols.http.endpoint": f"127.0.0.1:{port}",
-                 "storage.path": str(db), "auth.bearer_token": TOKEN, "console.certificate": str(cert) if cert else None,
-                 "assemble.interval_seconds": 0.1}
-    server = Server(load_config(None, overrides))
-    server.start()
-    return Served(server, f"http://127.0.0.1:{port}")
 
 
 @pytest.fixture(scope="module")

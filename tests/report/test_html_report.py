@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 
-import html5lib
 import pytest
 from click.testing import CliRunner
-from html_fixtures import BREAKOUT, HOSTILE_TASK, IMG, NO_RETRY, SCRIPT, WITH_RETRY, Built, build_store
+from pages_support import BREAKOUT, HOSTILE_TASK, IMG, NO_RETRY, SCRIPT, WITH_RETRY, Built, assert_self_contained, build_store, parse, text_of
 
 from plumbline_otel.cli.main import _register, cli
 from plumbline_otel.errors import InputError
@@ -25,29 +23,6 @@ _NS = {"h": "http://www.w3.org/1999/xhtml"}
 @pytest.fixture(scope="module")
 def built(tmp_path_factory: pytest.TempPathFactory) -> Built:
     return build_store(tmp_path_factory.mktemp("pages"))
-
-
-def parse(html: str):  # type: ignore[no-untyped-def]
-    """Strict HTML5 parse: any parse error (bad nesting, stray end tag, bad attribute) raises."""
-    return html5lib.HTMLParser(strict=True, namespaceHTMLElements=True).parse(html)
-
-
-def text_of(node) -> str:  # type: ignore[no-untyped-def]
-    return "".join(node.itertext())
-
-
-def assert_self_contained(html: str) -> None:
-    doc = parse(html)
-    assert doc.findall(".//h:script", _NS) == [], "pages carry no script"
-    for tag in ("link", "img", "iframe", "object", "embed"):
-        assert doc.findall(f".//h:{tag}", _NS) == [], f"pages load no <{tag}>"
-    for el in doc.iter():
-        for name in ("href", "src", "action"):
-            value = el.get(name)
-            assert value is None or value.startswith(("#", "/")) and not value.startswith("//"), f"external {name}={value!r}"
-    assert not re.search(r"(?i)\burl\(", html), "no CSS url()"
-    assert not re.search(r"(?i)(https?:)?//[a-z0-9.-]+\.[a-z]{2,}", html.replace("http://www.w3.org/2000/svg", "")), \
-        "no external URL anywhere in the page"
 
 
 def test_report_is_valid_self_contained_html(built: Built) -> None:
