@@ -63,6 +63,23 @@ class Built:
     report: Path
 
 
+def build_study_store(root: Path) -> Built:
+    """The reference study on the simulated model (3 arms × every invoice × 3 perturbations), judged,
+    certified and reported: what `plumbline demo` shows, and what docs/report.png is taken from."""
+    from domains.accounts_payable.study import run_study
+
+    runs = root / "runs"
+    run_study(runs)
+    db, cert_path = root / "study.duckdb", root / "certificate.json"
+    spec = load_spec(SPEC)
+    with Store(db) as store:
+        ingest_files(store, [str(runs)])
+        store.assemble()
+        check(spec, store.trajectories(), store.connection)
+        cert_path.write_text(json.dumps(build_certificate(spec, store.trajectories())))
+    return Built(db, cert_path, write_report(db, cert_path, root / "report.html"))
+
+
 def build_store(root: Path) -> Built:
     """Ingest both fixtures, judge with the AP spec, certify, and write the report."""
     root.mkdir(parents=True, exist_ok=True)

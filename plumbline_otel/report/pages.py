@@ -55,7 +55,8 @@ def agreement(runs: list[Trajectory]) -> tuple[dict[str, Any], list[dict[str, An
 
 
 def example_diffs(connection: Any, limit: int = _DIFFS) -> list[RunDiff]:
-    """Up to `limit` diffs of two agents on one task and variant, those that diverge first."""
+    """Up to `limit` diffs of two agents on one task and variant: divergent ones first, and among
+    those the ones that part ways right after a failed call (a retry against no retry)."""
     found: list[RunDiff] = []
     for c in data.diff_candidates(connection, limit=4 * limit):
         services = [s for s in c["services"] if s]
@@ -64,8 +65,16 @@ def example_diffs(connection: Any, limit: int = _DIFFS) -> list[RunDiff]:
         pair = data.pair_on_task(connection, c["task_key"], services[1], services[0], c["perturbation"])
         if pair is not None:
             found.append(diff_runs(*pair))
-    found.sort(key=lambda d: d.identical)  # stable: divergent diffs first, candidate order kept
+    found.sort(key=lambda d: (d.identical, not _after_a_failure(d)))  # stable: candidate order kept within
     return found[:limit]
+
+
+def _after_a_failure(d: RunDiff) -> bool:
+    """True when the runs part ways right after a failed call: how each handled the error is the story."""
+    if d.first is None or d.first == 0:
+        return False
+    before = d.rows[d.first - 1]
+    return any(s is not None and s.error is not None for s in (before.a, before.b))
 
 
 def spec_violations(connection: Any, cert: dict[str, Any] | None) -> list[dict[str, Any]]:

@@ -146,3 +146,21 @@ def test_served_console_in_chromium(browser: Any, built: Built, shots: Path, tmp
         assert page.evaluate("window.__pwned") is None
     finally:
         served.server.stop()
+
+
+def test_reference_study_report_in_chromium(browser: Any, shots: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The report of the reference study (what `plumbline demo` writes); its screenshots are docs/report*.png."""
+    from pages_support import build_study_store
+
+    built = build_study_store(tmp_path_factory.mktemp("study"))
+    cert = json.loads(built.cert.read_text())
+    page = browser.new_page(viewport={"width": 1280, "height": 1100})
+    page.goto(built.report.as_uri())
+    assert_visible_essentials(page, cert)
+    assert page.locator("svg g.cell.sets").count() >= 1, "the cell that sets the headline is marked"
+    save(page, shots, "report.png")
+    first = page.locator("section.diff-view").first
+    assert NO_RETRY in first.inner_text() and WITH_RETRY in first.inner_text() and "tool_fault" in first.inner_text()
+    first.evaluate("s => s.scrollIntoView()")
+    assert_divergence_highlighted(page)
+    save(page, shots, "report-diff.png")
