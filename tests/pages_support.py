@@ -141,10 +141,11 @@ class Served:
         return httpx.get(self.url + path, headers=headers, timeout=30)
 
 
-def serve(db: Path, cert: Path | None = None) -> Served:
-    """Serve `db` on a free loopback port; the caller stops it (`served.server.stop()`)."""
+def serve(db: Path, cert: Path | None = None, grpc_port: int | None = None) -> Served:
+    """Serve `db` on a free loopback port (and gRPC on `grpc_port`); the caller stops it (`served.server.stop()`)."""
     port = free_port()
-    overrides = {"receivers.otlp.protocols.grpc.endpoint": "", "receivers.otlp.protocols.http.endpoint": f"127.0.0.1:{port}",
+    grpc = f"127.0.0.1:{grpc_port}" if grpc_port else ""
+    overrides = {"receivers.otlp.protocols.grpc.endpoint": grpc, "receivers.otlp.protocols.http.endpoint": f"127.0.0.1:{port}",
                  "storage.path": str(db), "auth.bearer_token": TOKEN, "console.certificate": str(cert) if cert else None,
                  "assemble.interval_seconds": 0.1}
     server = Server(load_config(None, overrides))

@@ -14,7 +14,7 @@ from typing import Any
 
 import orjson
 
-from plumbline_otel.analyse.conformance import PERTURBATION, VARIANT
+from plumbline_otel.analyse.conformance import PERTURBATION, TRIAL_ID, VARIANT
 from plumbline_otel.model import Trajectory
 from plumbline_otel.store import trajectory_from_doc
 
@@ -82,10 +82,12 @@ def runs_page(connection: Any, page: int = 0, size: int = PAGE_SIZE, agent: str 
     return Page(rows, page, size, int(total))
 
 
-def load_run(connection: Any, trajectory_id: str) -> Trajectory | None:
-    """One stored run by its trajectory id (a trace id also finds it)."""
-    rows = _rows(connection, "SELECT doc FROM trajectories WHERE trajectory_id = ? OR trace_id = ? LIMIT 1",
-                 [trajectory_id, trajectory_id])
+def load_run(connection: Any, run_id: str) -> Trajectory | None:
+    """One stored run by its trajectory id or trace id, else by its trial id (what certificates list)."""
+    rows = _rows(connection, "SELECT doc FROM trajectories WHERE trajectory_id = ? OR trace_id = ? LIMIT 1", [run_id, run_id])
+    if not rows:
+        rows = _rows(connection, f"SELECT doc FROM trajectories WHERE {_CTX.format(TRIAL_ID)} = ? ORDER BY start_ns DESC LIMIT 1",
+                     [run_id])
     return trajectory_from_doc(orjson.loads(rows[0]["doc"])) if rows else None
 
 

@@ -28,11 +28,16 @@ _DIFFS = 3
 _RUNS_SHOWN = 40
 
 
-def file_href(kind: str, **params: Any) -> str:
-    """Links inside a report file: anchors to the runs and diffs it embeds."""
-    if kind == "run":
-        return "#" + anchor(params["id"], "run")
-    return "#diffs"
+def file_href(embedded: dict[str, str]) -> Callable[..., str]:
+    """Links inside a report file: to the embedded run (`embedded` maps any id used for it to its
+    trajectory id), to the list of runs for one that is not embedded, to the diffs otherwise."""
+    def href(kind: str, **params: Any) -> str:
+        if kind == "run":
+            target = embedded.get(str(params["id"]))
+            return "#" + anchor(target, "run") if target else "#runs"
+        return "#diffs"
+
+    return href
 
 
 def recent_runs(connection: Any, limit: int = WINDOW_RUNS) -> list[Trajectory]:
@@ -99,12 +104,13 @@ def report_html(connection: Any, cert: dict[str, Any] | None, source: str, cover
         for agent in cert["agents"]:
             for cell in agent["perturbations"]:
                 shown.update({e["run"]: None for e in cell.get("errored_runs") or [] if isinstance(e, dict) and "run" in e})
-    runs = [(r, data.run_violations(connection, r.trajectory_id))
-            for r in (data.load_run(connection, i) for i in itertools.islice(shown, _RUNS_SHOWN)) if r is not None]
+    loaded = {i: data.load_run(connection, i) for i in itertools.islice(shown, _RUNS_SHOWN)}
+    runs = [(r, data.run_violations(connection, r.trajectory_id)) for r in loaded.values() if r is not None]
+    embedded = {i: r.trajectory_id for i, r in loaded.items() if r is not None}
     recent = recent_runs(connection)
     summary, equivalences = agreement(recent)
     return render(
-        "report.html", file_href,
+        "report.html", file_href(embedded),
         cert=cert, chart=chart_rows(cert) if cert else [], source=source, totals=data.store_totals(connection),
         generated=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), violations=violations,
         coverage=coverage or data.coverage(connection), consistency=summary, equivalences=equivalences,

@@ -12,7 +12,8 @@ from pathlib import Path
 import duckdb
 import httpx
 import pytest
-from pages_support import NO_RETRY, RETRY_FAULT, SCRIPT, TOKEN, Built, Served, assert_self_contained, build_store, parse, serve, text_of
+from pages_support import (NO_RETRY, RETRY_FAULT, SCRIPT, TOKEN, WITH_RETRY, Built, Served, assert_self_contained, build_store, free_port,
+                           parse, serve, text_of)
 
 
 _NS = {"h": "http://www.w3.org/1999/xhtml"}
@@ -119,3 +120,33 @@ def test_a_slow_page_never_blocks_ingest(served: Served) -> None:
     reader.join(30)
     assert posted.status_code == 200
     assert still_reading, "the read was still running when the spans were committed and acknowledged"
+
+
+def test_report_and_show_against_a_running_server(built: Built, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from click.testing import CliRunner
+
+    from plumbline_otel.cli.main import _register, cli
+
+    db = tmp_path / "held.duckdb"
+    shutil.copy(built.db, db)
+    grpc_port = free_port()
+    s = serve(db, grpc_port=grpc_port)
+    monkeypatch.setenv("PLUMBLINE_AUTH_TOKEN", TOKEN)
+    _register()
+    try:
+        out = tmp_path / "served.html"
+        result = CliRunner().invoke(cli, ["report", "--server", f"127.0.0.1:{grpc_port}", "--cert", str(built.cert), "--out", str(out)])
+        assert result.exit_code == 0, result.output
+        html = out.read_text()
+        assert_self_contained(html)
+        doc = parse(html)
+        coverage = text_of(doc.find(".//h:section[@id='coverage']", _NS))
+        with duckdb.connect(str(built.db), read_only=True) as connection:
+            spans = connection.execute("SELECT count(*) FROM spans").fetchone()[0]
+        assert str(spans) in coverage, "coverage comes from the server's store, spans and all"
+        assert any("first-divergence" in (tr.get("class") or "") for tr in doc.iter("{http://www.w3.org/1999/xhtml}tr"))
+        shown = CliRunner().invoke(cli, ["show", "--server", f"127.0.0.1:{grpc_port}", "--task", "INV-1001", "--vs", WITH_RETRY])
+        assert shown.exit_code == 0, shown.output
+        assert sum(line.startswith(">>") for line in shown.output.splitlines()) == 1
+    finally:
+        s.server.stop()

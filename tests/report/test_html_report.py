@@ -73,7 +73,7 @@ def test_violations_point_at_the_step_that_broke_them(built: Built) -> None:
         if not rows:
             pytest.skip("the AP spec reported no step-located violation on this fixture")
         run = data.load_run(store.connection, rows[0][0])
-        doc = parse(run_page(store.connection, run, file_href))
+        doc = parse(run_page(store.connection, run, file_href({})))
     marked = doc.findall(".//h:tr[@class='step violated']", _NS) + doc.findall(".//h:tr[@class='step failed violated']", _NS)
     assert [int(text_of(tr.find("h:td", _NS))) for tr in marked] == [rows[0][1]]
 
