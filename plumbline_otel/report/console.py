@@ -46,11 +46,14 @@ def is_console_path(path: str) -> bool:
 class Console:
     """Renders console pages from `connection`; `handle(path, query)` gives (HTTP status, HTML)."""
 
-    def __init__(self, connection: Any, source: str, certificate: str | Path | None = None, overview_ttl: float = 5.0) -> None:
+    def __init__(self, connection: Any, source: str, certificate: str | Path | None = None, slow_ttl: float = 60.0,
+                 slow_wait: float = 3.0) -> None:
         self._connection, self._source, self._certificate = connection, source, certificate
         self._lock = threading.Lock()
-        self._ttl = overview_ttl
-        self._overview: tuple[float, str] | None = None
+        self._ttl, self._wait = slow_ttl, slow_wait
+        self._slow: tuple[float, dict[str, Any]] | None = None  # (when, {"coverage": ..., "candidates": ...})
+        self._worker: threading.Thread | None = None
+        self._worker_cursor: Any = None
 
     @staticmethod
     def answers(path: str) -> bool:
@@ -97,16 +100,31 @@ class Console:
         return self._error(400, "a diff takes ?a=RUN&b=RUN or ?task=K&vs=AGENT")
 
     def _overview_page(self) -> str:
-        now = time.monotonic()
-        if self._overview is not None and now - self._overview[0] < self._ttl:
-            return self._overview[1]
         cert = self._load_certificate()
-        html = render("console.html", console_href, source=self._source, totals=data.store_totals(self._connection),
-                      cert=cert, chart=chart_rows(cert) if cert else [],
-                      violations=spec_violations(self._connection, cert),
-                      coverage=data.coverage(self._connection), candidates=data.diff_candidates(self._connection))
-        self._overview = (now, html)
-        return html
+        slow = self._slow_figures()
+        return render("console.html", console_href, source=self._source, totals=data.store_totals(self._connection),
+                      cert=cert, chart=chart_rows(cert) if cert else [], violations=spec_violations(self._connection, cert),
+                      coverage=slow.get("coverage"), candidates=slow.get("candidates"))
+
+    def _slow_figures(self) -> dict[str, Any]:
+        """Coverage and diffable tasks: fresh if they can be had within `slow_wait`, else the last ones (or {})."""
+        stale = self._slow is None or time.monotonic() - self._slow[0] > self._ttl
+        if stale and (self._worker is None or not self._worker.is_alive()):
+            self._worker_cursor = self._connection.cursor()
+            self._worker = threading.Thread(target=self._compute_slow, args=(self._worker_cursor,), name="plumbline-console", daemon=True)
+            self._worker.start()
+            self._worker.join(self._wait)  # only the request that started it waits
+        return self._slow[1] if self._slow is not None else {}
+
+    def _compute_slow(self, cursor: Any) -> None:
+        try:
+            one = data.OneCursor(cursor)
+            figures = {"coverage": data.coverage(one), "candidates": data.diff_candidates(one)}
+        except Exception:  # interrupted at shutdown, or the store went away: keep the last figures
+            return
+        finally:
+            cursor.close()
+        self._slow = (time.monotonic(), figures)
 
     def _load_certificate(self) -> dict[str, Any] | None:
         """The configured certificate, re-read each time so a new `plumbline certify` shows at once."""
@@ -120,7 +138,11 @@ class Console:
         return status, render("error.html", console_href, status=status, message=message)
 
     def close(self) -> None:
-        """Close the read connection."""
+        """Stop the background computation and close the read connections."""
+        deadline = time.monotonic() + 10
+        while self._worker is not None and self._worker.is_alive() and time.monotonic() < deadline:
+            self._worker_cursor.interrupt()  # a query may start after an interrupt: repeat until the thread ends
+            self._worker.join(0.1)
         with self._lock:
             self._connection.close()
 

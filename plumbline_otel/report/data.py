@@ -40,6 +40,26 @@ class Page:
         return max(1, -(-self.total // self.size))
 
 
+class OneCursor:
+    """A connection whose `cursor()` is itself: every query of a computation runs on one cursor,
+    so one `interrupt()` stops whichever query is running (a cursor's own cursors would escape it)."""
+
+    def __init__(self, cursor: Any) -> None:
+        self._cursor = cursor
+
+    def cursor(self) -> "OneCursor":
+        return self
+
+    def execute(self, *args: Any) -> Any:
+        return self._cursor.execute(*args)
+
+    def close(self) -> None:
+        """Left to the owner of the cursor."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._cursor, name)
+
+
 class _StoreView:
     """A connection dressed as the `Store` that `coverage_report` reads (it only uses `.connection`)."""
 
@@ -75,10 +95,11 @@ def runs_page(connection: Any, page: int = 0, size: int = PAGE_SIZE, agent: str 
     where = " AND ".join(clauses)
     total = _rows(connection, f"SELECT count(*) AS n FROM trajectories WHERE {where}", params)[0]["n"]
     rows = _rows(connection, f"""
+        WITH page AS (SELECT trajectory_id FROM trajectories WHERE {where} ORDER BY start_ns DESC, trajectory_id LIMIT ? OFFSET ?)
         SELECT trajectory_id, {_AGENT_SQL} AS agent, task_key, {_PERT_SQL} AS perturbation, start_ns, n_steps, n_tool_calls,
                {_CTX.format('plumbline.trial.status')} AS trial_status
-        FROM trajectories WHERE {where}
-        ORDER BY start_ns DESC, trajectory_id LIMIT ? OFFSET ?""", [*params, size, page * size])
+        FROM trajectories SEMI JOIN page USING (trajectory_id)
+        ORDER BY start_ns DESC, trajectory_id""", [*params, size, page * size])  # JSON is read for the page's rows only
     return Page(rows, page, size, int(total))
 
 
@@ -124,11 +145,15 @@ def coverage(connection: Any) -> dict[str, Any]:
     return coverage_report(_StoreView(connection))  # type: ignore[arg-type]
 
 
-def task_runs(connection: Any, task: str, limit: int = 500) -> list[dict[str, Any]]:
-    """The runs of one task (agent, perturbation, variant), oldest first: what a pairing chooses from."""
+def task_runs(connection: Any, task: str, perturbation: str | None = None, per_cell: int = 2) -> list[dict[str, Any]]:
+    """The first `per_cell` runs of each agent in each (perturbation, variant) of one task: what a pairing chooses from."""
+    where, params = ("task_key = ?", [task]) if perturbation is None else (f"task_key = ? AND {_PERT_SQL} = ?", [task, perturbation])
     return _rows(connection, f"""
-        SELECT trajectory_id, service, {_AGENT_SQL} AS agent, {_PERT_SQL} AS perturbation, {_VARIANT_SQL} AS variant
-        FROM trajectories WHERE task_key = ? ORDER BY start_ns, trajectory_id LIMIT ?""", [task, limit])
+        SELECT * FROM (
+            SELECT trajectory_id, service, {_AGENT_SQL} AS agent, {_PERT_SQL} AS perturbation, {_VARIANT_SQL} AS variant, start_ns
+            FROM trajectories WHERE {where})
+        QUALIFY row_number() OVER (PARTITION BY agent, perturbation, variant ORDER BY start_ns, trajectory_id) <= ?
+        ORDER BY start_ns, trajectory_id""", [*params, per_cell])
 
 
 def pick_pair(runs: list[dict[str, Any]], vs: str, agent: str | None = None,
@@ -162,20 +187,22 @@ def pick_pair(runs: list[dict[str, Any]], vs: str, agent: str | None = None,
 def pair_on_task(connection: Any, task: str, vs: str, agent: str | None = None,
                  perturbation: str | None = None) -> tuple[Trajectory, Trajectory] | None:
     """Two stored runs on `task` and the same perturbation and variant: A (`agent`) and B (`vs`)."""
-    ids = pick_pair(task_runs(connection, task), vs, agent, perturbation)
+    ids = pick_pair(task_runs(connection, task, perturbation), vs, agent, perturbation)
     if ids is None:
         return None
     a, b = load_run(connection, ids[0]), load_run(connection, ids[1])
     return (a, b) if a is not None and b is not None else None
 
 
-def diff_candidates(connection: Any, limit: int = 20) -> list[dict[str, Any]]:
-    """Tasks run by two or more agents under the same perturbation and variant: the diffs worth a link."""
+def diff_candidates(connection: Any, limit: int = 20, window: int = 20_000) -> list[dict[str, Any]]:
+    """Tasks run by two or more agents under the same perturbation and variant, among the `window`
+    most recent runs: the diffs worth a link."""
     return _rows(connection, f"""
         SELECT task_key, perturbation, variant, list(DISTINCT agent ORDER BY agent) AS agents,
                list(DISTINCT service ORDER BY service) AS services, count(*) AS runs
         FROM (SELECT task_key, service, {_AGENT_SQL} AS agent, {_PERT_SQL} AS perturbation, {_VARIANT_SQL} AS variant
-              FROM trajectories WHERE task_key IS NOT NULL)
+              FROM trajectories WHERE task_key IS NOT NULL AND trajectory_id IN (
+                  SELECT trajectory_id FROM trajectories ORDER BY start_ns DESC LIMIT {int(window)}))
         GROUP BY task_key, perturbation, variant HAVING count(DISTINCT agent) > 1
         ORDER BY perturbation = 'baseline', task_key, perturbation LIMIT ?""", [limit])
 
@@ -188,5 +215,5 @@ def store_totals(connection: Any) -> dict[str, Any]:
     return {**spans, **runs}
 
 
-__all__ = ["PAGE_SIZE", "Page", "coverage", "diff_candidates", "has_table", "load_run", "pair_on_task", "pick_pair",
+__all__ = ["PAGE_SIZE", "OneCursor", "Page", "coverage", "diff_candidates", "has_table", "load_run", "pair_on_task", "pick_pair",
            "run_violations", "runs_page", "store_totals", "task_runs", "violations_summary"]

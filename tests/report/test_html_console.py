@@ -150,3 +150,30 @@ def test_report_and_show_against_a_running_server(built: Built, tmp_path: Path, 
         assert sum(line.startswith(">>") for line in shown.output.splitlines()) == 1
     finally:
         s.server.stop()
+
+
+def test_overview_does_not_wait_for_slow_figures_and_shutdown_interrupts_them(built: Built, tmp_path: Path,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """Coverage scans the whole store (a minute and more at a million spans): pages go on without it."""
+    from plumbline_otel.report import data
+    from plumbline_otel.report.console import Console
+
+    def endless_coverage(connection):  # type: ignore[no-untyped-def]
+        connection.cursor().execute("SELECT sum(a.range * b.range) FROM range(200000) a, range(200000) b").fetchall()
+        return {}
+
+    monkeypatch.setattr(data, "coverage", endless_coverage)
+    db = tmp_path / "slow.duckdb"
+    shutil.copy(built.db, db)
+    root = duckdb.connect(str(db))
+    console = Console(root.cursor(), str(db), slow_wait=0.2)
+    started = time.monotonic()
+    status, page = console.handle("/", "")
+    again = console.handle("/", "")
+    assert status == 200 and again[0] == 200 and time.monotonic() - started < 10
+    assert "Being computed" in text_of(parse(page).find(".//h:section[@id='coverage']", _NS))
+    assert console.handle("/runs", "")[0] == 200, "other pages answer while it runs"
+    closing = time.monotonic()
+    console.close()
+    assert time.monotonic() - closing < 10
+    root.close()
