@@ -145,3 +145,29 @@ def test_report_and_show_commands(built: Built, tmp_path: Path) -> None:
     assert one.exit_code == 0 and "check_duplicate" in one.output and "503" in one.output
     missing = runner.invoke(cli, ["show", "--db", str(built.db), "nope"])
     assert isinstance(missing.exception, InputError) and "no stored run 'nope'" in str(missing.exception)
+
+
+def test_report_with_a_spec_judges_and_certifies_on_the_way(built: Built, tmp_path: Path) -> None:
+    import shutil
+
+    from pages_support import SPEC
+
+    _register()
+    db = tmp_path / "fresh.duckdb"
+    shutil.copy(built.db, db)
+    with Store(db) as store:
+        store.connection.execute("DROP TABLE violations")
+    out = tmp_path / "spec.html"
+    result = CliRunner().invoke(cli, ["report", "--db", str(db), "--spec", str(SPEC), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    doc = parse(out.read_text())
+    assert doc.find(".//*[@data-testid='headline']", _NS) is not None
+    assert "AP-PAY-CLEAN" in text_of(doc.find(".//h:section[@id='violations']", _NS))
+
+
+def test_show_colours_a_terminal(built: Built) -> None:
+    _register()
+    shown = CliRunner().invoke(cli, ["show", "--db", str(built.db), "--task", "INV-1001", "--vs", WITH_RETRY], color=True)
+    assert shown.exit_code == 0
+    flagged = next(line for line in shown.output.splitlines() if "only in B" in line)
+    assert "\x1b[31m" in flagged, "the divergence flag and the failed call are red on a terminal"
