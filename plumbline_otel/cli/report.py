@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import click
 
@@ -27,9 +28,9 @@ def served_store(server: str, task: str | None = None) -> Store:
         for doc in client.trajectories(task=task):
             batch.append(trajectory_from_doc(doc))
             if len(batch) >= 1000:
-                store._write_trajectories(batch, [])  # noqa: SLF001 - the store's own batch writer
+                store._write_trajectories(batch, [])
                 batch = []
-        store._write_trajectories(batch, [])  # noqa: SLF001
+        store._write_trajectories(batch, [])
     return store
 
 

@@ -11,8 +11,8 @@ from plumbline_otel.report.certificate import (
     evidence_hash,
     fault_unexposed,
 )
-from plumbline_otel.report.render import CertificateError, load_certificate, render_text, validate
 from plumbline_otel.report.pages import write_report
+from plumbline_otel.report.render import CertificateError, load_certificate, render_text, validate
 
 __all__ = [
     "CERTIFICATE_KIND",

@@ -47,7 +47,7 @@ class OneCursor:
     def __init__(self, cursor: Any) -> None:
         self._cursor = cursor
 
-    def cursor(self) -> "OneCursor":
+    def cursor(self) -> OneCursor:
         return self
 
     def execute(self, *args: Any) -> Any:

@@ -9,9 +9,10 @@ report links to runs by in-page anchors, so the file stands alone. `write_report
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import orjson
 

@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from pages_support import NO_RETRY, SCRIPT, TOKEN, WITH_RETRY, Built, build_store, serve
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]

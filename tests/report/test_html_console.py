@@ -12,9 +12,21 @@ from pathlib import Path
 import duckdb
 import httpx
 import pytest
-from pages_support import (NO_RETRY, RETRY_FAULT, SCRIPT, TOKEN, WITH_RETRY, Built, Served, assert_self_contained, build_store, free_port,
-                           parse, serve, text_of)
-
+from pages_support import (
+    NO_RETRY,
+    RETRY_FAULT,
+    SCRIPT,
+    TOKEN,
+    WITH_RETRY,
+    Built,
+    Served,
+    assert_self_contained,
+    build_store,
+    free_port,
+    parse,
+    serve,
+    text_of,
+)
 
 _NS = {"h": "http://www.w3.org/1999/xhtml"}
 

@@ -7,7 +7,19 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from pages_support import BREAKOUT, HOSTILE_TASK, IMG, NO_RETRY, SCRIPT, WITH_RETRY, Built, assert_self_contained, build_store, parse, text_of
+from pages_support import (
+    BREAKOUT,
+    HOSTILE_TASK,
+    IMG,
+    NO_RETRY,
+    SCRIPT,
+    WITH_RETRY,
+    Built,
+    assert_self_contained,
+    build_store,
+    parse,
+    text_of,
+)
 
 from plumbline_otel.cli.main import _register, cli
 from plumbline_otel.errors import InputError
@@ -68,7 +80,7 @@ def test_trace_values_render_as_text_never_as_markup(built: Built) -> None:
 def test_violations_point_at_the_step_that_broke_them(built: Built) -> None:
     with Store(built.db) as store:
         rows = store.connection.execute("SELECT trajectory_id, step_index FROM violations WHERE step_index IS NOT NULL").fetchall()
-        from plumbline_otel.report.pages import run_page, file_href
+        from plumbline_otel.report.pages import file_href, run_page
 
         if not rows:
             pytest.skip("the AP spec reported no step-located violation on this fixture")
@@ -83,7 +95,7 @@ def _run(name: str, *steps: Step, service: str = "a") -> Trajectory:
 
 
 def test_diff_types_argument_differences_and_marks_the_first_divergence() -> None:
-    pay = lambda amount: Step("tool_call", "schedule_payment", {"amount": amount, "invoice": "INV-1"})  # noqa: E731
+    pay = lambda amount: Step("tool_call", "schedule_payment", {"amount": amount, "invoice": "INV-1"})
     a = _run("A", Step("tool_call", "get_invoice", {"id": "INV-1"}), pay("28500.00"))
     b = _run("B", Step("tool_call", "get_invoice", {"id": " inv-1 "}), Step("llm_call", "model"), pay("285000.00"), service="b")
     d = diff_runs(a, b)
@@ -94,7 +106,7 @@ def test_diff_types_argument_differences_and_marks_the_first_divergence() -> Non
 
 
 def test_diff_marks_skipped_extra_and_failed_steps() -> None:
-    s = lambda name, error=None: Step("tool_call", name, {}, error=error)  # noqa: E731
+    s = lambda name, error=None: Step("tool_call", name, {}, error=error)
     d = diff_runs(_run("A", s("get"), s("match", "503"), s("flag")),
                   _run("B", s("get"), s("match", "503"), s("match"), s("pay")))
     assert [(r.column, r.label) for r in d.rows] == [("same", "same"), ("same", "same"), ("substituted", "substituted"),
