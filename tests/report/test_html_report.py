@@ -183,3 +183,24 @@ def test_show_colours_a_terminal(built: Built) -> None:
     assert shown.exit_code == 0
     flagged = next(line for line in shown.output.splitlines() if "only in B" in line)
     assert "\x1b[31m" in flagged, "the divergence flag and the failed call are red on a terminal"
+
+
+def test_cells_table_renders_the_new_certificate_fields_when_present(built: Built) -> None:
+    from plumbline_otel.report.pages import report_html
+
+    cert = json.loads(built.cert.read_text())
+    cert["headline"].update(method="cluster_kg", method_description="Wilson on an effective n", wilson_lower_bound=0.1, errored=1)
+    with Store(built.db) as store:
+        run_id = data.runs_page(store.connection, agent=NO_RETRY).rows[0]["trajectory_id"]
+        cell = next(c for a in cert["agents"] for c in a["perturbations"] if c["agent"].startswith(NO_RETRY + "@"))
+        cell.update(gate_lower=0.0, gate_upper=0.8, gate_method="cluster_kg", exposed=1, errored=1, tasks=1,
+                    pass_k={"k": 3, "value": 0.25}, flip_rate=0.5, errored_runs=[{"run": run_id, "reason": SCRIPT}])
+        doc = parse(report_html(store.connection, cert, "test"))
+    headline = text_of(doc.find(".//h:section[@id='headline']", _NS))
+    assert "(cluster_kg)" in headline and "Wilson 95% lower bound over the same cells, for comparison: 10.0%" in headline
+    cells = text_of(doc.find(".//h:section[@id='cells']", _NS))
+    assert "pass^3 25.0%" in cells and "50.0%" in cells and "[0.0%, 80.0%] cluster_kg" in cells
+    assert f"({SCRIPT})" in cells, "an errored run's reason is shown, as text"
+    link = next(a for a in doc.find(".//h:section[@id='cells']", _NS).iter("{http://www.w3.org/1999/xhtml}a"))
+    target = doc.find(f".//*[@id='{link.get('href')[1:]}']", _NS)
+    assert target is not None and run_id in text_of(target), "the errored run is embedded and linked"
