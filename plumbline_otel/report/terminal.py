@@ -15,7 +15,7 @@ from plumbline_otel.model import Step, Trajectory
 from plumbline_otel.report.diff import RunDiff, show_value
 from plumbline_otel.report.html import by_step
 
-_CONTROL = {c: "?" for c in range(32) if c not in (9,)} | {127: "?"}
+_CONTROL = {c: "?" for c in range(32)} | {9: " ", 10: " ", 13: " ", 127: "?"}  # ESC and friends cannot reach the terminal
 
 
 def _clean(text: str) -> str:

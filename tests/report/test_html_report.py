@@ -204,3 +204,14 @@ def test_cells_table_renders_the_new_certificate_fields_when_present(built: Buil
     link = next(a for a in doc.find(".//h:section[@id='cells']", _NS).iter("{http://www.w3.org/1999/xhtml}a"))
     target = doc.find(f".//*[@id='{link.get('href')[1:]}']", _NS)
     assert target is not None and run_id in text_of(target), "the errored run is embedded and linked"
+
+
+def test_terminal_output_cannot_be_steered_by_trace_values() -> None:
+    from plumbline_otel.report.terminal import diff_text, run_text
+
+    hostile = Step("tool_call", "clear\x1b[2J", {"note": "\x1b]0;title\x07 line\nbreak"}, error="\x1b[31mfake")
+    a, b = _run("A", hostile), _run("B", Step("tool_call", "other"))
+    out = run_text(a, [{"invariant_id": "X\x1b[1m", "severity": "critical", "step_index": 0, "detail": "\x1b[0m"}]) + diff_text(diff_runs(a, b))
+    for sequence in ("\x1b[2J", "\x1b]0;", "\x07", "\x1b[31mfake", "X\x1b[1m"):
+        assert sequence not in out
+    assert "clear?[2J" in out, "the name is shown, its escape character made harmless"
