@@ -14,17 +14,21 @@ scan the store, so the overview is kept for `overview_ttl` seconds.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, quote, unquote, urlencode
 
+import duckdb
+
 from plumbline_otel.errors import PlumblineError
 from plumbline_otel.report import data
 from plumbline_otel.report.html import chart_rows, render
 from plumbline_otel.report.pages import diff_page, run_page, spec_violations
 
+log = logging.getLogger("plumbline.console")
 PREFIXES = ("/runs", "/diff")
 
 
@@ -70,12 +74,16 @@ class Console:
             return self._error(400, str(exc))
         except ValueError as exc:
             return self._error(400, f"bad request: {exc}")
+        except duckdb.Error as exc:
+            log.warning("console page %s failed: %s", path, exc)
+            return self._error(500, f"the store could not answer: {exc}")
 
     def _route(self, path: str, params: dict[str, str]) -> tuple[int, str]:
         if path == "/":
             return 200, self._overview_page()
         if path == "/runs":
-            page = data.runs_page(self._connection, int(params.get("page", 0) or 0), agent=params.get("agent"), task=params.get("task"))
+            number = max(0, int(params.get("page", 0) or 0))
+            page = data.runs_page(self._connection, number, agent=params.get("agent"), task=params.get("task"))
             return 200, render("runs.html", console_href, page=page, agent=params.get("agent"), task=params.get("task"))
         if path.startswith("/runs/"):
             run = data.load_run(self._connection, unquote(path[len("/runs/"):]))

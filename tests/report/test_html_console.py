@@ -81,6 +81,7 @@ def test_runs_are_paged_and_each_opens(served: Served) -> None:
     assert served.get("/runs?page=9").status_code == 200
     assert served.get("/runs/does-not-exist").status_code == 404
     assert served.get("/runs?page=x").status_code == 400
+    assert served.get("/runs?page=-3").status_code == 200
     assert served.get("/nowhere").status_code == 404
 
 
