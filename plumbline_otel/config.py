@@ -54,6 +54,7 @@ _SCHEMA: dict[str, Any] = {
     "shutdown": {"grace_seconds": (float, 10.0)},
     "check": {"spec": (str, None), "interval_seconds": (float, 5.0)},
     "emit": {"endpoint": (str, None)},
+    "console": {"certificate": (str, None)},
 }
 
 
@@ -97,6 +98,7 @@ class ServeConfig:
     check_spec: str | None = None
     check_interval_seconds: float = 5.0
     emit_endpoint: str | None = None
+    console_certificate: str | None = None  # certificate JSON the console shows (re-read per page)
 
     @property
     def tls(self) -> bool:
@@ -224,6 +226,7 @@ def _build(values: dict[str, Any]) -> ServeConfig:
         check_spec=values["check.spec"],
         check_interval_seconds=values["check.interval_seconds"],
         emit_endpoint=values["emit.endpoint"],
+        console_certificate=values["console.certificate"],
     )
 
 

@@ -24,6 +24,7 @@ from plumbline_otel.cli.trajectories import emit
 from plumbline_otel.coverage import coverage_report, render_text
 from plumbline_otel.errors import ConfigError
 from plumbline_otel.ingest import ingest_files
+from plumbline_otel.report import write_report
 from plumbline_otel.store import Store
 
 _DEMO_RUNS = "json_extract_string(doc, '$.context.\"plumbline.study\"') LIKE 'ap-demo-%'"
@@ -137,4 +138,6 @@ def demo(db: str, show: int, runs_dir: str, repeats: int, concurrency: int, min_
             return
         tasks = _traffic(store, runs)
         _replay(store, runs, tasks, repeats, concurrency)
-        _check_certify_gate(store, runs, min_bound)
+        cert_path = _check_certify_gate(store, runs, min_bound)
+        report = write_report(store.path, cert_path, runs / "report.html")
+        click.secho(f"\n9. Report: open {report.resolve()} in a browser (the interval chart, violations, and the agents' runs side by side)", bold=True)

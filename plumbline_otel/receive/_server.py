@@ -98,6 +98,13 @@ class Server:
             raise ConfigError(f"receivers.otlp.protocols.grpc.endpoint: cannot listen on {cfg.grpc_endpoint}: {exc}") from None
         self.grpc.start()
 
+    def _console(self) -> Any:
+        """The console, reading through its own cursor of the store: pages never wait on ingest, nor it on them."""
+        from plumbline_otel.report.console import Console
+
+        cursor = self.queue.call(lambda store: store.connection.cursor())
+        return Console(cursor, self.config.db_path, self.config.console_certificate)
+
     def _start_http(self) -> None:
         cfg = self.config
         host, port = split_endpoint(cfg.http_endpoint, "receivers.otlp.protocols.http.endpoint")
@@ -105,7 +112,7 @@ class Server:
         try:
             self.http = HttpServer(host, port, self.intake, max_body_bytes=cfg.http_max_body_bytes, max_connections=cfg.http_max_connections,
                                    retry_after=cfg.retry_after_seconds, render_metrics=self.metrics.render, token=cfg.auth_token,
-                                   ssl_context=context)
+                                   ssl_context=context, console=self._console())
         except OSError as exc:
             raise ConfigError(f"receivers.otlp.protocols.http.endpoint: cannot listen on {cfg.http_endpoint}: {exc.strerror}") from None
         self._http_thread = threading.Thread(target=self.http.serve_forever, name="plumbline-http", daemon=True)
@@ -162,6 +169,8 @@ class Server:
             thread.join()
         if self.standing is not None:
             self.standing.stop()
+        if self.http is not None and self.http.console is not None:
+            self.http.console.close()
         self.queue.close(assemble_budget=grace)
         self.status = "STOPPED"
 
