@@ -185,6 +185,15 @@ def span_table(records: list[SpanRecord], now: int) -> pa.Table:
     return pa.table({name: columns[name] for name in _SPAN_COLUMNS}, schema=_SCHEMA)
 
 
+def schema_version(connection: Any) -> int:
+    """The schema version a store's connection holds (0 for an empty file)."""
+    exists = connection.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = 'meta'").fetchone()
+    if not exists or not exists[0]:
+        return 0
+    row = connection.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+    return int(row[0]) if row else 0
+
+
 _LOCK_HINT = (
     "the database {path} is held by another process (probably `plumbline serve`); "
     "use --server HOST:PORT to ask the running server, or stop it first"
@@ -218,13 +227,7 @@ class Store:
     # --- schema -----------------------------------------------------------------------------
 
     def _version(self) -> int:
-        exists = self.connection.execute(
-            "SELECT count(*) FROM information_schema.tables WHERE table_name = 'meta'"
-        ).fetchone()
-        if not exists or not exists[0]:
-            return 0
-        row = self.connection.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
-        return int(row[0]) if row else 0
+        return schema_version(self.connection)
 
     def _migrate(self) -> None:
         version = self._version()

@@ -61,10 +61,13 @@ class OneCursor:
 
 
 class _StoreView:
-    """A connection dressed as the `Store` that `coverage_report` reads (it only uses `.connection`)."""
+    """A connection dressed as the `Store` that `coverage_report` reads (its `.connection` and `.schema_version`)."""
 
     def __init__(self, connection: Any) -> None:
+        from plumbline_otel.store import schema_version
+
         self.connection = connection
+        self.schema_version = schema_version(connection)
 
 
 def _rows(connection: Any, sql: str, params: list[Any] | None = None) -> list[dict[str, Any]]:
