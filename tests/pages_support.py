@@ -45,9 +45,9 @@ HOSTILE_AGENTS = ("<script>agent-a</script>", "agent-b<b>")  # A (the reference)
 
 def _hostile_run(service: str, tool: str, amount: float) -> dict:
     def build(tracer) -> None:  # type: ignore[no-untyped-def]
-        with tracer.start_as_current_span("invoke_agent", attributes={"gen_ai.operation.name": "invoke_agent", "session.id": HOSTILE_TASK}):
+        with tracer.start_as_current_span("invoke_agent", attributes={"gen_ai.operation.name": "invoke_agent", "plumbline.task.key": HOSTILE_TASK}):
             with tracer.start_as_current_span(f"execute_tool {tool}", attributes={
-                "gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": tool, "session.id": HOSTILE_TASK,
+                "gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": tool, "plumbline.task.key": HOSTILE_TASK,
                 "gen_ai.tool.call.arguments": json.dumps({"note": IMG, "amount": amount}),
                 "gen_ai.tool.call.result": BREAKOUT,
             }):
@@ -61,23 +61,6 @@ class Built:
     db: Path
     cert: Path
     report: Path
-
-
-def build_study_store(root: Path) -> Built:
-    """The reference study on the simulated model (3 arms × every invoice × 3 perturbations), judged,
-    certified and reported: what `plumbline demo` shows, and what docs/report.png is taken from."""
-    from domains.accounts_payable.study import run_study
-
-    runs = root / "runs"
-    run_study(runs)
-    db, cert_path = root / "study.duckdb", root / "certificate.json"
-    spec = load_spec(SPEC)
-    with Store(db) as store:
-        ingest_files(store, [str(runs)])
-        store.assemble()
-        check(spec, store.trajectories(), store.connection)
-        cert_path.write_text(json.dumps(build_certificate(spec, store.trajectories())))
-    return Built(db, cert_path, write_report(db, cert_path, root / "report.html"))
 
 
 def build_store(root: Path) -> Built:

@@ -45,11 +45,8 @@ def _x(value: float | None) -> float:
 
 
 def _gate(cell: dict[str, Any]) -> tuple[float, float, str]:
-    """The interval the gate uses: ``gate_lower``/``gate_upper`` when the certificate has them
-    (version 2), else the task-clustered interval every version-1 cell carries."""
-    if isinstance(cell.get("gate_lower"), (int, float)):
-        return cell["gate_lower"], cell.get("gate_upper", cell["upper"]), str(cell.get("gate_method") or "clustered")
-    return cell.get("clustered_lower", cell["lower"]), cell.get("clustered_upper", cell["upper"]), "task-clustered"
+    """The interval the gate uses (a certificate `load_certificate` accepted always has it)."""
+    return cell["gate_lower"], cell["gate_upper"], str(cell["gate_method"])
 
 
 def counts_text(cell: dict[str, Any]) -> str:

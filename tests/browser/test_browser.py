@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from demo_support import DemoRun
 from pages_support import NO_RETRY, SCRIPT, TOKEN, WITH_RETRY, Built, build_store, serve
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
@@ -147,14 +148,13 @@ def test_served_console_in_chromium(browser: Any, built: Built, shots: Path, tmp
         served.server.stop()
 
 
-def test_reference_study_report_in_chromium(browser: Any, shots: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
-    """The report of the reference study (what `plumbline demo` writes); its screenshots are docs/report*.png."""
-    from pages_support import build_study_store
-
-    built = build_study_store(tmp_path_factory.mktemp("study"))
-    cert = json.loads(built.cert.read_text())
+def test_demo_report_in_chromium(browser: Any, shots: Path, demo_run: DemoRun) -> None:
+    """The report `plumbline demo` writes; its screenshots are docs/report*.png."""
+    assert demo_run.result.exit_code == 0, demo_run.result.output
+    assert f"9. Report: open {demo_run.report.resolve()}" in demo_run.result.output
+    cert = json.loads(demo_run.certificate.read_text())
     page = browser.new_page(viewport={"width": 1280, "height": 1100})
-    page.goto(built.report.as_uri())
+    page.goto(demo_run.report.as_uri())
     assert_visible_essentials(page, cert)
     assert page.locator("svg g.cell.sets").count() >= 1, "the cell that sets the headline is marked"
     save(page, shots, "report.png")

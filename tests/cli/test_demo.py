@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from demo_support import DemoRun
 from plumbline_otel.cli.main import _register, cli
 from plumbline_otel.store import Store
 
@@ -22,12 +23,10 @@ def test_demo_samples_ingest_and_report(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_demo_replays_checks_and_certifies_the_reference_agents_through_the_replay_driver(tmp_path: Path) -> None:
-    runs = tmp_path / "runs"
-    db = tmp_path / "d.duckdb"
-    result = CliRunner().invoke(cli, ["demo", "--db", str(db), "--runs-dir", str(runs)])
+def test_demo_replays_checks_and_certifies_the_reference_agents_through_the_replay_driver(demo_run: DemoRun) -> None:
+    result, runs, db = demo_run.result, demo_run.runs, demo_run.db
     assert result.exit_code == 0, result.output
-    cert = json.loads((runs / "certificate.json").read_text())
+    cert = json.loads(demo_run.certificate.read_text())
     agents = {a["agent"].split("@")[0] for a in cert["agents"]}
     assert agents == {"ap-agent-plan_execute", "ap-agent-plan_execute_retry", "ap-agent-react"}
     cells = {(c["agent"].split("@")[0], c["perturbation"]): c for a in cert["agents"] for c in a["perturbations"]}

@@ -116,10 +116,9 @@ def test_diff_marks_skipped_extra_and_failed_steps() -> None:
     assert same_name_other_outcome.first == 0, "a call that failed on one side only is a divergence"
 
 
-def test_chart_reads_new_certificate_fields_when_present_and_old_ones_otherwise(built: Built) -> None:
+def test_chart_draws_the_interval_the_gate_uses_with_every_count(built: Built) -> None:
     cert = json.loads(built.cert.read_text())
-    old = chart_rows(cert)
-    assert all(r.gate_method == "task-clustered" for r in old)
+    assert all(r.gate_method == "cluster_kg" for r in chart_rows(cert))
     cell = cert["agents"][0]["perturbations"][0]
     cell.update(gate_lower=0.25, gate_upper=0.75, gate_method="cluster bootstrap", exposed=3, errored=1, missing=2)
     row = next(r for r in chart_rows(cert) if (r.agent, r.perturbation) == (cell["agent"], cell["perturbation"]))
