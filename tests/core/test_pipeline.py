@@ -165,3 +165,19 @@ def test_a_version_1_store_migrates_without_its_primary_key_and_keeps_its_spans(
         assert version is not None and int(version[0]) == SCHEMA_VERSION
         again = ingest_files(store, [path], workers=0)
         assert (again.stored, again.duplicate) == (0, stored)
+
+
+def test_ingest_takes_a_workers_flag(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from plumbline_otel.cli.main import _register, cli
+
+    _register()
+    requests = list(build_requests(200, 100))
+    spans = sum(len(r.resource_spans[0].scope_spans[0].spans) for r in requests)
+    path = str(_write_jsonl(tmp_path / "a.otlp.jsonl", requests))
+    result = CliRunner().invoke(cli, ["ingest", path, "--db", str(tmp_path / "s.duckdb"), "--workers", "2", "--quiet"])
+    assert result.exit_code == 0, result.output
+    assert f"stored {spans}," in result.output
+    with Store(tmp_path / "s.duckdb") as store:
+        assert _exports(store) == _reference(requests)
