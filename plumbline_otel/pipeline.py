@@ -29,10 +29,11 @@ from typing import Any
 
 import pyarrow as pa
 
-from plumbline_otel.assemble import DEFAULT_TASK_KEYS, assemble
+from plumbline_otel.assemble import DEFAULT_TASK_KEYS, assemble_runs
 from plumbline_otel.config import ContentRules
 from plumbline_otel.content import ContentFilter
 from plumbline_otel.decode import Decoded, Problem, Unit, decode_unit
+from plumbline_otel.decode._logs import LogRows, log_rows
 from plumbline_otel.model import SpanRecord
 from plumbline_otel.normalise import Limits, normalise_request
 from plumbline_otel.store import span_table, trajectory_table, unique_spans
@@ -97,13 +98,21 @@ class TrajectoryPart:
 
 
 @dataclass
+class LogPart:
+    """GenAI log records met in a file (one shard, the first, reads them): the writer stores them."""
+
+    seq: int
+    rows: LogRows
+
+
+@dataclass
 class Flushed:
     """A shard has assembled everything it held (the answer to `flush`)."""
 
     shard: int
 
 
-Part = SpanPart | TrajectoryPart | Flushed
+Part = SpanPart | TrajectoryPart | LogPart | Flushed
 
 
 def _span_problem(problem: Problem) -> bool:
@@ -138,6 +147,11 @@ class Shard:
             _keep_own_spans(decoded, me, n)
         if self.content:
             self.content.apply_traces(decoded.request)
+        log_parts: list[Part] = []
+        if decoded.logs is not None and me == 0:  # its records are folded into their spans by the store
+            if self.content:
+                self.content.apply_logs(decoded.logs)
+            log_parts.append(LogPart(seq, log_rows(decoded.logs)))
         records, problems = normalise_request(decoded.request, self.settings.limits)
         problems = decoded.problems + problems
         if me != 0:
@@ -148,7 +162,7 @@ class Shard:
             self.last_seen[rec.trace_id] = now
         self.held_spans += len(records)
         table = span_table(records, time.time_ns()) if records else None
-        parts: list[Part] = [SpanPart(seq, me, table, problems, len(records), sum(p.spans for p in problems))]
+        parts: list[Part] = [SpanPart(seq, me, table, problems, len(records), sum(p.spans for p in problems)), *log_parts]
         if self.held_spans > self.settings.hold_spans:  # memory stays bounded: assemble the oldest traces now
             oldest = sorted(self.last_seen, key=self.last_seen.__getitem__)
             let_go, freed = [], 0
@@ -177,9 +191,7 @@ class Shard:
             self.held_spans -= len(held)
             records = unique_spans(held)
             counts[trace_id] = len(records)  # counted even when no run: its stale trajectory is removed
-            trajectory = assemble(records, self.settings.task_keys)
-            if trajectory is not None:
-                trajectories.append(trajectory)
+            trajectories.extend(assemble_runs(records, self.settings.task_keys))
         return [TrajectoryPart(self.index, trajectory_table(trajectories, time.time_ns()), counts)]
 
 

@@ -25,12 +25,9 @@ from plumbline_otel.normalise import maybe_json
 from plumbline_otel.store import Store
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "frameworks"
-# Content carried in log records (ADK with capture on reads as EVENT_ONLY) needs log records folded
-# into their spans, which issue 11 builds; until then these set-ups are expected to fail, strictly,
-# so the day folding lands the marker has to go.
-_LOGS_NOT_FOLDED = pytest.mark.xfail(strict=True, reason="content in log records: folding them into spans is issue 11")
-SETUPS = [pytest.param(p.parent.name, marks=_LOGS_NOT_FOLDED) if (p.parent / "logs.otlp.jsonl").exists() else p.parent.name
-          for p in sorted(FIXTURES.glob("*/expected.json"))]
+# A set-up with a logs.otlp.jsonl (ADK with capture on reads as EVENT_ONLY) carries its content in log
+# records: ingest stores them from the file and assembly folds them into their spans (issue 11).
+SETUPS = [p.parent.name for p in sorted(FIXTURES.glob("*/expected.json"))]
 
 
 def _expected(setup: str) -> dict[str, Any]:
