@@ -124,7 +124,8 @@ def _trajectories(store: Store, where: str, params: list[Any]) -> dict[str, Any]
                count(*) FILTER (json_extract_string(doc, '$.context."session.id"') IS NOT NULL
                                 OR json_extract_string(doc, '$.context."gen_ai.conversation.id"') IS NOT NULL) AS with_session_or_conversation_id,
                (SELECT count(DISTINCT task_key) FROM t) AS tasks,
-               (SELECT count(*) FROM repeats) AS tasks_seen_more_than_once
+               (SELECT count(*) FROM repeats) AS tasks_seen_more_than_once,
+               (SELECT count(*) FROM (SELECT trace_id FROM t GROUP BY 1 HAVING count(*) > 1)) AS traces_with_several_runs
         FROM t""", params)
 
 
@@ -188,6 +189,9 @@ def findings(section: dict[str, Any]) -> list[str]:
     if llm and llm_calls["with_tokens"] < llm:
         out.append(f"{llm - llm_calls['with_tokens']} of {llm} LLM calls report no token usage, so cost figures undercount.")
     n = trajs["trajectories"]
+    if trajs["traces_with_several_runs"]:
+        out.append(f"{trajs['traces_with_several_runs']} traces held more than one run (several root agent spans, or a"
+                   " conversation's turns): each run is its own trajectory, with id <trace id>:<root span id>.")
     if spans["traces"] > n:
         out.append(f"{spans['traces'] - n} of {spans['traces']} traces hold no steps (no tool, LLM or agent call, e.g. a lone create_agent span) and are not runs.")
     if n_tools:
