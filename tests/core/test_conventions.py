@@ -16,7 +16,7 @@ from opentelemetry import trace
 from opentelemetry.sdk._logs import Logger
 from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, Status, StatusCode, TraceFlags, Tracer
 
-from core.spans import genai_messages
+from core.spans import content_in_logs_run, genai_messages
 from otlp import record, record_with_logs, to_otlp_json
 from plumbline_otel.coverage import coverage_report
 from plumbline_otel.ingest import ingest_files
@@ -221,32 +221,13 @@ def test_one_call_through_an_mcp_client_and_server_is_one_step_with_the_servers_
     assert [(s.name, s.args, s.result, s.error) for s in t.tool_steps] == [("get_weather", {"city": "Oslo"}, {"temp_c": -3}, None)]
 
 
-def _content_in_logs(tracer: Tracer, logger: Logger) -> None:
-    """Capture set to events only: the chat and tool spans hold no content; log records inside them do."""
-    with tracer.start_as_current_span("invoke_agent ap", attributes={"gen_ai.operation.name": "invoke_agent"}):
-        with tracer.start_as_current_span("chat m1", attributes={"gen_ai.operation.name": "chat", "gen_ai.request.model": "m1"}):
-            logger.emit(event_name="gen_ai.client.inference.operation.details", attributes={
-                "gen_ai.input.messages": [{"role": "user", "parts": [{"type": "text", "content": "Pay INV-6"}]}],
-                "gen_ai.output.messages": [{"role": "assistant", "parts": [
-                    {"type": "tool_call", "id": "c6", "name": "pay", "arguments": {"invoice_id": "INV-6"}}]}],
-                "gen_ai.usage.input_tokens": 40, "gen_ai.usage.output_tokens": 8})
-        with tracer.start_as_current_span("execute_tool audit", attributes={
-                "gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "audit", "gen_ai.tool.call.id": "a1"}):
-            logger.emit(event_name="gen_ai.tool.message", body={"content": '{"invoice_id": "INV-6"}', "id": "a1"})
-            logger.emit(event_name="gen_ai.choice", body={"message": '{"ok": true}'})
-        _tool(tracer, "pay", "c6", None, None)
-        with tracer.start_as_current_span("chat m1", attributes={"gen_ai.operation.name": "chat", "gen_ai.request.model": "m1"}):
-            logger.emit(event_name="gen_ai.client.inference.operation.details", attributes={
-                "gen_ai.output.messages": [{"role": "assistant", "parts": [{"type": "text", "content": "Paid INV-6"}]}]})
-
-
 _FOLDED = [("llm_call", "m1", None, None), ("tool_call", "audit", {"invoice_id": "INV-6"}, None),
            ("tool_call", "pay", {"invoice_id": "INV-6"}, None), ("llm_call", "m1", None, None)]
 
 
 @pytest.mark.parametrize("order", ["logs_first", "spans_first", "one_run_of_files"])
 def test_content_in_log_records_is_folded_into_its_span_whatever_the_arrival_order(order: str, store: Store, tmp_path: Path) -> None:
-    spans, logs = record_with_logs(_content_in_logs)
+    spans, logs = record_with_logs(content_in_logs_run)
     if order == "one_run_of_files":
         [t] = _ingest(store, tmp_path, spans, logs)
     else:
@@ -263,7 +244,7 @@ def test_content_in_log_records_is_folded_into_its_span_whatever_the_arrival_ord
 
 def test_a_shards_trajectory_is_not_stored_for_a_trace_with_log_records(store: Store, tmp_path: Path) -> None:
     """The shard saw the spans only; the store folds the log records in and stores that trajectory instead."""
-    spans, logs = record_with_logs(_content_in_logs)
+    spans, logs = record_with_logs(content_in_logs_run)
     ingest_files(store, [str(_write(tmp_path / "logs.jsonl", logs))])
     summary = ingest_files(store, [str(_write(tmp_path / "spans.jsonl", spans))])
     assert summary.trajectories == 1  # written once, by the store's assembly (the shard's was refused)
