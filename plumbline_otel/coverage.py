@@ -89,6 +89,33 @@ def _evidence(store: Store, where: str, params: list[Any]) -> dict[str, int]:
     return dict(rows)
 
 
+def _step_evidence(store: Store, where: str, params: list[Any]) -> dict[str, dict[str, int]]:
+    """Per step kind, where its evidence came from (a tool call's arguments, an LLM call's content); "none" when none.
+
+    Trajectories assembled before steps recorded their evidence (read-only older files) count as "unknown".
+    """
+    rows = store.connection.execute(f"""
+        WITH steps AS ({_STEPS.format(where=where)})
+        SELECT json_extract_string(step, '$.kind') AS kind,
+               CASE WHEN json_type(step, '$.gaps') IS NULL THEN 'unknown'
+                    ELSE coalesce(json_extract_string(step, '$.evidence'), 'none') END AS evidence, count(*)
+        FROM steps WHERE json_extract_string(step, '$.kind') IN ('tool_call', 'llm_call')
+        GROUP BY 1, 2 ORDER BY 3 DESC, 2""", params).fetchall()
+    out: dict[str, dict[str, int]] = {"tool_call": {}, "llm_call": {}}
+    for kind, evidence, n in rows:
+        out[kind][evidence] = n
+    return out
+
+
+def _gaps(store: Store, where: str, params: list[Any]) -> dict[str, int]:
+    """Why values are missing, per "<field>:<reason>" (reasons: content_capture_off, attribute_absent, unknown_key:<key>)."""
+    rows = store.connection.execute(f"""
+        WITH steps AS ({_STEPS.format(where=where)})
+        SELECT gap, count(*) FROM (SELECT unnest(from_json(json_extract(step, '$.gaps'), '["varchar"]')) AS gap FROM steps)
+        GROUP BY 1 ORDER BY 2 DESC, 1""", params).fetchall()
+    return dict(rows)
+
+
 def _shapes(store: Store, where: str, params: list[Any]) -> dict[str, dict[str, int]]:
     """Framework wrappers and dumps met per span: recognised (and unwrapped) or kept as they came."""
     if store.schema_version < 3:  # written before spans recorded their shapes, opened read-only
@@ -105,7 +132,7 @@ def _llm_calls(store: Store, where: str, params: list[Any]) -> dict[str, Any]:
     return _one(store, f"""
         WITH steps AS ({_STEPS.format(where=where)})
         SELECT count(*) AS llm_calls,
-               count(*) FILTER (p.content_captured) AS with_content,
+               count(*) FILTER (p.content_captured OR json_extract_string(step, '$.evidence') IS NOT NULL) AS with_content,
                count(*) FILTER (p.input_tokens IS NOT NULL OR p.output_tokens IS NOT NULL) AS with_tokens
         FROM steps JOIN spans p ON p.span_id = json_extract_string(step, '$.span_id')
         WHERE json_extract_string(step, '$.kind') = 'llm_call'""", params)
@@ -152,6 +179,8 @@ def _section(store: Store, service: str | None, since_ns: int | None) -> dict[st
         "llm_calls": _llm_calls(store, step_where, traj_params),
         "trajectories": _trajectories(store, traj_where, traj_params),
         "evidence_sources": _evidence(store, step_where, traj_params),
+        "step_evidence": _step_evidence(store, step_where, traj_params),
+        "gaps": _gaps(store, step_where, traj_params),
         "task_key_sources": _task_key_sources(store, traj_where, traj_params),
         "shapes": _shapes(store, span_where, span_params),
         "unrecognised_keys": _unknown_keys(store, span_where, span_params),
@@ -196,6 +225,9 @@ def findings(section: dict[str, Any]) -> list[str]:
         out.append(f"{spans['traces'] - n} of {spans['traces']} traces hold no steps (no tool, LLM or agent call, e.g. a lone create_agent span) and are not runs.")
     if n_tools:
         out.append(_evidence_sentence(section["evidence_sources"]))
+    out += _step_evidence_sentences(section["step_evidence"])
+    if section["gaps"]:
+        out.append(_gap_sentence(section["gaps"]))
     out += _shape_sentences(section["shapes"], tools)
     if n and trajs["with_input"] < n:
         out.append(f"{n - trajs['with_input']} of {n} trajectories have no recorded input, so they cannot be replayed.")
@@ -229,6 +261,8 @@ _SHAPE_NAMES = {
     "graph_state": "graph-state dumps {messages}", "run_kwargs": "run() keyword dumps", "message_list": "message lists",
     "agent_output": "agent result objects", "run_result": "run result objects", "traceloop_entity": "Traceloop entity payloads",
     "scalar": "a bare value, not an object", "unrecognised": "a structure of unknown shape",
+    "handoff": "agent hand-offs (an agent step, not a tool call)",
+    "conversation_turn": "conversation turns (handle_conversation_turn: one run each)",
 }
 _FIELD_NAMES = {"args": "tool arguments", "result": "tool results", "input": "run inputs", "output": "run outputs", "step": "spans"}
 
@@ -241,6 +275,45 @@ def _shape_phrase(shape: str, n: int) -> str:
 def _evidence_sentence(sources: dict[str, int]) -> str:
     parts = ", ".join(f"{n} from {_SOURCE_NAMES.get(s, s)}" for s, n in sources.items())
     return f"Evidence for tool calls: {parts}."
+
+
+_EVIDENCE_NAMES = {"tool_span": "their tool spans' own attributes", "message_part": "the model's message parts (tool_call parts)",
+                   "log_record": "log records folded into their span", "span_event": "span events", "span": "span attributes",
+                   "none": "nowhere (see the gaps below)", "unknown": "not recorded (assembled by an older plumbline)"}
+_GAP_REASONS = {
+    "content_capture_off": "content capture is off (turn it on: OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT, or the"
+                           " instrumentation's own switch)",
+    "attribute_absent": "the producer does not write it (content was captured elsewhere in the trace, so this is the"
+                        " instrumentation's gap, not a setting)",
+}
+_GAP_FIELDS = {"args": "tool arguments", "result": "tool results", "content": "LLM call contents"}
+
+
+def _evidence_phrase(evidence: str) -> str:
+    if evidence.startswith("vendor_key:"):
+        return f"a vendor key we mapped ({evidence.split(':', 1)[1]}, not the GenAI key)"
+    return _EVIDENCE_NAMES.get(evidence, evidence)
+
+
+def _step_evidence_sentences(evidence: dict[str, dict[str, int]]) -> list[str]:
+    out = []
+    for kind, what in (("tool_call", "tool call arguments"), ("llm_call", "LLM call contents")):
+        if evidence[kind]:
+            parts = ", ".join(f"{n} from {_evidence_phrase(e)}" for e, n in evidence[kind].items())
+            out.append(f"Evidence for {what}: {parts}.")
+    return out
+
+
+def _gap_reason(reason: str) -> str:
+    if reason.startswith("unknown_key:"):
+        return f"the span carries a key we could not map ({reason.split(':', 1)[1]}): the value may be there under a name we do not read"
+    return _GAP_REASONS.get(reason, reason)
+
+
+def _gap_sentence(gaps: dict[str, int]) -> str:
+    parts = "; ".join(f"{n} {_GAP_FIELDS.get(g.split(':', 1)[0], g.split(':', 1)[0])}: {_gap_reason(g.split(':', 1)[1])}"
+                      for g, n in gaps.items())
+    return f"Missing values and why: {parts}."
 
 
 def _shape_sentences(shapes: dict[str, dict[str, int]], tools: dict[str, Any]) -> list[str]:

@@ -251,3 +251,30 @@ def test_a_shards_trajectory_is_not_stored_for_a_trace_with_log_records(store: S
     [t] = list(store.trajectories())
     assert _steps(t) == _FOLDED
     assert store.connection.execute("SELECT count(*) FROM dirty_traces").fetchone() == (0,)
+
+
+def test_coverage_names_a_vendor_key_an_unknown_key_and_an_absent_attribute(store: Store, tmp_path: Path) -> None:
+    def keys(tracer: Tracer) -> None:
+        with tracer.start_as_current_span("invoke_agent ap", attributes={"gen_ai.operation.name": "invoke_agent"}):
+            _chat(tracer, _text("working"))  # content is captured in this trace
+            with tracer.start_as_current_span("execute_tool lookup", attributes={  # pydantic-ai's older key
+                    "gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "lookup", "tool_arguments": '{"id": 1}',
+                    "tool_response": '"found"'}):
+                pass
+            with tracer.start_as_current_span("execute_tool pay", attributes={  # a key nobody maps
+                    "gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "pay", "gen_ai.function.arguments": '{"id": 1}'}):
+                pass
+            with tracer.start_as_current_span("execute_tool notify", attributes={"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "notify"}):
+                pass
+
+    [t] = _ingest(store, tmp_path, record(keys))
+    assert [(s.name, s.evidence, s.gaps) for s in t.tool_steps] == [
+        ("lookup", "vendor_key:tool_arguments", ()),
+        ("pay", None, ("args:unknown_key:gen_ai.function.arguments", "result:unknown_key:gen_ai.function.arguments")),
+        ("notify", None, ("args:attribute_absent", "result:attribute_absent"))]
+    section = coverage_report(store)["overall"]
+    assert section["step_evidence"]["tool_call"] == {"none": 2, "vendor_key:tool_arguments": 1}
+    findings = "\n".join(section["findings"])
+    assert "1 from a vendor key we mapped (tool_arguments, not the GenAI key)" in findings
+    assert "a key we could not map (gen_ai.function.arguments)" in findings
+    assert "1 tool arguments: the producer does not write it" in findings
