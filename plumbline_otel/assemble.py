@@ -104,11 +104,12 @@ def _key_evidence(rec: SpanRecord, what: str) -> str | None:
     return "tool_span"
 
 
-def _gap(rec: SpanRecord | None, what: str, content_seen: bool) -> str:
-    """Why a tool call's value is missing: capture off, a key we could not map, or simply not written."""
-    if rec is not None and what == "args" and rec.args_state == "redacted":
+def _gap(rec: SpanRecord, what: str, content_seen: bool) -> str:
+    """Why a value is missing: capture off (redacted, or no content anywhere in the trace), a key we could not map,
+    or, when content was captured elsewhere in the trace, an instrumentation that does not write it."""
+    if what == "args" and rec.args_state == "redacted":
         return f"{what}:content_capture_off"
-    if rec is not None and rec.unknown_keys:
+    if rec.unknown_keys:
         return f"{what}:unknown_key:{rec.unknown_keys[0]}"
     return f"{what}:attribute_absent" if content_seen else f"{what}:content_capture_off"
 
@@ -145,7 +146,7 @@ def _tool_step(rec: SpanRecord, proposed: ToolCallRef | None, results: dict[str,
     )
 
 
-def _llm_step(rec: SpanRecord) -> Step:
+def _llm_step(rec: SpanRecord, content_seen: bool) -> Step:
     content = next((e for e in rec.evidence if e.startswith("content:")), None)
     evidence = ("log_record" if content else "span") if rec.content_captured else None
     return Step(
@@ -164,7 +165,7 @@ def _llm_step(rec: SpanRecord) -> Step:
         cache_write_tokens=rec.cache_write_tokens,
         finish_reasons=tuple(rec.finish_reasons),
         evidence=evidence,
-        gaps=() if rec.content_captured else ("content:content_capture_off",),
+        gaps=() if rec.content_captured else (_gap(rec, "content", content_seen),),
     )
 
 
@@ -381,7 +382,8 @@ def assemble(records: list[SpanRecord], task_keys: Iterable[str] = DEFAULT_TASK_
     tool_steps = _tool_steps(records, llm)
     agents = [_agent_step(a) for a in records if a.step_kind == "agent" and a is not root]
     order = {r.span_id: i for i, r in enumerate(records)}
-    steps = sorted([*tool_steps, *(_llm_step(r) for r in llm), *agents], key=lambda s: (s.start_ns, order.get(s.span_id or "", 0)))
+    content_seen = any(r.content_captured for r in llm)
+    steps = sorted([*tool_steps, *(_llm_step(r, content_seen) for r in llm), *agents], key=lambda s: (s.start_ns, order.get(s.span_id or "", 0)))
     context = _context(root, records)
     if not steps and not any(k.startswith(CONTEXT_PREFIX) for k in context):
         return None
