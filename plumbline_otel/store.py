@@ -27,7 +27,7 @@ from plumbline_otel.decode import Problem
 from plumbline_otel.decode._logs import LogRows
 from plumbline_otel.normalise import fold_logs, log_event_attributes
 from plumbline_otel.errors import StoreError
-from plumbline_otel.model import SpanRecord, Step, ToolCallRef, ToolResultRef, Trajectory
+from plumbline_otel.model import SpanRecord, Step, ToolCallRef, ToolDecision, ToolResultRef, Trajectory
 
 SCHEMA_VERSION = 4
 DEFAULT_DB = "plumbline.duckdb"
@@ -75,7 +75,7 @@ _SPAN_COLUMNS_V1: dict[str, str] = {
 }
 _SPAN_COLUMNS_V4: dict[str, str] = {
     "cache_read_tokens": "BIGINT", "cache_write_tokens": "BIGINT", "finish_reasons": "VARCHAR[]",
-    "handoff_to": "VARCHAR", "evidence": "VARCHAR[]",
+    "handoff_to": "VARCHAR", "evidence": "VARCHAR[]", "decisions": "JSON",
 }
 _SPAN_COLUMNS: dict[str, str] = {**_SPAN_COLUMNS_V1, "shapes": "VARCHAR[]", **_SPAN_COLUMNS_V4}
 _ARROW_TYPES = {"BIGINT": pa.int64(), "INTEGER": pa.int32(), "BOOLEAN": pa.bool_(), "VARCHAR[]": pa.list_(pa.string())}
@@ -170,10 +170,10 @@ def _context(rec: SpanRecord) -> str | None:
     return _json(ctx) if ctx else None
 
 
-_ROW_FIELDS = tuple(c for c in _SPAN_COLUMNS if c not in ("proposed_calls", "tool_results", "context", "resource", "received_ns"))
+_ROW_FIELDS = tuple(c for c in _SPAN_COLUMNS if c not in ("proposed_calls", "tool_results", "context", "resource", "received_ns", "decisions"))
 _SCHEMA = pa.schema([(n, _ARROW_TYPES.get(t.split()[0], pa.string())) for n, t in _SPAN_COLUMNS.items()])
 _JSON_INDEXES = tuple(_ROW_FIELDS.index(name) for name in _JSON_FIELDS if name in _ROW_FIELDS)
-_ORDER = [*_ROW_FIELDS, "proposed_calls", "tool_results", "context", "resource"]
+_ORDER = [*_ROW_FIELDS, "proposed_calls", "tool_results", "context", "resource", "decisions"]
 
 
 def _row(rec: SpanRecord, resources: dict[int, str | None]) -> list[Any]:
@@ -189,6 +189,7 @@ def _row(rec: SpanRecord, resources: dict[int, str | None]) -> list[Any]:
     if key not in resources:
         resources[key] = _json(rec.resource)
     row.append(resources[key])
+    row.append(_json(rec.decisions) if rec.decisions else None)
     return row
 
 
@@ -507,6 +508,7 @@ def _record(row: dict[str, Any], keys: list[str], key_values: list[Any]) -> Span
     row["unknown_keys"] = row["unknown_keys"] or []
     for name in ("shapes", "finish_reasons", "evidence"):
         row[name] = row[name] or []
+    row["decisions"] = [ToolDecision(**d) for d in orjson.loads(row["decisions"])] if row["decisions"] else []
     context_json = row.pop("context")
     context = orjson.loads(context_json) if context_json else {}
     attributes = {k: v for k, v in zip(keys, key_values or []) if v is not None}

@@ -393,6 +393,7 @@ def extract(rec: SpanRecord, attrs: dict[str, Any], events: list[tuple[str, dict
     elif rec.parent_span_id is None:  # a root chain or workflow span: the run's request and answer
         _run_texts(rec, _first(attrs, "input.value", "traceloop.entity.input"), _first(attrs, "output.value", "traceloop.entity.output"))
     rec.error = _error(rec, attrs, events)
+    fold_events(rec, [(name, eattrs) for name, eattrs in events if name == DECISION_EVENT])  # the same event as a span event
 
 
 # --- log records ------------------------------------------------------------------------------

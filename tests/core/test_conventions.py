@@ -162,7 +162,8 @@ def test_span_level_finish_reasons_are_kept_and_a_tool_calls_finish_is_not_the_a
     assert t.final_output == "INV-4 is paid."
 
 
-def test_a_denied_or_unapproved_call_did_not_run(store: Store, tmp_path: Path) -> None:
+@pytest.mark.parametrize("carrier", ["log_record", "span_event"])
+def test_a_denied_or_unapproved_call_did_not_run(carrier: str, store: Store, tmp_path: Path) -> None:
     def decided(tracer: Tracer, logger: Logger) -> None:
         with tracer.start_as_current_span("invoke_agent ap", attributes={"gen_ai.operation.name": "invoke_agent"}):
             with tracer.start_as_current_span("chat m1", attributes={
@@ -174,8 +175,11 @@ def test_a_denied_or_unapproved_call_did_not_run(store: Store, tmp_path: Path) -
                 pass
             for call_id, name, outcome in (("c1", "lookup_invoice", "allow"), ("c2", "delete_vendor", "deny"),
                                            ("c3", "schedule_payment", "require_approval")):
-                logger.emit(event_name="gen_ai.tool.call.decision", body=f"decision {outcome}", attributes={
-                    "gen_ai.tool.call.decision.outcome": outcome, "gen_ai.tool.name": name, "gen_ai.tool.call.id": call_id})
+                attributes = {"gen_ai.tool.call.decision.outcome": outcome, "gen_ai.tool.name": name, "gen_ai.tool.call.id": call_id}
+                if carrier == "log_record":  # how the conventions emit events now
+                    logger.emit(event_name="gen_ai.tool.call.decision", body=f"decision {outcome}", attributes=attributes)
+                else:
+                    trace.get_current_span().add_event("gen_ai.tool.call.decision", attributes)
             _tool(tracer, "lookup_invoice", "c1", {"invoice_id": "INV-5"}, {"amount": 77})
 
     spans, logs = record_with_logs(decided)
