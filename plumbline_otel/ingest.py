@@ -33,7 +33,7 @@ class IngestSummary:
     duplicate: int = 0
     rejected_spans: int = 0
     trajectories: int = 0
-    log_records: int = 0  # GenAI log records stored (folded into their spans at assembly)
+    log_records: int = 0  # GenAI log records read (stored once each; folded into their spans at assembly)
     problems: list[Problem] = field(default_factory=list)
 
     @property
@@ -79,7 +79,8 @@ class PartWriter:
             self.commit()
             self.summary.trajectories += self.store.write_assembled(part.table, part.counts)
         elif isinstance(part, LogPart):
-            self.summary.log_records += self.store.write_logs(part.rows)
+            self.store.write_logs(part.rows)  # a retried record is stored once; it was still read
+            self.summary.log_records += part.rows.kept
 
     def commit(self) -> None:
         """Commit the gathered span parts in one transaction."""

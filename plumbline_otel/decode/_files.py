@@ -22,7 +22,7 @@ import orjson
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from plumbline_otel.decode._json import SpanFilter, cap_depth, request_from_json
-from plumbline_otel.decode._logs import is_logs_document, logs_from_json
+from plumbline_otel.decode._logs import is_logs_document, logs_from_json, logs_from_protobuf
 from plumbline_otel.decode._problems import Decoded, Problem
 from plumbline_otel.decode._proto import request_from_protobuf
 from plumbline_otel.errors import MalformedRequest, MalformedTraceFile
@@ -97,7 +97,16 @@ def decode_unit(unit: Unit, keep: SpanFilter | None = None) -> Decoded:
         return _parse_json_line(unit.data, unit.where, keep)
     if unit.kind == "truncated" and not unit.data:
         return Decoded(ExportTraceServiceRequest(), unit.where, [Problem(unit.where, "file ends inside a length prefix")])
-    return request_from_protobuf(unit.data, unit.where)
+    decoded = request_from_protobuf(unit.data, unit.where)
+    if not _has_spans(decoded):  # perhaps a logs request: the Collector's `proto` file format writes both signals
+        logs = logs_from_protobuf(unit.data)
+        if logs is not None:
+            return Decoded(ExportTraceServiceRequest(), unit.where, logs=logs)
+    return decoded
+
+
+def _has_spans(decoded: Decoded) -> bool:
+    return any(span.trace_id for rs in decoded.request.resource_spans for ss in rs.scope_spans for span in ss.spans)
 
 
 def _json_units(stream: IO[bytes], path: Path) -> Iterator[Unit]:

@@ -282,3 +282,19 @@ def test_coverage_names_a_vendor_key_an_unknown_key_and_an_absent_attribute(stor
     assert "1 from a vendor key we mapped (tool_arguments, not the GenAI key)" in findings
     assert "a key we could not map (gen_ai.function.arguments)" in findings
     assert "1 tool arguments: the producer does not write it" in findings
+
+
+def test_a_protobuf_logs_file_in_the_collectors_proto_format_is_read_as_logs(store: Store, tmp_path: Path) -> None:
+    spans, logs = record_with_logs(content_in_logs_run)
+    framed = tmp_path / "logs.pb"  # the file exporter's `proto` format: a 4-byte size before each request
+    payload = logs.SerializeToString()
+    framed.write_bytes(len(payload).to_bytes(4, "big") + payload)
+    whole = tmp_path / "logs.bin"  # one request, unframed
+    whole.write_bytes(payload)
+    for path in (framed, whole):
+        summary = ingest_files(store, [str(path)])
+        assert summary.problems == [] and summary.exit_code == 0
+    summary = ingest_files(store, [str(_write(tmp_path / "spans.jsonl", spans))])
+    assert summary.log_records == 0 and store.connection.execute("SELECT count(*) FROM logs").fetchone() == (4,)
+    [t] = list(store.trajectories())
+    assert _steps(t) == _FOLDED
