@@ -373,7 +373,7 @@ class Store:
             self.connection.execute("DELETE FROM trajectories WHERE trace_id IN (SELECT unnest(?))", [done])
             self.connection.execute("INSERT INTO trajectories SELECT * FROM keep")
             self.connection.execute("DELETE FROM dirty_traces WHERE trace_id IN (SELECT unnest(?))", [done])
-        return len(done)
+        return keep.num_rows
 
     # --- assembly ---------------------------------------------------------------------------
 
