@@ -368,7 +368,7 @@ class Store:
             done = [t for t in done if t not in with_logs]
         if not done:
             return 0
-        keep = built.filter(pc.is_in(built["trace_id"], value_set=pa.array(done, pa.string())))  # noqa: F841 - read by name below
+        keep = built.filter(pc.is_in(built["trace_id"], value_set=pa.array(done, pa.string())))
         with self._transaction():
             self.connection.execute("DELETE FROM trajectories WHERE trace_id IN (SELECT unnest(?))", [done])
             self.connection.execute("INSERT INTO trajectories SELECT * FROM keep")
