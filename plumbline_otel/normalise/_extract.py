@@ -62,7 +62,7 @@ def detect(attrs: dict[str, Any]) -> tuple[Convention, StepKind]:
     if attrs.get("mcp.method.name") == "tools/call":
         operation = "execute_tool"
     if any(key in attrs for key in HANDOFF_KEYS):
-        return ("openinference" if isinstance(oi_kind, str) else "genai"), "agent"
+        return "genai", "agent"
     tl_kind = attrs.get("traceloop.span.kind")
     if any(key in attrs for key in _GENAI_MARKERS):
         if operation is None and "gen_ai.tool.name" in attrs:
@@ -178,7 +178,7 @@ def _tool_openinference(rec: SpanRecord, attrs: dict[str, Any]) -> None:
     _set_result(rec, attrs.get("output.value"), "output.value")
 
 
-# Vendor keys we map onto the GenAI ones: pydantic-ai before its GenAI alignment, Google ADK before 1.17.
+# Vendor keys we map onto the GenAI ones: pydantic-ai before its GenAI alignment, older Google ADK releases.
 VENDOR_ARGS_KEYS = ("tool_arguments", "gcp.vertex.agent.tool_call_args")
 VENDOR_RESULT_KEYS = ("tool_response", "gcp.vertex.agent.tool_response")
 
