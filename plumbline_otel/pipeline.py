@@ -14,6 +14,11 @@ so they store the same rows. Nothing here needs the spans of a trace to arrive t
 whose stored spans differ from the ones its shard held (spans from before a restart, a trace the
 shard let go of to bound memory, a retry of an assembled trace) stays dirty and the store rebuilds
 it from its rows. Sharding only decides where work is done, never what is stored.
+
+A unit that is a logs request (a logs file) is read by shard 0 alone, which sends its GenAI records
+to the writer (`LogPart`). Shards never fold log records: the store refuses a shard's trajectory for
+a trace that has log records and rebuilds it with them, so the order logs and spans arrive in does
+not matter.
 """
 
 from __future__ import annotations
