@@ -116,6 +116,17 @@ def _gaps(store: Store, where: str, params: list[Any]) -> dict[str, int]:
     return dict(rows)
 
 
+def _log_records(store: Store, service: str | None) -> dict[str, int]:
+    """GenAI log records stored, and how many name no stored span (their content is in no trajectory yet)."""
+    if store.schema_version < 4:  # no logs table before version 4 (opened read-only)
+        return {"records": 0, "without_span": 0}
+    clause, params = ("WHERE l.service_name IS NOT DISTINCT FROM ?", [service]) if service is not None else ("", [])
+    return _one(store, f"""
+        SELECT count(*) AS records,
+               count(*) FILTER (NOT EXISTS (SELECT 1 FROM spans s WHERE s.trace_id = l.trace_id AND s.span_id = l.span_id)) AS without_span
+        FROM logs l {clause}""", params)
+
+
 def _shapes(store: Store, where: str, params: list[Any]) -> dict[str, dict[str, int]]:
     """Framework wrappers and dumps met per span: recognised (and unwrapped) or kept as they came."""
     if store.schema_version < 3:  # written before spans recorded their shapes, opened read-only
@@ -181,6 +192,7 @@ def _section(store: Store, service: str | None, since_ns: int | None) -> dict[st
         "evidence_sources": _evidence(store, step_where, traj_params),
         "step_evidence": _step_evidence(store, step_where, traj_params),
         "gaps": _gaps(store, step_where, traj_params),
+        "log_records": _log_records(store, service),
         "task_key_sources": _task_key_sources(store, traj_where, traj_params),
         "shapes": _shapes(store, span_where, span_params),
         "unrecognised_keys": _unknown_keys(store, span_where, span_params),
@@ -199,8 +211,12 @@ def findings(section: dict[str, Any]) -> list[str]:
     out: list[str] = []
     n_tools = tools["tool_calls"]
     no_args = n_tools - tools["with_structured_args"]
+    logs = section["log_records"]
+    if logs["without_span"]:
+        out.append(f"{logs['without_span']} of {logs['records']} GenAI log records name a span that is not stored (yet):"
+                   " their content is in no trajectory until that span arrives.")
     if spans["spans"] == 0:
-        return ["No spans stored yet: ingest trace files or point an OTLP exporter at `plumbline serve`."]
+        return [*out, "No spans stored yet: ingest trace files or point an OTLP exporter at `plumbline serve`."]
     if n_tools == 0:
         out.append("No tool calls found: neither tool spans nor tool calls in LLM output messages; conformance and consistency have nothing to check.")
     elif no_args:

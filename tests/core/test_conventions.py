@@ -298,3 +298,13 @@ def test_a_protobuf_logs_file_in_the_collectors_proto_format_is_read_as_logs(sto
     assert summary.log_records == 0 and store.connection.execute("SELECT count(*) FROM logs").fetchone() == (4,)
     [t] = list(store.trajectories())
     assert _steps(t) == _FOLDED
+
+
+def test_coverage_counts_log_records_whose_span_has_not_arrived(store: Store, tmp_path: Path) -> None:
+    spans, logs = record_with_logs(content_in_logs_run)
+    ingest_files(store, [str(_write(tmp_path / "logs.jsonl", logs))])
+    section = coverage_report(store)["overall"]
+    assert section["log_records"] == {"records": 4, "without_span": 4}
+    assert "4 of 4 GenAI log records name a span that is not stored (yet)" in "\n".join(section["findings"])
+    ingest_files(store, [str(_write(tmp_path / "spans.jsonl", spans))])
+    assert coverage_report(store)["overall"]["log_records"] == {"records": 4, "without_span": 0}
