@@ -313,16 +313,15 @@ class Store:
     def write_logs(self, rows: LogRows) -> int:
         """Commit GenAI log records in one transaction; returns how many were new.
 
-        The traces they belong to are marked dirty (those with spans stored: the others are marked
-        when their spans come), so `assemble` folds the records in whether they came before or after.
+        The traces they belong to are marked dirty, so `assemble` folds the records in whether they
+        came before or after their spans (a trace with no span yet is just let go: its spans mark it again).
         """
         if not rows.kept:
             return 0
         log_batch = pa.table({n: pa.array(v, _LOG_TYPES.get(n, pa.string())) for n, v in rows.columns.items()})  # noqa: F841
         with self._transaction():
             row = self.connection.execute("INSERT OR IGNORE INTO logs SELECT * FROM log_batch").fetchone()
-            self.connection.execute("INSERT OR IGNORE INTO dirty_traces SELECT DISTINCT trace_id FROM log_batch "
-                                    "WHERE trace_id IN (SELECT trace_id FROM spans)")
+            self.connection.execute("INSERT OR IGNORE INTO dirty_traces SELECT DISTINCT trace_id FROM log_batch WHERE trace_id IS NOT NULL")
         self.logs_written = True
         return int(row[0]) if row else 0
 
@@ -403,11 +402,12 @@ class Store:
         recent = recent or {}
         total = 0
         while True:
+            # A dirty trace with no stored span (log records only, or spans that failed to store) counts 0:
+            # it builds nothing and is let go; its spans mark it dirty again when they come.
             rows = self.connection.execute(
                 "SELECT d.trace_id, count(s.span_id) FROM (SELECT trace_id FROM dirty_traces LIMIT ?) d "
-                "JOIN spans s USING (trace_id) GROUP BY 1", [chunk]).fetchall()
+                "LEFT JOIN spans s USING (trace_id) GROUP BY 1", [chunk]).fetchall()
             if not rows:
-                self.connection.execute("DELETE FROM dirty_traces")  # traces whose spans all failed to store
                 return total
             dirty = [trace_id for trace_id, _ in rows]
             in_memory = {t: unique_spans(recent[t]) for t, n in rows if t in recent and len(unique_spans(recent[t])) == n}

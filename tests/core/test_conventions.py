@@ -19,8 +19,10 @@ from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, Status,
 from core.spans import content_in_logs_run, genai_messages
 from otlp import record, record_with_logs, to_otlp_json
 from plumbline_otel.coverage import coverage_report
+from plumbline_otel.decode._logs import log_rows
 from plumbline_otel.ingest import ingest_files
 from plumbline_otel.model import Trajectory
+from plumbline_otel.normalise import normalise_request
 from plumbline_otel.store import Store
 
 
@@ -308,3 +310,12 @@ def test_coverage_counts_log_records_whose_span_has_not_arrived(store: Store, tm
     assert "4 of 4 GenAI log records name a span that is not stored (yet)" in "\n".join(section["findings"])
     ingest_files(store, [str(_write(tmp_path / "spans.jsonl", spans))])
     assert coverage_report(store)["overall"]["log_records"] == {"records": 4, "without_span": 0}
+
+
+def test_log_records_of_a_trace_without_spans_never_hold_up_other_traces(store: Store) -> None:
+    _, logs_only = record_with_logs(content_in_logs_run)
+    spans_only, _ = record_with_logs(content_in_logs_run)
+    store.write_logs(log_rows(logs_only))  # dirty, with no span to build from
+    store.write_spans(normalise_request(spans_only)[0])
+    assert store.assemble(chunk=1) == 1  # one trace per round: the span-less one is let go, the other built
+    assert store.connection.execute("SELECT count(*) FROM dirty_traces").fetchone() == (0,)
