@@ -18,6 +18,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import NonRecordingSpan
 from receive_support import ServeProcess, finished_spans, query, span_key
 
+from plumbline_otel.api.client import PlumblineClient
 from plumbline_otel.cli.main import _register, cli
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
@@ -122,9 +123,12 @@ def test_sigkill_under_load_restart_and_immediate_sigterm_leave_every_reader_cou
     threads = [threading.Thread(target=_send, args=(first.grpc_address, batches, acknowledged, lock, stop)) for batches in senders]
     for thread in threads:
         thread.start()
-    started = time.monotonic()  # past one 5 s assembly, so the crash leaves assembled and pending traces both
-    while (len(acknowledged) < 1500 or time.monotonic() - started < 7) and time.monotonic() - started < 60:
-        time.sleep(0.05)
+    started = time.monotonic()  # until some traces are assembled and more keep coming: the crash leaves both kinds
+    with PlumblineClient(first.grpc_address) as client:
+        while time.monotonic() - started < 60:
+            if len(acknowledged) >= 1500 and next(iter(client.trajectories(assemble_first=False)), None) is not None:
+                break
+            time.sleep(0.2)
     assert any(thread.is_alive() for thread in threads), "the senders finished before the kill: raise the load"
     first.kill()  # SIGKILL under load: spans committed, trajectories of the last seconds never built
     left_by_crash, at_kill = _pending(first.db), query(first.db, "SELECT count(DISTINCT trace_id) FROM spans")[0][0]
