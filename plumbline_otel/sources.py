@@ -32,6 +32,7 @@ from plumbline_otel.errors import ConfigError
 from plumbline_otel.model import Trajectory
 
 _GLOB = set("*?[")
+_SAME = frozenset({"version", "form"})  # keys of a counts document that name its shape: equal, never added
 
 
 @dataclass(frozen=True)
@@ -68,8 +69,8 @@ def find_misrouted(ids_by_store: dict[str, Iterable[str]]) -> list[Misrouted]:
 
 
 def sum_counts(parts: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """Counts of several stores as one: numbers add, mappings merge key by key, anything else
-    (a version, a form name) must agree."""
+    """Counts of several stores as one: numbers add, mappings merge key by key; the shape's
+    `version` and `form`, and anything not a number, must agree."""
     merged: dict[str, Any] = {}
     for part in parts:
         for key, value in part.items():
@@ -80,7 +81,7 @@ def sum_counts(parts: Sequence[dict[str, Any]]) -> dict[str, Any]:
 def _add(a: Any, b: Any, key: str) -> Any:
     if isinstance(a, dict) and isinstance(b, dict):
         return sum_counts([a, b])
-    if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool) and not isinstance(b, bool):
+    if key not in _SAME and isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool) and not isinstance(b, bool):
         return a + b
     if a != b:
         raise ConfigError(f"the stores disagree on {key!r} ({a!r} and {b!r}): are they the same plumbline version?")
