@@ -26,10 +26,15 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from plumbline_otel.coverage import coverage_counts, report_from_counts
 from plumbline_otel.errors import ConfigError
 from plumbline_otel.model import Trajectory
+from plumbline_otel.store import Store, trajectory_from_doc
+
+if TYPE_CHECKING:
+    from plumbline_otel.api.client import PlumblineClient
 
 _GLOB = set("*?[")
 _SAME = frozenset({"version", "form"})  # keys of a counts document that name its shape: equal, never added
@@ -122,16 +127,14 @@ class Sources:
         """The file, when the sources are exactly one file: the reader's ordinary one-store path."""
         return self.dbs[0] if len(self.dbs) == 1 and not self.servers else None
 
-    def _store(self, path: str):  # type: ignore[no-untyped-def]
-        from plumbline_otel.store import Store
-
+    def _store(self, path: str) -> Store:
         store = Store(path, read_only=not self.assemble)
         if self.assemble:
             store.assemble()
         return store
 
-    def _client(self, address: str):  # type: ignore[no-untyped-def]
-        from plumbline_otel.api.client import PlumblineClient
+    def _client(self, address: str) -> PlumblineClient:
+        from plumbline_otel.api.client import PlumblineClient  # grpc, only when a server is read
 
         return PlumblineClient(address)
 
@@ -169,9 +172,7 @@ class Sources:
                 if t.trace_id not in left_out:
                     yield t
 
-    def _served(self, client: Any, service: str | None, task: str | None, since_ns: int | None) -> Iterator[Trajectory]:
-        from plumbline_otel.store import trajectory_from_doc
-
+    def _served(self, client: PlumblineClient, service: str | None, task: str | None, since_ns: int | None) -> Iterator[Trajectory]:
         for doc in client.trajectories(service=service, task=task, since_ns=since_ns):
             yield trajectory_from_doc(doc)
 
@@ -181,16 +182,14 @@ class Sources:
         Read from several stores it also names them (`stores`) and the traces more than one of
         them holds (`misrouted_traces`); read from one it is exactly that store's report.
         """
-        from plumbline_otel import coverage
-
         parts = []
         for path in self.dbs:
             with self._store(path) as store:
-                parts.append(coverage.coverage_counts(store, since_ns=since_ns))
+                parts.append(coverage_counts(store, since_ns=since_ns))
         for address in self.servers:
             with self._client(address) as client:
                 parts.append(client.coverage(since_ns=since_ns, counts=True))
-        report = coverage.report_from_counts(sum_counts(parts))
+        report = report_from_counts(sum_counts(parts))
         if len(self.names) > 1:
             report["stores"] = list(self.names)
             report["misrouted_traces"] = [{"trace_id": m.trace_id, "stores": list(m.stores)} for m in self.misrouted]
