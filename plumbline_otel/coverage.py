@@ -12,7 +12,7 @@ derives the rest (task figures, the top keys, the sentences) once, from the summ
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 from plumbline_otel.store import Store
 
@@ -31,7 +31,8 @@ def _one(store: Store, sql: str, params: list[Any]) -> dict[str, Any]:
     return {n: (v if v is not None else 0) for n, v in zip(names, row or [None] * len(names))}
 
 
-def _filter(service: str | None, since_ns: int | None, service_col: str, time_col: str) -> tuple[str, list[Any]]:
+def _filter(service: str | None, since_ns: int | None, service_col: str, time_col: str,
+            exclude: Sequence[str] = (), trace_col: str = "trace_id") -> tuple[str, list[Any]]:
     clauses, params = ["TRUE"], []
     if service is not None:
         clauses.append(f"{service_col} IS NOT DISTINCT FROM ?")
@@ -39,6 +40,9 @@ def _filter(service: str | None, since_ns: int | None, service_col: str, time_co
     if since_ns is not None:
         clauses.append(f"{time_col} >= ?")
         params.append(since_ns)
+    if exclude:
+        clauses.append(f"NOT list_contains(?::VARCHAR[], {trace_col})")
+        params.append(list(exclude))
     return " AND ".join(clauses), params
 
 
@@ -110,10 +114,10 @@ def _unknown_keys(store: Store, where: str, params: list[Any]) -> dict[str, int]
     return dict(rows)
 
 
-def _section_counts(store: Store, service: str | None, since_ns: int | None) -> dict[str, Any]:
-    span_where, span_params = _filter(service, since_ns, "service_name", "start_ns")
-    traj_where, traj_params = _filter(service, since_ns, "service", "start_ns")
-    steps_where = _filter(service, since_ns, "t.service", "t.start_ns")[0]
+def _section_counts(store: Store, service: str | None, since_ns: int | None, exclude: Sequence[str]) -> dict[str, Any]:
+    span_where, span_params = _filter(service, since_ns, "service_name", "start_ns", exclude)
+    traj_where, traj_params = _filter(service, since_ns, "service", "start_ns", exclude)
+    steps_where = _filter(service, since_ns, "t.service", "t.start_ns", exclude, "t.trace_id")[0]
     return {
         "spans": _spans(store, span_where, span_params),
         "tool_calls": _tool_calls(store, steps_where, traj_params),
@@ -182,15 +186,16 @@ def findings(section: dict[str, Any]) -> list[str]:
     return out
 
 
-def coverage_counts(store: Store, since_ns: int | None = None) -> dict[str, Any]:
+def coverage_counts(store: Store, since_ns: int | None = None, exclude_traces: Sequence[str] = ()) -> dict[str, Any]:
     """The additive form of the report: counts of several stores holding different traces sum to
-    the counts of one store holding them all (`report_from_counts` turns them into the report)."""
+    the counts of one store holding them all (`report_from_counts` turns them into the report).
+    `exclude_traces` leaves traces out (pieces of a trace another store also holds)."""
     services = [r[0] for r in store.connection.execute("SELECT DISTINCT service_name FROM spans ORDER BY 1 NULLS LAST").fetchall()]
     return {
         "version": 1,
         "form": "counts",
-        "overall": _section_counts(store, None, since_ns),
-        "services": {str(s): _section_counts(store, s, since_ns) for s in services},
+        "overall": _section_counts(store, None, since_ns, exclude_traces),
+        "services": {str(s): _section_counts(store, s, since_ns, exclude_traces) for s in services},
         "rejected_input": _one(store, "SELECT count(*) AS problems, coalesce(sum(spans), 0) AS rejected_spans FROM problems", []),
     }
 

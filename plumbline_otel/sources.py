@@ -9,9 +9,9 @@ certificate, the comparison and the consistency figures are built from the merge
 pair and group runs by task across stores exactly as one store would.
 
 A trace found in more than one store broke that routing (a misrouted span, a retry sent to another
-backend after the ring changed). Its pieces are not runs: `Sources.trajectories` leaves them out
-and `misrouted()` names each such trace and the stores that hold it, so the reader can say so.
-Coverage still counts each piece where it is stored and lists the traces beside the report.
+backend after the ring changed). Its pieces are not runs: the trajectories and the coverage counts
+leave them out, and `misrouted` names each such trace and the stores that hold it, so the reader
+can say so.
 
 Files are opened one at a time per reader call and closed after; a served file cannot be opened
 (DuckDB allows one writing process), so a running instance is read through its gRPC API.
@@ -180,15 +180,17 @@ class Sources:
         """The coverage report of all the stores: their counts summed, then the report derived once.
 
         Read from several stores it also names them (`stores`) and the traces more than one of
-        them holds (`misrouted_traces`); read from one it is exactly that store's report.
+        them holds (`misrouted_traces`, left out of the counts); read from one it is exactly that
+        store's report.
         """
+        left_out = [m.trace_id for m in self.misrouted]
         parts = []
         for path in self.dbs:
             with self._store(path) as store:
-                parts.append(coverage_counts(store, since_ns=since_ns))
+                parts.append(coverage_counts(store, since_ns=since_ns, exclude_traces=left_out))
         for address in self.servers:
             with self._client(address) as client:
-                parts.append(client.coverage(since_ns=since_ns, counts=True))
+                parts.append(client.coverage(since_ns=since_ns, counts=True, exclude_trace_ids=left_out))
         report = report_from_counts(sum_counts(parts))
         if len(self.names) > 1:
             report["stores"] = list(self.names)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 import grpc
 import orjson
@@ -64,12 +64,15 @@ class PlumblineClient:
         except grpc.RpcError as exc:
             raise self._error(exc) from None
 
-    def coverage(self, since_ns: int | None = None, assemble_first: bool = True, counts: bool = False) -> dict[str, Any]:
+    def coverage(self, since_ns: int | None = None, assemble_first: bool = True, counts: bool = False,
+                 exclude_trace_ids: Sequence[str] = ()) -> dict[str, Any]:
         """The coverage report of the server's store (the dict `coverage_report` returns), or with
-        `counts` the additive counts it is derived from (`coverage_counts`), for summing stores."""
+        `counts` the additive counts it is derived from (`coverage_counts`, without
+        `exclude_trace_ids`), for summing stores."""
+        request = pb.CoverageRequest(since_ns=since_ns, assemble_first=assemble_first, counts=counts,
+                                     exclude_trace_ids=list(exclude_trace_ids))
         try:
-            response = self._stub.Coverage(pb.CoverageRequest(since_ns=since_ns, assemble_first=assemble_first, counts=counts),
-                                           timeout=self.timeout, metadata=self._metadata)
+            response = self._stub.Coverage(request, timeout=self.timeout, metadata=self._metadata)
         except grpc.RpcError as exc:
             raise self._error(exc) from None
         report = orjson.loads(response.report_json)

@@ -29,14 +29,16 @@ class TrajectoryPage(_message.Message):
     def __init__(self, trajectory_json: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class CoverageRequest(_message.Message):
-    __slots__ = ("since_ns", "assemble_first", "counts")
+    __slots__ = ("since_ns", "assemble_first", "counts", "exclude_trace_ids")
     SINCE_NS_FIELD_NUMBER: _ClassVar[int]
     ASSEMBLE_FIRST_FIELD_NUMBER: _ClassVar[int]
     COUNTS_FIELD_NUMBER: _ClassVar[int]
+    EXCLUDE_TRACE_IDS_FIELD_NUMBER: _ClassVar[int]
     since_ns: int
     assemble_first: bool
     counts: bool
-    def __init__(self, since_ns: _Optional[int] = ..., assemble_first: _Optional[bool] = ..., counts: _Optional[bool] = ...) -> None: ...
+    exclude_trace_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, since_ns: _Optional[int] = ..., assemble_first: _Optional[bool] = ..., counts: _Optional[bool] = ..., exclude_trace_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class CoverageResponse(_message.Message):
     __slots__ = ("report_json",)

@@ -42,8 +42,11 @@ def _coverage(store: Store, request: pb.CoverageRequest) -> str:
     if request.assemble_first:
         store.assemble()
     since = request.since_ns if request.HasField("since_ns") else None
-    make = coverage.coverage_counts if request.counts else coverage.coverage_report
-    return orjson.dumps(make(store, since_ns=since), default=str).decode()
+    if request.counts:
+        report = coverage.coverage_counts(store, since_ns=since, exclude_traces=list(request.exclude_trace_ids))
+    else:
+        report = coverage.coverage_report(store, since_ns=since)
+    return orjson.dumps(report, default=str).decode()
 
 
 def _trace_ids(store: Store) -> list[str]:

@@ -64,6 +64,13 @@ def test_a_trace_in_two_files_is_named_and_left_out(tmp_path: Path) -> None:
     assert stores.misrouted == [Misrouted(stray[0].trace_id, (str(tmp_path / "a.duckdb"), str(tmp_path / "b.duckdb")))]
     assert [t.trace_id for t in stores.trajectories()] == [span_records(t)[0].trace_id for t in runs[1:]]
     assert stray[0].trace_id in (stores.notice() or "")
+    _write(tmp_path / "routed.duckdb", runs[1:])  # coverage leaves both pieces out too
+    with Store(tmp_path / "routed.duckdb", read_only=True) as store:
+        routed = coverage_report(store)
+    coverage = stores.coverage()
+    assert coverage.pop("misrouted_traces") == [{"trace_id": stray[0].trace_id, "stores": list(stores.names)}]
+    coverage.pop("stores")
+    assert coverage == routed
 
 
 def test_counts_add_and_shapes_must_agree() -> None:
