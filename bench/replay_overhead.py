@@ -3,7 +3,8 @@
     .venv/bin/python bench/replay_overhead.py [--trials 3000] [--concurrency 4] [--sleep-ms 0]
 
 The agent under test is a no-op Python adapter (or one that sleeps ``--sleep-ms``, standing in
-for model time). Measured in one process, same trials, same adapter:
+for model time) that, when the study has a span sink, exports one agent span per trial (a trial
+is done only once its trace reached the sink). Measured in one process, same trials, same adapter:
 
 - peer: a bare ``for trial in plan.trials: adapter.run(trial)`` loop;
 - driver, lean: ``run_study`` with no state directory and no span sink, one worker;
@@ -29,7 +30,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from plumbline_otel.replay import PythonAdapter, ReplayTask, SpanSink, StudyConfig, plan_study, run_study  # noqa: E402
+from opentelemetry.sdk.trace import TracerProvider  # noqa: E402
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor  # noqa: E402
+
+from plumbline_otel.replay import PythonAdapter, ReplayTask, SpanSink, StudyConfig, Trial, plan_study, run_study  # noqa: E402
 
 PERTURBATIONS = ("baseline", "paraphrase", "distractor", "decoy_tools", "sampling", "tool_fault")
 
@@ -52,9 +56,17 @@ def main() -> None:
     tasks = make_tasks(max(1, args.trials // per_task))
     sleep_s = args.sleep_ms / 1000
 
-    def agent(trial: object) -> None:
+    providers: dict[int, TracerProvider] = {}
+
+    def agent(trial: Trial) -> None:
         if sleep_s:
             time.sleep(sleep_s)
+        if trial.sink is not None:
+            provider = providers.get(id(trial.sink))
+            if provider is None:
+                provider = providers[id(trial.sink)] = TracerProvider()
+                provider.add_span_processor(SimpleSpanProcessor(trial.sink.exporter()))
+            provider.get_tracer("bench").start_span("invoke_agent bench").end()
 
     adapter = PythonAdapter(agent)
     base = dict(perturbations=PERTURBATIONS, repeats=args.repeats)

@@ -22,8 +22,12 @@ import orjson
 
 from plumbline_otel.model import SpanRecord, Step, ToolCallRef, Trajectory
 
-DEFAULT_TASK_KEYS = ("plumbline.task.key", "session.id", "gen_ai.conversation.id")
-_CONTEXT_PREFIX = "plumbline."
+# A conversation or session is not a task (pydantic-ai mints a conversation per run, ADK a session
+# per conversation, and one conversation holds many tasks): by default only an explicit task key
+# names the task, else the normalised request. Session and conversation ids stay in the context.
+DEFAULT_TASK_KEYS = ("plumbline.task.key",)
+CONTEXT_PREFIX = "plumbline."
+CONTEXT_KEYS = ("session.id", "gen_ai.conversation.id")
 
 
 @dataclass
@@ -83,7 +87,8 @@ def _tool_step(rec: SpanRecord, proposed: ToolCallRef | None) -> Step:
     source = "tool_span"
     if proposed is not None:
         source = "tool_span+llm_output"
-        if rec.args_state in ("absent", "redacted") and proposed.args is not None:
+        # No arguments, or a bare value (a one-argument tool's input): the model's object is the call.
+        if rec.args_state != "structured" and isinstance(proposed.args, dict):
             args = proposed.args
     return Step(
         kind="tool_call",
@@ -185,26 +190,64 @@ def _task_key(root: SpanRecord, records: list[SpanRecord], input_text: str | Non
     return None, "none"
 
 
-def _context(root: SpanRecord) -> dict[str, Any]:
-    context = {k: v for k, v in root.resource.items() if k.startswith(_CONTEXT_PREFIX)}
-    context.update({k: v for k, v in root.attributes.items() if k.startswith(_CONTEXT_PREFIX)})
+def is_context_key(key: str) -> bool:
+    """Attributes a run keeps in its context: plumbline's own, and session and conversation ids."""
+    return key.startswith(CONTEXT_PREFIX) or key in CONTEXT_KEYS
+
+
+def _context(root: SpanRecord, records: list[SpanRecord]) -> dict[str, Any]:
+    context = {k: v for k, v in root.resource.items() if is_context_key(k)}
+    for key in CONTEXT_KEYS:  # a session or conversation id may sit on any span of the run
+        value = next((r.attributes[key] for r in records if r.attributes.get(key) not in (None, "")), None)
+        if value is not None:
+            context[key] = value
+    context.update({k: v for k, v in root.attributes.items() if is_context_key(k)})
     return context
 
 
-def _final_output(root: SpanRecord, llm: list[SpanRecord]) -> str | None:
-    if root.output_text:
+def _final_output(root: SpanRecord, records: list[SpanRecord], llm: list[SpanRecord]) -> str | None:
+    """The agent's answer; a trailing newline is presentation (strands' `str(AgentResult)` adds one)."""
+    text = _answer(root, records, llm)
+    return text.rstrip("\n") if text else text
+
+
+def _answer(root: SpanRecord, records: list[SpanRecord], llm: list[SpanRecord]) -> str | None:
+    kept_as_is = root.output_text if "output:unrecognised" in root.shapes else None
+    if root.output_text and not kept_as_is:
         return root.output_text
+    answers = [r.output_text for r in records if "step:answer_tool" in r.shapes and r.output_text]
+    if answers:  # a framework's answer tool (smolagents final_answer) carries the answer
+        return answers[-1]
     for rec in sorted(llm, key=lambda r: r.end_ns, reverse=True):
         if rec.output_text and not rec.proposed_calls:
             return rec.output_text
-    return None
+    return kept_as_is
 
 
-def assemble(records: list[SpanRecord], task_keys: Iterable[str] = DEFAULT_TASK_KEYS) -> Trajectory:
-    """One trace's span records (any order, possibly incomplete) as a trajectory."""
+def _has_evidence(rec: SpanRecord) -> bool:
+    return bool(rec.content_captured or rec.proposed_calls or rec.input_tokens or rec.output_tokens or rec.output_text)
+
+
+def _without_preparation(llm: list[SpanRecord]) -> list[SpanRecord]:
+    """Drop LLM-kind spans that made no request: no content and no tokens beside a sibling that has them.
+
+    LlamaIndex opens one for local preparation (`…_prepare_chat_with_tools`) next to the real call.
+    Only a span whose recorded payload held no chat counts as such: with content capture off a
+    real call can lack content and tokens too (a stream without usage), and it stays a call.
+    """
+    real_parents = {r.parent_span_id for r in llm if _has_evidence(r)}
+    return [r for r in llm if not ("step:no_model_request" in r.shapes and not _has_evidence(r) and r.parent_span_id in real_parents)]
+
+
+def assemble(records: list[SpanRecord], task_keys: Iterable[str] = DEFAULT_TASK_KEYS) -> Trajectory | None:
+    """One trace's span records (any order, possibly incomplete) as a trajectory; None when it is no run.
+
+    A trace with no steps (LangChain under Traceloop puts a lone `create_agent` span in its own
+    trace) is no run, unless it carries plumbline's own run attributes (a trial-status marker).
+    """
     records = sorted(records, key=lambda r: (r.start_ns, r.span_id))
     root = _root(records)
-    llm = _merge_llm_calls([r for r in records if r.step_kind == "llm_call"])
+    llm = _merge_llm_calls(_without_preparation([r for r in records if r.step_kind == "llm_call"]))
     tools = [r for r in records if r.step_kind == "tool_call"]
     if tools:
         matches = _match_proposals(tools, llm)
@@ -217,8 +260,13 @@ def assemble(records: list[SpanRecord], task_keys: Iterable[str] = DEFAULT_TASK_
     ]
     order = {r.span_id: i for i, r in enumerate(records)}
     steps = sorted([*tool_steps, *(_llm_step(r) for r in llm), *agents], key=lambda s: (s.start_ns, order.get(s.span_id or "", 0)))
-    first_llm = min(llm, key=lambda r: r.start_ns, default=None)
-    input_text = root.input_text or (first_llm.input_text if first_llm else None)
+    context = _context(root, records)
+    if not steps and not any(k.startswith(CONTEXT_PREFIX) for k in context):
+        return None
+    first_llm = next((r for r in sorted(llm, key=lambda r: r.start_ns) if r.input_text), None)
+    # A root input of a shape we could not read is kept only when no LLM span has the request.
+    root_input = None if "input:unrecognised" in root.shapes else root.input_text
+    input_text = root_input or (first_llm.input_text if first_llm else None) or root.input_text
     task_key, source = _task_key(root, records, input_text, task_keys)
     return Trajectory(
         trajectory_id=root.trace_id,
@@ -229,10 +277,10 @@ def assemble(records: list[SpanRecord], task_keys: Iterable[str] = DEFAULT_TASK_
         service_version=root.service_version,
         agent_name=next((r.agent_name for r in records if r.agent_name), None),
         input=input_text,
-        final_output=_final_output(root, llm),
+        final_output=_final_output(root, records, llm),
         conventions=tuple(sorted({r.convention for r in records if r.convention != "unknown"})),
         steps=tuple(steps),
         start_ns=records[0].start_ns,
         end_ns=max(r.end_ns for r in records),
-        context=_context(root),
+        context=context,
     )

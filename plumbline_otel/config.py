@@ -12,6 +12,8 @@
     auth: {bearer_token_file: /run/secrets/plumbline-token}
     tls: {cert_file: server.pem, key_file: server-key.pem}
     content: {drop: ["gen_ai.input.messages"], hash: ["gen_ai.tool.call.arguments"]}
+    check: {spec: configs/accounts_payable.invariants.yaml, interval_seconds: 5}
+    emit: {endpoint: grpc://collector:4317}   # violations the standing check finds, as OTel events
 
 `load_config(path, overrides)` reads the file (or nothing), applies flag overrides given as the
 same dotted keys (`receivers.otlp.protocols.grpc.endpoint`), and validates the result into a
@@ -50,6 +52,9 @@ _SCHEMA: dict[str, Any] = {
     "tls": {"cert_file": (str, None), "key_file": (str, None)},
     "content": {"drop": (list, None), "hash": (list, None), "hash_salt": (str, "")},
     "shutdown": {"grace_seconds": (float, 10.0)},
+    "check": {"spec": (str, None), "interval_seconds": (float, 5.0)},
+    "emit": {"endpoint": (str, None)},
+    "console": {"certificate": (str, None)},
 }
 
 
@@ -90,6 +95,10 @@ class ServeConfig:
     tls_key_file: str | None = None
     content: ContentRules = field(default_factory=ContentRules)
     shutdown_grace_seconds: float = 10.0
+    check_spec: str | None = None
+    check_interval_seconds: float = 5.0
+    emit_endpoint: str | None = None
+    console_certificate: str | None = None  # certificate JSON the console shows (re-read per page)
 
     @property
     def tls(self) -> bool:
@@ -181,8 +190,10 @@ def _positive(values: dict[str, Any], *keys: str) -> None:
 def _build(values: dict[str, Any]) -> ServeConfig:
     _positive(values, "receivers.otlp.protocols.grpc.max_recv_msg_size_mib", "receivers.otlp.protocols.http.max_request_body_size_mib",
               "queue.max_spans", "queue.max_bytes_mib", "queue.batch_max_spans", "assemble.interval_seconds",
-              "storage.memory_limit_mib")
+              "storage.memory_limit_mib", "check.interval_seconds")
     _not_negative(values, "pipeline.workers")
+    if values["emit.endpoint"] and not values["check.spec"]:
+        raise ConfigError("emit.endpoint: sends what the standing check finds, so it needs check.spec")
     cert, key = values["tls.cert_file"], values["tls.key_file"]
     if bool(cert) != bool(key):
         raise ConfigError(f"tls.{'key_file' if cert else 'cert_file'}: TLS needs both tls.cert_file and tls.key_file")
@@ -212,6 +223,10 @@ def _build(values: dict[str, Any]) -> ServeConfig:
         tls_key_file=key,
         content=ContentRules(tuple(values["content.drop"] or ()), tuple(values["content.hash"] or ()), values["content.hash_salt"] or ""),
         shutdown_grace_seconds=values["shutdown.grace_seconds"],
+        check_spec=values["check.spec"],
+        check_interval_seconds=values["check.interval_seconds"],
+        emit_endpoint=values["emit.endpoint"],
+        console_certificate=values["console.certificate"],
     )
 
 

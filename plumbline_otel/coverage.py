@@ -80,7 +80,33 @@ def _tool_calls(store: Store, where: str, params: list[Any]) -> dict[str, Any]:
         WHERE json_extract_string(step, '$.kind') = 'tool_call' AND p.args_state IN ('absent', 'redacted')
           AND json_type(step, '$.args') = 'OBJECT'""", params)
     stats.update(recovered)
+    stats.update(_one(store, f"""
+        WITH steps AS ({steps})
+        SELECT count(*) AS bare_args_replaced_by_llm_output
+        FROM steps JOIN spans p ON p.span_id = json_extract_string(step, '$.span_id')
+        WHERE json_extract_string(step, '$.kind') = 'tool_call' AND p.args_state = 'unparsed'
+          AND json_type(step, '$.args') = 'OBJECT'""", params))
     return stats
+
+
+def _evidence(store: Store, where: str, params: list[Any]) -> dict[str, int]:
+    """Where each tool call's evidence came from: its own span, an LLM span's output, or both."""
+    rows = store.connection.execute(f"""
+        WITH steps AS ({_STEPS.format(where=where)})
+        SELECT json_extract_string(step, '$.source'), count(*) FROM steps
+        WHERE json_extract_string(step, '$.kind') = 'tool_call' GROUP BY 1 ORDER BY 2 DESC, 1""", params).fetchall()
+    return dict(rows)
+
+
+def _shapes(store: Store, where: str, params: list[Any]) -> dict[str, dict[str, int]]:
+    """Framework wrappers and dumps met per span: recognised (and unwrapped) or kept as they came."""
+    if store.schema_version < 3:  # written before spans recorded their shapes, opened read-only
+        return {"unwrapped": {}, "kept_as_is": {}}
+    rows = store.connection.execute(f"""
+        SELECT shape, count(*) FROM (SELECT unnest(shapes) AS shape FROM spans WHERE {where})
+        GROUP BY 1 ORDER BY 2 DESC, 1""", params).fetchall()
+    kept = {shape: n for shape, n in rows if shape.endswith((":unrecognised", ":scalar"))}
+    return {"unwrapped": {shape: n for shape, n in rows if shape not in kept}, "kept_as_is": kept}
 
 
 def _llm_calls(store: Store, where: str, params: list[Any]) -> dict[str, Any]:
@@ -101,11 +127,19 @@ def _trajectories(store: Store, where: str, params: list[Any]) -> dict[str, Any]
                count(*) FILTER (final_output IS NOT NULL) AS with_final_output,
                count(*) FILTER (task_key_source LIKE 'attribute:%') AS task_key_from_attribute,
                count(*) FILTER (task_key_source = 'input_hash') AS task_key_from_input_hash,
-               count(*) FILTER (task_key_source = 'none') AS without_task_key
+               count(*) FILTER (task_key_source = 'none') AS without_task_key,
+               count(*) FILTER (json_extract_string(doc, '$.context."session.id"') IS NOT NULL
+                                OR json_extract_string(doc, '$.context."gen_ai.conversation.id"') IS NOT NULL) AS with_session_or_conversation_id
         FROM trajectories WHERE {where}""", params)
     counts["task_runs"] = dict(store.connection.execute(
         f"SELECT task_key, count(*) FROM trajectories WHERE {where} AND task_key IS NOT NULL GROUP BY 1", params).fetchall())
     return counts
+
+
+def _task_key_sources(store: Store, where: str, params: list[Any]) -> dict[str, int]:
+    rows = store.connection.execute(
+        f"SELECT task_key_source, count(*) FROM trajectories WHERE {where} GROUP BY 1 ORDER BY 2 DESC, 1", params).fetchall()
+    return dict(rows)
 
 
 def _unknown_keys(store: Store, where: str, params: list[Any]) -> dict[str, int]:
@@ -117,14 +151,22 @@ def _unknown_keys(store: Store, where: str, params: list[Any]) -> dict[str, int]
 def _section_counts(store: Store, service: str | None, since_ns: int | None, exclude: Sequence[str]) -> dict[str, Any]:
     span_where, span_params = _filter(service, since_ns, "service_name", "start_ns", exclude)
     traj_where, traj_params = _filter(service, since_ns, "service", "start_ns", exclude)
-    steps_where = _filter(service, since_ns, "t.service", "t.start_ns", exclude, "t.trace_id")[0]
+    step_where = _filter(service, since_ns, "t.service", "t.start_ns", exclude, "t.trace_id")[0]
     return {
         "spans": _spans(store, span_where, span_params),
-        "tool_calls": _tool_calls(store, steps_where, traj_params),
-        "llm_calls": _llm_calls(store, steps_where, traj_params),
+        "tool_calls": _tool_calls(store, step_where, traj_params),
+        "llm_calls": _llm_calls(store, step_where, traj_params),
         "trajectories": _trajectories(store, traj_where, traj_params),
+        "evidence_sources": _evidence(store, step_where, traj_params),
+        "task_key_sources": _task_key_sources(store, traj_where, traj_params),
+        "shapes": _shapes(store, span_where, span_params),
         "unrecognised_keys": _unknown_keys(store, span_where, span_params),
     }
+
+
+def _by_count(counts: dict[str, int]) -> list[tuple[str, int]]:
+    """Most frequent first, then by name: the order one store's SQL gives, whatever was summed."""
+    return sorted(counts.items(), key=lambda kv: (-kv[1], str(kv[0])))
 
 
 def _section(counts: dict[str, Any]) -> dict[str, Any]:
@@ -138,7 +180,10 @@ def _section(counts: dict[str, Any]) -> dict[str, Any]:
     spans = dict(counts["spans"])
     spans["by_convention"] = dict(sorted(spans["by_convention"].items(), key=lambda kv: (-kv[1]["spans"], str(kv[0]))))
     section["spans"] = spans
-    section["unrecognised_keys"] = dict(sorted(counts["unrecognised_keys"].items(), key=lambda kv: (-kv[1], kv[0]))[:25])
+    section["unrecognised_keys"] = dict(_by_count(counts["unrecognised_keys"])[:25])
+    section["evidence_sources"] = dict(_by_count(counts["evidence_sources"]))
+    section["task_key_sources"] = dict(_by_count(counts["task_key_sources"]))
+    section["shapes"] = {kind: dict(_by_count(n)) for kind, n in counts["shapes"].items()}
     section["findings"] = findings(section)
     return section
 
@@ -166,16 +211,24 @@ def findings(section: dict[str, Any]) -> list[str]:
         out.append(f"{tools['only_in_llm_output']} tool calls exist only in LLM output messages (no tool spans): their results come from later LLM inputs, and a call the agent never executed cannot be told apart from one that ran.")
     llm, content = llm_calls["llm_calls"], llm_calls["with_content"]
     if spans["llm_spans"] > llm:
-        out.append(f"{spans['llm_spans'] - llm} LLM spans describe a call another span already records (a provider SDK's own span beside an instrumentation's); each such call counts once.")
+        out.append(f"{spans['llm_spans'] - llm} LLM spans describe a call another span already records (a provider SDK's own span beside an instrumentation's) or made no request (no content and no tokens beside a sibling that has them, e.g. LlamaIndex's _prepare_chat_with_tools); each call counts once.")
     if llm and content < llm:
-        out.append(f"{_pct(llm - content, llm)} of LLM calls ({llm - content} of {llm}) have no message content: content capture is off by default in most instrumentations (OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT for the OpenTelemetry GenAI ones); without it, tool calls inside LLM spans and the run's input are invisible.")
+        out.append(f"{_pct(llm - content, llm)} of LLM calls ({llm - content} of {llm}) have no message content: content capture is off by default in most instrumentations (OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT for the OpenTelemetry GenAI ones and Google ADK: SPAN_ONLY puts it on spans); without it, tool calls inside LLM spans and the run's input are invisible.")
     if llm and llm_calls["with_tokens"] < llm:
         out.append(f"{llm - llm_calls['with_tokens']} of {llm} LLM calls report no token usage, so cost figures undercount.")
     n = trajs["trajectories"]
+    if spans["traces"] > n:
+        out.append(f"{spans['traces'] - n} of {spans['traces']} traces hold no steps (no tool, LLM or agent call, e.g. a lone create_agent span) and are not runs.")
+    if n_tools:
+        out.append(_evidence_sentence(section["evidence_sources"]))
+    out += _shape_sentences(section["shapes"], tools)
     if n and trajs["with_input"] < n:
         out.append(f"{n - trajs['with_input']} of {n} trajectories have no recorded input, so they cannot be replayed.")
-    if n and trajs["task_key_from_attribute"] < n:
-        out.append(f"{n - trajs['task_key_from_attribute']} of {n} trajectories have no task-key attribute (session.id, gen_ai.conversation.id or --task-key); they are grouped by a hash of their input, which splits a task whose input is reworded.")
+    if n and trajs["with_final_output"] < n:
+        out.append(f"{n - trajs['with_final_output']} of {n} trajectories have no final output: neither the agent span nor the last"
+                   " LLM response records the answer (content capture off, or an instrumentation that records no model output).")
+    if n:
+        out.append(_task_key_sentence(section["task_key_sources"], trajs))
     if n and trajs["tasks_seen_more_than_once"] == 0:
         out.append("No task was seen more than once, so consistency (agreement across runs of one task) cannot be measured yet.")
     if spans["spans_with_dropped_attributes"]:
@@ -184,6 +237,71 @@ def findings(section: dict[str, Any]) -> list[str]:
         keys = ", ".join(list(section["unrecognised_keys"])[:5])
         out.append(f"Unrecognised keys on GenAI-looking spans (kept raw, not interpreted): {keys}.")
     return out
+
+
+_SOURCE_NAMES = {"tool_span": "their own tool spans", "tool_span+llm_output": "tool spans matched to the model's proposal",
+                 "llm_output": "LLM output messages only", "span": "spans"}
+_SHAPE_NAMES = {
+    "smolagents_call": "smolagents call records {args, sanitize_inputs_outputs, kwargs}",
+    "kwargs_wrapper": "{kwargs} wrappers (LlamaIndex)", "args_kwargs_wrapper": "{args, kwargs} wrappers",
+    "langchain_callback": "LangChain callback payloads (input_str/inputs/kwargs)",
+    "tool_call_object": "LangChain tool-call objects {name, args, id}",
+    "langchain_tool_message": "LangChain ToolMessage dumps", "llamaindex_tool_output": "LlamaIndex ToolOutput dumps",
+    "langchain_tool_message_error": "LangChain ToolMessage dumps with status error (marked failed)",
+    "merged_tools_summary": "Google ADK's (merged tools) span over parallel calls (not a call: each call has its own span)",
+    "answer_tool": "a framework's answer tool (smolagents final_answer: the run's answer, not a tool call)",
+    "content_blocks": "content blocks", "responses_dump": "OpenAI Responses objects (a streamed response)", "gcp.vertex.agent_result_wrapper": "Google ADK {result} wrappers of plain return values", "output_wrapper": "{output} wrappers",
+    "graph_state": "graph-state dumps {messages}", "run_kwargs": "run() keyword dumps", "message_list": "message lists",
+    "agent_output": "agent result objects", "run_result": "run result objects", "traceloop_entity": "Traceloop entity payloads",
+    "scalar": "a bare value, not an object", "unrecognised": "a structure of unknown shape",
+}
+_FIELD_NAMES = {"args": "tool arguments", "result": "tool results", "input": "run inputs", "output": "run outputs", "step": "spans"}
+
+
+def _shape_phrase(shape: str, n: int) -> str:
+    field, _, kind = shape.partition(":")
+    return f"{n} {_FIELD_NAMES.get(field, field)} from {_SHAPE_NAMES.get(kind, kind)} ({shape})"
+
+
+def _evidence_sentence(sources: dict[str, int]) -> str:
+    parts = ", ".join(f"{n} from {_SOURCE_NAMES.get(s, s)}" for s, n in sources.items())
+    return f"Evidence for tool calls: {parts}."
+
+
+def _shape_sentences(shapes: dict[str, dict[str, int]], tools: dict[str, Any]) -> list[str]:
+    out = []
+    if shapes["unwrapped"]:
+        parts = "; ".join(_shape_phrase(s, n) for s, n in shapes["unwrapped"].items())
+        out.append(f"Recognised framework wrappers and dumps, unwrapped to the value inside: {parts}.")
+    kept = shapes["kept_as_is"]
+    if kept:
+        parts = "; ".join(_shape_phrase(s, n) for s, n in kept.items())
+        text = f"Kept as they came (shape not recognised): {parts}."
+        if any(s.startswith("args:") for s in kept):
+            text += (f" {tools.get('bare_args_replaced_by_llm_output', 0)} bare tool arguments were replaced by the model's"
+                     " proposed call object; arguments that stay bare cannot be checked by name.")
+        if any(s.startswith(("input:", "output:")) for s in kept):
+            text += " A run input or output kept as it came gives way to the LLM spans' request and answer where they have them."
+        out.append(text)
+    return out
+
+
+def _task_key_sentence(sources: dict[str, int], trajs: dict[str, Any]) -> str:
+    names = {"input_hash": "a hash of the normalised request", "none": "nothing (no key, no input)"}
+    parts = ", ".join(f"{n} from {names.get(s, s.replace('attribute:', 'attribute '))}" for s, n in sources.items())
+    text = f"Task keys: {parts}."
+    if sources.get("none"):
+        text += (f" {sources['none']} runs have no task key and no recorded request, so they cannot be grouped by task:"
+                 " set plumbline.task.key, or turn content capture on so the request is recorded.")
+    if trajs["task_key_from_attribute"] < trajs["trajectories"]:
+        text += (" A hashed request splits a task whose request is reworded: set plumbline.task.key on the run's root span"
+                 " or resource (or name your own attribute with --task-key / storage.task_keys).")
+    if trajs["with_session_or_conversation_id"]:
+        text += (f" {trajs['with_session_or_conversation_id']} runs carry a session or conversation id; it is kept in the run's"
+                 " context, not used as the task key, because one conversation holds many tasks (pass --task-key session.id"
+                 " if yours holds exactly one).")
+    return text
+
 
 
 def coverage_counts(store: Store, since_ns: int | None = None, exclude_traces: Sequence[str] = ()) -> dict[str, Any]:
@@ -232,7 +350,8 @@ def render_text(report: dict[str, Any]) -> str:
             f"token usage {_pct(llm['with_tokens'], llm['llm_calls'])}",
             f"trajectories {trajs['trajectories']}: input {_pct(trajs['with_input'], trajs['trajectories'])}, "
             f"final output {_pct(trajs['with_final_output'], trajs['trajectories'])}, tasks {trajs['tasks']} "
-            f"({trajs['tasks_seen_more_than_once']} seen more than once)",
+            f"({trajs['tasks_seen_more_than_once']} seen more than once); task keys from "
+            + (", ".join(f"{src} {n}" for src, n in section["task_key_sources"].items()) or "n/a"),
             *(f"- {f}" for f in section["findings"]),
             "",
         ]

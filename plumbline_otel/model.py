@@ -75,6 +75,8 @@ class SpanRecord:
     proposed_calls: list[ToolCallRef] = field(default_factory=list)
     tool_results: list[ToolResultRef] = field(default_factory=list)
     unknown_keys: list[str] = field(default_factory=list)
+    # Framework wrappers and dumps met on this span, as "<field>:<shape>" (e.g. "args:smolagents_call").
+    shapes: list[str] = field(default_factory=list)
     dropped_attributes_count: int = 0
     attributes: dict[str, Any] = field(default_factory=dict)
     resource: dict[str, Any] = field(default_factory=dict)

@@ -39,6 +39,7 @@ from plumbline_otel.store import span_table, trajectory_table, unique_spans
 
 _IN_FLIGHT_PER_WORKER = 8  # units queued for one worker before `submit` waits: bounds memory
 _WORKER_START_TIMEOUT = 60.0
+_PARENT_CHECK_SECONDS = 1.0  # how often an idle worker checks that its writer is still alive
 
 
 def shard_of(trace_id: bytes, shards: int) -> int:
@@ -176,16 +177,31 @@ class Shard:
             del self.last_seen[trace_id]
             self.held_spans -= len(held)
             records = unique_spans(held)
-            counts[trace_id] = len(records)
-            trajectories.append(assemble(records, self.settings.task_keys))
+            counts[trace_id] = len(records)  # counted even when no run: its stale trajectory is removed
+            trajectory = assemble(records, self.settings.task_keys)
+            if trajectory is not None:
+                trajectories.append(trajectory)
         return [TrajectoryPart(self.index, trajectory_table(trajectories, time.time_ns()), counts)]
 
 
 def _worker(index: int, settings: ShardSettings, inbox: Any, outbox: Any) -> None:
-    """A worker process: one shard, messages in order, parts out in order."""
+    """A worker process: one shard, messages in order, parts out in order.
+
+    It leaves when told (None), or when its parent is gone: a writer killed with SIGKILL cannot
+    say so, and a worker left waiting would hold its memory forever.
+    """
+    parent = os.getppid()
     shard = Shard(index, settings)
     outbox.put(("ready", index))
-    while (message := inbox.get()) is not None:
+    while True:
+        try:
+            message = inbox.get(timeout=_PARENT_CHECK_SECONDS)
+        except queue.Empty:
+            if os.getppid() != parent:
+                return
+            continue
+        if message is None:
+            return
         kind, payload = message
         try:
             if kind == "unit":
@@ -286,6 +302,11 @@ class ShardPool:
         if self._local is not None:
             return None
         return self._get(timeout)
+
+    @property
+    def pids(self) -> list[int]:
+        """The worker processes' ids (none in-process)."""
+        return [p.pid for p in self._procs if p.pid is not None]
 
     @property
     def shards(self) -> int:

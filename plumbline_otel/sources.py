@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 from plumbline_otel.coverage import coverage_counts, report_from_counts
 from plumbline_otel.errors import ConfigError
 from plumbline_otel.model import Trajectory
-from plumbline_otel.store import Store, trajectory_from_doc
+from plumbline_otel.store import Store, open_assembled, trajectory_from_doc
 
 if TYPE_CHECKING:
     from plumbline_otel.api.client import PlumblineClient
@@ -103,14 +103,16 @@ class Sources:
     Args:
         dbs: store files no server holds.
         servers: running `plumbline serve` instances, read through the gRPC API.
-        assemble: rebuild the trajectories of spans received since the last assembly first (opens
-            files for writing, as `check` and `certify` do on one file).
+        assemble: rebuild the trajectories of spans received since the last assembly first, and
+            fail on a file that cannot be written (as `check` and `certify` do on one file);
+            otherwise a file is read as `open_assembled` reads one, its pending traces counted.
     """
 
     def __init__(self, dbs: Iterable[str] = (), servers: Iterable[str] = (), assemble: bool = False) -> None:
         self.dbs = expand_dbs(dbs)
         self.servers = tuple(dict.fromkeys(servers))
         self.assemble = assemble
+        self._pending: dict[str, int] = {}
         if not self.dbs and not self.servers:
             raise ConfigError("no store given: --db FILE (repeatable, or a glob) or --server HOST:PORT (repeatable)")
         absent = [path for path in self.dbs if not Path(path).is_file()]
@@ -128,10 +130,17 @@ class Sources:
         return self.dbs[0] if len(self.dbs) == 1 and not self.servers else None
 
     def _store(self, path: str) -> Store:
-        store = Store(path, read_only=not self.assemble)
-        if self.assemble:
-            store.assemble()
+        if not self.assemble:  # a reader's rule: assemble what is pending if it can, else count it
+            store, self._pending[path] = open_assembled(path)
+            return store
+        store = Store(path)
+        store.assemble()
         return store
+
+    @property
+    def pending_traces(self) -> int:
+        """Traces files opened read-only hold unassembled (left out of what was read; 0 for servers)."""
+        return sum(self._pending.values())
 
     def _client(self, address: str) -> PlumblineClient:
         from plumbline_otel.api.client import PlumblineClient  # grpc, only when a server is read

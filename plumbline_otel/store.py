@@ -10,6 +10,7 @@ span updates its trajectory. The schema carries a version in `meta` and migrates
 
 from __future__ import annotations
 
+import os
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -22,16 +23,17 @@ import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from plumbline_otel.assemble import DEFAULT_TASK_KEYS, assemble
+from plumbline_otel.assemble import DEFAULT_TASK_KEYS, assemble, is_context_key
 from plumbline_otel.decode import Problem
 from plumbline_otel.errors import StoreError
 from plumbline_otel.model import SpanRecord, Step, ToolCallRef, ToolResultRef, Trajectory
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 DEFAULT_DB = "plumbline.duckdb"
 
-# Column name -> DuckDB type, in table order. JSON columns hold orjson text.
-_SPAN_COLUMNS: dict[str, str] = {
+# Column name -> DuckDB type, in table order. JSON columns hold orjson text. Version 1's columns
+# stay as they were; later versions append theirs (ALTER TABLE adds at the end).
+_SPAN_COLUMNS_V1: dict[str, str] = {
     "trace_id": "VARCHAR NOT NULL",
     "span_id": "VARCHAR NOT NULL",
     "parent_span_id": "VARCHAR",
@@ -70,15 +72,15 @@ _SPAN_COLUMNS: dict[str, str] = {
     "resource": "JSON",
     "received_ns": "BIGINT",
 }
+_SPAN_COLUMNS: dict[str, str] = {**_SPAN_COLUMNS_V1, "shapes": "VARCHAR[]"}
 _ARROW_TYPES = {"BIGINT": pa.int64(), "INTEGER": pa.int32(), "BOOLEAN": pa.bool_(), "VARCHAR[]": pa.list_(pa.string())}
 _JSON_FIELDS = ("args", "result", "attributes", "resource")
-_CONTEXT_PREFIX = "plumbline."
 
 _MIGRATIONS: dict[int, list[str]] = {
     1: [
         "CREATE TABLE IF NOT EXISTS meta (key VARCHAR PRIMARY KEY, value VARCHAR)",
         "CREATE TABLE spans ("
-        + ", ".join(f"{name} {kind}" for name, kind in _SPAN_COLUMNS.items())
+        + ", ".join(f"{name} {kind}" for name, kind in _SPAN_COLUMNS_V1.items())
         + ", PRIMARY KEY (trace_id, span_id))",
         "CREATE TABLE dirty_traces (trace_id VARCHAR PRIMARY KEY)",
         """CREATE TABLE trajectories (
@@ -95,6 +97,10 @@ _MIGRATIONS: dict[int, list[str]] = {
         "DROP TABLE spans",
         "ALTER TABLE spans_v2 RENAME TO spans",
     ],
+    # Framework wrappers and dumps unwrapped per span, for coverage (issue 15); every trajectory is
+    # rebuilt, because a conversation id is no longer a default task key.
+    3: ["ALTER TABLE spans ADD COLUMN shapes VARCHAR[]",
+        "INSERT OR IGNORE INTO dirty_traces SELECT DISTINCT trace_id FROM spans"],
 }
 
 
@@ -143,8 +149,8 @@ def _json(value: Any) -> str | None:
 
 
 def _context(rec: SpanRecord) -> str | None:
-    ctx = {k: v for k, v in rec.resource.items() if k.startswith(_CONTEXT_PREFIX)}
-    ctx.update({k: v for k, v in rec.attributes.items() if k.startswith(_CONTEXT_PREFIX)})
+    ctx = {k: v for k, v in rec.resource.items() if is_context_key(k)}
+    ctx.update({k: v for k, v in rec.attributes.items() if is_context_key(k)})
     return _json(ctx) if ctx else None
 
 
@@ -179,10 +185,23 @@ def span_table(records: list[SpanRecord], now: int) -> pa.Table:
     return pa.table({name: columns[name] for name in _SPAN_COLUMNS}, schema=_SCHEMA)
 
 
+def schema_version(connection: Any) -> int:
+    """The schema version a store's connection holds (0 for an empty file)."""
+    exists = connection.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = 'meta'").fetchone()
+    if not exists or not exists[0]:
+        return 0
+    row = connection.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+    return int(row[0]) if row else 0
+
+
 _LOCK_HINT = (
     "the database {path} is held by another process (probably `plumbline serve`); "
     "use --server HOST:PORT to ask the running server, or stop it first"
 )
+
+
+class StoreLocked(StoreError):
+    """Another process holds the file (a writer: `plumbline serve`, `ingest`; or a reader)."""
 
 
 class Store:
@@ -194,25 +213,21 @@ class Store:
             self.connection = duckdb.connect(self.path, read_only=read_only)
         except duckdb.IOException as exc:
             if "lock" in str(exc).lower():
-                raise StoreError(_LOCK_HINT.format(path=self.path)) from None
+                raise StoreLocked(_LOCK_HINT.format(path=self.path)) from None
             raise StoreError(f"cannot open {self.path}: {exc}") from None
         except duckdb.Error as exc:
             raise StoreError(f"cannot open {self.path}: {exc}") from None
         self._span_keys: _SpanKeys | None = None
         if not read_only:
             self._migrate()
+        # A file opened read-only keeps the schema it was written with (older columns may be missing).
+        self.schema_version = self._version()
         self.task_keys = tuple(task_keys) if task_keys else self._stored_task_keys()
 
     # --- schema -----------------------------------------------------------------------------
 
     def _version(self) -> int:
-        exists = self.connection.execute(
-            "SELECT count(*) FROM information_schema.tables WHERE table_name = 'meta'"
-        ).fetchone()
-        if not exists or not exists[0]:
-            return 0
-        row = self.connection.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
-        return int(row[0]) if row else 0
+        return schema_version(self.connection)
 
     def _migrate(self) -> None:
         version = self._version()
@@ -348,15 +363,19 @@ class Store:
             by_trace.setdefault(rec.trace_id, []).append(rec)
         return by_trace
 
-    def assemble(self, recent: dict[str, list[SpanRecord]] | None = None, chunk: int = 2000) -> int:
+    def assemble(self, recent: dict[str, list[SpanRecord]] | None = None, chunk: int = 2000,
+                 deadline: float | None = None) -> int:
         """Rebuild the trajectories of every trace that received spans since the last assembly.
 
         `recent` may hold the records just written, by trace: a trace whose stored spans are
         exactly those (nothing arrived for it earlier) is assembled from memory, not read back.
+        Past `deadline` (a `time.monotonic()` value) no further chunk starts: what is left stays
+        pending (see `pending_traces`) and the next assembly takes it up, so a bounded shutdown
+        never loses work, only defers it.
         """
         recent = recent or {}
         total = 0
-        while True:
+        while deadline is None or time.monotonic() < deadline:
             rows = self.connection.execute(
                 "SELECT d.trace_id, count(s.span_id) FROM (SELECT trace_id FROM dirty_traces LIMIT ?) d "
                 "JOIN spans s USING (trace_id) GROUP BY 1", [chunk]).fetchall()
@@ -367,9 +386,20 @@ class Store:
             in_memory = {t: unique_spans(recent[t]) for t, n in rows if t in recent and len(unique_spans(recent[t])) == n}
             by_trace = self._records_for([t for t in dirty if t not in in_memory]) if len(in_memory) < len(dirty) else {}
             by_trace.update(in_memory)
-            trajectories = [assemble(recs, self.task_keys) for recs in by_trace.values()]
+            built = (assemble(recs, self.task_keys) for recs in by_trace.values())
+            trajectories = [t for t in built if t is not None]
             self._write_trajectories(trajectories, dirty)
             total += len(trajectories)
+        return total
+
+    def pending_traces(self) -> int:
+        """Traces whose spans arrived after their trajectory was last built (or that have none yet).
+
+        Readers that cannot assemble (a read-only file) report this count, because the
+        trajectories table does not reflect those traces' spans.
+        """
+        row = self.connection.execute("SELECT count(*) FROM dirty_traces").fetchone()
+        return int(row[0]) if row else 0
 
     def _write_trajectories(self, trajectories: list[Trajectory], done: list[str]) -> None:
         built = trajectory_table(trajectories, time.time_ns())  # noqa: F841 - read by name in the SQL below
@@ -412,6 +442,42 @@ class Store:
         self.close()
 
 
+def open_assembled(path: str | Path) -> tuple[Store, int]:
+    """The store for a reader, with every stored span in a trajectory when that is possible.
+
+    A reader that can write assembles what is pending first, so it gives the same answer as
+    `check` or a server would. When another reader holds the file, or the file (or its folder,
+    where DuckDB keeps its write-ahead log) is not writable, it opens read-only and returns how
+    many traces are pending (their spans are not in the trajectories it will see), for the caller
+    to say so. A file a writer holds raises `StoreLocked`; a missing file raises `StoreError` (a
+    reader never creates a store).
+    """
+    file = Path(path)
+    if not file.exists():
+        return Store(path, read_only=True), 0  # raises "cannot open" naming the path
+    try:
+        store = Store(path)
+    except StoreError as exc:
+        writable = os.access(file, os.W_OK) and os.access(file.parent, os.W_OK)
+        if not isinstance(exc, StoreLocked) and writable:
+            raise
+        store = Store(path, read_only=True)
+        return store, store.pending_traces()
+    try:
+        store.assemble()
+    except BaseException:
+        store.close()
+        raise
+    return store, 0
+
+
+def pending_note(pending: int) -> str:
+    """The sentence a read-only reader prints beside figures that exclude pending traces."""
+    return (f"note: {pending} trace{'s' if pending != 1 else ''} not yet assembled into trajectories "
+            f"{'are' if pending != 1 else 'is'} excluded from these figures (the store is open read-only: another "
+            "process holds it, or it is not writable); run again when it is free, or ask a server with --server")
+
+
 def trajectory_table(trajectories: list[Trajectory], now: int) -> pa.Table:
     """Trajectories as the Arrow table the store inserts (built where they were assembled)."""
     return pa.table({
@@ -448,6 +514,7 @@ def _record(row: dict[str, Any], keys: list[str], key_values: list[Any]) -> Span
     row["proposed_calls"] = [ToolCallRef(**c) for c in orjson.loads(row["proposed_calls"])] if row["proposed_calls"] else []
     row["tool_results"] = [ToolResultRef(**r) for r in orjson.loads(row["tool_results"])] if row["tool_results"] else []
     row["unknown_keys"] = row["unknown_keys"] or []
+    row["shapes"] = row["shapes"] or []
     context_json = row.pop("context")
     context = orjson.loads(context_json) if context_json else {}
     attributes = {k: v for k, v in zip(keys, key_values or []) if v is not None}

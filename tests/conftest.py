@@ -5,8 +5,15 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from demo_support import DemoRun, run_demo
 
 from plumbline_otel.store import Store
+
+
+@pytest.fixture(scope="session")
+def demo_run(tmp_path_factory: pytest.TempPathFactory) -> DemoRun:
+    """`plumbline demo`, run once for every test that looks at what it produced (it takes most of a minute)."""
+    return run_demo(tmp_path_factory.mktemp("demo"))
 
 
 @pytest.fixture

@@ -15,12 +15,13 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import Tracer
 
 
-def record(build: Callable[[Tracer], None], service: str = "test-agent", resource: dict[str, Any] | None = None) -> ExportTraceServiceRequest:
-    """Run `build` with a real SDK tracer and return the spans as an OTLP export request."""
+def record(build: Callable[[Tracer], None], service: str = "test-agent", resource: dict[str, Any] | None = None,
+           scope: str = "tests") -> ExportTraceServiceRequest:
+    """Run `build` with a real SDK tracer (of instrumentation scope `scope`) and return the spans as an OTLP export request."""
     exporter = InMemorySpanExporter()
     provider = TracerProvider(resource=Resource.create({"service.name": service, **(resource or {})}))
     provider.add_span_processor(SimpleSpanProcessor(exporter))
-    build(provider.get_tracer("tests"))
+    build(provider.get_tracer(scope))
     provider.shutdown()
     return encode_spans(exporter.get_finished_spans())
 

@@ -5,9 +5,11 @@
     python:domains.accounts_payable.replay_adapter:plan_execute_retry  with retry
     python:domains.accounts_payable.replay_adapter:APAdapter  + --adapter-option arm=… live=true …
 
-Each trial runs ``run_trial`` with the variant's text, its fault (a fresh ``FaultSpec`` injector
-per trial), its sampling temperature (sent in the request body) and its decoy tools (appended to the tools a request offers;
-a call to one fails as an unknown tool), under the trial identity. Spans go to the study's sink
+Each trial runs ``run_trial`` with the variant's text, its sampling temperature (sent in the
+request body) and its decoy tools (appended to the tools a request offers; a call to one fails as
+an unknown tool), under the attempt's identity. Its fault is the driver's: the arms' tool runner
+asks the driver's per-attempt injector before every call, and the root span carries the fault
+evidence the driver recorded (``plumbline.fault.tool`` / ``.error`` / ``.fired``). Spans go to the study's sink
 (an OTLP endpoint such as a running ``plumbline serve``, or an OTLP JSON-lines file), all or
 nothing per trial: an attempt that fails is discarded, so a retry or a missing marker stands for
 it. The agent joins the driver's trace context, so its trace is the trial's trace.
@@ -27,7 +29,7 @@ from contextlib import ExitStack
 from typing import Any
 
 from domains.accounts_payable import tracing
-from domains.accounts_payable.arms import ARMS, TRANSIENT_KINDS, FaultSpec, run_trial
+from domains.accounts_payable.arms import ARMS, TRANSIENT_KINDS, run_trial
 from domains.accounts_payable.run import Backend, model_backend
 from plumbline_otel.replay import (
     AdapterError,
@@ -51,6 +53,10 @@ AP_DECOY_TOOLS: tuple[dict[str, Any], ...] = (
 # Where tool_fault injects by default: checks that most documents go through, never a payment
 # (the same target as the demo study first); only tools the task's source run called are used.
 AP_FAULT_TOOLS = ("check_duplicate", "check_vendor_status", "three_way_match", "validate_po")
+# The demo's simulated agents are plausibly imperfect: they sometimes skip a check when
+# distracted, sometimes give up after a transient error, rarely misread an amount or pick the
+# wrong reason code (see simulated_model.py).
+DEMO_IMPERFECTIONS = {"skip_check_under_distraction": 0.3, "stop_retrying": 0.3, "misread_amount": 0.03, "wrong_reason_code": 0.05}
 _DOC_ID = re.compile(r"\bINV-\d{3,}\b", re.I)
 
 
@@ -178,19 +184,15 @@ class APAdapter:
         backend, client = self._start()
         provider, buffer = self._provider(trial)
         task_id = self.task_id_of(trial)
-        fault = None
-        if trial.fault is not None:
-            if trial.fault.kind not in TRANSIENT_KINDS:
-                raise AdapterError(f"fault kind {trial.fault.kind!r} is not one of {', '.join(TRANSIENT_KINDS)}")
-            fault = FaultSpec(trial.fault.tool, trial.fault.kind, trial.fault.on_call, trial.fault.times)
+        if trial.fault is not None and trial.fault.kind not in TRANSIENT_KINDS:
+            raise AdapterError(f"fault kind {trial.fault.kind!r} is not one of {', '.join(TRANSIENT_KINDS)}")
         decoys = list(trial.metadata.get("decoy_tools") or ())
         sampling = {"temperature": trial.metadata["temperature"]} if trial.metadata.get("temperature") is not None else {}
-        ident = trial.identity
         try:
             result = run_trial(
                 self.arm, task_id, client=_Perturbed(client, decoys, sampling) if decoys or sampling else client,
-                model=backend.model, trial=tracing.TrialIdentity(ident.trial_id, ident.perturbation, ident.variant, ident.study),
-                fault=fault, request_text=trial.text, tracer_provider=provider, capture_content=self.capture_content)
+                model=backend.model, trial=trial.identity, request_text=trial.text, tracer_provider=provider,
+                capture_content=self.capture_content)
         except Exception as exc:
             buffer.discard(trial.trace_id)
             if _transient(exc):
@@ -199,7 +201,7 @@ class APAdapter:
         buffer.release(result.trace_id)
         return TrialOutcome(
             trace_id=result.trace_id, output=result.final_answer,
-            fault_fired=result.fault_fired if fault is not None else None,
+            fault_fired=result.fault_fired if trial.fault is not None else None,
             input_tokens=result.input_tokens, output_tokens=result.output_tokens,
             detail={"passed": result.passed, "backend": backend.kind, "simulated": backend.simulated,
                     "model": backend.model, "agent_error": result.agent_error})

@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from domains.accounts_payable import tracing
-from domains.accounts_payable.arms import FaultSpec, TrialResult, make_client, run_trial
+from domains.accounts_payable.arms import FaultPlan, TrialResult, make_client, run_trial
+from plumbline_otel.replay.identity import TrialIdentity, trial_id_for
 from domains.accounts_payable.arms.trial import DEFAULT_MODEL
 from domains.accounts_payable.simulated_model import SIMULATED_MODEL_NAME, SimulatedModel, parse_imperfections
 
@@ -105,7 +106,7 @@ def run_domain(
     endpoint: str | None = None,
     otlp_file: str | Path | None = None,
     imperfections: str | dict[str, float] | None = None,
-    fault: str | FaultSpec | None = None,
+    fault: str | FaultPlan | None = None,
     seed: int = 0,
     model: str | None = None,
     model_url: str | None = None,
@@ -117,7 +118,7 @@ def run_domain(
 ) -> RunSummary:
     """Run ``arm`` on the selected tasks (``repeats`` trials each) and grade every trial."""
     task_ids = select_tasks(task)
-    spec = FaultSpec.parse(fault) if isinstance(fault, str) else fault
+    spec = FaultPlan.parse(fault) if isinstance(fault, str) else fault
     study = study or f"ap-{arm}-seed{seed}"
     provider = tracing.make_tracer_provider(arm, endpoint=endpoint, otlp_file=otlp_file, exporter=exporter)
     started = time.perf_counter()
@@ -127,12 +128,9 @@ def run_domain(
             summary = RunSummary(arm, backend.kind)
             for task_id in task_ids:
                 for k in range(repeats):
-                    trial = tracing.TrialIdentity(
-                        trial_id=f"{study}/{task_id}/k{k}",
-                        perturbation="tool_fault" if spec else "baseline",
-                        variant="0",
-                        study=study,
-                    )
+                    perturbation = "tool_fault" if spec else "baseline"
+                    trial = TrialIdentity(trial_id_for(study, task_id, perturbation, "0", k), perturbation, "0", study,
+                                          k, task_id)
                     result = run_trial(arm, task_id, client=backend.client, model=backend.model,
                                        trial=trial, fault=spec, tracer_provider=provider)
                     provider.force_flush()

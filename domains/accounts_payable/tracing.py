@@ -24,7 +24,6 @@ import json
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -41,6 +40,8 @@ from opentelemetry.sdk.trace.export import (
 )
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer
 
+from plumbline_otel.replay.identity import TrialIdentity  # the one trial identity, shared with the driver
+
 SERVICE_VERSION = "1.0.0"
 SCOPE_NAME = "domains.accounts_payable"
 PROVIDER_NAME = "anthropic"
@@ -54,24 +55,6 @@ _FINISH_REASONS = {
     "refusal": "content_filter",
     "pause_turn": "stop",
 }
-
-
-@dataclass(frozen=True)
-class TrialIdentity:
-    """Which trial a run belongs to; carried on the root span (and optionally the resource)."""
-
-    trial_id: str
-    perturbation: str = "baseline"
-    variant: str = "0"
-    study: str = "adhoc"
-
-    def attributes(self) -> dict[str, str]:
-        return {
-            "plumbline.trial.id": self.trial_id,
-            "plumbline.perturbation": self.perturbation,
-            "plumbline.variant": self.variant,
-            "plumbline.study": self.study,
-        }
 
 
 # ---------------------------------------------------------------------------------------------
@@ -303,6 +286,7 @@ def agent_span(
         "gen_ai.operation.name": "invoke_agent",
         "gen_ai.agent.name": arm,
         "gen_ai.conversation.id": task_id,
+        "plumbline.task.key": task_id,  # the conversation is not the task key by default; name the task
         "gen_ai.provider.name": PROVIDER_NAME,
         "gen_ai.input.messages": dumps([text_message("user", request_text)]),
         "invoice.id": task_id,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any, Iterable, Iterator
 
 import click
 
@@ -21,23 +22,39 @@ from plumbline_otel.cli.options import sources, stores_option, warn_misrouted
 @click.option("--out", "out", required=True, type=click.Path(dir_okay=False), help="where to write the certificate JSON")
 @click.option("--format", "fmt", type=click.Choice(["text", "json", "none"]), default="text", show_default=True,
               help="what to print besides writing --out")
-def certify(spec_path: str, db: tuple[str, ...], server: tuple[str, ...], agent: str | None, study: str | None, target: float, out: str, fmt: str) -> None:
+@click.option("--emit", "emit_url", default=None, metavar="URL",
+              help="also send each cell and scored run as an OTel gen_ai.evaluation.result log event (grpc://HOST:PORT or http://HOST:PORT)")
+def certify(spec_path: str, db: tuple[str, ...], server: tuple[str, ...], agent: str | None, study: str | None, target: float,
+            out: str, fmt: str, emit_url: str | None = None) -> None:
     """Certify critical conformance per agent and perturbation; headline = min lower 95% bound."""
     from plumbline_otel.report import build_certificate, render_text
     from plumbline_otel.spec import load_spec
 
     spec = load_spec(spec_path)
     service = agent.split("@", 1)[0] if agent else None
+    runs: list[Any] = []  # kept for --emit, which sends one event per scored run
+
+    def keep(trajectories: Iterable[Any]) -> Iterator[Any]:
+        for t in trajectories:
+            if emit_url:
+                runs.append(t)
+            yield t
+
     stores = sources(db, server, assemble=True)
     if stores.single_db is None:  # per-(agent, perturbation, task) runs from every store, as one store would hold them
-        cert = build_certificate(spec, stores.trajectories(service=service), agent=agent, study=study, target=target)
+        cert = build_certificate(spec, keep(stores.trajectories(service=service)), agent=agent, study=study, target=target)
         warn_misrouted(stores)
     else:
         with open_store(stores.single_db) as store:
             store.assemble()
-            cert = build_certificate(spec, store.trajectories(service=service), agent=agent, study=study, target=target)
+            cert = build_certificate(spec, keep(store.trajectories(service=service)), agent=agent, study=study, target=target)
     Path(out).write_text(json.dumps(cert, indent=2) + "\n", encoding="utf-8")
     if fmt == "text":
         click.echo(render_text(cert))
     elif fmt == "json":
         click.echo(json.dumps(cert, indent=2))
+    if emit_url:
+        from plumbline_otel.evaluation_events import certificate_events, send
+
+        sent = send(emit_url, certificate_events(cert, spec, runs))
+        click.echo(f"sent {sent} gen_ai.evaluation.result events to {emit_url}", err=True)

@@ -1,16 +1,21 @@
 """`plumbline demo`: the main job on its embedded default, with nothing to install or configure.
 
 Part one ingests the sample traces in `runs/samples` (recorded from real instrumentation
-libraries) and prints coverage and trajectories. Part two runs the reference accounts-payable
-agents on a simulated model (a seeded policy behind a loopback stand-in of the Anthropic API,
-labelled simulated everywhere), ingests their traces, checks them against the domain's
-invariants, certifies each agent and applies the CI gate.
+libraries) and prints coverage and trajectories. Part two is what a user does with the replay
+driver, on the reference accounts-payable agents and a simulated model (a seeded policy behind a
+loopback stand-in of the Anthropic API, labelled simulated everywhere): baseline "traffic" of one
+agent is stored, its tasks are selected from the store, and each agent is replayed on them
+through the same library `plumbline replay` uses (`open_study` / `Study.run`: guard, ledger,
+response cache, spend cap, resume, one trace per attempt) under all six perturbations, into OTLP
+JSON-lines files that are ingested; then check, certify and gate (`_check_certify_gate`).
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -19,9 +24,10 @@ from plumbline_otel.cli.trajectories import emit
 from plumbline_otel.coverage import coverage_report, render_text
 from plumbline_otel.errors import ConfigError
 from plumbline_otel.ingest import ingest_files
+from plumbline_otel.report import write_report
 from plumbline_otel.store import Store
 
-_AP_RUNS = "service LIKE 'ap-agent-%'"
+_DEMO_RUNS = "json_extract_string(doc, '$.context.\"plumbline.study\"') LIKE 'ap-demo-%'"
 
 
 def repo_dir(*parts: str) -> Path:
@@ -47,47 +53,91 @@ def _samples(store: Store, show: int) -> None:
         emit(docs[:1], "jsonl")
 
 
-def _study(store: Store, runs_dir: Path, repeats: int, min_bound: float) -> None:
-    from domains.accounts_payable.study import PERTURBATIONS, run_study
-    from domains.accounts_payable.tasks import TASKS
+SOURCE_ARM = "plan_execute_retry"  # whose baseline runs stand for production traffic
+ARMS = ("plan_execute", "plan_execute_retry", "react")
+STUDY_PREFIX = "ap-demo-"
+
+
+def _traffic(store: Store, runs_dir: Path) -> list[Any]:
+    """Store one agent's clean baseline runs of every reference invoice and select the tasks from them."""
+    from domains.accounts_payable.run import run_domain
+    from plumbline_otel.replay import select_tasks
+
+    traffic = runs_dir / "traffic.otlp.jsonl"
+    click.secho(f"\n4. Traffic: ap-agent-{SOURCE_ARM} on every invoice (SIMULATED model), stored as the tasks to replay", bold=True)
+    run_domain(SOURCE_ARM, "all", otlp_file=traffic, offline=True, imperfections={}, study="traffic")
+    click.echo(render_summary(ingest_files(store, [str(traffic)])))
+    return select_tasks(store, agent=f"ap-agent-{SOURCE_ARM}")
+
+
+def _replay(store: Store, runs_dir: Path, tasks: list[Any], repeats: int, concurrency: int) -> None:
+    """Replay every arm on the tasks through the replay driver, then ingest what they exported."""
+    from domains.accounts_payable.replay_adapter import DEMO_IMPERFECTIONS, APAdapter
+    from plumbline_otel.replay import PERTURBATIONS, SpanSink, StudyConfig, open_study
+
+    click.secho(f"\n5. Replay: {len(ARMS)} agents × {len(tasks)} tasks × {len(PERTURBATIONS)} perturbations "
+                f"({', '.join(PERTURBATIONS)}) × {repeats} repeats, through the replay driver", bold=True)
+    files = []
+    for arm in ARMS:
+        sink = SpanSink(otlp_file=str(runs_dir / f"{arm}.otlp.jsonl"))
+        config = StudyConfig(f"{STUDY_PREFIX}{arm}", perturbations=PERTURBATIONS, repeats=repeats, concurrency=concurrency,
+                             budget_usd=1.00, state_dir=runs_dir / "state" / arm, sink=sink)
+        adapter = APAdapter(arm, imperfections=DEMO_IMPERFECTIONS)
+        try:
+            study = open_study(config, tasks, adapter)
+            with click.progressbar(length=len(study.plan.trials), label=f"{adapter.service:<28}") as bar:
+                summary = study.run(on_record=lambda *_: bar.update(1))
+        finally:
+            adapter.close()
+            sink.close()
+        click.echo(summary.render())
+        files.append(str(sink.otlp_file))
+    click.echo(render_summary(ingest_files(store, files)))
+
+
+def _check_certify_gate(store: Store, runs_dir: Path, min_bound: float) -> Path:
+    """Conformance, certificate and gate over the demo's replayed runs; returns the certificate's path."""
     from plumbline_otel.analyse import conformance
     from plumbline_otel.report import build_certificate
     from plumbline_otel.report import render_text as render_certificate
     from plumbline_otel.spec import load_spec
 
-    arms = ("plan_execute", "plan_execute_retry", "react")
-    total = len(arms) * len(TASKS) * len(PERTURBATIONS) * repeats
-    click.secho(f"\n4. Running the accounts-payable agents: {len(arms)} arms × {len(TASKS)} invoices × "
-                f"{len(PERTURBATIONS)} perturbations × {repeats} = {total} trials on the SIMULATED model", bold=True)
-    with click.progressbar(length=total, label="trials") as bar:
-        run_study(runs_dir, arms=arms, repeats=repeats, on_result=lambda *_: bar.update(1))
-    click.echo(render_summary(ingest_files(store, [str(runs_dir)])))
     spec = load_spec(repo_dir("configs", "accounts_payable.invariants.yaml"))
-    click.secho("\n5. Conformance: every run against configs/accounts_payable.invariants.yaml", bold=True)
-    summary = conformance.check(spec, store.trajectories(where=_AP_RUNS), store.connection)
+    click.secho("\n6. Conformance: every replayed run against configs/accounts_payable.invariants.yaml", bold=True)
+    summary = conformance.check(spec, store.trajectories(where=_DEMO_RUNS), store.connection)
     click.echo(conformance.render_text(summary))
-    click.secho("6. Certificate: critical conformance per agent and perturbation, Wilson and task-clustered 95% bounds", bold=True)
-    cert = build_certificate(spec, store.trajectories(where=_AP_RUNS), target=min_bound)
+    click.secho("7. Certificate: critical conformance per agent and perturbation", bold=True)
+    cert = build_certificate(spec, store.trajectories(where=_DEMO_RUNS), target=min_bound)
     cert_path = runs_dir / "certificate.json"
     cert_path.write_text(json.dumps(cert, indent=2) + "\n")
     click.echo(render_certificate(cert))
     verdict = "PASS" if cert["headline"]["lower_bound"] >= min_bound else "FAIL"
-    click.secho(f"7. Gate: `plumbline gate {cert_path} --min-bound {min_bound}` → {verdict} "
+    click.secho(f"8. Gate: `plumbline gate {cert_path} --min-bound {min_bound}` → {verdict} "
                 f"(exit {0 if verdict == 'PASS' else 1}); `plumbline plan --target {min_bound}` says how many runs a cell needs.", bold=True)
+    return cert_path
 
 
 @click.command()
 @click.option("--db", default="demo.duckdb", show_default=True, help="DuckDB file to create (replaced if it exists).")
 @click.option("--show", default=5, show_default=True, help="How many sample trajectories to print.")
 @click.option("--runs-dir", default="demo-runs", show_default=True, help="Where the study's traces and certificate go.")
-@click.option("--repeats", default=1, show_default=True, help="Trials per invoice, arm and perturbation.")
+@click.option("--repeats", default=2, show_default=True, type=click.IntRange(1), help="Trials per invoice, agent and perturbation.")
+@click.option("--concurrency", default=4, show_default=True, type=click.IntRange(1, 64), help="Trials in flight per agent.")
 @click.option("--min-bound", default=0.95, show_default=True, help="The gate's threshold.")
 @click.option("--samples-only", is_flag=True, help="Skip the accounts-payable study.")
-def demo(db: str, show: int, runs_dir: str, repeats: int, min_bound: float, samples_only: bool) -> None:
-    """Ingest the bundled sample traces, then run, check and certify the reference agents."""
-    for stale in (Path(db), Path(f"{db}.wal"), *Path(runs_dir).glob("*.otlp.jsonl")):
+def demo(db: str, show: int, runs_dir: str, repeats: int, concurrency: int, min_bound: float, samples_only: bool) -> None:
+    """Ingest the bundled sample traces, then replay, check and certify the reference agents."""
+    runs = Path(runs_dir)
+    for stale in (Path(db), Path(f"{db}.wal"), *runs.glob("*.otlp.jsonl")):
         stale.unlink(missing_ok=True)
+    shutil.rmtree(runs / "state", ignore_errors=True)  # a fresh study each time, not a refused re-run
+    runs.mkdir(parents=True, exist_ok=True)
     with Store(db) as store:
         _samples(store, show)
-        if not samples_only:
-            _study(store, Path(runs_dir), repeats, min_bound)
+        if samples_only:
+            return
+        tasks = _traffic(store, runs)
+        _replay(store, runs, tasks, repeats, concurrency)
+        cert_path = _check_certify_gate(store, runs, min_bound)
+        report = write_report(store.path, cert_path, runs / "report.html")
+        click.secho(f"\n9. Report: open {report.resolve()} in a browser (the interval chart, violations, and the agents' runs side by side)", bold=True)

@@ -40,13 +40,13 @@ def run(name: str, arm: str, task: str, endpoint: str | None, otlp_file: str | N
         offline: bool, study: str | None, results_path: str | None) -> None:
     """Run an arm on one or all tasks; print each task's outcome against ground truth."""
     from domains.accounts_payable import run as ap_run
-    from domains.accounts_payable.arms import FaultSpec
+    from domains.accounts_payable.arms import FaultPlan
 
     if endpoint and otlp_file:
         raise click.UsageError("give --endpoint or --otlp-file, not both")
     try:
         tasks = ap_run.select_tasks(task)
-        spec = FaultSpec.parse(fault) if fault else None
+        spec = FaultPlan.parse(fault) if fault else None
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from exc
     try:

@@ -29,9 +29,11 @@ def render_summary(summary: IngestSummary, limit: int = 20) -> str:
 @click.command()
 @click.argument("paths", nargs=-1, required=True)
 @db_option
-@click.option("--task-key", "task_keys", multiple=True, help="Attribute naming a run's task (repeatable; default session.id, gen_ai.conversation.id).")
+@click.option("--task-key", "task_keys", multiple=True, help="Attribute naming a run's task (repeatable; default plumbline.task.key, else a hash of the normalised request).")
+@click.option("--workers", type=click.IntRange(0), default=None,
+              help="Worker processes decoding and normalising, sharded by trace id [default: one per core; none for inputs under 8 MiB; 0 = in this process].")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
-def ingest(paths: tuple[str, ...], db: str, task_keys: tuple[str, ...], quiet: bool) -> None:
+def ingest(paths: tuple[str, ...], db: str, task_keys: tuple[str, ...], workers: int | None, quiet: bool) -> None:
     """Ingest OTLP trace files (protobuf, JSON, JSON lines; gzipped or not), directories or globs.
 
     Exit 0 when everything was accepted, 3 when some input was rejected (the rest is kept),
@@ -42,6 +44,6 @@ def ingest(paths: tuple[str, ...], db: str, task_keys: tuple[str, ...], quiet: b
         if task_keys:
             store.set_task_keys(task_keys)
         with click.progressbar(length=len(files), label="ingesting", file=sys.stderr, hidden=quiet) as bar:
-            summary = ingest_files(store, files, on_file=lambda path: bar.update(1, path.name))
+            summary = ingest_files(store, files, on_file=lambda path: bar.update(1, path.name), workers=workers)
     click.echo(render_summary(summary))
     sys.exit(summary.exit_code)

@@ -36,6 +36,9 @@ COMMANDS = [
     "plumbline_otel.cli.domain:domain",
     "plumbline_otel.cli.replay:replay",
     "plumbline_otel.cli.importer:import_group",
+    "plumbline_otel.cli.export:export",
+    "plumbline_otel.cli.report:report",
+    "plumbline_otel.cli.show:show",
 ]
 
 

@@ -1,13 +1,15 @@
 """`plumbline replay`: re-run an agent on stored tasks under perturbations, for `plumbline certify`.
 
 Exit codes: 0 every planned trial ran (or was already done), 3 some trials are recorded missing
-or failed (the rest ran; the summary lists them), 1 a usage or setup error (no tasks, etc.).
+or errored (the rest ran; the summary lists them), 1 a usage or setup error (no tasks, another
+runner holds the study, etc.).
 """
 
 from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +55,27 @@ def _next_steps(stores: Any, study: str, otlp_file: str | None, endpoint: str | 
     return f"next: the spans went to {endpoint} and are stored as they arrive; certify the stores that received them:\n  {certify}"
 
 
+class _ServerTraces:
+    """Which traces the running servers have stored since the study began (through their gRPC API)."""
+
+    def __init__(self, servers: tuple[str, ...]) -> None:
+        from plumbline_otel.api.client import PlumblineClient
+
+        self.clients = [PlumblineClient(server) for server in servers]
+        self.since_ns = time.time_ns()
+        self.seen: set[str] = set()
+
+    def __call__(self, trace_id: str) -> bool:
+        if trace_id not in self.seen:
+            for client in self.clients:
+                self.seen.update(str(d.get("trace_id")) for d in client.trajectories(since_ns=self.since_ns))
+        return trace_id in self.seen
+
+    def close(self) -> None:
+        for client in self.clients:
+            client.close()
+
+
 def _from_sources(stores: Any, study: str, agent: str | None, keys: list[str] | None, since_ns: int | None,
                   where: str | None) -> tuple[list[Any], set[str], set[str]]:
     """Tasks and resume state from servers (the served file cannot be opened) or several files, read as one."""
@@ -85,10 +108,14 @@ def _from_sources(stores: Any, study: str, agent: str | None, keys: list[str] | 
 @click.option("--endpoint", default=None, help="send spans to this OTLP endpoint (a running `plumbline serve`)")
 @click.option("--concurrency", type=click.IntRange(1, 64), default=4, show_default=True)
 @click.option("--budget-usd", type=click.FloatRange(0), default=None, help="cumulative spend cap of the study")
-@click.option("--trial-estimate-usd", type=click.FloatRange(0), default=0.0, show_default=True,
-              help="reserved per trial before it starts (metered model calls grow it)")
+@click.option("--trial-max-usd", type=click.FloatRange(0), default=None,
+              help="declared per-trial maximum, reserved before each trial starts (default with --budget-usd: the "
+                   "price table × the source run's tokens × 1.5; a capped study with neither is refused)")
 @click.option("--max-attempts", type=click.IntRange(1), default=3, show_default=True, help="tries per trial on transient errors")
 @click.option("--resume", is_flag=True, help="skip trials already stored or recorded ok in the study's ledger")
+@click.option("--rerun", is_flag=True, help="run trials already done again, each as a new attempt stored as a separate run")
+@click.option("--trace-wait", type=click.FloatRange(0), default=5.0, show_default=True,
+              help="seconds a finished trial's trace may take to reach the sink before the trial is errored")
 @click.option("--state-dir", default=None, help="ledger, variants and response cache (default: <db>.replay/<study>)")
 @click.option("--cache", "cache_mode", type=click.Choice(["record", "replay", "off"]), default="record", show_default=True,
               help="model-response cache: record, replay only (offline), off")
@@ -99,13 +126,16 @@ def _from_sources(stores: Any, study: str, agent: str | None, keys: list[str] | 
 def replay(db: tuple[str, ...], server: tuple[str, ...], study: str, agent: str | None, task_keys: tuple[str, ...], where: str | None, since: str | None,
            perturbations: str, repeats: int, variants: int, seed: int, fault_tools: str | None, paraphrase_model: str | None, adapter_spec: str,
            adapter_options: tuple[str, ...], otlp_file: str | None, endpoint: str | None, concurrency: int,
-           budget_usd: float | None, trial_estimate_usd: float, max_attempts: int, resume: bool,
+           budget_usd: float | None, trial_max_usd: float | None, max_attempts: int, resume: bool, rerun: bool,
+           trace_wait: float,
            state_dir: str | None, cache_mode: str, service: str | None, spec: str | None, dry_run: bool,
            quiet: bool) -> None:
     """Replay stored tasks through an agent under perturbations; print what to ingest and certify."""
     from plumbline_otel.replay import (
         PERTURBATIONS,
         AnthropicParaphraser,
+        CommandAdapter,
+        HttpAdapter,
         PerturbOptions,
         RetryPolicy,
         SpanSink,
@@ -145,12 +175,18 @@ def replay(db: tuple[str, ...], server: tuple[str, ...], study: str, agent: str 
         study=study, perturbations=tuple(names), repeats=repeats,
         options=PerturbOptions(variants=variants, seed=seed, fault_tools=tuple(_split(fault_tools)),
                                paraphraser=AnthropicParaphraser(anthropic_client(), paraphrase_model) if paraphrase_model else None),
-        concurrency=concurrency, budget_usd=budget_usd, trial_estimate_usd=trial_estimate_usd, resume=resume,
+        concurrency=concurrency, budget_usd=budget_usd, trial_max_usd=trial_max_usd, resume=resume,
+        rerun=rerun, trace_wait_s=trace_wait,
         retry=RetryPolicy(max_attempts=max_attempts),
         state_dir=state_dir or f"{Path((stores.dbs or (DEFAULT_DB,))[0]).with_suffix('')}.replay/{study}", cache_mode=cache_mode,
         sink=SpanSink(otlp_file=otlp_file, endpoint=endpoint) if (otlp_file or endpoint) else None,
         service=label or None, service_version=version or None)
+    stored = _ServerTraces(server) if server and endpoint and not dry_run else None
+    config.trace_stored = stored
     adapter = load_adapter(adapter_spec, _options(adapter_options))
+    if endpoint and not server and isinstance(adapter, (CommandAdapter, HttpAdapter)):
+        click.echo("note: with --endpoint the driver sees only spans exported through it; give --server (the server's "
+                   "gRPC address) so runs of an agent in another process are confirmed in the store", err=True)
     try:
         describe = getattr(adapter, "describe", None)
         prepared = open_study(config, tasks, adapter)
@@ -158,7 +194,7 @@ def replay(db: tuple[str, ...], server: tuple[str, ...], study: str, agent: str 
         click.echo(f"{len(tasks)} task(s) × {', '.join(names)} × {repeats} repeat(s): {len(plan.trials)} trials, "
                    f"{len(plan.rejected)} variant(s) rejected; agent {describe() if callable(describe) else adapter_spec}")
         if was_missing:
-            click.echo(f"{len(was_missing)} trial(s) of this study are stored as missing; they run again in their own trace")
+            click.echo(f"{len(was_missing)} trial(s) of this study are stored only as markers; they run again as new attempts")
         if dry_run:
             for v in plan.variants:
                 status = f"REJECTED: {v.rejected}" if v.rejected else "ok"
@@ -176,6 +212,8 @@ def replay(db: tuple[str, ...], server: tuple[str, ...], study: str, agent: str 
         close = getattr(adapter, "close", None)
         if callable(close):
             close()
+        if stored is not None:
+            stored.close()
         if config.sink is not None:
             config.sink.close()
     state = Path(config.state_dir or ".")
@@ -184,5 +222,5 @@ def replay(db: tuple[str, ...], server: tuple[str, ...], study: str, agent: str 
     click.echo(f"state: {state} (ledger.jsonl, variants.jsonl, responses.jsonl, summary.json)")
     agent_label = service or getattr(adapter, "service", None)
     click.echo(_next_steps(stores, study, otlp_file, endpoint, spec, agent_label))
-    if summary.missing or summary.errors:
+    if summary.missing or summary.errored:
         sys.exit(3)

@@ -54,8 +54,12 @@ def _overrides(opts: dict[str, Any], config_path: str | None) -> dict[str, Any]:
         "auth.bearer_token_file": opts["auth_token_file"],
         "tls.cert_file": opts["tls_cert"],
         "tls.key_file": opts["tls_key"],
+        "console.certificate": opts["console_cert"],
         "content.drop": list(opts["drop_content"]) or None,
         "content.hash": list(opts["hash_content"]) or None,
+        "check.spec": opts["check_spec"],
+        "check.interval_seconds": opts["check_interval"],
+        "emit.endpoint": opts["emit"],
     }
 
 
@@ -86,6 +90,10 @@ def _overrides(opts: dict[str, Any], config_path: str | None) -> dict[str, Any]:
 @click.option("--drop-content", multiple=True, metavar="PATTERN", help="Attribute-key glob whose values are replaced by __REDACTED__ (repeatable).")
 @click.option("--hash-content", multiple=True, metavar="PATTERN", help="Attribute-key glob whose values are stored as sha256 hashes (repeatable).")
 @click.option("--hash-salt", help="Salt mixed into --hash-content hashes [content.hash_salt].")
+@click.option("--check-spec", type=click.Path(dir_okay=False), help="Judge newly assembled runs against this spec [check.spec].")
+@click.option("--check-interval", type=float, help="Seconds between standing-check passes [check.interval_seconds; default 5].")
+@click.option("--emit", metavar="URL", help="Send the standing check's violations as gen_ai.evaluation.result events [emit.endpoint].")
+@click.option("--console-cert", type=click.Path(dir_okay=False), help="Certificate JSON the console at / shows [console.certificate].")
 @click.option("--log-level", default="WARNING", show_default=True, type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"]))
 def serve(config_path: str | None, log_level: str, **opts: Any) -> None:
     """Receive OTLP traces (and GenAI log events) from collectors and SDK exporters into the store.

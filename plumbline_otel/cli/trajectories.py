@@ -9,7 +9,7 @@ import orjson
 
 from plumbline_otel.cli.options import parse_since, since_option, sources, stores_option, warn_misrouted
 from plumbline_otel.model import Trajectory
-from plumbline_otel.store import Store
+from plumbline_otel.store import open_assembled, pending_note
 
 
 def _table_line(t: Trajectory) -> str:
@@ -36,11 +36,20 @@ def emit(trajectories: Iterable[dict[str, Any]], fmt: str) -> None:
 @click.option("--format", "fmt", type=click.Choice(["jsonl", "table"]), default="jsonl", show_default=True)
 def trajectories(db: tuple[str, ...], server: tuple[str, ...], service: str | None, task: str | None, since: str | None,
                  fmt: str) -> None:
-    """Print stored trajectories: one JSON object per line, or a table."""
+    """Print stored trajectories: one JSON object per line, or a table.
+
+    Traces still pending assembly (left by a crash) are assembled first; when another process
+    holds the file, they are counted on stderr instead.
+    """
     stores = sources(db, server)
     if stores.single_db is None:
         emit((t.export() for t in stores.trajectories(service=service, task=task, since_ns=parse_since(since))), fmt)
         warn_misrouted(stores)
+        if stores.pending_traces:
+            click.echo(pending_note(stores.pending_traces), err=True)
         return
-    with Store(stores.single_db, read_only=True) as store:
+    store, pending = open_assembled(stores.single_db)
+    with store:
         emit((t.export() for t in store.trajectories(service=service, task=task, since_ns=parse_since(since))), fmt)
+    if pending:
+        click.echo(pending_note(pending), err=True)

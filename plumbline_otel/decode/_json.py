@@ -47,6 +47,29 @@ _MARKER = orjson.dumps(TOO_DEEP)
 _OPEN, _CLOSE, _QUOTE, _ESCAPE = frozenset(b"[{"), frozenset(b"]}"), ord('"'), ord("\\")
 
 
+def _string_end(text: bytes, i: int) -> int:
+    """The index of the quote closing the JSON string that opens at `i`."""
+    i += 1
+    while i < len(text) and text[i] != _QUOTE:
+        i += 2 if text[i] == _ESCAPE else 1
+    return i
+
+
+def _value_end(text: bytes, i: int) -> int:
+    """The index just past the array or object that opens at `i`."""
+    inner, i = 1, i + 1
+    while i < len(text) and inner:
+        c = text[i]
+        if c == _QUOTE:
+            i = _string_end(text, i)
+        elif c in _OPEN:
+            inner += 1
+        elif c in _CLOSE:
+            inner -= 1
+        i += 1
+    return i
+
+
 def cap_depth(text: bytes, limit: int = 200) -> bytes:
     """`text` with every JSON value that opens past nesting `limit` replaced by the string `TOO_DEEP`.
 
@@ -57,27 +80,13 @@ def cap_depth(text: bytes, limit: int = 200) -> bytes:
     while i < n:
         c = text[i]
         if c == _QUOTE:
-            i += 1
-            while i < n and text[i] != _QUOTE:
-                i += 2 if text[i] == _ESCAPE else 1
+            i = _string_end(text, i)
         elif c in _OPEN:
             depth += 1
             if depth > limit:
                 out += text[start:i] + _MARKER
-                inner, i = 1, i + 1
-                while i < n and inner:
-                    c = text[i]
-                    if c == _QUOTE:
-                        i += 1
-                        while i < n and text[i] != _QUOTE:
-                            i += 2 if text[i] == _ESCAPE else 1
-                    elif c in _OPEN:
-                        inner += 1
-                    elif c in _CLOSE:
-                        inner -= 1
-                    i += 1
+                i = start = _value_end(text, i)
                 depth -= 1
-                start = i
                 continue
         elif c in _CLOSE:
             depth -= 1

@@ -18,9 +18,9 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Span
 from plumbline_otel.decode import Problem
 from plumbline_otel.model import SpanRecord
 from plumbline_otel.normalise._extract import detect, extract
-from plumbline_otel.normalise._values import Limits, ValueRejected, any_value
+from plumbline_otel.normalise._values import Limits, ValueRejected, any_value, maybe_json
 
-__all__ = ["Limits", "ValueRejected", "any_value", "normalise_request", "normalise_span"]
+__all__ = ["Limits", "ValueRejected", "any_value", "maybe_json", "normalise_request", "normalise_span"]
 
 # Attribute namespaces we read; a key in them that we do not know is reported by coverage.
 _NAMESPACES = ("gen_ai.", "llm.", "tool.", "openinference.", "traceloop.")
@@ -122,5 +122,27 @@ def normalise_request(request: ExportTraceServiceRequest, limits: Limits | None 
                 if len(span.trace_id) != 16 or len(span.span_id) != 8:
                     problems.append(Problem(f"span {span.span_id.hex() or '?'}", "trace id must be 16 bytes and span id 8 bytes", spans=1))
                     continue
-                records.append(normalise_span(span, resource, scope_name, limits, problems))
+                rec = normalise_span(span, resource, scope_name, limits, problems)
+                _repair_times(rec, problems)
+                records.append(rec)
     return records, problems
+
+
+def _repair_times(rec: SpanRecord, problems: list[Problem]) -> None:
+    """Keep a span with impossible timestamps, reported, with times that order it sensibly.
+
+    A missing start takes the end (and the reverse), and an end before the start is moved to the
+    start, so the span sorts where it happened and never gets a negative duration.
+    """
+    start, end = rec.start_ns, rec.end_ns
+    if start and end and end >= start:
+        return
+    if not start and not end:
+        reason = "has no start or end time (kept, ordered first)"
+    elif not start:
+        reason, rec.start_ns = f"has no start time (kept, ordered by its end {end})", end
+    elif not end:
+        reason, rec.end_ns = f"has no end time (kept, ended at its start {start})", start
+    else:
+        reason, rec.end_ns = f"ends ({end}) before it starts ({start}) (kept, ended at its start)", start
+    problems.append(Problem(f"span {rec.span_id}", reason))

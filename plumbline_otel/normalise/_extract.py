@@ -12,7 +12,10 @@ from dataclasses import replace
 from typing import Any, Callable
 
 from plumbline_otel.model import Convention, SpanRecord, StepKind
-from plumbline_otel.normalise._messages import Message, parse_args, parse_messages, result_is_error
+from plumbline_otel.normalise._messages import Message, parse_args, parse_messages, response_messages, result_is_error
+from plumbline_otel.normalise._shapes import (
+    TOOL_ERROR_SHAPE, answer_text, request_text, unwrap_args, unwrap_result, unwrap_scoped_result,
+)
 from plumbline_otel.normalise._values import is_redacted, maybe_json, text_of, unflatten
 
 _GENAI_KINDS: dict[str, StepKind] = {
@@ -27,6 +30,10 @@ _GENAI_KINDS: dict[str, StepKind] = {
 }
 _OI_KINDS: dict[str, StepKind] = {"TOOL": "tool_call", "LLM": "llm_call", "AGENT": "agent"}
 _TRACELOOP_KINDS: dict[str, StepKind] = {"tool": "tool_call", "workflow": "agent", "agent": "agent"}
+# Tools a framework calls to end a run, not tools of the user's: their argument is the answer.
+_ANSWER_TOOLS = {("openinference.instrumentation.smolagents", "final_answer")}
+# Tool spans that summarise other tool spans: Google ADK's span over parallel calls' merged responses.
+_SUMMARY_TOOLS = {("gcp.vertex.agent", "(merged tools)")}
 _GENAI_MARKERS = ("gen_ai.operation.name", "gen_ai.input.messages", "gen_ai.output.messages", "gen_ai.tool.name", "gen_ai.provider.name")
 _EVENT_MESSAGES = {
     "gen_ai.system.message": "system",
@@ -44,11 +51,16 @@ def detect(attrs: dict[str, Any]) -> tuple[Convention, StepKind]:
     operation = attrs.get("gen_ai.operation.name")
     if attrs.get("mcp.method.name") == "tools/call":
         operation = "execute_tool"
-    if any(key in attrs for key in _GENAI_MARKERS):
-        if operation is None:
-            operation = "execute_tool" if "gen_ai.tool.name" in attrs else "chat"
-        return "genai", _GENAI_KINDS.get(str(operation), "other")
     tl_kind = attrs.get("traceloop.span.kind")
+    if any(key in attrs for key in _GENAI_MARKERS):
+        if operation is None and "gen_ai.tool.name" in attrs:
+            operation = "execute_tool"
+        elif operation is None and ("gen_ai.input.messages" in attrs or "gen_ai.output.messages" in attrs):
+            operation = "chat"
+        if operation is not None:
+            return "genai", _GENAI_KINDS.get(str(operation), "other")
+        if not isinstance(tl_kind, str):  # a provider name alone says nothing about what the span did
+            return "genai", "other"
     if isinstance(tl_kind, str):
         return "traceloop", _TRACELOOP_KINDS.get(tl_kind, "other")
     if "llm.request.type" in attrs or "gen_ai.system" in attrs or any(k.startswith(("gen_ai.prompt.", "gen_ai.completion.")) for k in attrs):
@@ -70,28 +82,57 @@ def _fill(rec: SpanRecord, **values: Any) -> None:
             setattr(rec, name, value)
 
 
+def _note(rec: SpanRecord, what: str, shape: str | None) -> None:
+    """Remember a wrapper or dump we unwrapped (or a shape we kept as it came) for coverage."""
+    if shape and f"{what}:{shape}" not in rec.shapes:
+        rec.shapes.append(f"{what}:{shape}")
+
+
 def _set_args(rec: SpanRecord, raw: Any) -> None:
     if rec.args_state in ("structured", "unparsed"):
         return
-    args, state = parse_args(raw)
+    value, call_id, shape = (raw, None, None) if is_redacted(raw) else unwrap_args(raw)
+    args, state = parse_args(value)
     if state != "absent" or rec.args_state == "absent":
         rec.args, rec.args_state = args, state
+        _note(rec, "args", shape or ("scalar" if state == "unparsed" else None))
+        _fill(rec, call_id=call_id)
 
 
-def _entity_args(raw: Any) -> Any:
-    """Traceloop writes `{"args": [...], "kwargs": {...}}`; the call's arguments are the kwargs."""
+def _set_result(rec: SpanRecord, raw: Any) -> None:
+    if rec.result is None and raw is not None:
+        rec.result, shape = unwrap_result(raw)
+        _note(rec, "result", shape)
+        rec.result, shape = unwrap_scoped_result(rec.result, rec.scope_name)
+        _note(rec, "result", shape)
+
+
+def _entity_value(raw: Any) -> tuple[Any, str | None]:
+    """Traceloop entity payloads: `{"args": [x], "kwargs": {}}` and LangChain's `{"inputs"|"outputs": x, …}`."""
     value = maybe_json(raw)
-    if isinstance(value, dict) and ("kwargs" in value or "args" in value):
-        kwargs, positional = value.get("kwargs") or {}, value.get("args") or []
-        return kwargs if kwargs or not positional else {"args": positional}
-    return value
+    if isinstance(value, dict):
+        for key in ("inputs", "outputs"):
+            if key in value and set(value) - {key} <= {"tags", "metadata", "kwargs", "args"}:
+                return value[key], "traceloop_entity"
+        if "args" in value and not value.get("kwargs") and len(value["args"] or []) == 1:
+            return value["args"][0], None
+    return value, None
 
 
-def _entity_text(raw: Any) -> str | None:
-    value = maybe_json(raw)
-    if isinstance(value, dict) and "args" in value and not value.get("kwargs") and len(value["args"] or []) == 1:
-        value = value["args"][0]
-    return text_of(value)
+def _run_texts(rec: SpanRecord, raw_input: Any, raw_output: Any) -> None:
+    """The run's request and answer from an agent (or root) span's recorded input and output."""
+    if rec.input_text is None and raw_input is not None and not is_redacted(raw_input):
+        value, outer = _entity_value(raw_input)
+        rec.input_text, shape = request_text(value)
+        _note(rec, "input", shape or outer)
+        if rec.input_text is None:
+            rec.input_text = text_of(value)
+    if rec.output_text is None and raw_output is not None and not is_redacted(raw_output):
+        value, outer = _entity_value(raw_output)
+        rec.output_text, shape = answer_text(value)
+        _note(rec, "output", shape or outer)
+        if rec.output_text is None:
+            rec.output_text = text_of(value)
 
 
 # --- tool spans -------------------------------------------------------------------------------
@@ -104,22 +145,19 @@ def _tool_openinference(rec: SpanRecord, attrs: dict[str, Any]) -> None:
     looks_like_schema = isinstance(params, dict) and ("properties" in params or params.get("type") == "object")
     if not looks_like_schema:
         _set_args(rec, params)
-    if rec.result is None:
-        rec.result = maybe_json(attrs.get("output.value"))
+    _set_result(rec, attrs.get("output.value"))
 
 
 def _tool_genai(rec: SpanRecord, attrs: dict[str, Any]) -> None:
     _fill(rec, tool_name=attrs.get("gen_ai.tool.name"), call_id=attrs.get("gen_ai.tool.call.id"))
     _set_args(rec, _first(attrs, "gen_ai.tool.call.arguments", "tool_arguments"))
-    if rec.result is None:
-        rec.result = maybe_json(_first(attrs, "gen_ai.tool.call.result", "tool_response"))
+    _set_result(rec, _first(attrs, "gen_ai.tool.call.result", "tool_response"))
 
 
 def _tool_traceloop(rec: SpanRecord, attrs: dict[str, Any]) -> None:
     _fill(rec, tool_name=_first(attrs, "gen_ai.tool.name", "traceloop.entity.name"))
-    _set_args(rec, _entity_args(attrs.get("traceloop.entity.input")))
-    if rec.result is None:
-        rec.result = maybe_json(attrs.get("traceloop.entity.output"))
+    _set_args(rec, attrs.get("traceloop.entity.input"))
+    _set_result(rec, attrs.get("traceloop.entity.output"))
 
 
 def _tool_from_events(rec: SpanRecord, events: list[tuple[str, dict[str, Any]]]) -> None:
@@ -128,8 +166,8 @@ def _tool_from_events(rec: SpanRecord, events: list[tuple[str, dict[str, Any]]])
         if name == "gen_ai.tool.message":
             _set_args(rec, eattrs.get("content"))
             _fill(rec, call_id=eattrs.get("id"))
-        elif name == "gen_ai.choice" and rec.result is None:
-            rec.result = maybe_json(eattrs.get("message"))
+        elif name == "gen_ai.choice":
+            _set_result(rec, eattrs.get("message"))
 
 
 # --- LLM spans --------------------------------------------------------------------------------
@@ -146,9 +184,11 @@ def _messages_genai(attrs: dict[str, Any], events: list[tuple[str, dict[str, Any
             body = maybe_json(eattrs.get("content"))
             body = body if isinstance(body, dict) else {"content": body}
             inputs += parse_messages({"role": _EVENT_MESSAGES[name], **eattrs, **body})
-        elif name == "gen_ai.choice":
+        elif name == "gen_ai.choice":  # strands: a plain string on agent spans, content blocks on chat spans
             message = maybe_json(eattrs.get("message"))
-            outputs += parse_messages(message if isinstance(message, dict) else {"role": "assistant", **eattrs})
+            if not isinstance(message, dict):
+                message = {"role": "assistant", "content": message, "tool_calls": maybe_json(eattrs.get("tool_calls"))}
+            outputs += parse_messages(message)
         elif name == "gen_ai.content.prompt":
             inputs += parse_messages(eattrs.get("gen_ai.prompt"))
         elif name == "gen_ai.content.completion":
@@ -205,9 +245,17 @@ def _llm(rec: SpanRecord, attrs: dict[str, Any], events: list[tuple[str, dict[st
     _llm_fields(rec, attrs)
     if rec.convention == "openinference":
         _apply_messages(rec, *_messages_flat(attrs, "llm.input_messages", "llm.output_messages"))
+        if rec.output_text is None and not rec.proposed_calls:  # a streamed response: only the Responses dump
+            outputs = response_messages(attrs.get("output.value"))
+            _apply_messages(rec, [], outputs)
+            _note(rec, "output", "responses_dump" if outputs else None)
         _raw_request_errors(rec, attrs)
         if rec.content_captured:
             return  # GenAI keys on an OpenInference span only fill gaps
+        if rec.input_tokens is None and rec.output_tokens is None and "input.value" in attrs:
+            # Its payload was recorded and holds no chat: local work such as LlamaIndex's
+            # `_prepare_chat_with_tools`, not a model request (assembly drops it beside the real call).
+            _note(rec, "step", "no_model_request")
     _apply_messages(rec, *_messages_genai(attrs, events))
     if not rec.content_captured:  # the older indexed form is only looked for when nothing newer was there
         _apply_messages(rec, *_messages_flat(attrs, "gen_ai.prompt", "gen_ai.completion"))
@@ -217,14 +265,14 @@ def _llm(rec: SpanRecord, attrs: dict[str, Any], events: list[tuple[str, dict[st
 
 
 def _agent(rec: SpanRecord, attrs: dict[str, Any], events: list[tuple[str, dict[str, Any]]]) -> None:
-    _fill(rec, agent_name=_first(attrs, "gen_ai.agent.name", "agent.name"))
-    _fill(rec, input_text=text_of(_first(attrs, "input.value")), output_text=text_of(_first(attrs, "output.value")))
-    if rec.convention == "traceloop":
+    _fill(rec, agent_name=_first(attrs, "gen_ai.agent.name", "agent.name", "graph.node.id"))
+    _run_texts(rec, attrs.get("input.value"), attrs.get("output.value"))
+    if rec.convention == "traceloop" or "traceloop.entity.input" in attrs:
         _fill(rec, agent_name=attrs.get("traceloop.entity.name"))
-        _fill(rec, input_text=_entity_text(attrs.get("traceloop.entity.input")), output_text=_entity_text(attrs.get("traceloop.entity.output")))
+        _run_texts(rec, attrs.get("traceloop.entity.input"), attrs.get("traceloop.entity.output"))
     inputs, outputs = _messages_genai(attrs, events)
     _apply_messages(rec, inputs, outputs)
-    _fill(rec, output_text=text_of(attrs.get("final_result")))
+    _run_texts(rec, None, attrs.get("final_result"))
     rec.proposed_calls, rec.tool_results = [], []  # an agent span's history repeats its LLM calls'
 
 
@@ -243,7 +291,7 @@ def _error(rec: SpanRecord, attrs: dict[str, Any], events: list[tuple[str, dict[
         return str(attrs["error.type"])
     if attrs.get("gen_ai.tool.status") == "error":
         return "tool status error"
-    if rec.step_kind == "tool_call" and result_is_error(rec.result):
+    if rec.step_kind == "tool_call" and (result_is_error(rec.result) or f"result:{TOOL_ERROR_SHAPE}" in rec.shapes):
         return "error result"
     return None
 
@@ -265,8 +313,16 @@ def extract(rec: SpanRecord, attrs: dict[str, Any], events: list[tuple[str, dict
             rec.tool_name = rec.name.removeprefix("execute_tool ").strip() or rec.name
         if is_redacted(rec.result):
             rec.result = None
+        if (rec.scope_name, rec.tool_name) in _ANSWER_TOOLS:  # the run's answer, not a tool call
+            rec.step_kind, rec.output_text = "other", text_of(rec.result)
+            _note(rec, "step", "answer_tool")
+        elif (rec.scope_name, rec.tool_name) in _SUMMARY_TOOLS:  # the calls it merges have their own spans
+            rec.step_kind = "other"
+            _note(rec, "step", "merged_tools_summary")
     elif rec.step_kind == "llm_call":
         _llm(rec, attrs, events)
     elif rec.step_kind == "agent":
         _agent(rec, attrs, events)
+    elif rec.parent_span_id is None:  # a root chain or workflow span: the run's request and answer
+        _run_texts(rec, _first(attrs, "input.value", "traceloop.entity.input"), _first(attrs, "output.value", "traceloop.entity.output"))
     rec.error = _error(rec, attrs, events)

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from plumbline_otel.model import ArgsState, ToolCallRef, ToolResultRef
+from plumbline_otel.normalise._shapes import unwrap_result
 from plumbline_otel.normalise._values import is_redacted, maybe_json
 
 _ERROR_TEXT = re.compile(r"\s*[A-Za-z_.]*(Error|Exception)\s*:")
@@ -64,7 +65,8 @@ def _call(obj: dict[str, Any], index: int) -> ToolCallRef | None:
         return None
     raw = obj.get("arguments", obj.get("input", function.get("arguments")))
     args, _ = parse_args(raw)
-    call_id = obj.get("id") or obj.get("call_id")
+    # A Responses API `function_call` item has its own `id`; the call's id is `call_id`.
+    call_id = obj.get("call_id") or obj.get("id") if obj.get("type") == "function_call" else obj.get("id") or obj.get("call_id")
     return ToolCallRef(name=str(name), args=args, call_id=str(call_id) if call_id else None, index=index)
 
 
@@ -74,7 +76,7 @@ def _result(obj: dict[str, Any]) -> ToolResultRef | None:
         return None
     for key in ("response", "result", "content", "output"):
         if key in obj:
-            value = maybe_json(obj[key])
+            value, _ = unwrap_result(obj[key])
             break
     else:
         value = None
@@ -92,6 +94,12 @@ def _add_block(msg: Message, block: Any) -> None:
         block = block["message_content"]
     elif isinstance(block.get("tool_call"), dict) and "type" not in block:
         block = {"type": "tool_call", **block["tool_call"]}
+    elif isinstance(block.get("toolUse"), dict):  # strands / Bedrock Converse content blocks
+        use = block["toolUse"]
+        block = {"type": "tool_call", "id": use.get("toolUseId"), "name": use.get("name"), "arguments": use.get("input")}
+    elif isinstance(block.get("toolResult"), dict):
+        res = block["toolResult"]
+        block = {"type": "tool_result", "id": res.get("toolUseId"), "content": res.get("content"), "is_error": res.get("status") == "error"}
     kind = str(block.get("type", "text"))
     if kind in _CALL_TYPES:
         call = _call(block, len(msg.calls))
@@ -130,9 +138,12 @@ def parse_message(obj: Any) -> Message | None:
     msg = Message(role=obj.get("role"))
     for part in obj.get("parts") or []:
         _add_block(msg, part)
-    for key in ("content", "contents"):
-        if obj.get(key) is not None:
-            _add_content(msg, obj[key])
+    # OpenInference may write both `content` and `contents` for one message: the same text twice.
+    content = obj.get("content")
+    if content is None or content == "" or content == []:
+        content = obj.get("contents")
+    if content is not None:
+        _add_content(msg, content)
     for raw in obj.get("tool_calls") or []:
         call = _call(raw, len(msg.calls)) if isinstance(raw, dict) else None
         if call:
@@ -142,6 +153,15 @@ def parse_message(obj: Any) -> Message | None:
         msg.results.append(ToolResultRef(str(obj["tool_call_id"]), value, result_is_error(value)))
         msg.texts = []
     return msg
+
+
+def response_messages(value: Any) -> list[Message]:
+    """The output items of OpenAI Responses objects (one, or a list of them) as messages."""
+    value = maybe_json(value)
+    responses = value if isinstance(value, list) else [value]
+    items = [item for r in responses if isinstance(r, dict) and r.get("object") == "response"
+             for item in (r.get("output") or []) if isinstance(item, dict)]
+    return parse_messages([item if item.get("type") == "message" else {"role": "assistant", "content": [item]} for item in items])
 
 
 def parse_messages(value: Any) -> list[Message]:

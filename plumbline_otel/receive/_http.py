@@ -1,11 +1,12 @@
-"""OTLP/HTTP on a threaded stdlib server: POST /v1/traces and /v1/logs, GET /healthz and /metrics.
+"""OTLP/HTTP on a threaded stdlib server: POST /v1/traces and /v1/logs, GET /healthz, /metrics and the console.
 
 Answers follow the OTLP/HTTP spec: 200 with an `Export*ServiceResponse` in the request's content
 type (JSON `{}` on full success, `partialSuccess` when some spans were unusable), 400 with a
 `google.rpc.Status` body for an undecodable request, 413 past the body limit, 415 for a content
 type other than protobuf or JSON, 405 for a method other than POST, 401 without the bearer token,
 503 with `Retry-After` when the queue is full. Connections past `max_connections` get a 503 at
-once, so threads (and memory) stay bounded whatever the load.
+once, so threads (and memory) stay bounded whatever the load. GET / and the console's other pages
+(`report.console`) answer under the same bearer-token rule, from their own read connection.
 """
 
 from __future__ import annotations
@@ -35,6 +36,9 @@ _SIGNALS = {"/v1/traces": "traces", "/v1/logs": "logs"}
 _OPEN_PATHS = ("/healthz",)
 _GRPC_CODES = {400: 3, 401: 16, 404: 5, 405: 12, 413: 8, 415: 3, 503: 14}
 _STATUS = {"ok": 200, "partial": 200, "invalid": 400, "too_large": 413, "overloaded": 503, "unavailable": 503}
+# Console pages: no script, no request anywhere else, never cached (they show live data).
+_PAGE_HEADERS = {"Content-Security-Policy": "default-src 'none'; style-src 'unsafe-inline'; img-src data:; base-uri 'none'",
+                 "X-Content-Type-Options": "nosniff", "Cache-Control": "no-store"}
 _BUSY = b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: %d\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
 
 
@@ -207,6 +211,9 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(503 if draining else 200, body, _JSON)
         elif path == "/metrics":
             self._send(200, self.server.render_metrics().encode(), "text/plain; version=0.0.4; charset=utf-8")
+        elif self.server.console is not None and self.server.console.answers(path):
+            status, page = self.server.console.handle(path, urlsplit(self.path).query)
+            self._send(status, page.encode(), "text/html; charset=utf-8", _PAGE_HEADERS)
         else:
             self._error(404, f"no such path {path}")
 
@@ -231,12 +238,13 @@ class HttpServer(ThreadingHTTPServer):
 
     def __init__(self, host: str, port: int, intake: Intake, *, max_body_bytes: int, max_connections: int,
                  retry_after: float, render_metrics: Callable[[], str], token: str | None = None,
-                 ssl_context: ssl.SSLContext | None = None) -> None:
+                 ssl_context: ssl.SSLContext | None = None, console: Any | None = None) -> None:
         self.address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self.intake, self.max_body_bytes, self.render_metrics = intake, max_body_bytes, render_metrics
         self.retry_after_header = max(1, math.ceil(retry_after))
         self.auth_header = token.encode() if token else None  # the token a request's bearer header must carry
         self.ssl_context = ssl_context
+        self.console = console  # read-only pages under / (report.console.Console), or None
         self.draining = False
         self._slots = threading.BoundedSemaphore(max_connections)
         self._active = 0

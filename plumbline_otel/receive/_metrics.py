@@ -20,6 +20,8 @@ _HELP = {
     "plumbline_queue_spans": "Spans accepted and waiting to be committed.",
     "plumbline_queue_bytes": "Request bytes accepted and not yet committed.",
     "plumbline_request_duration_seconds": "Time from receiving an export request to answering it.",
+    "plumbline_runs_checked_total": "Runs the standing check judged (check.spec).",
+    "plumbline_violations_found_total": "Violations the standing check found that were not stored before.",
 }
 
 

@@ -1,9 +1,11 @@
 """`Server`: the writer, the two transports and the API wired together, with an orderly shutdown.
 
 Start order: the writer opens the store first (a locked or unreadable file fails here, before any
-port is bound); then gRPC (OTLP, health, plumbline's API) and HTTP. Stop order on SIGTERM: both
-transports stop accepting and finish the requests in flight (those wait for their commits), then
-the writer commits whatever is still queued, assembles, and closes the file.
+port is bound) and assembles whatever a crash left pending, so health reports SERVING only when
+every stored span is in a trajectory; then gRPC (OTLP, health, plumbline's API) and HTTP. Stop
+order on SIGTERM: both transports stop accepting and finish the requests in flight (those wait for
+their commits), then the writer commits whatever is still queued, assembles for at most the grace
+period again, logs how many traces it left pending (the next start takes them up), and closes.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from plumbline_otel.receive._http import HttpServer, make_ssl_context
 from plumbline_otel.receive._intake import Intake
 from plumbline_otel.receive._logs import create_logs_table
 from plumbline_otel.receive._metrics import Metrics
+from plumbline_otel.receive._standing import StandingCheck
 from plumbline_otel.receive._writer import WriteQueue
 from plumbline_otel.store import Store
 
@@ -56,12 +59,22 @@ class Server:
                                 settings=settings, workers=workers, batch_max_spans=config.batch_max_spans,
                                 assemble_interval=config.assemble_interval_seconds, assemble_max_delay=config.assemble_max_delay_seconds)
         self.intake = Intake(self.queue, self.metrics, content)
+        self.standing = self._standing_check()
         self.grpc: GrpcReceiver | None = None
         self.http: HttpServer | None = None
         self._http_thread: threading.Thread | None = None
         self._stop_requested = threading.Event()
         self._stopped = False
         self.status = "STARTING"
+
+    def _standing_check(self) -> StandingCheck | None:
+        """The configured standing check (its spec is read now, so a bad spec fails before anything starts)."""
+        if not self.config.check_spec:
+            return None
+        from plumbline_otel.spec import load_spec
+
+        return StandingCheck(self.queue, load_spec(self.config.check_spec), self.config.check_interval_seconds, self.metrics,
+                             emit_url=self.config.emit_endpoint)
 
     def _open_store(self) -> Store:
         store = Store(self.config.db_path)
@@ -85,6 +98,13 @@ class Server:
             raise ConfigError(f"receivers.otlp.protocols.grpc.endpoint: cannot listen on {cfg.grpc_endpoint}: {exc}") from None
         self.grpc.start()
 
+    def _console(self) -> Any:
+        """The console, reading through its own cursor of the store: pages never wait on ingest, nor it on them."""
+        from plumbline_otel.report.console import Console
+
+        cursor = self.queue.call(lambda store: store.connection.cursor())
+        return Console(cursor, self.config.db_path, self.config.console_certificate)
+
     def _start_http(self) -> None:
         cfg = self.config
         host, port = split_endpoint(cfg.http_endpoint, "receivers.otlp.protocols.http.endpoint")
@@ -92,7 +112,7 @@ class Server:
         try:
             self.http = HttpServer(host, port, self.intake, max_body_bytes=cfg.http_max_body_bytes, max_connections=cfg.http_max_connections,
                                    retry_after=cfg.retry_after_seconds, render_metrics=self.metrics.render, token=cfg.auth_token,
-                                   ssl_context=context)
+                                   ssl_context=context, console=self._console())
         except OSError as exc:
             raise ConfigError(f"receivers.otlp.protocols.http.endpoint: cannot listen on {cfg.http_endpoint}: {exc.strerror}") from None
         self._http_thread = threading.Thread(target=self.http.serve_forever, name="plumbline-http", daemon=True)
@@ -109,6 +129,8 @@ class Server:
         except BaseException:
             self.stop()
             raise
+        if self.standing is not None:
+            self.standing.start()
         self.status = "SERVING"
 
     def describe(self) -> str:
@@ -120,6 +142,9 @@ class Server:
         if self.http:
             parts.append(f"OTLP/HTTP on {scheme}://{self.config.http_endpoint}")
         auth = ", bearer token required" if self.config.auth_token else ""
+        if self.config.check_spec:
+            emit = f", violations sent to {self.config.emit_endpoint}" if self.config.emit_endpoint else ""
+            auth += f"; standing check of {self.config.check_spec} every {self.config.check_interval_seconds:g} s{emit}"
         return f"plumbline serve: {'; '.join(parts) or 'no transport enabled'}; store {self.config.db_path}{auth}"
 
     def request_stop(self, *_: Any) -> None:
@@ -142,7 +167,11 @@ class Server:
             thread.start()
         for thread in stoppers:
             thread.join()
-        self.queue.close()
+        if self.standing is not None:
+            self.standing.stop()
+        if self.http is not None and self.http.console is not None:
+            self.http.console.close()
+        self.queue.close(assemble_budget=grace)
         self.status = "STOPPED"
 
     def run(self) -> None:
@@ -150,6 +179,9 @@ class Server:
         previous = {sig: signal.signal(sig, self.request_stop) for sig in (signal.SIGTERM, signal.SIGINT)}
         try:
             self.start()
+            if self.queue.recovered:
+                print(f"plumbline serve: assembled {self.queue.recovered} traces an earlier stop left pending",
+                      file=sys.stderr, flush=True)
             print(self.describe(), file=sys.stderr, flush=True)
             while not self._stop_requested.wait(1.0):
                 pass

@@ -15,6 +15,9 @@ runs in the shard processes, on every core. A request is answered only after the
 holding its spans committed. Traces a shard could not assemble alone (spans from before a restart,
 a trace it let go of to bound memory) stay dirty and are rebuilt from the store when the queue is
 idle (at the latest `assemble_max_delay` after the first), and once more on close.
+Whatever an earlier process left pending (a crash, or a shutdown whose assembly budget ran out) is
+assembled when the store opens, before `start()` returns, so the server listens only once every
+stored span is in a trajectory; `recovered` and `left_pending` report both ends.
 
 Admission is two-step so memory stays bounded before decoding starts: `admit(nbytes)` reserves the
 body's bytes, `submit` adds its span count; either past its bound raises `Overloaded` (unless the
@@ -124,6 +127,9 @@ class WriteQueue:
         self._dirty_since: float | None = None
         self._task_keys: tuple[str, ...] = ()
         self._last_write = time.monotonic()
+        self._close_budget: float | None = None
+        self.recovered = 0  # traces an earlier process left pending, assembled at start
+        self.left_pending = 0  # traces still pending when the store closed
         metrics.gauge("plumbline_queue_spans", lambda: self._spans)
         metrics.gauge("plumbline_queue_bytes", lambda: self._bytes)
 
@@ -191,9 +197,15 @@ class WriteQueue:
             self._commit_ready.notify()
         return call.ticket.wait(timeout)
 
-    def close(self, timeout: float | None = None) -> None:
-        """Stop taking work, commit everything queued, assemble everything, close the store."""
+    def close(self, timeout: float | None = None, assemble_budget: float | None = None) -> None:
+        """Stop taking work, commit everything queued, assemble everything, close the store.
+
+        The final assembly from the store may take `assemble_budget` seconds (unbounded when
+        None); traces it could not reach stay pending in the store, are counted in `left_pending`
+        and logged.
+        """
         with self._lock:
+            self._close_budget = assemble_budget
             self._closing = True
             self._inbound_ready.notify_all()
             self._commit_ready.notify_all()
@@ -281,6 +293,7 @@ class WriteQueue:
             self._started.set()
             return
         self._task_keys = store.task_keys
+        self._recover(store)
         self._started.set()
         try:
             while (work := self._next_work()) is not None:
@@ -292,11 +305,28 @@ class WriteQueue:
                     self._store_assembled(store, work)
                 if self._assemble_due_in() == 0.0:
                     self._assemble(store)
-            self._dirty_since = self._dirty_since or time.monotonic()
-            self._assemble(store)
+            self._assemble_before_close(store)
         finally:
             self._fail_unfinished(StoreError("the server stopped before these spans were committed"))
             store.close()
+
+    def _recover(self, store: Store) -> None:
+        """Assemble what an earlier process left pending; a failure is logged and leaves it pending."""
+        try:
+            self.recovered = store.assemble() if store.pending_traces() else 0
+        except Exception:
+            log.exception("assembling the traces left pending by an earlier stop failed")
+
+    def _assemble_before_close(self, store: Store) -> None:
+        budget = self._close_budget
+        try:
+            store.assemble(deadline=None if budget is None else time.monotonic() + budget)
+        except Exception:
+            log.exception("assembling trajectories at shutdown failed")
+        self.left_pending = store.pending_traces()
+        if self.left_pending:
+            log.warning("%d traces left pending: not assembled within the %.1f s shutdown grace; "
+                        "the next start (or any writing reader) assembles them", self.left_pending, budget or 0.0)
 
     def _assemble_due_in(self) -> float | None:
         if self._dirty_since is None:

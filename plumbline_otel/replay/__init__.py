@@ -11,7 +11,8 @@ Then ``plumbline ingest replay.otlp.jsonl`` and ``plumbline certify --study nigh
 Stages, one module each: ``tasks`` (selection), ``perturb`` and ``guard`` (variants),
 ``identity`` (trial ids and the carriers), ``adapters`` (python / command / http), ``scope``
 (the running trial: cache, budget, fault), ``cache`` (model responses), ``budget`` (spend cap),
-``export`` (span sink, markers), ``ledger`` (resume state) and ``runner`` (the driver).
+``export`` (span sink, markers), ``ledger`` (resume state and spend), ``lock`` (one runner per
+study) and ``runner`` (the driver).
 """
 
 from plumbline_otel.replay.adapters import (
@@ -31,6 +32,7 @@ from plumbline_otel.replay.export import MarkerWriter, OtlpJsonFileExporter, Spa
 from plumbline_otel.replay.guard import GuardVerdict, check_equivalent, protected_tokens
 from plumbline_otel.replay.identity import FaultPlan, TrialIdentity, trial_id_for
 from plumbline_otel.replay.ledger import Ledger
+from plumbline_otel.replay.lock import StudyLock, StudyLocked
 from plumbline_otel.replay.perturb import (
     PERTURBATIONS,
     AnthropicParaphraser,
@@ -48,20 +50,27 @@ from plumbline_otel.replay.runner import (
     TrialRecord,
     open_study,
     plan_study,
+    reservations_for,
     run_study,
     stored_trials,
     trials_of,
 )
-from plumbline_otel.replay.scope import InjectedFault, TrialScope, current_scope, inject_fault
+from plumbline_otel.replay.scope import (
+    InjectedFault,
+    TrialScope,
+    current_scope,
+    current_trial_attributes,
+    inject_fault,
+)
 from plumbline_otel.replay.tasks import ReplayTask, select_tasks, tasks_from_trajectories
 
 __all__ = [
     "PERTURBATIONS", "Adapter", "AdapterError", "AnthropicParaphraser", "BudgetExceeded", "CommandAdapter",
     "FaultPlan", "GuardVerdict", "HttpAdapter", "InjectedFault", "Ledger", "MarkerWriter", "OtlpJsonFileExporter",
     "PerturbOptions", "Plan", "PythonAdapter", "ReplayTask", "ResponseCache", "RetryPolicy", "SpanSink", "SpendCap",
-    "Study", "StudyConfig", "StudySummary", "TransientAdapterError", "Trial", "TrialBudget", "TrialIdentity", "TrialOutcome",
+    "Study", "StudyConfig", "StudyLock", "StudyLocked", "StudySummary", "TransientAdapterError", "Trial", "TrialBudget", "TrialIdentity", "TrialOutcome",
     "TrialRecord", "TrialScope", "TrialSpanBuffer", "Variant", "anthropic_client", "build_variants", "cache_key",
-    "caching_transport", "check_equivalent", "cost_usd", "current_scope", "inject_fault", "load_adapter",
-    "open_study", "plan_study", "price_of", "protected_tokens", "register", "run_study", "select_tasks", "stored_trials",
+    "caching_transport", "check_equivalent", "cost_usd", "current_scope", "current_trial_attributes", "inject_fault", "load_adapter",
+    "open_study", "plan_study", "reservations_for", "price_of", "protected_tokens", "register", "run_study", "select_tasks", "stored_trials",
     "tasks_from_trajectories", "trial_id_for", "trials_of",
 ]

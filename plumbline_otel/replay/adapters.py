@@ -8,8 +8,9 @@ spans carry, used on missing-trial markers), ``decoy_tools`` (the domain's decoy
 
 - ``PythonAdapter``: a callable in this process, ``fn(trial)``. The driver runs it inside the
   trial's OTel context (trace and baggage) and trial scope (cache, budget, fault).
-- ``CommandAdapter``: a subprocess per trial. Identity in ``OTEL_RESOURCE_ATTRIBUTES``,
-  ``TRACEPARENT``/``BAGGAGE`` (the OTel environment carriers) and ``PLUMBLINE_*`` variables;
+- ``CommandAdapter``: a subprocess per attempt. Identity (attempt and fault evidence included)
+  in ``OTEL_RESOURCE_ATTRIBUTES``, ``TRACEPARENT``/``BAGGAGE`` (the OTel environment carriers)
+  and ``PLUMBLINE_*`` variables;
   the variant text on stdin, or in place of ``{input}`` in the arguments. Exit 75 (EX_TEMPFAIL)
   is a transient failure. A last stdout line that is a JSON object may report ``trace_id``,
   ``cost_usd``, ``fault_fired`` and ``output``.
@@ -99,7 +100,8 @@ class Trial:
         env.update({
             "PLUMBLINE_TRIAL_ID": ident.trial_id, "PLUMBLINE_PERTURBATION": ident.perturbation,
             "PLUMBLINE_VARIANT": ident.variant, "PLUMBLINE_STUDY": ident.study,
-            "PLUMBLINE_REPEAT": str(ident.repeat), "PLUMBLINE_TASK_KEY": ident.task_key or "",
+            "PLUMBLINE_REPEAT": str(ident.repeat), "PLUMBLINE_TRIAL_ATTEMPT": str(ident.attempt),
+            "PLUMBLINE_TASK_KEY": ident.task_key or "",
             "PLUMBLINE_TRIAL_METADATA": json.dumps(self.metadata, sort_keys=True, default=str),
         })
         if self.fault:

@@ -9,17 +9,19 @@ serialises writers per path, so the driver's markers and an agent's spans can sh
 the adapter releases them (the trial produced a run) or discards them (the attempt failed, and
 a retry or a marker will stand for it), so a trial's spans are exported all or nothing.
 
-A marker is one plain (non-agent) root span in the trial's own trace carrying the trial identity
-and ``plumbline.trial.status`` ``missing`` or ``error``; ``conformance.is_missing`` and the
-certificate count it beside n, never in it and never as a failure.
+A marker is one plain (non-agent) root span in an attempt's own trace carrying the trial
+identity, ``plumbline.trial.status`` and ``plumbline.trial.reason``: ``missing`` for a trial
+never started (counted beside n), ``errored`` for one that started and left no run (a run, in n,
+non-conforming).
 """
 
 from __future__ import annotations
 
 import base64
+import re
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,9 +35,10 @@ from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 
-from plumbline_otel.replay.identity import TRIAL_STATUS, TrialIdentity
+from plumbline_otel.replay.identity import TRIAL_REASON, TRIAL_STATUS, TrialIdentity
 
 SCOPE_NAME = "plumbline_otel.replay"
+_TRACE_ID = re.compile(rb'"traceId"\s*:\s*"([0-9a-fA-F]{32})"')
 MARKER_SPAN = "plumbline.replay.trial"
 
 _PATH_LOCKS: dict[str, threading.Lock] = {}
@@ -86,15 +89,22 @@ class OtlpJsonFileExporter(SpanExporter):
 
 
 class _Serialised(SpanExporter):
-    """One exporter shared by many threads and providers: one export at a time, shut down once."""
+    """One exporter shared by many threads and providers: one export at a time, shut down once.
+
+    It remembers the trace of every span it exported successfully: that is how the driver sees
+    an in-process agent's run arrive."""
 
     def __init__(self, inner: SpanExporter) -> None:
         self.inner = inner
         self._lock = threading.Lock()
+        self.delivered: set[str] = set()
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
         with self._lock:
-            return self.inner.export(spans)
+            result = self.inner.export(spans)
+            if result is SpanExportResult.SUCCESS:
+                self.delivered.update(format(s.context.trace_id, "032x") for s in spans)
+            return result
 
     def shutdown(self) -> None:
         pass  # the sink owns the exporter
@@ -113,8 +123,47 @@ class SpanSink:
     _exporter: _Serialised | None = field(default=None, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
+    _file_traces: set[str] = field(default_factory=set, repr=False)
+    _file_offset: int = field(default=0, repr=False)
+
     def describe(self) -> str:
         return self.otlp_file or self.endpoint or type(self.custom).__name__
+
+    def has_trace(self, trace_id: str) -> bool:
+        """Whether spans of ``trace_id`` reached this sink: exported through it, or (an OTLP file
+        written by an agent in another process) found in the file."""
+        exporter = self._exporter
+        if exporter is not None and trace_id in exporter.delivered:
+            return True
+        if self.otlp_file:
+            with self._lock:
+                self._scan_file()
+                return trace_id in self._file_traces
+        return False
+
+    def wait_for_trace(self, trace_id: str, timeout_s: float, stored: Callable[[str], bool] | None = None) -> bool:
+        """``has_trace`` (or ``stored``: the trace is in the store the sink feeds), polled for up to
+        ``timeout_s`` with a growing pause (agents export asynchronously)."""
+        deadline = time.monotonic() + timeout_s
+        pause = 0.02
+        while True:
+            if self.has_trace(trace_id) or (stored is not None and stored(trace_id)):
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
+            pause = min(pause * 2, 0.5)
+
+    def _scan_file(self) -> None:
+        path = Path(self.otlp_file or "")
+        if not path.exists():
+            return
+        with path.open("rb") as fh:
+            fh.seek(self._file_offset)
+            chunk = fh.read()
+        end = chunk.rfind(b"\n") + 1
+        self._file_offset += end
+        self._file_traces.update(m.decode() for m in _TRACE_ID.findall(chunk[:end]))
 
     def exporter(self) -> SpanExporter:
         """The sink's one shared exporter (thread-safe)."""
@@ -222,11 +271,12 @@ class MarkerWriter:
 
     def write(self, identity: TrialIdentity, status: str, reason: str, *, service: str | None,
               version: str | None = None, attempts: int = 0) -> None:
-        """One root span: this trial has no run (``status`` "missing" or "error") and why."""
+        """One root span in the attempt's trace: it produced no run (``status`` "missing" or
+        "errored") and why; identity and fault evidence ride on it like on a run."""
         tracer = self._provider(service, version).get_tracer(SCOPE_NAME)
         parent = trace.set_span_in_context(NonRecordingSpan(trial_span_context(identity)))
         attributes: dict[str, Any] = {k: v for k, v in identity.attributes().items() if v is not None}
-        attributes.update({TRIAL_STATUS: status, "plumbline.trial.reason": reason[:500], "plumbline.trial.attempts": attempts})
+        attributes.update({TRIAL_STATUS: status, TRIAL_REASON: reason[:500], "plumbline.trial.attempts": attempts})
         now = time.time_ns()
         span = tracer.start_span(MARKER_SPAN, context=parent, attributes=attributes, start_time=now)
         span.end(end_time=now)

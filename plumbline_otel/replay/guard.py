@@ -1,15 +1,25 @@
 """The semantic-equivalence guard: a text variant must keep every fact that decides the task.
 
-Pure and deterministic (no model): the protected tokens of a text are its identifier-like tokens
-(anything mixing letters and digits, or snake_case: ``INV-1029``, ``PO-4471``, ``NW-40112``),
-currencies (``GBP``, ``£``), dates (ISO, ``20 February 2026``, ``Feb 20, 2026``, ``20/02/2026``)
-and amounts (``4,820.00``, ``95``, ``2.5%``). A variant passes when it has exactly the original's
-set of each kind: nothing dropped, nothing changed, nothing new. Comparison is on normalised
-values, so ``inv-1029`` equals ``INV-1029`` and ``4,820.00`` equals ``4820.00``, but ``4,280.00``
-or ``48,200.00`` do not.
+Pure and deterministic (no model). A text's protected tokens, by kind:
 
-It cannot see a reworded instruction ("pay" becoming "hold"); that is what the wording templates
-are restricted for, and what a model-based guard would add.
+- identifiers (anything mixing letters and digits, or snake_case: ``INV-1029``, ``PO-4471``),
+  currencies (``GBP``, ``£``), dates (ISO, ``20 February 2026``, ``20/02/2026``) and amounts
+  (``4,820.00``, ``2.5%``), compared on normalised values (``inv-1029`` is ``INV-1029``,
+  ``4,820.00`` is ``4820.00``, ``48,200.00`` is not);
+- named entities: runs of capitalised words that are not sentence openers ("Northwind
+  Supplies", "Meridian Office Services"), so a changed or dropped vendor is seen;
+- intents: what the text asks for, as classes of verbs (``pay`` = pay / settle / remit;
+  ``check`` = check / verify / review / confirm; ``skip`` = skip / ignore / bypass / waive; …),
+  each marked ``not`` when a negation governs it ("Do not process" is ``not process``), so a
+  reversed polarity ("Please reject…", "Do not pay…") or an added instruction ("Skip the
+  duplicate check.") changes the set;
+- negations: how many the text has ("never", "no", "without", "n't"…).
+
+A variant passes when it has exactly the original's set of every kind: nothing dropped, nothing
+changed, nothing new. Rewordings within a class (process → handle, check → verify, quickly →
+promptly) and chatter that asks for nothing pass. It errs towards rejecting: a paraphrase that
+says "pay" for "process" is rejected, because the two can decide a task differently. Its
+accuracy on a corpus of reference-task rewrites is measured by ``tests/replay/test_replay_guard_corpus.py``.
 """
 
 from __future__ import annotations
@@ -33,7 +43,54 @@ _CURRENCY_CODES = {"USD", "EUR", "GBP", "JPY", "CHF", "CAD", "AUD", "NZD", "CNY"
 _CURRENCY_SYMBOLS = {"£": "GBP", "€": "EUR", "$": "USD", "¥": "JPY"}
 _WORD = re.compile(r"(?<![\w])[A-Za-z0-9]+(?:[-_/.][A-Za-z0-9]+)*(?![\w])")
 _NUMBER = re.compile(r"(?<![\w.,])(?P<n>\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?)(?P<pct>\s?%)?(?![\w])")
-KINDS = ("identifier", "currency", "date", "amount")
+KINDS = ("identifier", "currency", "date", "amount", "entity", "intent", "negation")
+
+# Verb classes: a rewording may move within a class, never between them (longest phrase first).
+_INTENTS: dict[str, tuple[str, ...]] = {
+    "process": ("process", "processing", "processed", "handle", "handling", "deal with", "take care of", "sort out",
+                "action", "work through"),
+    "pay": ("pay", "paying", "paid", "payment", "settle", "settling", "remit", "remittance", "disburse", "release payment"),
+    "approve": ("approve", "approved", "approval", "authorise", "authorize", "authorised", "authorized", "sign off"),
+    "reject": ("reject", "rejected", "decline", "declined", "refuse", "deny", "dispute", "send back", "return to sender",
+               "bounce"),
+    "hold": ("hold", "hold off", "on hold", "block", "freeze", "suspend", "pause", "defer", "delay", "postpone"),
+    "cancel": ("cancel", "void", "delete", "remove", "reverse", "withdraw", "write off"),
+    "skip": ("skip", "ignore", "bypass", "override", "waive", "omit", "disregard", "don't bother"),
+    "check": ("check", "checks", "verify", "review", "look over", "confirm", "double-check", "validate", "inspect",
+              "audit", "make sure", "ensure", "match"),
+    "change": ("change", "update", "amend", "modify", "edit", "alter", "switch", "replace", "use", "correct", "adjust",
+               "redirect"),
+    "send": ("send", "email", "forward", "wire", "transfer", "notify", "contact", "tell"),
+    "urgent": ("urgent", "urgently", "asap", "immediately", "right away", "today", "promptly", "quickly", "rush",
+               "expedite", "priority"),
+    "escalate": ("escalate", "flag", "refer"),
+    "split": ("split", "merge", "combine", "partial", "partially"),
+}
+
+
+def _forms(phrase: str) -> set[str]:
+    """A verb's inflections (skip, skips, skipped, skipping, …); phrases are matched as written."""
+    if " " in phrase or "-" in phrase or "'" in phrase:
+        return {phrase}
+    stem = phrase[:-1] if phrase.endswith("e") else phrase
+    return {phrase, phrase + "s", phrase + "es", phrase + "ed", phrase + "d", stem + "ing",
+            phrase + phrase[-1] + "ed", phrase + phrase[-1] + "ing"}
+
+
+_PHRASE_CLASS = {form: cls for cls, phrases in _INTENTS.items() for phrase in phrases for form in _forms(phrase)}
+_INTENT = re.compile(r"(?<![\w-])(" + "|".join(re.escape(p) for p in sorted(_PHRASE_CLASS, key=len, reverse=True))
+                     + r")(?![\w-])", re.I)
+_NEGATION = re.compile(r"(?<![\w-])(not|no|never|without|avoid|refrain|cannot|nor)(?![\w-])|n't\b", re.I)
+_CLAUSE_BREAK = re.compile(r"[.!?;:,\n]")
+# Capitalised words that open sentences or greet, never names (a leading one is dropped from a run).
+_NOT_NAMES = frozenset("""please kindly could would can will shall should hi hello hey dear thanks thank much from for to
+by the a an this that these those invoice invoices i we you our my your also just fyi reminder note unrelated someone
+when quick and or but so if once then after before because as on in at with per re subject urgent there here it its
+ok okay yes""".split())
+_WEEKDAYS = ("monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday")
+_WEEKDAY = re.compile(r"\b(" + "|".join(_WEEKDAYS) + r")\b", re.I)
+_NAME_WORD = re.compile(r"(?<![\w-])([A-Z][A-Za-z'&-]*)(?![\w-])")
+_CONNECTORS = frozenset({"of", "and", "&", "de", "van", "von", "der", "la", "du"})
 
 
 def _blank(text: str, start: int, end: int) -> str:
@@ -54,6 +111,9 @@ def _dates(text: str) -> tuple[set[str], str]:
                     continue
                 found.add(f"{g['y'] or '????'}-{month:02d}-{day:02d}")
             text = _blank(text, m.start(), m.end())
+    for m in list(_WEEKDAY.finditer(text)):  # "only after Friday" sets a date too
+        found.add(m.group(1).lower())
+        text = _blank(text, m.start(), m.end())
     return found, text
 
 
@@ -64,6 +124,52 @@ def _amount(raw: str) -> str | None:
         return None
     text = format(value.normalize(), "f")
     return text
+
+
+def _sentence_start(text: str, pos: int) -> bool:
+    before = text[:pos].rstrip(" \t\"'(")
+    return not before or before[-1] in ".!?:\n"
+
+
+def _entities(text: str) -> set[str]:
+    """Runs of capitalised words that are names (see module docstring), lower-cased."""
+    words = [(m.start(), m.end(), m.group(1)) for m in _NAME_WORD.finditer(text)]
+    out: set[str] = set()
+    i = 0
+    while i < len(words):
+        start, end, word = words[i]
+        run = [(start, word)]
+        j = i + 1
+        while j < len(words):
+            gap = text[end:words[j][0]]
+            if gap == " " or (gap.strip().lower() in _CONNECTORS and gap.startswith(" ") and gap.endswith(" ")):
+                run.append((words[j][0], words[j][2]))
+                end = words[j][1]
+                j += 1
+            else:
+                break
+        i = j
+        while run and run[0][1].lower() in _NOT_NAMES:
+            run.pop(0)
+        names = [w for _, w in run if not any(c.isdigit() for c in w) and w.upper() not in _CURRENCY_CODES
+                 and w.lower() not in _MONTHS and w.lower() not in _WEEKDAYS and w != "I"]
+        if not names or (len(names) == 1 and _sentence_start(text, run[0][0])):
+            continue  # a lone capitalised sentence opener ("Someone", "Reminder") is not a name
+        name = " ".join(names).lower()
+        out.add(name[:-2] if name.endswith("'s") else name)
+    return out
+
+
+def _intents(text: str) -> tuple[set[str], int]:
+    """(intent classes, each "not …" when a negation precedes it in its clause; negation count)."""
+    found: set[str] = set()
+    negations = [m.start() for m in _NEGATION.finditer(text)]
+    for m in _INTENT.finditer(text):
+        clause_start = max((b.end() for b in _CLAUSE_BREAK.finditer(text, 0, m.start())), default=0)
+        negated = any(clause_start <= n < m.start() for n in negations)
+        cls = _PHRASE_CLASS[m.group(1).lower()]
+        found.add(f"not {cls}" if negated and cls != "skip" else cls)
+    return found, len(negations)
 
 
 def protected_tokens(text: str) -> dict[str, frozenset[str]]:
@@ -89,8 +195,10 @@ def protected_tokens(text: str) -> dict[str, frozenset[str]]:
         value = _amount(m.group("n"))
         if value is not None:
             amounts.add(value + ("%" if m.group("pct") else ""))
+    intents, negations = _intents(text)
     return {"identifier": frozenset(identifiers), "currency": frozenset(currencies),
-            "date": frozenset(dates), "amount": frozenset(amounts)}
+            "date": frozenset(dates), "amount": frozenset(amounts), "entity": frozenset(_entities(text)),
+            "intent": frozenset(intents), "negation": frozenset({str(negations)} if negations else ())}
 
 
 @dataclass(frozen=True)

@@ -3,18 +3,20 @@
 
 Everything here is pure. A trial id is readable and deterministic
 (``study/task_key/perturbation/variant/kN``), so re-running a study names the same trials and
-resume can recognise them. Each trial also owns a deterministic trace id: every attempt of the
-trial runs under it (the agent's root span becomes a child of the trial's virtual parent span),
-and a "missing" marker for the trial is written into the same trace. When a trial that was once
-recorded missing is resumed and now runs, its agent span and the old marker share one trace; the
-store takes the agent span as the trajectory's root (an agent span is preferred over a plain
-span), so the trial counts once, as a run.
+resume can recognise them. Every *attempt* of a trial (a retry, a resumed run, an explicit
+re-run) is one execution with its own deterministic trace id, derived from trial id and attempt
+number: two executions never share a trace, so the store can never merge them into one
+trajectory (the seed of 22 false "paid twice" violations). A marker for an attempt that left no
+run is written into that attempt's trace.
+
+On a ``tool_fault`` trial the identity also carries the fault evidence the certificate matches:
+the targeted tool and the exact error text the injector raises (``FaultPlan.error_message``).
 """
 
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 from urllib.parse import quote
 
@@ -25,10 +27,21 @@ VARIANT = "plumbline.variant"
 STUDY = "plumbline.study"
 REPEAT = "plumbline.trial.repeat"
 TASK_KEY = "plumbline.task.key"  # first of the store's default task-key attributes
-TRIAL_STATUS = "plumbline.trial.status"  # "missing" / "error" on a marker (conformance.is_missing)
+ATTEMPT = "plumbline.trial.attempt"  # int >= 1; every execution of a trial is a new attempt
+TRIAL_STATUS = "plumbline.trial.status"  # "missing" / "errored" on a marker (conformance.is_missing)
+TRIAL_REASON = "plumbline.trial.reason"
 FAULT = "plumbline.fault"  # a fault plan in text form, for agents outside this process
+FAULT_TOOL = "plumbline.fault.tool"  # the tool the plan targets
+FAULT_ERROR = "plumbline.fault.error"  # the exact message the injector raises
+FAULT_FIRED = "plumbline.fault.fired"  # true only when the driver saw its injector raise
 
 TRANSIENT_FAULT_KINDS = ("503", "429", "timeout", "connection_reset")
+_FAULT_MESSAGES = {
+    "503": "503 Service Unavailable: the {tool} backend is temporarily unavailable",
+    "429": "429 Too Many Requests: rate limit exceeded calling {tool}, retry later",
+    "timeout": "timeout: {tool} did not answer within 10s",
+    "connection_reset": "connection reset by peer while calling {tool}",
+}
 
 
 @dataclass(frozen=True)
@@ -47,11 +60,23 @@ class FaultPlan:
     def __post_init__(self) -> None:
         if not self.tool:
             raise ValueError("a fault needs a tool")
+        if self.kind not in TRANSIENT_FAULT_KINDS:
+            raise ValueError(f"fault kind {self.kind!r} is not one of {', '.join(TRANSIENT_FAULT_KINDS)}")
         if self.on_call < 1 or self.times < 1:
             raise ValueError("fault on_call and times must be at least 1")
 
     def __str__(self) -> str:
         return f"{self.tool}:{self.kind}:{self.on_call}:{self.times}"
+
+    @property
+    def error_message(self) -> str:
+        """The exact text the injected error carries; recorded as ``plumbline.fault.error`` so the
+        store can match a failed step to this fault (and to nothing else)."""
+        return _FAULT_MESSAGES[self.kind].format(tool=self.tool)
+
+    def attributes(self) -> dict[str, str]:
+        """``plumbline.fault.tool`` and ``plumbline.fault.error``: what any attempt may be matched on."""
+        return {FAULT_TOOL: self.tool, FAULT_ERROR: self.error_message}
 
     @classmethod
     def parse(cls, text: str) -> "FaultPlan":
@@ -79,16 +104,27 @@ class TrialIdentity:
     """Which trial a run belongs to. Carried on spans, in baggage and in resource attributes."""
 
     trial_id: str
-    perturbation: str
-    variant: str
-    study: str
+    perturbation: str = "baseline"
+    variant: str = "0"
+    study: str = "adhoc"
     repeat: int = 0
     task_key: str | None = None
+    attempt: int = 1
+    fault: FaultPlan | None = None
+
+    def __post_init__(self) -> None:
+        if self.attempt < 1:
+            raise ValueError("a trial attempt is numbered from 1")
+
+    def at_attempt(self, attempt: int) -> "TrialIdentity":
+        """The same trial, execution number ``attempt`` (its own trace)."""
+        return replace(self, attempt=attempt)
 
     def attributes(self) -> dict[str, Any]:
-        """Span / resource attributes (``plumbline.*``)."""
+        """Span / resource attributes (``plumbline.*``), fault evidence included on a faulted trial."""
         attrs: dict[str, Any] = {
             TRIAL_ID: self.trial_id,
+            ATTEMPT: self.attempt,
             PERTURBATION: self.perturbation,
             VARIANT: self.variant,
             STUDY: self.study,
@@ -96,26 +132,28 @@ class TrialIdentity:
         }
         if self.task_key is not None:
             attrs[TASK_KEY] = self.task_key
+        if self.fault is not None:
+            attrs.update(self.fault.attributes())
         return attrs
 
     def as_dict(self) -> dict[str, Any]:
-        return {"trial_id": self.trial_id, "perturbation": self.perturbation, "variant": self.variant,
-                "study": self.study, "repeat": self.repeat, "task_key": self.task_key}
+        return {"trial_id": self.trial_id, "attempt": self.attempt, "perturbation": self.perturbation,
+                "variant": self.variant, "study": self.study, "repeat": self.repeat, "task_key": self.task_key}
 
-    # --- the trial's trace ------------------------------------------------------------------
+    # --- the attempt's trace ----------------------------------------------------------------
 
     def _digest(self) -> str:
-        return hashlib.sha256(f"plumbline.replay:{self.trial_id}".encode()).hexdigest()
+        return hashlib.sha256(f"plumbline.replay:{self.trial_id}#{self.attempt}".encode()).hexdigest()
 
     @property
     def trace_id(self) -> str:
-        """32 hex digits, the same for every attempt of this trial (never all zero)."""
+        """32 hex digits, one trace per attempt of this trial (never all zero)."""
         value = self._digest()[:32]
         return value if int(value, 16) else "1".rjust(32, "0")
 
     @property
     def parent_span_id(self) -> str:
-        """16 hex digits: the trial's virtual root, parent of the agent's root span."""
+        """16 hex digits: the attempt's virtual root, parent of the agent's root span."""
         value = self._digest()[32:48]
         return value if int(value, 16) else "1".rjust(16, "0")
 

@@ -1,8 +1,11 @@
-"""The study ledger: one JSON line per finished trial attempt sequence, appended as it happens.
+"""The study ledger: JSON lines appended as things happen, the study's single source of truth.
 
-It is what resume trusts besides the store: a trial whose last row says ``ok`` is done. Rows
-also carry the cost, so a study's spend cap is cumulative across runs. The variants file beside
-it lists every variant built for the study, rejected ones with the guard's reason.
+Three kinds of row: an attempt starting (``status`` "started", with its ``attempt`` number, so
+numbers are never reused even after a crash), a trial's outcome (``status`` ok / errored /
+missing), and spend rows (``spend`` reserve / settle, written by ``budget.SpendCap`` under a
+file lock). Resume trusts it besides the store: a trial whose last row says ``ok`` is done. The
+variants file beside it lists every variant built for the study, rejected ones with the
+guard's reason.
 """
 
 from __future__ import annotations
@@ -33,6 +36,11 @@ class Ledger:
         self.path = Path(path)
         self._lock = threading.Lock()
         self.rows: list[dict[str, Any]] = []
+        self.reload()
+
+    def reload(self) -> None:
+        """Re-read the file (another process may have appended since)."""
+        self.rows = []
         if self.path.exists():
             for line in self.path.read_bytes().splitlines():
                 if line.strip():
@@ -42,14 +50,33 @@ class Ledger:
                         continue  # a torn last line after a crash
 
     def latest(self) -> dict[str, dict[str, Any]]:
-        """The last row per trial id."""
-        return {row["trial_id"]: row for row in self.rows if "trial_id" in row}
+        """The last outcome row per trial id."""
+        return {row["trial_id"]: row for row in self.rows if "trial_id" in row and row.get("status") != "started"}
 
     def completed(self) -> set[str]:
         return {tid for tid, row in self.latest().items() if row.get("status") == "ok"}
 
     def spent_usd(self) -> float:
-        return float(sum(row.get("cost_usd") or 0.0 for row in self.rows))
+        """Settled spend of the study (``budget.SpendCap`` rows)."""
+        return float(sum(row.get("usd") or 0.0 for row in self.rows if row.get("spend") == "settle"))
+
+    def unfinished(self) -> dict[str, tuple[int, Any]]:
+        """trial id -> (attempt, pid) of its last attempt when that attempt started and no outcome
+        followed it: its runner died mid-attempt."""
+        last: dict[str, dict[str, Any]] = {}
+        for row in self.rows:
+            if "trial_id" in row and "status" in row:
+                last[row["trial_id"]] = row
+        return {tid: (int(row.get("attempt") or 0), row.get("pid")) for tid, row in last.items() if row["status"] == "started"}
+
+    def begin_attempt(self, trial_id: str) -> int:
+        """Number and record the next attempt of ``trial_id`` (1, 2, …; never reused)."""
+        with self._lock:
+            attempt = 1 + max((int(r.get("attempt") or 0) for r in self.rows if r.get("trial_id") == trial_id), default=0)
+            row = {"trial_id": trial_id, "attempt": attempt, "status": "started", "pid": os.getpid()}
+            append_line(self.path, orjson.dumps(row) + b"\n")
+            self.rows.append(row)
+            return attempt
 
     def append(self, row: dict[str, Any]) -> None:
         line = orjson.dumps(row, default=str) + b"\n"

@@ -19,26 +19,23 @@ from typing import TYPE_CHECKING, Any
 
 from plumbline_otel.errors import ReplayError
 from plumbline_otel.replay.budget import TrialBudget
-from plumbline_otel.replay.identity import FaultPlan, TrialIdentity
+from plumbline_otel.replay.identity import FAULT_FIRED, FaultPlan, TrialIdentity
 
 if TYPE_CHECKING:
     from plumbline_otel.replay.cache import ResponseCache
 
-_MESSAGES = {
-    "503": "503 Service Unavailable: {tool} is temporarily unavailable",
-    "429": "429 Too Many Requests: rate limit exceeded calling {tool}, retry later",
-    "timeout": "timeout: {tool} did not answer in time",
-    "connection_reset": "connection reset by peer while calling {tool}",
-}
-
 
 class InjectedFault(Exception):
-    """A transient tool failure injected by the trial's fault plan (looks like a real one)."""
+    """A transient tool failure injected by the trial's fault plan (looks like a real one).
 
-    def __init__(self, kind: str, tool: str) -> None:
-        super().__init__(_MESSAGES.get(kind, "{tool} failed: " + kind).format(tool=tool))
-        self.kind = kind
-        self.tool = tool
+    Its text is exactly ``plan.error_message``, the ``plumbline.fault.error`` the trial carries,
+    so the store can tell this failure from any other failure of the same tool.
+    """
+
+    def __init__(self, plan: FaultPlan) -> None:
+        super().__init__(plan.error_message)
+        self.kind = plan.kind
+        self.tool = plan.tool
 
 
 @dataclass
@@ -55,7 +52,7 @@ class FaultInjector:
         self.calls_seen += 1
         if self.plan.on_call <= self.calls_seen < self.plan.on_call + self.plan.times:
             self.fired_calls.append(self.calls_seen)
-            raise InjectedFault(self.plan.kind, tool)
+            raise InjectedFault(self.plan)
 
     @property
     def fired(self) -> bool:
@@ -125,6 +122,13 @@ def inject_fault(tool: str) -> None:
 
 
 def current_trial_attributes() -> dict[str, Any]:
-    """The current trial's ``plumbline.*`` attributes (empty outside a replay)."""
+    """The current attempt's ``plumbline.*`` attributes for an in-process agent's root span (empty
+    outside a replay). Read it when the root span ends: on a faulted trial it then includes
+    ``plumbline.fault.fired``, true exactly when this attempt's injector raised."""
     scope = _CURRENT.get()
-    return scope.identity.attributes() if scope else {}
+    if scope is None:
+        return {}
+    attrs = scope.identity.attributes()
+    if scope.fault is not None:
+        attrs[FAULT_FIRED] = scope.fault.fired
+    return attrs

@@ -26,11 +26,16 @@ class ReplayTask:
     service_version: str | None = None
     start_ns: int = 0
     tools: tuple[str, ...] = ()  # tools the source run called successfully, in first-call order
+    # What the source run's model calls used: the basis of a trial's spend reservation.
+    model: str | None = None
+    input_tokens: int = 0
+    output_tokens: int = 0
 
     def as_dict(self) -> dict[str, object]:
         return {"task_key": self.task_key, "input": self.input, "source_trajectory_id": self.source_trajectory_id,
                 "service": self.service, "service_version": self.service_version, "start_ns": self.start_ns,
-                "tools": list(self.tools)}
+                "tools": list(self.tools), "model": self.model, "input_tokens": self.input_tokens,
+                "output_tokens": self.output_tokens}
 
 
 def _tools(t: Trajectory) -> tuple[str, ...]:
@@ -39,6 +44,13 @@ def _tools(t: Trajectory) -> tuple[str, ...]:
         if not step.failed:
             seen.setdefault(step.name, None)
     return tuple(seen)
+
+
+def _usage(t: Trajectory) -> tuple[str | None, int, int]:
+    """(model, input tokens, output tokens) over the run's model calls."""
+    calls = [s for s in t.steps if s.kind == "llm_call"]
+    model = next((s.model for s in calls if s.model), None)
+    return model, sum(s.input_tokens or 0 for s in calls), sum(s.output_tokens or 0 for s in calls)
 
 
 def tasks_from_trajectories(trajectories: Iterable[Trajectory], task_keys: Sequence[str] | None = None,
@@ -56,7 +68,7 @@ def tasks_from_trajectories(trajectories: Iterable[Trajectory], task_keys: Seque
         current = best.get(t.task_key)
         if current is None or (t.start_ns, t.trajectory_id) > (current.start_ns, current.trajectory_id):
             best[t.task_key] = t
-    return [ReplayTask(key, t.input or "", t.trajectory_id, t.service, t.service_version, t.start_ns, _tools(t))
+    return [ReplayTask(key, t.input or "", t.trajectory_id, t.service, t.service_version, t.start_ns, _tools(t), *_usage(t))
             for key, t in sorted(best.items())]
 
 

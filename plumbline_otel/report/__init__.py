@@ -1,4 +1,4 @@
-"""Certificates: build from runs and a spec, validate when read back, render as text."""
+"""Certificates (build, validate, render as text) and the pages: the HTML report, run views and diffs."""
 
 from plumbline_otel.report.certificate import (
     CERTIFICATE_KIND,
@@ -11,6 +11,7 @@ from plumbline_otel.report.certificate import (
     evidence_hash,
     fault_unexposed,
 )
+from plumbline_otel.report.pages import write_report
 from plumbline_otel.report.render import CertificateError, load_certificate, render_text, validate
 
 __all__ = [
@@ -27,4 +28,5 @@ __all__ = [
     "load_certificate",
     "render_text",
     "validate",
+    "write_report",
 ]

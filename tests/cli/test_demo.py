@@ -8,7 +8,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from demo_support import DemoRun
 from plumbline_otel.cli.main import _register, cli
+from plumbline_otel.store import Store
 
 _register()
 
@@ -21,16 +23,32 @@ def test_demo_samples_ingest_and_report(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_demo_runs_checks_and_certifies_the_reference_agents(tmp_path: Path) -> None:
-    runs = tmp_path / "runs"
-    result = CliRunner().invoke(cli, ["demo", "--db", str(tmp_path / "d.duckdb"), "--runs-dir", str(runs)])
+def test_demo_replays_checks_and_certifies_the_reference_agents_through_the_replay_driver(demo_run: DemoRun) -> None:
+    result, runs, db = demo_run.result, demo_run.runs, demo_run.db
     assert result.exit_code == 0, result.output
-    cert = json.loads((runs / "certificate.json").read_text())
+    cert = json.loads(demo_run.certificate.read_text())
     agents = {a["agent"].split("@")[0] for a in cert["agents"]}
     assert agents == {"ap-agent-plan_execute", "ap-agent-plan_execute_retry", "ap-agent-react"}
     cells = {(c["agent"].split("@")[0], c["perturbation"]): c for a in cert["agents"] for c in a["perturbations"]}
+    perturbations = {"baseline", "paraphrase", "distractor", "decoy_tools", "sampling", "tool_fault"}
+    assert {p for _, p in cells} == perturbations
+    assert all(c["n"] == 44 and c["missing"] == 0 for c in cells.values())  # 22 tasks × 2 repeats, all six
     # The retry arm absorbs the injected 503; the arm without retry cannot.
-    assert cells[("ap-agent-plan_execute_retry", "tool_fault")]["conforming"] == 22
-    assert cells[("ap-agent-plan_execute", "tool_fault")]["conforming"] < 22
-    assert cert["headline"]["lower_bound"] == min(c["lower"] for c in cells.values())
-    assert "7. Gate:" in result.output and "FAIL" in result.output
+    assert cells[("ap-agent-plan_execute_retry", "tool_fault")]["conforming"] == 44
+    assert cells[("ap-agent-plan_execute", "tool_fault")]["conforming"] < 44
+    assert "8. Gate:" in result.output and "FAIL" in result.output
+    # It went through the replay driver: a ledger per agent, guard and cap in the summary, and
+    # every certified run carries its attempt and, under tool_fault, the driver's fault evidence.
+    for arm in ("plan_execute", "plan_execute_retry", "react"):
+        assert (runs / "state" / arm / "ledger.jsonl").exists() and (runs / "state" / arm / "variants.jsonl").exists()
+        assert f"study ap-demo-{arm}: 264 trials planned; ran 264 (264 ok, 0 missing, 0 errored)" in result.output
+    assert result.output.count("tool faults fired in 44/44 tool_fault trials") == 3
+    with Store(db) as store:
+        replayed = [t for t in store.trajectories() if str(t.context.get("plumbline.study", "")).startswith("ap-demo-")]
+    assert len(replayed) == 792 and len({t.trace_id for t in replayed}) == 792
+    assert all(t.context["plumbline.trial.attempt"] == 1 for t in replayed)
+    faulted = [t for t in replayed if t.context["plumbline.perturbation"] == "tool_fault"]
+    for t in faulted:
+        tool, error = t.context["plumbline.fault.tool"], t.context["plumbline.fault.error"]
+        assert t.context["plumbline.fault.fired"] is True
+        assert any(s.failed and s.name == tool and error in (s.error or "") for s in t.tool_steps)

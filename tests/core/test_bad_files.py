@@ -65,3 +65,23 @@ def test_a_truncated_gzip_file_keeps_what_decompressed_and_says_so(tmp_path: Pat
     with Store(tmp_path / "s.duckdb") as store:
         kept = store.connection.execute("SELECT count(*) FROM spans").fetchone()
     assert kept is not None and kept[0] > 0
+
+
+def test_spans_with_impossible_timestamps_are_kept_reported_and_ordered(tmp_path: Path) -> None:
+    def tool(span_id: str, name: str, start: int, end: int) -> dict:
+        return _span(span_id, [{"key": "gen_ai.operation.name", "value": {"stringValue": "execute_tool"}},
+                               {"key": "gen_ai.tool.name", "value": {"stringValue": name}},
+                               {"key": "gen_ai.tool.call.arguments", "value": {"stringValue": "{}"}}], start, end)
+
+    spans = [tool("01", "first", 1_000, 2_000), tool("02", "second", 0, 3_000), tool("03", "third", 4_000, 3_500),
+             tool("04", "fourth", 5_000, 0)]
+    path = tmp_path / "times.otlp.jsonl"
+    path.write_text(json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": spans}]}]}) + "\n")
+    code, output = _ingest(tmp_path, path)
+    assert code == 3
+    assert "has no start time" in output and "before it starts" in output and "has no end time" in output
+    with Store(tmp_path / "s.duckdb") as store:
+        (run,) = list(store.trajectories())
+        rows = store.connection.execute("SELECT count(*), min(end_ns - start_ns) FROM spans").fetchone()
+    assert [s.name for s in run.tool_steps] == ["first", "second", "third", "fourth"]
+    assert rows == (4, 0)

@@ -165,3 +165,62 @@ def test_a_version_1_store_migrates_without_its_primary_key_and_keeps_its_spans(
         assert version is not None and int(version[0]) == SCHEMA_VERSION
         again = ingest_files(store, [path], workers=0)
         assert (again.stored, again.duplicate) == (0, stored)
+
+
+def test_ingest_takes_a_workers_flag(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from plumbline_otel.cli.main import _register, cli
+
+    _register()
+    requests = list(build_requests(200, 100))
+    spans = sum(len(r.resource_spans[0].scope_spans[0].spans) for r in requests)
+    path = str(_write_jsonl(tmp_path / "a.otlp.jsonl", requests))
+    result = CliRunner().invoke(cli, ["ingest", path, "--db", str(tmp_path / "s.duckdb"), "--workers", "2", "--quiet"])
+    assert result.exit_code == 0, result.output
+    assert f"stored {spans}," in result.output
+    with Store(tmp_path / "s.duckdb") as store:
+        assert _exports(store) == _reference(requests)
+
+
+@pytest.mark.slow
+def test_shard_workers_leave_when_their_writer_is_killed(tmp_path: Path) -> None:
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    script = tmp_path / "writer.py"
+    script.write_text(
+        "import sys, time\n"
+        "from plumbline_otel.pipeline import ShardPool, ShardSettings\n"
+        "if __name__ == '__main__':\n"
+        "    pool = ShardPool(ShardSettings(), workers=2)\n"
+        "    print(' '.join(str(pid) for pid in pool.pids), flush=True)\n"
+        "    time.sleep(600)\n")
+    writer = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    assert writer.stdout is not None
+    workers = [int(pid) for pid in writer.stdout.readline().split()]
+    assert len(workers) == 2
+    writer.send_signal(signal.SIGKILL)
+    writer.wait()
+    deadline = time.monotonic() + 15
+    alive = workers
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.2)
+        alive = [pid for pid in workers if _running(pid)]
+    assert not alive, f"shard workers {alive} outlived their killed writer"
+
+
+def _running(pid: int) -> bool:
+    import os
+
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie waiting for init to reap it is gone for our purpose
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split()[2] != "Z"
+    except OSError:
+        return False

@@ -29,6 +29,7 @@ def _spec(name: str) -> dict[str, Any]:
 
 @pytest.mark.parametrize("name", TRACE_FILES)
 def test_real_producer_traces_give_the_scripted_tool_calls(name: str, store: Store) -> None:
+    store.set_task_keys(["session.id"])  # the generator names each task by its session
     summary = ingest_files(store, [str(FIXTURES / name)])
     assert summary.problems == [] and summary.exit_code == 0
     spec = _spec(name)
@@ -49,6 +50,7 @@ def test_real_producer_traces_give_the_scripted_tool_calls(name: str, store: Sto
 
 
 def test_tokens_add_up_once_when_the_sdk_and_the_instrumentor_both_trace_a_call(store: Store) -> None:
+    store.set_task_keys(["session.id"])
     ingest_files(store, [str(FIXTURES / "openinference_anthropic.otlp.jsonl")])
     spans = store.connection.execute(
         "SELECT count(*), count(DISTINCT response_id) FROM spans WHERE step_kind = 'llm_call' AND scope_name = 'com.anthropic.sdk.python'"

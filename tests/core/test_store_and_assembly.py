@@ -15,6 +15,7 @@ from otlp import record, to_otlp_json
 from plumbline_otel.cli.main import _register, cli
 from plumbline_otel.errors import StoreError
 from plumbline_otel.ingest import ingest_files
+from plumbline_otel.coverage import coverage_report
 from plumbline_otel.store import SCHEMA_VERSION, Store
 
 _register()
@@ -44,7 +45,8 @@ def test_tool_spans_and_model_proposals_are_one_step_per_call(store: Store, tmp_
     assert [(s.name, s.source) for s in t.tool_steps] == [
         ("get_invoice", "tool_span+llm_output"), ("schedule_payment", "tool_span+llm_output")]
     assert [s.kind for s in t.steps] == ["llm_call", "tool_call", "llm_call", "tool_call"]
-    assert (t.task_key, t.task_key_source, t.input, t.final_output) == ("INV-1029", "attribute:gen_ai.conversation.id", "Pay invoice INV-1029", "Paid 4820.00 EUR")
+    assert (t.task_key_source, t.input, t.final_output) == ("input_hash", "Pay invoice INV-1029", "Paid 4820.00 EUR")
+    assert t.context["gen_ai.conversation.id"] == "INV-1029"  # a conversation is not a task: kept in context
     assert t.tool_steps[0].result == {"amount": 4820.0}
 
 
@@ -106,6 +108,24 @@ def test_task_key_falls_back_to_a_hash_of_the_input_and_can_be_reconfigured(stor
     store.assemble()
     [t] = list(store.trajectories())
     assert (t.task_key, t.task_key_source) == ("INV-1029", "attribute:invoice.id")
+
+
+def test_a_version_1_store_migrates_and_rebuilds_its_task_keys(tmp_path: Path) -> None:
+    path = tmp_path / "old.duckdb"
+    with Store(path) as store:
+        ingest_files(store, [str(_write(tmp_path / "a.jsonl", [record(genai_run)]))])
+    with duckdb.connect(str(path)) as con:  # the file as version 1 wrote it: no shapes, conversation ids as task keys
+        con.execute("ALTER TABLE spans DROP COLUMN shapes")
+        con.execute("UPDATE meta SET value = '1' WHERE key = 'schema_version'")
+        con.execute("UPDATE trajectories SET task_key = 'INV-1029', task_key_source = 'attribute:gen_ai.conversation.id'")
+    with Store(path, read_only=True) as store:  # a reader does not migrate, and coverage still answers
+        assert store.schema_version == 1 and coverage_report(store)["overall"]["shapes"] == {"unwrapped": {}, "kept_as_is": {}}
+    with Store(path) as store:
+        store.assemble()
+        [t] = list(store.trajectories())
+        assert t.task_key_source == "input_hash" and t.context["gen_ai.conversation.id"] == "INV-1029"
+        assert store.connection.execute("SELECT count(*) FROM spans WHERE shapes IS NULL").fetchone()[0] > 0
+        ingest_files(store, [str(_write(tmp_path / "b.jsonl", [record(genai_run)]))])  # new rows write the new column
 
 
 def test_a_newer_schema_is_refused_with_a_message(tmp_path: Path) -> None:

@@ -18,7 +18,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind, StatusCode
 
 from domains.accounts_payable.anthropic_standin import AnthropicStandIn
-from domains.accounts_payable.arms import FaultSpec, TrialIdentity, make_client, run_trial
+from domains.accounts_payable.arms import FaultPlan, TrialIdentity, make_client, run_trial
 from domains.accounts_payable.ground_truth import expected_outcome
 from domains.accounts_payable.simulated_model import SIMULATED_MODEL_NAME, SimulatedModel
 from domains.accounts_payable.tasks import TASKS
@@ -76,7 +76,7 @@ def _root(spans: list[ReadableSpan]) -> ReadableSpan:
 def test_transient_fault_on_a_check_holds_a_clean_invoice_without_retry(model_client: Any) -> None:
     traced = Traced("plan_execute")
     result = _trial("plan_execute", CLEAN_INVOICE, model_client, traced,
-                    trial=TrialIdentity("fault/no-retry"), fault=FaultSpec("check_duplicate", "503"))
+                    trial=TrialIdentity("fault/no-retry"), fault=FaultPlan("check_duplicate", "503"))
     assert result.fault_fired and result.fault_step == 5  # get_invoice, vendor, po, match, then duplicate
     assert not result.passed
     assert result.grade.observed_action == "hold"
@@ -101,7 +101,7 @@ def test_transient_fault_on_a_check_holds_a_clean_invoice_without_retry(model_cl
 def test_transient_fault_on_a_check_is_retried_and_the_invoice_paid(arm: str, model_client: Any) -> None:
     traced = Traced(arm)
     result = _trial(arm, CLEAN_INVOICE, model_client, traced,
-                    trial=TrialIdentity(f"fault/{arm}"), fault=FaultSpec("check_duplicate", "503"))
+                    trial=TrialIdentity(f"fault/{arm}"), fault=FaultPlan("check_duplicate", "503"))
     assert result.fault_fired
     assert result.passed, result.grade.problems
     (payment,) = result.grade.writes["payments"]
@@ -119,17 +119,17 @@ def test_retry_is_only_for_transient_errors(model_client: Any) -> None:
     traced = Traced("plan_execute_retry")
     # Three consecutive 429s are retried (4 attempts); a fourth failure would be a blocker.
     result = _trial("plan_execute_retry", CLEAN_INVOICE, model_client, traced,
-                    fault=FaultSpec("validate_tax_code", "429", times=3))
+                    fault=FaultPlan("validate_tax_code", "429", times=3))
     assert result.passed
     assert [s.error_type for s in result.steps if s.name == "validate_tax_code"] == ["429", "429", "429", None]
     exhausted = _trial("plan_execute_retry", CLEAN_INVOICE, model_client, traced,
-                       fault=FaultSpec("validate_tax_code", "timeout", times=4))
+                       fault=FaultPlan("validate_tax_code", "timeout", times=4))
     assert [s.name for s in exhausted.steps].count("validate_tax_code") == 4
     assert [e["reason_code"] for e in exhausted.grade.writes["exceptions"]] == ["TAX_CODE_MISMATCH"]
 
 
 def test_faults_fire_per_trial_not_per_variant(model_client: Any) -> None:
-    spec = FaultSpec("three_way_match", "connection_reset")  # one spec, shared like a variant's
+    spec = FaultPlan("three_way_match", "connection_reset")  # one spec, shared like a variant's
     traced = Traced("plan_execute")
     identities = [TrialIdentity(f"tool_fault/0/k{k}", "tool_fault", "0", "per-trial") for k in range(4)]
     with ThreadPoolExecutor(max_workers=2) as pool:
@@ -148,7 +148,7 @@ def test_faults_fire_per_trial_not_per_variant(model_client: Any) -> None:
 
 def test_a_fault_on_a_tool_the_trial_never_calls_is_recorded_as_not_fired(model_client: Any) -> None:
     traced = Traced("react")
-    result = _trial("react", "INV-1013", model_client, traced, fault=FaultSpec("three_way_match", "503"))
+    result = _trial("react", "INV-1013", model_client, traced, fault=FaultPlan("three_way_match", "503"))
     assert result.passed  # a credit note has no three-way match
     assert result.fault_fired is False and result.fault_step is None
     root = _root(traced.spans(result.trace_id))

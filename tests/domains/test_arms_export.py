@@ -136,7 +136,7 @@ def test_traces_reach_an_otlp_grpc_endpoint(grpc_sink) -> None:
     assert len(roots) == 2 and summary.passed == 2
     trial_ids = sorted(next(a.value.string_value for a in s.attributes if a.key == "plumbline.trial.id")
                        for s in roots)
-    assert trial_ids == ["ap-plan_execute-seed0/INV-1007/k0", "ap-plan_execute-seed0/INV-1007/k1"]
+    assert trial_ids == ["ap-plan_execute-seed0/INV-1007/baseline/0/k0", "ap-plan_execute-seed0/INV-1007/baseline/0/k1"]
 
 
 def test_cli_runs_an_arm_and_prints_outcomes_against_ground_truth(tmp_path: Path) -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from domains.accounts_payable import tracing
-from domains.accounts_payable.arms import ARMS, FaultSpec, run_trial
+from domains.accounts_payable.arms import ARMS, FaultPlan, run_trial
 from domains.accounts_payable.run import model_backend
 from plumbline_otel.ingest import ingest_files
 from plumbline_otel.store import Store
@@ -22,7 +22,7 @@ def test_ingested_traces_match_the_calls_each_arm_made(arm: str, tmp_path: Path,
     results = {}
     with model_backend(offline=True) as backend:
         for task_id in TASKS:
-            fault = FaultSpec("check_duplicate", "503") if task_id == "INV-1002" else None
+            fault = FaultPlan("check_duplicate", "503") if task_id == "INV-1002" else None
             trial = tracing.TrialIdentity(f"t/{arm}/{task_id}", "tool_fault" if fault else "baseline", "0", "t")
             results[f"t/{arm}/{task_id}"] = run_trial(arm, task_id, client=backend.client, model=backend.model,
                                                       trial=trial, fault=fault, tracer_provider=provider)

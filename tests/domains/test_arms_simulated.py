@@ -13,7 +13,7 @@ import anthropic
 import pytest
 
 from domains.accounts_payable.anthropic_standin import AnthropicStandIn
-from domains.accounts_payable.arms import FaultSpec, TrialIdentity, TrialResult, make_client, run_trial
+from domains.accounts_payable.arms import FaultPlan, TrialIdentity, TrialResult, make_client, run_trial
 from domains.accounts_payable.ground_truth import expected_outcome
 from domains.accounts_payable.simulated_model import (
     IMPERFECTIONS,
@@ -117,7 +117,7 @@ def test_wrong_reason_code_holds_under_another_code(simulated) -> None:
 
 
 def test_stop_retrying_carries_on_without_the_failed_check(simulated) -> None:
-    result = _run(simulated("stop_retrying=1"), "react", "INV-1001", fault=FaultSpec("check_duplicate", "503"))
+    result = _run(simulated("stop_retrying=1"), "react", "INV-1001", fault=FaultPlan("check_duplicate", "503"))
     assert result.fault_fired
     assert [s.ok for s in result.steps if s.name == "check_duplicate"] == [False]  # never retried
     assert "check_duplicate" not in _checks_done(result)  # a must_call violation for the invariants

@@ -104,6 +104,7 @@ def agent_run(tracer: Tracer, task: str, tools: Sequence[tuple[str, dict[str, An
     """invoke_agent with one execute_tool span per tool, in the current GenAI conventions."""
     with tracer.start_as_current_span("invoke_agent payer", attributes={
         "gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "payer", "gen_ai.conversation.id": task,
+        "plumbline.task.key": task,  # a conversation id alone does not name the task
         "gen_ai.input.messages": json.dumps([{"role": "user", "parts": [{"type": "text", "content": f"Handle {task}"}]}]),
     }):
         for i, (name, args, result) in enumerate(tools):

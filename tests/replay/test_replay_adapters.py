@@ -59,6 +59,10 @@ def test_resource_attributes_and_carriers_decode_to_the_identity_in_the_otel_sdk
     assert attrs["plumbline.trial.id"] == t.trial_id and "/" in t.trial_id
     assert attrs["plumbline.study"] == "ext" and attrs["deployment.environment"] == "ci"
     assert attrs["plumbline.task.key"] == "INV-1029" and attrs["plumbline.perturbation"] == "tool_fault"
+    # the fault evidence survives the environment carrier exactly (spaces, colons and all)
+    assert attrs["plumbline.fault.tool"] == "lookup_invoice" and attrs["plumbline.trial.attempt"] == "1"
+    assert attrs["plumbline.fault.error"] == FaultPlan("lookup_invoice", "503").error_message
+    assert env["PLUMBLINE_TRIAL_ATTEMPT"] == "1"
     ctx = W3CBaggagePropagator().extract({"baggage": env["BAGGAGE"]})
     assert baggage.get_all(ctx)["plumbline.trial.id"] == t.trial_id
     assert baggage.get_all(ctx)["plumbline.fault"] == "lookup_invoice:503:1:1"
@@ -137,8 +141,8 @@ def test_http_503_is_transient_and_the_driver_retries_it(server: HTTPServer, tmp
 
     summary = run_study(StudyConfig("h", repeats=2, concurrency=1, retry=RetryPolicy(base_delay_s=0.001)),
                         [one_task()], HttpAdapter(url))
-    assert [(r.status, r.attempts) for r in summary.records] == [("ok", 2), ("error", 1)] or \
-        [(r.status, r.attempts) for r in summary.records] == [("error", 2), ("ok", 1)]
+    assert [(r.status, r.attempts) for r in summary.records] == [("ok", 2), ("errored", 1)] or \
+        [(r.status, r.attempts) for r in summary.records] == [("errored", 2), ("ok", 1)]
     assert summary.spent_usd == pytest.approx(0.01)
     with pytest.raises(TransientAdapterError, match="cannot reach"):
         HttpAdapter("http://127.0.0.1:9/run", timeout_s=2).run(trial())

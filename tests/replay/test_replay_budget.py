@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import random
+
+import pytest
 import threading
 import time
 from pathlib import Path
@@ -19,7 +21,7 @@ from plumbline_otel.replay import (
     run_study,
 )
 
-from .toy import read_lines, tasks
+from .toy import ToyAgent, read_lines, tasks
 
 
 def test_reserve_then_settle_holds_the_cap_under_eight_threads() -> None:
@@ -60,8 +62,9 @@ def test_reserve_then_settle_holds_the_cap_under_eight_threads() -> None:
 def test_a_concurrent_study_stops_at_the_cap_and_records_the_rest_missing(tmp_path: Path) -> None:
     costs = random.Random(1)
     lock = threading.Lock()
+    agent = ToyAgent()
 
-    def spender(trial: Trial) -> dict[str, object]:
+    def spender(trial: Trial) -> object:
         scope = current_scope()
         assert scope is not None
         for _ in range(3):
@@ -70,26 +73,27 @@ def test_a_concurrent_study_stops_at_the_cap_and_records_the_rest_missing(tmp_pa
             scope.charge(cost)  # what the caching transport does before each model call
             time.sleep(0.001)
             scope.spent(cost)
-        return {"trace_id": trial.trace_id}
+        return agent.run(trial)
 
-    config = StudyConfig("capped", repeats=5, concurrency=8, budget_usd=2.0, trial_estimate_usd=0.05,
+    config = StudyConfig("capped", repeats=5, concurrency=8, budget_usd=2.0, trial_max_usd=0.15,
                          sink=SpanSink(otlp_file=str(tmp_path / "spans.jsonl")), state_dir=tmp_path / "state")
     summary = run_study(config, tasks(8), spender)
-    assert summary.planned == 40 and summary.ok + summary.missing == 40 and summary.errors == 0
+    assert summary.planned == 40 and summary.ok + summary.missing == 40 and summary.errored == 0
     assert 0 < summary.ok < 40
     assert summary.spent_usd <= 2.0 + 1e-9 and summary.budget_high_water_usd <= 2.0 + 1e-9
     ledger = Ledger(tmp_path / "state" / "ledger.jsonl")
-    assert ledger.spent_usd() <= 2.0 + 1e-9 and len(ledger.rows) == 40
+    assert ledger.spent_usd() == pytest.approx(summary.spent_usd)
+    assert len(ledger.latest()) == 40
     missing = [r for r in summary.records if r.status == "missing"]
     assert all(r.reason and ("budget" in r.reason) for r in missing)
     markers = [s for line in read_lines(tmp_path / "spans.jsonl") for rs in line["resourceSpans"]
-               for ss in rs["scopeSpans"] for s in ss["spans"]]
+               for ss in rs["scopeSpans"] for s in ss["spans"] if s["name"] == "plumbline.replay.trial"]
     assert len(markers) == len(missing)
 
     # The cap is the study's: resuming with the same cap runs nothing more; a larger one continues.
-    again = run_study(StudyConfig("capped", repeats=5, concurrency=8, budget_usd=2.0, trial_estimate_usd=0.05,
+    again = run_study(StudyConfig("capped", repeats=5, concurrency=8, budget_usd=2.0, trial_max_usd=0.15,
                                   resume=True, state_dir=tmp_path / "state"), tasks(8), spender)
     assert again.ok == 0 and again.skipped == summary.ok
-    more = run_study(StudyConfig("capped", repeats=5, concurrency=8, budget_usd=100.0, trial_estimate_usd=0.05,
-                                 resume=True, state_dir=tmp_path / "state"), tasks(8), spender)
+    more = run_study(StudyConfig("capped", repeats=5, concurrency=8, budget_usd=100.0, trial_max_usd=0.15,
+                                 resume=True, state_dir=tmp_path / "state", sink=config.sink), tasks(8), spender)
     assert more.ok == 40 - summary.ok and more.missing == 0

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from domains.accounts_payable import study as ap_study
+from domains.accounts_payable.run import run_domain
 from domains.accounts_payable.replay_adapter import APAdapter
 from domains.accounts_payable.tasks import TASKS
 from plumbline_otel.cli.main import _register, cli
@@ -37,9 +37,8 @@ SPEC = Path(__file__).resolve().parents[2] / "configs" / "accounts_payable.invar
 def traffic(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A store holding one arm's baseline runs of three invoices (the 'production traffic')."""
     root = tmp_path_factory.mktemp("traffic")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(ap_study, "TASKS", TASKS[:3])
-        ap_study.run_study(root / "src", arms=[ARM], perturbations=("baseline",), imperfections={}, study="traffic")
+    run_domain(ARM, [t.task_id for t in TASKS[:3]], otlp_file=root / "src" / f"{ARM}.otlp.jsonl", offline=True,
+               imperfections={}, study="traffic")
     with Store(root / "p.duckdb") as store:
         assert ingest_files(store, [str(root / "src")]).trajectories == 3
     return root
@@ -70,7 +69,7 @@ def test_replay_the_stored_tasks_and_certify_every_cell(db: Path, tmp_path: Path
     finally:
         adapter.close()
         config.sink.close()
-    assert (summary.planned, summary.ok, summary.missing, summary.errors) == (18, 18, 0, 0)
+    assert (summary.planned, summary.ok, summary.missing, summary.errored) == (18, 18, 0, 0)
     assert summary.faults() == (6, 6)
     assert summary.cache_recorded >= 18
 
@@ -127,7 +126,7 @@ def test_the_cli_replays_resumes_and_says_what_to_run_next(db: Path, tmp_path: P
 
     result = runner.invoke(cli, args)
     assert result.exit_code == 0, result.output
-    assert "ran 12 (12 ok, 0 missing, 0 error), 0 skipped by resume; 0 variant(s) rejected" in result.output
+    assert "ran 12 (12 ok, 0 missing, 0 errored), 0 skipped by resume; 0 variant(s) rejected" in result.output
     assert f"plumbline ingest {out} --db {db}" in result.output
     assert f"plumbline certify --spec {SPEC} --db {db} --study cli --agent {AGENT}" in result.output
     summary = json.loads((tmp_path / "state" / "summary.json").read_text())
@@ -137,7 +136,7 @@ def test_the_cli_replays_resumes_and_says_what_to_run_next(db: Path, tmp_path: P
     assert refused.exit_code != 0 and "--resume" in str(refused.exception or refused.output)
     resumed = runner.invoke(cli, [*args, "--repeats", "3", "--resume", "--quiet"])
     assert resumed.exit_code == 0, resumed.output
-    assert "ran 6 (6 ok, 0 missing, 0 error), 12 skipped by resume" in resumed.output
+    assert "ran 6 (6 ok, 0 missing, 0 errored), 12 skipped by resume" in resumed.output
     assert len(Ledger(tmp_path / "state" / "ledger.jsonl").completed()) == 18
 
     assert runner.invoke(cli, ["ingest", str(out), "--db", str(db), "--quiet"]).exit_code == 0
@@ -147,6 +146,27 @@ def test_the_cli_replays_resumes_and_says_what_to_run_next(db: Path, tmp_path: P
     assert certified.exit_code == 0, certified.output
     cert = json.loads(cert_path.read_text())
     assert {p: n for (_, p), (n, _, _) in cells(cert).items()} == {"baseline": 6, "paraphrase": 6, "tool_fault": 6}
+
+
+EXPORTING_AGENT = """
+import json, os, sys
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+text = sys.stdin.read()
+if not os.environ.get("AGENT_SILENT"):
+    provider = TracerProvider(resource=Resource.create({"service.name": "cmd-agent"}))
+    provider.add_span_processor(SimpleSpanProcessor(OTLPSpanExporter(endpoint=os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"])))
+    parent = TraceContextTextMapPropagator().extract({"traceparent": os.environ["TRACEPARENT"]})
+    messages = json.dumps([{"role": "user", "parts": [{"type": "text", "content": text}]}])
+    provider.get_tracer("cmd").start_span("invoke_agent cmd", context=parent, attributes={
+        "gen_ai.operation.name": "invoke_agent", "gen_ai.input.messages": messages}).end()
+    provider.shutdown()
+print(json.dumps({"output": "done"}))
+"""
 
 
 def _free_port() -> int:
@@ -191,14 +211,28 @@ def test_replay_against_a_running_plumbline_serve(tmp_path: Path) -> None:
                 "--endpoint", endpoint, "--state-dir", str(tmp_path / "state"), "--quiet"]
         result = CliRunner().invoke(cli, args)
         assert result.exit_code == 0, result.output
-        assert "ran 4 (4 ok, 0 missing, 0 error)" in result.output
+        assert "ran 4 (4 ok, 0 missing, 0 errored)" in result.output
         deadline = time.monotonic() + 30
         docs = study_runs("served", 4)
         assert sorted(d["context"]["plumbline.perturbation"] for d in docs) == ["baseline", "baseline", "tool_fault", "tool_fault"]
         # A fresh state directory: only the server knows these trials ran, and resume believes it.
         again = CliRunner().invoke(cli, [*args[:-2], str(tmp_path / "fresh"), "--quiet", "--resume"])
         assert again.exit_code == 0, again.output
-        assert "ran 0 (0 ok, 0 missing, 0 error), 4 skipped by resume" in again.output
+        assert "ran 0 (0 ok, 0 missing, 0 errored), 4 skipped by resume" in again.output
+
+        # An agent in another process exports straight to the server: only the store can show
+        # the driver its run, so --server confirms it there; a silent agent's trial is errored.
+        script = tmp_path / "agent.py"
+        script.write_text(EXPORTING_AGENT)
+        command = ["replay", "--server", f"127.0.0.1:{grpc_port}", "--agent", AGENT, "--endpoint", endpoint,
+                   "--adapter", f"command:{sys.executable} {script}", "--quiet", "--trace-wait", "10"]
+        ran = CliRunner().invoke(cli, [*command, "--study", "cmd", "--state-dir", str(tmp_path / "cmd")])
+        assert ran.exit_code == 0, ran.output
+        assert "ran 2 (2 ok, 0 missing, 0 errored)" in ran.output
+        silent = CliRunner().invoke(cli, [*command[:-1], "0.5", "--study", "mute", "--state-dir", str(tmp_path / "mute")],
+                                    env={"AGENT_SILENT": "1"})
+        assert silent.exit_code == 3 and "ran 2 (0 ok, 0 missing, 2 errored)" in silent.output
+        assert "no trace received" in silent.output
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(60)

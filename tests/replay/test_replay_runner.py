@@ -82,44 +82,63 @@ def test_the_agent_joins_the_trial_through_context_and_baggage(tmp_path: Path) -
 
 def test_transient_errors_are_retried_with_backoff_and_others_are_not(tmp_path: Path) -> None:
     attempts: Counter[str] = Counter()
+    traces: dict[str, set[str]] = {}
     lock = threading.Lock()
+    agent = ToyAgent()
 
-    def flaky(trial: Trial) -> None:
+    def flaky(trial: Trial) -> object:
         with lock:
             attempts[trial.trial_id] += 1
             n = attempts[trial.trial_id]
+            traces.setdefault(trial.trial_id, set()).add(trial.trace_id)
         if trial.identity.task_key == "INV-1000" and n == 1:
             raise TransientAdapterError("503 at the door")
         if trial.identity.task_key == "INV-1001":
             raise TransientAdapterError("always busy", retry_after=0.0)
         if trial.identity.task_key == "INV-1002":
             raise AdapterError("agent crashed")
+        return agent.run(trial)
 
     summary = run_study(config(tmp_path, concurrency=2), tasks(3), flaky)
     by_task = {r.task_key: r for r in summary.records}
     assert (by_task["INV-1000"].status, by_task["INV-1000"].attempts) == ("ok", 2)
-    assert (by_task["INV-1001"].status, by_task["INV-1001"].attempts) == ("error", 3)
+    assert (by_task["INV-1001"].status, by_task["INV-1001"].attempts) == ("errored", 3)
     assert "after 3 attempts" in (by_task["INV-1001"].reason or "")
-    assert (by_task["INV-1002"].status, by_task["INV-1002"].attempts) == ("error", 1)
-    assert summary.errors == 2 and summary.markers == 2
+    assert (by_task["INV-1002"].status, by_task["INV-1002"].attempts) == ("errored", 1)
+    assert summary.errored == 2 and summary.markers == 2
+    # every execution ran in a trace of its own
+    assert [len(traces[r.trial_id]) for r in summary.records] == [2, 3, 1]
+    with Store(tmp_path / "p.duckdb") as store:
+        ingest_files(store, [str(tmp_path / "replay.otlp.jsonl")])
+        markers = {t.context["plumbline.trial.id"]: t.context for t in store.trajectories()
+                   if t.context.get("plumbline.trial.status")}
+    assert {c["plumbline.trial.status"] for c in markers.values()} == {"errored"}
+    assert "agent crashed" in markers[by_task["INV-1002"].trial_id]["plumbline.trial.reason"]
+    assert markers[by_task["INV-1001"].trial_id]["plumbline.trial.attempt"] == 3
     assert FAST.delay(1) == pytest.approx(0.001) and FAST.delay(3) == pytest.approx(0.004)
     assert RetryPolicy(max_delay_s=5).delay(2, retry_after=60) == 5
 
 
-def test_missing_trials_are_counted_beside_n_and_a_resumed_run_replaces_its_marker(tmp_path: Path) -> None:
+def test_trials_the_cap_never_started_are_missing_and_resume_runs_them_as_new_attempts(tmp_path: Path) -> None:
     agent = ToyAgent(cost_usd=1.0)
     first = run_study(config(tmp_path, perturbations=("baseline",), repeats=2, concurrency=1, budget_usd=2.0,
-                             trial_estimate_usd=1.0), tasks(2), agent)
+                             trial_max_usd=1.0), tasks(2), agent)
     assert (first.ok, first.missing) == (2, 2)
-    assert certify(tmp_path, "s") == {"baseline": {"n": 2, "missing": 2, "unexposed": 0}}
+    assert certify(tmp_path, "s")["baseline"]["n"] == 2
 
-    # Resume with a larger (cumulative) cap: the missing trials run in their own trace, where the
-    # agent's span takes over from the marker, so each trial counts once, as a run.
+    # Resume with a larger (cumulative) cap: the missing trials run as attempt 2, in traces of
+    # their own; the store then has a run of every trial.
     second = run_study(config(tmp_path, perturbations=("baseline",), repeats=2, concurrency=1, budget_usd=4.0,
-                              trial_estimate_usd=1.0, resume=True), tasks(2), agent)
+                              trial_max_usd=1.0, resume=True), tasks(2), agent)
     assert (second.ok, second.missing, second.skipped) == (2, 0, 2)
     assert second.spent_usd == pytest.approx(4.0) and second.session_usd == pytest.approx(2.0)
-    assert certify(tmp_path, "s") == {"baseline": {"n": 4, "missing": 0, "unexposed": 0}}
+    with Store(tmp_path / "p2.duckdb") as store:
+        ingest_files(store, [str(tmp_path / "replay.otlp.jsonl")])
+        runs, only_markers = stored_trials(store, "s")
+        attempts = sorted(t.context["plumbline.trial.attempt"] for t in store.trajectories()
+                          if not t.context.get("plumbline.trial.status"))
+    assert len(runs) == 4 and not only_markers
+    assert attempts == ["1", "1", "2", "2"]  # the toy agent stamps its baggage (strings)
 
 
 def test_resume_skips_trials_already_in_the_store_and_a_rerun_without_resume_is_refused(tmp_path: Path) -> None:

@@ -6,10 +6,9 @@ import shutil
 from pathlib import Path
 
 import duckdb
-import pytest
 from click.testing import CliRunner
 
-from domains.accounts_payable import study as ap_study
+from domains.accounts_payable.run import run_domain
 from domains.accounts_payable.tasks import TASKS
 from plumbline_otel.cli.main import _register, cli
 from plumbline_otel.ingest import ingest_files
@@ -27,9 +26,8 @@ def _keep(path: Path, parity: int) -> None:
 
 
 def test_replay_selects_the_same_tasks_from_two_shards_as_from_one_store(tmp_path: Path) -> None:
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(ap_study, "TASKS", TASKS[:4])
-        ap_study.run_study(tmp_path / "src", arms=[ARM], perturbations=("baseline",), imperfections={}, study="traffic")
+    run_domain(ARM, [t.task_id for t in TASKS[:4]], otlp_file=tmp_path / "src" / f"{ARM}.otlp.jsonl", offline=True,
+               imperfections={}, study="traffic")
     whole = tmp_path / "whole.duckdb"
     with Store(whole) as store:
         assert ingest_files(store, [str(tmp_path / "src")]).trajectories == 4

@@ -7,22 +7,20 @@ Arms (``ARMS``):
     plan_execute_retry   the same, retrying transient tool errors (503, 429, timeout, reset)
     react                a free-form tool-using loop; the model chooses every call
 
-Faults are declared with ``FaultSpec(tool, kind, on_call=1, times=1)`` and injected per trial.
+Faults are the replay driver's ``FaultPlan(tool, kind, on_call=1, times=1)``, injected per trial.
 """
 
 from __future__ import annotations
 
-from domains.accounts_payable.arms.faults import TRANSIENT_KINDS, FaultInjector, FaultSpec
-from domains.accounts_payable.arms.runtime import RetryPolicy, ToolStep, TrialResult
+from domains.accounts_payable.arms.runtime import TRANSIENT_KINDS, RetryPolicy, ToolStep, TrialResult
 from domains.accounts_payable.arms.trial import ARMS, DEFAULT_MODEL, make_client, run_trial
-from domains.accounts_payable.tracing import TrialIdentity
+from plumbline_otel.replay.identity import FaultPlan, TrialIdentity
 
 __all__ = [
     "ARMS",
     "DEFAULT_MODEL",
     "TRANSIENT_KINDS",
-    "FaultInjector",
-    "FaultSpec",
+    "FaultPlan",
     "RetryPolicy",
     "ToolStep",
     "TrialIdentity",

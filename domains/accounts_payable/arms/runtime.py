@@ -17,7 +17,10 @@ from typing import Any
 from opentelemetry.trace import Tracer
 
 from domains.accounts_payable import tracing
-from domains.accounts_payable.arms.faults import FaultInjector, FaultSpec, TRANSIENT_KINDS
+from plumbline_otel.replay.identity import TRANSIENT_FAULT_KINDS as TRANSIENT_KINDS
+from plumbline_otel.replay.identity import FaultPlan, TrialIdentity
+from plumbline_otel.replay.runner import RetryPolicy
+from plumbline_otel.replay.scope import InjectedFault, inject_fault
 
 
 @dataclass
@@ -65,19 +68,33 @@ def is_transient(exc: BaseException) -> bool:
     return isinstance(exc, TransientToolError) and getattr(exc, "kind", None) in TRANSIENT_KINDS
 
 
+def _injected(tool: str) -> None:
+    """The trial's fault for this call, if due, as the domain's own transient error (same text),
+    so the arms meet it exactly as they would meet a real outage."""
+    from domains.accounts_payable.tools import TransientToolError
+
+    try:
+        inject_fault(tool)
+    except InjectedFault as fault:
+        raise TransientToolError(fault.kind, str(fault)) from fault
+
+
 def _jsonable(value: Any) -> Any:
     return json.loads(json.dumps(value, default=str))
 
 
 class ToolRunner:
-    """Calls the domain's tools for one trial, through its fault injector, one span per call."""
+    """Calls the domain's tools for one trial, one span per call.
+
+    Before each call it asks the current trial's injector (``plumbline_otel.replay.inject_fault``,
+    the driver's one fault mechanism) whether this call is the one to fail.
+    """
 
     def __init__(
         self,
         sor: Any,
         tracer: Tracer,
         agent_name: str,
-        fault: FaultInjector | None = None,
         call_id_prefix: str = "call",
     ) -> None:
         from domains.accounts_payable import tools
@@ -87,7 +104,6 @@ class ToolRunner:
         self._tracer = tracer
         self._agent = agent_name
         self._prefix = call_id_prefix
-        self.fault = fault
         self.steps: list[ToolStep] = []
 
     def call(self, name: str, args: Mapping[str, Any], call_id: str | None = None) -> dict[str, Any]:
@@ -101,15 +117,13 @@ class ToolRunner:
         with tracing.tool_span(
             self._tracer, name, call_id, step.args, description, self._agent
         ) as span:
-            fired_before = len(self.fault.fired_steps) if self.fault else 0
             try:
-                if self.fault is not None:
-                    self.fault.before_call(name, index)
+                _injected(name)
                 result = _jsonable(self._tools.call_tool(self._sor, name, dict(args)))
             except Exception as exc:
                 step.error = str(exc)
                 step.error_type = error_type_of(exc)
-                step.injected = bool(self.fault) and len(self.fault.fired_steps) > fired_before
+                step.injected = isinstance(exc.__cause__, InjectedFault)
                 if step.injected:
                     span.set_attribute("plumbline.fault.injected", True)
                 tracing.mark_error(span, exc, step.error_type)
@@ -205,20 +219,8 @@ class ModelCaller:
         return response
 
 
-@dataclass(frozen=True)
-class RetryPolicy:
-    """Retry transient tool errors (and only those) with exponential backoff."""
-
-    max_attempts: int = 4
-    base_delay_s: float = 0.05
-    factor: float = 2.0
-    max_delay_s: float = 2.0
-
-    def delay(self, attempt: int) -> float:
-        """Sleep before attempt ``attempt + 1`` (attempt is 1-based)."""
-        return min(self.max_delay_s, self.base_delay_s * self.factor ** (attempt - 1))
-
-
+# The agent's own retry of transient tool errors (the arm's behaviour under test), in the
+# driver's RetryPolicy shape.
 NO_RETRY = RetryPolicy(max_attempts=1)
 
 
@@ -253,13 +255,13 @@ class TrialResult:
     task_id: str
     model: str
     request_text: str
-    trial: tracing.TrialIdentity | None
+    trial: TrialIdentity | None
     trace_id: str
     final_answer: str
     steps: list[ToolStep]
     grade: Any
     passed: bool
-    fault: FaultSpec | None = None
+    fault: FaultPlan | None = None
     fault_fired: bool = False
     fault_step: int | None = None
     agent_error: str | None = None

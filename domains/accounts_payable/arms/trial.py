@@ -1,8 +1,10 @@
 """``run_trial``: one arm on one task, in one trace, against a fresh system of record.
 
 This is the programmatic entry point the CLI and the replay driver use. Per call it builds
-everything mutable from scratch (system of record, fault injector, tool runner, model caller),
-so two trials never share state, whatever the caller reuses (client, tracer provider, spec).
+everything mutable from scratch (system of record, tool runner, model caller), so two trials
+never share state, whatever the caller reuses (client, tracer provider, spec). Faults come from
+the replay driver's trial scope (one mechanism for the driver and the domain); called on its own
+with ``fault=``, it opens such a scope for this one trial.
 """
 
 from __future__ import annotations
@@ -10,6 +12,8 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
+from dataclasses import replace
 from typing import Any
 
 from opentelemetry import trace
@@ -17,7 +21,6 @@ from opentelemetry import trace
 from domains.accounts_payable import tracing
 from domains.accounts_payable.arms import plan_execute, react
 from domains.accounts_payable.arms.context import ArmContext
-from domains.accounts_payable.arms.faults import FaultInjector, FaultSpec
 from domains.accounts_payable.arms.runtime import (
     NO_RETRY,
     ArmOutcome,
@@ -26,9 +29,12 @@ from domains.accounts_payable.arms.runtime import (
     ToolRunner,
     TrialResult,
 )
+from plumbline_otel.replay.identity import FaultPlan, TrialIdentity
+from plumbline_otel.replay.scope import FaultInjector, TrialScope, activate, current_scope, current_trial_attributes
 
 DEFAULT_MODEL = "claude-haiku-4-5"
-DEFAULT_RETRY = RetryPolicy()
+DEFAULT_RETRY = RetryPolicy(max_attempts=4, base_delay_s=0.05, max_delay_s=2.0)
+_FAULT_PREFIX = "plumbline.fault."
 
 ARMS: dict[str, Callable[[ArmContext], ArmOutcome]] = {
     "plan_execute": plan_execute.run_no_retry,
@@ -57,8 +63,8 @@ def run_trial(
     base_url: str | None = None,
     api_key: str | None = None,
     model: str = DEFAULT_MODEL,
-    trial: tracing.TrialIdentity | None = None,
-    fault: FaultSpec | None = None,
+    trial: TrialIdentity | None = None,
+    fault: FaultPlan | None = None,
     tracer_provider: Any | None = None,
     request_text: str | None = None,
     capture_content: bool = True,
@@ -74,7 +80,8 @@ def run_trial(
         client: an ``anthropic.Anthropic`` client; built from ``base_url``/``api_key`` if absent.
         model: the model requested (the response's model is recorded separately).
         trial: the trial identity, written on the root span.
-        fault: a fault to inject; a fresh injector is built from it for this trial only.
+        fault: a fault to inject when no replay trial is current (the driver's scope brings its
+            own); a fresh injector is built from it for this trial only.
         tracer_provider: where spans go; the global provider when absent.
         request_text: the request as sent (a perturbed variant); the task's own text if absent.
         retry: the retry policy of ``plan_execute_retry`` (ignored by the other arms).
@@ -82,8 +89,7 @@ def run_trial(
     Returns:
         The trial's result, including ``fault_fired``/``fault_step`` and the grade.
     """
-    from domains.accounts_payable import ground_truth, tasks
-    from domains.accounts_payable.system_of_record import open_system_of_record
+    from domains.accounts_payable import tasks
 
     if arm not in ARMS:
         raise ValueError(f"unknown arm {arm!r}; choose one of {', '.join(ARMS)}")
@@ -93,11 +99,29 @@ def run_trial(
     client = client if client is not None else make_client(base_url, api_key)
     provider = tracer_provider or trace.get_tracer_provider()
     tracer = provider.get_tracer(tracing.SCOPE_NAME, tracing.SERVICE_VERSION)
-    injector = FaultInjector(fault) if fault is not None else None
+    own_scope = None
+    if fault is not None:
+        if current_scope() is not None:
+            raise ValueError("run_trial(fault=…) inside a replay trial: the driver's trial brings its own fault")
+        own_scope = TrialScope(replace(trial or TrialIdentity("adhoc"), fault=fault), fault=FaultInjector(fault))
+    with activate(own_scope) if own_scope is not None else nullcontext():
+        return _run(arm, task, text, client, model, trial, tracer, capture_content, retry, max_turns, temperature,
+                    stamp_identity=trial is not None or own_scope is None)
+
+
+def _run(arm: str, task: Any, text: str, client: Any, model: str, trial: TrialIdentity | None, tracer: Any,
+         capture_content: bool, retry: RetryPolicy | None, max_turns: int | None, temperature: float | None,
+         *, stamp_identity: bool) -> TrialResult:
+    from domains.accounts_payable import ground_truth
+    from domains.accounts_payable.system_of_record import open_system_of_record
+
+    task_id = task.task_id
+    scope = current_scope()
+    injector = scope.fault if scope is not None else None
     sor = open_system_of_record()
     started = time.perf_counter()
     try:
-        runner = ToolRunner(sor, tracer, arm, injector)
+        runner = ToolRunner(sor, tracer, arm)
         caller = ModelCaller(
             client,
             model,
@@ -111,11 +135,15 @@ def run_trial(
         with tracing.agent_span(tracer, arm, task_id, text, trial, model) as root:
             trace_id = _trace_id(root)
             outcome = ARMS[arm](ctx)
-            if injector is not None:
-                root.set_attribute("plumbline.fault.spec", str(injector.spec))
-                root.set_attribute("plumbline.fault.fired", injector.fired)
-                if injector.first_step is not None:
-                    root.set_attribute("plumbline.fault.step", injector.first_step)
+            # The trial's identity and fault evidence as the driver recorded them (fault.fired is
+            # the injector's own account), read now that the run is over.
+            evidence = current_trial_attributes()
+            if not stamp_identity:  # an ad-hoc fault with no trial: only the fault's own evidence
+                evidence = {k: v for k, v in evidence.items() if k.startswith(_FAULT_PREFIX)}
+            root.set_attributes(evidence)
+            fault_step = next((s.index for s in runner.steps if s.injected), None)
+            if fault_step is not None:
+                root.set_attribute("plumbline.fault.step", fault_step)
             tracing.finish_agent_span(root, outcome.final_answer, outcome.agent_error)
         graded = ground_truth.grade(sor, task_id)
     finally:
@@ -131,9 +159,9 @@ def run_trial(
         steps=runner.steps,
         grade=graded,
         passed=_passed(graded),
-        fault=fault,
+        fault=injector.plan if injector else None,
         fault_fired=bool(injector and injector.fired),
-        fault_step=injector.first_step if injector else None,
+        fault_step=fault_step,
         agent_error=outcome.agent_error,
         model_calls=caller.usage.calls,
         input_tokens=caller.usage.input_tokens,

@@ -1,0 +1,158 @@
+"""The live console: the report's pages served read-only by `plumbline serve` under `/`.
+
+    /                       overview: certificate (when one is configured), violations, coverage, diffable tasks
+    /runs?page=&agent=&task= runs, newest first, paged
+    /runs/<id>              one run, step by step
+    /diff?a=<id>&b=<id>     two runs side by side
+    /diff?task=K&vs=AGENT[&agent=A][&perturbation=P]   the same, chosen by task
+
+The console reads through a DuckDB connection of its own (a cursor of the writer's database):
+it sees what has been committed and never queues behind ingest, and ingest never waits for a
+page. Page requests are served one at a time on that connection. The overview's coverage figures
+scan the store, so the overview is kept for `overview_ttl` seconds.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, quote, unquote, urlencode
+
+import duckdb
+
+from plumbline_otel.errors import PlumblineError
+from plumbline_otel.report import data
+from plumbline_otel.report.html import chart_rows, render
+from plumbline_otel.report.pages import diff_page, run_page, spec_violations
+
+log = logging.getLogger("plumbline.console")
+PREFIXES = ("/runs", "/diff")
+
+
+def console_href(kind: str, **params: Any) -> str:
+    """Links between console pages."""
+    if kind == "run":
+        return "/runs/" + quote(str(params["id"]), safe="")
+    query = urlencode({k: v for k, v in params.items() if v not in (None, "")})
+    if kind == "runs":
+        return "/runs" + (f"?{query}" if query else "")
+    return "/diff?" + query  # "diff" (a, b) and "task_diff" (task, vs, ...)
+
+
+def is_console_path(path: str) -> bool:
+    """True for the paths the console answers."""
+    return path == "/" or any(path == p or path.startswith(p + "/") for p in PREFIXES)
+
+
+class Console:
+    """Renders console pages from `connection`; `handle(path, query)` gives (HTTP status, HTML)."""
+
+    def __init__(self, connection: Any, source: str, certificate: str | Path | None = None, slow_ttl: float = 60.0,
+                 slow_wait: float = 3.0) -> None:
+        self._connection, self._source, self._certificate = connection, source, certificate
+        self._lock = threading.Lock()
+        self._ttl, self._wait = slow_ttl, slow_wait
+        self._slow: tuple[float, dict[str, Any]] | None = None  # (when, {"coverage": ..., "candidates": ...})
+        self._worker: threading.Thread | None = None
+        self._worker_cursor: Any = None
+
+    @staticmethod
+    def answers(path: str) -> bool:
+        """True for the paths the console serves."""
+        return is_console_path(path)
+
+    def handle(self, path: str, query: str) -> tuple[int, str]:
+        """Answer one GET; errors become an error page, never an exception."""
+        params = {k: v[-1] for k, v in parse_qs(query).items()}
+        try:
+            with self._lock:
+                return self._route(path, params)
+        except PlumblineError as exc:
+            return self._error(400, str(exc))
+        except ValueError as exc:
+            return self._error(400, f"bad request: {exc}")
+        except duckdb.Error as exc:
+            log.warning("console page %s failed: %s", path, exc)
+            return self._error(500, f"the store could not answer: {exc}")
+
+    def _route(self, path: str, params: dict[str, str]) -> tuple[int, str]:
+        if path == "/":
+            return 200, self._overview_page()
+        if path == "/runs":
+            number = max(0, int(params.get("page", 0) or 0))
+            page = data.runs_page(self._connection, number, agent=params.get("agent"), task=params.get("task"))
+            return 200, render("runs.html", console_href, page=page, agent=params.get("agent"), task=params.get("task"))
+        if path.startswith("/runs/"):
+            run = data.load_run(self._connection, unquote(path[len("/runs/"):]))
+            if run is None:
+                return self._error(404, "no stored run with that id")
+            return 200, run_page(self._connection, run, console_href)
+        if path == "/diff":
+            return self._diff(params)
+        return self._error(404, f"no such page {path}")
+
+    def _diff(self, params: dict[str, str]) -> tuple[int, str]:
+        if "task" in params and "vs" in params:
+            pair = data.pair_on_task(self._connection, params["task"], params["vs"], params.get("agent"), params.get("perturbation"))
+            if pair is None:
+                return self._error(404, "no two runs on that task share a perturbation and variant")
+            return 200, diff_page(self._connection, *pair, console_href)
+        if "a" in params and "b" in params:
+            a, b = data.load_run(self._connection, params["a"]), data.load_run(self._connection, params["b"])
+            if a is None or b is None:
+                return self._error(404, "no stored run with that id")
+            return 200, diff_page(self._connection, a, b, console_href)
+        return self._error(400, "a diff takes ?a=RUN&b=RUN or ?task=K&vs=AGENT")
+
+    def _overview_page(self) -> str:
+        cert = self._load_certificate()
+        slow = self._slow_figures()
+        return render("console.html", console_href, source=self._source, totals=data.store_totals(self._connection),
+                      cert=cert, chart=chart_rows(cert) if cert else [], violations=spec_violations(self._connection, cert),
+                      coverage=slow.get("coverage"), candidates=slow.get("candidates"))
+
+    def _slow_figures(self) -> dict[str, Any]:
+        """Coverage and diffable tasks: fresh if they can be had within `slow_wait`, else the last ones (or {})."""
+        stale = self._slow is None or time.monotonic() - self._slow[0] > self._ttl
+        if stale and (self._worker is None or not self._worker.is_alive()):
+            self._worker_cursor = self._connection.cursor()
+            self._worker = threading.Thread(target=self._compute_slow, args=(self._worker_cursor,), name="plumbline-console", daemon=True)
+            self._worker.start()
+            self._worker.join(self._wait)  # only the request that started it waits
+        return self._slow[1] if self._slow is not None else {}
+
+    def _compute_slow(self, cursor: Any) -> None:
+        try:
+            one = data.OneCursor(cursor)
+            figures = {"coverage": data.coverage(one), "candidates": data.diff_candidates(one)}
+        except Exception:  # interrupted at shutdown, or the store went away: keep the last figures
+            return
+        finally:
+            cursor.close()
+        self._slow = (time.monotonic(), figures)
+
+    def _load_certificate(self) -> dict[str, Any] | None:
+        """The configured certificate, re-read each time so a new `plumbline certify` shows at once."""
+        if self._certificate is None:
+            return None
+        from plumbline_otel.report.render import load_certificate
+
+        return load_certificate(self._certificate)
+
+    def _error(self, status: int, message: str) -> tuple[int, str]:
+        return status, render("error.html", console_href, status=status, message=message)
+
+    def close(self) -> None:
+        """Stop the background computation and close the read connections."""
+        deadline = time.monotonic() + 10
+        while self._worker is not None and self._worker.is_alive() and time.monotonic() < deadline:
+            self._worker_cursor.interrupt()  # a query may start after an interrupt: repeat until the thread ends
+            self._worker.join(0.1)
+        with self._lock:
+            self._connection.close()
+
+
+__all__ = ["Console", "console_href", "is_console_path"]

@@ -1,0 +1,149 @@
+"""Pages: the self-contained report file, and the pieces the console serves, from one connection.
+
+`report_html` gathers everything a report shows (headline, chart, cells, violations, coverage,
+consistency and equivalence, a few diffs and the runs they link to) and renders it once; the
+report links to runs by in-page anchors, so the file stands alone. `write_report` is the one call
+`plumbline report` and `plumbline demo` make.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from plumbline_otel.analyse.consistency import consistency, summarise
+from plumbline_otel.analyse.equivalence import equivalence
+from plumbline_otel.model import Trajectory
+from plumbline_otel.report import data
+from plumbline_otel.report.diff import RunDiff, diff_runs
+from plumbline_otel.report.html import anchor, chart_rows, render
+from plumbline_otel.store import trajectory_from_doc
+
+WINDOW_RUNS = 2000  # consistency and equivalence look at this many most recent runs, whatever the store's size
+_DIFFS = 3
+_RUNS_SHOWN = 40
+
+
+def file_href(embedded: dict[str, str]) -> Callable[..., str]:
+    """Links inside a report file: to the embedded run (`embedded` maps any id used for it to its
+    trajectory id), to the list of runs for one that is not embedded, to the diffs otherwise."""
+    def href(kind: str, **params: Any) -> str:
+        if kind == "run":
+            target = embedded.get(str(params["id"]))
+            return "#" + anchor(target, "run") if target else "#runs"
+        return "#diffs"
+
+    return href
+
+
+def recent_runs(connection: Any, limit: int = WINDOW_RUNS) -> list[Trajectory]:
+    """The `limit` most recent runs that have a task (consistency needs tasks), oldest first."""
+    cursor = connection.cursor()
+    try:
+        cursor.execute("SELECT doc FROM (SELECT doc, start_ns, trajectory_id FROM trajectories WHERE task_key IS NOT NULL "
+                       "ORDER BY start_ns DESC LIMIT ?) ORDER BY start_ns, trajectory_id", [limit])
+        return [trajectory_from_doc(orjson.loads(doc)) for (doc,) in cursor.fetchall()]
+    finally:
+        cursor.close()
+
+
+def agreement(runs: list[Trajectory]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Consistency over `runs`, and equivalence of every pair of agents that ran a shared task."""
+    summary = summarise(consistency(runs))
+    agents = sorted({t.service for t in runs if t.service})
+    reports = [equivalence(runs, a, b).as_dict() for a, b in itertools.combinations(agents, 2)]
+    return summary, [r for r in reports if r["runs"]]
+
+
+def example_diffs(connection: Any, limit: int = _DIFFS) -> list[RunDiff]:
+    """Up to `limit` diffs of two agents on one task and variant: divergent ones first, and among
+    those the ones that part ways right after a failed call (a retry against no retry)."""
+    found: list[RunDiff] = []
+    for c in data.diff_candidates(connection, limit=4 * limit):
+        services = [s for s in c["services"] if s]
+        if len(services) < 2:
+            continue
+        pair = data.pair_on_task(connection, c["task_key"], services[1], services[0], c["perturbation"])
+        if pair is not None:
+            found.append(diff_runs(*pair))
+    found.sort(key=lambda d: (d.identical, not _after_a_failure(d)))  # stable: candidate order kept within
+    return found[:limit]
+
+
+def _after_a_failure(d: RunDiff) -> bool:
+    """True when the runs part ways right after a failed call: how each handled the error is the story."""
+    if d.first is None or d.first == 0:
+        return False
+    before = d.rows[d.first - 1]
+    return any(s is not None and s.error is not None for s in (before.a, before.b))
+
+
+def spec_violations(connection: Any, cert: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """Violations stored under the certificate's spec; all stored ones when none match (or no certificate)."""
+    if cert is not None:
+        mine = data.violations_summary(connection, cert["spec"]["hash"])
+        if mine:
+            return mine
+    return data.violations_summary(connection)
+
+
+def report_html(connection: Any, cert: dict[str, Any] | None, source: str, coverage: dict[str, Any] | None = None) -> str:
+    """The whole report as one HTML document; `coverage` replaces the store's own (a served store's, read over the API)."""
+    violations = spec_violations(connection, cert)
+    diffs = example_diffs(connection)
+    shown: dict[str, None] = {}
+    for d in diffs:
+        shown.update({d.a.trajectory_id: None, d.b.trajectory_id: None})
+    for v in violations:
+        shown.update({e["trajectory_id"]: None for e in v["examples"]})
+    if cert is not None:
+        for agent in cert["agents"]:
+            for cell in agent["perturbations"]:
+                shown.update({e["run"]: None for e in cell.get("errored_runs") or [] if isinstance(e, dict) and "run" in e})
+    loaded = {i: data.load_run(connection, i) for i in itertools.islice(shown, _RUNS_SHOWN)}
+    runs = [(r, data.run_violations(connection, r.trajectory_id)) for r in loaded.values() if r is not None]
+    embedded = {i: r.trajectory_id for i, r in loaded.items() if r is not None}
+    recent = recent_runs(connection)
+    summary, equivalences = agreement(recent)
+    return render(
+        "report.html", file_href(embedded),
+        cert=cert, chart=chart_rows(cert) if cert else [], source=source, totals=data.store_totals(connection),
+        generated=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), violations=violations,
+        coverage=coverage or data.coverage(connection), consistency=summary, equivalences=equivalences,
+        window=f"the {len(recent)} most recent runs with a task", diffs=diffs, runs=runs,
+    )
+
+
+def run_page(connection: Any, run: Trajectory, href: Callable[..., str]) -> str:
+    """One run, step by step, violations marked at the step that broke them."""
+    return render("run.html", href, run=run, marks=data.run_violations(connection, run.trajectory_id))
+
+
+def diff_page(connection: Any, a: Trajectory, b: Trajectory, href: Callable[..., str]) -> str:
+    """Two runs side by side, then each in full."""
+    return render("diff.html", href, diff=diff_runs(a, b), marks_a=data.run_violations(connection, a.trajectory_id),
+                  marks_b=data.run_violations(connection, b.trajectory_id))
+
+
+def write_report(db_path: str | Path, cert_path: str | Path | None, out_path: str | Path) -> Path:
+    """Write the self-contained report of store `db_path` (and certificate `cert_path`) to `out_path`."""
+    from plumbline_otel.report.render import load_certificate
+    from plumbline_otel.store import Store
+
+    cert = load_certificate(cert_path) if cert_path else None
+    with Store(db_path) as store:
+        store.assemble()
+        html = report_html(store.connection, cert, str(db_path))
+    out = Path(out_path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(html, encoding="utf-8")
+    return out
+
+
+__all__ = ["WINDOW_RUNS", "agreement", "diff_page", "example_diffs", "file_href", "recent_runs", "report_html", "run_page", "spec_violations",
+           "write_report"]

@@ -1,0 +1,165 @@
+"""The report file and the served console in a real headless Chromium (Debian's /usr/bin/chromium).
+
+Assertions are on the rendered page (visibility, layout boxes, computed styles, what scripts
+could have done), not on the HTML source. Screenshots go to the test's temporary directory, and
+to $PLUMBLINE_SCREENSHOTS when set (the README's docs/report.png is one of them).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from demo_support import DemoRun
+from pages_support import NO_RETRY, SCRIPT, TOKEN, WITH_RETRY, Built, build_store, serve
+
+pytestmark = [pytest.mark.slow, pytest.mark.e2e]
+
+CHROMIUM = "/usr/bin/chromium"
+# What Chromium needs on a closed, GPU-less machine, as root: no sandbox, no background fetches.
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+        "--disable-component-update", "--disable-sync", "--disable-default-apps", "--disable-extensions"]
+RED = "rgb(179, 38, 30)"
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    if not Path(CHROMIUM).exists():
+        pytest.skip(f"{CHROMIUM} is missing: `apt-get install -y chromium` (.ci/run does)")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        launched = p.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
+        try:
+            yield launched
+        finally:
+            launched.close()
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> Built:
+    return build_store(tmp_path_factory.mktemp("browser"))
+
+
+@pytest.fixture(scope="module")
+def shots(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("screenshots")
+
+
+def save(page: Any, shots: Path, name: str, **options: Any) -> Path:
+    path = shots / name
+    page.screenshot(path=str(path), **options)
+    if os.environ.get("PLUMBLINE_SCREENSHOTS"):
+        target = Path(os.environ["PLUMBLINE_SCREENSHOTS"])
+        target.mkdir(parents=True, exist_ok=True)
+        shutil.copy(path, target / name)
+    return path
+
+
+def watch(page: Any) -> dict[str, list[str]]:
+    """Every request the page makes and every script error it raises."""
+    seen: dict[str, list[str]] = {"requests": [], "errors": []}
+    page.on("request", lambda r: seen["requests"].append(r.url))
+    page.on("pageerror", lambda e: seen["errors"].append(str(e)))
+    return seen
+
+
+def assert_visible_essentials(page: Any, cert: dict[str, Any]) -> None:
+    headline = page.get_by_test_id("headline")
+    assert headline.is_visible() and headline.inner_text() == f"{100 * cert['headline']['lower_bound']:.1f}%"
+    bars = page.locator("svg rect.bar")
+    cells = sum(len(a["perturbations"]) for a in cert["agents"])
+    assert bars.count() == 2 * cells
+    for i in range(bars.count()):
+        box = bars.nth(i).bounding_box()
+        assert bars.nth(i).is_visible() and box is not None and box["width"] >= 1 and box["height"] >= 6
+    example = page.locator("#violations .example a").first
+    assert example.is_visible() and example.inner_text()
+
+
+def assert_divergence_highlighted(page: Any) -> None:
+    row = page.locator("tr.first-divergence").first
+    row.scroll_into_view_if_needed()
+    assert row.is_visible()
+    flag = row.locator(".divergence-flag")
+    assert flag.is_visible() and flag.inner_text() == "first divergence"
+    assert row.evaluate("r => getComputedStyle(r.cells[0]).outlineColor") == RED
+    assert "check_duplicate" in row.inner_text()
+
+
+def test_report_file_in_chromium(browser: Any, built: Built, shots: Path) -> None:
+    cert = json.loads(built.cert.read_text())
+    page = browser.new_page(viewport={"width": 1280, "height": 1000})
+    seen = watch(page)
+    page.goto(built.report.as_uri())
+    assert_visible_essentials(page, cert)
+    save(page, shots, "report.png")
+    diff = page.locator("section.diff-view", has_text=NO_RETRY).first
+    assert diff.is_visible() and WITH_RETRY in diff.inner_text()
+    assert_divergence_highlighted(page)
+    save(page, shots, "report-diff.png")
+    page.locator("#violations .example a").first.click()  # an in-file anchor: the run is right there
+    target = page.evaluate("location.hash")
+    assert target.startswith("#run-") and page.locator(target).is_visible()
+    assert seen["requests"] == [built.report.as_uri()], "the file makes no request of its own"
+    assert seen["errors"] == []
+    save(page, shots, "report-full.png", full_page=True)
+
+
+def test_hostile_trace_values_render_as_text(browser: Any, built: Built, shots: Path) -> None:
+    page = browser.new_page(viewport={"width": 1280, "height": 1000})
+    page.goto(built.report.as_uri())
+    shown = page.get_by_text(SCRIPT).first
+    shown.scroll_into_view_if_needed()
+    assert shown.is_visible(), "the script tag is on screen, as text"
+    assert page.evaluate("window.__pwned") is None, "and nothing of it ran"
+    assert page.locator("h1#owned").count() == 0 and page.locator("main img").count() == 0
+    save(page, shots, "hostile.png")
+
+
+def test_served_console_in_chromium(browser: Any, built: Built, shots: Path, tmp_path: Path) -> None:
+    db = tmp_path / "served.duckdb"
+    shutil.copy(built.db, db)
+    served = serve(db, built.cert)
+    try:
+        anonymous = browser.new_page()
+        assert anonymous.goto(served.url + "/").status == 401
+        context = browser.new_context(viewport={"width": 1280, "height": 1000},
+                                      extra_http_headers={"Authorization": f"Bearer {TOKEN}"})
+        page = context.new_page()
+        seen = watch(page)
+        page.goto(served.url + "/")
+        assert_visible_essentials(page, json.loads(built.cert.read_text()))
+        save(page, shots, "console.png")
+        page.locator("#diffs a", has_text="INV-1001").click()
+        page.wait_for_load_state()
+        assert_divergence_highlighted(page)
+        save(page, shots, "console-diff.png")
+        page.get_by_role("link", name="runs").first.click()
+        assert page.locator("table tbody tr").count() == 4
+        assert all(url.startswith(served.url) for url in seen["requests"]) and seen["errors"] == []
+        assert page.evaluate("window.__pwned") is None
+    finally:
+        served.server.stop()
+
+
+def test_demo_report_in_chromium(browser: Any, shots: Path, demo_run: DemoRun) -> None:
+    """The report `plumbline demo` writes; its screenshots are docs/report*.png."""
+    assert demo_run.result.exit_code == 0, demo_run.result.output
+    assert f"9. Report: open {demo_run.report.resolve()}" in demo_run.result.output
+    cert = json.loads(demo_run.certificate.read_text())
+    page = browser.new_page(viewport={"width": 1280, "height": 1100})
+    page.goto(demo_run.report.as_uri())
+    assert_visible_essentials(page, cert)
+    assert page.locator("svg g.cell.sets").count() >= 1, "the cell that sets the headline is marked"
+    save(page, shots, "report.png")
+    first = page.locator("section.diff-view").first
+    assert NO_RETRY in first.inner_text() and WITH_RETRY in first.inner_text() and "tool_fault" in first.inner_text()
+    first.evaluate("s => s.scrollIntoView()")
+    assert_divergence_highlighted(page)
+    save(page, shots, "report-diff.png")

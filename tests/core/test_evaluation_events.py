@@ -1,0 +1,51 @@
+"""Which runs of a certificate become evaluation events, and what each says (pure: no collector)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from plumbline_otel.evaluation_events import certificate_events
+from plumbline_otel.model import Step, Trajectory
+from plumbline_otel.spec import load_spec
+
+SPEC = "version: 1\nname: pay\ninvariants:\n  - {id: MUST-PAY, severity: critical, must_call: pay}\n  - {id: LOG, severity: minor, must_call: log}\n"
+
+
+def _run(run_id: str, perturbation: str, *tools: str, **context: str) -> Trajectory:
+    steps = tuple(Step("tool_call", name, span_id=f"{i:016x}") for i, name in enumerate(tools))
+    return Trajectory(run_id, run_id.ljust(32, "0"), f"task-{run_id}", "attribute:task", "agent", None, None, None, None, ("genai",),
+                      steps, context={"plumbline.perturbation": perturbation, **context})
+
+
+def _cert(cells: list[dict]) -> dict:
+    return {"target_bound": 0.9, "confidence": 0.95, "spec": {"name": "pay", "hash": "abc"},
+            "provenance": {"evidence_sha256": "e" * 64, "filters": {"agent": None, "study": None}},
+            "agents": [{"agent": "agent", "perturbations": cells}]}
+
+
+def test_only_scored_runs_become_events_and_errored_runs_fail_with_their_reason(tmp_path: Path) -> None:
+    spec_path = tmp_path / "spec.yaml"
+    spec_path.write_text(SPEC)
+    cell = {"agent": "agent", "perturbation": "tool_fault", "n": 3, "conforming": 1, "lower": 0.1, "upper": 0.9,
+            "gate_lower": 0.05, "gate_method": "clustered", "unexposed_runs": ["t-unexposed"],
+            "errored_runs": [{"run": "t-errored", "reason": "adapter timed out"}]}
+    runs = [_run("ok", "tool_fault", "pay", **{"plumbline.trial.id": "t-ok"}),  # the minor LOG violation does not fail it
+            _run("bad", "tool_fault", "lookup", **{"plumbline.trial.id": "t-bad"}),
+            _run("err", "tool_fault", **{"plumbline.trial.id": "t-errored", "plumbline.trial.status": "errored"}),
+            _run("unexp", "tool_fault", "pay", **{"plumbline.trial.id": "t-unexposed"}),
+            _run("miss", "tool_fault", **{"plumbline.trial.id": "t-missing", "plumbline.trial.status": "missing"}),
+            _run("other", "baseline", "pay")]  # a cell the certificate does not have
+    events = certificate_events(_cert([cell]), load_spec(spec_path), runs, now_ns=7)
+    assert [(e.name, e.attributes.get("plumbline.run.id"), e.score_value, e.score_label) for e in events] == [
+        ("plumbline.certificate.lower_bound", None, 0.05, "fail"),
+        ("plumbline.critical_conformance", "ok", 1.0, "pass"),
+        ("plumbline.critical_conformance", "bad", 0.0, "fail"),
+        ("plumbline.critical_conformance", "err", 0.0, "fail")]
+    cell_event, ok, bad, errored = events
+    assert cell_event.attributes["plumbline.bound.method"] == "clustered" and cell_event.trace_id is None
+    assert cell_event.explanation == ("agent under tool_fault: 1 of 3 runs hold every critical invariant; "
+                                      "lower 95% bound 0.0500 (clustered) against a target of 0.9000")
+    assert errored.explanation == "the trial errored: adapter timed out"
+    assert bad.explanation.startswith("violates MUST-PAY") and bad.trace_id == "bad".ljust(32, "0") and bad.span_id is None
+    assert ok.explanation == "holds every critical invariant of pay"
+    assert all(e.time_ns == 7 and e.attributes["plumbline.evidence.sha256"] == "e" * 64 for e in events)

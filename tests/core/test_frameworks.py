@@ -1,0 +1,129 @@
+"""Real agent frameworks under their usual tracing give exact trajectories (issue 15).
+
+Every directory under tests/fixtures/frameworks/ holds one set-up's trace file, written by the
+real framework and its real instrumentation against a loopback stand-in of the model API (a
+scripted, simulated model; see the generate_*.py scripts there), and expected.json, derived from
+the script and the tool functions, not from the spans. A run is exact when its tool calls carry
+the arguments the tool function received, once each and in order, only the call that raised is
+marked failed, its input is the user's request and its final output the agent's answer, its LLM
+call count equals the model requests made, and runs of one task share a task key while different
+tasks do not. Each set-up goes through the ordinary ingest path into a real DuckDB store.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from plumbline_otel.coverage import coverage_report
+from plumbline_otel.ingest import ingest_files
+from plumbline_otel.model import Trajectory
+from plumbline_otel.normalise import maybe_json
+from plumbline_otel.store import Store
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "frameworks"
+# Content carried in log records (ADK with capture on reads as EVENT_ONLY) needs log records folded
+# into their spans, which issue 11 builds; until then these set-ups are expected to fail, strictly,
+# so the day folding lands the marker has to go.
+_LOGS_NOT_FOLDED = pytest.mark.xfail(strict=True, reason="content in log records: folding them into spans is issue 11")
+SETUPS = [pytest.param(p.parent.name, marks=_LOGS_NOT_FOLDED) if (p.parent / "logs.otlp.jsonl").exists() else p.parent.name
+          for p in sorted(FIXTURES.glob("*/expected.json"))]
+
+
+def _expected(setup: str) -> dict[str, Any]:
+    return json.loads((FIXTURES / setup / "expected.json").read_text())
+
+
+def _ingest(store: Store, setup: str) -> list[Trajectory]:
+    summary = ingest_files(store, [str(p) for p in sorted((FIXTURES / setup).glob("*.otlp.jsonl"))])
+    assert summary.problems == [] and summary.exit_code == 0, summary.problems
+    return list(store.trajectories())
+
+
+def _value(value: Any) -> Any:
+    """A tool result as a user compares it: JSON text and the structure it encodes are the same value."""
+    return maybe_json(value.strip()) if isinstance(value, str) else value
+
+
+def _without_content(run: dict[str, Any]) -> dict[str, Any]:
+    """What a trace with content capture off can give: names, order, failures and counts, no values."""
+    calls = [{**c, "args": None, "result": None} for c in run["tool_calls"]]
+    return {**run, "input": None, "final_output": None, "tool_calls": calls}
+
+
+def _as_recorded(run: dict[str, Any], absent: list[str]) -> dict[str, Any]:
+    """The run as its trace can give it: fields the instrumentation never writes (expected.json's
+    `absent_from_trace`: Traceloop's OpenAI Agents instrumentation writes no model output on Chat
+    Completions, so the answer is nowhere in the trace) are expected absent; everything else exactly.
+    """
+    calls = [{**c, **{k: None for k in ("args", "result") if k in absent}} for c in run["tool_calls"]]
+    return {**run, **{k: None for k in ("input", "final_output") if k in absent}, "tool_calls": calls}
+
+
+def _mismatches(run: dict[str, Any], got: Trajectory) -> list[str]:
+    """Every way `got` differs from the expected run, named, so one failure shows them all."""
+    out = []
+    calls = [(s.name, s.args, s.failed) for s in got.tool_steps]
+    want = [(c["name"], c["args"], c["failed"]) for c in run["tool_calls"]]
+    if calls != want:
+        out.append(f"tool calls {calls} != {want}")
+    results = [_value(s.result) for s in got.tool_steps if not s.failed]
+    want_results = [_value(c["result"]) for c in run["tool_calls"] if not c["failed"]]
+    if results != want_results:
+        out.append(f"results {results} != {want_results}")
+    if got.input != run["input"]:
+        out.append(f"input {got.input!r} != {run['input']!r}")
+    if got.final_output != run["final_output"]:
+        out.append(f"final output {got.final_output!r} != {run['final_output']!r}")
+    llm_calls = sum(1 for s in got.steps if s.kind == "llm_call")
+    if llm_calls != run["llm_calls"]:
+        out.append(f"LLM calls {llm_calls} != {run['llm_calls']} model requests")
+    return out
+
+
+@pytest.mark.parametrize("setup", SETUPS)
+def test_every_run_is_exact(setup: str, store: Store) -> None:
+    expected = _expected(setup)
+    got = _ingest(store, setup)
+    absent = expected.get("absent_from_trace", [])
+    runs = [_as_recorded(r, absent) for r in expected["runs"]] if expected["content_captured"] else [_without_content(r) for r in expected["runs"]]
+    assert len(got) == len(runs), f"{setup}: {len(got)} trajectories for {len(runs)} runs"
+    wrong = {run["label"]: m for run, t in zip(runs, got) if (m := _mismatches(run, t))}
+    assert wrong == {}, f"{setup}: runs that are not exact"
+    if not expected["content_captured"]:  # no request to hash and no key set: no task grouping to claim
+        assert {t.task_key_source for t in got} == {"none"}
+        return
+    for a, ta in zip(runs, got):
+        for b, tb in zip(runs, got):
+            same = a["task"] == b["task"]
+            assert (ta.task_key == tb.task_key) == same, f"{setup}: {a['label']} and {b['label']} {'share' if same else 'differ in'} a task"
+
+
+@pytest.mark.parametrize("setup", SETUPS)
+def test_coverage_names_evidence_task_key_source_and_shapes(setup: str, store: Store) -> None:
+    _ingest(store, setup)
+    section = coverage_report(store)["overall"]
+    findings = "\n".join(section["findings"])
+    runs = _expected(setup)["runs"]
+    n_calls = sum(len(r["tool_calls"]) for r in runs)
+    assert sum(section["evidence_sources"].values()) == n_calls
+    if n_calls:
+        assert "Evidence for tool calls:" in findings
+    assert sum(section["task_key_sources"].values()) == len(runs) and "Task keys:" in findings
+    if section["shapes"]["unwrapped"]:
+        assert "Recognised framework wrappers and dumps" in findings
+        assert all(shape in findings for shape in section["shapes"]["unwrapped"])
+    if section["shapes"]["kept_as_is"]:
+        assert all(shape in findings for shape in section["shapes"]["kept_as_is"])
+    if not _expected(setup)["content_captured"]:  # what is missing, and the setting that adds it
+        assert "have no message content: content capture is off" in findings
+        assert "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT" in findings
+        assert "no task key and no recorded request" in findings
+        return
+    if "final_output" in _expected(setup).get("absent_from_trace", []):
+        assert f"{len(runs)} of {len(runs)} trajectories have no final output" in findings
+    structured = sum(1 for r in runs for c in r["tool_calls"] if isinstance(c["args"], dict))
+    assert section["tool_calls"]["with_structured_args"] == structured

@@ -1,0 +1,46 @@
+"""`plumbline replay` on the command line: the cap needs a reservation, a re-run needs --rerun."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from plumbline_otel.cli.main import _register, cli
+from plumbline_otel.ingest import ingest_files
+from plumbline_otel.replay import SpanSink, StudyConfig, run_study
+from plumbline_otel.store import Store
+
+from .toy import ToyAgent, tasks
+
+_register()
+
+
+def _store(tmp_path: Path) -> Path:
+    sink = SpanSink(otlp_file=str(tmp_path / "traffic.jsonl"))
+    run_study(StudyConfig("traffic", sink=sink), tasks(2), ToyAgent())
+    sink.close()
+    db = tmp_path / "p.duckdb"
+    with Store(db) as store:
+        ingest_files(store, [str(tmp_path / "traffic.jsonl")])
+    return db
+
+
+def test_replay_cli_refuses_a_cap_without_a_reservation_and_a_rerun_without_the_flag(tmp_path: Path) -> None:
+    db = _store(tmp_path)
+    base = ["replay", "--db", str(db), "--study", "c", "--agent", "toy-agent", "--adapter", "python:tests.replay.toy:ToyAgent",
+            "--otlp-file", str(tmp_path / "r.jsonl"), "--quiet"]
+    runner = CliRunner()
+    capped = runner.invoke(cli, [*base, "--budget-usd", "1"])
+    assert capped.exit_code == 1 and "--trial-max-usd" in str(capped.exception)  # main() prints it, no traceback
+    first = runner.invoke(cli, [*base, "--budget-usd", "1", "--trial-max-usd", "0.1"])
+    assert first.exit_code == 0, first.output
+    assert "ran 2 (2 ok, 0 missing, 0 errored)" in first.output
+    again = runner.invoke(cli, [*base, "--budget-usd", "1", "--trial-max-usd", "0.1"])
+    assert again.exit_code == 1 and "--rerun" in str(again.exception)
+    rerun = runner.invoke(cli, [*base, "--budget-usd", "1", "--trial-max-usd", "0.1", "--rerun"])
+    assert rerun.exit_code == 0 and "ran 2 (2 ok" in rerun.output
+    with Store(tmp_path / "q.duckdb") as store:
+        ingest_files(store, [str(tmp_path / "r.jsonl")])
+        attempts = sorted((t.context["plumbline.trial.id"], t.context["plumbline.trial.attempt"]) for t in store.trajectories())
+    assert [a for _, a in attempts] == ["1", "2", "1", "2"]
