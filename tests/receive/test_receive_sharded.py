@@ -155,11 +155,11 @@ def test_three_instances_read_as_one_and_a_misrouted_trace_is_named(tmp_path: Pa
     comparison = one["comparison"]
     assert comparison["cells"] == len(TASKS) * len(PERTURBATIONS) and comparison["runs"] > 0
     assert comparison["same_effect_path"] < comparison["runs"]  # payer-b's failed payments show
-    # every shard got part of the traffic, and every task's runs were spread over several shards
+    # every shard got part of the traffic, and tasks' runs were spread over several shards
     roots = [s for s in spans if s.parent is None]
     assert all(any(shard_of(s) == i for s in roots) for i in range(SHARDS))
-    for task in TASKS:
-        assert len({shard_of(s) for s in roots if s.attributes["gen_ai.conversation.id"] == task}) > 1
+    spread = [len({shard_of(s) for s in roots if s.attributes["gen_ai.conversation.id"] == task}) > 1 for task in TASKS]
+    assert sum(spread) >= len(TASKS) // 2  # (trace ids are random: all 8 runs of a task on one shard is rare, not impossible)
     assert many == one  # certificate (evidence hash included), coverage, comparison, trajectories, check
     assert one["misrouted"] == []
 
