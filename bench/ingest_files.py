@@ -69,7 +69,7 @@ def run_ingest(path: str, workers: int) -> dict[str, float]:
         _timed(pipeline, "normalise_request", "normalise", t)
         _timed(pipeline, "span_table", "tables", t)
         _timed(pipeline, "trajectory_table", "tables", t)
-        _timed(pipeline, "assemble", "assemble", t)
+        _timed(pipeline, "assemble_runs", "assemble", t)
         _timed(Store, "write_span_table", "write", t)
         _timed(Store, "write_assembled", "write", t)
     db = Path(path).with_suffix(f".w{workers}.duckdb")

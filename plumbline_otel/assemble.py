@@ -8,6 +8,12 @@ Rules users meet on day one, in the order they are applied:
    turn; its arguments fill a tool span that carries none.
 3. When a trace has no tool spans at all, the proposed calls are the tool steps, paired with
    their results from later LLM inputs by call id.
+4. One call traced at several layers (a framework's tool span around an MCP client span around the
+   MCP server's span) is one step: a tool span inside a tool span of the same name is merged into it.
+5. A proposed call a `gen_ai.tool.call.decision` denied (or held for an approval that never came)
+   did not run: it is a failed step whose error says so, never a successful one.
+6. Several runs in one trace (several root agent spans, or a conversation's turns) are several
+   trajectories; a trace of one run keeps the trace id as its trajectory id.
 Steps are ordered by start time, then span order. Tokens add up over LLM steps only.
 """
 
@@ -20,7 +26,9 @@ from typing import Any, Iterable
 
 import orjson
 
-from plumbline_otel.model import SpanRecord, Step, ToolCallRef, Trajectory
+from plumbline_otel.model import SpanRecord, Step, ToolCallRef, ToolResultRef, Trajectory
+from plumbline_otel.normalise._extract import VENDOR_ARGS_KEYS, VENDOR_RESULT_KEYS
+from plumbline_otel.normalise._shapes import unwrap_scoped_result
 
 # A conversation or session is not a task (pydantic-ai mints a conversation per run, ADK a session
 # per conversation, and one conversation holds many tasks): by default only an explicit task key
@@ -82,28 +90,65 @@ def _canonical(args: Any) -> bytes:
     return orjson.dumps(args, option=orjson.OPT_SORT_KEYS)
 
 
-def _tool_step(rec: SpanRecord, proposed: ToolCallRef | None) -> Step:
+def _key_evidence(rec: SpanRecord, what: str) -> str | None:
+    """The kind of place a span field was read from (see `Step.evidence`)."""
+    key = next((e.split(":", 1)[1] for e in rec.evidence if e.startswith(what + ":")), None)
+    if key is None:
+        return None
+    if key.startswith("log:"):
+        return "log_record"
+    if key.startswith("event:"):
+        return "span_event"
+    if key in VENDOR_ARGS_KEYS or key in VENDOR_RESULT_KEYS:
+        return f"vendor_key:{key}"
+    return "tool_span"
+
+
+def _gap(rec: SpanRecord, what: str, content_seen: bool) -> str:
+    """Why a value is missing: capture off (redacted, or no content anywhere in the trace), a key we could not map,
+    or, when content was captured elsewhere in the trace, an instrumentation that does not write it."""
+    if what == "args" and rec.args_state == "redacted":
+        return f"{what}:content_capture_off"
+    if rec.unknown_keys:
+        return f"{what}:unknown_key:{rec.unknown_keys[0]}"
+    return f"{what}:attribute_absent" if content_seen else f"{what}:content_capture_off"
+
+
+def _tool_step(rec: SpanRecord, proposed: ToolCallRef | None, results: dict[str, ToolResultRef], content_seen: bool) -> Step:
     args = rec.args
     source = "tool_span"
+    evidence = _key_evidence(rec, "args") if rec.args_state != "absent" else None
     if proposed is not None:
         source = "tool_span+llm_output"
         # No arguments, or a bare value (a one-argument tool's input): the model's object is the call.
         if rec.args_state != "structured" and isinstance(proposed.args, dict):
-            args = proposed.args
+            args, evidence = proposed.args, "message_part"
+    call_id = rec.call_id or (proposed.call_id if proposed else None)
+    result, error = rec.result, rec.error
+    if result is None and call_id in results:  # the span records no result; the next model request does
+        result, _ = unwrap_scoped_result(results[call_id].result, rec.scope_name)
+        if error is None and results[call_id].error:
+            error = "error result"
+    gaps = tuple(g for g, missing in ((_gap(rec, "args", content_seen), args is None),
+                                      (_gap(rec, "result", content_seen), result is None and error is None)) if missing)
     return Step(
         kind="tool_call",
         name=rec.tool_name or rec.name,
         args=args,
-        result=rec.result,
-        error=rec.error,
-        call_id=rec.call_id or (proposed.call_id if proposed else None),
+        result=result,
+        error=error,
+        call_id=call_id,
         source=source,  # type: ignore[arg-type]
         span_id=rec.span_id,
         start_ns=rec.start_ns,
+        evidence=evidence,
+        gaps=gaps,
     )
 
 
-def _llm_step(rec: SpanRecord) -> Step:
+def _llm_step(rec: SpanRecord, content_seen: bool) -> Step:
+    content = next((e for e in rec.evidence if e.startswith("content:")), None)
+    evidence = ("log_record" if content else "span") if rec.content_captured else None
     return Step(
         kind="llm_call",
         name=rec.model or rec.name,
@@ -116,6 +161,11 @@ def _llm_step(rec: SpanRecord) -> Step:
         model=rec.model,
         input_tokens=rec.input_tokens,
         output_tokens=rec.output_tokens,
+        cache_read_tokens=rec.cache_read_tokens,
+        cache_write_tokens=rec.cache_write_tokens,
+        finish_reasons=tuple(rec.finish_reasons),
+        evidence=evidence,
+        gaps=() if rec.content_captured else (_gap(rec, "content", content_seen),),
     )
 
 
@@ -150,24 +200,78 @@ def _match_proposals(tools: list[SpanRecord], llm: list[SpanRecord]) -> dict[str
     return matches
 
 
-def _proposed_steps(llm: list[SpanRecord]) -> list[Step]:
+def _proposed_step(rec: SpanRecord, call: ToolCallRef, result: ToolResultRef | None, blocked: str | None) -> Step:
+    error = blocked or ("error result" if result and result.error else None)
+    return Step(
+        kind="tool_call",
+        name=call.name,
+        args=call.args,
+        result=result.result if result and not blocked else None,
+        error=error,
+        call_id=call.call_id,
+        source="llm_output",
+        span_id=rec.span_id,
+        start_ns=rec.end_ns + call.index,  # after the call that proposed it, in proposal order
+        evidence="message_part",
+        gaps=("result:attribute_absent",) if result is None and error is None else (),
+    )
+
+
+def _proposed_steps(llm: list[SpanRecord], blocked: dict[str, str]) -> list[Step]:
     results = {r.call_id: r for rec in llm for r in rec.tool_results}
-    steps = []
-    for rec in llm:
-        for call in rec.proposed_calls:
-            result = results.get(call.call_id) if call.call_id else None
-            steps.append(Step(
-                kind="tool_call",
-                name=call.name,
-                args=call.args,
-                result=result.result if result else None,
-                error="error result" if result and result.error else None,
-                call_id=call.call_id,
-                source="llm_output",
-                span_id=rec.span_id,
-                start_ns=rec.end_ns + call.index,  # after the call that proposed it, in proposal order
-            ))
-    return steps
+    return [_proposed_step(rec, call, results.get(call.call_id) if call.call_id else None, blocked.get(call.call_id or ""))
+            for rec in llm for call in rec.proposed_calls]
+
+
+def _blocked_calls(records: list[SpanRecord]) -> dict[str, str]:
+    """Call id -> why the call did not run, from `gen_ai.tool.call.decision` records.
+
+    `deny` stops a call; `require_approval` stops it unless a later `allow` for the same call came.
+    """
+    outcome: dict[str, str] = {}
+    for rec in records:
+        for decision in rec.decisions:
+            if decision.call_id and (decision.outcome != "require_approval" or outcome.get(decision.call_id) != "allow"):
+                outcome[decision.call_id] = decision.outcome
+    reasons = {"deny": "not run: the tool call decision was deny",
+               "require_approval": "not run: the tool call required approval and none was given"}
+    return {call_id: reasons[o] for call_id, o in outcome.items() if o in reasons}
+
+
+def _merge_tool_layers(tools: list[SpanRecord]) -> list[SpanRecord]:
+    """A tool span inside a tool span of the same tool (framework → MCP client → MCP server) is the same call.
+
+    The outermost span is the step (what the agent did); the inner ones fill what it lacks
+    (arguments, result, call id, evidence), and an error anywhere is the call's error.
+    """
+    by_id = {t.span_id: t for t in tools}
+
+    def outer(rec: SpanRecord) -> SpanRecord:
+        while rec.parent_span_id in by_id and by_id[rec.parent_span_id].tool_name == rec.tool_name:
+            rec = by_id[rec.parent_span_id]
+        return rec
+
+    groups: dict[str, list[SpanRecord]] = {}
+    for rec in tools:
+        groups.setdefault(outer(rec).span_id, []).append(rec)
+    merged = []
+    for span_id, members in groups.items():
+        lead = by_id[span_id]
+        if len(members) > 1:
+            lead = replace(lead, evidence=list(lead.evidence))
+            for inner in members:
+                if inner is by_id[span_id]:
+                    continue
+                if lead.args_state in ("absent", "redacted") and inner.args_state in ("structured", "unparsed"):
+                    lead.args, lead.args_state = inner.args, inner.args_state
+                    lead.evidence = [e for e in lead.evidence if not e.startswith("args:")] + [e for e in inner.evidence if e.startswith("args:")]
+                if lead.result is None and inner.result is not None:
+                    lead.result = inner.result
+                    lead.evidence += [e for e in inner.evidence if e.startswith("result:")]
+                lead.call_id = lead.call_id or inner.call_id
+                lead.error = lead.error or inner.error
+        merged.append(lead)
+    return merged
 
 
 def _root(records: list[SpanRecord]) -> SpanRecord:
@@ -219,9 +323,13 @@ def _answer(root: SpanRecord, records: list[SpanRecord], llm: list[SpanRecord]) 
     if answers:  # a framework's answer tool (smolagents final_answer) carries the answer
         return answers[-1]
     for rec in sorted(llm, key=lambda r: r.end_ns, reverse=True):
-        if rec.output_text and not rec.proposed_calls:
+        # A span-level finish reason of tool calls means the text came with calls the span did not record.
+        if rec.output_text and not rec.proposed_calls and not _TOOL_FINISH.intersection(rec.finish_reasons):
             return rec.output_text
     return kept_as_is
+
+
+_TOOL_FINISH = {"tool_calls", "tool_call", "tool_use", "function_call"}
 
 
 def _has_evidence(rec: SpanRecord) -> bool:
@@ -239,27 +347,43 @@ def _without_preparation(llm: list[SpanRecord]) -> list[SpanRecord]:
     return [r for r in llm if not ("step:no_model_request" in r.shapes and not _has_evidence(r) and r.parent_span_id in real_parents)]
 
 
-def assemble(records: list[SpanRecord], task_keys: Iterable[str] = DEFAULT_TASK_KEYS) -> Trajectory | None:
-    """One trace's span records (any order, possibly incomplete) as a trajectory; None when it is no run.
+def _tool_steps(records: list[SpanRecord], llm: list[SpanRecord]) -> list[Step]:
+    blocked = _blocked_calls(records)
+    tools = _merge_tool_layers([r for r in records if r.step_kind == "tool_call"])
+    if not tools:
+        return _proposed_steps(llm, blocked)
+    matches = _match_proposals(tools, llm)
+    results = {r.call_id: r for rec in llm for r in rec.tool_results}
+    content_seen = any(r.content_captured for r in llm) or any(r.args_state == "structured" for r in tools)
+    steps = [_tool_step(t, matches.get(t.span_id), results, content_seen) for t in tools]
+    ran = {s.call_id for s in steps if s.call_id}
+    for rec in llm:  # a call stopped before it ran has no tool span: its proposal is the (failed) step
+        for call in rec.proposed_calls:
+            if call.call_id in blocked and call.call_id not in ran:
+                steps.append(_proposed_step(rec, call, None, blocked[call.call_id]))
+    return steps
+
+
+def _agent_step(rec: SpanRecord) -> Step:
+    name = f"handoff to {rec.handoff_to}" if rec.handoff_to else rec.agent_name or rec.name
+    return Step(kind="agent", name=name, error=rec.error, span_id=rec.span_id, start_ns=rec.start_ns)
+
+
+def assemble(records: list[SpanRecord], task_keys: Iterable[str] = DEFAULT_TASK_KEYS, trajectory_id: str | None = None) -> Trajectory | None:
+    """One run's span records (any order, possibly incomplete) as a trajectory; None when it is no run.
 
     A trace with no steps (LangChain under Traceloop puts a lone `create_agent` span in its own
     trace) is no run, unless it carries plumbline's own run attributes (a trial-status marker).
+    `assemble_runs` splits a trace holding several runs first.
     """
     records = sorted(records, key=lambda r: (r.start_ns, r.span_id))
     root = _root(records)
     llm = _merge_llm_calls(_without_preparation([r for r in records if r.step_kind == "llm_call"]))
-    tools = [r for r in records if r.step_kind == "tool_call"]
-    if tools:
-        matches = _match_proposals(tools, llm)
-        tool_steps = [_tool_step(t, matches.get(t.span_id)) for t in tools]
-    else:
-        tool_steps = _proposed_steps(llm)
-    agents = [
-        Step(kind="agent", name=a.agent_name or a.name, error=a.error, span_id=a.span_id, start_ns=a.start_ns)
-        for a in records if a.step_kind == "agent" and a is not root
-    ]
+    tool_steps = _tool_steps(records, llm)
+    agents = [_agent_step(a) for a in records if a.step_kind == "agent" and a is not root]
     order = {r.span_id: i for i, r in enumerate(records)}
-    steps = sorted([*tool_steps, *(_llm_step(r) for r in llm), *agents], key=lambda s: (s.start_ns, order.get(s.span_id or "", 0)))
+    content_seen = any(r.content_captured for r in llm)
+    steps = sorted([*tool_steps, *(_llm_step(r, content_seen) for r in llm), *agents], key=lambda s: (s.start_ns, order.get(s.span_id or "", 0)))
     context = _context(root, records)
     if not steps and not any(k.startswith(CONTEXT_PREFIX) for k in context):
         return None
@@ -269,7 +393,7 @@ def assemble(records: list[SpanRecord], task_keys: Iterable[str] = DEFAULT_TASK_
     input_text = root_input or (first_llm.input_text if first_llm else None) or root.input_text
     task_key, source = _task_key(root, records, input_text, task_keys)
     return Trajectory(
-        trajectory_id=root.trace_id,
+        trajectory_id=trajectory_id or root.trace_id,
         trace_id=root.trace_id,
         task_key=task_key,
         task_key_source=source,
@@ -284,3 +408,61 @@ def assemble(records: list[SpanRecord], task_keys: Iterable[str] = DEFAULT_TASK_
         end_ns=max(r.end_ns for r in records),
         context=context,
     )
+
+
+def _run_roots(records: list[SpanRecord]) -> list[SpanRecord]:
+    """The spans that each start one run: a conversation's turns, else several root agent spans; [] for one run."""
+    by_id = {r.span_id: r for r in records}
+
+    def under(rec: SpanRecord, roots: set[str]) -> bool:
+        seen = set()
+        parent = rec.parent_span_id
+        while parent in by_id and parent not in seen:
+            if parent in roots:
+                return True
+            seen.add(parent)
+            parent = by_id[parent].parent_span_id
+        return False
+
+    turns = [r for r in records if "step:conversation_turn" in r.shapes]
+    turn_ids = {t.span_id for t in turns}
+    top_turns = [t for t in turns if not under(t, turn_ids)]
+    if len(top_turns) > 1:
+        return top_turns
+    root_agents = [r for r in records if r.step_kind == "agent" and r.parent_span_id not in by_id and not r.handoff_to]
+    return root_agents if len(root_agents) > 1 else []
+
+
+def _owner(rec: SpanRecord, by_id: dict[str, SpanRecord], roots: list[SpanRecord]) -> SpanRecord | None:
+    """The run a span belongs to: its nearest run-root ancestor, else the run that had started when it did."""
+    ids = {r.span_id for r in roots}
+    current: SpanRecord | None = rec
+    seen: set[str] = set()
+    while current is not None and current.span_id not in seen:
+        if current.span_id in ids:
+            return current
+        seen.add(current.span_id)
+        current = by_id.get(current.parent_span_id or "")
+    started = [r for r in roots if r.start_ns <= rec.start_ns]
+    return started[-1] if started else None
+
+
+def assemble_runs(records: list[SpanRecord], task_keys: Iterable[str] = DEFAULT_TASK_KEYS) -> list[Trajectory]:
+    """One trace's span records as its runs' trajectories (usually one).
+
+    Several runs get the id `<trace id>:<root span id>`; a single run keeps the trace id, so stores
+    and exports written before traces could hold several runs keep their ids. Spans outside every
+    run (the conversation's own root span) give no steps of their own.
+    """
+    roots = sorted(_run_roots(records), key=lambda r: (r.start_ns, r.span_id))
+    if not roots:
+        trajectory = assemble(records, task_keys)
+        return [trajectory] if trajectory is not None else []
+    by_id = {r.span_id: r for r in records}
+    groups: dict[str, list[SpanRecord]] = {r.span_id: [] for r in roots}
+    for rec in records:
+        owner = _owner(rec, by_id, roots)
+        if owner is not None:
+            groups[owner.span_id].append(rec)
+    runs = (assemble(group, task_keys, f"{group[0].trace_id}:{span_id}") for span_id, group in groups.items())
+    return [t for t in runs if t is not None]

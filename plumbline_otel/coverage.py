@@ -98,6 +98,44 @@ def _evidence(store: Store, where: str, params: list[Any]) -> dict[str, int]:
     return dict(rows)
 
 
+def _step_evidence(store: Store, where: str, params: list[Any]) -> dict[str, dict[str, int]]:
+    """Per step kind, where its evidence came from (a tool call's arguments, an LLM call's content); "none" when none.
+
+    Trajectories assembled before steps recorded their evidence (read-only older files) count as "unknown".
+    """
+    rows = store.connection.execute(f"""
+        WITH steps AS ({_STEPS.format(where=where)})
+        SELECT json_extract_string(step, '$.kind') AS kind,
+               CASE WHEN json_type(step, '$.gaps') IS NULL THEN 'unknown'
+                    ELSE coalesce(json_extract_string(step, '$.evidence'), 'none') END AS evidence, count(*)
+        FROM steps WHERE json_extract_string(step, '$.kind') IN ('tool_call', 'llm_call')
+        GROUP BY 1, 2 ORDER BY 3 DESC, 2""", params).fetchall()
+    out: dict[str, dict[str, int]] = {"tool_call": {}, "llm_call": {}}
+    for kind, evidence, n in rows:
+        out[kind][evidence] = n
+    return out
+
+
+def _gaps(store: Store, where: str, params: list[Any]) -> dict[str, int]:
+    """Why values are missing, per "<field>:<reason>" (reasons: content_capture_off, attribute_absent, unknown_key:<key>)."""
+    rows = store.connection.execute(f"""
+        WITH steps AS ({_STEPS.format(where=where)})
+        SELECT gap, count(*) FROM (SELECT unnest(from_json(json_extract(step, '$.gaps'), '["varchar"]')) AS gap FROM steps)
+        GROUP BY 1 ORDER BY 2 DESC, 1""", params).fetchall()
+    return dict(rows)
+
+
+def _log_records(store: Store, service: str | None) -> dict[str, int]:
+    """GenAI log records stored, and how many name no stored span (their content is in no trajectory yet)."""
+    if store.schema_version < 4:  # no logs table before version 4 (opened read-only)
+        return {"records": 0, "without_span": 0}
+    clause, params = ("WHERE l.service_name IS NOT DISTINCT FROM ?", [service]) if service is not None else ("", [])
+    return _one(store, f"""
+        SELECT count(*) AS records,
+               count(*) FILTER (NOT EXISTS (SELECT 1 FROM spans s WHERE s.trace_id = l.trace_id AND s.span_id = l.span_id)) AS without_span
+        FROM logs l {clause}""", params)
+
+
 def _shapes(store: Store, where: str, params: list[Any]) -> dict[str, dict[str, int]]:
     """Framework wrappers and dumps met per span: recognised (and unwrapped) or kept as they came."""
     if store.schema_version < 3:  # written before spans recorded their shapes, opened read-only
@@ -114,7 +152,7 @@ def _llm_calls(store: Store, where: str, params: list[Any]) -> dict[str, Any]:
     return _one(store, f"""
         WITH steps AS ({_STEPS.format(where=where)})
         SELECT count(*) AS llm_calls,
-               count(*) FILTER (p.content_captured) AS with_content,
+               count(*) FILTER (p.content_captured OR json_extract_string(step, '$.evidence') IS NOT NULL) AS with_content,
                count(*) FILTER (p.input_tokens IS NOT NULL OR p.output_tokens IS NOT NULL) AS with_tokens
         FROM steps JOIN spans p ON p.span_id = json_extract_string(step, '$.span_id')
         WHERE json_extract_string(step, '$.kind') = 'llm_call'""", params)
@@ -122,6 +160,7 @@ def _llm_calls(store: Store, where: str, params: list[Any]) -> dict[str, Any]:
 
 def _trajectories(store: Store, where: str, params: list[Any]) -> dict[str, Any]:
     counts = _one(store, f"""
+        WITH t AS (SELECT * FROM trajectories WHERE {where})
         SELECT count(*) AS trajectories,
                count(*) FILTER (input IS NOT NULL) AS with_input,
                count(*) FILTER (final_output IS NOT NULL) AS with_final_output,
@@ -129,8 +168,9 @@ def _trajectories(store: Store, where: str, params: list[Any]) -> dict[str, Any]
                count(*) FILTER (task_key_source = 'input_hash') AS task_key_from_input_hash,
                count(*) FILTER (task_key_source = 'none') AS without_task_key,
                count(*) FILTER (json_extract_string(doc, '$.context."session.id"') IS NOT NULL
-                                OR json_extract_string(doc, '$.context."gen_ai.conversation.id"') IS NOT NULL) AS with_session_or_conversation_id
-        FROM trajectories WHERE {where}""", params)
+                                OR json_extract_string(doc, '$.context."gen_ai.conversation.id"') IS NOT NULL) AS with_session_or_conversation_id,
+               (SELECT count(*) FROM (SELECT trace_id FROM t GROUP BY 1 HAVING count(*) > 1)) AS traces_with_several_runs
+        FROM t""", params)
     counts["task_runs"] = dict(store.connection.execute(
         f"SELECT task_key, count(*) FROM trajectories WHERE {where} AND task_key IS NOT NULL GROUP BY 1", params).fetchall())
     return counts
@@ -158,6 +198,9 @@ def _section_counts(store: Store, service: str | None, since_ns: int | None, exc
         "llm_calls": _llm_calls(store, step_where, traj_params),
         "trajectories": _trajectories(store, traj_where, traj_params),
         "evidence_sources": _evidence(store, step_where, traj_params),
+        "step_evidence": _step_evidence(store, step_where, traj_params),
+        "gaps": _gaps(store, step_where, traj_params),
+        "log_records": _log_records(store, service),
         "task_key_sources": _task_key_sources(store, traj_where, traj_params),
         "shapes": _shapes(store, span_where, span_params),
         "unrecognised_keys": _unknown_keys(store, span_where, span_params),
@@ -182,6 +225,8 @@ def _section(counts: dict[str, Any]) -> dict[str, Any]:
     section["spans"] = spans
     section["unrecognised_keys"] = dict(_by_count(counts["unrecognised_keys"])[:25])
     section["evidence_sources"] = dict(_by_count(counts["evidence_sources"]))
+    section["step_evidence"] = {kind: dict(_by_count(n)) for kind, n in counts["step_evidence"].items()}
+    section["gaps"] = dict(_by_count(counts["gaps"]))
     section["task_key_sources"] = dict(_by_count(counts["task_key_sources"]))
     section["shapes"] = {kind: dict(_by_count(n)) for kind, n in counts["shapes"].items()}
     section["findings"] = findings(section)
@@ -198,8 +243,12 @@ def findings(section: dict[str, Any]) -> list[str]:
     out: list[str] = []
     n_tools = tools["tool_calls"]
     no_args = n_tools - tools["with_structured_args"]
+    logs = section["log_records"]
+    if logs["without_span"]:
+        out.append(f"{logs['without_span']} of {logs['records']} GenAI log records name a span that is not stored (yet):"
+                   " their content is in no trajectory until that span arrives.")
     if spans["spans"] == 0:
-        return ["No spans stored yet: ingest trace files or point an OTLP exporter at `plumbline serve`."]
+        return [*out, "No spans stored yet: ingest trace files or point an OTLP exporter at `plumbline serve`."]
     if n_tools == 0:
         out.append("No tool calls found: neither tool spans nor tool calls in LLM output messages; conformance and consistency have nothing to check.")
     elif no_args:
@@ -217,10 +266,16 @@ def findings(section: dict[str, Any]) -> list[str]:
     if llm and llm_calls["with_tokens"] < llm:
         out.append(f"{llm - llm_calls['with_tokens']} of {llm} LLM calls report no token usage, so cost figures undercount.")
     n = trajs["trajectories"]
+    if trajs["traces_with_several_runs"]:
+        out.append(f"{trajs['traces_with_several_runs']} traces held more than one run (several root agent spans, or a"
+                   " conversation's turns): each run is its own trajectory, with id <trace id>:<root span id>.")
     if spans["traces"] > n:
         out.append(f"{spans['traces'] - n} of {spans['traces']} traces hold no steps (no tool, LLM or agent call, e.g. a lone create_agent span) and are not runs.")
     if n_tools:
         out.append(_evidence_sentence(section["evidence_sources"]))
+    out += _step_evidence_sentences(section["step_evidence"])
+    if section["gaps"]:
+        out.append(_gap_sentence(section["gaps"]))
     out += _shape_sentences(section["shapes"], tools)
     if n and trajs["with_input"] < n:
         out.append(f"{n - trajs['with_input']} of {n} trajectories have no recorded input, so they cannot be replayed.")
@@ -254,6 +309,8 @@ _SHAPE_NAMES = {
     "graph_state": "graph-state dumps {messages}", "run_kwargs": "run() keyword dumps", "message_list": "message lists",
     "agent_output": "agent result objects", "run_result": "run result objects", "traceloop_entity": "Traceloop entity payloads",
     "scalar": "a bare value, not an object", "unrecognised": "a structure of unknown shape",
+    "handoff": "agent hand-offs (an agent step, not a tool call)",
+    "conversation_turn": "conversation turns (handle_conversation_turn: one run each)",
 }
 _FIELD_NAMES = {"args": "tool arguments", "result": "tool results", "input": "run inputs", "output": "run outputs", "step": "spans"}
 
@@ -266,6 +323,45 @@ def _shape_phrase(shape: str, n: int) -> str:
 def _evidence_sentence(sources: dict[str, int]) -> str:
     parts = ", ".join(f"{n} from {_SOURCE_NAMES.get(s, s)}" for s, n in sources.items())
     return f"Evidence for tool calls: {parts}."
+
+
+_EVIDENCE_NAMES = {"tool_span": "their tool spans' own attributes", "message_part": "the model's message parts (tool_call parts)",
+                   "log_record": "log records folded into their span", "span_event": "span events", "span": "span attributes",
+                   "none": "nowhere (see the gaps below)", "unknown": "not recorded (assembled by an older plumbline)"}
+_GAP_REASONS = {
+    "content_capture_off": "content capture is off (turn it on: OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT, or the"
+                           " instrumentation's own switch)",
+    "attribute_absent": "the producer does not write it (content was captured elsewhere in the trace, so this is the"
+                        " instrumentation's gap, not a setting)",
+}
+_GAP_FIELDS = {"args": "tool arguments", "result": "tool results", "content": "LLM call contents"}
+
+
+def _evidence_phrase(evidence: str) -> str:
+    if evidence.startswith("vendor_key:"):
+        return f"a vendor key we mapped ({evidence.split(':', 1)[1]}, not the GenAI key)"
+    return _EVIDENCE_NAMES.get(evidence, evidence)
+
+
+def _step_evidence_sentences(evidence: dict[str, dict[str, int]]) -> list[str]:
+    out = []
+    for kind, what in (("tool_call", "tool call arguments"), ("llm_call", "LLM call contents")):
+        if evidence[kind]:
+            parts = ", ".join(f"{n} from {_evidence_phrase(e)}" for e, n in evidence[kind].items())
+            out.append(f"Evidence for {what}: {parts}.")
+    return out
+
+
+def _gap_reason(reason: str) -> str:
+    if reason.startswith("unknown_key:"):
+        return f"the span carries a key we could not map ({reason.split(':', 1)[1]}): the value may be there under a name we do not read"
+    return _GAP_REASONS.get(reason, reason)
+
+
+def _gap_sentence(gaps: dict[str, int]) -> str:
+    parts = "; ".join(f"{n} {_GAP_FIELDS.get(g.split(':', 1)[0], g.split(':', 1)[0])}: {_gap_reason(g.split(':', 1)[1])}"
+                      for g, n in gaps.items())
+    return f"Missing values and why: {parts}."
 
 
 def _shape_sentences(shapes: dict[str, dict[str, int]], tools: dict[str, Any]) -> list[str]:

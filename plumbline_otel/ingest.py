@@ -18,7 +18,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from plumbline_otel.decode import Problem, Unit, iter_trace_files, iter_units
 from plumbline_otel.errors import MalformedTraceFile
 from plumbline_otel.normalise import Limits
-from plumbline_otel.pipeline import Part, ShardPool, ShardSettings, SpanPart, TrajectoryPart, concat_parts, default_workers
+from plumbline_otel.pipeline import LogPart, Part, ShardPool, ShardSettings, SpanPart, TrajectoryPart, concat_parts, default_workers
 from plumbline_otel.store import Store
 
 
@@ -33,18 +33,19 @@ class IngestSummary:
     duplicate: int = 0
     rejected_spans: int = 0
     trajectories: int = 0
+    log_records: int = 0  # GenAI log records read (stored once each; folded into their spans at assembly)
     problems: list[Problem] = field(default_factory=list)
 
     @property
     def exit_code(self) -> int:
         """0 everything accepted, 3 some input rejected (the rest kept), 2 nothing usable given."""
-        if self.spans_read == 0:
+        if self.spans_read == 0 and self.log_records == 0:
             return 2
         return 3 if self.problems else 0
 
     def add(self, other: "IngestSummary") -> None:
         """Fold another summary's counts into this one."""
-        for name in ("files", "requests", "spans_read", "stored", "duplicate", "rejected_spans", "trajectories"):
+        for name in ("files", "requests", "spans_read", "stored", "duplicate", "rejected_spans", "trajectories", "log_records"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.problems.extend(other.problems)
 
@@ -77,6 +78,9 @@ class PartWriter:
         elif isinstance(part, TrajectoryPart):
             self.commit()
             self.summary.trajectories += self.store.write_assembled(part.table, part.counts)
+        elif isinstance(part, LogPart):
+            self.store.write_logs(part.rows)  # a retried record is stored once; it was still read
+            self.summary.log_records += part.rows.kept
 
     def commit(self) -> None:
         """Commit the gathered span parts in one transaction."""

@@ -39,6 +39,15 @@ class ToolResultRef:
     error: bool = False
 
 
+@dataclass(frozen=True)
+class ToolDecision:
+    """A `gen_ai.tool.call.decision` event: whether a proposed tool call was allowed to run."""
+
+    outcome: str  # allow, deny, require_approval
+    call_id: str | None
+    tool_name: str | None
+
+
 @dataclass
 class SpanRecord:
     """One received span, normalised. Field names are the store's column names."""
@@ -68,7 +77,11 @@ class SpanRecord:
     response_id: str | None = None
     input_tokens: int | None = None
     output_tokens: int | None = None
+    cache_read_tokens: int | None = None
+    cache_write_tokens: int | None = None
+    finish_reasons: list[str] = field(default_factory=list)
     agent_name: str | None = None
+    handoff_to: str | None = None  # a hand-off span: the agent control passed to
     input_text: str | None = None
     output_text: str | None = None
     content_captured: bool = False
@@ -77,6 +90,10 @@ class SpanRecord:
     unknown_keys: list[str] = field(default_factory=list)
     # Framework wrappers and dumps met on this span, as "<field>:<shape>" (e.g. "args:smolagents_call").
     shapes: list[str] = field(default_factory=list)
+    # Which key a field was read from, as "<field>:<key>" ("args:gen_ai.tool.call.arguments", "content:log:<event>").
+    evidence: list[str] = field(default_factory=list)
+    # Tool call decisions folded in from log records (not stored with the span: read with it from the logs table).
+    decisions: list[ToolDecision] = field(default_factory=list)
     dropped_attributes_count: int = 0
     attributes: dict[str, Any] = field(default_factory=dict)
     resource: dict[str, Any] = field(default_factory=dict)
@@ -98,6 +115,14 @@ class Step:
     model: str | None = None
     input_tokens: int | None = None
     output_tokens: int | None = None
+    cache_read_tokens: int | None = None
+    cache_write_tokens: int | None = None
+    finish_reasons: tuple[str, ...] = ()
+    # Where the step's evidence came from (a tool step's arguments, an LLM step's content): "tool_span",
+    # "message_part", "span_event", "log_record" or "vendor_key:<key>"; None when there was none.
+    evidence: str | None = None
+    # Why a value is missing ("args:content_capture_off", "result:attribute_absent", "args:unknown_key:<key>").
+    gaps: tuple[str, ...] = ()
 
     @property
     def failed(self) -> bool:

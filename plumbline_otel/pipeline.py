@@ -14,6 +14,11 @@ so they store the same rows. Nothing here needs the spans of a trace to arrive t
 whose stored spans differ from the ones its shard held (spans from before a restart, a trace the
 shard let go of to bound memory, a retry of an assembled trace) stays dirty and the store rebuilds
 it from its rows. Sharding only decides where work is done, never what is stored.
+
+A unit that is a logs request (a logs file) is read by shard 0 alone, which sends its GenAI records
+to the writer (`LogPart`). Shards never fold log records: the store refuses a shard's trajectory for
+a trace that has log records and rebuilds it with them, so the order logs and spans arrive in does
+not matter.
 """
 
 from __future__ import annotations
@@ -29,10 +34,11 @@ from typing import Any
 
 import pyarrow as pa
 
-from plumbline_otel.assemble import DEFAULT_TASK_KEYS, assemble
+from plumbline_otel.assemble import DEFAULT_TASK_KEYS, assemble_runs
 from plumbline_otel.config import ContentRules
 from plumbline_otel.content import ContentFilter
 from plumbline_otel.decode import Decoded, Problem, Unit, decode_unit
+from plumbline_otel.decode._logs import LogRows, log_rows
 from plumbline_otel.model import SpanRecord
 from plumbline_otel.normalise import Limits, normalise_request
 from plumbline_otel.store import span_table, trajectory_table, unique_spans
@@ -98,13 +104,21 @@ class TrajectoryPart:
 
 
 @dataclass
+class LogPart:
+    """GenAI log records met in a file (one shard, the first, reads them): the writer stores them."""
+
+    seq: int
+    rows: LogRows
+
+
+@dataclass
 class Flushed:
     """A shard has assembled everything it held (the answer to `flush`)."""
 
     shard: int
 
 
-Part = SpanPart | TrajectoryPart | Flushed
+Part = SpanPart | TrajectoryPart | LogPart | Flushed
 
 
 def _span_problem(problem: Problem) -> bool:
@@ -139,6 +153,11 @@ class Shard:
             _keep_own_spans(decoded, me, n)
         if self.content:
             self.content.apply_traces(decoded.request)
+        log_parts: list[Part] = []
+        if decoded.logs is not None and me == 0:  # its records are folded into their spans by the store
+            if self.content:
+                self.content.apply_logs(decoded.logs)
+            log_parts.append(LogPart(seq, log_rows(decoded.logs)))
         records, problems = normalise_request(decoded.request, self.settings.limits)
         problems = decoded.problems + problems
         if me != 0:
@@ -149,7 +168,7 @@ class Shard:
             self.last_seen[rec.trace_id] = now
         self.held_spans += len(records)
         table = span_table(records, time.time_ns()) if records else None
-        parts: list[Part] = [SpanPart(seq, me, table, problems, len(records), sum(p.spans for p in problems))]
+        parts: list[Part] = [SpanPart(seq, me, table, problems, len(records), sum(p.spans for p in problems)), *log_parts]
         if self.held_spans > self.settings.hold_spans:  # memory stays bounded: assemble the oldest traces now
             oldest = sorted(self.last_seen, key=self.last_seen.__getitem__)
             let_go, freed = [], 0
@@ -178,9 +197,7 @@ class Shard:
             self.held_spans -= len(held)
             records = unique_spans(held)
             counts[trace_id] = len(records)  # counted even when no run: its stale trajectory is removed
-            trajectory = assemble(records, self.settings.task_keys)
-            if trajectory is not None:
-                trajectories.append(trajectory)
+            trajectories.extend(assemble_runs(records, self.settings.task_keys))
         return [TrajectoryPart(self.index, trajectory_table(trajectories, time.time_ns()), counts)]
 
 

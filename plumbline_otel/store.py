@@ -23,12 +23,14 @@ import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from plumbline_otel.assemble import DEFAULT_TASK_KEYS, assemble, is_context_key
+from plumbline_otel.assemble import DEFAULT_TASK_KEYS, assemble_runs, is_context_key
 from plumbline_otel.decode import Problem
+from plumbline_otel.decode._logs import LogRows
+from plumbline_otel.normalise import fold_logs, log_event_attributes
 from plumbline_otel.errors import StoreError
-from plumbline_otel.model import SpanRecord, Step, ToolCallRef, ToolResultRef, Trajectory
+from plumbline_otel.model import SpanRecord, Step, ToolCallRef, ToolDecision, ToolResultRef, Trajectory
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 DEFAULT_DB = "plumbline.duckdb"
 
 # Column name -> DuckDB type, in table order. JSON columns hold orjson text. Version 1's columns
@@ -72,9 +74,19 @@ _SPAN_COLUMNS_V1: dict[str, str] = {
     "resource": "JSON",
     "received_ns": "BIGINT",
 }
-_SPAN_COLUMNS: dict[str, str] = {**_SPAN_COLUMNS_V1, "shapes": "VARCHAR[]"}
+_SPAN_COLUMNS_V4: dict[str, str] = {
+    "cache_read_tokens": "BIGINT", "cache_write_tokens": "BIGINT", "finish_reasons": "VARCHAR[]",
+    "handoff_to": "VARCHAR", "evidence": "VARCHAR[]", "decisions": "JSON",
+}
+_SPAN_COLUMNS: dict[str, str] = {**_SPAN_COLUMNS_V1, "shapes": "VARCHAR[]", **_SPAN_COLUMNS_V4}
 _ARROW_TYPES = {"BIGINT": pa.int64(), "INTEGER": pa.int32(), "BOOLEAN": pa.bool_(), "VARCHAR[]": pa.list_(pa.string())}
 _JSON_FIELDS = ("args", "result", "attributes", "resource")
+
+_LOGS_TABLE = """CREATE TABLE IF NOT EXISTS logs (
+    log_id VARCHAR PRIMARY KEY, trace_id VARCHAR, span_id VARCHAR, time_ns BIGINT, observed_ns BIGINT,
+    event_name VARCHAR, severity_number INTEGER, severity_text VARCHAR, body JSON, attributes JSON,
+    service_name VARCHAR, scope_name VARCHAR, resource JSON, received_ns BIGINT)"""
+_LOG_TYPES = {"time_ns": pa.int64(), "observed_ns": pa.int64(), "severity_number": pa.int32(), "received_ns": pa.int64()}
 
 _MIGRATIONS: dict[int, list[str]] = {
     1: [
@@ -100,6 +112,11 @@ _MIGRATIONS: dict[int, list[str]] = {
     # Framework wrappers and dumps unwrapped per span, for coverage (issue 15); every trajectory is
     # rebuilt, because a conversation id is no longer a default task key.
     3: ["ALTER TABLE spans ADD COLUMN shapes VARCHAR[]",
+        "INSERT OR IGNORE INTO dirty_traces SELECT DISTINCT trace_id FROM spans"],
+    # Issue 11: GenAI log records (a server before this version made the table itself) are folded into
+    # their spans at assembly; cache tokens, finish reasons, hand-offs and each field's evidence per span.
+    4: [_LOGS_TABLE,
+        *(f"ALTER TABLE spans ADD COLUMN {name} {kind}" for name, kind in _SPAN_COLUMNS_V4.items()),
         "INSERT OR IGNORE INTO dirty_traces SELECT DISTINCT trace_id FROM spans"],
 }
 
@@ -154,10 +171,10 @@ def _context(rec: SpanRecord) -> str | None:
     return _json(ctx) if ctx else None
 
 
-_ROW_FIELDS = tuple(c for c in _SPAN_COLUMNS if c not in ("proposed_calls", "tool_results", "context", "resource", "received_ns"))
+_ROW_FIELDS = tuple(c for c in _SPAN_COLUMNS if c not in ("proposed_calls", "tool_results", "context", "resource", "received_ns", "decisions"))
 _SCHEMA = pa.schema([(n, _ARROW_TYPES.get(t.split()[0], pa.string())) for n, t in _SPAN_COLUMNS.items()])
 _JSON_INDEXES = tuple(_ROW_FIELDS.index(name) for name in _JSON_FIELDS if name in _ROW_FIELDS)
-_ORDER = [*_ROW_FIELDS, "proposed_calls", "tool_results", "context", "resource"]
+_ORDER = [*_ROW_FIELDS, "proposed_calls", "tool_results", "context", "resource", "decisions"]
 
 
 def _row(rec: SpanRecord, resources: dict[int, str | None]) -> list[Any]:
@@ -173,6 +190,7 @@ def _row(rec: SpanRecord, resources: dict[int, str | None]) -> list[Any]:
     if key not in resources:
         resources[key] = _json(rec.resource)
     row.append(resources[key])
+    row.append(_json(rec.decisions) if rec.decisions else None)
     return row
 
 
@@ -218,6 +236,7 @@ class Store:
         except duckdb.Error as exc:
             raise StoreError(f"cannot open {self.path}: {exc}") from None
         self._span_keys: _SpanKeys | None = None
+        self.logs_written = False  # set by `write_logs`: a writer that only assembles after span writes checks it
         if not read_only:
             self._migrate()
         # A file opened read-only keeps the schema it was written with (older columns may be missing).
@@ -299,6 +318,21 @@ class Store:
             keys.add(self._hashes("fresh_keys", fresh))
         return WriteResult(stored=stored, duplicate=rows - stored)
 
+    def write_logs(self, rows: LogRows) -> int:
+        """Commit GenAI log records in one transaction; returns how many were new.
+
+        The traces they belong to are marked dirty, so `assemble` folds the records in whether they
+        came before or after their spans (a trace with no span yet is just let go: its spans mark it again).
+        """
+        if not rows.kept:
+            return 0
+        log_batch = pa.table({n: pa.array(v, _LOG_TYPES.get(n, pa.string())) for n, v in rows.columns.items()})  # noqa: F841
+        with self._transaction():
+            row = self.connection.execute("INSERT OR IGNORE INTO logs SELECT * FROM log_batch").fetchone()
+            self.connection.execute("INSERT OR IGNORE INTO dirty_traces SELECT DISTINCT trace_id FROM log_batch WHERE trace_id IS NOT NULL")
+        self.logs_written = True
+        return int(row[0]) if row else 0
+
     def _keys(self) -> _SpanKeys:
         if self._span_keys is None:
             self._span_keys = _SpanKeys(self.connection.execute("SELECT hash(trace_id, span_id) AS k FROM spans").fetchnumpy()["k"])
@@ -335,14 +369,18 @@ class Store:
         stored = dict(self.connection.execute(
             "SELECT trace_id, count(*) FROM spans WHERE trace_id IN (SELECT unnest(?)) GROUP BY 1", [list(counts)]).fetchall())
         done = [t for t, n in counts.items() if stored.get(t) == n]
+        if done:  # log records are folded from the store: a trace that has some is rebuilt by `assemble`
+            with_logs = {t for (t,) in self.connection.execute(
+                "SELECT DISTINCT trace_id FROM logs WHERE trace_id IN (SELECT unnest(?))", [done]).fetchall()}
+            done = [t for t in done if t not in with_logs]
         if not done:
             return 0
-        keep = built.filter(pc.is_in(built["trace_id"], value_set=pa.array(done, pa.string())))  # noqa: F841 - read by name below
+        keep = built.filter(pc.is_in(built["trace_id"], value_set=pa.array(done, pa.string())))
         with self._transaction():
             self.connection.execute("DELETE FROM trajectories WHERE trace_id IN (SELECT unnest(?))", [done])
             self.connection.execute("INSERT INTO trajectories SELECT * FROM keep")
             self.connection.execute("DELETE FROM dirty_traces WHERE trace_id IN (SELECT unnest(?))", [done])
-        return len(done)
+        return keep.num_rows
 
     # --- assembly ---------------------------------------------------------------------------
 
@@ -376,18 +414,19 @@ class Store:
         recent = recent or {}
         total = 0
         while deadline is None or time.monotonic() < deadline:
+            # A dirty trace with no stored span (log records only, or spans that failed to store) counts 0:
+            # it builds nothing and is let go; its spans mark it dirty again when they come.
             rows = self.connection.execute(
                 "SELECT d.trace_id, count(s.span_id) FROM (SELECT trace_id FROM dirty_traces LIMIT ?) d "
-                "JOIN spans s USING (trace_id) GROUP BY 1", [chunk]).fetchall()
+                "LEFT JOIN spans s USING (trace_id) GROUP BY 1", [chunk]).fetchall()
             if not rows:
-                self.connection.execute("DELETE FROM dirty_traces")  # traces whose spans all failed to store
                 return total
             dirty = [trace_id for trace_id, _ in rows]
             in_memory = {t: unique_spans(recent[t]) for t, n in rows if t in recent and len(unique_spans(recent[t])) == n}
             by_trace = self._records_for([t for t in dirty if t not in in_memory]) if len(in_memory) < len(dirty) else {}
             by_trace.update(in_memory)
-            built = (assemble(recs, self.task_keys) for recs in by_trace.values())
-            trajectories = [t for t in built if t is not None]
+            self._fold_logs(by_trace)
+            trajectories = [t for recs in by_trace.values() for t in assemble_runs(recs, self.task_keys)]
             self._write_trajectories(trajectories, dirty)
             total += len(trajectories)
         return total
@@ -400,6 +439,17 @@ class Store:
         """
         row = self.connection.execute("SELECT count(*) FROM dirty_traces").fetchone()
         return int(row[0]) if row else 0
+
+    def _fold_logs(self, by_trace: dict[str, list[SpanRecord]]) -> None:
+        """Fold each trace's stored GenAI log records into its span records (in record time order)."""
+        rows = self.connection.execute(
+            "SELECT trace_id, span_id, event_name, attributes, body FROM logs WHERE trace_id IN (SELECT unnest(?)) "
+            "AND span_id IS NOT NULL ORDER BY time_ns, observed_ns, log_id", [list(by_trace)]).fetchall()
+        events: dict[str, dict[str, list[tuple[str, dict[str, Any]]]]] = {}
+        for trace_id, span_id, name, attributes, body in rows:
+            events.setdefault(trace_id, {}).setdefault(span_id, []).append((name, log_event_attributes(attributes, body)))
+        for trace_id, by_span in events.items():
+            by_trace[trace_id] = fold_logs(by_trace[trace_id], by_span)
 
     def _write_trajectories(self, trajectories: list[Trajectory], done: list[str]) -> None:
         built = trajectory_table(trajectories, time.time_ns())  # noqa: F841 - read by name in the SQL below
@@ -514,7 +564,9 @@ def _record(row: dict[str, Any], keys: list[str], key_values: list[Any]) -> Span
     row["proposed_calls"] = [ToolCallRef(**c) for c in orjson.loads(row["proposed_calls"])] if row["proposed_calls"] else []
     row["tool_results"] = [ToolResultRef(**r) for r in orjson.loads(row["tool_results"])] if row["tool_results"] else []
     row["unknown_keys"] = row["unknown_keys"] or []
-    row["shapes"] = row["shapes"] or []
+    for name in ("shapes", "finish_reasons", "evidence"):
+        row[name] = row[name] or []
+    row["decisions"] = [ToolDecision(**d) for d in orjson.loads(row["decisions"])] if row["decisions"] else []
     context_json = row.pop("context")
     context = orjson.loads(context_json) if context_json else {}
     attributes = {k: v for k, v in zip(keys, key_values or []) if v is not None}
@@ -526,7 +578,9 @@ def _doc(t: Trajectory) -> dict[str, Any]:
     doc = t.export()
     doc["steps"] = [
         {**s.export(), "span_id": s.span_id, "start_ns": s.start_ns, "model": s.model,
-         "input_tokens": s.input_tokens, "output_tokens": s.output_tokens}
+         "input_tokens": s.input_tokens, "output_tokens": s.output_tokens, "cache_read_tokens": s.cache_read_tokens,
+         "cache_write_tokens": s.cache_write_tokens, "finish_reasons": list(s.finish_reasons), "evidence": s.evidence,
+         "gaps": list(s.gaps)}
         for s in t.steps
     ]
     return doc
@@ -534,7 +588,8 @@ def _doc(t: Trajectory) -> dict[str, Any]:
 
 def trajectory_from_doc(doc: dict[str, Any]) -> Trajectory:
     """A trajectory from its stored (or exported) JSON document."""
-    steps = tuple(Step(**{k: v for k, v in s.items() if k in Step.__dataclass_fields__}) for s in doc["steps"])
+    steps = tuple(Step(**{k: tuple(v) if k in ("finish_reasons", "gaps") else v for k, v in s.items() if k in Step.__dataclass_fields__})
+                  for s in doc["steps"])
     fields = {k: v for k, v in doc.items() if k in Trajectory.__dataclass_fields__ and k != "steps"}
     fields["conventions"] = tuple(fields.get("conventions") or ())
     return Trajectory(**fields, steps=steps)

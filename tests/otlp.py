@@ -6,8 +6,12 @@ import base64
 from typing import Any, Callable
 
 from google.protobuf.json_format import MessageToDict
+from opentelemetry.exporter.otlp.proto.common._log_encoder import encode_logs
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.sdk._logs import Logger, LoggerProvider
+from opentelemetry.sdk._logs.export import InMemoryLogRecordExporter, SimpleLogRecordProcessor
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -26,6 +30,21 @@ def record(build: Callable[[Tracer], None], service: str = "test-agent", resourc
     return encode_spans(exporter.get_finished_spans())
 
 
+def record_with_logs(build: Callable[[Tracer, Logger], None], service: str = "test-agent",
+                     scope: str = "tests") -> tuple[ExportTraceServiceRequest, ExportLogsServiceRequest]:
+    """`record`, with a real SDK logger too: log records emitted inside a span carry its trace and span id."""
+    spans, logs = InMemorySpanExporter(), InMemoryLogRecordExporter()
+    resource = Resource.create({"service.name": service})
+    provider = TracerProvider(resource=resource)
+    provider.add_span_processor(SimpleSpanProcessor(spans))
+    log_provider = LoggerProvider(resource=resource)
+    log_provider.add_log_record_processor(SimpleLogRecordProcessor(logs))
+    build(provider.get_tracer(scope), log_provider.get_logger(scope))  # type: ignore[arg-type]
+    provider.shutdown()
+    log_provider.shutdown()
+    return encode_spans(spans.get_finished_spans()), encode_logs(logs.get_finished_logs())
+
+
 def _hex_ids(node: Any) -> Any:
     if isinstance(node, dict):
         return {k: (base64.b64decode(v).hex() if k in ("traceId", "spanId", "parentSpanId") and v else _hex_ids(v)) for k, v in node.items()}
@@ -34,6 +53,6 @@ def _hex_ids(node: Any) -> Any:
     return node
 
 
-def to_otlp_json(request: ExportTraceServiceRequest) -> dict[str, Any]:
+def to_otlp_json(request: ExportTraceServiceRequest | ExportLogsServiceRequest) -> dict[str, Any]:
     """OTLP JSON as the spec writes it: hex ids, integer enums, 64-bit integers as strings."""
     return _hex_ids(MessageToDict(request, use_integers_for_enums=True))

@@ -18,6 +18,7 @@ def render_summary(summary: IngestSummary, limit: int = 20) -> str:
         f"files {summary.files}, requests {summary.requests}: spans read {summary.spans_read}, "
         f"stored {summary.stored}, duplicate {summary.duplicate}, rejected {summary.rejected_spans}; "
         f"trajectories rebuilt {summary.trajectories}"
+        + (f"; GenAI log records read {summary.log_records} (folded into their spans)" if summary.log_records else "")
     ]
     for problem in summary.problems[:limit]:
         lines.append(f"  rejected: {problem}")

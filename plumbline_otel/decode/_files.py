@@ -22,9 +22,10 @@ import orjson
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from plumbline_otel.decode._json import SpanFilter, cap_depth, request_from_json
+from plumbline_otel.decode._logs import is_logs_document, logs_from_json, logs_from_protobuf
 from plumbline_otel.decode._problems import Decoded, Problem
 from plumbline_otel.decode._proto import request_from_protobuf
-from plumbline_otel.errors import MalformedTraceFile
+from plumbline_otel.errors import MalformedRequest, MalformedTraceFile
 
 _GZIP_MAGIC = b"\x1f\x8b"
 _JSON_START = (b"{", b"[")
@@ -60,10 +61,20 @@ def _parse_json_line(line: bytes, where: str, keep: SpanFilter | None = None) ->
             doc = orjson.loads(line.decode("utf-8", errors="replace"))
         except orjson.JSONDecodeError:
             return Decoded(ExportTraceServiceRequest(), where, [Problem(where, f"invalid JSON: {exc}")])
-        decoded = request_from_json(doc, where, keep)
+        decoded = _from_json(doc, where, keep)
         decoded.problems.append(Problem(where, "invalid UTF-8 replaced with U+FFFD"))
         return decoded
-    return request_from_json(doc, where, keep)
+    return _from_json(doc, where, keep)
+
+
+def _from_json(doc: object, where: str, keep: SpanFilter | None) -> Decoded:
+    """A trace request, or a logs request (a collector writes both signals as JSON lines) beside an empty trace request."""
+    if not is_logs_document(doc):
+        return request_from_json(doc, where, keep)
+    try:
+        return Decoded(ExportTraceServiceRequest(), where, logs=logs_from_json(doc))
+    except MalformedRequest as exc:
+        return Decoded(ExportTraceServiceRequest(), where, [Problem(where, str(exc))])
 
 
 @dataclass(frozen=True)
@@ -86,7 +97,16 @@ def decode_unit(unit: Unit, keep: SpanFilter | None = None) -> Decoded:
         return _parse_json_line(unit.data, unit.where, keep)
     if unit.kind == "truncated" and not unit.data:
         return Decoded(ExportTraceServiceRequest(), unit.where, [Problem(unit.where, "file ends inside a length prefix")])
-    return request_from_protobuf(unit.data, unit.where)
+    decoded = request_from_protobuf(unit.data, unit.where)
+    if not _has_spans(decoded):  # perhaps a logs request: the Collector's `proto` file format writes both signals
+        logs = logs_from_protobuf(unit.data)
+        if logs is not None:
+            return Decoded(ExportTraceServiceRequest(), unit.where, logs=logs)
+    return decoded
+
+
+def _has_spans(decoded: Decoded) -> bool:
+    return any(span.trace_id for rs in decoded.request.resource_spans for ss in rs.scope_spans for span in ss.spans)
 
 
 def _json_units(stream: IO[bytes], path: Path) -> Iterator[Unit]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 
@@ -26,3 +27,4 @@ class Decoded:
     request: ExportTraceServiceRequest
     where: str
     problems: list[Problem] = field(default_factory=list)
+    logs: ExportLogsServiceRequest | None = None  # a logs request met in a file (its records belong to spans)

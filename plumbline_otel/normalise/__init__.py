@@ -8,8 +8,11 @@ neighbours are kept.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import lru_cache
 from typing import Any
+
+import orjson
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import KeyValue
@@ -17,10 +20,11 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
 from plumbline_otel.decode import Problem
 from plumbline_otel.model import SpanRecord
-from plumbline_otel.normalise._extract import detect, extract
+from plumbline_otel.normalise._extract import detect, extract, fold_events
 from plumbline_otel.normalise._values import Limits, ValueRejected, any_value, maybe_json
 
-__all__ = ["Limits", "ValueRejected", "any_value", "maybe_json", "normalise_request", "normalise_span"]
+__all__ = ["Limits", "ValueRejected", "any_value", "fold_logs", "log_event_attributes", "maybe_json", "normalise_request",
+           "normalise_span"]
 
 # Attribute namespaces we read; a key in them that we do not know is reported by coverage.
 _NAMESPACES = ("gen_ai.", "llm.", "tool.", "openinference.", "traceloop.")
@@ -104,9 +108,34 @@ def normalise_span(span: Span, resource: dict[str, Any], scope_name: str, limits
     )
     extract(rec, attrs, events)
     rec.input_tokens, rec.output_tokens = _int(rec.input_tokens), _int(rec.output_tokens)
+    rec.cache_read_tokens, rec.cache_write_tokens = _int(rec.cache_read_tokens), _int(rec.cache_write_tokens)
     if convention != "unknown":
         rec.unknown_keys = _unknown_keys(attrs)
     return rec
+
+
+def log_event_attributes(attributes: str | None, body: str | None) -> dict[str, Any]:
+    """A stored log record (JSON attributes and body) as event attributes: a map body's keys beneath the attributes."""
+    attrs = orjson.loads(attributes) if attributes else {}
+    content = orjson.loads(body) if body else None
+    if isinstance(content, dict):
+        return {**content, **attrs}
+    return {"content": content, **attrs} if content not in (None, "") else attrs
+
+
+def fold_logs(records: list[SpanRecord], events: dict[str, list[tuple[str, dict[str, Any]]]]) -> list[SpanRecord]:
+    """The trace's span records with the log records of each span (by span id) folded in; others unchanged.
+
+    A folded record is a copy: the caller's records (a shard's, a writer's) are never changed.
+    """
+    out = []
+    for rec in records:
+        own = events.get(rec.span_id)
+        if own:
+            rec = replace(rec, evidence=list(rec.evidence), decisions=list(rec.decisions), shapes=list(rec.shapes))
+            fold_events(rec, own)
+        out.append(rec)
+    return out
 
 
 def normalise_request(request: ExportTraceServiceRequest, limits: Limits | None = None) -> tuple[list[SpanRecord], list[Problem]]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any, Callable
 
-from plumbline_otel.model import Convention, SpanRecord, StepKind
+from plumbline_otel.model import Convention, SpanRecord, StepKind, ToolDecision
 from plumbline_otel.normalise._messages import Message, parse_args, parse_messages, response_messages, result_is_error
 from plumbline_otel.normalise._shapes import (
     TOOL_ERROR_SHAPE, answer_text, request_text, unwrap_args, unwrap_result, unwrap_scoped_result,
@@ -25,9 +25,18 @@ _GENAI_KINDS: dict[str, StepKind] = {
     "generate_content": "llm_call",
     "completion": "llm_call",
     "invoke_agent": "agent",
+    # A run of an in-process agent or workflow (semantic-conventions-genai's `gen_ai.invocation.internal`):
+    # the release notes name the workflow operation `invoke_workflow`, the later change (#571) `handle_conversation_turn`.
     "invoke_workflow": "agent",
+    "handle_conversation_turn": "agent",
     "create_agent": "other",
+    # Agent planning and background-response polling: model work whose token usage counts.
+    "plan": "llm_call",
+    "fetch_response": "llm_call",
 }
+# Hand-off attributes (semantic-conventions-genai examples) and the span name OpenInference gives an OpenAI Agents hand-off.
+HANDOFF_KEYS = ("gen_ai.agent.handoff.target.name", "gen_ai.transfer.target.name")
+_HANDOFF_PREFIX = "handoff to "
 _OI_KINDS: dict[str, StepKind] = {"TOOL": "tool_call", "LLM": "llm_call", "AGENT": "agent"}
 _TRACELOOP_KINDS: dict[str, StepKind] = {"tool": "tool_call", "workflow": "agent", "agent": "agent"}
 # Tools a framework calls to end a run, not tools of the user's: their argument is the answer.
@@ -47,10 +56,13 @@ def detect(attrs: dict[str, Any]) -> tuple[Convention, StepKind]:
     """The convention a span was written in and what kind of step it is."""
     oi_kind = attrs.get("openinference.span.kind")
     if isinstance(oi_kind, str):
-        return "openinference", _OI_KINDS.get(oi_kind.upper(), "other")
+        handoff = str(attrs.get("tool.name", "")).startswith(_HANDOFF_PREFIX) or any(key in attrs for key in HANDOFF_KEYS)
+        return "openinference", "agent" if handoff else _OI_KINDS.get(oi_kind.upper(), "other")
     operation = attrs.get("gen_ai.operation.name")
     if attrs.get("mcp.method.name") == "tools/call":
         operation = "execute_tool"
+    if any(key in attrs for key in HANDOFF_KEYS):
+        return "genai", "agent"
     tl_kind = attrs.get("traceloop.span.kind")
     if any(key in attrs for key in _GENAI_MARKERS):
         if operation is None and "gen_ai.tool.name" in attrs:
@@ -88,7 +100,12 @@ def _note(rec: SpanRecord, what: str, shape: str | None) -> None:
         rec.shapes.append(f"{what}:{shape}")
 
 
-def _set_args(rec: SpanRecord, raw: Any) -> None:
+def _evidence(rec: SpanRecord, what: str, key: str) -> None:
+    """Remember which key (or event, or log record) a field was read from, for coverage."""
+    rec.evidence = [e for e in rec.evidence if not e.startswith(what + ":")] + [f"{what}:{key}"]
+
+
+def _set_args(rec: SpanRecord, raw: Any, key: str = "") -> None:
     if rec.args_state in ("structured", "unparsed"):
         return
     value, call_id, shape = (raw, None, None) if is_redacted(raw) else unwrap_args(raw)
@@ -97,14 +114,27 @@ def _set_args(rec: SpanRecord, raw: Any) -> None:
         rec.args, rec.args_state = args, state
         _note(rec, "args", shape or ("scalar" if state == "unparsed" else None))
         _fill(rec, call_id=call_id)
+        if state != "absent" and key:
+            _evidence(rec, "args", key)
 
 
-def _set_result(rec: SpanRecord, raw: Any) -> None:
+def _set_result(rec: SpanRecord, raw: Any, key: str = "") -> None:
     if rec.result is None and raw is not None:
         rec.result, shape = unwrap_result(raw)
         _note(rec, "result", shape)
         rec.result, shape = unwrap_scoped_result(rec.result, rec.scope_name)
         _note(rec, "result", shape)
+        if key and rec.result is not None:
+            _evidence(rec, "result", key)
+
+
+def _first_key(attrs: dict[str, Any], *keys: str) -> tuple[Any, str]:
+    """The first present value among `keys`, with the key it came from."""
+    for key in keys:
+        value = attrs.get(key)
+        if value is not None and value != "":
+            return value, key
+    return None, ""
 
 
 def _entity_value(raw: Any) -> tuple[Any, str | None]:
@@ -140,34 +170,55 @@ def _run_texts(rec: SpanRecord, raw_input: Any, raw_output: Any) -> None:
 
 def _tool_openinference(rec: SpanRecord, attrs: dict[str, Any]) -> None:
     _fill(rec, tool_name=attrs.get("tool.name"), call_id=_first(attrs, "tool.id", "tool_call.id"))
-    _set_args(rec, attrs.get("input.value"))
+    _set_args(rec, attrs.get("input.value"), "input.value")
     params = maybe_json(attrs.get("tool.parameters"))
     looks_like_schema = isinstance(params, dict) and ("properties" in params or params.get("type") == "object")
     if not looks_like_schema:
-        _set_args(rec, params)
-    _set_result(rec, attrs.get("output.value"))
+        _set_args(rec, params, "tool.parameters")
+    _set_result(rec, attrs.get("output.value"), "output.value")
+
+
+# Vendor keys we map onto the GenAI ones: pydantic-ai before its GenAI alignment, older Google ADK releases.
+VENDOR_ARGS_KEYS = ("tool_arguments", "gcp.vertex.agent.tool_call_args")
+VENDOR_RESULT_KEYS = ("tool_response", "gcp.vertex.agent.tool_response")
 
 
 def _tool_genai(rec: SpanRecord, attrs: dict[str, Any]) -> None:
     _fill(rec, tool_name=attrs.get("gen_ai.tool.name"), call_id=attrs.get("gen_ai.tool.call.id"))
-    _set_args(rec, _first(attrs, "gen_ai.tool.call.arguments", "tool_arguments"))
-    _set_result(rec, _first(attrs, "gen_ai.tool.call.result", "tool_response"))
+    _set_args(rec, *_first_key(attrs, "gen_ai.tool.call.arguments", *VENDOR_ARGS_KEYS))
+    _set_result(rec, *_first_key(attrs, "gen_ai.tool.call.result", *VENDOR_RESULT_KEYS))
 
 
 def _tool_traceloop(rec: SpanRecord, attrs: dict[str, Any]) -> None:
     _fill(rec, tool_name=_first(attrs, "gen_ai.tool.name", "traceloop.entity.name"))
-    _set_args(rec, attrs.get("traceloop.entity.input"))
-    _set_result(rec, attrs.get("traceloop.entity.output"))
+    _set_args(rec, attrs.get("traceloop.entity.input"), "traceloop.entity.input")
+    _set_result(rec, attrs.get("traceloop.entity.output"), "traceloop.entity.output")
 
 
-def _tool_from_events(rec: SpanRecord, events: list[tuple[str, dict[str, Any]]]) -> None:
-    """Strands-style tool spans carry arguments and result in span events."""
+def _tool_from_events(rec: SpanRecord, events: list[tuple[str, dict[str, Any]]], origin: str = "event") -> None:
+    """Tool spans whose arguments and result are in events: strands' span events, or log records.
+
+    Three forms: the older per-message events (`gen_ai.tool.message` {content, id} and
+    `gen_ai.choice` {message}), any event carrying `gen_ai.tool.call.arguments` / `.result`, and
+    `operation.details` with `tool_call` / `tool_call_response` parts.
+    """
     for name, eattrs in events:
+        where = f"{origin}:{name}"
         if name == "gen_ai.tool.message":
-            _set_args(rec, eattrs.get("content"))
+            _set_args(rec, eattrs.get("content"), where)
             _fill(rec, call_id=eattrs.get("id"))
         elif name == "gen_ai.choice":
-            _set_result(rec, eattrs.get("message"))
+            _set_result(rec, eattrs.get("message"), where)
+        _set_args(rec, eattrs.get("gen_ai.tool.call.arguments"), where)
+        _set_result(rec, eattrs.get("gen_ai.tool.call.result"), where)
+        if name == "gen_ai.client.inference.operation.details":
+            inputs, outputs = _messages_genai(eattrs, [])
+            calls = [c for m in inputs + outputs for c in m.calls if c.call_id in (None, rec.call_id)]
+            results = [r for m in inputs + outputs for r in m.results if r.call_id == rec.call_id]
+            if calls:
+                _set_args(rec, calls[0].args, where)
+            if results:
+                _set_result(rec, results[0].result, where)
 
 
 # --- LLM spans --------------------------------------------------------------------------------
@@ -212,7 +263,16 @@ def _llm_fields(rec: SpanRecord, attrs: dict[str, Any]) -> None:
         response_id=attrs.get("gen_ai.response.id"),
         input_tokens=_first(attrs, "gen_ai.usage.input_tokens", "gen_ai.usage.prompt_tokens", "llm.token_count.prompt"),
         output_tokens=_first(attrs, "gen_ai.usage.output_tokens", "gen_ai.usage.completion_tokens", "llm.token_count.completion"),
+        # `cache_write` since semantic-conventions-genai #440; `cache_creation` in semconv 1.40-1.41; strands' own names.
+        cache_read_tokens=_first(attrs, "gen_ai.usage.cache_read.input_tokens", "gen_ai.usage.cache_read_input_tokens",
+                                 "llm.token_count.prompt_details.cache_read"),
+        cache_write_tokens=_first(attrs, "gen_ai.usage.cache_write.input_tokens", "gen_ai.usage.cache_creation.input_tokens",
+                                  "gen_ai.usage.cache_write_input_tokens", "llm.token_count.prompt_details.cache_write"),
     )
+    reasons = attrs.get("gen_ai.response.finish_reasons", attrs.get("llm.finish_reason"))
+    if reasons and not rec.finish_reasons:
+        reasons = maybe_json(reasons)
+        rec.finish_reasons = [str(r) for r in reasons] if isinstance(reasons, list) else [str(reasons)]
 
 
 def _apply_messages(rec: SpanRecord, inputs: list[Message], outputs: list[Message]) -> None:
@@ -265,6 +325,13 @@ def _llm(rec: SpanRecord, attrs: dict[str, Any], events: list[tuple[str, dict[st
 
 
 def _agent(rec: SpanRecord, attrs: dict[str, Any], events: list[tuple[str, dict[str, Any]]]) -> None:
+    target = _first(attrs, *HANDOFF_KEYS) or str(attrs.get("tool.name", "")).removeprefix(_HANDOFF_PREFIX)
+    if target:  # control passes to another agent: a step of the run, not a tool of the user's
+        rec.handoff_to = str(target)
+        _note(rec, "step", "handoff")
+        return
+    if attrs.get("gen_ai.operation.name") == "handle_conversation_turn":  # one turn is one run
+        _note(rec, "step", "conversation_turn")
     _fill(rec, agent_name=_first(attrs, "gen_ai.agent.name", "agent.name", "graph.node.id"))
     _run_texts(rec, attrs.get("input.value"), attrs.get("output.value"))
     if rec.convention == "traceloop" or "traceloop.entity.input" in attrs:
@@ -310,7 +377,7 @@ def extract(rec: SpanRecord, attrs: dict[str, Any], events: list[tuple[str, dict
             reader(rec, attrs)
         _tool_from_events(rec, events)
         if rec.tool_name is None:
-            rec.tool_name = rec.name.removeprefix("execute_tool ").strip() or rec.name
+            rec.tool_name = rec.name.removeprefix("execute_tool ").removeprefix("tools/call ").strip() or rec.name
         if is_redacted(rec.result):
             rec.result = None
         if (rec.scope_name, rec.tool_name) in _ANSWER_TOOLS:  # the run's answer, not a tool call
@@ -326,3 +393,39 @@ def extract(rec: SpanRecord, attrs: dict[str, Any], events: list[tuple[str, dict
     elif rec.parent_span_id is None:  # a root chain or workflow span: the run's request and answer
         _run_texts(rec, _first(attrs, "input.value", "traceloop.entity.input"), _first(attrs, "output.value", "traceloop.entity.output"))
     rec.error = _error(rec, attrs, events)
+    fold_events(rec, [(name, eattrs) for name, eattrs in events if name == DECISION_EVENT])  # the same event as a span event
+
+
+# --- log records ------------------------------------------------------------------------------
+
+DECISION_EVENT = "gen_ai.tool.call.decision"
+
+
+def fold_events(rec: SpanRecord, events: list[tuple[str, dict[str, Any]]]) -> None:
+    """Content a producer sent in log records of this span, read as the span's own events would be.
+
+    Only fields still empty are filled, so folding twice, or a record that repeats the span, changes nothing.
+    Tool call decisions are kept apart: they say whether a proposed call was allowed to run.
+    """
+    for name, eattrs in events:
+        if name == DECISION_EVENT and eattrs.get("gen_ai.tool.call.decision.outcome"):
+            rec.decisions.append(ToolDecision(
+                outcome=str(eattrs["gen_ai.tool.call.decision.outcome"]),
+                call_id=str(eattrs["gen_ai.tool.call.id"]) if eattrs.get("gen_ai.tool.call.id") else None,
+                tool_name=str(eattrs["gen_ai.tool.name"]) if eattrs.get("gen_ai.tool.name") else None))
+    events = [(n, a) for n, a in events if n != DECISION_EVENT]
+    if not events:
+        return
+    if rec.step_kind == "tool_call":
+        _tool_from_events(rec, events, "log")
+        return
+    had_content = rec.content_captured
+    if rec.step_kind == "llm_call":
+        for _, eattrs in events:
+            _llm_fields(rec, eattrs)
+    inputs, outputs = _messages_genai({}, events)
+    _apply_messages(rec, inputs, outputs)
+    if rec.step_kind == "agent":
+        rec.proposed_calls, rec.tool_results = [], []
+    if rec.content_captured and not had_content:
+        _evidence(rec, "content", "log:" + events[0][0])

@@ -23,7 +23,6 @@ from plumbline_otel.content import ContentFilter
 from plumbline_otel.receive._grpc import GrpcReceiver
 from plumbline_otel.receive._http import HttpServer, make_ssl_context
 from plumbline_otel.receive._intake import Intake
-from plumbline_otel.receive._logs import create_logs_table
 from plumbline_otel.receive._metrics import Metrics
 from plumbline_otel.receive._standing import StandingCheck
 from plumbline_otel.receive._writer import WriteQueue
@@ -81,7 +80,6 @@ class Server:
         store.connection.execute(f"SET memory_limit = '{int(self.config.db_memory_limit_mib)}MB'")  # DuckDB's cache defaults to 80% of RAM
         if self.config.task_keys:
             store.set_task_keys(self.config.task_keys)
-        create_logs_table(store)
         return store
 
     def _start_grpc(self) -> None:

@@ -419,6 +419,9 @@ class WriteQueue:
             result, error = None, exc
         with self._lock:
             self._calls -= 1
+        if store.logs_written:  # log records re-open their traces: assemble them like a span write would
+            store.logs_written = False
+            self._dirty_since = self._dirty_since or time.monotonic()
         call.ticket.finish(result, error)
 
     def _assemble(self, store: Store) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from opentelemetry.sdk._logs import Logger
 from opentelemetry.trace import Status, StatusCode, Tracer
 
 
@@ -53,3 +54,24 @@ def genai_run(tracer: Tracer, *, tool_spans: bool = True, task: str | None = "IN
                     span.set_status(Status(StatusCode.ERROR, "503 upstream unavailable"))
                     span.set_attribute("error.type", "503")
         root.set_attribute("gen_ai.output.messages", genai_messages({"type": "text", "content": "Paid 4820.00 EUR"}))
+
+
+def content_in_logs_run(tracer: Tracer, logger: Logger) -> None:
+    """Capture set to events only: the chat and tool spans hold no content; log records inside them do."""
+    with tracer.start_as_current_span("invoke_agent ap", attributes={"gen_ai.operation.name": "invoke_agent"}):
+        with tracer.start_as_current_span("chat m1", attributes={"gen_ai.operation.name": "chat", "gen_ai.request.model": "m1"}):
+            logger.emit(event_name="gen_ai.client.inference.operation.details", attributes={
+                "gen_ai.input.messages": [{"role": "user", "parts": [{"type": "text", "content": "Pay INV-6"}]}],
+                "gen_ai.output.messages": [{"role": "assistant", "parts": [
+                    {"type": "tool_call", "id": "c6", "name": "pay", "arguments": {"invoice_id": "INV-6"}}]}],
+                "gen_ai.usage.input_tokens": 40, "gen_ai.usage.output_tokens": 8})
+        with tracer.start_as_current_span("execute_tool audit", attributes={
+                "gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "audit", "gen_ai.tool.call.id": "a1"}):
+            logger.emit(event_name="gen_ai.tool.message", body={"content": '{"invoice_id": "INV-6"}', "id": "a1"})
+            logger.emit(event_name="gen_ai.choice", body={"message": '{"ok": true}'})
+        with tracer.start_as_current_span("execute_tool pay", attributes={
+                "gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "pay", "gen_ai.tool.call.id": "c6"}):
+            pass
+        with tracer.start_as_current_span("chat m1", attributes={"gen_ai.operation.name": "chat", "gen_ai.request.model": "m1"}):
+            logger.emit(event_name="gen_ai.client.inference.operation.details", attributes={
+                "gen_ai.output.messages": [{"role": "assistant", "parts": [{"type": "text", "content": "Paid INV-6"}]}]})

@@ -25,12 +25,9 @@ from plumbline_otel.normalise import maybe_json
 from plumbline_otel.store import Store
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "frameworks"
-# Content carried in log records (ADK with capture on reads as EVENT_ONLY) needs log records folded
-# into their spans, which issue 11 builds; until then these set-ups are expected to fail, strictly,
-# so the day folding lands the marker has to go.
-_LOGS_NOT_FOLDED = pytest.mark.xfail(strict=True, reason="content in log records: folding them into spans is issue 11")
-SETUPS = [pytest.param(p.parent.name, marks=_LOGS_NOT_FOLDED) if (p.parent / "logs.otlp.jsonl").exists() else p.parent.name
-          for p in sorted(FIXTURES.glob("*/expected.json"))]
+# A set-up with a logs.otlp.jsonl (ADK with capture on reads as EVENT_ONLY) carries its content in log
+# records: ingest stores them from the file and assembly folds them into their spans (issue 11).
+SETUPS = [p.parent.name for p in sorted(FIXTURES.glob("*/expected.json"))]
 
 
 def _expected(setup: str) -> dict[str, Any]:
@@ -118,6 +115,21 @@ def test_coverage_names_evidence_task_key_source_and_shapes(setup: str, store: S
         assert all(shape in findings for shape in section["shapes"]["unwrapped"])
     if section["shapes"]["kept_as_is"]:
         assert all(shape in findings for shape in section["shapes"]["kept_as_is"])
+    # Per step, where its evidence came from; per missing value, why (issue 11 item 4).
+    evidence, n_llm = section["step_evidence"], sum(r["llm_calls"] for r in runs)
+    assert sum(evidence["tool_call"].values()) == n_calls and sum(evidence["llm_call"].values()) == n_llm
+    if n_calls:
+        assert "Evidence for tool call arguments:" in findings and "Evidence for LLM call contents:" in findings
+    if (FIXTURES / setup / "logs.otlp.jsonl").exists():  # content only in log records: folded, and said so
+        assert evidence["llm_call"] == {"log_record": n_llm} and "log records folded into their span" in findings
+    if _expected(setup)["content_captured"]:
+        assert "none" not in evidence["tool_call"] and section["gaps"] == {}
+    else:
+        n_results = sum(1 for r in runs for c in r["tool_calls"] if not c["failed"])
+        assert evidence == {"tool_call": {"none": n_calls}, "llm_call": {"none": n_llm}}
+        assert section["gaps"] == {"args:content_capture_off": n_calls, "result:content_capture_off": n_results,
+                                   "content:content_capture_off": n_llm}
+        assert "Missing values and why:" in findings and "tool arguments: content capture is off" in findings
     if not _expected(setup)["content_captured"]:  # what is missing, and the setting that adds it
         assert "have no message content: content capture is off" in findings
         assert "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT" in findings

@@ -72,3 +72,41 @@ def test_coverage_says_content_capture_is_off_for_the_default_genai_setup(store:
     assert report["tool_calls"]["tool_calls"] == 0
     assert any("content capture is off by default" in f for f in report["findings"])
     assert any("No tool calls found" in f for f in report["findings"])
+
+
+def _with_logs(name: str) -> list[str]:
+    """The trace file and the log records file its producer wrote beside it, if any."""
+    return [str(FIXTURES / name), *(str(FIXTURES / n) for n, spec in EXPECTED.items() if spec.get("logs_of") == name)]
+
+
+@pytest.mark.parametrize("name", TRACE_FILES)
+def test_coverage_names_each_steps_evidence_and_each_gaps_reason(name: str, store: Store) -> None:
+    from plumbline_otel.coverage import coverage_report
+
+    summary = ingest_files(store, _with_logs(name))
+    assert summary.problems == [] and summary.exit_code == 0
+    spec = _spec(name)
+    n_llm = sum(t["model_requests"] for t in spec["traces"].values())
+    section = coverage_report(store)["overall"]
+    findings = "\n".join(section["findings"])
+    if spec["content_captured"]:  # no tool spans: every call is a model's tool_call part; content on the spans
+        n_calls = sum(len(t["tool_calls"]) for t in spec["traces"].values())
+        assert section["step_evidence"] == {"tool_call": {"message_part": n_calls}, "llm_call": {"span": n_llm}}
+        assert section["gaps"] == {} and "Missing values and why" not in findings
+        assert "Evidence for tool call arguments: " + f"{n_calls} from the model's message parts" in findings
+    else:
+        assert section["step_evidence"] == {"tool_call": {}, "llm_call": {"none": n_llm}}
+        assert section["gaps"] == {"content:content_capture_off": n_llm}
+        assert f"Missing values and why: {n_llm} LLM call contents: content capture is off" in findings
+
+
+def test_span_and_event_capture_stores_the_log_records_and_keeps_the_span_content(store: Store) -> None:
+    """SPAN_AND_EVENT writes the content twice: the log records are stored and folded, nothing is counted twice."""
+    name = "genai_openai_v2_events.otlp.jsonl"
+    store.set_task_keys(["session.id"])
+    summary = ingest_files(store, _with_logs(name))
+    assert summary.log_records == sum(t["model_requests"] for t in EXPECTED[name]["traces"].values())
+    got = {t.task_key: t for t in store.trajectories()}
+    for task, expected in EXPECTED[name]["traces"].items():
+        assert [(s.name, s.args) for s in got[task].tool_steps] == [(c["name"], c["arguments"]) for c in expected["tool_calls"]]
+        assert sum(1 for s in got[task].steps if s.kind == "llm_call") == expected["model_requests"]

@@ -115,7 +115,9 @@ def test_a_version_1_store_migrates_and_rebuilds_its_task_keys(tmp_path: Path) -
     with Store(path) as store:
         ingest_files(store, [str(_write(tmp_path / "a.jsonl", [record(genai_run)]))])
     with duckdb.connect(str(path)) as con:  # the file as version 1 wrote it: no shapes, conversation ids as task keys
-        con.execute("ALTER TABLE spans DROP COLUMN shapes")
+        for column in ("shapes", "cache_read_tokens", "cache_write_tokens", "finish_reasons", "handoff_to", "evidence", "decisions"):
+            con.execute(f"ALTER TABLE spans DROP COLUMN {column}")
+        con.execute("DROP TABLE logs")
         con.execute("UPDATE meta SET value = '1' WHERE key = 'schema_version'")
         con.execute("UPDATE trajectories SET task_key = 'INV-1029', task_key_source = 'attribute:gen_ai.conversation.id'")
     with Store(path, read_only=True) as store:  # a reader does not migrate, and coverage still answers

@@ -93,7 +93,7 @@ class ServeProcess:
         return self.log_path.read_text()
 
     def __enter__(self) -> "ServeProcess":
-        return self.start()
+        return self if self.proc is not None else self.start()  # `with ServeProcess(...).start()` must not start a second server
 
     def __exit__(self, *exc: Any) -> None:
         if self.proc is not None and self.proc.poll() is None:
