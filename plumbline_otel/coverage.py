@@ -3,11 +3,16 @@
 Every figure is SQL over the store. The sentences name the gap, the analysis it rules out and,
 where there is one, what the user can change (usually a content-capture switch in their
 instrumentation).
+
+The report is made in two steps so that several stores read as one: `coverage_counts` gives only
+figures that add up across stores holding different traces (per-task run counts instead of a
+distinct-task count, every unrecognised key instead of the top 25), and `report_from_counts`
+derives the rest (task figures, the top keys, the sentences) once, from the summed counts.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 from plumbline_otel.store import Store
 
@@ -26,7 +31,8 @@ def _one(store: Store, sql: str, params: list[Any]) -> dict[str, Any]:
     return {n: (v if v is not None else 0) for n, v in zip(names, row or [None] * len(names))}
 
 
-def _filter(service: str | None, since_ns: int | None, service_col: str, time_col: str) -> tuple[str, list[Any]]:
+def _filter(service: str | None, since_ns: int | None, service_col: str, time_col: str,
+            exclude: Sequence[str] = (), trace_col: str = "trace_id") -> tuple[str, list[Any]]:
     clauses, params = ["TRUE"], []
     if service is not None:
         clauses.append(f"{service_col} IS NOT DISTINCT FROM ?")
@@ -34,12 +40,15 @@ def _filter(service: str | None, since_ns: int | None, service_col: str, time_co
     if since_ns is not None:
         clauses.append(f"{time_col} >= ?")
         params.append(since_ns)
+    if exclude:
+        clauses.append(f"NOT list_contains(?::VARCHAR[], {trace_col})")
+        params.append(list(exclude))
     return " AND ".join(clauses), params
 
 
 def _spans(store: Store, where: str, params: list[Any]) -> dict[str, Any]:
     by_convention = store.connection.execute(
-        f"SELECT convention, count(*), count(DISTINCT trace_id) FROM spans WHERE {where} GROUP BY 1 ORDER BY 2 DESC", params
+        f"SELECT convention, count(*), count(DISTINCT trace_id) FROM spans WHERE {where} GROUP BY 1", params
     ).fetchall()
     totals = _one(store, f"""
         SELECT count(*) AS spans, count(DISTINCT trace_id) AS traces,
@@ -150,9 +159,8 @@ def _llm_calls(store: Store, where: str, params: list[Any]) -> dict[str, Any]:
 
 
 def _trajectories(store: Store, where: str, params: list[Any]) -> dict[str, Any]:
-    return _one(store, f"""
-        WITH t AS (SELECT * FROM trajectories WHERE {where}),
-             repeats AS (SELECT task_key FROM t WHERE task_key IS NOT NULL GROUP BY 1 HAVING count(*) > 1)
+    counts = _one(store, f"""
+        WITH t AS (SELECT * FROM trajectories WHERE {where})
         SELECT count(*) AS trajectories,
                count(*) FILTER (input IS NOT NULL) AS with_input,
                count(*) FILTER (final_output IS NOT NULL) AS with_final_output,
@@ -161,10 +169,11 @@ def _trajectories(store: Store, where: str, params: list[Any]) -> dict[str, Any]
                count(*) FILTER (task_key_source = 'none') AS without_task_key,
                count(*) FILTER (json_extract_string(doc, '$.context."session.id"') IS NOT NULL
                                 OR json_extract_string(doc, '$.context."gen_ai.conversation.id"') IS NOT NULL) AS with_session_or_conversation_id,
-               (SELECT count(DISTINCT task_key) FROM t) AS tasks,
-               (SELECT count(*) FROM repeats) AS tasks_seen_more_than_once,
                (SELECT count(*) FROM (SELECT trace_id FROM t GROUP BY 1 HAVING count(*) > 1)) AS traces_with_several_runs
         FROM t""", params)
+    counts["task_runs"] = dict(store.connection.execute(
+        f"SELECT task_key, count(*) FROM trajectories WHERE {where} AND task_key IS NOT NULL GROUP BY 1", params).fetchall())
+    return counts
 
 
 def _task_key_sources(store: Store, where: str, params: list[Any]) -> dict[str, int]:
@@ -175,16 +184,15 @@ def _task_key_sources(store: Store, where: str, params: list[Any]) -> dict[str, 
 
 def _unknown_keys(store: Store, where: str, params: list[Any]) -> dict[str, int]:
     rows = store.connection.execute(f"""
-        SELECT key, count(*) FROM (SELECT unnest(unknown_keys) AS key FROM spans WHERE {where})
-        GROUP BY 1 ORDER BY 2 DESC, 1 LIMIT 25""", params).fetchall()
+        SELECT key, count(*) FROM (SELECT unnest(unknown_keys) AS key FROM spans WHERE {where}) GROUP BY 1""", params).fetchall()
     return dict(rows)
 
 
-def _section(store: Store, service: str | None, since_ns: int | None) -> dict[str, Any]:
-    span_where, span_params = _filter(service, since_ns, "service_name", "start_ns")
-    traj_where, traj_params = _filter(service, since_ns, "service", "start_ns")
-    step_where = _filter(service, since_ns, "t.service", "t.start_ns")[0]
-    section = {
+def _section_counts(store: Store, service: str | None, since_ns: int | None, exclude: Sequence[str]) -> dict[str, Any]:
+    span_where, span_params = _filter(service, since_ns, "service_name", "start_ns", exclude)
+    traj_where, traj_params = _filter(service, since_ns, "service", "start_ns", exclude)
+    step_where = _filter(service, since_ns, "t.service", "t.start_ns", exclude, "t.trace_id")[0]
+    return {
         "spans": _spans(store, span_where, span_params),
         "tool_calls": _tool_calls(store, step_where, traj_params),
         "llm_calls": _llm_calls(store, step_where, traj_params),
@@ -197,6 +205,30 @@ def _section(store: Store, service: str | None, since_ns: int | None) -> dict[st
         "shapes": _shapes(store, span_where, span_params),
         "unrecognised_keys": _unknown_keys(store, span_where, span_params),
     }
+
+
+def _by_count(counts: dict[str, int]) -> list[tuple[str, int]]:
+    """Most frequent first, then by name: the order one store's SQL gives, whatever was summed."""
+    return sorted(counts.items(), key=lambda kv: (-kv[1], str(kv[0])))
+
+
+def _section(counts: dict[str, Any]) -> dict[str, Any]:
+    """A report section from its counts: task figures from the per-task runs, the top 25 keys, the sentences."""
+    section = dict(counts)
+    trajectories = dict(counts["trajectories"])
+    task_runs = trajectories.pop("task_runs")
+    trajectories["tasks"] = len(task_runs)
+    trajectories["tasks_seen_more_than_once"] = sum(1 for n in task_runs.values() if n > 1)
+    section["trajectories"] = trajectories
+    spans = dict(counts["spans"])
+    spans["by_convention"] = dict(sorted(spans["by_convention"].items(), key=lambda kv: (-kv[1]["spans"], str(kv[0]))))
+    section["spans"] = spans
+    section["unrecognised_keys"] = dict(_by_count(counts["unrecognised_keys"])[:25])
+    section["evidence_sources"] = dict(_by_count(counts["evidence_sources"]))
+    section["step_evidence"] = {kind: dict(_by_count(n)) for kind, n in counts["step_evidence"].items()}
+    section["gaps"] = dict(_by_count(counts["gaps"]))
+    section["task_key_sources"] = dict(_by_count(counts["task_key_sources"]))
+    section["shapes"] = {kind: dict(_by_count(n)) for kind, n in counts["shapes"].items()}
     section["findings"] = findings(section)
     return section
 
@@ -367,16 +399,35 @@ def _task_key_sentence(sources: dict[str, int], trajs: dict[str, Any]) -> str:
     return text
 
 
-def coverage_report(store: Store, since_ns: int | None = None) -> dict[str, Any]:
-    """The whole report: overall, per service, and the input rejected on the way in."""
+
+def coverage_counts(store: Store, since_ns: int | None = None, exclude_traces: Sequence[str] = ()) -> dict[str, Any]:
+    """The additive form of the report: counts of several stores holding different traces sum to
+    the counts of one store holding them all (`report_from_counts` turns them into the report).
+    `exclude_traces` leaves traces out (pieces of a trace another store also holds)."""
     services = [r[0] for r in store.connection.execute("SELECT DISTINCT service_name FROM spans ORDER BY 1 NULLS LAST").fetchall()]
-    rejected = _one(store, "SELECT count(*) AS problems, coalesce(sum(spans), 0) AS rejected_spans FROM problems", [])
     return {
         "version": 1,
-        "overall": _section(store, None, since_ns),
-        "services": {str(s): _section(store, s, since_ns) for s in services} if len(services) > 1 else {},
-        "rejected_input": rejected,
+        "form": "counts",
+        "overall": _section_counts(store, None, since_ns, exclude_traces),
+        "services": {str(s): _section_counts(store, s, since_ns, exclude_traces) for s in services},
+        "rejected_input": _one(store, "SELECT count(*) AS problems, coalesce(sum(spans), 0) AS rejected_spans FROM problems", []),
     }
+
+
+def report_from_counts(counts: dict[str, Any]) -> dict[str, Any]:
+    """The report from (possibly summed) counts: overall, per service when there are several, rejected input."""
+    services = dict(sorted(counts["services"].items(), key=lambda kv: (kv[0] == "None", kv[0])))
+    return {
+        "version": counts["version"],
+        "overall": _section(counts["overall"]),
+        "services": {name: _section(c) for name, c in services.items()} if len(services) > 1 else {},
+        "rejected_input": counts["rejected_input"],
+    }
+
+
+def coverage_report(store: Store, since_ns: int | None = None) -> dict[str, Any]:
+    """The whole report: overall, per service, and the input rejected on the way in."""
+    return report_from_counts(coverage_counts(store, since_ns))
 
 
 def render_text(report: dict[str, Any]) -> str:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 import grpc
 import orjson
@@ -64,14 +64,31 @@ class PlumblineClient:
         except grpc.RpcError as exc:
             raise self._error(exc) from None
 
-    def coverage(self, since_ns: int | None = None, assemble_first: bool = True) -> dict[str, Any]:
-        """The coverage report of the server's store (the dict `coverage_report` returns)."""
+    def coverage(self, since_ns: int | None = None, assemble_first: bool = True, counts: bool = False,
+                 exclude_trace_ids: Sequence[str] = ()) -> dict[str, Any]:
+        """The coverage report of the server's store (the dict `coverage_report` returns), or with
+        `counts` the additive counts it is derived from (`coverage_counts`, without
+        `exclude_trace_ids`), for summing stores."""
+        request = pb.CoverageRequest(since_ns=since_ns, assemble_first=assemble_first, counts=counts,
+                                     exclude_trace_ids=list(exclude_trace_ids))
         try:
-            response = self._stub.Coverage(pb.CoverageRequest(since_ns=since_ns, assemble_first=assemble_first),
-                                           timeout=self.timeout, metadata=self._metadata)
+            response = self._stub.Coverage(request, timeout=self.timeout, metadata=self._metadata)
         except grpc.RpcError as exc:
             raise self._error(exc) from None
-        return orjson.loads(response.report_json)
+        report = orjson.loads(response.report_json)
+        if counts and report.get("form") != "counts":
+            raise StoreError(f"plumbline server at {self.address} is too old to give coverage counts; upgrade it to read several stores as one")
+        return report
+
+    def trace_ids(self) -> Iterator[str]:
+        """The id of every trace the server has stored, sorted."""
+        try:
+            for page in self._stub.TraceIds(pb.TraceIdsRequest(), timeout=self.timeout, metadata=self._metadata):
+                yield from page.trace_id
+        except grpc.RpcError as exc:
+            if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
+                raise StoreError(f"plumbline server at {self.address} is too old to list trace ids; upgrade it to read several stores as one") from None
+            raise self._error(exc) from None
 
     def health(self) -> dict[str, Any]:
         """Status, version, ingest counters and queue depth."""

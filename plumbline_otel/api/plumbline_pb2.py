@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\"plumbline_otel/api/plumbline.proto\x12\x0cplumbline.v1\"\xb5\x01\n\x17ListTrajectoriesRequest\x12\x14\n\x07service\x18\x01 \x01(\tH\x00\x88\x01\x01\x12\x11\n\x04task\x18\x02 \x01(\tH\x01\x88\x01\x01\x12\x15\n\x08since_ns\x18\x03 \x01(\x03H\x02\x88\x01\x01\x12\r\n\x05limit\x18\x04 \x01(\x05\x12\x16\n\x0e\x61ssemble_first\x18\x05 \x01(\x08\x12\x11\n\tpage_size\x18\x06 \x01(\x05\x42\n\n\x08_serviceB\x07\n\x05_taskB\x0b\n\t_since_ns\")\n\x0eTrajectoryPage\x12\x17\n\x0ftrajectory_json\x18\x01 \x03(\t\"M\n\x0f\x43overageRequest\x12\x15\n\x08since_ns\x18\x01 \x01(\x03H\x00\x88\x01\x01\x12\x16\n\x0e\x61ssemble_first\x18\x02 \x01(\x08\x42\x0b\n\t_since_ns\"\'\n\x10\x43overageResponse\x12\x13\n\x0breport_json\x18\x01 \x01(\t\"\x0f\n\rHealthRequest\"\xcb\x01\n\x0eHealthResponse\x12\x0e\n\x06status\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\x16\n\x0espans_received\x18\x03 \x01(\x03\x12\x14\n\x0cspans_stored\x18\x04 \x01(\x03\x12\x17\n\x0fspans_duplicate\x18\x05 \x01(\x03\x12\x16\n\x0espans_rejected\x18\x06 \x01(\x03\x12\x13\n\x0bqueue_spans\x18\x07 \x01(\x03\x12\x13\n\x0bqueue_bytes\x18\x08 \x01(\x03\x12\x0f\n\x07\x64\x62_path\x18\t \x01(\t2\xf6\x01\n\tPlumbline\x12Y\n\x10ListTrajectories\x12%.plumbline.v1.ListTrajectoriesRequest\x1a\x1c.plumbline.v1.TrajectoryPage0\x01\x12I\n\x08\x43overage\x12\x1d.plumbline.v1.CoverageRequest\x1a\x1e.plumbline.v1.CoverageResponse\x12\x43\n\x06Health\x12\x1b.plumbline.v1.HealthRequest\x1a\x1c.plumbline.v1.HealthResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\"plumbline_otel/api/plumbline.proto\x12\x0cplumbline.v1\"\xb5\x01\n\x17ListTrajectoriesRequest\x12\x14\n\x07service\x18\x01 \x01(\tH\x00\x88\x01\x01\x12\x11\n\x04task\x18\x02 \x01(\tH\x01\x88\x01\x01\x12\x15\n\x08since_ns\x18\x03 \x01(\x03H\x02\x88\x01\x01\x12\r\n\x05limit\x18\x04 \x01(\x05\x12\x16\n\x0e\x61ssemble_first\x18\x05 \x01(\x08\x12\x11\n\tpage_size\x18\x06 \x01(\x05\x42\n\n\x08_serviceB\x07\n\x05_taskB\x0b\n\t_since_ns\")\n\x0eTrajectoryPage\x12\x17\n\x0ftrajectory_json\x18\x01 \x03(\t\"x\n\x0f\x43overageRequest\x12\x15\n\x08since_ns\x18\x01 \x01(\x03H\x00\x88\x01\x01\x12\x16\n\x0e\x61ssemble_first\x18\x02 \x01(\x08\x12\x0e\n\x06\x63ounts\x18\x03 \x01(\x08\x12\x19\n\x11\x65xclude_trace_ids\x18\x04 \x03(\tB\x0b\n\t_since_ns\"\'\n\x10\x43overageResponse\x12\x13\n\x0breport_json\x18\x01 \x01(\t\"$\n\x0fTraceIdsRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\"\x1f\n\x0bTraceIdPage\x12\x10\n\x08trace_id\x18\x01 \x03(\t\"\x0f\n\rHealthRequest\"\xcb\x01\n\x0eHealthResponse\x12\x0e\n\x06status\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\x16\n\x0espans_received\x18\x03 \x01(\x03\x12\x14\n\x0cspans_stored\x18\x04 \x01(\x03\x12\x17\n\x0fspans_duplicate\x18\x05 \x01(\x03\x12\x16\n\x0espans_rejected\x18\x06 \x01(\x03\x12\x13\n\x0bqueue_spans\x18\x07 \x01(\x03\x12\x13\n\x0bqueue_bytes\x18\x08 \x01(\x03\x12\x0f\n\x07\x64\x62_path\x18\t \x01(\t2\xbe\x02\n\tPlumbline\x12Y\n\x10ListTrajectories\x12%.plumbline.v1.ListTrajectoriesRequest\x1a\x1c.plumbline.v1.TrajectoryPage0\x01\x12I\n\x08\x43overage\x12\x1d.plumbline.v1.CoverageRequest\x1a\x1e.plumbline.v1.CoverageResponse\x12\x46\n\x08TraceIds\x12\x1d.plumbline.v1.TraceIdsRequest\x1a\x19.plumbline.v1.TraceIdPage0\x01\x12\x43\n\x06Health\x12\x1b.plumbline.v1.HealthRequest\x1a\x1c.plumbline.v1.HealthResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,13 +36,17 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_TRAJECTORYPAGE']._serialized_start=236
   _globals['_TRAJECTORYPAGE']._serialized_end=277
   _globals['_COVERAGEREQUEST']._serialized_start=279
-  _globals['_COVERAGEREQUEST']._serialized_end=356
-  _globals['_COVERAGERESPONSE']._serialized_start=358
-  _globals['_COVERAGERESPONSE']._serialized_end=397
-  _globals['_HEALTHREQUEST']._serialized_start=399
-  _globals['_HEALTHREQUEST']._serialized_end=414
-  _globals['_HEALTHRESPONSE']._serialized_start=417
-  _globals['_HEALTHRESPONSE']._serialized_end=620
-  _globals['_PLUMBLINE']._serialized_start=623
-  _globals['_PLUMBLINE']._serialized_end=869
+  _globals['_COVERAGEREQUEST']._serialized_end=399
+  _globals['_COVERAGERESPONSE']._serialized_start=401
+  _globals['_COVERAGERESPONSE']._serialized_end=440
+  _globals['_TRACEIDSREQUEST']._serialized_start=442
+  _globals['_TRACEIDSREQUEST']._serialized_end=478
+  _globals['_TRACEIDPAGE']._serialized_start=480
+  _globals['_TRACEIDPAGE']._serialized_end=511
+  _globals['_HEALTHREQUEST']._serialized_start=513
+  _globals['_HEALTHREQUEST']._serialized_end=528
+  _globals['_HEALTHRESPONSE']._serialized_start=531
+  _globals['_HEALTHRESPONSE']._serialized_end=734
+  _globals['_PLUMBLINE']._serialized_start=737
+  _globals['_PLUMBLINE']._serialized_end=1055
 # @@protoc_insertion_point(module_scope)

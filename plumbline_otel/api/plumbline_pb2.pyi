@@ -29,18 +29,34 @@ class TrajectoryPage(_message.Message):
     def __init__(self, trajectory_json: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class CoverageRequest(_message.Message):
-    __slots__ = ("since_ns", "assemble_first")
+    __slots__ = ("since_ns", "assemble_first", "counts", "exclude_trace_ids")
     SINCE_NS_FIELD_NUMBER: _ClassVar[int]
     ASSEMBLE_FIRST_FIELD_NUMBER: _ClassVar[int]
+    COUNTS_FIELD_NUMBER: _ClassVar[int]
+    EXCLUDE_TRACE_IDS_FIELD_NUMBER: _ClassVar[int]
     since_ns: int
     assemble_first: bool
-    def __init__(self, since_ns: _Optional[int] = ..., assemble_first: _Optional[bool] = ...) -> None: ...
+    counts: bool
+    exclude_trace_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, since_ns: _Optional[int] = ..., assemble_first: _Optional[bool] = ..., counts: _Optional[bool] = ..., exclude_trace_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class CoverageResponse(_message.Message):
     __slots__ = ("report_json",)
     REPORT_JSON_FIELD_NUMBER: _ClassVar[int]
     report_json: str
     def __init__(self, report_json: _Optional[str] = ...) -> None: ...
+
+class TraceIdsRequest(_message.Message):
+    __slots__ = ("page_size",)
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    page_size: int
+    def __init__(self, page_size: _Optional[int] = ...) -> None: ...
+
+class TraceIdPage(_message.Message):
+    __slots__ = ("trace_id",)
+    TRACE_ID_FIELD_NUMBER: _ClassVar[int]
+    trace_id: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, trace_id: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class HealthRequest(_message.Message):
     __slots__ = ()

@@ -44,6 +44,11 @@ class PlumblineStub:
                 request_serializer=plumbline__otel_dot_api_dot_plumbline__pb2.CoverageRequest.SerializeToString,
                 response_deserializer=plumbline__otel_dot_api_dot_plumbline__pb2.CoverageResponse.FromString,
                 _registered_method=True)
+        self.TraceIds = channel.unary_stream(
+                '/plumbline.v1.Plumbline/TraceIds',
+                request_serializer=plumbline__otel_dot_api_dot_plumbline__pb2.TraceIdsRequest.SerializeToString,
+                response_deserializer=plumbline__otel_dot_api_dot_plumbline__pb2.TraceIdPage.FromString,
+                _registered_method=True)
         self.Health = channel.unary_unary(
                 '/plumbline.v1.Plumbline/Health',
                 request_serializer=plumbline__otel_dot_api_dot_plumbline__pb2.HealthRequest.SerializeToString,
@@ -68,6 +73,14 @@ class PlumblineServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def TraceIds(self, request, context):
+        """The id of every stored trace, sorted, in pages: what several stores are checked against so a
+        trace whose spans reached two instances (misrouted) is found.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Health(self, request, context):
         """Liveness plus the ingest counters.
         """
@@ -87,6 +100,11 @@ def add_PlumblineServicer_to_server(servicer, server):
                     servicer.Coverage,
                     request_deserializer=plumbline__otel_dot_api_dot_plumbline__pb2.CoverageRequest.FromString,
                     response_serializer=plumbline__otel_dot_api_dot_plumbline__pb2.CoverageResponse.SerializeToString,
+            ),
+            'TraceIds': grpc.unary_stream_rpc_method_handler(
+                    servicer.TraceIds,
+                    request_deserializer=plumbline__otel_dot_api_dot_plumbline__pb2.TraceIdsRequest.FromString,
+                    response_serializer=plumbline__otel_dot_api_dot_plumbline__pb2.TraceIdPage.SerializeToString,
             ),
             'Health': grpc.unary_unary_rpc_method_handler(
                     servicer.Health,
@@ -148,6 +166,33 @@ class Plumbline:
             '/plumbline.v1.Plumbline/Coverage',
             plumbline__otel_dot_api_dot_plumbline__pb2.CoverageRequest.SerializeToString,
             plumbline__otel_dot_api_dot_plumbline__pb2.CoverageResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def TraceIds(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/plumbline.v1.Plumbline/TraceIds',
+            plumbline__otel_dot_api_dot_plumbline__pb2.TraceIdsRequest.SerializeToString,
+            plumbline__otel_dot_api_dot_plumbline__pb2.TraceIdPage.FromString,
             options,
             channel_credentials,
             insecure,

@@ -42,7 +42,15 @@ def _coverage(store: Store, request: pb.CoverageRequest) -> str:
     if request.assemble_first:
         store.assemble()
     since = request.since_ns if request.HasField("since_ns") else None
-    return orjson.dumps(coverage.coverage_report(store, since_ns=since), default=str).decode()
+    if request.counts:
+        report = coverage.coverage_counts(store, since_ns=since, exclude_traces=list(request.exclude_trace_ids))
+    else:
+        report = coverage.coverage_report(store, since_ns=since)
+    return orjson.dumps(report, default=str).decode()
+
+
+def _trace_ids(store: Store) -> list[str]:
+    return [row[0] for row in store.connection.execute("SELECT DISTINCT trace_id FROM spans ORDER BY 1").fetchall()]
 
 
 class PlumblineServicer(pb_grpc.PlumblineServicer):
@@ -86,6 +94,12 @@ class PlumblineServicer(pb_grpc.PlumblineServicer):
         except ImportError:
             context.abort(grpc.StatusCode.UNIMPLEMENTED, "this plumbline build has no coverage module")
         return pb.CoverageResponse(report_json=self._read(lambda store: _coverage(store, request), context))
+
+    def TraceIds(self, request: pb.TraceIdsRequest, context: grpc.ServicerContext) -> Iterator[pb.TraceIdPage]:
+        ids = self._read(_trace_ids, context)
+        size = min(request.page_size or 10 * _MAX_PAGE, 100 * _MAX_PAGE)
+        for start in range(0, len(ids), size):
+            yield pb.TraceIdPage(trace_id=ids[start:start + size])
 
     def Health(self, request: pb.HealthRequest, context: grpc.ServicerContext) -> pb.HealthResponse:
         spans, nbytes = self._queue.depth

@@ -9,13 +9,12 @@ from typing import Any, Iterable, Iterator
 import click
 
 from plumbline_otel.cli.check import open_store
-from plumbline_otel.cli.options import server_option, server_trajectories
+from plumbline_otel.cli.options import sources, stores_option, warn_misrouted
 
 
 @click.command("certify")
 @click.option("--spec", "spec_path", required=True, type=click.Path(exists=True, dir_okay=False), help="invariant spec (YAML)")
-@click.option("--db", default="plumbline.duckdb", show_default=True, help="store file")
-@server_option
+@stores_option
 @click.option("--agent", default=None, help="only runs of this service (or service@version)")
 @click.option("--study", default=None, help="only runs whose plumbline.study is this")
 @click.option("--target", type=click.FloatRange(0, 1, min_open=True, max_open=True), default=0.95, show_default=True,
@@ -25,8 +24,8 @@ from plumbline_otel.cli.options import server_option, server_trajectories
               help="what to print besides writing --out")
 @click.option("--emit", "emit_url", default=None, metavar="URL",
               help="also send each cell and scored run as an OTel gen_ai.evaluation.result log event (grpc://HOST:PORT or http://HOST:PORT)")
-def certify(spec_path: str, db: str, server: str | None, agent: str | None, study: str | None, target: float, out: str, fmt: str,
-            emit_url: str | None = None) -> None:
+def certify(spec_path: str, db: tuple[str, ...], server: tuple[str, ...], agent: str | None, study: str | None, target: float,
+            out: str, fmt: str, emit_url: str | None = None) -> None:
     """Certify critical conformance per agent and perturbation; headline = min lower 95% bound."""
     from plumbline_otel.report import build_certificate, render_text
     from plumbline_otel.spec import load_spec
@@ -41,10 +40,12 @@ def certify(spec_path: str, db: str, server: str | None, agent: str | None, stud
                 runs.append(t)
             yield t
 
-    if server:
-        cert = build_certificate(spec, keep(server_trajectories(server, service)), agent=agent, study=study, target=target)
+    stores = sources(db, server, assemble=True)
+    if stores.single_db is None:  # per-(agent, perturbation, task) runs from every store, as one store would hold them
+        cert = build_certificate(spec, keep(stores.trajectories(service=service)), agent=agent, study=study, target=target)
+        warn_misrouted(stores)
     else:
-        with open_store(db) as store:
+        with open_store(stores.single_db) as store:
             store.assemble()
             cert = build_certificate(spec, keep(store.trajectories(service=service)), agent=agent, study=study, target=target)
     Path(out).write_text(json.dumps(cert, indent=2) + "\n", encoding="utf-8")

@@ -10,7 +10,7 @@ import json
 
 import click
 
-from plumbline_otel.cli.options import SINCE_HELP, parse_since, server_option, server_trajectories
+from plumbline_otel.cli.options import SINCE_HELP, parse_since, sources, stores_option, warn_misrouted
 
 def open_store(db: str, read_only: bool = False):  # type: ignore[no-untyped-def]
     """The store, imported late so commands that need none start fast."""
@@ -21,8 +21,7 @@ def open_store(db: str, read_only: bool = False):  # type: ignore[no-untyped-def
 
 @click.command("check")
 @click.option("--spec", "spec_path", required=True, type=click.Path(exists=True, dir_okay=False), help="invariant spec (YAML)")
-@click.option("--db", default="plumbline.duckdb", show_default=True, help="store file")
-@server_option
+@stores_option
 @click.option("--since", default=None, help=SINCE_HELP)
 @click.option("--service", default=None, help="only runs of this service (agent)")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
@@ -33,7 +32,7 @@ def open_store(db: str, read_only: bool = False):  # type: ignore[no-untyped-def
     show_default=True,
     help="exit 3 when a violation of this severity or worse was found",
 )
-def check(spec_path: str, db: str, server: str | None, since: str | None, service: str | None, fmt: str, fail_on: str) -> None:
+def check(spec_path: str, db: tuple[str, ...], server: tuple[str, ...], since: str | None, service: str | None, fmt: str, fail_on: str) -> None:
     """Judge every stored run against the spec; store violations (re-running adds nothing twice)."""
     from plumbline_otel.analyse.conformance import check as run_check
     from plumbline_otel.analyse.conformance import render_text
@@ -41,11 +40,13 @@ def check(spec_path: str, db: str, server: str | None, since: str | None, servic
 
     spec = load_spec(spec_path)
     since_ns = parse_since(since)
-    if server:  # the server holds the store: judge its runs here, store nothing
-        summary = run_check(spec, server_trajectories(server, service, since_ns))
-        click.echo(f"(runs read from {server}; violations are reported, not stored: the server holds the store)", err=True)
+    stores = sources(db, server, assemble=True)
+    if stores.single_db is None:  # a server holds a store, or there are several: judge the runs here, store nothing
+        summary = run_check(spec, stores.trajectories(service=service, since_ns=since_ns))
+        click.echo(f"(runs read from {', '.join(stores.names)}; violations are reported, not stored)", err=True)
+        warn_misrouted(stores)
     else:
-        with open_store(db) as store:
+        with open_store(stores.single_db) as store:
             store.assemble()
             summary = run_check(spec, store.trajectories(service=service, since_ns=since_ns), store.connection)
     if fmt == "json":

@@ -6,21 +6,20 @@ import json
 
 import click
 
-from plumbline_otel.cli.check import open_store
-from plumbline_otel.cli.options import SINCE_HELP, parse_since
+from plumbline_otel.cli.options import SINCE_HELP, parse_since, sources, stores_option, warn_misrouted
 
 
 @click.command("compare")
 @click.argument("a")
 @click.argument("b")
-@click.option("--db", default="plumbline.duckdb", show_default=True, help="store file")
+@stores_option
 @click.option("--spec", "spec_path", default=None, type=click.Path(exists=True, dir_okay=False),
               help="invariant spec: effect_tools, argument types, and the paired conformance test")
 @click.option("--study", default=None, help="only runs whose plumbline.study is this")
 @click.option("--since", default=None, help=SINCE_HELP)
 @click.option("--consistency", "with_consistency", is_flag=True, help="also report each agent's consistency per task")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
-def compare(a: str, b: str, db: str, spec_path: str | None, study: str | None, since: str | None,
+def compare(a: str, b: str, db: tuple[str, ...], server: tuple[str, ...], spec_path: str | None, study: str | None, since: str | None,
             with_consistency: bool, fmt: str) -> None:
     """Compare agent B with agent A (service names, or service@version) on the same tasks and variants."""
     from plumbline_otel.analyse import consistency as cons
@@ -30,12 +29,9 @@ def compare(a: str, b: str, db: str, spec_path: str | None, study: str | None, s
 
     spec = load_spec(spec_path) if spec_path else None
     since_ns = parse_since(since)
-    with open_store(db) as store:
-        store.assemble()
-        runs = [
-            t for t in store.trajectories(since_ns=since_ns)
-            if study is None or str(t.context.get(STUDY, "")) == study
-        ]
+    stores = sources(db, server, assemble=True)  # runs pair by task across stores: all are read first
+    runs = [t for t in stores.trajectories(since_ns=since_ns) if study is None or str(t.context.get(STUDY, "")) == study]
+    warn_misrouted(stores)
     report = equivalence(runs, a, b, spec)
     tasks = cons.consistency([t for t in runs if _is(t, a) or _is(t, b)], spec) if with_consistency else []
     if fmt == "json":

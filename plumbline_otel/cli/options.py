@@ -5,16 +5,36 @@ from __future__ import annotations
 import re
 import time
 from datetime import datetime, timezone
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import click
 
 from plumbline_otel.errors import ConfigError
-from plumbline_otel.model import Trajectory
+from plumbline_otel.sources import Sources
 from plumbline_otel.store import DEFAULT_DB
 
 db_option = click.option("--db", "db", default=DEFAULT_DB, show_default=True, help="DuckDB file of the store.")
-server_option = click.option("--server", default=None, metavar="HOST:PORT", help="Ask a running `plumbline serve` instead of opening the file.")
+
+
+def stores_option(command: Callable[..., Any]) -> Callable[..., Any]:
+    """--db (repeatable, globs) and --server (repeatable): the stores a reader reads as one."""
+    command = click.option("--server", "server", multiple=True, metavar="HOST:PORT",
+                           help="a running `plumbline serve` (its gRPC API); repeat to read several instances as one")(command)
+    return click.option("--db", "db", multiple=True, metavar="FILE|GLOB",
+                        help=f"store file no server holds (default {DEFAULT_DB}); repeat, or give a glob, to read several as one")(command)
+
+
+def sources(db: tuple[str, ...], server: tuple[str, ...], assemble: bool = False) -> Sources:
+    """The stores a reader was given; the default file when it was given none."""
+    return Sources(db or (() if server else (DEFAULT_DB,)), server, assemble=assemble)
+
+
+def warn_misrouted(stores: Sources) -> None:
+    """Say on stderr which traces reached several stores (they are left out of the runs)."""
+    notice = stores.notice()
+    if notice:
+        click.echo(notice, err=True)
+
 
 SINCE_HELP = "only runs started at/after this: an ISO time (2024-03-01, 2024-03-01T12:00Z) or an age (90m, 24h, 7d)"
 _AGE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
@@ -43,12 +63,3 @@ def parse_since(text: str | None, now_ns: int | None = None) -> int | None:
 
 since_option: Callable[[Any], Any] = click.option("--since", default=None, help=SINCE_HELP)
 
-
-def server_trajectories(server: str, service: str | None = None, since_ns: int | None = None) -> Iterator[Trajectory]:
-    """Trajectories from a running `plumbline serve` (its gRPC API), for commands given --server."""
-    from plumbline_otel.api.client import PlumblineClient
-    from plumbline_otel.store import trajectory_from_doc
-
-    with PlumblineClient(server) as client:
-        for doc in client.trajectories(service=service, since_ns=since_ns):
-            yield trajectory_from_doc(doc)

@@ -15,7 +15,7 @@ from typing import Any
 
 import click
 
-from plumbline_otel.cli.options import SINCE_HELP, parse_since
+from plumbline_otel.cli.options import SINCE_HELP, parse_since, sources, stores_option, warn_misrouted
 from plumbline_otel.errors import ConfigError
 from plumbline_otel.store import DEFAULT_DB
 
@@ -44,60 +44,50 @@ def _options(pairs: tuple[str, ...]) -> dict[str, Any]:
     return out
 
 
-def _next_steps(db: str, study: str, otlp_file: str | None, endpoint: str | None, spec: str | None, agent: str | None,
-                server: str | None) -> str:
+def _next_steps(stores: Any, study: str, otlp_file: str | None, endpoint: str | None, spec: str | None,
+                agent: str | None) -> str:
     spec_arg = spec or "SPEC.yaml"
     agent_arg = f" --agent {agent}" if agent else ""
-    store = "STORE_OF_THE_SERVER.duckdb" if server else db
-    certify = f"plumbline certify --spec {spec_arg} --db {store} --study {study}{agent_arg} --out {study}.certificate.json"
+    where = " ".join([*(f"--db {d}" for d in stores.dbs), *(f"--server {s}" for s in stores.servers)])
+    certify = f"plumbline certify --spec {spec_arg} {where} --study {study}{agent_arg} --out {study}.certificate.json"
     if otlp_file:
-        return f"next:\n  plumbline ingest {otlp_file} --db {store}\n  {certify}"
-    return (f"next: the spans went to {endpoint} and are stored as they arrive; certify that server's store "
-            f"(stop the server first, or certify a copy of its file):\n  {certify}")
+        return f"next:\n  plumbline ingest {otlp_file} {where}\n  {certify}"
+    return f"next: the spans went to {endpoint} and are stored as they arrive; certify the stores that received them:\n  {certify}"
 
 
 class _ServerTraces:
-    """Which traces a running server has stored since the study began (through its gRPC API)."""
+    """Which traces the running servers have stored since the study began (through their gRPC API)."""
 
-    def __init__(self, server: str) -> None:
+    def __init__(self, servers: tuple[str, ...]) -> None:
         from plumbline_otel.api.client import PlumblineClient
 
-        self.client = PlumblineClient(server)
+        self.clients = [PlumblineClient(server) for server in servers]
         self.since_ns = time.time_ns()
         self.seen: set[str] = set()
 
     def __call__(self, trace_id: str) -> bool:
         if trace_id not in self.seen:
-            self.seen.update(str(d.get("trace_id")) for d in self.client.trajectories(since_ns=self.since_ns))
+            for client in self.clients:
+                self.seen.update(str(d.get("trace_id")) for d in client.trajectories(since_ns=self.since_ns))
         return trace_id in self.seen
 
     def close(self) -> None:
-        self.client.close()
+        for client in self.clients:
+            client.close()
 
 
-def _from_server(server: str, study: str, agent: str | None, keys: list[str] | None, since_ns: int | None,
-                 where: str | None) -> tuple[list[Any], set[str], set[str]]:
-    """Tasks and resume state through plumbline's gRPC API (the served file cannot be opened)."""
-    from plumbline_otel.api.client import PlumblineClient
-    from plumbline_otel.replay import tasks_from_trajectories, trials_of
-    from plumbline_otel.store import trajectory_from_doc
+def _from_sources(stores: Any, study: str, agent: str | None, keys: list[str] | None, since_ns: int | None,
+                  where: str | None) -> tuple[list[Any], set[str], set[str]]:
+    """Tasks and resume state from servers (the served file cannot be opened) or several files, read as one."""
+    from plumbline_otel.replay import select_tasks, trials_of
 
-    if where:
-        raise ConfigError("--where is SQL over the store file; it cannot be used with --server")
-    with PlumblineClient(server) as client:
-        service = agent.split("@", 1)[0] if agent else None
-        sources = [trajectory_from_doc(d) for d in client.trajectories(service=service, since_ns=since_ns)]
-        study_runs = [trajectory_from_doc(d) for d in client.trajectories()
-                      if (d.get("context") or {}).get("plumbline.study") == study]
-    completed, missing = trials_of(study_runs, study)
-    return tasks_from_trajectories(sources, keys, agent), completed, missing
+    tasks = select_tasks(stores, agent=agent, task_keys=keys, since_ns=since_ns, where=where)
+    completed, missing = trials_of(stores.trajectories(), study)
+    return tasks, completed, missing
 
 
 @click.command("replay")
-@click.option("--db", default=DEFAULT_DB, show_default=True, help="store whose runs supply the tasks (and resume state)")
-@click.option("--server", default=None, metavar="HOST:PORT",
-              help="read tasks and resume state from a running `plumbline serve` instead of opening --db "
-                   "(and, with --endpoint, confirm each trial's run in its store)")
+@stores_option
 @click.option("--study", required=True, help="study name (plumbline.study on every trial)")
 @click.option("--agent", default=None, help="tasks from this agent's runs: service or service@version")
 @click.option("--task", "task_keys", multiple=True, help="only these task keys (repeatable, or comma-separated)")
@@ -133,7 +123,7 @@ def _from_server(server: str, study: str, agent: str | None, keys: list[str] | N
 @click.option("--spec", default=None, help="spec file to name in the printed certify command")
 @click.option("--dry-run", is_flag=True, help="print the plan; run nothing")
 @click.option("--quiet", is_flag=True, help="no per-trial lines")
-def replay(db: str, server: str | None, study: str, agent: str | None, task_keys: tuple[str, ...], where: str | None, since: str | None,
+def replay(db: tuple[str, ...], server: tuple[str, ...], study: str, agent: str | None, task_keys: tuple[str, ...], where: str | None, since: str | None,
            perturbations: str, repeats: int, variants: int, seed: int, fault_tools: str | None, paraphrase_model: str | None, adapter_spec: str,
            adapter_options: tuple[str, ...], otlp_file: str | None, endpoint: str | None, concurrency: int,
            budget_usd: float | None, trial_max_usd: float | None, max_attempts: int, resume: bool, rerun: bool,
@@ -165,12 +155,15 @@ def replay(db: str, server: str | None, study: str, agent: str | None, task_keys
     if bool(otlp_file) == bool(endpoint) and not dry_run:
         raise ConfigError("give exactly one of --otlp-file and --endpoint (where the trials' spans and markers go)")
     keys = _split(task_keys) or None
-    if server:
-        tasks, completed, was_missing = _from_server(server, study, agent, keys, parse_since(since), where)
+    stores = sources(db, server, assemble=True)
+    if stores.single_db is None:
+        tasks, completed, was_missing = _from_sources(stores, study, agent, keys, parse_since(since), where)
+        warn_misrouted(stores)
     else:
-        if not Path(db).exists():
-            raise ConfigError(f"--db {db}: no such store; ingest the agent's traces first (`plumbline ingest … --db {db}`)")
-        with Store(db) as store:
+        db_file = stores.single_db
+        if not Path(db_file).exists():
+            raise ConfigError(f"--db {db_file}: no such store; ingest the agent's traces first (`plumbline ingest … --db {db_file}`)")
+        with Store(db_file) as store:
             store.assemble()
             tasks = select_tasks(store, agent=agent, task_keys=keys, since_ns=parse_since(since), where=where)
             completed, was_missing = stored_trials(store, study)
@@ -185,7 +178,7 @@ def replay(db: str, server: str | None, study: str, agent: str | None, task_keys
         concurrency=concurrency, budget_usd=budget_usd, trial_max_usd=trial_max_usd, resume=resume,
         rerun=rerun, trace_wait_s=trace_wait,
         retry=RetryPolicy(max_attempts=max_attempts),
-        state_dir=state_dir or f"{Path(db).with_suffix('')}.replay/{study}", cache_mode=cache_mode,
+        state_dir=state_dir or f"{Path((stores.dbs or (DEFAULT_DB,))[0]).with_suffix('')}.replay/{study}", cache_mode=cache_mode,
         sink=SpanSink(otlp_file=otlp_file, endpoint=endpoint) if (otlp_file or endpoint) else None,
         service=label or None, service_version=version or None)
     stored = _ServerTraces(server) if server and endpoint and not dry_run else None
@@ -228,6 +221,6 @@ def replay(db: str, server: str | None, study: str, agent: str | None, task_keys
     click.echo(summary.render())
     click.echo(f"state: {state} (ledger.jsonl, variants.jsonl, responses.jsonl, summary.json)")
     agent_label = service or getattr(adapter, "service", None)
-    click.echo(_next_steps(db, study, otlp_file, endpoint, spec, agent_label, server))
+    click.echo(_next_steps(stores, study, otlp_file, endpoint, spec, agent_label))
     if summary.missing or summary.errored:
         sys.exit(3)

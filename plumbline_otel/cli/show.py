@@ -4,20 +4,18 @@ from __future__ import annotations
 
 import click
 
-from plumbline_otel.cli.options import server_option
+from plumbline_otel.cli.options import sources, stores_option
 from plumbline_otel.cli.report import reading
-from plumbline_otel.store import DEFAULT_DB
 
 
 @click.command("show")
 @click.argument("run_id", required=False)
-@click.option("--db", default=DEFAULT_DB, show_default=True, help="store file")
-@server_option
+@stores_option
 @click.option("--task", default=None, help="diff two runs of this task (with --vs)")
 @click.option("--vs", default=None, metavar="AGENT", help="run B's agent (service or service@version)")
 @click.option("--agent", default=None, help="run A's agent (default: any other agent; else a second run of --vs)")
 @click.option("--perturbation", default=None, help="only pair runs made under this perturbation")
-def show(run_id: str | None, db: str, server: str | None, task: str | None, vs: str | None, agent: str | None,
+def show(run_id: str | None, db: tuple[str, ...], server: tuple[str, ...], task: str | None, vs: str | None, agent: str | None,
          perturbation: str | None) -> None:
     """Print RUN_ID step by step, or (--task K --vs AGENT) two runs aligned with the first divergence marked."""
     from plumbline_otel.errors import InputError
@@ -29,7 +27,7 @@ def show(run_id: str | None, db: str, server: str | None, task: str | None, vs: 
         raise click.UsageError("give a RUN_ID, or --task K with --vs AGENT")
     if task and not vs:
         raise click.UsageError("--task needs --vs AGENT (the agent of run B)")
-    with reading(db, server, task) as store:
+    with reading(sources(db, server, assemble=True), task) as store:
         if run_id:
             run = data.load_run(store.connection, run_id)
             if run is None:

@@ -7,7 +7,7 @@ from typing import Any, Iterable
 import click
 import orjson
 
-from plumbline_otel.cli.options import db_option, parse_since, server_option, since_option
+from plumbline_otel.cli.options import parse_since, since_option, sources, stores_option, warn_misrouted
 from plumbline_otel.model import Trajectory
 from plumbline_otel.store import open_assembled, pending_note
 
@@ -29,25 +29,26 @@ def emit(trajectories: Iterable[dict[str, Any]], fmt: str) -> None:
 
 
 @click.command()
-@db_option
-@server_option
+@stores_option
 @click.option("--service", default=None, help="Only this service.name.")
 @click.option("--task", default=None, help="Only this task key.")
 @since_option
 @click.option("--format", "fmt", type=click.Choice(["jsonl", "table"]), default="jsonl", show_default=True)
-def trajectories(db: str, server: str | None, service: str | None, task: str | None, since: str | None, fmt: str) -> None:
+def trajectories(db: tuple[str, ...], server: tuple[str, ...], service: str | None, task: str | None, since: str | None,
+                 fmt: str) -> None:
     """Print stored trajectories: one JSON object per line, or a table.
 
     Traces still pending assembly (left by a crash) are assembled first; when another process
     holds the file, they are counted on stderr instead.
     """
-    if server:
-        from plumbline_otel.api.client import PlumblineClient
-
-        docs: Iterable[dict[str, Any]] = PlumblineClient(server).trajectories(service=service, task=task)
-        emit(docs, fmt)
+    stores = sources(db, server)
+    if stores.single_db is None:
+        emit((t.export() for t in stores.trajectories(service=service, task=task, since_ns=parse_since(since))), fmt)
+        warn_misrouted(stores)
+        if stores.pending_traces:
+            click.echo(pending_note(stores.pending_traces), err=True)
         return
-    store, pending = open_assembled(db)
+    store, pending = open_assembled(stores.single_db)
     with store:
         emit((t.export() for t in store.trajectories(service=service, task=task, since_ns=parse_since(since))), fmt)
     if pending:

@@ -74,14 +74,14 @@ def tasks_from_trajectories(trajectories: Iterable[Trajectory], task_keys: Seque
 
 def select_tasks(store, agent: str | None = None, task_keys: Sequence[str] | None = None,  # type: ignore[no-untyped-def]
                  since_ns: int | None = None, where: str | None = None) -> list[ReplayTask]:
-    """Tasks from a ``Store``: runs of ``agent`` (service or service@version), optionally only
-    ``task_keys``, started at/after ``since_ns`` and matching the SQL filter ``where`` over the
-    trajectories table."""
+    """Tasks from a ``Store`` (or ``Sources``, several stores read as one): runs of ``agent``
+    (service or service@version), optionally only ``task_keys``, started at/after ``since_ns`` and
+    matching the SQL filter ``where`` over the trajectories table (files only)."""
     service = agent.split("@", 1)[0] if agent else None
     clauses = ["task_key IS NOT NULL", "input IS NOT NULL"]
     if where:
         clauses.append(f"({where})")
     keys = list(task_keys) if task_keys else None
     runs = store.trajectories(service=service, task=keys[0] if keys and len(keys) == 1 else None,
-                              since_ns=since_ns, where=" AND ".join(clauses))
+                              since_ns=since_ns, where=" AND ".join(clauses) if where else None)
     return tasks_from_trajectories(runs, keys, agent)
