@@ -171,13 +171,14 @@ def test_an_attempt_a_dead_runner_left_unfinished_is_recorded_missing_and_runs_a
 
 
 def test_ctrl_c_lets_running_trials_finish_and_records_the_queued_ones_missing(tmp_path: Path) -> None:
-    import _thread
-    import threading
+    import os
+    import signal
 
     class Interrupting(ToyAgent):
         def run(self, trial: Trial) -> TrialOutcome:
             if trial.identity.task_key == "INV-1001":
-                threading.Timer(0.01, _thread.interrupt_main).start()
+                time.sleep(0.05)  # the study loop is waiting on its trials by now
+                os.kill(os.getpid(), signal.SIGINT)  # a real Ctrl-C: it wakes the waiting main thread at once
                 time.sleep(0.2)
             return super().run(trial)
 
