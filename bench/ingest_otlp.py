@@ -32,8 +32,9 @@ import tempfile
 import threading
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 _TRACES = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"

@@ -23,9 +23,10 @@ frozen `ServeConfig`. A wrong key or a wrong type raises `ConfigError` naming th
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import yaml
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import fnmatch
 import hashlib
 import re
-from typing import Iterable
+from collections.abc import Iterable
 
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest

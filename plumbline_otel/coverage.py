@@ -12,7 +12,8 @@ derives the rest (task figures, the top keys, the sentences) once, from the summ
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from plumbline_otel.store import Store
 

@@ -9,9 +9,9 @@ arrived.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable, Iterator
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
@@ -43,7 +43,7 @@ class IngestSummary:
             return 2
         return 3 if self.problems else 0
 
-    def add(self, other: "IngestSummary") -> None:
+    def add(self, other: IngestSummary) -> None:
         """Fold another summary's counts into this one."""
         for name in ("files", "requests", "spans_read", "stored", "duplicate", "rejected_spans", "trajectories", "log_records"):
             setattr(self, name, getattr(self, name) + getattr(other, name))

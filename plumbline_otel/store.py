@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any
 
 import duckdb
 import numpy as np
@@ -26,9 +27,9 @@ import pyarrow.compute as pc
 from plumbline_otel.assemble import DEFAULT_TASK_KEYS, assemble_runs, is_context_key
 from plumbline_otel.decode import Problem
 from plumbline_otel.decode._logs import LogRows
-from plumbline_otel.normalise import fold_logs, log_event_attributes
 from plumbline_otel.errors import StoreError
 from plumbline_otel.model import SpanRecord, Step, ToolCallRef, ToolDecision, ToolResultRef, Trajectory
+from plumbline_otel.normalise import fold_logs, log_event_attributes
 
 SCHEMA_VERSION = 4
 DEFAULT_DB = "plumbline.duckdb"
@@ -485,7 +486,7 @@ class Store:
         """Close the file; a closed store cannot be used again."""
         self.connection.close()
 
-    def __enter__(self) -> "Store":
+    def __enter__(self) -> Store:
         return self
 
     def __exit__(self, *_: Any) -> None:

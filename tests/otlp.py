@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import base64
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from google.protobuf.json_format import MessageToDict
 from opentelemetry.exporter.otlp.proto.common._log_encoder import encode_logs

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import asdict, dataclass, field
-from functools import lru_cache
+from functools import cache
 from typing import Any, Literal
 
 from domains.accounts_payable.reason_codes import in_priority_order
@@ -89,7 +89,7 @@ def derive_outcome(sor: SystemOfRecord, invoice_id: str) -> Outcome:
                    band=requirement["band"], **common)
 
 
-@lru_cache(maxsize=None)
+@cache
 def expected_outcome(task_id: str) -> Outcome:
     """The expected outcome of a task, derived on a fresh system of record (cached per process)."""
     key = task_id.strip().upper()

@@ -25,9 +25,9 @@ from typing import Any
 
 from domains.accounts_payable import tracing
 from domains.accounts_payable.arms import FaultPlan, TrialResult, make_client, run_trial
-from plumbline_otel.replay.identity import TrialIdentity, trial_id_for
 from domains.accounts_payable.arms.trial import DEFAULT_MODEL
 from domains.accounts_payable.simulated_model import SIMULATED_MODEL_NAME, SimulatedModel, parse_imperfections
+from plumbline_otel.replay.identity import TrialIdentity, trial_id_for
 
 
 @dataclass

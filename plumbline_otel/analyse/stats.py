@@ -40,7 +40,9 @@ from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
-from scipy.stats import binomtest, f as f_dist, hypergeom, norm, t as t_dist
+from scipy.stats import binomtest, hypergeom, norm
+from scipy.stats import f as f_dist
+from scipy.stats import t as t_dist
 
 ClusterMethod = Literal["cluster_kg", "design_effect", "bootstrap"]
 CLUSTER_METHOD = "cluster_kg"

@@ -11,8 +11,9 @@ Connection problems and server errors raise `StoreError` with the address and wh
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 import grpc
 import orjson
@@ -102,7 +103,7 @@ class PlumblineClient:
         """Close the channel."""
         self._channel.close()
 
-    def __enter__(self) -> "PlumblineClient":
+    def __enter__(self) -> PlumblineClient:
         return self
 
     def __exit__(self, *_: Any) -> None:

@@ -12,6 +12,7 @@ import click
 
 from plumbline_otel.cli.options import SINCE_HELP, parse_since, sources, stores_option, warn_misrouted
 
+
 def open_store(db: str, read_only: bool = False):  # type: ignore[no-untyped-def]
     """The store, imported late so commands that need none start fast."""
     from plumbline_otel.store import Store

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import base64
 import binascii
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import orjson
 from google.protobuf.message import DecodeError

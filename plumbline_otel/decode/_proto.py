@@ -8,7 +8,7 @@ one span, not the request.
 
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest

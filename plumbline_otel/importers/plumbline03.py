@@ -101,7 +101,7 @@ class TrialId:
         return f"{self.arm}/{self.task}/{self.perturbation}/{self.variant}/{self.repeat}"
 
     @classmethod
-    def parse(cls, text: str, where: str) -> "TrialId":
+    def parse(cls, text: str, where: str) -> TrialId:
         """Raises InputError naming `where` when the id is not five parts with integer variant and repeat."""
         parts = str(text).split("/")
         if len(parts) != 5 or not all(parts[:3]) or not (parts[3].isdigit() and parts[4].isdigit()):

@@ -8,13 +8,19 @@ dual-written span takes the first convention's value and the other's gaps.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
-from typing import Any, Callable
+from typing import Any
 
 from plumbline_otel.model import Convention, SpanRecord, StepKind, ToolDecision
 from plumbline_otel.normalise._messages import Message, parse_args, parse_messages, response_messages, result_is_error
 from plumbline_otel.normalise._shapes import (
-    TOOL_ERROR_SHAPE, answer_text, request_text, unwrap_args, unwrap_result, unwrap_scoped_result,
+    TOOL_ERROR_SHAPE,
+    answer_text,
+    request_text,
+    unwrap_args,
+    unwrap_result,
+    unwrap_scoped_result,
 )
 from plumbline_otel.normalise._values import is_redacted, maybe_json, text_of, unflatten
 

@@ -9,9 +9,10 @@ UNAVAILABLE with `google.rpc.RetryInfo` in both places clients look for it: the 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import grpc
 from google.protobuf.any_pb2 import Any as AnyProto

@@ -17,8 +17,9 @@ import math
 import socket
 import ssl
 import threading
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Callable, Iterator
+from typing import Any
 from urllib.parse import urlsplit
 
 import orjson
@@ -81,7 +82,7 @@ class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server_version = "plumbline"
     timeout = 60  # seconds a client may stall mid-request before its connection is closed
-    server: "HttpServer"
+    server: HttpServer
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
         log.debug("%s %s", self.address_string(), format % args)

@@ -14,10 +14,9 @@ import time
 from dataclasses import dataclass
 from typing import Literal
 
-from plumbline_otel.decode import decode_request_body
-from plumbline_otel.decode import BodyTooLarge, inflate
-from plumbline_otel.errors import MalformedRequest, StoreError
 from plumbline_otel.content import ContentFilter
+from plumbline_otel.decode import BodyTooLarge, decode_request_body, inflate
+from plumbline_otel.errors import MalformedRequest, StoreError
 from plumbline_otel.receive._logs import decode_logs, log_rows, write_logs
 from plumbline_otel.receive._metrics import Metrics
 from plumbline_otel.receive._writer import Overloaded, WriteQueue

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import bisect
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 

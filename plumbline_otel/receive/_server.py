@@ -17,9 +17,9 @@ import threading
 from typing import Any
 
 from plumbline_otel.config import ServeConfig
+from plumbline_otel.content import ContentFilter
 from plumbline_otel.errors import ConfigError
 from plumbline_otel.pipeline import ShardSettings, default_workers
-from plumbline_otel.content import ContentFilter
 from plumbline_otel.receive._grpc import GrpcReceiver
 from plumbline_otel.receive._http import HttpServer, make_ssl_context
 from plumbline_otel.receive._intake import Intake

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any
 
 import orjson
 

@@ -30,8 +30,9 @@ import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable
+from typing import Any
 
 from plumbline_otel.decode import Decoded, Problem, Unit
 from plumbline_otel.errors import PlumblineError, StoreError

@@ -21,9 +21,9 @@ from plumbline_otel.replay.adapters import (
     CommandAdapter,
     HttpAdapter,
     PythonAdapter,
+    TransientAdapterError,
     Trial,
     TrialOutcome,
-    TransientAdapterError,
     load_adapter,
 )
 from plumbline_otel.replay.budget import BudgetExceeded, SpendCap, TrialBudget, cost_usd, price_of
@@ -44,8 +44,8 @@ from plumbline_otel.replay.perturb import (
 from plumbline_otel.replay.runner import (
     Plan,
     RetryPolicy,
-    StudyConfig,
     Study,
+    StudyConfig,
     StudySummary,
     TrialRecord,
     open_study,

@@ -65,11 +65,11 @@ class Trial:
     """One run to make: who (identity), what (text, metadata, fault), where spans go (sink)."""
 
     identity: TrialIdentity
-    task: "ReplayTask"
+    task: ReplayTask
     text: str
     metadata: dict[str, Any] = field(default_factory=dict, hash=False)
     fault: FaultPlan | None = None
-    sink: "SpanSink | None" = field(default=None, hash=False, compare=False)
+    sink: SpanSink | None = field(default=None, hash=False, compare=False)
 
     @property
     def trial_id(self) -> str:
@@ -128,7 +128,7 @@ class TrialOutcome:
     detail: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
-    def coerce(cls, value: Any) -> "TrialOutcome":
+    def coerce(cls, value: Any) -> TrialOutcome:
         if isinstance(value, TrialOutcome):
             return value
         if value is None:

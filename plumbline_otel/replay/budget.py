@@ -124,7 +124,7 @@ class SpendCap:
         self._high_water = max(self._high_water, self._settled + sum(self._open.values()))
 
     class _Held:
-        def __init__(self, cap: "SpendCap") -> None:
+        def __init__(self, cap: SpendCap) -> None:
             self.cap = cap
             self.fd: int | None = None
 
@@ -143,7 +143,7 @@ class SpendCap:
                 os.close(self.fd)
             self.cap._lock.release()
 
-    def _locked(self) -> "SpendCap._Held":
+    def _locked(self) -> SpendCap._Held:
         return SpendCap._Held(self)
 
     # --- operations -------------------------------------------------------------------------
@@ -209,7 +209,7 @@ class TrialBudget:
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @classmethod
-    def open(cls, cap: SpendCap, estimate: float) -> "TrialBudget | None":
+    def open(cls, cap: SpendCap, estimate: float) -> TrialBudget | None:
         """Reserve ``estimate`` for a new trial; None when the cap refuses."""
         rid = cap.open(estimate)
         return cls(cap, rid, reserved=max(0.0, estimate)) if rid is not None else None

@@ -83,10 +83,7 @@ _INTENT = re.compile(r"(?<![\w-])(" + "|".join(re.escape(p) for p in sorted(_PHR
 _NEGATION = re.compile(r"(?<![\w-])(not|no|never|without|avoid|refrain|cannot|nor)(?![\w-])|n't\b", re.I)
 _CLAUSE_BREAK = re.compile(r"[.!?;:,\n]")
 # Capitalised words that open sentences or greet, never names (a leading one is dropped from a run).
-_NOT_NAMES = frozenset("""please kindly could would can will shall should hi hello hey dear thanks thank much from for to
-by the a an this that these those invoice invoices i we you our my your also just fyi reminder note unrelated someone
-when quick and or but so if once then after before because as on in at with per re subject urgent there here it its
-ok okay yes""".split())
+_NOT_NAMES = frozenset(["please", "kindly", "could", "would", "can", "will", "shall", "should", "hi", "hello", "hey", "dear", "thanks", "thank", "much", "from", "for", "to", "by", "the", "a", "an", "this", "that", "these", "those", "invoice", "invoices", "i", "we", "you", "our", "my", "your", "also", "just", "fyi", "reminder", "note", "unrelated", "someone", "when", "quick", "and", "or", "but", "so", "if", "once", "then", "after", "before", "because", "as", "on", "in", "at", "with", "per", "re", "subject", "urgent", "there", "here", "it", "its", "ok", "okay", "yes"])
 _WEEKDAYS = ("monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday")
 _WEEKDAY = re.compile(r"\b(" + "|".join(_WEEKDAYS) + r")\b", re.I)
 _NAME_WORD = re.compile(r"(?<![\w-])([A-Z][A-Za-z'&-]*)(?![\w-])")

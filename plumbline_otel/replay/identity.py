@@ -79,7 +79,7 @@ class FaultPlan:
         return {FAULT_TOOL: self.tool, FAULT_ERROR: self.error_message}
 
     @classmethod
-    def parse(cls, text: str) -> "FaultPlan":
+    def parse(cls, text: str) -> FaultPlan:
         """``tool:kind[:on_call[:times]]``."""
         parts = [p.strip() for p in text.split(":")]
         if len(parts) < 2 or not parts[0]:
@@ -90,7 +90,7 @@ class FaultPlan:
         return {"tool": self.tool, "kind": self.kind, "on_call": self.on_call, "times": self.times}
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any] | None) -> "FaultPlan | None":
+    def from_dict(cls, data: dict[str, Any] | None) -> FaultPlan | None:
         return cls(**data) if data else None
 
 
@@ -116,7 +116,7 @@ class TrialIdentity:
         if self.attempt < 1:
             raise ValueError("a trial attempt is numbered from 1")
 
-    def at_attempt(self, attempt: int) -> "TrialIdentity":
+    def at_attempt(self, attempt: int) -> TrialIdentity:
         """The same trial, execution number ``attempt`` (its own trace)."""
         return replace(self, attempt=attempt)
 

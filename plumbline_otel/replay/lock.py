@@ -50,7 +50,7 @@ class StudyLock:
             os.close(self._fd)
             self._fd = None
 
-    def __enter__(self) -> "StudyLock":
+    def __enter__(self) -> StudyLock:
         self.acquire()
         return self
 

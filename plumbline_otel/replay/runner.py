@@ -36,7 +36,7 @@ from opentelemetry.trace import NonRecordingSpan
 
 from plumbline_otel.errors import ReplayError
 from plumbline_otel.model import Trajectory
-from plumbline_otel.replay.adapters import PythonAdapter, Trial, TrialOutcome, TransientAdapterError
+from plumbline_otel.replay.adapters import PythonAdapter, TransientAdapterError, Trial, TrialOutcome
 from plumbline_otel.replay.budget import BudgetExceeded, SpendCap, TrialBudget, cost_usd
 from plumbline_otel.replay.cache import ResponseCache
 from plumbline_otel.replay.export import MarkerWriter, SpanSink, trial_span_context

@@ -65,7 +65,7 @@ class TrialScope:
 
     identity: TrialIdentity
     budget: TrialBudget | None = None
-    cache: "ResponseCache | None" = None
+    cache: ResponseCache | None = None
     fault: FaultInjector | None = None
     attempt: int = 1
     abort_reason: str | None = None  # set when the budget or an offline cache stopped a model call

@@ -56,7 +56,6 @@ import orjson
 
 from plumbline_otel import __version__
 from plumbline_otel.analyse.conformance import (
-    FAULT_FIRED,
     STUDY,
     TRIAL_ID,
     agent_label,

@@ -11,7 +11,6 @@ from typing import Any
 
 from plumbline_otel.model import Step, Trajectory
 
-
 _ids = itertools.count(1)
 
 

@@ -14,8 +14,8 @@ from plumbline_otel.analyse.stats import (
     mcnemar_exact,
     pass_at_k,
     pass_hat_k,
-    repeat_agreement,
     permutation_test,
+    repeat_agreement,
     trials_needed,
     wilson_interval,
 )

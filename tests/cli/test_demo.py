@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-
 from demo_support import DemoRun
+
 from plumbline_otel.cli.main import _register, cli
 from plumbline_otel.store import Store
 

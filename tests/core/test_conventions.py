@@ -15,9 +15,9 @@ import pytest
 from opentelemetry import trace
 from opentelemetry.sdk._logs import Logger
 from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, Status, StatusCode, TraceFlags, Tracer
+from otlp import record, record_with_logs, to_otlp_json
 
 from core.spans import content_in_logs_run, genai_messages
-from otlp import record, record_with_logs, to_otlp_json
 from plumbline_otel.coverage import coverage_report
 from plumbline_otel.decode._logs import log_rows
 from plumbline_otel.ingest import ingest_files

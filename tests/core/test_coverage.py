@@ -6,8 +6,8 @@ import json
 from pathlib import Path
 
 from opentelemetry.trace import Tracer
-
 from otlp import record, to_otlp_json
+
 from plumbline_otel.coverage import coverage_report, render_text
 from plumbline_otel.ingest import ingest_files
 from plumbline_otel.store import Store

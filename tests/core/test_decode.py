@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-
 from otlp import record, to_otlp_json
+
+from core.spans import genai_run
 from plumbline_otel.decode import decode_request_body, read_trace_file, request_from_json
 from plumbline_otel.errors import MalformedRequest
-from core.spans import genai_run
 
 
 @pytest.fixture(scope="module")

@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from opentelemetry.trace import Status, StatusCode, Tracer
-
 from otlp import record, to_otlp_json
+
 from plumbline_otel.assemble import assemble
 from plumbline_otel.coverage import coverage_report, render_text
 from plumbline_otel.ingest import ingest_files

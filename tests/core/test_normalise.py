@@ -8,8 +8,8 @@ from typing import Any
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue, KeyValueList
 from opentelemetry.trace import Status, StatusCode, Tracer
-
 from otlp import record
+
 from plumbline_otel.model import SpanRecord
 from plumbline_otel.normalise import Limits, normalise_request
 

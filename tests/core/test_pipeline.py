@@ -12,10 +12,10 @@ from pathlib import Path
 
 import duckdb
 import pytest
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-
 from corpus import build_requests
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from otlp import to_otlp_json
+
 from plumbline_otel.assemble import assemble
 from plumbline_otel.decode import Unit
 from plumbline_otel.ingest import IngestSummary, PartWriter, ingest_files

@@ -9,13 +9,13 @@ import duckdb
 import pytest
 from click.testing import CliRunner
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from otlp import record, to_otlp_json
 
 from core.spans import genai_run
-from otlp import record, to_otlp_json
 from plumbline_otel.cli.main import _register, cli
+from plumbline_otel.coverage import coverage_report
 from plumbline_otel.errors import StoreError
 from plumbline_otel.ingest import ingest_files
-from plumbline_otel.coverage import coverage_report
 from plumbline_otel.store import SCHEMA_VERSION, Store
 
 _register()

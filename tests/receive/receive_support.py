@@ -9,8 +9,9 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import duckdb
 from opentelemetry.sdk.resources import Resource
@@ -54,7 +55,7 @@ class ServeProcess:
         scheme = "https" if "--tls-cert" in self.args else "http"
         return f"{scheme}://127.0.0.1:{self.http_port}"
 
-    def start(self, timeout: float = 30.0) -> "ServeProcess":
+    def start(self, timeout: float = 30.0) -> ServeProcess:
         command = [sys.executable, "-m", "plumbline_otel.cli.serve", "--db", str(self.db),
                    "--grpc-port", str(self.grpc_port), "--http-port", str(self.http_port), *self.args]
         self.log = open(self.log_path, "ab")
@@ -92,7 +93,7 @@ class ServeProcess:
     def output(self) -> str:
         return self.log_path.read_text()
 
-    def __enter__(self) -> "ServeProcess":
+    def __enter__(self) -> ServeProcess:
         return self if self.proc is not None else self.start()  # `with ServeProcess(...).start()` must not start a second server
 
     def __exit__(self, *exc: Any) -> None:

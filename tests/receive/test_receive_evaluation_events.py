@@ -97,7 +97,7 @@ def test_certify_emit_sends_every_cell_and_run_as_evaluation_events_linked_to_th
         if event["gen_ai.evaluation.name"] == "plumbline.critical_conformance":
             by_task.setdefault(event["plumbline.task.key"], []).append(event)
     assert sorted(by_task) == sorted(RUNS) and all(len(v) == 2 for v in by_task.values())
-    for task, (trace_id, doc) in runs.items():
+    for task, (trace_id, _doc) in runs.items():
         for event in by_task[task]:
             assert event["trace_id"] == trace_id and event["plumbline.run.id"] == trace_id
             passed = task.startswith("paid")
@@ -171,7 +171,7 @@ def test_serve_with_a_standing_check_emits_each_new_violation_once_linked_to_its
     assert sorted(events) == ["deleted", "unpaid"]
     spec_hash = query(server.db, "SELECT DISTINCT spec_hash FROM violations")[0][0]
     for task, invariant in (("deleted", "NO-DELETE"), ("unpaid", "MUST-PAY")):
-        event, (trace_id, doc) = events[task], runs[task]
+        event, (trace_id, _doc) = events[task], runs[task]
         assert {k: event[k] for k in ("event_name", "gen_ai.evaluation.name", "gen_ai.evaluation.score.value", "gen_ai.evaluation.score.label",
                                       "plumbline.invariant.id", "plumbline.invariant.severity", "plumbline.spec.name", "plumbline.spec.hash",
                                       "plumbline.run.id", "plumbline.cell.agent", "plumbline.cell.perturbation", "plumbline.evaluator.name",

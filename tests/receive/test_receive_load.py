@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import http.client
+import json
 import os
 import threading
 import time
@@ -73,7 +74,7 @@ def _big_request(spans: int, tag: str) -> bytes:
         span = scope.spans.add(trace_id=os.urandom(16), span_id=os.urandom(8), name="execute_tool lookup", start_time_unix_nano=1, end_time_unix_nano=2)
         span.attributes.add(key="gen_ai.operation.name").value.string_value = "execute_tool"
         span.attributes.add(key="gen_ai.tool.name").value.string_value = "lookup"
-        span.attributes.add(key="gen_ai.tool.call.arguments").value.string_value = '{"q": "%s-%d", "pad": "%s"}' % (tag, i, "x" * 800)
+        span.attributes.add(key="gen_ai.tool.call.arguments").value.string_value = json.dumps({"q": f"{tag}-{i}", "pad": "x" * 800})
     return request.SerializeToString()
 
 

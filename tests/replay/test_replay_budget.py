@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import random
-
-import pytest
 import threading
 import time
 from pathlib import Path
+
+import pytest
 
 from plumbline_otel.replay import (
     BudgetExceeded,

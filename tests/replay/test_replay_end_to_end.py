@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from domains.accounts_payable.run import run_domain
 from domains.accounts_payable.replay_adapter import APAdapter
+from domains.accounts_payable.run import run_domain
 from domains.accounts_payable.tasks import TASKS
 from plumbline_otel.cli.main import _register, cli
 from plumbline_otel.ingest import ingest_files
