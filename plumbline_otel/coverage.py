@@ -34,7 +34,8 @@ def _one(store: Store, sql: str, params: list[Any]) -> dict[str, Any]:
 
 def _filter(service: str | None, since_ns: int | None, service_col: str, time_col: str,
             exclude: Sequence[str] = (), trace_col: str = "trace_id") -> tuple[str, list[Any]]:
-    clauses, params = ["TRUE"], []
+    clauses: list[str] = ["TRUE"]
+    params: list[Any] = []
     if service is not None:
         clauses.append(f"{service_col} IS NOT DISTINCT FROM ?")
         params.append(service)

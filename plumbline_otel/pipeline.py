@@ -318,7 +318,8 @@ class ShardPool:
             return self._ready.popleft()
         if self._local is not None:
             return None
-        return self._get(timeout)
+        part: Part | None = self._get(timeout)
+        return part
 
     @property
     def pids(self) -> list[int]:

@@ -381,7 +381,7 @@ class Store:
             self.connection.execute("DELETE FROM trajectories WHERE trace_id IN (SELECT unnest(?))", [done])
             self.connection.execute("INSERT INTO trajectories SELECT * FROM keep")
             self.connection.execute("DELETE FROM dirty_traces WHERE trace_id IN (SELECT unnest(?))", [done])
-        return keep.num_rows
+        return int(keep.num_rows)
 
     # --- assembly ---------------------------------------------------------------------------
 
@@ -466,7 +466,8 @@ class Store:
     def trajectories(self, service: str | None = None, task: str | None = None, since_ns: int | None = None,
                      where: str | None = None) -> Iterator[Trajectory]:
         """Stored trajectories in start order; `where` is an extra SQL filter over the trajectories table."""
-        clauses, params = ["TRUE"], []
+        clauses: list[str] = ["TRUE"]
+        params: list[Any] = []
         for column, value in (("service", service), ("task_key", task)):
             if value is not None:
                 clauses.append(f"{column} = ?")
@@ -589,7 +590,8 @@ def _doc(t: Trajectory) -> dict[str, Any]:
 
 def trajectory_from_doc(doc: dict[str, Any]) -> Trajectory:
     """A trajectory from its stored (or exported) JSON document."""
-    steps = tuple(Step(**{k: tuple(v) if k in ("finish_reasons", "gaps") else v for k, v in s.items() if k in Step.__dataclass_fields__})
+    fields_of = Step.__dataclass_fields__
+    steps = tuple(Step(**{k: tuple(v) if k in ("finish_reasons", "gaps") else v for k, v in s.items() if k in fields_of})  # type: ignore[arg-type]
                   for s in doc["steps"])
     fields = {k: v for k, v in doc.items() if k in Trajectory.__dataclass_fields__ and k != "steps"}
     fields["conventions"] = tuple(fields.get("conventions") or ())

@@ -167,7 +167,7 @@ class AnthropicStandIn:
     @property
     def base_url(self) -> str:
         host, port = self._server.server_address[:2]
-        return f"http://{host}:{port}"
+        return f"http://{host.decode() if isinstance(host, bytes) else host}:{port}"
 
     def start(self) -> AnthropicStandIn:
         if self._thread is None:

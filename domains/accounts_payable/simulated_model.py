@@ -77,6 +77,7 @@ def parse_imperfections(text: str | Mapping[str, float] | None) -> dict[str, flo
     """``"misread_amount=0.2,stop_retrying=1"`` (or a mapping) -> validated ``{name: p}``."""
     if not text:
         return {}
+    items: list[tuple[str, Any]]
     if isinstance(text, Mapping):
         items = list(text.items())
     else:
@@ -165,7 +166,7 @@ def read_conversation(request: Mapping[str, Any]) -> Conversation:
     conv = Conversation(
         system=_system_text(request.get("system") or ""),
         request_text=_text_of(first_user.get("content")),
-        tools={t.get("name") for t in request.get("tools") or [] if isinstance(t, Mapping)},
+        tools={str(t["name"]) for t in request.get("tools") or [] if isinstance(t, Mapping) and t.get("name")},
         forced_tool=choice.get("name") if choice.get("type") == "tool" else None,
     )
     by_id: dict[str, Call] = {}

@@ -149,7 +149,7 @@ def equal(expected: Any, got: Any, rule: Rule | str | Mapping[str, Any] | None =
     r = rule_from(rule)
     kind = _resolve(r, expected)
     if kind in _SCALAR:
-        return _canon(expected, _RULES[kind]) == _canon(got, _RULES[kind])
+        return bool(_canon(expected, _RULES[kind]) == _canon(got, _RULES[kind]))
     if kind == "number":
         e, g = to_number(expected), to_number(got)
         if e is not None and g is not None and (e == g or not (r.tolerance or r.rel_tolerance)):
@@ -170,7 +170,7 @@ class Matcher:
 
     def __call__(self, got: Any) -> bool:
         if self._canon is not None:
-            return self._canon == _canon(got, _RULES[self._kind])
+            return bool(self._canon == _canon(got, _RULES[self._kind]))
         return equal(self.expected, got, self.rule)
 
 

@@ -18,7 +18,7 @@ run re-assembled from late spans does not keep a stale violation.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -325,7 +325,7 @@ def _write(connection: Any, checked_ids: list[str], rows: list[tuple[Any, ...]],
     import pyarrow as pa
 
     checked = pa.table({"trajectory_id": pa.array(checked_ids, pa.string())})
-    columns = list(zip(*rows)) if rows else [[] for _ in _ROW_COLUMNS]
+    columns: list[Sequence[Any]] = list(zip(*rows)) if rows else [[] for _ in _ROW_COLUMNS]
     table = pa.table({
         name: pa.array(list(col), pa.int32() if name == "step_index" else pa.string())
         for name, col in zip(_ROW_COLUMNS, columns)
@@ -352,7 +352,7 @@ def _write(connection: Any, checked_ids: list[str], rows: list[tuple[Any, ...]],
     finally:
         connection.unregister("_pl_checked")
         connection.unregister("_pl_rows")
-    return table.num_rows
+    return int(table.num_rows)
 
 
 def render_text(summary: ConformanceSummary) -> str:

@@ -37,7 +37,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 from scipy.stats import binomtest, hypergeom, norm
@@ -344,8 +344,8 @@ def permutation_test(
     (ka, na), (kb, nb) = sorted([(k1, n1), (k2, n2)], key=lambda c: (c[1], c[0]))
     total, successes = na + nb, ka + kb
 
-    def extremity(x: np.ndarray | int) -> np.ndarray | int:
-        # |x/na - (successes - x)/nb| scaled by na*nb, so comparisons are exact in integers.
+    def extremity(x: Any) -> Any:
+        # |x/na - (successes - x)/nb| scaled by na*nb, so comparisons are exact in integers (x: an int or an integer array).
         return abs(x * nb - (successes - x) * na)
 
     observed = extremity(ka)

@@ -76,7 +76,7 @@ class PlumblineClient:
             response = self._stub.Coverage(request, timeout=self.timeout, metadata=self._metadata)
         except grpc.RpcError as exc:
             raise self._error(exc) from None
-        report = orjson.loads(response.report_json)
+        report: dict[str, Any] = orjson.loads(response.report_json)
         if counts and report.get("form") != "counts":
             raise StoreError(f"plumbline server at {self.address} is too old to give coverage counts; upgrade it to read several stores as one")
         return report

@@ -75,7 +75,10 @@ class PlumblineServicer(pb_grpc.PlumblineServicer):
         try:
             while context.is_active():
                 want = size if remaining is None else min(size, remaining)
-                page = self._read(lambda store, want=want: _page(store, state, request, want), context)
+                def read_page(store: Any, want: int = want) -> Any:
+                    return _page(store, state, request, want)
+
+                page = self._read(read_page, context)
                 if page:
                     yield pb.TrajectoryPage(trajectory_json=page)
                 if remaining is not None:

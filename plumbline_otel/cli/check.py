@@ -55,6 +55,6 @@ def check(spec_path: str, db: tuple[str, ...], server: tuple[str, ...], since: s
     else:
         click.echo(render_text(summary))
     if fail_on != "never":
-        worst = SEVERITIES.index(fail_on)  # type: ignore[arg-type]
+        worst = SEVERITIES.index(fail_on)
         if any(t.failed for t in summary.invariants.values() if SEVERITIES.index(t.severity) <= worst):
             raise SystemExit(3)

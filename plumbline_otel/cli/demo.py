@@ -80,7 +80,7 @@ def _replay(store: Store, runs_dir: Path, tasks: list[Any], repeats: int, concur
     files = []
     for arm in ARMS:
         sink = SpanSink(otlp_file=str(runs_dir / f"{arm}.otlp.jsonl"))
-        config = StudyConfig(f"{STUDY_PREFIX}{arm}", perturbations=PERTURBATIONS, repeats=repeats, concurrency=concurrency,
+        config = StudyConfig(f"{STUDY_PREFIX}{arm}", perturbations=tuple(PERTURBATIONS), repeats=repeats, concurrency=concurrency,
                              budget_usd=1.00, state_dir=runs_dir / "state" / arm, sink=sink)
         adapter = APAdapter(arm, imperfections=DEMO_IMPERFECTIONS)
         try:

@@ -45,6 +45,6 @@ def ingest(paths: tuple[str, ...], db: str, task_keys: tuple[str, ...], workers:
         if task_keys:
             store.set_task_keys(task_keys)
         with click.progressbar(length=len(files), label="ingesting", file=sys.stderr, hidden=quiet) as bar:
-            summary = ingest_files(store, files, on_file=lambda path: bar.update(1, path.name), workers=workers)
+            summary = ingest_files(store, files, on_file=lambda _path: bar.update(1), workers=workers)
     click.echo(render_summary(summary))
     sys.exit(summary.exit_code)

@@ -49,7 +49,9 @@ def iter_trace_files(paths: list[str]) -> Iterator[Path]:
 def _open(path: Path) -> IO[bytes]:
     with open(path, "rb") as probe:
         magic = probe.read(2)
-    return gzip.open(path, "rb") if magic == _GZIP_MAGIC else open(path, "rb")
+    if magic == _GZIP_MAGIC:
+        return gzip.open(path, "rb")  # type: ignore[return-value]  # a GzipFile is a binary stream
+    return open(path, "rb")
 
 
 def _parse_json_line(line: bytes, where: str, keep: SpanFilter | None = None) -> Decoded:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import base64
 import binascii
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import orjson
 from google.protobuf.message import DecodeError
@@ -254,7 +254,7 @@ def _span(obj: Any, dropped: list[str]) -> Span:
         trace_state=_get(obj, "traceState", "trace_state", ""),
         flags=_int(obj.get("flags", 0), "flags"),
         name=obj.get("name", ""),
-        kind=_enum(obj.get("kind", 0), _SPAN_KINDS, "kind"),
+        kind=cast("Span.SpanKind.ValueType", _enum(obj.get("kind", 0), _SPAN_KINDS, "kind")),
         start_time_unix_nano=_int(_get(obj, "startTimeUnixNano", "start_time_unix_nano", 0), "startTimeUnixNano"),
         end_time_unix_nano=_int(_get(obj, "endTimeUnixNano", "end_time_unix_nano", 0), "endTimeUnixNano"),
         attributes=_attributes(obj.get("attributes") or [], "attributes", dropped),
@@ -262,7 +262,8 @@ def _span(obj: Any, dropped: list[str]) -> Span:
         events=_events(obj.get("events") or []),
         dropped_events_count=_int(_get(obj, "droppedEventsCount", "dropped_events_count", 0), "droppedEventsCount"),
         links=_links(obj.get("links") or []),
-        status=Status(code=_enum(status.get("code", 0), _STATUS_CODES, "status.code"), message=status.get("message", "")),
+        status=Status(code=cast("Status.StatusCode.ValueType", _enum(status.get("code", 0), _STATUS_CODES, "status.code")),
+                      message=status.get("message", "")),
     )
 
 

@@ -86,7 +86,8 @@ def logs_from_protobuf(data: bytes) -> ExportLogsServiceRequest | None:
     records = [r for rl in request.resource_logs for sl in rl.scope_logs for r in sl.log_records]
     if records and all(len(r.trace_id) in (0, 16) and len(r.span_id) in (0, 8) for r in records) \
             and any(r.event_name or len(r.trace_id) == 16 for r in records):
-        return request
+        found: ExportLogsServiceRequest = request
+        return found
     return None
 
 

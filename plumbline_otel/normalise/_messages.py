@@ -59,7 +59,7 @@ def result_is_error(result: Any) -> bool:
 
 def _call(obj: dict[str, Any], index: int) -> ToolCallRef | None:
     obj = obj.get("tool_call", obj) if isinstance(obj.get("tool_call"), dict) else obj
-    function = obj.get("function") if isinstance(obj.get("function"), dict) else {}
+    function: dict[str, Any] = obj["function"] if isinstance(obj.get("function"), dict) else {}
     name = obj.get("name") or function.get("name")
     if not name:
         return None

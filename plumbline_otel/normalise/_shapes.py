@@ -49,7 +49,7 @@ def unwrap_args(raw: Any) -> tuple[Any, str | None, str | None]:
     if "sanitize_inputs_outputs" in value and set(value) <= {"args", "kwargs", "sanitize_inputs_outputs"}:
         return _call_args(value), None, "smolagents_call"
     if "input_str" in value:  # LangChain callback payload (on_tool_start), as Traceloop records it
-        kwargs = value.get("kwargs") if isinstance(value.get("kwargs"), dict) else {}
+        kwargs: dict[str, Any] = value["kwargs"] if isinstance(value.get("kwargs"), dict) else {}
         inputs = value.get("inputs")
         args = inputs if isinstance(inputs, dict) and inputs else maybe_json(value["input_str"])
         if isinstance(args, dict) and isinstance(args.get("args"), dict) and args.get("type") == "tool_call":

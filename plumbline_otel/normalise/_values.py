@@ -104,7 +104,8 @@ def unflatten(attrs: dict[str, Any], prefix: str) -> list[Any]:
                 break
         else:
             node[last] = val
-    return _as_list(root)
+    result: list[Any] = _as_list(root)
+    return result
 
 
 def _as_list(node: Any) -> Any:

@@ -79,13 +79,15 @@ class _BearerAuth(grpc.ServerInterceptor):
 def _otlp_handlers(intake: Intake, limit: int, retry_after: float) -> list[grpc.GenericRpcHandler]:
     def export_traces(data: bytes, context: grpc.ServicerContext) -> ExportTraceServiceResponse:
         outcome = intake.traces(data, _PROTOBUF, "", "grpc", limit)
-        return _answer(outcome, context, retry_after, ExportTraceServiceResponse, lambda o: ExportTraceServiceResponse(
+        answer: ExportTraceServiceResponse = _answer(outcome, context, retry_after, ExportTraceServiceResponse, lambda o: ExportTraceServiceResponse(
             partial_success=ExportTracePartialSuccess(rejected_spans=o.rejected, error_message=o.message)))
+        return answer
 
     def export_logs(data: bytes, context: grpc.ServicerContext) -> ExportLogsServiceResponse:
         outcome = intake.logs(data, _PROTOBUF, "", "grpc", limit)
-        return _answer(outcome, context, retry_after, ExportLogsServiceResponse, lambda o: ExportLogsServiceResponse(
+        logs_answer: ExportLogsServiceResponse = _answer(outcome, context, retry_after, ExportLogsServiceResponse, lambda o: ExportLogsServiceResponse(
             partial_success=ExportLogsPartialSuccess(rejected_log_records=o.rejected, error_message=o.message)))
+        return logs_answer
 
     def handler(fn: Callable[..., Any], response: Any) -> grpc.RpcMethodHandler:
         return grpc.unary_unary_rpc_method_handler(fn, request_deserializer=None, response_serializer=response.SerializeToString)

@@ -68,14 +68,16 @@ def _success_body(signal: str, outcome: Outcome, media: str) -> bytes:
     else:
         partial = ExportLogsPartialSuccess(rejected_log_records=outcome.rejected, error_message=outcome.message)
         response = ExportLogsServiceResponse(partial_success=partial) if outcome.status == "partial" else ExportLogsServiceResponse()
-    return response.SerializeToString()
+    body: bytes = response.SerializeToString()
+    return body
 
 
 def _status_body(code: int, message: str, media: str) -> bytes:
     grpc_code = _GRPC_CODES.get(code, 2)
     if media == _JSON:
         return orjson.dumps({"code": grpc_code, "message": message})
-    return status_pb2.Status(code=grpc_code, message=message).SerializeToString()
+    body: bytes = status_pb2.Status(code=grpc_code, message=message).SerializeToString()
+    return body
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -139,7 +141,8 @@ class _Handler(BaseHTTPRequestHandler):
         return self.rfile.read(length)
 
     def _read_chunked(self, limit: int) -> bytes:
-        parts, total = [], 0
+        parts: list[bytes] = []
+        total = 0
         while True:
             size = int(self.rfile.readline(1024).split(b";")[0].strip() or b"0", 16)
             if size == 0:

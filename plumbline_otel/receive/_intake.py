@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from plumbline_otel.content import ContentFilter
-from plumbline_otel.decode import BodyTooLarge, decode_request_body, inflate
+from plumbline_otel.decode import BodyTooLarge, Problem, decode_request_body, inflate
 from plumbline_otel.errors import MalformedRequest, StoreError
 from plumbline_otel.receive._logs import decode_logs, log_rows, write_logs
 from plumbline_otel.receive._metrics import Metrics
@@ -36,7 +36,7 @@ class Outcome:
     rejected: int = 0
 
 
-def _problem_text(problems: list, rejected: int) -> str:
+def _problem_text(problems: list[Problem], rejected: int) -> str:
     shown = "; ".join(str(p) for p in problems[:5])
     more = f" (and {len(problems) - 5} more problems)" if len(problems) > 5 else ""
     head = f"{rejected} span(s) rejected: " if rejected else ""

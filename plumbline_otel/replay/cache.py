@@ -131,7 +131,7 @@ def _transport_class(module: Any) -> type:
     if id(module) in _CLASSES:
         return _CLASSES[id(module)]
 
-    class CachingTransport(module.BaseTransport):  # type: ignore[name-defined,misc]
+    class CachingTransport(module.BaseTransport):  # type: ignore[misc]
         """Serves recorded responses for the current trial and records (and meters) live ones."""
 
         def __init__(self, inner: Any = None) -> None:
@@ -219,8 +219,8 @@ def _handle(module: Any, inner: Any, scope: TrialScope, request: Any, raw: bytes
             "content_type": response.headers.get("content-type"), "body": payload.decode("utf-8"),
             "latency_ms": round((time.perf_counter() - started) * 1000, 1), "recorded_at": time.time(),
         })
-    headers = [(k, v) for k, v in response.headers.items() if k.lower() not in _DROP_HEADERS]
-    return module.Response(status, headers=headers, content=payload, request=request)
+    kept = [(k, v) for k, v in response.headers.items() if k.lower() not in _DROP_HEADERS]
+    return module.Response(status, headers=kept, content=payload, request=request)
 
 
 def caching_transport(inner: Any = None, module: Any = None) -> Any:

@@ -1,11 +1,10 @@
 """Certificates (build, validate, render as text) and the pages: the HTML report, run views and diffs."""
 
+from plumbline_otel.analyse.conformance import agent_label
 from plumbline_otel.report.certificate import (
     CERTIFICATE_KIND,
     CERTIFICATE_VERSION,
-    FAULT_FIRED,
     Cell,
-    agent_label,
     build_certificate,
     evidence_digest,
     evidence_hash,
@@ -17,7 +16,6 @@ from plumbline_otel.report.render import CertificateError, load_certificate, ren
 __all__ = [
     "CERTIFICATE_KIND",
     "CERTIFICATE_VERSION",
-    "FAULT_FIRED",
     "Cell",
     "CertificateError",
     "agent_label",

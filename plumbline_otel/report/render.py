@@ -45,7 +45,8 @@ def load_certificate(path: str | Path) -> dict[str, Any]:
     problem = validate(data)
     if problem:
         raise CertificateError(f"{path}: {problem}")
-    return data
+    certificate: dict[str, Any] = data
+    return certificate
 
 
 def _number(value: Any) -> bool:

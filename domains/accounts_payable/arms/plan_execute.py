@@ -149,6 +149,7 @@ class _Executor:
         codes, notes, failed = self.run_checks(doc_id, doc)
         if codes:
             return self.hold(doc_id, codes, notes, failed)
+        assert doc is not None, "run_checks holds a document it could not read"
         try:
             if doc["document_type"] == "credit_note":
                 return self.apply_credit(doc_id)
@@ -251,6 +252,7 @@ def _run(ctx: ArmContext) -> ArmOutcome:
     if interpretation is None or interpretation.operation != "process":
         return ArmOutcome("I could not tell which document the request is about.",
                           agent_error="interpretation failed")
+    assert interpretation.invoice_id is not None, "a process interpretation names its document"
     return _Executor(ctx, ctx.retry, interpretation.invoice_id).run()
 
 
