@@ -157,18 +157,20 @@ def _entity_value(raw: Any) -> tuple[Any, str | None]:
 
 def _run_texts(rec: SpanRecord, raw_input: Any, raw_output: Any) -> None:
     """The run's request and answer from an agent (or root) span's recorded input and output."""
-    if rec.input_text is None and raw_input is not None and not is_redacted(raw_input):
-        value, outer = _entity_value(raw_input)
-        rec.input_text, shape = request_text(value)
-        _note(rec, "input", shape or outer)
-        if rec.input_text is None:
-            rec.input_text = text_of(value)
-    if rec.output_text is None and raw_output is not None and not is_redacted(raw_output):
-        value, outer = _entity_value(raw_output)
-        rec.output_text, shape = answer_text(value)
-        _note(rec, "output", shape or outer)
-        if rec.output_text is None:
-            rec.output_text = text_of(value)
+    if rec.input_text is None:
+        rec.input_text = _run_text(rec, "input", raw_input, request_text)
+    if rec.output_text is None:
+        rec.output_text = _run_text(rec, "output", raw_output, answer_text)
+
+
+def _run_text(rec: SpanRecord, field: str, raw: Any, read: Callable[[Any], tuple[str | None, str | None]]) -> str | None:
+    """One side of a run (`read` knows its dump shapes), noting the shape it came in; else the value as text."""
+    if raw is None or is_redacted(raw):
+        return None
+    value, outer = _entity_value(raw)
+    text, shape = read(value)
+    _note(rec, field, shape or outer)
+    return text if text is not None else text_of(value)
 
 
 # --- tool spans -------------------------------------------------------------------------------

@@ -62,12 +62,11 @@ def test_gate_fails_a_cell_with_no_exposed_run(tmp_path):
     assert "0/0 conforming" in result.output and "30 unexposed" in result.output
 
 
-def test_certify_reads_fault_fired_back_from_the_store(tmp_path):
+def _certify_stored(tmp_path, trajectories):
+    """The runs written as span rows to a real store, then `plumbline certify` on it: its result and certificate path."""
     db = str(tmp_path / "p.duckdb")
-    data = runs("tool_fault", 8, 10, plumbline__fault__fired=True, plumbline__fault__step=3) + runs(
-        "tool_fault", 10, 10, start=10, plumbline__fault__fired=False) + runs("baseline", 10, 10)
     with Store(db) as store:
-        for t in data:
+        for t in trajectories:
             store.write_spans(span_records(t))
         store.assemble()
     spec_path = tmp_path / "spec.yaml"
@@ -75,6 +74,13 @@ def test_certify_reads_fault_fired_back_from_the_store(tmp_path):
     out = tmp_path / "cert.json"
     result = CliRunner().invoke(certify, ["--spec", str(spec_path), "--db", db, "--out", str(out)])
     assert result.exit_code == 0, result.output
+    return result, out
+
+
+def test_certify_reads_fault_fired_back_from_the_store(tmp_path):
+    data = runs("tool_fault", 8, 10, plumbline__fault__fired=True, plumbline__fault__step=3) + runs(
+        "tool_fault", 10, 10, start=10, plumbline__fault__fired=False) + runs("baseline", 10, 10)
+    result, out = _certify_stored(tmp_path, data)
     assert "10 tool_fault runs never met their fault and are not scored" in result.output
     cert = json.loads(out.read_text())
     cells = {c["perturbation"]: c for c in cert["agents"][0]["perturbations"]}
@@ -91,7 +97,6 @@ FAULT_MSG = "503 Service Unavailable: the post_audit_log backend is temporarily 
 def test_certify_matches_the_injected_error_to_a_failed_step_in_the_store(tmp_path):
     # The driver records the fault's tool and text on the trial; only runs whose stored trace holds a
     # failed step of that tool with that text are exposed. Nothing says "fired" here.
-    db = str(tmp_path / "p.duckdb")
     fault = {"plumbline__fault__tool": "post_audit_log", "plumbline__fault__error": FAULT_MSG}
     hit = [run(call("post_audit_log", error=f"ToolError: {FAULT_MSG}"), *([call("post_audit_log")] if i < 6 else []),
                task=f"H{i}", id=f"hit-{i}", plumbline__perturbation="tool_fault", **fault) for i in range(8)]
@@ -99,15 +104,7 @@ def test_certify_matches_the_injected_error_to_a_failed_step_in_the_store(tmp_pa
               for i in range(5)]
     other_error = [run(call("post_audit_log", error="ToolError: 500 internal"), call("post_audit_log"), task="O0", id="other-0",
                        plumbline__perturbation="tool_fault", **fault)]
-    with Store(db) as store:
-        for t in hit + missed + other_error:
-            store.write_spans(span_records(t))
-        store.assemble()
-    spec_path = tmp_path / "spec.yaml"
-    spec_path.write_text(SPEC_YAML)
-    out = tmp_path / "cert.json"
-    result = CliRunner().invoke(certify, ["--spec", str(spec_path), "--db", db, "--out", str(out)])
-    assert result.exit_code == 0, result.output
+    result, out = _certify_stored(tmp_path, hit + missed + other_error)
     c = json.loads(out.read_text())["agents"][0]["perturbations"][0]
     assert (c["n"], c["conforming"], c["exposed"], c["unexposed"]) == (8, 6, 8, 6)
     assert "6 tool_fault runs never met their fault and are not scored" in result.output
