@@ -11,6 +11,7 @@ guard's reason.
 from __future__ import annotations
 
 import os
+import tempfile
 import threading
 from collections.abc import Iterable
 from pathlib import Path
@@ -86,11 +87,12 @@ class Ledger:
 
 
 def write_jsonl(path: str | Path, rows: Iterable[dict[str, Any]]) -> None:
-    """Replace ``path`` with these rows (atomically)."""
+    """Replace ``path`` with these rows (atomically; each writer through its own temporary file, so two
+    runners opening one study at once cannot take each other's file away before the lock refuses one)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    with tmp.open("wb") as fh:
+    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    with os.fdopen(fd, "wb") as fh:
         for row in rows:
             fh.write(orjson.dumps(row, default=str) + b"\n")
-    os.replace(tmp, path)
+    os.replace(name, path)
