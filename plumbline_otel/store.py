@@ -402,17 +402,13 @@ class Store:
             by_trace.setdefault(rec.trace_id, []).append(rec)
         return by_trace
 
-    def assemble(self, recent: dict[str, list[SpanRecord]] | None = None, chunk: int = 2000,
-                 deadline: float | None = None) -> int:
+    def assemble(self, chunk: int = 2000, deadline: float | None = None) -> int:
         """Rebuild the trajectories of every trace that received spans since the last assembly.
 
-        `recent` may hold the records just written, by trace: a trace whose stored spans are
-        exactly those (nothing arrived for it earlier) is assembled from memory, not read back.
         Past `deadline` (a `time.monotonic()` value) no further chunk starts: what is left stays
         pending (see `pending_traces`) and the next assembly takes it up, so a bounded shutdown
         never loses work, only defers it.
         """
-        recent = recent or {}
         total = 0
         while deadline is None or time.monotonic() < deadline:
             # A dirty trace with no stored span (log records only, or spans that failed to store) counts 0:
@@ -423,9 +419,7 @@ class Store:
             if not rows:
                 return total
             dirty = [trace_id for trace_id, _ in rows]
-            in_memory = {t: unique_spans(recent[t]) for t, n in rows if t in recent and len(unique_spans(recent[t])) == n}
-            by_trace = self._records_for([t for t in dirty if t not in in_memory]) if len(in_memory) < len(dirty) else {}
-            by_trace.update(in_memory)
+            by_trace = self._records_for(dirty)
             self._fold_logs(by_trace)
             trajectories = [t for recs in by_trace.values() for t in assemble_runs(recs, self.task_keys)]
             self._write_trajectories(trajectories, dirty)
