@@ -25,9 +25,9 @@ bench/cluster_coverage.py): at least 0.95 for the lower bound over 5-30 tasks, 1
 rates 0.80-0.98 and within-task correlation 0-0.6, where plain Wilson falls to 0.68. The price is
 width: with repeats and no failures the bound counts tasks, not runs.
 
-The design-effect Wilson interval at the *point* estimate of the correlation (``design_effect``)
-and a percentile cluster bootstrap (``bootstrap``) are kept for comparison only: both undercover
-with few tasks (the bootstrap degenerates to a point at 0% and 100%).
+The design-effect Wilson interval at the *point* estimate of the correlation and a percentile
+cluster bootstrap were rejected: both undercover with few tasks (the bootstrap degenerates to a
+point at 0% and 100%).
 
 Every result carries the counts it came from: a reported number without its n is not reported.
 """
@@ -44,7 +44,6 @@ from scipy.stats import binomtest, hypergeom, norm
 from scipy.stats import f as f_dist
 from scipy.stats import t as t_dist
 
-ClusterMethod = Literal["cluster_kg", "design_effect", "bootstrap"]
 CLUSTER_METHOD = "cluster_kg"
 PermutationMethod = Literal["exact", "monte_carlo"]
 
@@ -147,73 +146,6 @@ def wilson_interval(k: int, n: int, confidence: float = 0.95, two_sided: bool = 
     return Interval(k, n, k / n, lower, upper if two_sided else 1.0, confidence, method)
 
 
-def _icc(clusters: Sequence[tuple[int, int]]) -> float:
-    """ANOVA estimator of the intraclass correlation of binary outcomes, clipped to [0, 1].
-
-    Not estimable (one cluster, no within-cluster replication, or no variation at all) means no
-    evidence of clustering, so it returns 0 and the design effect is 1.
-    """
-    g = len(clusters)
-    total_n = sum(n for _, n in clusters)
-    total_k = sum(k for k, _ in clusters)
-    if g < 2 or total_n <= g:
-        return 0.0
-    between = sum(k * k / n for k, n in clusters)
-    msb = (between - total_k * total_k / total_n) / (g - 1)
-    msw = (total_k - between) / (total_n - g)
-    n0 = (total_n - sum(n * n for _, n in clusters) / total_n) / (g - 1)
-    denominator = msb + (n0 - 1.0) * msw
-    if denominator <= 0.0:
-        return 0.0
-    return min(1.0, max(0.0, (msb - msw) / denominator))
-
-
-def _design_effect_interval(
-    clusters: list[tuple[int, int]], k: int, n: int, confidence: float, two_sided: bool
-) -> Interval:
-    # Kish's size-weighted mean cluster size: equal to the cluster size when all are equal.
-    mean_size = sum(ni * ni for _, ni in clusters) / n
-    deff = 1.0 + (mean_size - 1.0) * _icc(clusters)
-    lower, upper = _wilson_bounds(k / n, n / deff, _z(confidence, two_sided))
-    return Interval(
-        k,
-        n,
-        k / n,
-        lower,
-        upper if two_sided else 1.0,
-        confidence,
-        "wilson_design_effect",
-        clusters=len(clusters),
-        design_effect=deff,
-    )
-
-
-def _bootstrap_interval(
-    clusters: list[tuple[int, int]],
-    k: int,
-    n: int,
-    confidence: float,
-    two_sided: bool,
-    resamples: int,
-    seed: int,
-) -> Interval:
-    if resamples < 1:
-        raise ValueError(f"resamples must be >= 1, got {resamples}")
-    _z(confidence, two_sided)  # validates confidence
-    # Sorted so that the result, for a given seed, does not depend on the order tasks were listed.
-    ks, ns = (np.array(column, dtype=np.int64) for column in zip(*sorted(clusters)))
-    picks = np.random.default_rng(seed).integers(0, len(clusters), size=(resamples, len(clusters)))
-    rates = ks[picks].sum(axis=1) / ns[picks].sum(axis=1)
-    alpha = 1.0 - confidence
-    if two_sided:
-        lower, upper = (float(q) for q in np.quantile(rates, [alpha / 2.0, 1.0 - alpha / 2.0]))
-    else:
-        lower, upper = float(np.quantile(rates, alpha)), 1.0
-    return Interval(
-        k, n, k / n, lower, upper, confidence, "cluster_bootstrap", clusters=len(clusters)
-    )
-
-
 def cluster_bounds(
     ks: np.ndarray, ns: np.ndarray, confidence: float = 0.95, two_sided: bool = True
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -277,22 +209,12 @@ def _kg_interval(clusters: list[tuple[int, int]], k: int, n: int, confidence: fl
     )
 
 
-def clustered_interval(
-    clusters: Iterable[tuple[int, int]],
-    confidence: float = 0.95,
-    two_sided: bool = True,
-    method: ClusterMethod = "cluster_kg",
-    resamples: int = 2000,
-    seed: int = 0,
-) -> Interval:
-    """Interval for the pooled rate of per-task (k_i, n_i) counts, treating tasks as clusters.
+def clustered_interval(clusters: Iterable[tuple[int, int]], confidence: float = 0.95, two_sided: bool = True) -> Interval:
+    """Interval for the pooled rate of per-task (k_i, n_i) counts, treating tasks as clusters (``cluster_kg``).
 
-    The methods and the reasons for the default are in the module docstring. Tasks with no runs
-    carry no information and are dropped; with no runs at all the result is the n == 0 Wilson
-    interval.
+    The method and the reasons for it are in the module docstring. Tasks with no runs carry no
+    information and are dropped; with no runs at all the result is the n == 0 Wilson interval.
     """
-    if method not in ("cluster_kg", "design_effect", "bootstrap"):
-        raise ValueError(f"unknown clustered interval method {method!r}")
     _z(confidence, two_sided)  # validates confidence
     kept = []
     for k_i, n_i in clusters:
@@ -303,13 +225,8 @@ def clustered_interval(
     n = sum(n_i for _, n_i in kept)
     if n == 0:
         empty = wilson_interval(0, 0, confidence, two_sided)
-        name = {"design_effect": "wilson_design_effect", "bootstrap": "cluster_bootstrap"}.get(method, method)
-        return Interval(0, 0, None, empty.lower, empty.upper, confidence, name, clusters=0)
-    if method == "cluster_kg":
-        return _kg_interval(kept, k, n, confidence, two_sided)
-    if method == "design_effect":
-        return _design_effect_interval(kept, k, n, confidence, two_sided)
-    return _bootstrap_interval(kept, k, n, confidence, two_sided, resamples, seed)
+        return Interval(0, 0, None, empty.lower, empty.upper, confidence, CLUSTER_METHOD, clusters=0)
+    return _kg_interval(kept, k, n, confidence, two_sided)
 
 
 def permutation_test(
