@@ -38,9 +38,8 @@ from plumbline_otel.assemble import DEFAULT_TASK_KEYS, assemble_runs
 from plumbline_otel.config import ContentRules
 from plumbline_otel.content import ContentFilter
 from plumbline_otel.decode import Decoded, Problem, Unit, decode_unit
-from plumbline_otel.decode._logs import LogRows, log_rows
 from plumbline_otel.model import SpanRecord
-from plumbline_otel.normalise import Limits, normalise_request
+from plumbline_otel.normalise import Limits, LogRows, log_rows, normalise_request
 from plumbline_otel.store import span_table, trajectory_table, unique_spans
 
 _IN_FLIGHT_PER_WORKER = 8  # units queued for one worker before `submit` waits: bounds memory

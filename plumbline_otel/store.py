@@ -26,10 +26,9 @@ import pyarrow.compute as pc
 
 from plumbline_otel.assemble import DEFAULT_TASK_KEYS, assemble_runs, is_context_key
 from plumbline_otel.decode import Problem
-from plumbline_otel.decode._logs import LogRows
 from plumbline_otel.errors import StoreError
 from plumbline_otel.model import SpanRecord, Step, ToolCallRef, ToolDecision, ToolResultRef, Trajectory
-from plumbline_otel.normalise import fold_logs, log_event_attributes
+from plumbline_otel.normalise import LogRows, fold_logs, log_event_attributes
 
 SCHEMA_VERSION = 4
 DEFAULT_DB = "plumbline.duckdb"

@@ -26,8 +26,8 @@ from otlp import record, to_otlp_json
 from plumbline_otel.analyse.conformance import check
 from plumbline_otel.config import load_config
 from plumbline_otel.ingest import ingest_files
-from plumbline_otel.receive import Server
 from plumbline_otel.report import build_certificate, write_report
+from plumbline_otel.service import Server
 from plumbline_otel.spec import load_spec
 from plumbline_otel.store import Store
 

@@ -35,10 +35,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from plumbline_otel.analyse.compare_values import canonical, compare
 from plumbline_otel.analyse.conformance import agent_label, evaluate, perturbation_of, run_status
 from plumbline_otel.analyse.consistency import Divergence, Reference, build_reference, diverge, path_of
 from plumbline_otel.analyse.stats import PairedResult, holm, mcnemar_exact, permutation_test
+from plumbline_otel.compare_values import canonical, compare
 from plumbline_otel.model import Trajectory
 from plumbline_otel.spec import Spec
 

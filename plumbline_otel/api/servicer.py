@@ -12,8 +12,7 @@ import orjson
 from plumbline_otel import __version__
 from plumbline_otel.api import plumbline_pb2 as pb
 from plumbline_otel.api import plumbline_pb2_grpc as pb_grpc
-from plumbline_otel.receive._metrics import Metrics
-from plumbline_otel.receive._writer import Overloaded, WriteQueue
+from plumbline_otel.receive import Metrics, Overloaded, WriteQueue
 from plumbline_otel.store import Store
 
 DEFAULT_PAGE = 500

@@ -9,8 +9,7 @@ import click
 
 from plumbline_otel.config import TOKEN_ENV, load_config
 from plumbline_otel.errors import PlumblineError
-from plumbline_otel.receive import Server
-from plumbline_otel.receive._server import split_endpoint
+from plumbline_otel.service import Server, split_endpoint
 
 _GRPC = "receivers.otlp.protocols.grpc."
 _HTTP = "receivers.otlp.protocols.http."

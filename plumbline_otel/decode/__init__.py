@@ -8,6 +8,7 @@ beside it is kept.
 
 from plumbline_otel.decode._files import Unit, decode_unit, iter_trace_files, iter_units, read_trace_file
 from plumbline_otel.decode._json import request_from_json
+from plumbline_otel.decode._logs import decode_logs
 from plumbline_otel.decode._problems import Decoded, Problem
 from plumbline_otel.decode._proto import request_from_protobuf
 from plumbline_otel.decode._request import BodyTooLarge, decode_request_body, inflate, is_json
@@ -19,6 +20,7 @@ __all__ = [
     "Decoded",
     "Problem",
     "Unit",
+    "decode_logs",
     "decode_request_body",
     "decode_unit",
     "iter_trace_files",

@@ -20,10 +20,11 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Span
 from plumbline_otel.decode import Problem
 from plumbline_otel.model import SpanRecord
 from plumbline_otel.normalise._extract import detect, extract, fold_events
+from plumbline_otel.normalise._logs import LogRows, log_rows
 from plumbline_otel.normalise._values import Limits, ValueRejected, any_value, maybe_json
 
-__all__ = ["Limits", "ValueRejected", "any_value", "fold_logs", "log_event_attributes", "maybe_json", "normalise_request",
-           "normalise_span"]
+__all__ = ["Limits", "LogRows", "ValueRejected", "any_value", "fold_logs", "log_event_attributes", "log_rows", "maybe_json",
+           "normalise_request", "normalise_span"]
 
 # Attribute namespaces we read; a key in them that we do not know is reported by coverage.
 _NAMESPACES = ("gen_ai.", "llm.", "tool.", "openinference.", "traceloop.")

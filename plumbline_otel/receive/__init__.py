@@ -1,17 +1,20 @@
 """Receive: plumbline as an OTLP exporter target (gRPC :4317, HTTP :4318), durable and bounded.
 
-    collector / SDK exporter ──► transport (_grpc, _http) ──► Intake (decode, content rules,
-    normalise) ──► WriteQueue (one writer thread, bounded) ──► Store (one transaction per batch)
+    collector / SDK exporter ──► transport (_grpc, _http) ──► Intake (decode) ──► WriteQueue
+    (bounded; shard processes apply content rules, normalise, assemble) ──► Store (one writer thread)
 
-A request is answered success only after the transaction holding its spans committed; retries are
-idempotent through the store's (trace_id, span_id) key; a full queue answers with OTLP pushback
-(UNAVAILABLE + RetryInfo, HTTP 503 + Retry-After). `Server(config).run()` is `plumbline serve`.
+A request is answered success only after the transaction holding its spans committed; a retried
+span is recognised by the store and stored once; a full queue answers with OTLP pushback
+(UNAVAILABLE + RetryInfo, HTTP 503 + Retry-After). `plumbline_otel.service` wires these into `plumbline serve`.
 """
 
 from plumbline_otel.content import ContentFilter
+from plumbline_otel.receive._grpc import GrpcReceiver
+from plumbline_otel.receive._http import HttpServer, make_ssl_context
 from plumbline_otel.receive._intake import Intake, Outcome
 from plumbline_otel.receive._metrics import Metrics
-from plumbline_otel.receive._server import Server
+from plumbline_otel.receive._standing import StandingCheck
 from plumbline_otel.receive._writer import Overloaded, WriteQueue
 
-__all__ = ["ContentFilter", "Intake", "Metrics", "Outcome", "Overloaded", "Server", "WriteQueue"]
+__all__ = ["ContentFilter", "GrpcReceiver", "HttpServer", "Intake", "Metrics", "Outcome", "Overloaded", "StandingCheck", "WriteQueue",
+           "make_ssl_context"]

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from typing import Literal
 
 from plumbline_otel.content import ContentFilter
-from plumbline_otel.decode import BodyTooLarge, Problem, decode_request_body, inflate
+from plumbline_otel.decode import BodyTooLarge, Problem, decode_logs, decode_request_body, inflate
 from plumbline_otel.errors import MalformedRequest, StoreError
-from plumbline_otel.receive._logs import decode_logs, log_rows, write_logs
+from plumbline_otel.normalise import log_rows
 from plumbline_otel.receive._metrics import Metrics
 from plumbline_otel.receive._writer import Overloaded, WriteQueue
 
@@ -120,7 +120,7 @@ class Intake:
             del request, data
             self.metrics.inc("plumbline_log_records_received_total", rows.received)
             if rows.kept:
-                stored = self.queue.call(lambda store: write_logs(store, rows), self.commit_timeout)
+                stored = self.queue.call(lambda store: store.write_logs(rows), self.commit_timeout)
                 self.metrics.inc("plumbline_log_records_stored_total", stored)
         except BodyTooLarge as exc:
             return Outcome("too_large", str(exc))

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from plumbline_otel.analyse.align import Column, align
-from plumbline_otel.analyse.compare_values import Rule, compare, to_number
+from plumbline_otel.compare_values import Rule, compare, to_number
 from plumbline_otel.model import Step, Trajectory
 
 

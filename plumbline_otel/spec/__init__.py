@@ -18,7 +18,7 @@ kinds are registered under their YAML keys and `register_kind` adds more. Semant
 (failed calls, applicability) are documented in `plumbline_otel.spec._kinds`.
 """
 
-from plumbline_otel.analyse.compare_values import Rule
+from plumbline_otel.compare_values import Rule
 from plumbline_otel.spec._context import Condition, load_provider
 from plumbline_otel.spec._kinds import (
     KINDS,

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from plumbline_otel.analyse.compare_values import Matcher
+from plumbline_otel.compare_values import Matcher
 from plumbline_otel.errors import ConfigError
 
 ContextFn = Callable[[str], Mapping[str, Any]]

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from dataclasses import field as dc_field
 from typing import Any
 
-from plumbline_otel.analyse.compare_values import Rule, compare, equal, rule_from
+from plumbline_otel.compare_values import Rule, compare, equal, rule_from
 from plumbline_otel.model import Step, Trajectory
 from plumbline_otel.spec._steps import MISSING, UNAVAILABLE, arg, calls, field_of
 from plumbline_otel.spec._verdict import Invariant, Verdict

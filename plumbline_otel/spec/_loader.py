@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from plumbline_otel.analyse.compare_values import Rule, rule_from
+from plumbline_otel.compare_values import Rule, rule_from
 from plumbline_otel.errors import SpecError
 from plumbline_otel.spec._context import Condition, import_module, load_provider
 from plumbline_otel.spec._kinds import KINDS, Predicate

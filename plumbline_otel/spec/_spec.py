@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, overload
 
-from plumbline_otel.analyse.compare_values import Rule
+from plumbline_otel.compare_values import Rule
 from plumbline_otel.errors import SpecError
 from plumbline_otel.model import Trajectory
 from plumbline_otel.spec._context import Condition, ContextFn

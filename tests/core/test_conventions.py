@@ -19,10 +19,9 @@ from otlp import record, record_with_logs, to_otlp_json
 
 from core.spans import content_in_logs_run, genai_messages
 from plumbline_otel.coverage import coverage_report
-from plumbline_otel.decode._logs import log_rows
 from plumbline_otel.ingest import ingest_files
 from plumbline_otel.model import Trajectory
-from plumbline_otel.normalise import normalise_request
+from plumbline_otel.normalise import log_rows, normalise_request
 from plumbline_otel.store import Store
 
 

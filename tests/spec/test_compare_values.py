@@ -2,7 +2,7 @@
 
 from datetime import date, datetime, timezone
 
-from plumbline_otel.analyse.compare_values import Rule, canonical, compare, equal, rule_from
+from plumbline_otel.compare_values import Rule, canonical, compare, equal, rule_from
 
 
 def test_identifiers_compare_after_trimming_and_case_folding():

@@ -1,4 +1,5 @@
-"""`Server`: the writer, the two transports and the API wired together, with an orderly shutdown.
+"""`plumbline serve`: the writer, the two OTLP transports, the plumbline API, the console and the standing
+check wired together in this one place, with an orderly shutdown.
 
 Start order: the writer opens the store first (a locked or unreadable file fails here, before any
 port is bound) and assembles whatever a crash left pending, so health reports SERVING only when
@@ -16,16 +17,14 @@ import sys
 import threading
 from typing import Any
 
+from plumbline_otel.api.servicer import PlumblineServicer, add_to_server
 from plumbline_otel.config import ServeConfig
 from plumbline_otel.content import ContentFilter
 from plumbline_otel.errors import ConfigError
 from plumbline_otel.pipeline import ShardSettings, default_workers
-from plumbline_otel.receive._grpc import GrpcReceiver
-from plumbline_otel.receive._http import HttpServer, make_ssl_context
-from plumbline_otel.receive._intake import Intake
-from plumbline_otel.receive._metrics import Metrics
-from plumbline_otel.receive._standing import StandingCheck
-from plumbline_otel.receive._writer import WriteQueue
+from plumbline_otel.receive import GrpcReceiver, HttpServer, Intake, Metrics, StandingCheck, WriteQueue, make_ssl_context
+from plumbline_otel.report.console import Console
+from plumbline_otel.spec import load_spec
 from plumbline_otel.store import Store
 
 log = logging.getLogger("plumbline.receive")
@@ -70,8 +69,6 @@ class Server:
         """The configured standing check (its spec is read now, so a bad spec fails before anything starts)."""
         if not self.config.check_spec:
             return None
-        from plumbline_otel.spec import load_spec
-
         return StandingCheck(self.queue, load_spec(self.config.check_spec), self.config.check_interval_seconds, self.metrics,
                              emit_url=self.config.emit_endpoint)
 
@@ -83,8 +80,6 @@ class Server:
         return store
 
     def _start_grpc(self) -> None:
-        from plumbline_otel.api.servicer import PlumblineServicer, add_to_server
-
         cfg = self.config
         api = PlumblineServicer(self.queue, self.metrics, cfg.db_path, lambda: self.status)
         try:
@@ -96,10 +91,8 @@ class Server:
             raise ConfigError(f"receivers.otlp.protocols.grpc.endpoint: cannot listen on {cfg.grpc_endpoint}: {exc}") from None
         self.grpc.start()
 
-    def _console(self) -> Any:
+    def _console(self) -> Console:
         """The console, reading through its own cursor of the store: pages never wait on ingest, nor it on them."""
-        from plumbline_otel.report.console import Console
-
         cursor = self.queue.call(lambda store: store.connection.cursor())
         return Console(cursor, self.config.db_path, self.config.console_certificate)
 
