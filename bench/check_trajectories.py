@@ -127,16 +127,15 @@ def main() -> None:
     summary = timed("evaluate (no store)", args.n, lambda: check(spec, runs))
     print(f"  runs judged {summary.runs:,}, missing {summary.missing:,}, critical-conforming {summary.critical_conforming:,}")
 
-    import duckdb
+    from plumbline_otel.store import Store
 
     tmp = tempfile.mkdtemp(prefix="plumbline-bench-")
     db = args.db or os.path.join(tmp, "check.duckdb")
-    con = duckdb.connect(db)
-    first = timed("check + write violations (DuckDB file)", args.n, lambda: check(spec, runs, con))
-    again = timed("check again (idempotent rewrite)", args.n, lambda: check(spec, runs, con))
-    stored = con.execute("SELECT count(*) FROM violations").fetchone()[0]
+    with Store(db) as violations_store:
+        first = timed("check + write violations (DuckDB file)", args.n, lambda: check(spec, runs, violations_store))
+        again = timed("check again (idempotent rewrite)", args.n, lambda: check(spec, runs, violations_store))
+        stored = violations_store.connection.execute("SELECT count(*) FROM violations").fetchone()[0]
     print(f"  violations written {first.violations_written:,} then {again.violations_written:,}; rows stored {stored:,}")
-    con.close()
 
     cert = timed("build certificate", args.n, lambda: build_certificate(spec, runs))
     head = cert["headline"]
@@ -144,7 +143,6 @@ def main() -> None:
 
     if args.store:
         from plumbline_otel.spec.testing import span_records
-        from plumbline_otel.store import Store
 
         path = os.path.join(tmp, "store.duckdb")
         with Store(path) as store:
@@ -160,7 +158,7 @@ def main() -> None:
                 return store.assemble()
 
             timed("store: ingest spans + assemble (setup)", args.n, ingest)
-            timed("store: check reading from the store", args.n, lambda: check(spec, store.trajectories(), store.connection))
+            timed("store: check reading from the store", args.n, lambda: check(spec, store.trajectories(), store))
 
 
 if __name__ == "__main__":

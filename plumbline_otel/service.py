@@ -74,7 +74,7 @@ class Server:
 
     def _open_store(self) -> Store:
         store = Store(self.config.db_path)
-        store.connection.execute(f"SET memory_limit = '{int(self.config.db_memory_limit_mib)}MB'")  # DuckDB's cache defaults to 80% of RAM
+        store.set_memory_limit(self.config.db_memory_limit_mib)
         if self.config.task_keys:
             store.set_task_keys(self.config.task_keys)
         return store

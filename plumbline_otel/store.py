@@ -30,7 +30,7 @@ from plumbline_otel.errors import StoreError
 from plumbline_otel.model import SpanRecord, Step, ToolCallRef, ToolDecision, ToolResultRef, Trajectory
 from plumbline_otel.normalise import LogRows, fold_logs, log_event_attributes
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 DEFAULT_DB = "plumbline.duckdb"
 
 # Column name -> DuckDB type, in table order. JSON columns hold orjson text. Version 1's columns
@@ -88,6 +88,13 @@ _LOGS_TABLE = """CREATE TABLE IF NOT EXISTS logs (
     service_name VARCHAR, scope_name VARCHAR, resource JSON, received_ns BIGINT)"""
 _LOG_TYPES = {"time_ns": pa.int64(), "observed_ns": pa.int64(), "severity_number": pa.int32(), "received_ns": pa.int64()}
 
+# One row per (spec, run, invariant) that failed: an invariant has one verdict per run and spec.
+_VIOLATIONS_TABLE = """CREATE TABLE IF NOT EXISTS violations (
+    spec_hash VARCHAR NOT NULL, invariant_id VARCHAR NOT NULL, trajectory_id VARCHAR NOT NULL, severity VARCHAR NOT NULL,
+    task_key VARCHAR, step_index INTEGER, step_name VARCHAR, detail VARCHAR,
+    PRIMARY KEY (spec_hash, trajectory_id, invariant_id))"""
+VIOLATION_COLUMNS = ("invariant_id", "trajectory_id", "severity", "task_key", "step_index", "step_name", "detail")
+
 _MIGRATIONS: dict[int, list[str]] = {
     1: [
         "CREATE TABLE IF NOT EXISTS meta (key VARCHAR PRIMARY KEY, value VARCHAR)",
@@ -118,6 +125,8 @@ _MIGRATIONS: dict[int, list[str]] = {
     4: [_LOGS_TABLE,
         *(f"ALTER TABLE spans ADD COLUMN {name} {kind}" for name, kind in _SPAN_COLUMNS_V4.items()),
         "INSERT OR IGNORE INTO dirty_traces SELECT DISTINCT trace_id FROM spans"],
+    # Violations join the store's own tables (`plumbline check` made the table itself before this version).
+    5: [_VIOLATIONS_TABLE],
 }
 
 
@@ -253,11 +262,10 @@ class Store:
         if version > SCHEMA_VERSION:
             raise StoreError(f"{self.path} has schema version {version}; this plumbline reads up to {SCHEMA_VERSION}: upgrade plumbline")
         for target in range(version + 1, SCHEMA_VERSION + 1):
-            self.connection.execute("BEGIN")
-            for statement in _MIGRATIONS[target]:
-                self.connection.execute(statement)
-            self.connection.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", [str(target)])
-            self.connection.execute("COMMIT")
+            with self._transaction():
+                for statement in _MIGRATIONS[target]:
+                    self.connection.execute(statement)
+                self.connection.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", [str(target)])
 
     def _stored_task_keys(self) -> tuple[str, ...]:
         try:
@@ -332,6 +340,32 @@ class Store:
             self.connection.execute("INSERT OR IGNORE INTO dirty_traces SELECT DISTINCT trace_id FROM log_batch WHERE trace_id IS NOT NULL")
         self.logs_written = True
         return int(row[0]) if row else 0
+
+    def write_violations(self, spec_hash: str, checked: list[str], rows: list[tuple[Any, ...]]) -> int:
+        """Replace the violations of the `checked` runs under `spec_hash` with `rows` (`VIOLATION_COLUMNS`), in one transaction.
+
+        Replacing, not adding, keeps checking twice a no-op and drops the stale violation of a run
+        that was re-assembled from late spans. Returns the rows written.
+        """
+        columns: list[Any] = list(zip(*rows)) if rows else [[] for _ in VIOLATION_COLUMNS]
+        violation_batch = pa.table({name: pa.array(list(column), pa.int32() if name == "step_index" else pa.string())  # noqa: F841
+                                    for name, column in zip(VIOLATION_COLUMNS, columns)})
+        with self._transaction():
+            self.connection.execute("DELETE FROM violations WHERE spec_hash = ? AND trajectory_id IN (SELECT unnest(?))",
+                                    [spec_hash, checked])
+            self.connection.execute(f"INSERT INTO violations SELECT ?, {', '.join(VIOLATION_COLUMNS)} FROM violation_batch", [spec_hash])
+        return len(rows)
+
+    def stored_violations(self, spec_hash: str, run_ids: list[str]) -> set[tuple[str, str]]:
+        """(trajectory_id, invariant_id) of the stored violations of these runs under `spec_hash`."""
+        rows = self.connection.execute(
+            "SELECT trajectory_id, invariant_id FROM violations WHERE spec_hash = ? AND trajectory_id IN (SELECT unnest(?))",
+            [spec_hash, run_ids]).fetchall()
+        return {(r[0], r[1]) for r in rows}
+
+    def set_memory_limit(self, mib: int) -> None:
+        """Cap DuckDB's buffer cache (it defaults to 80% of the machine's memory)."""
+        self.connection.execute(f"SET memory_limit = '{int(mib)}MB'")
 
     def _keys(self) -> _SpanKeys:
         if self._span_keys is None:

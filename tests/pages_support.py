@@ -73,7 +73,7 @@ def build_store(root: Path) -> Built:
     with Store(db) as store:
         ingest_files(store, [str(RETRY_FAULT), str(hostile)])
         store.assemble()
-        check(spec, store.trajectories(), store.connection)
+        check(spec, store.trajectories(), store)
         cert = build_certificate(spec, store.trajectories())
     cert_path.write_text(json.dumps(cert, indent=2))
     return Built(db, cert_path, write_report(db, cert_path, root / "report.html"))

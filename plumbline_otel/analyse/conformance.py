@@ -1,7 +1,7 @@
 """Conformance: which declared invariants each stored run obeyed (DESIGN.md sections 6-7).
 
 `evaluate` judges one trajectory; `check` streams a store (or any iterable of trajectories)
-through a spec, writes the violations to the store's ``violations`` table and returns a
+through a spec, keeps the violations in the store's ``violations`` table and returns a
 `ConformanceSummary` grouped by severity and invariant. Trial markers (``plumbline.trial.status``)
 are not judged against the invariants, since they hold no steps: ``missing`` (never started) is
 counted apart, ``errored`` (started, then crashed, timed out or left no trace; the legacy value
@@ -11,16 +11,16 @@ This module also owns the run-status predicates every analysis shares (the contr
 `is_missing`, `is_errored` and `fault_exposed`. A ``tool_fault`` run is exposed only on positive
 evidence; the attribute names match ``plumbline_otel/replay/identity.py``, which writes them.
 
-Writing is idempotent and correct under re-assembly: a trajectory's old violations for the same
-spec hash are replaced by the new ones in one transaction, so checking twice adds nothing and a
-run re-assembled from late spans does not keep a stale violation.
+Keeping them is idempotent and correct under re-assembly: `Store.write_violations` replaces a
+run's old violations for the same spec hash in one transaction, so checking twice adds nothing and
+a run re-assembled from late spans does not keep a stale violation.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from plumbline_otel.model import Trajectory
 from plumbline_otel.spec import SEVERITIES, DeclaredInvariant, Severity, Spec, Verdict
@@ -258,24 +258,24 @@ class ConformanceSummary:
 def check(
     spec: Spec,
     trajectories: Iterable[Trajectory],
-    connection: Any | None = None,
+    store: ViolationStore | None = None,
     batch: int = 20_000,
 ) -> ConformanceSummary:
-    """Judge every run; with a duckdb `connection`, store the violations (idempotently)."""
+    """Judge every run; with a `store`, keep the violations there (idempotently, `batch` runs a transaction)."""
     summary = ConformanceSummary.for_spec(spec)
     checked: list[str] = []
     rows: list[tuple[Any, ...]] = []
     for result in _judge(spec, trajectories, summary):
         summary.add(result)
-        if connection is None:
+        if store is None:
             continue
         checked.append(result.trajectory_id)
-        rows.extend(_rows(result))
+        rows.extend(violation_rows(result))
         if len(checked) >= batch:
-            summary.violations_written += _write(connection, checked, rows, spec.hash)
+            summary.violations_written += store.write_violations(spec.hash, checked, rows)
             checked, rows = [], []
-    if connection is not None and checked:
-        summary.violations_written += _write(connection, checked, rows, spec.hash)
+    if store is not None and checked:
+        summary.violations_written += store.write_violations(spec.hash, checked, rows)
     return summary
 
 
@@ -288,71 +288,24 @@ def _judge(spec: Spec, trajectories: Iterable[Trajectory], summary: ConformanceS
         yield evaluate(spec, trajectory)
 
 
-VIOLATIONS_DDL = """
-CREATE TABLE IF NOT EXISTS violations (
-    spec_hash     VARCHAR NOT NULL,
-    invariant_id  VARCHAR NOT NULL,
-    trajectory_id VARCHAR NOT NULL,
-    severity      VARCHAR NOT NULL,
-    task_key      VARCHAR,
-    step_index    INTEGER,
-    step_name     VARCHAR,
-    detail        VARCHAR,
-    PRIMARY KEY (spec_hash, trajectory_id, invariant_id)
-)
-"""
-_ROW_COLUMNS = ("invariant_id", "trajectory_id", "severity", "task_key", "step_index", "step_name", "detail")
+class ViolationStore(Protocol):
+    """Where `check` keeps violations: `Store.write_violations` (the store owns the table)."""
+
+    def write_violations(self, spec_hash: str, checked: list[str], rows: list[tuple[Any, ...]]) -> int: ...
 
 
-def _rows(result: RunResult) -> list[tuple[Any, ...]]:
+def violation_rows(result: RunResult) -> list[tuple[Any, ...]]:
+    """The run's violations in the store's `VIOLATION_COLUMNS` order."""
     return [
         (inv.id, result.trajectory_id, inv.severity, result.task_key, v.step_index, v.step_name, v.detail)
         for inv, v in result.violations
     ]
 
 
-def write_violations(connection: Any, results: Iterable[RunResult], spec_hash: str) -> int:
-    """Replace the stored violations of these runs under `spec_hash`; returns the rows written.
-
-    One transaction, written as Arrow batches (never row-by-row INSERTs). The key is
-    (spec_hash, trajectory_id, invariant_id): an invariant has one verdict per run.
-    """
+def write_violations(store: ViolationStore, results: Iterable[RunResult], spec_hash: str) -> int:
+    """Replace the stored violations of these runs under `spec_hash`; returns the rows written."""
     results = list(results)
-    return _write(connection, [r.trajectory_id for r in results], [row for r in results for row in _rows(r)], spec_hash)
-
-
-def _write(connection: Any, checked_ids: list[str], rows: list[tuple[Any, ...]], spec_hash: str) -> int:
-    import pyarrow as pa
-
-    checked = pa.table({"trajectory_id": pa.array(checked_ids, pa.string())})
-    columns: list[Sequence[Any]] = list(zip(*rows)) if rows else [[] for _ in _ROW_COLUMNS]
-    table = pa.table({
-        name: pa.array(list(col), pa.int32() if name == "step_index" else pa.string())
-        for name, col in zip(_ROW_COLUMNS, columns)
-    })
-    connection.execute(VIOLATIONS_DDL)
-    connection.register("_pl_checked", checked)
-    connection.register("_pl_rows", table)
-    try:
-        connection.execute("BEGIN TRANSACTION")
-        try:
-            connection.execute(
-                "DELETE FROM violations WHERE spec_hash = ? AND trajectory_id IN (SELECT trajectory_id FROM _pl_checked)",
-                [spec_hash],
-            )
-            connection.execute(
-                "INSERT INTO violations SELECT ?, invariant_id, trajectory_id, severity, task_key, step_index, step_name, detail "
-                "FROM _pl_rows",
-                [spec_hash],
-            )
-            connection.execute("COMMIT")
-        except Exception:
-            connection.execute("ROLLBACK")
-            raise
-    finally:
-        connection.unregister("_pl_checked")
-        connection.unregister("_pl_rows")
-    return int(table.num_rows)
+    return store.write_violations(spec_hash, [r.trajectory_id for r in results], [row for r in results for row in violation_rows(r)])
 
 
 def render_text(summary: ConformanceSummary) -> str:

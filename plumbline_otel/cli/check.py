@@ -49,7 +49,7 @@ def check(spec_path: str, db: tuple[str, ...], server: tuple[str, ...], since: s
     else:
         with open_store(stores.single_db) as store:
             store.assemble()
-            summary = run_check(spec, store.trajectories(service=service, since_ns=since_ns), store.connection)
+            summary = run_check(spec, store.trajectories(service=service, since_ns=since_ns), store)
     if fmt == "json":
         click.echo(json.dumps(summary.as_dict(), indent=2, default=str))
     else:

@@ -64,7 +64,7 @@ def report(db: tuple[str, ...], server: tuple[str, ...], cert_path: str | None, 
     with reading(stores) as store:
         if spec_path:
             spec = load_spec(spec_path)
-            check(spec, store.trajectories(), store.connection)
+            check(spec, store.trajectories(), store)
             if cert is None:
                 cert = build_certificate(spec, store.trajectories(), study=study)
         html = report_html(store.connection, cert, ", ".join(stores.names), coverage)

@@ -35,16 +35,6 @@ _BATCHES = 5  # assemblies (each up to 2000 runs) judged per pass
 Found = list[tuple[Trajectory, DeclaredInvariant, Verdict]]
 
 
-def _stored(store: Store, spec: Spec, run_ids: list[str]) -> set[tuple[str, str]]:
-    exists = store.connection.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = 'violations'").fetchone()
-    if not exists or not exists[0]:
-        return set()
-    rows = store.connection.execute(
-        "SELECT trajectory_id, invariant_id FROM violations WHERE spec_hash = ? AND trajectory_id IN (SELECT unnest(?))",
-        [spec.hash, run_ids]).fetchall()
-    return {(r[0], r[1]) for r in rows}
-
-
 def new_violations(store: Store, spec: Spec, after_ns: int) -> tuple[Found, int, int]:
     """Judge the runs assembled after `after_ns` (a few assemblies at most).
 
@@ -58,8 +48,8 @@ def new_violations(store: Store, spec: Spec, after_ns: int) -> tuple[Found, int,
         return [], after_ns, 0
     runs = [t for t in (trajectory_from_doc(orjson.loads(doc)) for doc, _ in rows) if not is_missing(t)]
     results = [evaluate(spec, t) for t in runs]
-    before = _stored(store, spec, [t.trajectory_id for t in runs])
-    write_violations(store.connection, results, spec.hash)
+    before = store.stored_violations(spec.hash, [t.trajectory_id for t in runs])
+    write_violations(store, results, spec.hash)
     found = [(t, inv, verdict) for t, result in zip(runs, results) for inv, verdict in result.violations
              if (t.trajectory_id, inv.id) not in before]
     return found, max(assembled for _, assembled in rows), len(runs)

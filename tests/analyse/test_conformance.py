@@ -78,10 +78,9 @@ def test_runs_no_invariant_applies_to_are_reported():
 def test_writing_violations_twice_adds_nothing_twice(tmp_path):
     path = str(tmp_path / "v.duckdb")
     results = [evaluate(SPEC, t) for t in (good(), bad_amount(), bad_amount())]
-    con = duckdb.connect(path)
-    first = write_violations(con, results, SPEC.hash)
-    write_violations(con, results, SPEC.hash)
-    con.close()
+    with Store(path) as store:
+        first = write_violations(store, results, SPEC.hash)
+        write_violations(store, results, SPEC.hash)
     con = duckdb.connect(path)
     assert first == 4
     assert con.execute("SELECT count(*) FROM violations").fetchone()[0] == 4
@@ -89,12 +88,13 @@ def test_writing_violations_twice_adds_nothing_twice(tmp_path):
 
 
 def test_a_run_that_now_conforms_loses_its_stale_violation(tmp_path):
-    con = duckdb.connect(str(tmp_path / "v.duckdb"))
-    t = bad_amount()
-    write_violations(con, [evaluate(SPEC, t)], SPEC.hash)
-    fixed = run(*good().steps, id=t.trajectory_id, task="T-PAY")
-    write_violations(con, [evaluate(SPEC, fixed)], SPEC.hash)
-    assert con.execute("SELECT count(*) FROM violations").fetchone()[0] == 0
+    with Store(tmp_path / "v.duckdb") as store:
+        t = bad_amount()
+        write_violations(store, [evaluate(SPEC, t)], SPEC.hash)
+        assert store.stored_violations(SPEC.hash, [t.trajectory_id]) == {(t.trajectory_id, "AMOUNT"), (t.trajectory_id, "AUDIT")}
+        fixed = run(*good().steps, id=t.trajectory_id, task="T-PAY")
+        write_violations(store, [evaluate(SPEC, fixed)], SPEC.hash)
+        assert store.stored_violations(SPEC.hash, [t.trajectory_id]) == set()
 
 
 def _store_with(path, trajectories):

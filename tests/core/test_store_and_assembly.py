@@ -118,6 +118,7 @@ def test_a_version_1_store_migrates_and_rebuilds_its_task_keys(tmp_path: Path) -
         for column in ("shapes", "cache_read_tokens", "cache_write_tokens", "finish_reasons", "handoff_to", "evidence", "decisions"):
             con.execute(f"ALTER TABLE spans DROP COLUMN {column}")
         con.execute("DROP TABLE logs")
+        con.execute("DROP TABLE violations")
         con.execute("UPDATE meta SET value = '1' WHERE key = 'schema_version'")
         con.execute("UPDATE trajectories SET task_key = 'INV-1029', task_key_source = 'attribute:gen_ai.conversation.id'")
     with Store(path, read_only=True) as store:  # a reader does not migrate, and coverage still answers
@@ -128,6 +129,23 @@ def test_a_version_1_store_migrates_and_rebuilds_its_task_keys(tmp_path: Path) -
         assert t.task_key_source == "input_hash" and t.context["gen_ai.conversation.id"] == "INV-1029"
         assert store.connection.execute("SELECT count(*) FROM spans WHERE shapes IS NULL").fetchone()[0] > 0
         ingest_files(store, [str(_write(tmp_path / "b.jsonl", [record(genai_run)]))])  # new rows write the new column
+        assert store.stored_violations("any spec", [t.trajectory_id]) == set()  # the violations table exists now
+
+
+def test_a_version_4_store_keeps_the_violations_its_check_wrote(tmp_path: Path) -> None:
+    path = tmp_path / "v4.duckdb"
+    Store(path).close()
+    with duckdb.connect(str(path)) as con:  # version 4: `plumbline check` created the table itself, with the same columns
+        con.execute("DROP TABLE violations")
+        con.execute("UPDATE meta SET value = '4' WHERE key = 'schema_version'")
+        con.execute("CREATE TABLE violations (spec_hash VARCHAR NOT NULL, invariant_id VARCHAR NOT NULL, trajectory_id VARCHAR NOT NULL, "
+                    "severity VARCHAR NOT NULL, task_key VARCHAR, step_index INTEGER, step_name VARCHAR, detail VARCHAR, "
+                    "PRIMARY KEY (spec_hash, trajectory_id, invariant_id))")
+        con.execute("INSERT INTO violations VALUES ('h', 'AMOUNT', 'run-1', 'critical', 'T', 2, 'pay', 'off by 10x')")
+    with Store(path) as store:
+        assert store.schema_version == SCHEMA_VERSION
+        assert store.stored_violations("h", ["run-1"]) == {("run-1", "AMOUNT")}
+        assert store.write_violations("h", ["run-1"], []) == 0 and store.stored_violations("h", ["run-1"]) == set()
 
 
 def test_a_newer_schema_is_refused_with_a_message(tmp_path: Path) -> None:

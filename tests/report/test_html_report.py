@@ -166,7 +166,7 @@ def test_report_with_a_spec_judges_and_certifies_on_the_way(built: Built, tmp_pa
     db = tmp_path / "fresh.duckdb"
     shutil.copy(built.db, db)
     with Store(db) as store:
-        store.connection.execute("DROP TABLE violations")
+        store.connection.execute("DELETE FROM violations")  # a store never checked
     out = tmp_path / "spec.html"
     result = CliRunner().invoke(cli, ["report", "--db", str(db), "--spec", str(SPEC), "--out", str(out)])
     assert result.exit_code == 0, result.output
