@@ -24,6 +24,7 @@ from plumbline_otel.cli.trajectories import emit
 from plumbline_otel.coverage import coverage_report, render_text
 from plumbline_otel.errors import ConfigError
 from plumbline_otel.ingest import ingest_files
+from plumbline_otel.plugins import DemoStudy, domain_plugin
 from plumbline_otel.report import write_report
 from plumbline_otel.store import Store
 
@@ -53,40 +54,38 @@ def _samples(store: Store, show: int) -> None:
         emit(docs[:1], "jsonl")
 
 
-SOURCE_ARM = "plan_execute_retry"  # whose baseline runs stand for production traffic
-ARMS = ("plan_execute", "plan_execute_retry", "react")
+DEMO_DOMAIN = "accounts_payable"
 STUDY_PREFIX = "ap-demo-"
 
 
-def _traffic(store: Store, runs_dir: Path) -> list[Any]:
+def _traffic(study: DemoStudy, store: Store, runs_dir: Path) -> list[Any]:
     """Store one agent's clean baseline runs of every reference invoice and select the tasks from them."""
-    from domains.accounts_payable.run import run_domain
     from plumbline_otel.replay import select_tasks
 
     traffic = runs_dir / "traffic.otlp.jsonl"
-    click.secho(f"\n4. Traffic: ap-agent-{SOURCE_ARM} on every invoice (SIMULATED model), stored as the tasks to replay", bold=True)
-    run_domain(SOURCE_ARM, "all", otlp_file=traffic, offline=True, imperfections={}, study="traffic")
+    source = study.service(study.source_arm)
+    click.secho(f"\n4. Traffic: {source} on every invoice (SIMULATED model), stored as the tasks to replay", bold=True)
+    study.record_traffic(traffic, "traffic")
     click.echo(render_summary(ingest_files(store, [str(traffic)])))
-    return select_tasks(store, agent=f"ap-agent-{SOURCE_ARM}")
+    return select_tasks(store, agent=source)
 
 
-def _replay(store: Store, runs_dir: Path, tasks: list[Any], repeats: int, concurrency: int) -> None:
+def _replay(study: DemoStudy, store: Store, runs_dir: Path, tasks: list[Any], repeats: int, concurrency: int) -> None:
     """Replay every arm on the tasks through the replay driver, then ingest what they exported."""
-    from domains.accounts_payable.replay_adapter import DEMO_IMPERFECTIONS, APAdapter
     from plumbline_otel.replay import PERTURBATIONS, SpanSink, StudyConfig, open_study
 
-    click.secho(f"\n5. Replay: {len(ARMS)} agents × {len(tasks)} tasks × {len(PERTURBATIONS)} perturbations "
+    click.secho(f"\n5. Replay: {len(study.arms)} agents × {len(tasks)} tasks × {len(PERTURBATIONS)} perturbations "
                 f"({', '.join(PERTURBATIONS)}) × {repeats} repeats, through the replay driver", bold=True)
     files = []
-    for arm in ARMS:
+    for arm in study.arms:
         sink = SpanSink(otlp_file=str(runs_dir / f"{arm}.otlp.jsonl"))
         config = StudyConfig(f"{STUDY_PREFIX}{arm}", perturbations=tuple(PERTURBATIONS), repeats=repeats, concurrency=concurrency,
                              budget_usd=1.00, state_dir=runs_dir / "state" / arm, sink=sink)
-        adapter = APAdapter(arm, imperfections=DEMO_IMPERFECTIONS)
+        adapter = study.adapter(arm)
         try:
-            study = open_study(config, tasks, adapter)
-            with click.progressbar(length=len(study.plan.trials), label=f"{adapter.service:<28}") as bar:
-                summary = study.run(on_record=lambda *_: bar.update(1))
+            prepared = open_study(config, tasks, adapter)
+            with click.progressbar(length=len(prepared.plan.trials), label=f"{study.service(arm):<28}") as bar:
+                summary = prepared.run(on_record=lambda *_: bar.update(1))
         finally:
             adapter.close()
             sink.close()
@@ -95,16 +94,16 @@ def _replay(store: Store, runs_dir: Path, tasks: list[Any], repeats: int, concur
     click.echo(render_summary(ingest_files(store, files)))
 
 
-def _check_certify_gate(store: Store, runs_dir: Path, min_bound: float) -> Path:
+def _check_certify_gate(study: DemoStudy, store: Store, runs_dir: Path, min_bound: float) -> Path:
     """Conformance, certificate and gate over the demo's replayed runs; returns the certificate's path."""
     from plumbline_otel.analyse import conformance
     from plumbline_otel.report import build_certificate
     from plumbline_otel.report import render_text as render_certificate
     from plumbline_otel.spec import load_spec
 
-    spec = load_spec(repo_dir("configs", "accounts_payable.invariants.yaml"))
-    click.secho("\n6. Conformance: every replayed run against configs/accounts_payable.invariants.yaml", bold=True)
-    summary = conformance.check(spec, store.trajectories(where=_DEMO_RUNS), store.connection)
+    spec = load_spec(study.spec_path)
+    click.secho(f"\n6. Conformance: every replayed run against {study.spec_path.name}", bold=True)
+    summary = conformance.check(spec, store.trajectories(where=_DEMO_RUNS), store)
     click.echo(conformance.render_text(summary))
     click.secho("7. Certificate: critical conformance per agent and perturbation", bold=True)
     cert = build_certificate(spec, store.trajectories(where=_DEMO_RUNS), target=min_bound)
@@ -136,8 +135,11 @@ def demo(db: str, show: int, runs_dir: str, repeats: int, concurrency: int, min_
         _samples(store, show)
         if samples_only:
             return
-        tasks = _traffic(store, runs)
-        _replay(store, runs, tasks, repeats, concurrency)
-        cert_path = _check_certify_gate(store, runs, min_bound)
+        study = domain_plugin(DEMO_DOMAIN).demo
+        if study is None:
+            raise ConfigError(f"domain {DEMO_DOMAIN} has no demo study")
+        tasks = _traffic(study, store, runs)
+        _replay(study, store, runs, tasks, repeats, concurrency)
+        cert_path = _check_certify_gate(study, store, runs, min_bound)
         report = write_report(store.path, cert_path, runs / "report.html")
         click.secho(f"\n9. Report: open {report.resolve()} in a browser (the interval chart, violations, and the agents' runs side by side)", bold=True)

@@ -19,7 +19,7 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
 from plumbline_otel.decode import Problem
 from plumbline_otel.model import SpanRecord
-from plumbline_otel.normalise._extract import detect, extract, fold_events
+from plumbline_otel.normalise import _extract
 from plumbline_otel.normalise._logs import LogRows, log_rows
 from plumbline_otel.normalise._values import Limits, ValueRejected, any_value, maybe_json
 
@@ -86,7 +86,7 @@ def normalise_span(span: Span, resource: dict[str, Any], scope_name: str, limits
     for event in span.events:
         event_attrs, _ = _attributes(event.attributes, limits, f"{where} event {event.name!r}", problems)
         events.append((event.name, event_attrs))
-    convention, step_kind = detect(attrs)
+    convention, step_kind = _extract.detect(attrs)
     rec = SpanRecord(
         trace_id=span.trace_id.hex(),
         span_id=span_id,
@@ -106,7 +106,7 @@ def normalise_span(span: Span, resource: dict[str, Any], scope_name: str, limits
         attributes=attrs,
         resource=resource,
     )
-    extract(rec, attrs, events)
+    _extract.extract(rec, attrs, events)
     rec.input_tokens, rec.output_tokens = _int(rec.input_tokens), _int(rec.output_tokens)
     rec.cache_read_tokens, rec.cache_write_tokens = _int(rec.cache_read_tokens), _int(rec.cache_write_tokens)
     if convention != "unknown":
@@ -133,7 +133,7 @@ def fold_logs(records: list[SpanRecord], events: dict[str, list[tuple[str, dict[
         own = events.get(rec.span_id)
         if own:
             rec = replace(rec, evidence=list(rec.evidence), decisions=list(rec.decisions), shapes=list(rec.shapes))
-            fold_events(rec, own)
+            _extract.fold_events(rec, own)
         out.append(rec)
     return out
 

@@ -1,0 +1,151 @@
+"""The layout DESIGN.md draws holds in the code: no package loops, the store owns its tables, public names are listed."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import pkgutil
+import re
+import types
+from pathlib import Path
+
+import pytest
+
+import plumbline_otel
+
+PACKAGE = Path(plumbline_otel.__file__).parent
+GENERATED = ("plumbline_pb2.py", "plumbline_pb2_grpc.py")
+
+
+def _sources() -> list[Path]:
+    return [f for f in sorted(PACKAGE.rglob("*.py")) if f.name not in GENERATED]
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(path: Path) -> set[str]:
+    """Every plumbline_otel module `path` imports, at any depth of the file (deferred imports count)."""
+    name = _module_name(path)
+    base = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                target = ".".join(base[: len(base) - node.level + 1] + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            found.add(target)
+    return {t for t in found if t.startswith("plumbline_otel.")}
+
+
+def _unit(module: str) -> str:
+    """The package (or top-level module) a module belongs to: the unit a dependency is drawn between."""
+    return module.split(".")[1]
+
+
+def _graph() -> dict[str, set[str]]:
+    graph: dict[str, set[str]] = {}
+    for path in _sources():
+        name = _module_name(path)
+        if name == "plumbline_otel":
+            continue
+        graph.setdefault(_unit(name), set()).update(_unit(t) for t in _imports(path) if _unit(t) != _unit(name))
+    return graph
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One cycle in `graph`, as the path that closes it, or None."""
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return stack[stack.index(nxt):] + [nxt]
+            if nxt not in state and (found := visit(nxt)):
+                return found
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (found := visit(node)):
+            return found
+    return None
+
+
+def test_the_cycle_finder_finds_a_cycle() -> None:
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": set()}) is None
+
+
+def test_no_package_imports_a_package_that_imports_it() -> None:
+    graph = _graph()
+    assert {"analyse", "receive", "store", "cli", "model"} <= set(graph), "the graph covers the tree"
+    assert _cycle(graph) is None, f"import cycle between packages: {' -> '.join(_cycle(graph) or [])}"
+
+
+@pytest.mark.parametrize("core", ["model", "errors", "compare_values"])
+def test_the_core_imports_nothing_from_the_stages(core: str) -> None:
+    assert _graph().get(core, set()) <= {"model", "errors"}, f"{core} imports {_graph()[core]}"
+
+
+def test_only_the_product_cli_knows_the_reference_domain() -> None:
+    users = [str(p.relative_to(PACKAGE)) for p in _sources() if re.search(r"^\s*(from|import) domains\b", p.read_text(), re.M)]
+    assert users == [], f"the product imports the reference domain directly in {users}; domains register themselves"
+
+
+# SQL that changes the file: outside store.py, only reads are allowed.
+_WRITES = re.compile(r"\b(INSERT\s+(OR\s+\w+\s+)?INTO|UPDATE\s+\w+\s+SET|DELETE\s+FROM|(CREATE|ALTER|DROP)\s+(OR\s+REPLACE\s+)?"
+                     r"(TEMP\s+)?(TABLE|VIEW|INDEX|SEQUENCE)|BEGIN|COMMIT|ROLLBACK|CHECKPOINT)\b")
+
+
+def test_only_the_store_writes_to_the_database() -> None:
+    writers = []
+    for path in _sources():
+        if path.name == "store.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and _WRITES.search(node.value):
+                writers.append(f"{path.relative_to(PACKAGE)}:{node.lineno}: {node.value.strip()[:60]!r}")
+    assert writers == []
+
+
+def _packages() -> list[types.ModuleType]:
+    names = [m.name for m in pkgutil.walk_packages(plumbline_otel.__path__, "plumbline_otel.") if m.ispkg]
+    return [importlib.import_module(n) for n in ["plumbline_otel", *names]]
+
+
+@pytest.mark.parametrize("package", _packages(), ids=lambda m: m.__name__)
+def test_every_package_lists_exactly_its_public_names(package: types.ModuleType) -> None:
+    def defined_here(value: object) -> bool:  # what it imports for its own use (typing, protobuf) is not its API;
+        # what it re-exports on purpose (a type alias, `spec.Rule`) is listed, and must exist
+        origin = getattr(value, "__module__", None)
+        return not isinstance(origin, str) or origin.startswith(package.__name__)
+
+    listed = set(getattr(package, "__all__", ()))
+    assert listed <= set(vars(package)), f"listed but not there: {listed - set(vars(package))}"
+    own = {n for n, v in vars(package).items() if not n.startswith("_") and not isinstance(v, types.ModuleType) and defined_here(v)}
+    assert own - {"annotations"} <= listed, f"public but not listed in __all__: {own - listed}"
+
+
+def test_a_domain_registers_through_its_entry_point_and_a_broken_one_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    from importlib.metadata import EntryPoint
+
+    from plumbline_otel import plugins
+    from plumbline_otel.errors import ConfigError
+
+    assert plugins.domain_plugin("accounts_payable").demo is not None  # pyproject.toml's entry point, installed
+    with pytest.raises(ConfigError, match="no domain 'payroll' is installed; installed domains: accounts_payable"):
+        plugins.domain_plugin("payroll")
+    broken = EntryPoint("payroll", "domains.payroll.plugin:PLUGIN", plugins.ENTRY_POINT_GROUP)
+    monkeypatch.setattr(plugins, "entry_points", lambda group: [broken])
+    with pytest.raises(ConfigError, match=r"domain plugin payroll \(domains.payroll.plugin:PLUGIN\): cannot load: ModuleNotFoundError"):
+        plugins.domain_plugins()
