@@ -30,11 +30,12 @@ import orjson
 from plumbline_otel.model import SpanRecord, Step, ToolCallRef, ToolResultRef, Trajectory
 from plumbline_otel.normalise._extract import VENDOR_ARGS_KEYS, VENDOR_RESULT_KEYS
 from plumbline_otel.normalise._shapes import unwrap_scoped_result
+from plumbline_otel.runs import TASK_KEY
 
 # A conversation or session is not a task (pydantic-ai mints a conversation per run, ADK a session
 # per conversation, and one conversation holds many tasks): by default only an explicit task key
 # names the task, else the normalised request. Session and conversation ids stay in the context.
-DEFAULT_TASK_KEYS = ("plumbline.task.key",)
+DEFAULT_TASK_KEYS = (TASK_KEY,)
 CONTEXT_PREFIX = "plumbline."
 CONTEXT_KEYS = ("session.id", "gen_ai.conversation.id")
 

@@ -31,9 +31,10 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from plumbline_otel import __version__
-from plumbline_otel.analyse.conformance import STUDY, TRIAL_ID, RunResult, agent_label, evaluate, is_missing, perturbation_of
+from plumbline_otel.analyse.conformance import RunResult, evaluate
 from plumbline_otel.errors import ConfigError, PlumblineError
 from plumbline_otel.model import Trajectory
+from plumbline_otel.runs import STUDY, TASK_KEY, TRIAL_ID, agent_label, is_missing, perturbation_of
 from plumbline_otel.spec import DeclaredInvariant, Spec, Verdict
 
 EVENT_NAME = "gen_ai.evaluation.result"
@@ -109,7 +110,7 @@ def _blamed_span(trajectory: Trajectory, verdicts: Sequence[Verdict]) -> str | N
 def _run_attributes(trajectory: Trajectory) -> dict[str, Any]:
     attributes = {"plumbline.run.id": trajectory.trajectory_id}
     if trajectory.task_key is not None:
-        attributes["plumbline.task.key"] = trajectory.task_key
+        attributes[TASK_KEY] = trajectory.task_key
     return attributes
 
 

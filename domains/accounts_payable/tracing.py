@@ -41,6 +41,7 @@ from opentelemetry.sdk.trace.export import (
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer
 
 from plumbline_otel.replay.identity import TrialIdentity  # the one trial identity, shared with the driver
+from plumbline_otel.runs import TASK_KEY
 
 SERVICE_VERSION = "1.0.0"
 SCOPE_NAME = "domains.accounts_payable"
@@ -286,7 +287,7 @@ def agent_span(
         "gen_ai.operation.name": "invoke_agent",
         "gen_ai.agent.name": arm,
         "gen_ai.conversation.id": task_id,
-        "plumbline.task.key": task_id,  # the conversation is not the task key by default; name the task
+        TASK_KEY: task_id,  # the conversation is not the task key by default; name the task
         "gen_ai.provider.name": PROVIDER_NAME,
         "gen_ai.input.messages": dumps([text_message("user", request_text)]),
         "invoice.id": task_id,

@@ -7,10 +7,6 @@ are not judged against the invariants, since they hold no steps: ``missing`` (ne
 counted apart, ``errored`` (started, then crashed, timed out or left no trace; the legacy value
 ``error`` reads the same) is counted apart here and scored as a failing run by the certificate.
 
-This module also owns the run-status predicates every analysis shares (the contract of issue 8):
-`is_missing`, `is_errored` and `fault_exposed`. A ``tool_fault`` run is exposed only on positive
-evidence; the attribute names match ``plumbline_otel/replay/identity.py``, which writes them.
-
 Keeping them is idempotent and correct under re-assembly: `Store.write_violations` replaces a
 run's old violations for the same spec hash in one transaction, so checking twice adds nothing and
 a run re-assembled from late spans does not keep a stale violation.
@@ -20,111 +16,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
 from plumbline_otel.model import Trajectory
+from plumbline_otel.runs import is_errored, is_marker, is_missing
 from plumbline_otel.spec import SEVERITIES, DeclaredInvariant, Severity, Spec, Verdict
 
-PERTURBATION = "plumbline.perturbation"
-STUDY = "plumbline.study"
-TRIAL_ID = "plumbline.trial.id"
-TRIAL_STATUS = "plumbline.trial.status"
-TRIAL_REASON = "plumbline.trial.reason"
-VARIANT = "plumbline.variant"
-FAULT_TOOL = "plumbline.fault.tool"
-FAULT_ERROR = "plumbline.fault.error"
-FAULT_FIRED = "plumbline.fault.fired"
-TOOL_FAULT = "tool_fault"
-ERRORED_STATUSES = frozenset({"errored", "error"})  # "error": markers written before issue 8
-RunStatus = Literal["missing", "errored", "unexposed", "exposed"]
 _RANK = {s: i for i, s in enumerate(SEVERITIES)}
-
-
-def perturbation_of(trajectory: Trajectory) -> str:
-    """The perturbation a run was made under; "baseline" for ordinary traffic."""
-    value = trajectory.context.get(PERTURBATION)
-    return str(value) if value not in (None, "") else "baseline"
-
-
-def agent_label(service: str | None, version: str | None) -> str:
-    """How an agent is named in reports: ``service@version`` (``service`` when unversioned)."""
-    name = service or "(unknown service)"
-    return f"{name}@{version}" if version else name
-
-
-def _status(trajectory: Trajectory) -> str:
-    return str(trajectory.context.get(TRIAL_STATUS, "")).strip().lower()
-
-
-def is_missing(trajectory: Trajectory) -> bool:
-    """A trial never started (spend cap, interrupted): counted beside n, never in it."""
-    return _status(trajectory) == "missing"
-
-
-def is_errored(trajectory: Trajectory) -> bool:
-    """A trial that started and produced no usable run: a run, and a failing one."""
-    return _status(trajectory) in ERRORED_STATUSES
-
-
-def is_marker(trajectory: Trajectory) -> bool:
-    """A trial marker (missing or errored): no steps of the agent to analyse."""
-    return is_missing(trajectory) or is_errored(trajectory)
-
-
-def errored_reason(trajectory: Trajectory) -> str:
-    """Why an errored trial failed, as its marker recorded it."""
-    reason = trajectory.context.get(TRIAL_REASON)
-    return str(reason) if reason not in (None, "") else "(no reason recorded)"
-
-
-def strict_bool(value: Any) -> bool | None:
-    """True / "true" / 1 / "1" -> True; False / "false" / 0 / "0" -> False; anything else -> None.
-
-    Exporters stringify attributes, so the text forms are accepted; "yes", 2 or "" are not
-    evidence of anything.
-    """
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, int) and value in (0, 1):
-        return bool(value)
-    if isinstance(value, str):
-        return {"true": True, "1": True, "false": False, "0": False}.get(value.strip().lower())
-    return None
-
-
-def fault_exposed(trajectory: Trajectory) -> bool:
-    """Positive evidence that the injected fault hit this run.
-
-    Either a failed step of the targeted tool (``plumbline.fault.tool``) whose error contains the
-    text the driver injected (``plumbline.fault.error``), or ``plumbline.fault.fired`` strictly
-    true. Absent or unreadable evidence is no evidence: the run is unexposed.
-    """
-    if strict_bool(trajectory.context.get(FAULT_FIRED)) is True:
-        return True
-    tool, message = trajectory.context.get(FAULT_TOOL), trajectory.context.get(FAULT_ERROR)
-    if tool in (None, "") or message in (None, ""):
-        return False
-    return any(s.name == str(tool) and s.error is not None and str(message) in s.error for s in trajectory.steps)
-
-
-def run_status(trajectory: Trajectory) -> RunStatus:
-    """How a run counts: missing (not in n), errored (in n, failing), unexposed (listed only), exposed (judged).
-
-    Only ``tool_fault`` runs need exposure evidence; every other perturbation is exposed by
-    construction (its variant is the prompt or tool set the agent saw).
-    """
-    if is_missing(trajectory):
-        return "missing"
-    if is_errored(trajectory):
-        return "errored"
-    if perturbation_of(trajectory) == TOOL_FAULT and not fault_exposed(trajectory):
-        return "unexposed"
-    return "exposed"
-
-
-def run_label(trajectory: Trajectory) -> str:
-    """How reports list one run: its trial id, else its trajectory id."""
-    return str(trajectory.context.get(TRIAL_ID) or trajectory.trajectory_id)
 
 
 @dataclass(frozen=True)

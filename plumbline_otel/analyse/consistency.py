@@ -21,10 +21,11 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from plumbline_otel.analyse.align import align
-from plumbline_otel.analyse.conformance import agent_label, evaluate, is_marker, perturbation_of
+from plumbline_otel.analyse.conformance import evaluate
 from plumbline_otel.analyse.stats import pass_hat_k
 from plumbline_otel.compare_values import Rule, canonical, compare
 from plumbline_otel.model import REDACTED, Step, Trajectory
+from plumbline_otel.runs import agent_label, is_marker, perturbation_of
 from plumbline_otel.spec import Spec
 
 DivergenceKind = Literal["skipped", "extra", "substituted", "argument_changed", "outcome"]

@@ -19,7 +19,7 @@ are counted as unpaired. Within a cell:
   the shorter side of a cell are left out of the pairs, so an unpaired permutation test over
   every run of the perturbation's shared cells is given beside each.
 
-Which runs count is the certificate's rule (`conformance.run_status`): missing trials and
+Which runs count is the certificate's rule (`runs.run_status`): missing trials and
 ``tool_fault`` runs without evidence the fault hit them are left out and counted per side;
 errored runs (crashed, timed out, no trace) are failing runs in the conformance tests and have no
 effect path to compare.
@@ -35,16 +35,15 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from plumbline_otel.analyse.conformance import agent_label, evaluate, perturbation_of, run_status
+from plumbline_otel.analyse.conformance import evaluate
 from plumbline_otel.analyse.consistency import Divergence, Reference, build_reference, diverge, path_of
 from plumbline_otel.analyse.stats import PairedResult, holm, mcnemar_exact, permutation_test
 from plumbline_otel.compare_values import canonical, compare
 from plumbline_otel.model import Trajectory
+from plumbline_otel.runs import OUTCOME, REPEAT, VARIANT, VARIANT_ID, agent_label, perturbation_of, run_status
 from plumbline_otel.spec import Spec
 
-OUTCOME = "plumbline.outcome"
-REPEAT = "plumbline.trial.repeat"
-VARIANT_KEYS = ("plumbline.variant", "plumbline.variant.id")
+VARIANT_KEYS = (VARIANT, VARIANT_ID)
 
 Cell = tuple[str, str, str]  # task key, perturbation, variant
 

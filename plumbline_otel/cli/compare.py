@@ -23,8 +23,8 @@ def compare(a: str, b: str, db: tuple[str, ...], server: tuple[str, ...], spec_p
             with_consistency: bool, fmt: str) -> None:
     """Compare agent B with agent A (service names, or service@version) on the same tasks and variants."""
     from plumbline_otel.analyse import consistency as cons
-    from plumbline_otel.analyse.conformance import STUDY
     from plumbline_otel.analyse.equivalence import equivalence, render_text
+    from plumbline_otel.runs import STUDY
     from plumbline_otel.spec import load_spec
 
     spec = load_spec(spec_path) if spec_path else None

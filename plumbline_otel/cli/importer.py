@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import click
 
-from plumbline_otel.analyse.conformance import STUDY, run_status
 from plumbline_otel.cli.options import db_option
 from plumbline_otel.importers import ImportResult, import_run_dir, outcome_cells
+from plumbline_otel.runs import STUDY, run_status
 from plumbline_otel.store import Store
 
 

@@ -38,15 +38,26 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue, Instr
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span, Status
 
-from plumbline_otel.analyse.conformance import FAULT_ERROR, FAULT_TOOL, TRIAL_REASON, is_marker
 from plumbline_otel.errors import InputError
 from plumbline_otel.model import Trajectory
-from plumbline_otel.replay.identity import PERTURBATION, REPEAT, STUDY, TASK_KEY, TRIAL_ID, TRIAL_STATUS, VARIANT
+from plumbline_otel.runs import (
+    FAULT_ERROR,
+    FAULT_TOOL,
+    OUTCOME,
+    PERTURBATION,
+    REPEAT,
+    STUDY,
+    TASK_KEY,
+    TRIAL_ATTEMPT,
+    TRIAL_ID,
+    TRIAL_REASON,
+    TRIAL_STATUS,
+    VARIANT,
+    is_marker,
+)
 
 FILES = ("trajectories.jsonl", "ledger_states.json", "variants.json", "errors.json", "summary.json")
 SCOPE = "plumbline_otel.importers.plumbline03"
-TRIAL_ATTEMPT = "plumbline.trial.attempt"  # the issue-8 contract's name; nothing else writes it yet
-OUTCOME = "plumbline.outcome"  # "correct" / "incorrect": the ledger's end state against the task's expected outcome
 LEDGER = "plumbline.ledger"  # the end state itself, JSON
 STEPS_RECORDED = "plumbline.import.steps_recorded"  # false: the directory kept the outcome, not the steps
 

@@ -21,11 +21,12 @@ import threading
 
 import orjson
 
-from plumbline_otel.analyse.conformance import evaluate, is_missing, write_violations
+from plumbline_otel.analyse.conformance import evaluate, write_violations
 from plumbline_otel.evaluation_events import EventEmitter, violation_events
 from plumbline_otel.model import Trajectory
 from plumbline_otel.receive._metrics import Metrics
 from plumbline_otel.receive._writer import Overloaded, WriteQueue
+from plumbline_otel.runs import is_missing
 from plumbline_otel.spec import DeclaredInvariant, Spec, Verdict
 from plumbline_otel.store import Store, trajectory_from_doc
 

@@ -37,7 +37,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from plumbline_otel.errors import ConfigError, ReplayError
-from plumbline_otel.replay.identity import FAULT, FaultPlan, TrialIdentity
+from plumbline_otel.replay.identity import FaultPlan, TrialIdentity
+from plumbline_otel.runs import FAULT
 
 if TYPE_CHECKING:
     from plumbline_otel.replay.export import SpanSink

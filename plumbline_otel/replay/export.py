@@ -35,11 +35,12 @@ from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 
-from plumbline_otel.replay.identity import TRIAL_REASON, TRIAL_STATUS, TrialIdentity
+from plumbline_otel.replay.identity import TrialIdentity
+from plumbline_otel.runs import REPLAY_TRIAL, TRIAL_ATTEMPTS, TRIAL_REASON, TRIAL_STATUS
 
 SCOPE_NAME = "plumbline_otel.replay"
 _TRACE_ID = re.compile(rb'"traceId"\s*:\s*"([0-9a-fA-F]{32})"')
-MARKER_SPAN = "plumbline.replay.trial"
+MARKER_SPAN = REPLAY_TRIAL
 
 _PATH_LOCKS: dict[str, threading.Lock] = {}
 _PATH_LOCKS_GUARD = threading.Lock()
@@ -276,7 +277,7 @@ class MarkerWriter:
         tracer = self._provider(service, version).get_tracer(SCOPE_NAME)
         parent = trace.set_span_in_context(NonRecordingSpan(trial_span_context(identity)))
         attributes: dict[str, Any] = {k: v for k, v in identity.attributes().items() if v is not None}
-        attributes.update({TRIAL_STATUS: status, TRIAL_REASON: reason[:500], "plumbline.trial.attempts": attempts})
+        attributes.update({TRIAL_STATUS: status, TRIAL_REASON: reason[:500], TRIAL_ATTEMPTS: attempts})
         now = time.time_ns()
         span = tracer.start_span(MARKER_SPAN, context=parent, attributes=attributes, start_time=now)
         span.end(end_time=now)

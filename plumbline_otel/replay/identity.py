@@ -20,20 +20,17 @@ from dataclasses import dataclass, replace
 from typing import Any
 from urllib.parse import quote
 
-# Attribute names; the analyses read the first four (analyse/conformance.py).
-TRIAL_ID = "plumbline.trial.id"
-PERTURBATION = "plumbline.perturbation"
-VARIANT = "plumbline.variant"
-STUDY = "plumbline.study"
-REPEAT = "plumbline.trial.repeat"
-TASK_KEY = "plumbline.task.key"  # first of the store's default task-key attributes
-ATTEMPT = "plumbline.trial.attempt"  # int >= 1; every execution of a trial is a new attempt
-TRIAL_STATUS = "plumbline.trial.status"  # "missing" / "errored" on a marker (conformance.is_missing)
-TRIAL_REASON = "plumbline.trial.reason"
-FAULT = "plumbline.fault"  # a fault plan in text form, for agents outside this process
-FAULT_TOOL = "plumbline.fault.tool"  # the tool the plan targets
-FAULT_ERROR = "plumbline.fault.error"  # the exact message the injector raises
-FAULT_FIRED = "plumbline.fault.fired"  # true only when the driver saw its injector raise
+from plumbline_otel.runs import (
+    FAULT_ERROR,
+    FAULT_TOOL,
+    PERTURBATION,
+    REPEAT,
+    STUDY,
+    TASK_KEY,
+    TRIAL_ATTEMPT,
+    TRIAL_ID,
+    VARIANT,
+)
 
 TRANSIENT_FAULT_KINDS = ("503", "429", "timeout", "connection_reset")
 _FAULT_MESSAGES = {
@@ -124,7 +121,7 @@ class TrialIdentity:
         """Span / resource attributes (``plumbline.*``), fault evidence included on a faulted trial."""
         attrs: dict[str, Any] = {
             TRIAL_ID: self.trial_id,
-            ATTEMPT: self.attempt,
+            TRIAL_ATTEMPT: self.attempt,
             PERTURBATION: self.perturbation,
             VARIANT: self.variant,
             STUDY: self.study,

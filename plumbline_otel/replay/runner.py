@@ -40,12 +40,13 @@ from plumbline_otel.replay.adapters import PythonAdapter, TransientAdapterError,
 from plumbline_otel.replay.budget import BudgetExceeded, SpendCap, TrialBudget, cost_usd
 from plumbline_otel.replay.cache import ResponseCache
 from plumbline_otel.replay.export import MarkerWriter, SpanSink, trial_span_context
-from plumbline_otel.replay.identity import FAULT, TRIAL_STATUS, TrialIdentity, trial_id_for
+from plumbline_otel.replay.identity import TrialIdentity, trial_id_for
 from plumbline_otel.replay.ledger import Ledger, write_jsonl
 from plumbline_otel.replay.lock import StudyLock
 from plumbline_otel.replay.perturb import PerturbOptions, Variant, build_variants
 from plumbline_otel.replay.scope import FaultInjector, TrialScope, activate
 from plumbline_otel.replay.tasks import ReplayTask
+from plumbline_otel.runs import FAULT, MARKER_STATUSES, STUDY, TRIAL_ID, TRIAL_STATUS, is_marker
 
 
 @dataclass(frozen=True)
@@ -561,7 +562,6 @@ def run_study(config: StudyConfig, tasks: Sequence[ReplayTask], adapter: Any, *,
     return open_study(config, tasks, adapter).run(completed, on_record)
 
 
-_NO_RUN = ("missing", "errored", "error")  # marker statuses: the attempt produced no run of the agent
 
 
 def trials_of(trajectories: Iterable[Trajectory], study: str) -> tuple[set[str], set[str]]:
@@ -569,11 +569,10 @@ def trials_of(trajectories: Iterable[Trajectory], study: str) -> tuple[set[str],
     runs: set[str] = set()
     missing: set[str] = set()
     for t in trajectories:
-        tid = t.context.get("plumbline.trial.id")
-        if tid is None or str(t.context.get("plumbline.study", "")) != study:
+        tid = t.context.get(TRIAL_ID)
+        if tid is None or str(t.context.get(STUDY, "")) != study:
             continue
-        no_run = str(t.context.get(TRIAL_STATUS, "")).lower() in _NO_RUN
-        (missing if no_run else runs).add(str(tid))
+        (missing if is_marker(t) else runs).add(str(tid))
     return runs, missing - runs
 
 
@@ -581,9 +580,9 @@ def stored_trials(store: Any, study: str) -> tuple[set[str], set[str]]:
     """(trial ids with a stored run, trial ids stored only as markers) of ``study``."""
     store.assemble()
     rows = store.connection.execute(
-        "SELECT json_extract_string(doc, '$.context.\"plumbline.trial.id\"') AS tid, "
-        "lower(coalesce(json_extract_string(doc, '$.context.\"plumbline.trial.status\"'), '')) AS status "
-        "FROM trajectories WHERE json_extract_string(doc, '$.context.\"plumbline.study\"') = ?", [study]).fetchall()
-    runs = {tid for tid, status in rows if tid and status not in _NO_RUN}
-    missing = {tid for tid, status in rows if tid and status in _NO_RUN} - runs
+        f"SELECT json_extract_string(doc, '$.context.\"{TRIAL_ID}\"') AS tid, "
+        f"lower(trim(coalesce(json_extract_string(doc, '$.context.\"{TRIAL_STATUS}\"'), ''))) AS status "
+        f"FROM trajectories WHERE json_extract_string(doc, '$.context.\"{STUDY}\"') = ?", [study]).fetchall()
+    runs = {tid for tid, status in rows if tid and status not in MARKER_STATUSES}
+    missing = {tid for tid, status in rows if tid and status in MARKER_STATUSES} - runs
     return runs, missing

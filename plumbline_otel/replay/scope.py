@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 from plumbline_otel.errors import ReplayError
 from plumbline_otel.replay.budget import TrialBudget
-from plumbline_otel.replay.identity import FAULT_FIRED, FaultPlan, TrialIdentity
+from plumbline_otel.replay.identity import FaultPlan, TrialIdentity
+from plumbline_otel.runs import FAULT_FIRED
 
 if TYPE_CHECKING:
     from plumbline_otel.replay.cache import ResponseCache

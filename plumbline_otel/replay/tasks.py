@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from plumbline_otel.analyse.conformance import agent_label, is_missing, perturbation_of
 from plumbline_otel.model import Trajectory
+from plumbline_otel.runs import agent_label, is_missing, perturbation_of
 
 
 @dataclass(frozen=True)

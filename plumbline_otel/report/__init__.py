@@ -1,6 +1,5 @@
 """Certificates (build, validate, render as text) and the pages: the HTML report, run views and diffs."""
 
-from plumbline_otel.analyse.conformance import agent_label
 from plumbline_otel.report.certificate import (
     CERTIFICATE_KIND,
     CERTIFICATE_VERSION,
@@ -12,6 +11,7 @@ from plumbline_otel.report.certificate import (
 )
 from plumbline_otel.report.pages import write_report
 from plumbline_otel.report.render import CertificateError, load_certificate, render_text, validate
+from plumbline_otel.runs import agent_label
 
 __all__ = [
     "CERTIFICATE_KIND",

@@ -3,7 +3,7 @@
 A certificate is built from runs (stored traffic or replay trials) and a spec. Runs are grouped
 into cells by agent (service name and version) and perturbation (``plumbline.perturbation``,
 "baseline" when absent). Every trial lands in exactly one of four counts
-(`conformance.run_status`):
+(`runs.run_status`):
 
 * **exposed**: a run judged against the spec. A ``tool_fault`` run is exposed only on positive
   evidence that the injected fault hit it (a failed step of ``plumbline.fault.tool`` whose error
@@ -55,18 +55,10 @@ from typing import Any
 import orjson
 
 from plumbline_otel import __version__
-from plumbline_otel.analyse.conformance import (
-    STUDY,
-    TRIAL_ID,
-    agent_label,
-    errored_reason,
-    evaluate,
-    perturbation_of,
-    run_label,
-    run_status,
-)
+from plumbline_otel.analyse.conformance import evaluate
 from plumbline_otel.analyse.stats import CLUSTER_METHOD, clustered_interval, repeat_agreement, trials_needed, wilson_interval
 from plumbline_otel.model import Trajectory
+from plumbline_otel.runs import STUDY, TRIAL_ID, agent_label, errored_reason, perturbation_of, run_label, run_status
 from plumbline_otel.spec import Spec
 
 CERTIFICATE_VERSION = 2  # 2: exposure by evidence, errored runs in n, the clustered gate bound
@@ -130,7 +122,7 @@ class _Tally:
 
 
 def fault_unexposed(trajectory: Trajectory) -> bool:
-    """True for a run that counts as unexposed (see `conformance.run_status`)."""
+    """True for a run that counts as unexposed (see `runs.run_status`)."""
     return run_status(trajectory) == "unexposed"
 
 

@@ -14,8 +14,8 @@ from typing import Any
 
 import orjson
 
-from plumbline_otel.analyse.conformance import PERTURBATION, TRIAL_ID, VARIANT
 from plumbline_otel.model import Trajectory
+from plumbline_otel.runs import PERTURBATION, TRIAL_ID, VARIANT
 from plumbline_otel.store import trajectory_from_doc
 
 PAGE_SIZE = 50

@@ -10,6 +10,7 @@ import itertools
 from typing import Any
 
 from plumbline_otel.model import Step, Trajectory
+from plumbline_otel.runs import TASK_KEY
 
 _ids = itertools.count(1)
 
@@ -75,7 +76,7 @@ def span_records(trajectory: Trajectory) -> list[Any]:
     trace_id = trace_id or hashlib.sha256(trajectory.trajectory_id.encode()).hexdigest()[:32]
     attrs = dict(trajectory.context)
     if trajectory.task_key is not None:
-        attrs["plumbline.task.key"] = trajectory.task_key
+        attrs[TASK_KEY] = trajectory.task_key
     base = trajectory.start_ns or 1_700_000_000_000_000_000
     root = SpanRecord(
         trace_id=trace_id, span_id=f"{1:016x}", parent_span_id=None, name="invoke_agent",

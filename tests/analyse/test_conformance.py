@@ -5,19 +5,10 @@ import json
 import duckdb
 from click.testing import CliRunner
 
-from plumbline_otel.analyse.conformance import (
-    check,
-    evaluate,
-    fault_exposed,
-    is_errored,
-    is_missing,
-    render_text,
-    run_status,
-    strict_bool,
-    write_violations,
-)
+from plumbline_otel.analyse.conformance import check, evaluate, render_text, write_violations
 from plumbline_otel.cli.check import check as check_cmd
 from plumbline_otel.cli.check import parse_since
+from plumbline_otel.runs import fault_exposed, is_errored, is_missing, run_status, strict_bool
 from plumbline_otel.spec import ArgEquals, MustCall, MustNotCall, Ordering, Rule, Spec, invariant, parse_spec
 from plumbline_otel.spec.testing import call, run, span_records
 from plumbline_otel.store import Store

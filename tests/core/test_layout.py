@@ -92,7 +92,7 @@ def test_no_package_imports_a_package_that_imports_it() -> None:
     assert _cycle(graph) is None, f"import cycle between packages: {' -> '.join(_cycle(graph) or [])}"
 
 
-@pytest.mark.parametrize("core", ["model", "errors", "compare_values"])
+@pytest.mark.parametrize("core", ["model", "errors", "compare_values", "runs"])
 def test_the_core_imports_nothing_from_the_stages(core: str) -> None:
     assert _graph().get(core, set()) <= {"model", "errors"}, f"{core} imports {_graph()[core]}"
 

@@ -21,6 +21,7 @@ from plumbline_otel.replay.identity import TRANSIENT_FAULT_KINDS as TRANSIENT_KI
 from plumbline_otel.replay.identity import FaultPlan, TrialIdentity
 from plumbline_otel.replay.runner import RetryPolicy
 from plumbline_otel.replay.scope import InjectedFault, inject_fault
+from plumbline_otel.runs import FAULT_INJECTED
 
 
 @dataclass
@@ -125,7 +126,7 @@ class ToolRunner:
                 step.error_type = error_type_of(exc)
                 step.injected = isinstance(exc.__cause__, InjectedFault)
                 if step.injected:
-                    span.set_attribute("plumbline.fault.injected", True)
+                    span.set_attribute(FAULT_INJECTED, True)
                 tracing.mark_error(span, exc, step.error_type)
                 raise
             step.result = result

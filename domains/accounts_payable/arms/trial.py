@@ -31,10 +31,11 @@ from domains.accounts_payable.arms.runtime import (
 )
 from plumbline_otel.replay.identity import FaultPlan, TrialIdentity
 from plumbline_otel.replay.scope import FaultInjector, TrialScope, activate, current_scope, current_trial_attributes
+from plumbline_otel.runs import FAULT, FAULT_STEP
 
 DEFAULT_MODEL = "claude-haiku-4-5"
 DEFAULT_RETRY = RetryPolicy(max_attempts=4, base_delay_s=0.05, max_delay_s=2.0)
-_FAULT_PREFIX = "plumbline.fault."
+_FAULT_PREFIX = FAULT + "."
 
 ARMS: dict[str, Callable[[ArmContext], ArmOutcome]] = {
     "plan_execute": plan_execute.run_no_retry,
@@ -143,7 +144,7 @@ def _run(arm: str, task: Any, text: str, client: Any, model: str, trial: TrialId
             root.set_attributes(evidence)
             fault_step = next((s.index for s in runner.steps if s.injected), None)
             if fault_step is not None:
-                root.set_attribute("plumbline.fault.step", fault_step)
+                root.set_attribute(FAULT_STEP, fault_step)
             tracing.finish_agent_span(root, outcome.final_answer, outcome.agent_error)
         graded = ground_truth.grade(sor, task_id)
     finally:

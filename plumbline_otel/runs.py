@@ -1,0 +1,129 @@
+"""A run's identity: the `plumbline.*` attributes the replay driver writes on a run's spans, and how every stage reads them.
+
+The replay driver (`replay/identity.py`) writes these on every span of a trial (and as W3C baggage
+for agents in other processes); analysis, reports, importers and evaluation events read them back
+from a trajectory's context. One module owns the names, so writer and readers cannot drift apart.
+
+How a run counts (`run_status`): a ``missing`` trial never started and is counted beside n; an
+``errored`` one started and left no usable run, so it is in n as a failing run (the older marker
+value ``error`` reads the same); a ``tool_fault`` run is ``exposed`` only on positive evidence that
+its fault hit it, and is listed, not judged, otherwise.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from plumbline_otel.model import Trajectory
+
+TASK_KEY = "plumbline.task.key"  # the first of the store's default task-key attributes
+STUDY = "plumbline.study"
+TRIAL_ID = "plumbline.trial.id"
+TRIAL_STATUS = "plumbline.trial.status"  # "missing" / "errored" on a trial marker
+TRIAL_REASON = "plumbline.trial.reason"
+TRIAL_ATTEMPT = "plumbline.trial.attempt"  # int >= 1; every execution of a trial is a new attempt
+TRIAL_ATTEMPTS = "plumbline.trial.attempts"  # on the replay driver's root span: how many attempts the trial took
+REPEAT = "plumbline.trial.repeat"
+PERTURBATION = "plumbline.perturbation"
+VARIANT = "plumbline.variant"
+VARIANT_ID = "plumbline.variant.id"  # how older exports named the variant
+OUTCOME = "plumbline.outcome"  # the agent's final answer, when a harness records it
+FAULT = "plumbline.fault"  # a fault plan in text form, for agents outside this process
+FAULT_TOOL = "plumbline.fault.tool"  # the tool the plan targets
+FAULT_ERROR = "plumbline.fault.error"  # the exact message the injector raises
+FAULT_FIRED = "plumbline.fault.fired"  # true only when the driver saw its injector raise
+FAULT_INJECTED = "plumbline.fault.injected"  # on the tool span an injected fault failed
+FAULT_STEP = "plumbline.fault.step"  # on a trial's root span: the index of that step
+REPLAY_TRIAL = "plumbline.replay.trial"  # the replay driver's root span name
+
+TOOL_FAULT = "tool_fault"
+ERRORED_STATUSES = frozenset({"errored", "error"})
+MARKER_STATUSES = ERRORED_STATUSES | {"missing"}  # a trial marker: the attempt left no run of the agent
+RunStatus = Literal["missing", "errored", "unexposed", "exposed"]
+
+
+def perturbation_of(trajectory: Trajectory) -> str:
+    """The perturbation a run was made under; "baseline" for ordinary traffic."""
+    value = trajectory.context.get(PERTURBATION)
+    return str(value) if value not in (None, "") else "baseline"
+
+
+def agent_label(service: str | None, version: str | None) -> str:
+    """How an agent is named in reports: ``service@version`` (``service`` when unversioned)."""
+    name = service or "(unknown service)"
+    return f"{name}@{version}" if version else name
+
+
+def _status(trajectory: Trajectory) -> str:
+    return str(trajectory.context.get(TRIAL_STATUS, "")).strip().lower()
+
+
+def is_missing(trajectory: Trajectory) -> bool:
+    """A trial never started (spend cap, interrupted): counted beside n, never in it."""
+    return _status(trajectory) == "missing"
+
+
+def is_errored(trajectory: Trajectory) -> bool:
+    """A trial that started and produced no usable run: a run, and a failing one."""
+    return _status(trajectory) in ERRORED_STATUSES
+
+
+def is_marker(trajectory: Trajectory) -> bool:
+    """A trial marker (missing or errored): no steps of the agent to analyse."""
+    return _status(trajectory) in MARKER_STATUSES
+
+
+def errored_reason(trajectory: Trajectory) -> str:
+    """Why an errored trial failed, as its marker recorded it."""
+    reason = trajectory.context.get(TRIAL_REASON)
+    return str(reason) if reason not in (None, "") else "(no reason recorded)"
+
+
+def strict_bool(value: Any) -> bool | None:
+    """True / "true" / 1 / "1" -> True; False / "false" / 0 / "0" -> False; anything else -> None.
+
+    Exporters stringify attributes, so the text forms are accepted; "yes", 2 or "" are not
+    evidence of anything.
+    """
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str):
+        return {"true": True, "1": True, "false": False, "0": False}.get(value.strip().lower())
+    return None
+
+
+def fault_exposed(trajectory: Trajectory) -> bool:
+    """Positive evidence that the injected fault hit this run.
+
+    Either a failed step of the targeted tool (``plumbline.fault.tool``) whose error contains the
+    text the driver injected (``plumbline.fault.error``), or ``plumbline.fault.fired`` strictly
+    true. Absent or unreadable evidence is no evidence: the run is unexposed.
+    """
+    if strict_bool(trajectory.context.get(FAULT_FIRED)) is True:
+        return True
+    tool, message = trajectory.context.get(FAULT_TOOL), trajectory.context.get(FAULT_ERROR)
+    if tool in (None, "") or message in (None, ""):
+        return False
+    return any(s.name == str(tool) and s.error is not None and str(message) in s.error for s in trajectory.steps)
+
+
+def run_status(trajectory: Trajectory) -> RunStatus:
+    """How a run counts: missing (not in n), errored (in n, failing), unexposed (listed only), exposed (judged).
+
+    Only ``tool_fault`` runs need exposure evidence; every other perturbation is exposed by
+    construction (its variant is the prompt or tool set the agent saw).
+    """
+    if is_missing(trajectory):
+        return "missing"
+    if is_errored(trajectory):
+        return "errored"
+    if perturbation_of(trajectory) == TOOL_FAULT and not fault_exposed(trajectory):
+        return "unexposed"
+    return "exposed"
+
+
+def run_label(trajectory: Trajectory) -> str:
+    """How reports list one run: its trial id, else its trajectory id."""
+    return str(trajectory.context.get(TRIAL_ID) or trajectory.trajectory_id)
