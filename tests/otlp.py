@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import base64
 from collections.abc import Callable
 from typing import Any
 
-from google.protobuf.json_format import MessageToDict
 from opentelemetry.exporter.otlp.proto.common._log_encoder import encode_logs
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
@@ -18,6 +16,8 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import Tracer
+
+from plumbline_otel.replay import export as replay_export
 
 
 def record(build: Callable[[Tracer], None], service: str = "test-agent", resource: dict[str, Any] | None = None,
@@ -46,14 +46,6 @@ def record_with_logs(build: Callable[[Tracer, Logger], None], service: str = "te
     return encode_spans(spans.get_finished_spans()), encode_logs(logs.get_finished_logs())
 
 
-def _hex_ids(node: Any) -> Any:
-    if isinstance(node, dict):
-        return {k: (base64.b64decode(v).hex() if k in ("traceId", "spanId", "parentSpanId") and v else _hex_ids(v)) for k, v in node.items()}
-    if isinstance(node, list):
-        return [_hex_ids(v) for v in node]
-    return node
-
-
 def to_otlp_json(request: ExportTraceServiceRequest | ExportLogsServiceRequest) -> dict[str, Any]:
     """OTLP JSON as the spec writes it: hex ids, integer enums, 64-bit integers as strings."""
-    return _hex_ids(MessageToDict(request, use_integers_for_enums=True))
+    return replay_export.to_otlp_json(request)

@@ -21,25 +21,21 @@ when ``capture_content`` is on, which is the default for these reference agents.
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
-from google.protobuf import json_format
-from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import (
     BatchSpanProcessor,
     SimpleSpanProcessor,
     SpanExporter,
-    SpanExportResult,
 )
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer
 
+from plumbline_otel.replay import OtlpJsonFileExporter, exporter_for_endpoint
 from plumbline_otel.replay.identity import TrialIdentity  # the one trial identity, shared with the driver
 from plumbline_otel.runs import TASK_KEY
 
@@ -60,78 +56,6 @@ _FINISH_REASONS = {
 
 # ---------------------------------------------------------------------------------------------
 # Exporters and providers
-
-
-def _hexify_ids(node: Any) -> Any:
-    """Rewrite base64 trace/span ids (protobuf JSON) to lowercase hex (OTLP JSON) in place."""
-    import base64
-
-    if isinstance(node, dict):
-        for key, value in node.items():
-            if key in ("traceId", "spanId", "parentSpanId") and isinstance(value, str):
-                node[key] = base64.b64decode(value).hex()
-            else:
-                _hexify_ids(value)
-    elif isinstance(node, list):
-        for item in node:
-            _hexify_ids(item)
-    return node
-
-
-def spans_to_otlp_json(spans: Sequence[ReadableSpan]) -> dict[str, Any]:
-    """One ``ExportTraceServiceRequest`` in OTLP JSON: camelCase, enums as ints, hex ids."""
-    message = encode_spans(spans)
-    as_dict = json_format.MessageToDict(message, use_integers_for_enums=True)
-    return _hexify_ids(as_dict)
-
-
-class OtlpJsonLinesExporter(SpanExporter):
-    """Appends one OTLP JSON ``ExportTraceServiceRequest`` per export call to a file.
-
-    Thread-safe; each line is written and flushed whole, so a reader never sees half a request.
-    """
-
-    def __init__(self, path: str | Path) -> None:
-        self._path = Path(path)
-        self._path.parent.mkdir(parents=True, exist_ok=True)
-        self._lock = threading.Lock()
-        self._closed = False
-
-    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        if self._closed:
-            return SpanExportResult.FAILURE
-        if not spans:
-            return SpanExportResult.SUCCESS
-        line = json.dumps(spans_to_otlp_json(spans), separators=(",", ":"))
-        with self._lock, self._path.open("a", encoding="utf-8") as fh:
-            fh.write(line + "\n")
-        return SpanExportResult.SUCCESS
-
-    def shutdown(self) -> None:
-        self._closed = True
-
-    def force_flush(self, timeout_millis: int = 30000) -> bool:
-        return True
-
-
-def exporter_for_endpoint(endpoint: str, headers: Mapping[str, str] | None = None) -> SpanExporter:
-    """An OTLP exporter for a URL: HTTP when the path is ``/v1/traces`` or the port is 4318, else gRPC."""
-    parts = urlsplit(endpoint if "://" in endpoint else f"http://{endpoint}")
-    if parts.path.rstrip("/").endswith("/v1/traces") or parts.port == 4318 or parts.scheme in (
-        "otlphttp",
-    ):
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as Http
-
-        scheme = "https" if parts.scheme == "https" else "http"
-        path = parts.path if parts.path.rstrip("/").endswith("/v1/traces") else "/v1/traces"
-        return Http(endpoint=f"{scheme}://{parts.netloc}{path}", headers=dict(headers or {}))
-    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as Grpc
-
-    return Grpc(
-        endpoint=parts.netloc,
-        insecure=parts.scheme != "https",
-        headers=dict(headers or {}),
-    )
 
 
 def make_tracer_provider(
@@ -164,7 +88,7 @@ def make_tracer_provider(
     chosen: SpanExporter | None = exporter
     network = False  # batched unless the caller passed its own exporter
     if chosen is None and otlp_file is not None:
-        chosen = OtlpJsonLinesExporter(otlp_file)
+        chosen = OtlpJsonFileExporter(otlp_file)
         network = True
     if chosen is None and endpoint is not None:
         chosen = exporter_for_endpoint(endpoint)

@@ -28,7 +28,7 @@ from plumbline_otel.replay.adapters import (
 )
 from plumbline_otel.replay.budget import BudgetExceeded, SpendCap, TrialBudget, cost_usd, price_of
 from plumbline_otel.replay.cache import ResponseCache, anthropic_client, cache_key, caching_transport
-from plumbline_otel.replay.export import MarkerWriter, OtlpJsonFileExporter, SpanSink, TrialSpanBuffer
+from plumbline_otel.replay.export import MarkerWriter, OtlpJsonFileExporter, SpanSink, TrialSpanBuffer, exporter_for_endpoint, to_otlp_json
 from plumbline_otel.replay.guard import GuardVerdict, check_equivalent, protected_tokens
 from plumbline_otel.replay.identity import FaultPlan, TrialIdentity, trial_id_for
 from plumbline_otel.replay.ledger import Ledger
@@ -72,5 +72,5 @@ __all__ = [
     "TrialRecord", "TrialScope", "TrialSpanBuffer", "Variant", "anthropic_client", "build_variants", "cache_key",
     "caching_transport", "check_equivalent", "cost_usd", "current_scope", "current_trial_attributes", "inject_fault", "load_adapter",
     "open_study", "plan_study", "reservations_for", "price_of", "protected_tokens", "register", "run_study", "select_tasks", "stored_trials",
-    "tasks_from_trajectories", "trial_id_for", "trials_of",
+    "tasks_from_trajectories", "to_otlp_json", "trial_id_for", "trials_of", "exporter_for_endpoint",
 ]

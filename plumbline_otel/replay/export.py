@@ -21,13 +21,14 @@ import base64
 import re
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import orjson
 from google.protobuf import json_format
+from google.protobuf.message import Message
 from opentelemetry import trace
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.sdk.resources import Resource
@@ -53,6 +54,7 @@ def _path_lock(path: Path) -> threading.Lock:
 
 
 def _hex_ids(node: Any) -> Any:
+    """Protobuf's JSON writes ids as base64; OTLP JSON writes them as hex."""
     if isinstance(node, dict):
         for key, value in node.items():
             if key in ("traceId", "spanId", "parentSpanId") and isinstance(value, str):
@@ -63,6 +65,12 @@ def _hex_ids(node: Any) -> Any:
         for item in node:
             _hex_ids(item)
     return node
+
+
+def to_otlp_json(request: Message) -> dict[str, Any]:
+    """A trace or logs export request as OTLP JSON: camelCase keys, integer enums, hex ids, 64-bit integers as strings."""
+    found: dict[str, Any] = _hex_ids(json_format.MessageToDict(request, use_integers_for_enums=True))
+    return found
 
 
 class OtlpJsonFileExporter(SpanExporter):
@@ -76,8 +84,7 @@ class OtlpJsonFileExporter(SpanExporter):
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
         if not spans:
             return SpanExportResult.SUCCESS
-        message = json_format.MessageToDict(encode_spans(spans), use_integers_for_enums=True)
-        line = orjson.dumps(_hex_ids(message)) + b"\n"
+        line = orjson.dumps(to_otlp_json(encode_spans(spans))) + b"\n"
         with self._lock, self.path.open("ab") as fh:
             fh.write(line)
         return SpanExportResult.SUCCESS
@@ -190,19 +197,20 @@ class SpanSink:
                 self._exporter = None
 
 
-def exporter_for_endpoint(endpoint: str) -> SpanExporter:
-    """OTLP/HTTP when the URL ends in /v1/traces or uses port 4318, OTLP/gRPC otherwise."""
+def exporter_for_endpoint(endpoint: str, headers: Mapping[str, str] | None = None) -> SpanExporter:
+    """OTLP/HTTP when the URL ends in /v1/traces or uses port 4318, OTLP/gRPC otherwise; TLS for https://."""
     from urllib.parse import urlsplit
 
     parts = urlsplit(endpoint if "://" in endpoint else f"http://{endpoint}")
     if parts.path.rstrip("/").endswith("/v1/traces") or parts.port == 4318:
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as Http
 
+        scheme = "https" if parts.scheme == "https" else "http"
         path = parts.path if parts.path.rstrip("/").endswith("/v1/traces") else "/v1/traces"
-        return Http(endpoint=f"{parts.scheme or 'http'}://{parts.netloc}{path}")
+        return Http(endpoint=f"{scheme}://{parts.netloc}{path}", headers=dict(headers or {}))
     from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as Grpc
 
-    return Grpc(endpoint=parts.netloc, insecure=parts.scheme != "https")
+    return Grpc(endpoint=parts.netloc, insecure=parts.scheme != "https", headers=dict(headers or {}))
 
 
 class TrialSpanBuffer(SpanProcessor):
