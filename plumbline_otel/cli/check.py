@@ -10,7 +10,7 @@ import json
 
 import click
 
-from plumbline_otel.cli.options import SINCE_HELP, parse_since, sources, stores_option, warn_misrouted
+from plumbline_otel.cli.options import parse_since, since_option, sources, stores_option, warn_misrouted
 
 
 def open_store(db: str, read_only: bool = False):  # type: ignore[no-untyped-def]
@@ -23,7 +23,7 @@ def open_store(db: str, read_only: bool = False):  # type: ignore[no-untyped-def
 @click.command("check")
 @click.option("--spec", "spec_path", required=True, type=click.Path(exists=True, dir_okay=False), help="invariant spec (YAML)")
 @stores_option
-@click.option("--since", default=None, help=SINCE_HELP)
+@since_option
 @click.option("--service", default=None, help="only runs of this service (agent)")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
 @click.option(

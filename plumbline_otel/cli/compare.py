@@ -6,7 +6,7 @@ import json
 
 import click
 
-from plumbline_otel.cli.options import SINCE_HELP, parse_since, sources, stores_option, warn_misrouted
+from plumbline_otel.cli.options import parse_since, since_option, sources, stores_option, warn_misrouted
 
 
 @click.command("compare")
@@ -16,7 +16,7 @@ from plumbline_otel.cli.options import SINCE_HELP, parse_since, sources, stores_
 @click.option("--spec", "spec_path", default=None, type=click.Path(exists=True, dir_okay=False),
               help="invariant spec: effect_tools, argument types, and the paired conformance test")
 @click.option("--study", default=None, help="only runs whose plumbline.study is this")
-@click.option("--since", default=None, help=SINCE_HELP)
+@since_option
 @click.option("--consistency", "with_consistency", is_flag=True, help="also report each agent's consistency per task")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
 def compare(a: str, b: str, db: tuple[str, ...], server: tuple[str, ...], spec_path: str | None, study: str | None, since: str | None,

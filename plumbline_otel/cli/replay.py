@@ -10,14 +10,19 @@ from __future__ import annotations
 import json
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
-from plumbline_otel.cli.options import SINCE_HELP, parse_since, sources, stores_option, warn_misrouted
+from plumbline_otel.cli.options import parse_since, since_option, sources, stores_option, warn_misrouted
 from plumbline_otel.errors import ConfigError
+from plumbline_otel.sources import Sources
 from plumbline_otel.store import DEFAULT_DB
+
+if TYPE_CHECKING:
+    from plumbline_otel.replay import StudyConfig
 
 
 def _split(values: tuple[str, ...] | str | None) -> list[str]:
@@ -44,7 +49,7 @@ def _options(pairs: tuple[str, ...]) -> dict[str, Any]:
     return out
 
 
-def _next_steps(stores: Any, study: str, otlp_file: str | None, endpoint: str | None, spec: str | None,
+def _next_steps(stores: Sources, study: str, otlp_file: str | None, endpoint: str | None, spec: str | None,
                 agent: str | None) -> str:
     spec_arg = spec or "SPEC.yaml"
     agent_arg = f" --agent {agent}" if agent else ""
@@ -76,23 +81,13 @@ class _ServerTraces:
             client.close()
 
 
-def _from_sources(stores: Any, study: str, agent: str | None, keys: list[str] | None, since_ns: int | None,
-                  where: str | None) -> tuple[list[Any], set[str], set[str]]:
-    """Tasks and resume state from servers (the served file cannot be opened) or several files, read as one."""
-    from plumbline_otel.replay import select_tasks, trials_of
-
-    tasks = select_tasks(stores, agent=agent, task_keys=keys, since_ns=since_ns, where=where)
-    completed, missing = trials_of(stores.trajectories(), study)
-    return tasks, completed, missing
-
-
 @click.command("replay")
 @stores_option
 @click.option("--study", required=True, help="study name (plumbline.study on every trial)")
 @click.option("--agent", default=None, help="tasks from this agent's runs: service or service@version")
 @click.option("--task", "task_keys", multiple=True, help="only these task keys (repeatable, or comma-separated)")
 @click.option("--where", default=None, help="extra SQL filter over the trajectories table")
-@click.option("--since", default=None, help=SINCE_HELP)
+@since_option
 @click.option("--perturbations", default="baseline", show_default=True,
               help="comma-separated: baseline, paraphrase, distractor, decoy_tools, sampling, tool_fault")
 @click.option("--repeats", type=click.IntRange(1), default=1, show_default=True, help="trials per variant")
@@ -123,104 +118,127 @@ def _from_sources(stores: Any, study: str, agent: str | None, keys: list[str] | 
 @click.option("--spec", default=None, help="spec file to name in the printed certify command")
 @click.option("--dry-run", is_flag=True, help="print the plan; run nothing")
 @click.option("--quiet", is_flag=True, help="no per-trial lines")
-def replay(db: tuple[str, ...], server: tuple[str, ...], study: str, agent: str | None, task_keys: tuple[str, ...], where: str | None, since: str | None,
-           perturbations: str, repeats: int, variants: int, seed: int, fault_tools: str | None, paraphrase_model: str | None, adapter_spec: str,
-           adapter_options: tuple[str, ...], otlp_file: str | None, endpoint: str | None, concurrency: int,
-           budget_usd: float | None, trial_max_usd: float | None, max_attempts: int, resume: bool, rerun: bool,
-           trace_wait: float,
-           state_dir: str | None, cache_mode: str, service: str | None, spec: str | None, dry_run: bool,
-           quiet: bool) -> None:
+def replay(**options: Any) -> None:
     """Replay stored tasks through an agent under perturbations; print what to ingest and certify."""
-    from plumbline_otel.replay import (
-        PERTURBATIONS,
-        AnthropicParaphraser,
-        CommandAdapter,
-        HttpAdapter,
-        PerturbOptions,
-        RetryPolicy,
-        SpanSink,
-        StudyConfig,
-        anthropic_client,
-        load_adapter,
-        open_study,
-        select_tasks,
-        stored_trials,
-    )
-    from plumbline_otel.store import Store
+    run_replay(ReplayOptions(**options))
 
-    names = _split(perturbations)
-    unknown = [n for n in names if n not in PERTURBATIONS]
-    if unknown or not names:
-        raise ConfigError(f"--perturbations: unknown {', '.join(unknown) or '(none given)'}; known: {', '.join(PERTURBATIONS)}")
-    if bool(otlp_file) == bool(endpoint) and not dry_run:
+
+@dataclass(frozen=True)
+class ReplayOptions:
+    """`plumbline replay`'s options, as click parsed them; `study_config` turns them into the library's `StudyConfig`."""
+
+    db: tuple[str, ...]
+    server: tuple[str, ...]
+    study: str
+    agent: str | None
+    task_keys: tuple[str, ...]
+    where: str | None
+    since: str | None
+    perturbations: str
+    repeats: int
+    variants: int
+    seed: int
+    fault_tools: str | None
+    paraphrase_model: str | None
+    adapter_spec: str
+    adapter_options: tuple[str, ...]
+    otlp_file: str | None
+    endpoint: str | None
+    concurrency: int
+    budget_usd: float | None
+    trial_max_usd: float | None
+    max_attempts: int
+    resume: bool
+    rerun: bool
+    trace_wait: float
+    state_dir: str | None
+    cache_mode: str
+    service: str | None
+    spec: str | None
+    dry_run: bool
+    quiet: bool
+
+    def perturbation_names(self) -> tuple[str, ...]:
+        from plumbline_otel.replay import PERTURBATIONS
+
+        names = _split(self.perturbations)
+        unknown = [n for n in names if n not in PERTURBATIONS]
+        if unknown or not names:
+            raise ConfigError(f"--perturbations: unknown {', '.join(unknown) or '(none given)'}; known: {', '.join(PERTURBATIONS)}")
+        return tuple(names)
+
+    def study_config(self, stores: Sources) -> StudyConfig:
+        from plumbline_otel.replay import AnthropicParaphraser, PerturbOptions, RetryPolicy, SpanSink, StudyConfig, anthropic_client
+
+        label, _, version = (self.service or "").partition("@")
+        paraphraser = AnthropicParaphraser(anthropic_client(), self.paraphrase_model) if self.paraphrase_model else None
+        return StudyConfig(
+            study=self.study, perturbations=self.perturbation_names(), repeats=self.repeats,
+            options=PerturbOptions(variants=self.variants, seed=self.seed, fault_tools=tuple(_split(self.fault_tools)), paraphraser=paraphraser),
+            concurrency=self.concurrency, budget_usd=self.budget_usd, trial_max_usd=self.trial_max_usd, resume=self.resume,
+            rerun=self.rerun, trace_wait_s=self.trace_wait, retry=RetryPolicy(max_attempts=self.max_attempts),
+            state_dir=self.state_dir or f"{Path((stores.dbs or (DEFAULT_DB,))[0]).with_suffix('')}.replay/{self.study}",
+            cache_mode=self.cache_mode,
+            sink=SpanSink(otlp_file=self.otlp_file, endpoint=self.endpoint) if (self.otlp_file or self.endpoint) else None,
+            trace_stored=_ServerTraces(self.server) if self.server and self.endpoint and not self.dry_run else None,
+            service=label or None, service_version=version or None)
+
+
+def _print_plan(plan: Any) -> None:
+    for v in plan.variants:
+        status = f"REJECTED: {v.rejected}" if v.rejected else "ok"
+        meta = {k: ([d.get("name") for d in val] if k == "decoy_tools" else val) for k, val in v.metadata.items()}
+        click.echo(f"  {v.task_key} {v.perturbation}/{v.variant_id} {status}\n    {v.text!r} {json.dumps(meta, default=str)}")
+
+
+def run_replay(opts: ReplayOptions) -> None:
+    """Source the tasks, open the study, run it (or print its plan), write its summary, say what comes next."""
+    from plumbline_otel.replay import CommandAdapter, HttpAdapter, load_adapter, open_study, source_tasks
+
+    names = opts.perturbation_names()
+    if bool(opts.otlp_file) == bool(opts.endpoint) and not opts.dry_run:
         raise ConfigError("give exactly one of --otlp-file and --endpoint (where the trials' spans and markers go)")
-    keys = _split(task_keys) or None
-    stores = sources(db, server, assemble=True)
+    stores = sources(opts.db, opts.server, assemble=True)
+    source = source_tasks(stores, opts.study, agent=opts.agent, task_keys=_split(opts.task_keys) or None,
+                          since_ns=parse_since(opts.since), where=opts.where)
     if stores.single_db is None:
-        tasks, completed, was_missing = _from_sources(stores, study, agent, keys, parse_since(since), where)
         warn_misrouted(stores)
-    else:
-        db_file = stores.single_db
-        if not Path(db_file).exists():
-            raise ConfigError(f"--db {db_file}: no such store; ingest the agent's traces first (`plumbline ingest … --db {db_file}`)")
-        with Store(db_file) as store:
-            store.assemble()
-            tasks = select_tasks(store, agent=agent, task_keys=keys, since_ns=parse_since(since), where=where)
-            completed, was_missing = stored_trials(store, study)
-    if not tasks:
-        raise ConfigError("no tasks matched (baseline runs with a task key and an input"
-                          + (f" of {agent}" if agent else "") + "): check --agent/--task/--where/--since")
-    label, _, version = (service or "").partition("@")
-    config = StudyConfig(
-        study=study, perturbations=tuple(names), repeats=repeats,
-        options=PerturbOptions(variants=variants, seed=seed, fault_tools=tuple(_split(fault_tools)),
-                               paraphraser=AnthropicParaphraser(anthropic_client(), paraphrase_model) if paraphrase_model else None),
-        concurrency=concurrency, budget_usd=budget_usd, trial_max_usd=trial_max_usd, resume=resume,
-        rerun=rerun, trace_wait_s=trace_wait,
-        retry=RetryPolicy(max_attempts=max_attempts),
-        state_dir=state_dir or f"{Path((stores.dbs or (DEFAULT_DB,))[0]).with_suffix('')}.replay/{study}", cache_mode=cache_mode,
-        sink=SpanSink(otlp_file=otlp_file, endpoint=endpoint) if (otlp_file or endpoint) else None,
-        service=label or None, service_version=version or None)
-    stored = _ServerTraces(server) if server and endpoint and not dry_run else None
-    config.trace_stored = stored
-    adapter = load_adapter(adapter_spec, _options(adapter_options))
-    if endpoint and not server and isinstance(adapter, (CommandAdapter, HttpAdapter)):
+    config = opts.study_config(stores)
+    adapter = load_adapter(opts.adapter_spec, _options(opts.adapter_options))
+    if opts.endpoint and not opts.server and isinstance(adapter, (CommandAdapter, HttpAdapter)):
         click.echo("note: with --endpoint the driver sees only spans exported through it; give --server (the server's "
                    "gRPC address) so runs of an agent in another process are confirmed in the store", err=True)
     try:
         describe = getattr(adapter, "describe", None)
-        prepared = open_study(config, tasks, adapter)
+        prepared = open_study(config, source.tasks, adapter)
         plan = prepared.plan
-        click.echo(f"{len(tasks)} task(s) × {', '.join(names)} × {repeats} repeat(s): {len(plan.trials)} trials, "
-                   f"{len(plan.rejected)} variant(s) rejected; agent {describe() if callable(describe) else adapter_spec}")
-        if was_missing:
-            click.echo(f"{len(was_missing)} trial(s) of this study are stored only as markers; they run again as new attempts")
-        if dry_run:
-            for v in plan.variants:
-                status = f"REJECTED: {v.rejected}" if v.rejected else "ok"
-                meta = {k: ([d.get("name") for d in val] if k == "decoy_tools" else val) for k, val in v.metadata.items()}
-                click.echo(f"  {v.task_key} {v.perturbation}/{v.variant_id} {status}\n    {v.text!r} {json.dumps(meta, default=str)}")
+        click.echo(f"{len(source.tasks)} task(s) × {', '.join(names)} × {opts.repeats} repeat(s): {len(plan.trials)} trials, "
+                   f"{len(plan.rejected)} variant(s) rejected; agent {describe() if callable(describe) else opts.adapter_spec}")
+        if source.missing:
+            click.echo(f"{len(source.missing)} trial(s) of this study are stored only as markers; they run again as new attempts")
+        if opts.dry_run:
+            _print_plan(plan)
             return
 
         def progress(record: Any, done: int, total: int) -> None:
-            if not quiet:
+            if not opts.quiet:
                 extra = f"  {record.reason}" if record.reason else ""
                 click.echo(f"[{done}/{total}] {record.status:<7} {record.trial_id}  {record.seconds:.2f}s{extra}", err=True)
 
-        summary = prepared.run(completed, on_record=progress)
+        summary = prepared.run(source.completed, on_record=progress)
     finally:
         close = getattr(adapter, "close", None)
         if callable(close):
             close()
-        if stored is not None:
-            stored.close()
+        if isinstance(config.trace_stored, _ServerTraces):
+            config.trace_stored.close()
         if config.sink is not None:
             config.sink.close()
     state = Path(config.state_dir or ".")
     (state / "summary.json").write_text(json.dumps(summary.as_dict(), indent=2) + "\n", encoding="utf-8")
     click.echo(summary.render())
     click.echo(f"state: {state} (ledger.jsonl, variants.jsonl, responses.jsonl, summary.json)")
-    agent_label = service or getattr(adapter, "service", None)
-    click.echo(_next_steps(stores, study, otlp_file, endpoint, spec, agent_label))
+    agent_label = opts.service or getattr(adapter, "service", None)
+    click.echo(_next_steps(stores, opts.study, opts.otlp_file, opts.endpoint, opts.spec, agent_label))
     if summary.missing or summary.errored:
         sys.exit(3)

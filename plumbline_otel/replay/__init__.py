@@ -52,8 +52,6 @@ from plumbline_otel.replay.runner import (
     plan_study,
     reservations_for,
     run_study,
-    stored_trials,
-    trials_of,
 )
 from plumbline_otel.replay.scope import (
     InjectedFault,
@@ -62,15 +60,15 @@ from plumbline_otel.replay.scope import (
     current_trial_attributes,
     inject_fault,
 )
-from plumbline_otel.replay.tasks import ReplayTask, select_tasks, tasks_from_trajectories
+from plumbline_otel.replay.tasks import ReplayTask, TaskSource, select_tasks, source_tasks, stored_trials, tasks_from_trajectories, trials_of
 
 __all__ = [
     "PERTURBATIONS", "Adapter", "AdapterError", "AnthropicParaphraser", "BudgetExceeded", "CommandAdapter",
     "FaultPlan", "GuardVerdict", "HttpAdapter", "InjectedFault", "Ledger", "MarkerWriter", "OtlpJsonFileExporter",
-    "PerturbOptions", "Plan", "PythonAdapter", "ReplayTask", "ResponseCache", "RetryPolicy", "SpanSink", "SpendCap",
+    "PerturbOptions", "Plan", "PythonAdapter", "ReplayTask", "ResponseCache", "TaskSource", "RetryPolicy", "SpanSink", "SpendCap",
     "Study", "StudyConfig", "StudyLock", "StudyLocked", "StudySummary", "TransientAdapterError", "Trial", "TrialBudget", "TrialIdentity", "TrialOutcome",
     "TrialRecord", "TrialScope", "TrialSpanBuffer", "Variant", "anthropic_client", "build_variants", "cache_key",
     "caching_transport", "check_equivalent", "cost_usd", "current_scope", "current_trial_attributes", "inject_fault", "load_adapter",
-    "open_study", "plan_study", "reservations_for", "price_of", "protected_tokens", "register", "run_study", "select_tasks", "stored_trials",
+    "open_study", "plan_study", "reservations_for", "price_of", "protected_tokens", "register", "run_study", "select_tasks", "source_tasks", "stored_trials",
     "tasks_from_trajectories", "to_otlp_json", "trial_id_for", "trials_of", "exporter_for_endpoint",
 ]

@@ -24,7 +24,7 @@ from __future__ import annotations
 import hashlib
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
@@ -35,7 +35,6 @@ from opentelemetry import baggage, context, trace
 from opentelemetry.trace import NonRecordingSpan
 
 from plumbline_otel.errors import ReplayError
-from plumbline_otel.model import Trajectory
 from plumbline_otel.replay.adapters import PythonAdapter, TransientAdapterError, Trial, TrialOutcome
 from plumbline_otel.replay.budget import BudgetExceeded, SpendCap, TrialBudget, cost_usd
 from plumbline_otel.replay.cache import ResponseCache
@@ -46,7 +45,7 @@ from plumbline_otel.replay.lock import StudyLock
 from plumbline_otel.replay.perturb import PerturbOptions, Variant, build_variants
 from plumbline_otel.replay.scope import FaultInjector, TrialScope, activate
 from plumbline_otel.replay.tasks import ReplayTask
-from plumbline_otel.runs import FAULT, MARKER_STATUSES, STUDY, TRIAL_ID, TRIAL_STATUS, is_marker
+from plumbline_otel.runs import FAULT
 
 
 @dataclass(frozen=True)
@@ -560,29 +559,3 @@ def run_study(config: StudyConfig, tasks: Sequence[ReplayTask], adapter: Any, *,
     stored; ``on_record(record, done, total)`` is called in the calling thread as each trial ends.
     """
     return open_study(config, tasks, adapter).run(completed, on_record)
-
-
-
-
-def trials_of(trajectories: Iterable[Trajectory], study: str) -> tuple[set[str], set[str]]:
-    """(trial ids with a run, trial ids only recorded by markers) of ``study`` among these runs."""
-    runs: set[str] = set()
-    missing: set[str] = set()
-    for t in trajectories:
-        tid = t.context.get(TRIAL_ID)
-        if tid is None or str(t.context.get(STUDY, "")) != study:
-            continue
-        (missing if is_marker(t) else runs).add(str(tid))
-    return runs, missing - runs
-
-
-def stored_trials(store: Any, study: str) -> tuple[set[str], set[str]]:
-    """(trial ids with a stored run, trial ids stored only as markers) of ``study``."""
-    store.assemble()
-    rows = store.connection.execute(
-        f"SELECT json_extract_string(doc, '$.context.\"{TRIAL_ID}\"') AS tid, "
-        f"lower(trim(coalesce(json_extract_string(doc, '$.context.\"{TRIAL_STATUS}\"'), ''))) AS status "
-        f"FROM trajectories WHERE json_extract_string(doc, '$.context.\"{STUDY}\"') = ?", [study]).fetchall()
-    runs = {tid for tid, status in rows if tid and status not in MARKER_STATUSES}
-    missing = {tid for tid, status in rows if tid and status in MARKER_STATUSES} - runs
-    return runs, missing

@@ -3,16 +3,21 @@
 A task is a task key plus the input of a representative run: the most recent *baseline* run of
 that key that has an input and is not a missing-trial marker (a perturbed run's input is itself
 a variant, so it never stands for the task). ``tasks_from_trajectories`` is the pure rule;
-``select_tasks`` applies it to a store (by agent, task keys, time and an SQL filter).
+``select_tasks`` applies it to a store (by agent, task keys, time and an SQL filter), and
+``source_tasks`` adds what a study needs to resume: the trials it already ran.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
+from plumbline_otel.errors import ConfigError
 from plumbline_otel.model import Trajectory
-from plumbline_otel.runs import agent_label, is_missing, perturbation_of
+from plumbline_otel.runs import MARKER_STATUSES, STUDY, TRIAL_ID, TRIAL_STATUS, agent_label, is_marker, is_missing, perturbation_of
+from plumbline_otel.sources import Sources
+from plumbline_otel.store import Store
 
 
 @dataclass(frozen=True)
@@ -72,7 +77,7 @@ def tasks_from_trajectories(trajectories: Iterable[Trajectory], task_keys: Seque
             for key, t in sorted(best.items())]
 
 
-def select_tasks(store, agent: str | None = None, task_keys: Sequence[str] | None = None,  # type: ignore[no-untyped-def]
+def select_tasks(store: Store | Sources, agent: str | None = None, task_keys: Sequence[str] | None = None,
                  since_ns: int | None = None, where: str | None = None) -> list[ReplayTask]:
     """Tasks from a ``Store`` (or ``Sources``, several stores read as one): runs of ``agent``
     (service or service@version), optionally only ``task_keys``, started at/after ``since_ns`` and
@@ -85,3 +90,61 @@ def select_tasks(store, agent: str | None = None, task_keys: Sequence[str] | Non
     runs = store.trajectories(service=service, task=keys[0] if keys and len(keys) == 1 else None,
                               since_ns=since_ns, where=" AND ".join(clauses) if where else None)
     return tasks_from_trajectories(runs, keys, agent)
+
+
+def trials_of(trajectories: Iterable[Trajectory], study: str) -> tuple[set[str], set[str]]:
+    """(trial ids with a run, trial ids only recorded by markers) of ``study`` among these runs."""
+    runs: set[str] = set()
+    missing: set[str] = set()
+    for t in trajectories:
+        tid = t.context.get(TRIAL_ID)
+        if tid is None or str(t.context.get(STUDY, "")) != study:
+            continue
+        (missing if is_marker(t) else runs).add(str(tid))
+    return runs, missing - runs
+
+
+def stored_trials(store: Store, study: str) -> tuple[set[str], set[str]]:
+    """(trial ids with a stored run, trial ids stored only as markers) of ``study``."""
+    store.assemble()
+    rows = store.connection.execute(
+        f"SELECT json_extract_string(doc, '$.context.\"{TRIAL_ID}\"') AS tid, "
+        f"lower(trim(coalesce(json_extract_string(doc, '$.context.\"{TRIAL_STATUS}\"'), ''))) AS status "
+        f"FROM trajectories WHERE json_extract_string(doc, '$.context.\"{STUDY}\"') = ?", [study]).fetchall()
+    runs = {tid for tid, status in rows if tid and status not in MARKER_STATUSES}
+    missing = {tid for tid, status in rows if tid and status in MARKER_STATUSES} - runs
+    return runs, missing
+
+
+@dataclass(frozen=True)
+class TaskSource:
+    """What a study starts from: the tasks to replay, and the trials it already has (for resume)."""
+
+    tasks: list[ReplayTask]
+    completed: set[str]  # trial ids with a stored run
+    missing: set[str]  # trial ids stored only as markers: they run again as new attempts
+
+
+def source_tasks(stores: Sources, study: str, agent: str | None = None, task_keys: Sequence[str] | None = None,
+                 since_ns: int | None = None, where: str | None = None) -> TaskSource:
+    """The tasks and the study's resume state, from one store file or from several stores and servers read as one.
+
+    One file is opened for writing and assembled first, so spans a crash left unassembled count;
+    a served file cannot be opened, so servers are read through their API. No task matched is a
+    `ConfigError` that says which filters to check.
+    """
+    db = stores.single_db
+    if db is None:
+        tasks = select_tasks(stores, agent=agent, task_keys=task_keys, since_ns=since_ns, where=where)
+        completed, missing = trials_of(stores.trajectories(), study)
+    else:
+        if not Path(db).exists():
+            raise ConfigError(f"--db {db}: no such store; ingest the agent's traces first (`plumbline ingest … --db {db}`)")
+        with Store(db) as store:
+            store.assemble()
+            tasks = select_tasks(store, agent=agent, task_keys=task_keys, since_ns=since_ns, where=where)
+            completed, missing = stored_trials(store, study)
+    if not tasks:
+        raise ConfigError("no tasks matched (baseline runs with a task key and an input"
+                          + (f" of {agent}" if agent else "") + "): check --agent/--task/--where/--since")
+    return TaskSource(tasks, completed, missing)

@@ -9,6 +9,7 @@ from plumbline_otel.report.certificate import (
     evidence_hash,
     fault_unexposed,
 )
+from plumbline_otel.report.gate import GateVerdict, gate_verdict
 from plumbline_otel.report.pages import write_report
 from plumbline_otel.report.render import CertificateError, load_certificate, render_text, validate
 from plumbline_otel.runs import agent_label
@@ -18,11 +19,13 @@ __all__ = [
     "CERTIFICATE_VERSION",
     "Cell",
     "CertificateError",
+    "GateVerdict",
     "agent_label",
     "build_certificate",
     "evidence_digest",
     "evidence_hash",
     "fault_unexposed",
+    "gate_verdict",
     "load_certificate",
     "render_text",
     "validate",

@@ -32,6 +32,7 @@ def run(
     service: str | None = "agent",
     version: str | None = None,
     start_ns: int = 0,
+    input: str | None = None,
     **context: Any,
 ) -> Trajectory:
     """A trajectory of `steps` (ids run-000001, … unless given); dotted context keys use "__".
@@ -52,7 +53,7 @@ def run(
         service=service,
         service_version=version,
         agent_name=None,
-        input=None,
+        input=input,
         final_output=None,
         conventions=("genai",),
         steps=timed,
@@ -82,7 +83,7 @@ def span_records(trajectory: Trajectory) -> list[Any]:
         trace_id=trace_id, span_id=f"{1:016x}", parent_span_id=None, name="invoke_agent",
         start_ns=base, end_ns=base + len(trajectory.steps) + 2, service_name=trajectory.service,
         service_version=trajectory.service_version, step_kind="agent", agent_name=trajectory.agent_name,
-        convention="genai", attributes=attrs,
+        convention="genai", attributes=attrs, input_text=trajectory.input,
     )
     records = [root]
     for i, step in enumerate(trajectory.steps):
