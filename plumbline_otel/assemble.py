@@ -22,7 +22,7 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 import orjson
@@ -38,14 +38,6 @@ from plumbline_otel.runs import TASK_KEY
 DEFAULT_TASK_KEYS = (TASK_KEY,)
 CONTEXT_PREFIX = "plumbline."
 CONTEXT_KEYS = ("session.id", "gen_ai.conversation.id")
-
-
-@dataclass
-class _Merged:
-    """LLM spans that are one call: the richest one leads, the others fill its gaps."""
-
-    lead: SpanRecord
-    members: list[SpanRecord]
 
 
 def _richness(rec: SpanRecord) -> tuple[int, int, int]:

@@ -116,11 +116,11 @@ _MIGRATIONS: dict[int, list[str]] = {
         "DROP TABLE spans",
         "ALTER TABLE spans_v2 RENAME TO spans",
     ],
-    # Framework wrappers and dumps unwrapped per span, for coverage (issue 15); every trajectory is
+    # Framework wrappers and dumps unwrapped per span, for coverage; every trajectory is
     # rebuilt, because a conversation id is no longer a default task key.
     3: ["ALTER TABLE spans ADD COLUMN shapes VARCHAR[]",
         "INSERT OR IGNORE INTO dirty_traces SELECT DISTINCT trace_id FROM spans"],
-    # Issue 11: GenAI log records (a server before this version made the table itself) are folded into
+    # GenAI log records (a server before this version made the table itself) are folded into
     # their spans at assembly; cache tokens, finish reasons, hand-offs and each field's evidence per span.
     4: [_LOGS_TABLE,
         *(f"ALTER TABLE spans ADD COLUMN {name} {kind}" for name, kind in _SPAN_COLUMNS_V4.items()),

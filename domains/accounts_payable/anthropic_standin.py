@@ -21,7 +21,7 @@ from __future__ import annotations
 import itertools
 import json
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Protocol
 
@@ -192,20 +192,3 @@ class AnthropicStandIn:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-
-
-class FunctionResponder:
-    """Turn a plain function into a responder (scripted tests, one-off experiments)."""
-
-    def __init__(
-        self,
-        fn: Callable[[Mapping[str, Any], Mapping[str, str]], tuple[list[dict[str, Any]], str]],
-        model_name: str = "scripted-model",
-    ) -> None:
-        self._fn = fn
-        self.model_name = model_name
-
-    def respond(
-        self, request: Mapping[str, Any], headers: Mapping[str, str]
-    ) -> tuple[list[dict[str, Any]], str]:
-        return self._fn(request, headers)

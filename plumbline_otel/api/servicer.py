@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import importlib
+import logging
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -12,8 +12,11 @@ import orjson
 from plumbline_otel import __version__
 from plumbline_otel.api import plumbline_pb2 as pb
 from plumbline_otel.api import plumbline_pb2_grpc as pb_grpc
+from plumbline_otel.coverage import coverage_counts, coverage_report
 from plumbline_otel.receive import Metrics, Overloaded, WriteQueue
 from plumbline_otel.store import Store
+
+log = logging.getLogger("plumbline.api")
 
 DEFAULT_PAGE = 500
 _MAX_PAGE = 5000
@@ -38,14 +41,13 @@ def _page(store: Store, state: dict[str, Any], request: pb.ListTrajectoriesReque
 
 
 def _coverage(store: Store, request: pb.CoverageRequest) -> str:
-    coverage = importlib.import_module("plumbline_otel.coverage")
     if request.assemble_first:
         store.assemble()
     since = request.since_ns if request.HasField("since_ns") else None
     if request.counts:
-        report = coverage.coverage_counts(store, since_ns=since, exclude_traces=list(request.exclude_trace_ids))
+        report = coverage_counts(store, since_ns=since, exclude_traces=list(request.exclude_trace_ids))
     else:
-        report = coverage.coverage_report(store, since_ns=since)
+        report = coverage_report(store, since_ns=since)
     return orjson.dumps(report, default=str).decode()
 
 
@@ -88,14 +90,10 @@ class PlumblineServicer(pb_grpc.PlumblineServicer):
             if "rows" in state:  # close the cursor where it was opened
                 try:
                     self._queue.call(lambda _store: state["rows"].close())
-                except Exception:
-                    pass
+                except Exception:  # the stream is over either way; a cursor left open is closed with the store
+                    log.warning("closing the trajectories cursor failed", exc_info=True)
 
     def Coverage(self, request: pb.CoverageRequest, context: grpc.ServicerContext) -> pb.CoverageResponse:
-        try:
-            importlib.import_module("plumbline_otel.coverage")
-        except ImportError:
-            context.abort(grpc.StatusCode.UNIMPLEMENTED, "this plumbline build has no coverage module")
         return pb.CoverageResponse(report_json=self._read(lambda store: _coverage(store, request), context))
 
     def TraceIds(self, request: pb.TraceIdsRequest, context: grpc.ServicerContext) -> Iterator[pb.TraceIdPage]:

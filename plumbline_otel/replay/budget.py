@@ -51,10 +51,6 @@ class BudgetExceeded(ReplayError):
     """The study's spend cap does not allow this trial (or this model call)."""
 
 
-class UnknownModelPrice(ReplayError):
-    """A model with no price while a cap is set: refuse rather than fail open."""
-
-
 def price_of(model: str | None, prices: dict[str, tuple[float, float]] = PRICES) -> tuple[float, float] | None:
     """(input, output) USD per million tokens, or None when the model is not priced."""
     if not model:

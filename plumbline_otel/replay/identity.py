@@ -175,16 +175,3 @@ class TrialIdentity:
 
 def _encode(value: Any) -> str:
     return quote(str(value), safe="/:@-._~")
-
-
-def parse_baggage(header: str) -> dict[str, str]:
-    """The inverse of ``TrialIdentity.baggage`` (properties after ``;`` are ignored)."""
-    from urllib.parse import unquote
-
-    out: dict[str, str] = {}
-    for member in header.split(","):
-        if "=" not in member:
-            continue
-        key, value = member.split("=", 1)
-        out[key.strip()] = unquote(value.split(";", 1)[0].strip())
-    return out

@@ -49,11 +49,6 @@ def calls(trajectory: Trajectory, tool: str, include_failed: bool = False) -> li
     return (index.all if include_failed else index.ok).get(tool, [])
 
 
-def failed_calls(trajectory: Trajectory, tool: str) -> list[int]:
-    """Indices of the failed calls of `tool`."""
-    return [i for i in calls(trajectory, tool, include_failed=True) if trajectory.steps[i].error is not None]
-
-
 def _structured(payload: Any) -> Any:
     if payload is None or payload == REDACTED:
         return UNAVAILABLE

@@ -248,4 +248,5 @@ def test_every_tool_result_is_json(sor):
     for name, args in [("get_invoice", {"invoice_id": "INV-1004"}), ("three_way_match", {"invoice_id": "INV-1004"}),
                        ("calculate_payable_amount", {"invoice_id": "INV-1011"}),
                        ("check_vendor_status", {"vendor_id": "V-107"}), ("check_fx_variance", {"invoice_id": "INV-1011"})]:
-        json.dumps(call_tool(sor, name, args))
+        result = call_tool(sor, name, args)
+        assert json.loads(json.dumps(result)) == result, name  # plain JSON values only: no tuples, Decimals or dates

@@ -133,10 +133,6 @@ class ToolRunner:
             span.set_attribute("gen_ai.tool.call.result", tracing.dumps(result))
             return result
 
-    def called(self, name: str, ok_only: bool = True) -> bool:
-        return any(s.name == name and (s.ok or not ok_only) for s in self.steps)
-
-
 @dataclass
 class Usage:
     calls: int = 0
