@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,7 @@ def demo_run(tmp_path_factory: pytest.TempPathFactory) -> DemoRun:
 
 
 @pytest.fixture
-def store(tmp_path: Path) -> Store:
+def store(tmp_path: Path) -> Iterator[Store]:
     """A real DuckDB file in a temporary directory."""
     with Store(tmp_path / "plumbline.duckdb") as s:
         yield s

@@ -44,7 +44,7 @@ HOSTILE_AGENTS = ("<script>agent-a</script>", "agent-b<b>")  # A (the reference)
 
 
 def _hostile_run(service: str, tool: str, amount: float) -> dict:
-    def build(tracer) -> None:  # type: ignore[no-untyped-def]
+    def build(tracer) -> None:
         with tracer.start_as_current_span("invoke_agent", attributes={"gen_ai.operation.name": "invoke_agent", "plumbline.task.key": HOSTILE_TASK}):
             with tracer.start_as_current_span(f"execute_tool {tool}", attributes={
                 "gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": tool, "plumbline.task.key": HOSTILE_TASK,
@@ -83,12 +83,12 @@ _NS = {"h": "http://www.w3.org/1999/xhtml"}
 TOKEN = "console-token"
 
 
-def parse(html: str):  # type: ignore[no-untyped-def]
+def parse(html: str):
     """Strict HTML5 parse: any parse error (bad nesting, stray end tag, bad attribute) raises."""
     return html5lib.HTMLParser(strict=True, namespaceHTMLElements=True).parse(html)
 
 
-def text_of(node) -> str:  # type: ignore[no-untyped-def]
+def text_of(node) -> str:
     return "".join(node.itertext())
 
 

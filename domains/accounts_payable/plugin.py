@@ -71,9 +71,9 @@ def run_command(arm: str, task: str, endpoint: str | None, otlp_file: str | None
 class Demo:
     """`plumbline demo`'s study: the three arms on every invoice, the retrying arm's runs as traffic (simulated model)."""
 
-    arms = ARMS
-    source_arm = "plan_execute_retry"
-    spec_path = SPEC_PATH
+    arms: tuple[str, ...] = ARMS
+    source_arm: str = "plan_execute_retry"
+    spec_path: Path = SPEC_PATH
 
     def service(self, arm: str) -> str:
         return f"ap-agent-{arm}"

@@ -7,7 +7,7 @@ from click.testing import CliRunner
 
 from plumbline_otel.analyse.conformance import check, evaluate, render_text, write_violations
 from plumbline_otel.cli.check import check as check_cmd
-from plumbline_otel.cli.check import parse_since
+from plumbline_otel.cli.options import parse_since
 from plumbline_otel.runs import fault_exposed, is_errored, is_missing, run_status, strict_bool
 from plumbline_otel.spec import ArgEquals, MustCall, MustNotCall, Ordering, Rule, Spec, invariant, parse_spec
 from plumbline_otel.spec.testing import call, run, span_records
@@ -45,7 +45,7 @@ def test_summary_counts_applicability_tasks_and_one_example():
     summary = check(SPEC, [good(), bad_amount(), bad_amount(), held_paid])
     amount = summary.invariants["AMOUNT"]
     assert (amount.applicable, amount.failed, len(amount.tasks)) == (3, 2, 1)
-    assert amount.example["step_index"] == 1 and "10× too large" in amount.example["detail"]
+    assert amount.example is not None and amount.example["step_index"] == 1 and "10× too large" in amount.example["detail"]
     held = summary.invariants["NO-PAY-HELD"]
     assert (held.applicable, held.failed) == (1, 1)
     assert (summary.runs, summary.critical_conforming) == (4, 1)
@@ -74,7 +74,7 @@ def test_writing_violations_twice_adds_nothing_twice(tmp_path):
         write_violations(store, results, SPEC.hash)
     con = duckdb.connect(path)
     assert first == 4
-    assert con.execute("SELECT count(*) FROM violations").fetchone()[0] == 4
+    assert con.execute("SELECT count(*) FROM violations").fetchall()[0][0] == 4
     con.close()
 
 

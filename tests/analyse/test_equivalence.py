@@ -1,5 +1,7 @@
 """Equivalence of two agents on effect paths, outcomes and a paired conformance test."""
 
+from typing import Any
+
 from click.testing import CliRunner
 
 from plumbline_otel.analyse.equivalence import equivalence, render_text
@@ -97,7 +99,7 @@ def test_runs_beyond_the_pairs_are_tested_unpaired():
     assert "not in the paired test" in render_text(report)
 
 
-FAULT = {"plumbline__fault__tool": "get_invoice", "plumbline__fault__error": "503 Service Unavailable"}
+FAULT: dict[str, Any] = {"plumbline__fault__tool": "get_invoice", "plumbline__fault__error": "503 Service Unavailable"}
 
 
 def test_compare_does_not_score_runs_the_fault_never_hit():

@@ -67,7 +67,7 @@ def _invoke(*args: str) -> str:
 
 def _store_counts(db: Path) -> dict[str, int]:
     with duckdb.connect(str(db), read_only=True) as con:
-        one = lambda sql: con.execute(sql).fetchone()[0]  # noqa: E731
+        one = lambda sql: con.execute(sql).fetchall()[0][0]  # noqa: E731
         return {"trajectories": one("SELECT count(*) FROM trajectories"), "steps": one("SELECT sum(n_steps) FROM trajectories"),
                 "violations": one("SELECT count(*) FROM violations")}
 

@@ -24,9 +24,9 @@ def _crashed_store(db: Path) -> int:
         for path in iter_trace_files([str(SAMPLES)]):
             for unit in iter_units(path):
                 store.write_spans(*normalise_request(decode_unit(unit).request))
-        traces = store.connection.execute("SELECT count(DISTINCT trace_id) FROM spans").fetchone()[0]
+        traces = store.connection.execute("SELECT count(DISTINCT trace_id) FROM spans").fetchall()[0][0]
         assert store.pending_traces() == traces > 0
-        assert store.connection.execute("SELECT count(*) FROM trajectories").fetchone()[0] == 0
+        assert store.connection.execute("SELECT count(*) FROM trajectories").fetchall()[0][0] == 0
     return traces
 
 

@@ -40,9 +40,9 @@ def _steps(t: Trajectory) -> list[tuple[Any, ...]]:
     return [(s.kind, s.name, s.args, s.error) for s in t.steps]
 
 
-def _chat(tracer: Tracer, out: str, *, tokens: tuple[int, int] = (10, 5), **extra: Any) -> None:
+def _chat(tracer: Tracer, out: str, *, tokens: tuple[int, int] = (10, 5), extra: dict[str, Any] | None = None) -> None:
     attrs = {"gen_ai.operation.name": "chat", "gen_ai.request.model": "m1", "gen_ai.usage.input_tokens": tokens[0],
-             "gen_ai.usage.output_tokens": tokens[1], "gen_ai.output.messages": out, **extra}
+             "gen_ai.usage.output_tokens": tokens[1], "gen_ai.output.messages": out, **(extra or {})}
     with tracer.start_as_current_span("chat m1", attributes=attrs):
         pass
 
@@ -144,8 +144,8 @@ def test_plan_and_fetch_response_are_model_work_whose_tokens_count(store: Store,
 def test_cache_write_tokens_and_their_former_name_cache_creation(store: Store, tmp_path: Path) -> None:
     def cached(tracer: Tracer) -> None:
         with tracer.start_as_current_span("invoke_agent ap", attributes={"gen_ai.operation.name": "invoke_agent"}):
-            _chat(tracer, _text("a"), **{"gen_ai.usage.cache_read.input_tokens": 300, "gen_ai.usage.cache_write.input_tokens": 120})
-            _chat(tracer, _text("b"), **{"gen_ai.usage.cache_creation.input_tokens": 80})
+            _chat(tracer, _text("a"), extra={"gen_ai.usage.cache_read.input_tokens": 300, "gen_ai.usage.cache_write.input_tokens": 120})
+            _chat(tracer, _text("b"), extra={"gen_ai.usage.cache_creation.input_tokens": 80})
 
     [t] = _ingest(store, tmp_path, record(cached))
     assert [(s.cache_read_tokens, s.cache_write_tokens) for s in t.steps] == [(300, 120), (None, 80)]
@@ -154,9 +154,9 @@ def test_cache_write_tokens_and_their_former_name_cache_creation(store: Store, t
 def test_span_level_finish_reasons_are_kept_and_a_tool_calls_finish_is_not_the_answer(store: Store, tmp_path: Path) -> None:
     def finished(tracer: Tracer) -> None:
         with tracer.start_as_current_span("invoke_agent ap", attributes={"gen_ai.operation.name": "invoke_agent"}):
-            _chat(tracer, _text("INV-4 is paid."), **{"gen_ai.response.finish_reasons": ["stop"]})
+            _chat(tracer, _text("INV-4 is paid."), extra={"gen_ai.response.finish_reasons": ["stop"]})
             # the model's text came with calls this instrumentation did not record: not the run's answer
-            _chat(tracer, _text("Let me also check the ledger."), **{"gen_ai.response.finish_reasons": ["tool_calls"]})
+            _chat(tracer, _text("Let me also check the ledger."), extra={"gen_ai.response.finish_reasons": ["tool_calls"]})
 
     [t] = _ingest(store, tmp_path, record(finished))
     assert [s.finish_reasons for s in t.steps] == [("stop",), ("tool_calls",)]

@@ -7,6 +7,7 @@ Each test builds spans with the real OpenTelemetry SDK in the shape a framework'
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,7 @@ from otlp import record, to_otlp_json
 from plumbline_otel.assemble import assemble
 from plumbline_otel.coverage import coverage_report, render_text
 from plumbline_otel.ingest import ingest_files
-from plumbline_otel.model import SpanRecord
+from plumbline_otel.model import SpanRecord, Trajectory
 from plumbline_otel.normalise import normalise_request
 from plumbline_otel.store import Store
 
@@ -27,7 +28,13 @@ def _records(build: Any) -> list[SpanRecord]:
     return records
 
 
-def _one(attrs: dict[str, Any], name: str = "span", events: list[tuple[str, dict[str, Any]]] = ()) -> SpanRecord:
+def _assembled(records: list[SpanRecord]) -> Trajectory:
+    trajectory = assemble(records)
+    assert trajectory is not None, "the spans make a run"
+    return trajectory
+
+
+def _one(attrs: dict[str, Any], name: str = "span", events: Sequence[tuple[str, dict[str, Any]]] = ()) -> SpanRecord:
     def build(tracer: Tracer) -> None:
         with tracer.start_as_current_span(name, attributes=attrs) as span:
             for event_name, event_attrs in events:
@@ -79,7 +86,7 @@ def test_a_bare_value_for_a_one_argument_tool_gives_way_to_the_models_proposed_o
 
     records = _records(build)
     assert next(r for r in records if r.step_kind == "tool_call").shapes == ["args:scalar"]
-    [step] = assemble(records).tool_steps
+    [step] = _assembled(records).tool_steps
     assert (step.args, step.call_id, step.result, step.source) == ({"invoice_id": "INV-1"}, "c1", {"amount": 5}, "tool_span+llm_output")
 
 
@@ -124,7 +131,7 @@ def test_input_comes_from_the_first_llm_span_that_has_one() -> None:
                     "llm.output_messages.0.message.role": "assistant", "llm.output_messages.0.message.content": "Paid."}):
                 pass
 
-    assert assemble(_records(build)).input == "Pay INV-1"
+    assert _assembled(_records(build)).input == "Pay INV-1"
 
 
 def test_local_preparation_beside_the_real_call_is_not_a_call_but_a_stream_without_usage_is() -> None:
@@ -140,7 +147,7 @@ def test_local_preparation_beside_the_real_call_is_not_a_call_but_a_stream_witho
                     "llm.output_messages.0.message.role": "assistant", "llm.output_messages.0.message.content": "Paid."}):
                 pass
 
-    trajectory = assemble(_records(build))
+    trajectory = _assembled(_records(build))
     assert [s.name for s in trajectory.steps if s.kind == "llm_call"] == ["gpt-4o-mini", "OpenAI.achat"]
 
 
@@ -257,6 +264,6 @@ def test_smolagents_final_answer_is_the_runs_answer_not_a_tool_call() -> None:
                     pass
 
     records, _ = normalise_request(record(build, scope="openinference.instrumentation.smolagents"))
-    trajectory = assemble(records)
+    trajectory = _assembled(records)
     assert [s.name for s in trajectory.tool_steps] == ["pay"]
     assert (trajectory.input, trajectory.final_output) == ("Pay INV-1", "Paid.")

@@ -30,7 +30,7 @@ def _imports(path: Path) -> set[str]:
     """Every plumbline_otel module `path` imports, at any depth of the file (deferred imports count)."""
     name = _module_name(path)
     base = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
-    found = set()
+    found: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
@@ -14,7 +15,7 @@ from plumbline_otel.model import SpanRecord
 from plumbline_otel.normalise import Limits, normalise_request
 
 
-def _one(attrs: dict[str, Any], name: str = "span", error: bool = False, events: list[tuple[str, dict[str, Any]]] = ()) -> SpanRecord:
+def _one(attrs: dict[str, Any], name: str = "span", error: bool = False, events: Sequence[tuple[str, dict[str, Any]]] = ()) -> SpanRecord:
     def build(tracer: Tracer) -> None:
         with tracer.start_as_current_span(name, attributes=attrs) as span:
             for event_name, event_attrs in events:

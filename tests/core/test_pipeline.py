@@ -19,6 +19,7 @@ from otlp import to_otlp_json
 from plumbline_otel.assemble import assemble
 from plumbline_otel.decode import Unit
 from plumbline_otel.ingest import IngestSummary, PartWriter, ingest_files
+from plumbline_otel.model import SpanRecord
 from plumbline_otel.normalise import normalise_request
 from plumbline_otel.pipeline import Shard, ShardPool, ShardSettings, SpanPart, shard_of
 from plumbline_otel.store import SCHEMA_VERSION, Store
@@ -32,11 +33,12 @@ def _exports(store: Store) -> list[str]:
 
 def _reference(requests: list[ExportTraceServiceRequest]) -> list[str]:
     """Each trace assembled from all of its spans at once, with no store and no shards."""
-    by_trace: dict[str, dict[str, object]] = {}
+    by_trace: dict[str, dict[str, SpanRecord]] = {}
     for request in requests:
         for rec in normalise_request(request)[0]:
             by_trace.setdefault(rec.trace_id, {}).setdefault(rec.span_id, rec)
-    return sorted(json.dumps(assemble(list(spans.values())).export(), sort_keys=True) for spans in by_trace.values())  # type: ignore[arg-type]
+    runs = [assemble(list(spans.values())) for spans in by_trace.values()]
+    return sorted(json.dumps(t.export(), sort_keys=True) for t in runs if t is not None)
 
 
 def _shuffled_requests(seed: int, spans: int = 3000) -> list[ExportTraceServiceRequest]:
@@ -52,6 +54,7 @@ def _shuffled_requests(seed: int, spans: int = 3000) -> list[ExportTraceServiceR
     for start in range(0, len(all_spans), 97):
         piece = ExportTraceServiceRequest()
         rs = piece.resource_spans.add()
+        assert resource is not None
         rs.resource.CopyFrom(resource.resource)
         rs.scope_spans.add().spans.extend(all_spans[start:start + 97])
         requests.append(piece)

@@ -35,6 +35,11 @@ def model_client() -> Iterator[Any]:
         yield make_client(standin.base_url, api_key="offline-test", max_retries=0)
 
 
+def attrs(item: Any) -> dict[str, Any]:
+    """A span's (or event's, or resource's) attributes as a plain dict: the SDK types them as optional."""
+    return dict(item.attributes or {})
+
+
 class Traced:
     """A tracer provider for one arm with an in-memory exporter."""
 
@@ -44,7 +49,7 @@ class Traced:
 
     def spans(self, trace_id: str) -> list[ReadableSpan]:
         found = [s for s in self.exporter.get_finished_spans() if format(s.context.trace_id, "032x") == trace_id]
-        return sorted(found, key=lambda s: s.start_time)
+        return sorted(found, key=lambda s: s.start_time or 0)
 
 
 def _trial(arm: str, task_id: str, client: Any, traced: Traced, **kwargs: Any):
@@ -86,14 +91,14 @@ def test_transient_fault_on_a_check_holds_a_clean_invoice_without_retry(model_cl
     spans = traced.spans(result.trace_id)
     (dup,) = _tool_spans(spans, "check_duplicate")
     assert dup.status.status_code is StatusCode.ERROR
-    assert dup.attributes["error.type"] == "503"
-    assert dup.attributes["plumbline.fault.injected"] is True
-    assert "gen_ai.tool.call.result" not in dup.attributes
+    assert attrs(dup)["error.type"] == "503"
+    assert attrs(dup)["plumbline.fault.injected"] is True
+    assert "gen_ai.tool.call.result" not in attrs(dup)
     assert [e.name for e in dup.events] == ["exception"]
-    assert "503 Service Unavailable" in dup.events[0].attributes["exception.message"]
+    assert "503 Service Unavailable" in attrs(dup.events[0])["exception.message"]
     root = _root(spans)
-    assert root.attributes["plumbline.fault.fired"] is True
-    assert root.attributes["plumbline.fault.step"] == 5
+    assert attrs(root)["plumbline.fault.fired"] is True
+    assert attrs(root)["plumbline.fault.step"] == 5
     assert _tool_spans(spans, "schedule_payment") == []
 
 
@@ -108,11 +113,11 @@ def test_transient_fault_on_a_check_is_retried_and_the_invoice_paid(arm: str, mo
     assert payment["amount"] == expected_outcome(CLEAN_INVOICE).payable_amount
 
     first, second = _tool_spans(traced.spans(result.trace_id), "check_duplicate")
-    assert first.status.status_code is StatusCode.ERROR and first.attributes["error.type"] == "503"
-    assert second.status.status_code is StatusCode.UNSET and "error.type" not in second.attributes
-    assert json.loads(second.attributes["gen_ai.tool.call.result"])["passed"] is True
-    assert first.end_time <= second.start_time
-    assert first.attributes["gen_ai.tool.call.id"] != second.attributes["gen_ai.tool.call.id"]
+    assert first.status.status_code is StatusCode.ERROR and attrs(first)["error.type"] == "503"
+    assert second.status.status_code is StatusCode.UNSET and "error.type" not in attrs(second)
+    assert json.loads(attrs(second)["gen_ai.tool.call.result"])["passed"] is True
+    assert first.end_time is not None and second.start_time is not None and first.end_time <= second.start_time
+    assert attrs(first)["gen_ai.tool.call.id"] != attrs(second)["gen_ai.tool.call.id"]
 
 
 def test_retry_is_only_for_transient_errors(model_client: Any) -> None:
@@ -141,8 +146,8 @@ def test_faults_fire_per_trial_not_per_variant(model_client: Any) -> None:
     assert [r.grade.observed_action for r in results] == ["hold"] * 4
     for r in results:
         root = _root(traced.spans(r.trace_id))
-        assert root.attributes["plumbline.trial.id"] == r.trial.trial_id
-        assert root.attributes["plumbline.fault.fired"] is True
+        assert attrs(root)["plumbline.trial.id"] == r.trial.trial_id
+        assert attrs(root)["plumbline.fault.fired"] is True
     assert len({r.trace_id for r in results}) == 4
 
 
@@ -152,8 +157,8 @@ def test_a_fault_on_a_tool_the_trial_never_calls_is_recorded_as_not_fired(model_
     assert result.passed  # a credit note has no three-way match
     assert result.fault_fired is False and result.fault_step is None
     root = _root(traced.spans(result.trace_id))
-    assert root.attributes["plumbline.fault.fired"] is False
-    assert "plumbline.fault.step" not in root.attributes
+    assert attrs(root)["plumbline.fault.fired"] is False
+    assert "plumbline.fault.step" not in attrs(root)
 
 
 def test_react_spans_carry_the_genai_conventions(model_client: Any) -> None:
@@ -164,25 +169,25 @@ def test_react_spans_carry_the_genai_conventions(model_client: Any) -> None:
     root = _root(spans)
 
     assert root.name == "invoke_agent react"
-    assert root.resource.attributes["service.name"] == "ap-agent-react"
-    assert root.resource.attributes["service.version"]
-    assert root.attributes["gen_ai.operation.name"] == "invoke_agent"
-    assert root.attributes["gen_ai.agent.name"] == "react"
-    assert root.attributes["gen_ai.conversation.id"] == "INV-1005"
-    assert json.loads(root.attributes["gen_ai.input.messages"]) == [
+    assert attrs(root.resource)["service.name"] == "ap-agent-react"
+    assert attrs(root.resource)["service.version"]
+    assert attrs(root)["gen_ai.operation.name"] == "invoke_agent"
+    assert attrs(root)["gen_ai.agent.name"] == "react"
+    assert attrs(root)["gen_ai.conversation.id"] == "INV-1005"
+    assert json.loads(attrs(root)["gen_ai.input.messages"]) == [
         {"role": "user", "parts": [{"type": "text", "content": result.request_text}]}]
-    (final,) = json.loads(root.attributes["gen_ai.output.messages"])
+    (final,) = json.loads(attrs(root)["gen_ai.output.messages"])
     assert final["parts"][0]["content"] == result.final_answer
-    assert {k: root.attributes[k] for k in trial.attributes()} == trial.attributes()
-    assert "plumbline.fault.fired" not in root.attributes
+    assert {k: attrs(root)[k] for k in trial.attributes()} == trial.attributes()
+    assert "plumbline.fault.fired" not in attrs(root)
 
-    chats = [s for s in spans if s.attributes.get("gen_ai.operation.name") == "chat"]
-    tools = [s for s in spans if s.attributes.get("gen_ai.operation.name") == "execute_tool"]
+    chats = [s for s in spans if attrs(s).get("gen_ai.operation.name") == "chat"]
+    tools = [s for s in spans if attrs(s).get("gen_ai.operation.name") == "execute_tool"]
     assert len(chats) == result.model_calls and len(tools) == len(result.steps)
-    assert all(s.parent.span_id == root.context.span_id for s in chats + tools)
+    assert root.context is not None and all(s.parent is not None and s.parent.span_id == root.context.span_id for s in chats + tools)
     proposed: dict[str, dict[str, Any]] = {}
     for chat in chats:
-        a = chat.attributes
+        a = attrs(chat)
         assert chat.name == f"chat {result.model}" and chat.kind is SpanKind.CLIENT
         assert a["gen_ai.provider.name"] == "anthropic"
         assert a["gen_ai.request.model"] == result.model
@@ -202,16 +207,16 @@ def test_react_spans_carry_the_genai_conventions(model_client: Any) -> None:
                 assert isinstance(part["arguments"], dict)
                 proposed[part["id"]] = part
         assert output["finish_reason"] in ("tool_call", "stop")
-    assert json.loads(chats[0].attributes["gen_ai.system_instructions"])[0]["type"] == "text"
+    assert json.loads(attrs(chats[0])["gen_ai.system_instructions"])[0]["type"] == "text"
 
     for tool in tools:
-        a = tool.attributes
+        a = attrs(tool)
         call = proposed[a["gen_ai.tool.call.id"]]  # the id the model gave, echoed on the tool span
         assert tool.name == f"execute_tool {a['gen_ai.tool.name']}" and a["gen_ai.tool.name"] == call["name"]
         assert json.loads(a["gen_ai.tool.call.arguments"]) == call["arguments"]
         assert isinstance(json.loads(a["gen_ai.tool.call.result"]), dict)
-    pay = next(t for t in tools if t.attributes["gen_ai.tool.name"] == "schedule_payment")
-    assert json.loads(pay.attributes["gen_ai.tool.call.arguments"]) == {
+    pay = next(t for t in tools if attrs(t)["gen_ai.tool.name"] == "schedule_payment")
+    assert json.loads(attrs(pay)["gen_ai.tool.call.arguments"]) == {
         "invoice_id": "INV-1005", "amount": 28500.0, "currency": "EUR"}
 
 
@@ -221,11 +226,11 @@ def test_plan_execute_interprets_with_one_forced_tool_call(model_client: Any) ->
                     request_text="Hi team, can you deal with INV-1012 from Delmar today? Thanks!")
     assert result.passed and result.model_calls == 1
     (chat,) = [s for s in traced.spans(result.trace_id) if s.name.startswith("chat ")]
-    (output,) = json.loads(chat.attributes["gen_ai.output.messages"])
+    (output,) = json.loads(attrs(chat)["gen_ai.output.messages"])
     assert output["parts"] == [{"type": "tool_call", "id": output["parts"][0]["id"], "name": "record_interpretation",
                                 "arguments": {"invoice_id": "INV-1012", "operation": "process"}}]
     tool_calls = [s for s in traced.spans(result.trace_id) if s.name.startswith("execute_tool ")]
-    assert [s.attributes["gen_ai.tool.call.id"] for s in tool_calls] == [f"call_{i:03d}" for i in
+    assert [attrs(s)["gen_ai.tool.call.id"] for s in tool_calls] == [f"call_{i:03d}" for i in
                                                                         range(1, len(tool_calls) + 1)]
 
 
@@ -234,7 +239,7 @@ def test_content_capture_off_drops_messages_but_keeps_tool_arguments(model_clien
     result = _trial("react", "INV-1020", model_client, traced, capture_content=False)
     spans = traced.spans(result.trace_id)
     chats = [s for s in spans if s.name.startswith("chat ")]
-    assert chats and all("gen_ai.input.messages" not in s.attributes for s in chats)
-    assert all("gen_ai.output.messages" not in s.attributes for s in chats)
+    assert chats and all("gen_ai.input.messages" not in attrs(s) for s in chats)
+    assert all("gen_ai.output.messages" not in attrs(s) for s in chats)
     tools = [s for s in spans if s.name.startswith("execute_tool ")]
-    assert all(json.loads(s.attributes["gen_ai.tool.call.arguments"]) for s in tools)
+    assert all(json.loads(attrs(s)["gen_ai.tool.call.arguments"]) for s in tools)

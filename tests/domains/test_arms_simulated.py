@@ -95,6 +95,7 @@ def _checks_done(result: TrialResult) -> set[str]:
 def test_misread_amount_pays_the_wrong_figure(simulated) -> None:
     result = _run(simulated("misread_amount=1"), "react", "INV-1002")
     expected = expected_outcome("INV-1002").payable_amount
+    assert expected is not None
     (payment,) = result.grade.writes["payments"]
     assert not result.passed and payment["amount"] != expected
     assert payment["amount"] == pytest.approx(expected * 10) or sorted(f"{payment['amount']:.2f}") == sorted(

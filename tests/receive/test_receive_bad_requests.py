@@ -6,6 +6,7 @@ import gzip
 import http.client
 import json
 import os
+from collections.abc import Iterator
 
 import grpc
 import pytest
@@ -33,7 +34,7 @@ def _request(n_good: int, bad_span_id: bool = False, service: str = "bad-request
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> ServeProcess:
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServeProcess]:
     tmp = tmp_path_factory.mktemp("bad")
     process = ServeProcess(tmp, "--max-request-body-size-mib", "1", "--max-recv-msg-size-mib", "1").start()
     yield process

@@ -63,5 +63,5 @@ def test_sdk_through_rotel_lands_in_plumbline_as_trajectories(tmp_path: Path, pr
     assert {span_key(s) for s in spans} == set(stored_span_keys(server.db))
     with Store(server.db, read_only=True) as store:
         trajectories = list(store.trajectories(service=f"via-rotel-{protocol}"))
-    assert sorted(t.task_key for t in trajectories) == [f"{protocol}-{i}" for i in range(4)]
+    assert sorted(str(t.task_key) for t in trajectories) == [f"{protocol}-{i}" for i in range(4)]
     assert all([s.name for s in t.tool_steps] == ["lookup_invoice"] for t in trajectories)

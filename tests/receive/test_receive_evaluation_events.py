@@ -35,7 +35,7 @@ invariants:
 LOOKUP = ("lookup_invoice", {"invoice_id": "INV-1"}, {"status": "open"})
 PAY = ("schedule_payment", {"amount": 12.5}, {"ok": True})
 DELETE = ("delete_invoice", {"invoice_id": "INV-1"}, {"ok": True})
-RUNS = {"paid-0": [LOOKUP, PAY], "paid-1": [LOOKUP, PAY], "unpaid": [LOOKUP], "deleted": [LOOKUP, PAY, DELETE]}
+RUNS: dict[str, list[tuple[str, dict[str, Any], Any]]] = {"paid-0": [LOOKUP, PAY], "paid-1": [LOOKUP, PAY], "unpaid": [LOOKUP], "deleted": [LOOKUP, PAY, DELETE]}
 
 
 def _store_with_runs(tmp_path: Path) -> Path:

@@ -65,9 +65,9 @@ def scenario(tmp_path_factory: pytest.TempPathFactory) -> Scenario:
         out.sent["agent-grpc"] = [span_key(s) for s in spans]
 
         spans = finished_spans(3, service="agent-http", prefix="http")
-        exporter = HttpSpanExporter(endpoint=f"{server.http_url}/v1/traces", compression=Compression.Gzip)
-        out.results["http"] = exporter.export(spans)
-        exporter.shutdown()
+        http_exporter = HttpSpanExporter(endpoint=f"{server.http_url}/v1/traces", compression=Compression.Gzip)
+        out.results["http"] = http_exporter.export(spans)
+        http_exporter.shutdown()
         out.sent["agent-http"] = [span_key(s) for s in spans]
 
         spans = finished_spans(2, service="agent-json", prefix="json")
@@ -116,7 +116,7 @@ def test_every_run_becomes_a_trajectory_with_its_tool_step(scenario: Scenario) -
     with Store(scenario.db, read_only=True) as store:
         by_service: dict[str, list[Any]] = {}
         for trajectory in store.trajectories():
-            by_service.setdefault(trajectory.service, []).append(trajectory)
+            by_service.setdefault(str(trajectory.service), []).append(trajectory)
     assert {k: len(v) for k, v in by_service.items()} == {"agent-grpc": 3, "agent-http": 3, "agent-json": 2}
     for trajectories in by_service.values():
         for t in trajectories:

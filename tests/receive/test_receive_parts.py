@@ -131,7 +131,7 @@ def test_queue_admits_one_oversized_request_alone_and_pushes_back_past_its_bound
             queue.admit(600)
         queue.release(600)
         assert queue.depth == (0, 0)
-        assert queue.call(lambda store: store.connection.execute("SELECT 41 + 1").fetchone()[0]) == 42
+        assert queue.call(lambda store: store.connection.execute("SELECT 41 + 1").fetchall()[0][0]) == 42
     finally:
         queue.close()
     with pytest.raises(Overloaded, match="shutting down"):

@@ -51,7 +51,9 @@ def _late_spans(first: list[ReadableSpan]) -> list[ReadableSpan]:
     provider.add_span_processor(SimpleSpanProcessor(memory))
     tracer = provider.get_tracer("tests.receive")
     for root in (s for s in first if s.parent is None):
-        with tracer.start_as_current_span("late", context=trace.set_span_in_context(NonRecordingSpan(root.get_span_context()))):
+        root_context = root.get_span_context()
+        assert root_context is not None
+        with tracer.start_as_current_span("late", context=trace.set_span_in_context(NonRecordingSpan(root_context))):
             pass
     provider.shutdown()
     return list(memory.get_finished_spans())

@@ -5,6 +5,7 @@ from __future__ import annotations
 import http.client
 import json
 import ssl
+from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
@@ -24,7 +25,7 @@ SECRET = "INV-SECRET-4820"
 
 
 @pytest.fixture(scope="module")
-def secure(tmp_path_factory: pytest.TempPathFactory) -> tuple[ServeProcess, Path]:
+def secure(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServeProcess, Path]]:
     tmp = tmp_path_factory.mktemp("secure")
     cert, key = self_signed_cert(tmp)
     (tmp / "token").write_text(TOKEN + "\n")
@@ -48,9 +49,9 @@ def _spans(prefix: str) -> list:
     spans = finished_spans(1, service=f"secure-{prefix}", prefix=prefix)
     for span in spans:  # put the secret where the content rules must catch it
         if "gen_ai.tool.call.arguments" in (span.attributes or {}):
-            span._attributes = {**span.attributes, "gen_ai.tool.call.arguments": json.dumps({"invoice_id": SECRET})}
+            span._attributes = {**(span.attributes or {}), "gen_ai.tool.call.arguments": json.dumps({"invoice_id": SECRET})}
         if "gen_ai.input.messages" in (span.attributes or {}):
-            span._attributes = {**span.attributes, "gen_ai.input.messages": json.dumps([{"role": "user", "parts": [{"type": "text", "content": SECRET}]}])}
+            span._attributes = {**(span.attributes or {}), "gen_ai.input.messages": json.dumps([{"role": "user", "parts": [{"type": "text", "content": SECRET}]}])}
     return spans
 
 

@@ -25,7 +25,7 @@ class SlowToy(ToyAgent):
         super().__init__()
         self.seconds = seconds
 
-    def run(self, trial: Trial):  # type: ignore[no-untyped-def]
+    def run(self, trial: Trial):
         time.sleep(self.seconds)
         return super().run(trial)
 

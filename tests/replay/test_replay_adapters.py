@@ -45,7 +45,7 @@ print(json.dumps({"output": text, "cost_usd": 0.25, "resource": os.environ["OTEL
 """
 
 
-def trial(perturbation: str = "tool_fault", repeat: int = 0, tmp_path: Path | None = None):  # type: ignore[no-untyped-def]
+def trial(perturbation: str = "tool_fault", repeat: int = 0, tmp_path: Path | None = None):
     config = StudyConfig("ext", perturbations=(perturbation,), repeats=repeat + 1,
                          sink=SpanSink(otlp_file=str(tmp_path / "x.jsonl")) if tmp_path else None)
     return plan_study(config, [one_task()]).trials[repeat]

@@ -106,6 +106,7 @@ def test_live_calls_are_metered_against_the_trial_budget_and_refused_at_the_cap(
         with pytest.raises(anthropic.APIStatusError):  # its upper-bound estimate does not fit what is left
             ask(client, "three")
     assert scope.abort_reason and scope.abort_reason.startswith("budget:")
+    assert budget is not None
     budget.close()
     assert len(model.calls) == 2 and cap.spent == pytest.approx(0.004) and cap.high_water <= 0.005
 

@@ -68,7 +68,8 @@ def test_replay_the_stored_tasks_and_certify_every_cell(db: Path, tmp_path: Path
         summary = run_study(config, tasks, adapter)
     finally:
         adapter.close()
-        config.sink.close()
+        if config.sink is not None:
+            config.sink.close()
     assert (summary.planned, summary.ok, summary.missing, summary.errored) == (18, 18, 0, 0)
     assert summary.faults() == (6, 6)
     assert summary.cache_recorded >= 18
@@ -86,8 +87,9 @@ def test_replay_the_stored_tasks_and_certify_every_cell(db: Path, tmp_path: Path
     for trial_id, t in by_trial.items():
         assert t.trace_id == records[trial_id].trace_id and t.task_key == trial_id.split("/")[1]
         perturbation = t.context["plumbline.perturbation"]
-        assert ("coffee" in t.input or "printer" in t.input or "umbrella" in t.input or "lunch" in t.input
-                or "parking" in t.input or "fire drill" in t.input) == (perturbation == "distractor")
+        text = t.input or ""
+        assert any(word in text for word in ("coffee", "printer", "umbrella", "lunch", "parking", "fire drill")) == (
+            perturbation == "distractor")
         assert t.context.get("plumbline.fault.fired") is (True if perturbation == "tool_fault" else None)
 
     # Offline: the recorded responses alone replay the study; nothing reaches a model.
@@ -102,7 +104,8 @@ def test_replay_the_stored_tasks_and_certify_every_cell(db: Path, tmp_path: Path
         again = run_study(again_config, tasks, dead)
     finally:
         dead.close()
-        again_config.sink.close()
+        if again_config.sink is not None:
+            again_config.sink.close()
     assert (again.ok, again.cache_hits, again.cache_recorded) == (18, summary.cache_recorded, 0)
     with Store(tmp_path / "offline.duckdb") as store:
         ingest_files(store, [str(tmp_path / "offline.otlp.jsonl")])

@@ -36,7 +36,7 @@ def test_replay_selects_the_same_tasks_from_two_shards_as_from_one_store(tmp_pat
         shutil.copy(whole, tmp_path / f"shard-{parity}.duckdb")
         _keep(tmp_path / f"shard-{parity}.duckdb", parity)
     with duckdb.connect(str(tmp_path / "shard-0.duckdb"), read_only=True) as connection:
-        assert 0 < connection.execute("SELECT count(*) FROM trajectories").fetchone()[0] < 4  # a real split
+        assert 0 < connection.execute("SELECT count(*) FROM trajectories").fetchall()[0][0] < 4  # a real split
 
     _register()
     args = ["replay", "--study", "s", "--agent", AGENT, "--perturbations", "baseline,paraphrase",

@@ -46,7 +46,7 @@ def _config(tmp_path: Path, **kw: object) -> StudyConfig:
     return StudyConfig("t", **kw)  # type: ignore[arg-type]
 
 
-def _runs(tmp_path: Path, name: str = "p.duckdb") -> list:  # type: ignore[type-arg]
+def _runs(tmp_path: Path, name: str = "p.duckdb") -> list:
     with Store(tmp_path / name) as store:
         ingest_files(store, [str(tmp_path / "replay.otlp.jsonl")])
         return list(store.trajectories())
@@ -107,7 +107,7 @@ class HalfSilent(ToyAgent):
     """Runs every trial, but exports the spans of only every other one (an exporter that drops)."""
 
     def run(self, trial: Trial) -> TrialOutcome:
-        if int(trial.identity.task_key[-1]) % 2:
+        if int((trial.identity.task_key or "0")[-1]) % 2:
             self.seen.append({"trial_id": trial.trial_id, "silent": True})
             return TrialOutcome(trace_id=trial.trace_id)
         return super().run(trial)

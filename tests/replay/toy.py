@@ -49,6 +49,7 @@ class ToyAgent:
             key = id(trial.sink)
             if key not in self._providers:
                 provider = TracerProvider(resource=Resource.create({"service.name": self.service, "service.version": self.service_version}))
+                assert trial.sink is not None, "the toy agent exports through the study's sink"
                 buffer = TrialSpanBuffer(trial.sink.exporter())
                 provider.add_span_processor(buffer)
                 self._providers[key] = (provider, buffer)
@@ -59,7 +60,7 @@ class ToyAgent:
         tracer = provider.get_tracer("toy")
         identity = {k: v for k, v in baggage.get_all().items() if k.startswith("plumbline.")}
         fired = False
-        attrs = {"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "toy",
+        attrs: dict[str, Any] = {"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "toy",
                  "gen_ai.input.messages": json.dumps([{"role": "user", "parts": [{"type": "text", "content": trial.text}]}]),
                  **{k: v for k, v in identity.items() if k != "plumbline.fault"}}
         with tracer.start_as_current_span("invoke_agent toy", attributes=attrs) as root:

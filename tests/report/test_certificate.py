@@ -3,6 +3,7 @@ passes; errored trials are failing runs; tool_fault runs count only with evidenc
 
 import json
 import random
+from typing import Any
 
 from plumbline_otel.analyse.stats import trials_needed, wilson_interval
 from plumbline_otel.report import build_certificate, fault_unexposed, render_text, validate
@@ -184,10 +185,14 @@ def test_unexposed_runs_are_not_in_n_and_the_interval_is_the_exposed_halfs():
     assert validate(cert) is None
 
 
+def _trial_id(i: int) -> dict[str, Any]:
+    return {"plumbline__trial__id": f"react/INV-1/tool_fault/0/{i}"} if i else {}
+
+
 def test_unexposed_runs_are_listed_by_trial_id():
     data = [
         run(call("post_audit_log"), id=f"r{i}", plumbline__perturbation="tool_fault", plumbline__fault__fired=False,
-            **({"plumbline__trial__id": f"react/INV-1/tool_fault/0/{i}"} if i else {}))
+            **_trial_id(i))
         for i in range(2)
     ]
     c = cell(build_certificate(SPEC, data), "tool_fault")
@@ -342,7 +347,7 @@ def test_validate_rejects_version_1_and_any_field_it_cannot_fully_read():
     assert validate(cert) is None
     old = json.loads(json.dumps(cert))
     old["version"] = 1
-    assert "older plumbline" in validate(old) and "re-run plumbline certify" in validate(old)
+    assert "older plumbline" in (validate(old) or "") and "re-run plumbline certify" in (validate(old) or "")
     cases = [
         (("unexposed",), -1, "agents[0].perturbations[0].unexposed missing or not a non-negative int"),
         (("errored",), None, "agents[0].perturbations[0].errored missing or not a non-negative int"),
@@ -362,4 +367,4 @@ def test_validate_rejects_version_1_and_any_field_it_cannot_fully_read():
         assert validate(bad) == reason, name
     raised = json.loads(json.dumps(cert))
     raised["headline"]["lower_bound"] = raised["headline"]["wilson_lower_bound"] = 0.99
-    assert "not the minimum of its cells' gate bounds" in validate(raised)
+    assert "not the minimum of its cells' gate bounds" in (validate(raised) or "")

@@ -2,6 +2,7 @@
 so they never pass a gate."""
 
 import json
+from typing import Any
 
 from click.testing import CliRunner
 
@@ -97,7 +98,7 @@ FAULT_MSG = "503 Service Unavailable: the post_audit_log backend is temporarily 
 def test_certify_matches_the_injected_error_to_a_failed_step_in_the_store(tmp_path):
     # The driver records the fault's tool and text on the trial; only runs whose stored trace holds a
     # failed step of that tool with that text are exposed. Nothing says "fired" here.
-    fault = {"plumbline__fault__tool": "post_audit_log", "plumbline__fault__error": FAULT_MSG}
+    fault: dict[str, Any] = {"plumbline__fault__tool": "post_audit_log", "plumbline__fault__error": FAULT_MSG}
     hit = [run(call("post_audit_log", error=f"ToolError: {FAULT_MSG}"), *([call("post_audit_log")] if i < 6 else []),
                task=f"H{i}", id=f"hit-{i}", plumbline__perturbation="tool_fault", **fault) for i in range(8)]
     missed = [run(call("post_audit_log"), task=f"M{i}", id=f"miss-{i}", plumbline__perturbation="tool_fault", **fault)

@@ -110,7 +110,8 @@ def test_spans_sent_to_serve_show_up_in_the_console(built: Built, tmp_path: Path
 
 def test_a_slow_page_never_blocks_ingest(served: Served) -> None:
     """A read holding the console's connection for as long as it likes: spans are still acknowledged."""
-    console = served.server.http.console  # type: ignore[union-attr]
+    assert served.server.http is not None and served.server.http.console is not None
+    console = served.server.http.console
     started, failed = threading.Event(), []
 
     def slow_read() -> None:
@@ -155,7 +156,7 @@ def test_report_and_show_against_a_running_server(built: Built, tmp_path: Path, 
         doc = parse(html)
         coverage = text_of(doc.find(".//h:section[@id='coverage']", _NS))
         with duckdb.connect(str(built.db), read_only=True) as connection:
-            spans = connection.execute("SELECT count(*) FROM spans").fetchone()[0]
+            spans = connection.execute("SELECT count(*) FROM spans").fetchall()[0][0]
         assert str(spans) in coverage, "coverage comes from the server's store, spans and all"
         assert any("first-divergence" in (tr.get("class") or "") for tr in doc.iter("{http://www.w3.org/1999/xhtml}tr"))
         shown = CliRunner().invoke(cli, ["show", "--server", f"127.0.0.1:{grpc_port}", "--task", "INV-1001", "--vs", WITH_RETRY])
@@ -171,7 +172,7 @@ def test_overview_does_not_wait_for_slow_figures_and_shutdown_interrupts_them(bu
     from plumbline_otel.report import data
     from plumbline_otel.report.console import Console
 
-    def endless_coverage(connection):  # type: ignore[no-untyped-def]
+    def endless_coverage(connection):
         connection.cursor().execute("SELECT sum(a.range * b.range) FROM range(200000) a, range(200000) b").fetchall()
         return {}
 

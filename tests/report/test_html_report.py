@@ -84,6 +84,7 @@ def test_violations_point_at_the_step_that_broke_them(built: Built) -> None:
 
         assert rows, "the retry-fault fixture's no-retry run breaks a step-located invariant"
         run = data.load_run(store.connection, rows[0][0])
+        assert run is not None
         doc = parse(run_page(store.connection, run, file_href({})))
     marked = doc.findall(".//h:tr[@class='step violated']", _NS) + doc.findall(".//h:tr[@class='step failed violated']", _NS)
     assert [int(text_of(tr.find("h:td", _NS))) for tr in marked] == [rows[0][1]]

@@ -192,7 +192,7 @@ def test_a_predicate_that_raises_is_an_evaluation_error_not_a_verdict():
     verdict = ArgSatisfies("request_approval", "approver_role", "broken", broken)(
         run(call("request_approval", {"approver_role": "cfo"})), {}
     )
-    assert verdict.status == "not_applicable" and "KeyError" in verdict.error
+    assert verdict.status == "not_applicable" and "KeyError" in (verdict.error or "")
 
 
 # --- arg_matches_result ----------------------------------------------------------------------

@@ -10,8 +10,8 @@ from plumbline_otel.importers import ImportResult
 from plumbline_otel.model import Trajectory
 from plumbline_otel.store import Store
 
-SEED_RUNS = Path(__file__).resolve().parents[2] / "runs" / "plumbline03"
-SPEC_FILE = Path(__file__).resolve().parents[2] / "configs" / "examples" / "plumbline03_ap.invariants.yaml"
+SEED_RUNS = Path(__file__).resolve().parents[1] / "runs" / "plumbline03"
+SPEC_FILE = Path(__file__).resolve().parents[1] / "configs" / "examples" / "plumbline03_ap.invariants.yaml"
 
 
 class Imported:
@@ -24,4 +24,5 @@ class Imported:
         self.by_trial = {str(t.context["plumbline.trial.id"]): t for t in self.runs}
 
     def published(self, study: str) -> dict[str, Any]:
-        return json.loads((SEED_RUNS / study / "summary.json").read_text())
+        summary: dict[str, Any] = json.loads((SEED_RUNS / study / "summary.json").read_text())
+        return summary

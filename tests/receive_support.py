@@ -26,7 +26,7 @@ TOKEN = "s3cret-token"
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+        return int(sock.getsockname()[1])
 
 
 class ServeProcess:
@@ -130,6 +130,7 @@ def finished_spans(runs: int, service: str = "test-agent", prefix: str = "task")
 
 def span_key(span: ReadableSpan) -> tuple[str, str]:
     context = span.get_span_context()
+    assert context is not None
     return f"{context.trace_id:032x}", f"{context.span_id:016x}"
 
 
