@@ -19,6 +19,7 @@ Steps are ordered by start time, then span order. Tokens add up over LLM steps o
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import re
 from collections.abc import Iterable
@@ -427,18 +428,22 @@ def _run_roots(records: list[SpanRecord]) -> list[SpanRecord]:
     return root_agents if len(root_agents) > 1 else []
 
 
-def _owner(rec: SpanRecord, by_id: dict[str, SpanRecord], roots: list[SpanRecord]) -> SpanRecord | None:
-    """The run a span belongs to: its nearest run-root ancestor, else the run that had started when it did."""
-    ids = {r.span_id for r in roots}
+def _owner(rec: SpanRecord, by_id: dict[str, SpanRecord], roots: list[SpanRecord], root_ids: set[str],
+           starts: list[int]) -> SpanRecord | None:
+    """The run a span belongs to: its nearest run-root ancestor, else the run that had started when it did.
+
+    `roots` are sorted by start and `starts` are their start times, so the fallback is a bisection:
+    a trace of a long-running agent holds thousands of runs, and a scan per span would be quadratic.
+    """
     current: SpanRecord | None = rec
     seen: set[str] = set()
     while current is not None and current.span_id not in seen:
-        if current.span_id in ids:
+        if current.span_id in root_ids:
             return current
         seen.add(current.span_id)
         current = by_id.get(current.parent_span_id or "")
-    started = [r for r in roots if r.start_ns <= rec.start_ns]
-    return started[-1] if started else None
+    started = bisect.bisect_right(starts, rec.start_ns)
+    return roots[started - 1] if started else None
 
 
 def assemble_runs(records: list[SpanRecord], task_keys: Iterable[str] = DEFAULT_TASK_KEYS) -> list[Trajectory]:
@@ -454,8 +459,9 @@ def assemble_runs(records: list[SpanRecord], task_keys: Iterable[str] = DEFAULT_
         return [trajectory] if trajectory is not None else []
     by_id = {r.span_id: r for r in records}
     groups: dict[str, list[SpanRecord]] = {r.span_id: [] for r in roots}
+    root_ids, starts = set(groups), [r.start_ns for r in roots]
     for rec in records:
-        owner = _owner(rec, by_id, roots)
+        owner = _owner(rec, by_id, roots, root_ids, starts)
         if owner is not None:
             groups[owner.span_id].append(rec)
     runs = (assemble(group, task_keys, f"{group[0].trace_id}:{span_id}") for span_id, group in groups.items())

@@ -175,3 +175,25 @@ def test_cli_ingest_exit_codes_and_summary(tmp_path: Path) -> None:
     doc = json.loads(line)
     assert {"trajectory_id", "trace_id", "task_key", "service", "input", "final_output", "conventions", "steps"} <= set(doc)
     assert set(doc["steps"][0]) == {"kind", "name", "args", "result", "error", "call_id", "source"}
+
+
+def test_a_span_outside_every_run_joins_the_run_that_had_started_when_it_did() -> None:
+    from plumbline_otel.assemble import assemble_runs
+    from plumbline_otel.model import SpanRecord
+
+    trace = "ab" * 16
+
+    def agent(n: int, start: int) -> SpanRecord:
+        return SpanRecord(trace, f"{n:016x}", "ffffffffffffffff", "invoke_agent ap", start, start + 50, step_kind="agent",
+                          convention="genai", input_text=f"run {n}")
+
+    def orphan_tool(n: int, start: int, name: str) -> SpanRecord:  # its parent was never exported
+        return SpanRecord(trace, f"{n:016x}", "eeeeeeeeeeeeeeee", f"execute_tool {name}", start, start + 1,
+                          step_kind="tool_call", tool_name=name, convention="genai")
+
+    records = [agent(1, 100), agent(2, 200), agent(3, 300),
+               orphan_tool(10, 150, "early"), orphan_tool(11, 200, "at_second_start"), orphan_tool(12, 999, "late"),
+               orphan_tool(13, 50, "before_all")]
+    runs = assemble_runs(records)
+    assert [(t.input, [s.name for s in t.tool_steps]) for t in runs] == [
+        ("run 1", ["early"]), ("run 2", ["at_second_start"]), ("run 3", ["late"])]  # before every run: in none
