@@ -16,7 +16,16 @@ from plumbline_otel.errors import ConfigError, ReplayError
 from plumbline_otel.plugins import DomainPlugin
 
 ARMS = ("plan_execute", "plan_execute_retry", "react")
-SPEC_PATH = Path(__file__).resolve().parents[2] / "configs" / "accounts_payable.invariants.yaml"
+_SPEC = ("configs", "accounts_payable.invariants.yaml")
+
+
+def _spec_path() -> Path:
+    """The domain's invariants in the clone this package runs from, else in the working directory (a plain install)."""
+    beside = Path(__file__).resolve().parents[2].joinpath(*_SPEC)
+    return beside if beside.exists() else Path.cwd().joinpath(*_SPEC)
+
+
+SPEC_PATH = _spec_path()
 
 
 @click.command("accounts_payable")
