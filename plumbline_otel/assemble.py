@@ -29,8 +29,7 @@ from typing import Any
 import orjson
 
 from plumbline_otel.model import SpanRecord, Step, ToolCallRef, ToolResultRef, Trajectory
-from plumbline_otel.normalise._extract import VENDOR_ARGS_KEYS, VENDOR_RESULT_KEYS
-from plumbline_otel.normalise._shapes import unwrap_scoped_result
+from plumbline_otel.normalise import VENDOR_ARGS_KEYS, VENDOR_RESULT_KEYS, unwrap_scoped_result
 from plumbline_otel.runs import TASK_KEY
 
 # A conversation or session is not a task (pydantic-ai mints a conversation per run, ADK a session

@@ -20,11 +20,13 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Span
 from plumbline_otel.decode import Problem
 from plumbline_otel.model import SpanRecord
 from plumbline_otel.normalise import _extract
+from plumbline_otel.normalise._extract import VENDOR_ARGS_KEYS, VENDOR_RESULT_KEYS
 from plumbline_otel.normalise._logs import LogRows, log_rows
+from plumbline_otel.normalise._shapes import unwrap_scoped_result
 from plumbline_otel.normalise._values import Limits, ValueRejected, any_value, maybe_json
 
-__all__ = ["Limits", "LogRows", "ValueRejected", "any_value", "fold_logs", "log_event_attributes", "log_rows", "maybe_json",
-           "normalise_request", "normalise_span"]
+__all__ = ["VENDOR_ARGS_KEYS", "VENDOR_RESULT_KEYS", "Limits", "LogRows", "ValueRejected", "any_value", "fold_logs",
+           "log_event_attributes", "log_rows", "maybe_json", "normalise_request", "normalise_span", "unwrap_scoped_result"]
 
 # Attribute namespaces we read; a key in them that we do not know is reported by coverage.
 _NAMESPACES = ("gen_ai.", "llm.", "tool.", "openinference.", "traceloop.")

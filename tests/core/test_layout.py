@@ -92,6 +92,19 @@ def test_no_package_imports_a_package_that_imports_it() -> None:
     assert _cycle(graph) is None, f"import cycle between packages: {' -> '.join(_cycle(graph) or [])}"
 
 
+def test_a_package_s_private_modules_are_imported_only_inside_it() -> None:
+    reaching_in = []
+    for path in _sources():
+        name = _module_name(path)
+        for target in _imports(path):
+            parts = target.split(".")
+            private = next((i for i, part in enumerate(parts) if part.startswith("_")), None)
+            owner = ".".join(parts[:private or 0])
+            if private is not None and name != owner and not name.startswith(owner + "."):
+                reaching_in.append(f"{name} imports {target}")
+    assert reaching_in == []
+
+
 @pytest.mark.parametrize("core", ["model", "errors", "compare_values", "runs"])
 def test_the_core_imports_nothing_from_the_stages(core: str) -> None:
     assert _graph().get(core, set()) <= {"model", "errors"}, f"{core} imports {_graph()[core]}"
