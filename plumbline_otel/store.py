@@ -32,6 +32,11 @@ from plumbline_otel.normalise import LogRows, fold_logs, log_event_attributes
 
 SCHEMA_VERSION = 5
 DEFAULT_DB = "plumbline.duckdb"
+# DuckDB checkpoints (folds its write-ahead log into the file) when the log passes this size. At its
+# default of 16 MB a stream of span batches checkpoints every ~10,000 spans, and each checkpoint
+# recompresses the whole unfilled row group (up to 122,880 rows): half the writer's time went there.
+# A larger log costs only a longer replay when the file is opened after a crash.
+_CHECKPOINT_THRESHOLD = "256MB"
 
 # Column name -> DuckDB type, in table order. JSON columns hold orjson text. Version 1's columns
 # stay as they were; later versions append theirs (ALTER TABLE adds at the end).
@@ -247,6 +252,7 @@ class Store:
         self._span_keys: _SpanKeys | None = None
         self.logs_written = False  # set by `write_logs`: a writer that only assembles after span writes checks it
         if not read_only:
+            self.connection.execute(f"SET checkpoint_threshold = '{_CHECKPOINT_THRESHOLD}'")
             self._migrate()
         # A file opened read-only keeps the schema it was written with (older columns may be missing).
         self.schema_version = self._version()
@@ -312,7 +318,7 @@ class Store:
         with self._transaction():
             stored = 0
             if rows:
-                fresh = self._fresh(batch, keys)  # noqa: F841 - read by name in the SQL below
+                fresh, hashes = self._fresh(batch, keys)
                 stored = fresh.num_rows
                 if stored:
                     self.connection.execute("INSERT INTO spans SELECT * FROM fresh")
@@ -323,7 +329,7 @@ class Store:
                     [(now, source, p.where, p.reason, p.spans) for p in problems],
                 )
         if stored:
-            keys.add(self._hashes("fresh_keys", fresh))
+            keys.add(hashes if hashes is not None else self._hashes("fresh_keys", fresh))
         return WriteResult(stored=stored, duplicate=rows - stored)
 
     def write_logs(self, rows: LogRows) -> int:
@@ -379,16 +385,20 @@ class Store:
         finally:
             self.connection.unregister(name)
 
-    def _fresh(self, batch: pa.Table, keys: _SpanKeys) -> pa.Table:
-        """The rows of `batch` not stored yet (and each span once); the table scan runs only on a suspected retry."""
-        if not keys.suspects(self._hashes("batch_keys", batch)):
-            return batch
+    def _fresh(self, batch: pa.Table, keys: _SpanKeys) -> tuple[pa.Table, np.ndarray | None]:
+        """The rows of `batch` not stored yet (and each span once), with their key hashes when already computed.
+
+        The table scan runs only on a suspected retry.
+        """
+        hashes = self._hashes("batch_keys", batch)
+        if not keys.suspects(hashes):
+            return batch, hashes
         self.connection.register("incoming", batch)
         try:
             return self.connection.sql(
                 "SELECT * FROM (SELECT DISTINCT ON (trace_id, span_id) * FROM incoming) b "
                 "WHERE NOT EXISTS (SELECT 1 FROM spans s WHERE s.trace_id = b.trace_id AND s.span_id = b.span_id)"
-            ).to_arrow_table()
+            ).to_arrow_table(), None
         finally:
             self.connection.unregister("incoming")
 
