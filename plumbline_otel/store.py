@@ -24,7 +24,7 @@ import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from plumbline_otel.assemble import DEFAULT_TASK_KEYS, assemble_runs, is_context_key
+from plumbline_otel.assemble import CONTEXT_KEYS, CONTEXT_PREFIX, DEFAULT_TASK_KEYS, assemble_runs, is_context_key
 from plumbline_otel.decode import Problem
 from plumbline_otel.errors import StoreError
 from plumbline_otel.model import SpanRecord, Step, ToolCallRef, ToolDecision, ToolResultRef, Trajectory
@@ -179,9 +179,9 @@ def _json(value: Any) -> str | None:
     return None if value is None else orjson.dumps(value, default=str).decode()
 
 
-def _context(rec: SpanRecord) -> str | None:
-    ctx = {k: v for k, v in rec.resource.items() if is_context_key(k)}
-    ctx.update({k: v for k, v in rec.attributes.items() if is_context_key(k)})
+def _context(rec: SpanRecord, resources: dict[int, tuple[str | None, dict[str, Any]]]) -> str | None:
+    ctx = dict(resources[id(rec.resource)][1])
+    ctx.update({k: v for k, v in rec.attributes.items() if k.startswith(CONTEXT_PREFIX) or k in CONTEXT_KEYS})
     return _json(ctx) if ctx else None
 
 
@@ -191,7 +191,7 @@ _JSON_INDEXES = tuple(_ROW_FIELDS.index(name) for name in _JSON_FIELDS if name i
 _ORDER = [*_ROW_FIELDS, "proposed_calls", "tool_results", "context", "resource", "decisions"]
 
 
-def _row(rec: SpanRecord, resources: dict[int, str | None]) -> list[Any]:
+def _row(rec: SpanRecord, resources: dict[int, tuple[str | None, dict[str, Any]]]) -> list[Any]:
     values = rec.__dict__
     row = [values[name] for name in _ROW_FIELDS]
     for index in _JSON_INDEXES:
@@ -199,18 +199,18 @@ def _row(rec: SpanRecord, resources: dict[int, str | None]) -> list[Any]:
             row[index] = _json(row[index])
     row.append(_json([c.__dict__ for c in rec.proposed_calls]) if rec.proposed_calls else None)
     row.append(_json([r.__dict__ for r in rec.tool_results]) if rec.tool_results else None)
-    row.append(_context(rec))
-    key = id(rec.resource)  # the spans of one ResourceSpans share one dict: encode it once
+    key = id(rec.resource)  # the spans of one ResourceSpans share one dict: encode and search it once
     if key not in resources:
-        resources[key] = _json(rec.resource)
-    row.append(resources[key])
+        resources[key] = (_json(rec.resource), {k: v for k, v in rec.resource.items() if is_context_key(k)})
+    row.append(_context(rec, resources))
+    row.append(resources[key][0])
     row.append(_json(rec.decisions) if rec.decisions else None)
     return row
 
 
 def span_table(records: list[SpanRecord], now: int) -> pa.Table:
     """Span records as the Arrow table the store inserts (built in the shard workers, off the writer)."""
-    resources: dict[int, str | None] = {}
+    resources: dict[int, tuple[str | None, dict[str, Any]]] = {}
     rows = [_row(rec, resources) for rec in records]
     columns = dict(zip(_ORDER, map(list, zip(*rows)))) if rows else {name: [] for name in _ORDER}
     columns["received_ns"] = [now] * len(records)

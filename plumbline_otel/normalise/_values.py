@@ -104,13 +104,16 @@ def unflatten(attrs: dict[str, Any], prefix: str) -> list[Any]:
                 break
         else:
             node[last] = val
+    if not root:
+        return []
     result: list[Any] = _as_list(root)
     return result
 
 
-def _as_list(node: Any) -> Any:
-    if not isinstance(node, dict):
-        return node
-    if node and all(isinstance(k, int) for k in node):
-        return [_as_list(node[k]) for k in sorted(node)]
-    return {k: _as_list(v) for k, v in node.items()}
+def _as_list(node: dict[Any, Any]) -> Any:
+    """A node of `unflatten`'s tree: integer-keyed levels become lists in index order (leaves are not visited)."""
+    keys = list(node)
+    if keys and all(type(k) is int for k in keys):
+        keys.sort()
+        return [v if type(v) is not dict else _as_list(v) for v in map(node.__getitem__, keys)]
+    return {k: v if type(v) is not dict else _as_list(v) for k, v in node.items()}
