@@ -23,6 +23,7 @@ not matter.
 
 from __future__ import annotations
 
+import gc
 import multiprocessing
 import os
 import queue
@@ -207,6 +208,11 @@ def _worker(index: int, settings: ShardSettings, inbox: Any, outbox: Any) -> Non
     say so, and a worker left waiting would hold its memory forever.
     """
     parent = os.getppid()
+    # Normalising makes millions of short-lived objects and no cycles worth chasing: the collector's
+    # default (a pass every 700 allocations) cost 13% of a worker's time. The imported modules are
+    # frozen out of its sight and it runs a hundredth as often.
+    gc.freeze()
+    gc.set_threshold(70_000, 20, 100)
     shard = Shard(index, settings)
     outbox.put(("ready", index))
     while True:

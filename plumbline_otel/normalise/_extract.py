@@ -376,14 +376,23 @@ _TOOL_READERS: dict[str, list[Callable[[SpanRecord, dict[str, Any]], None]]] = {
     "genai": [_tool_genai, _tool_openinference],
     "traceloop": [_tool_traceloop, _tool_genai],
 }
+# The keys each tool reader reads: a reader none of whose keys a span has would change nothing on it.
+_READER_KEYS: dict[Callable[[SpanRecord, dict[str, Any]], None], frozenset[str]] = {
+    _tool_openinference: frozenset({"tool.name", "tool.id", "tool_call.id", "input.value", "tool.parameters", "output.value"}),
+    _tool_genai: frozenset({"gen_ai.tool.name", "gen_ai.tool.call.id", "gen_ai.tool.call.arguments", "gen_ai.tool.call.result",
+                            *VENDOR_ARGS_KEYS, *VENDOR_RESULT_KEYS}),
+    _tool_traceloop: frozenset({"gen_ai.tool.name", "traceloop.entity.name", "traceloop.entity.input", "traceloop.entity.output"}),
+}
 
 
 def extract(rec: SpanRecord, attrs: dict[str, Any], events: list[tuple[str, dict[str, Any]]]) -> None:
     """Fill the step fields of `rec` from its attributes and events."""
     if rec.step_kind == "tool_call":
         for reader in _TOOL_READERS.get(rec.convention, [_tool_genai]):
-            reader(rec, attrs)
-        _tool_from_events(rec, events)
+            if not _READER_KEYS[reader].isdisjoint(attrs):
+                reader(rec, attrs)
+        if events:
+            _tool_from_events(rec, events)
         if rec.tool_name is None:
             rec.tool_name = rec.name.removeprefix("execute_tool ").removeprefix("tools/call ").strip() or rec.name
         if is_redacted(rec.result):
@@ -401,7 +410,9 @@ def extract(rec: SpanRecord, attrs: dict[str, Any], events: list[tuple[str, dict
     elif rec.parent_span_id is None:  # a root chain or workflow span: the run's request and answer
         _run_texts(rec, _first(attrs, "input.value", "traceloop.entity.input"), _first(attrs, "output.value", "traceloop.entity.output"))
     rec.error = _error(rec, attrs, events)
-    fold_events(rec, [(name, eattrs) for name, eattrs in events if name == DECISION_EVENT])  # the same event as a span event
+    decisions = [(name, eattrs) for name, eattrs in events if name == DECISION_EVENT]
+    if decisions:  # the same event as a span event
+        fold_events(rec, decisions)
 
 
 # --- log records ------------------------------------------------------------------------------
