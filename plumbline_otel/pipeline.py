@@ -35,7 +35,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from plumbline_otel.assemble import DEFAULT_TASK_KEYS, assemble_runs
+from plumbline_otel.assemble import DEFAULT_TASK_KEYS, assemble_runs, assembly_view
 from plumbline_otel.config import ContentRules
 from plumbline_otel.content import ContentFilter
 from plumbline_otel.decode import Decoded, Problem, Unit, decode_unit
@@ -162,12 +162,12 @@ class Shard:
         problems = decoded.problems + problems
         if me != 0:
             problems = [p for p in problems if _span_problem(p)]
-        now = time.monotonic()
+        table = span_table(records, time.time_ns()) if records else None
+        now, task_keys = time.monotonic(), self.settings.task_keys
         for rec in records:
-            self.held.setdefault(rec.trace_id, []).append(rec)
+            self.held.setdefault(rec.trace_id, []).append(assembly_view(rec, task_keys))
             self.last_seen[rec.trace_id] = now
         self.held_spans += len(records)
-        table = span_table(records, time.time_ns()) if records else None
         parts: list[Part] = [SpanPart(seq, me, table, problems, len(records), sum(p.spans for p in problems)), *log_parts]
         if self.held_spans > self.settings.hold_spans:  # memory stays bounded: assemble the oldest traces now
             oldest = sorted(self.last_seen, key=self.last_seen.__getitem__)

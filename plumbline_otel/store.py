@@ -37,6 +37,10 @@ DEFAULT_DB = "plumbline.duckdb"
 # recompresses the whole unfilled row group (up to 122,880 rows): half the writer's time went there.
 # A larger log costs only a longer replay when the file is opened after a crash.
 _CHECKPOINT_THRESHOLD = "256MB"
+# A writer's DuckDB cache (DuckDB's default is 80% of the machine's memory). The log above keeps up
+# to its size of appended rows in memory until the checkpoint; past this cap they go to a temporary
+# file instead of the process's memory (`plumbline serve` sets its own, `storage.memory_limit_mib`).
+WRITER_MEMORY_LIMIT_MIB = 256
 
 # Column name -> DuckDB type, in table order. JSON columns hold orjson text. Version 1's columns
 # stay as they were; later versions append theirs (ALTER TABLE adds at the end).
@@ -253,6 +257,7 @@ class Store:
         self.logs_written = False  # set by `write_logs`: a writer that only assembles after span writes checks it
         if not read_only:
             self.connection.execute(f"SET checkpoint_threshold = '{_CHECKPOINT_THRESHOLD}'")
+            self.set_memory_limit(WRITER_MEMORY_LIMIT_MIB)
             self._migrate()
         # A file opened read-only keeps the schema it was written with (older columns may be missing).
         self.schema_version = self._version()
