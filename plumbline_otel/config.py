@@ -5,7 +5,7 @@
         protocols:
           grpc: {endpoint: 127.0.0.1:4317, max_recv_msg_size_mib: 64}
           http: {endpoint: 127.0.0.1:4318, max_request_body_size_mib: 64}
-    storage: {path: plumbline.duckdb, task_keys: [session.id], memory_limit_mib: 512}
+    storage: {path: plumbline.duckdb, task_keys: [session.id], memory_limit_mib: 256}
     queue: {max_spans: 8192, max_bytes_mib: 128, batch_max_spans: 8192, retry_after_seconds: 1}
     assemble: {interval_seconds: 1, max_delay_seconds: 2}
     pipeline: {workers: 2}           # shard worker processes; default: one per core, 0 = in-process
@@ -45,7 +45,7 @@ _SCHEMA: dict[str, Any] = {
             },
         },
     },
-    "storage": {"path": (str, "plumbline.duckdb"), "task_keys": (list, None), "memory_limit_mib": (int, 512)},
+    "storage": {"path": (str, "plumbline.duckdb"), "task_keys": (list, None), "memory_limit_mib": (int, 256)},
     "queue": {"max_spans": (int, 8192), "max_bytes_mib": (int, 128), "batch_max_spans": (int, 8192), "retry_after_seconds": (float, 1.0)},
     "assemble": {"interval_seconds": (float, 1.0), "max_delay_seconds": (float, 2.0)},
     "pipeline": {"workers": (int, None)},
@@ -83,7 +83,7 @@ class ServeConfig:
     http_max_connections: int = 256
     db_path: str = "plumbline.duckdb"
     task_keys: tuple[str, ...] | None = None
-    db_memory_limit_mib: int = 512
+    db_memory_limit_mib: int = 256  # as a file ingest's writer (store.WRITER_MEMORY_LIMIT_MIB)
     queue_max_spans: int = 8192
     queue_max_bytes: int = 128 * _MIB
     batch_max_spans: int = 8192

@@ -39,7 +39,7 @@ DEFAULT_DB = "plumbline.duckdb"
 _CHECKPOINT_THRESHOLD = "256MB"
 # A writer's DuckDB cache (DuckDB's default is 80% of the machine's memory). The log above keeps up
 # to its size of appended rows in memory until the checkpoint; past this cap they go to a temporary
-# file instead of the process's memory (`plumbline serve` sets its own, `storage.memory_limit_mib`).
+# file instead of the process's memory (`plumbline serve` takes `storage.memory_limit_mib`, by default the same).
 WRITER_MEMORY_LIMIT_MIB = 256
 
 # Column name -> DuckDB type, in table order. JSON columns hold orjson text. Version 1's columns
@@ -376,7 +376,7 @@ class Store:
 
     def set_memory_limit(self, mib: int) -> None:
         """Cap DuckDB's buffer cache (it defaults to 80% of the machine's memory)."""
-        self.connection.execute(f"SET memory_limit = '{int(mib)}MB'")
+        self.connection.execute(f"SET memory_limit = '{int(mib)}MiB'")
 
     def _keys(self) -> _SpanKeys:
         if self._span_keys is None:

@@ -65,7 +65,7 @@ def _overrides(opts: dict[str, Any], config_path: str | None) -> dict[str, Any]:
 @click.command()
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), help="YAML config (see configs/plumbline.yaml).")
 @click.option("--db", help="DuckDB file to write [storage.path; default plumbline.duckdb].")
-@click.option("--db-memory-limit-mib", type=int, help="DuckDB's memory limit [storage.memory_limit_mib; default 512].")
+@click.option("--db-memory-limit-mib", type=int, help="DuckDB's memory limit [storage.memory_limit_mib; default 256].")
 @click.option("--host", help="Address both transports bind [default 127.0.0.1; binding elsewhere must be explicit].")
 @click.option("--grpc-port", type=int, help="OTLP/gRPC port, also plumbline's API [default 4317; 0 turns gRPC off].")
 @click.option("--http-port", type=int, help="OTLP/HTTP port [default 4318; 0 turns HTTP off].")

@@ -197,3 +197,20 @@ def test_a_span_outside_every_run_joins_the_run_that_had_started_when_it_did() -
     runs = assemble_runs(records)
     assert [(t.input, [s.name for s in t.tool_steps]) for t in runs] == [
         ("run 1", ["early"]), ("run 2", ["at_second_start"]), ("run 3", ["late"])]  # before every run: in none
+
+
+def test_committed_spans_waiting_for_the_checkpoint_survive_a_crash(tmp_path: Path) -> None:
+    """A writer checkpoints only at a large log (for speed): what it committed before a crash is still read."""
+    db = tmp_path / "live.duckdb"
+    writer = Store(db)
+    ingest_files(writer, [str(_write(tmp_path / "a.jsonl", [record(genai_run)]))], workers=0)
+    stored = writer.connection.execute("SELECT count(*) FROM spans").fetchone()
+    # The files as a crash leaves them: the writer never checkpointed or closed.
+    crashed = tmp_path / "crashed.duckdb"
+    crashed.write_bytes(db.read_bytes())
+    Path(f"{crashed}.wal").write_bytes(Path(f"{db}.wal").read_bytes())
+    with Store(crashed, read_only=True) as reader:
+        assert reader.connection.execute("SELECT count(*) FROM spans").fetchone() == stored
+        assert [t.input for t in reader.trajectories()] == ["Pay invoice INV-1029"]
+    assert writer.connection.execute("SELECT current_setting('memory_limit')").fetchone() == ("256.0 MiB",)
+    writer.close()
