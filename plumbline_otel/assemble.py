@@ -293,15 +293,14 @@ def is_context_key(key: str) -> bool:
     return key.startswith(CONTEXT_PREFIX) or key in CONTEXT_KEYS
 
 
-def assembly_view(rec: SpanRecord, task_keys: Iterable[str]) -> SpanRecord:
+def assembly_view(rec: SpanRecord, task_keys: frozenset[str]) -> SpanRecord:
     """The record with only the attributes assembly reads (task keys and context keys); the same runs come of it.
 
     A shard holds its traces' records until they go quiet: without the raw attribute maps (an LLM
     span's whole conversation, as text) a held record costs a fraction of the memory.
     """
-    keys = set(task_keys)
-    return replace(rec, attributes={k: v for k, v in rec.attributes.items() if k in keys or is_context_key(k)},
-                   resource={k: v for k, v in rec.resource.items() if k in keys or is_context_key(k)})
+    return replace(rec, attributes={k: v for k, v in rec.attributes.items() if k in task_keys or is_context_key(k)},
+                   resource={k: v for k, v in rec.resource.items() if k in task_keys or is_context_key(k)})
 
 
 def _context(root: SpanRecord, records: list[SpanRecord]) -> dict[str, Any]:

@@ -144,6 +144,7 @@ class Shard:
         self.held: dict[str, list[SpanRecord]] = {}
         self.last_seen: dict[str, float] = {}
         self.held_spans = 0
+        self.task_keys = frozenset(settings.task_keys)  # what a held record keeps (`assembly_view`)
 
     def prepare(self, seq: int, unit: Unit) -> list[Part]:
         """Decode and normalise this shard's spans of `unit`; hold them for assembly."""
@@ -163,9 +164,9 @@ class Shard:
         if me != 0:
             problems = [p for p in problems if _span_problem(p)]
         table = span_table(records, time.time_ns()) if records else None
-        now, task_keys = time.monotonic(), self.settings.task_keys
+        now = time.monotonic()
         for rec in records:
-            self.held.setdefault(rec.trace_id, []).append(assembly_view(rec, task_keys))
+            self.held.setdefault(rec.trace_id, []).append(assembly_view(rec, self.task_keys))
             self.last_seen[rec.trace_id] = now
         self.held_spans += len(records)
         parts: list[Part] = [SpanPart(seq, me, table, problems, len(records), sum(p.spans for p in problems)), *log_parts]

@@ -24,7 +24,7 @@ import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from plumbline_otel.assemble import CONTEXT_KEYS, CONTEXT_PREFIX, DEFAULT_TASK_KEYS, assemble_runs, is_context_key
+from plumbline_otel.assemble import DEFAULT_TASK_KEYS, assemble_runs, is_context_key
 from plumbline_otel.decode import Problem
 from plumbline_otel.errors import StoreError
 from plumbline_otel.model import SpanRecord, Step, ToolCallRef, ToolDecision, ToolResultRef, Trajectory
@@ -183,10 +183,8 @@ def _json(value: Any) -> str | None:
     return None if value is None else orjson.dumps(value, default=str).decode()
 
 
-def _context(rec: SpanRecord, resources: dict[int, tuple[str | None, dict[str, Any]]]) -> str | None:
-    ctx = dict(resources[id(rec.resource)][1])
-    ctx.update({k: v for k, v in rec.attributes.items() if k.startswith(CONTEXT_PREFIX) or k in CONTEXT_KEYS})
-    return _json(ctx) if ctx else None
+def _context(attributes: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in attributes.items() if is_context_key(k)}
 
 
 _ROW_FIELDS = tuple(c for c in _SPAN_COLUMNS if c not in ("proposed_calls", "tool_results", "context", "resource", "received_ns", "decisions"))
@@ -205,9 +203,11 @@ def _row(rec: SpanRecord, resources: dict[int, tuple[str | None, dict[str, Any]]
     row.append(_json([r.__dict__ for r in rec.tool_results]) if rec.tool_results else None)
     key = id(rec.resource)  # the spans of one ResourceSpans share one dict: encode and search it once
     if key not in resources:
-        resources[key] = (_json(rec.resource), {k: v for k, v in rec.resource.items() if is_context_key(k)})
-    row.append(_context(rec, resources))
-    row.append(resources[key][0])
+        resources[key] = (_json(rec.resource), _context(rec.resource))
+    encoded, context = resources[key]
+    context = {**context, **_context(rec.attributes)}
+    row.append(_json(context) if context else None)
+    row.append(encoded)
     row.append(_json(rec.decisions) if rec.decisions else None)
     return row
 
@@ -322,8 +322,9 @@ class Store:
         keys = self._keys()
         with self._transaction():
             stored = 0
-            if rows:
-                fresh, hashes = self._fresh(batch, keys)
+            if batch is not None and rows:
+                hashes = self._hashes("batch_keys", batch)
+                fresh = self._unstored(batch) if keys.suspects(hashes) else batch
                 stored = fresh.num_rows
                 if stored:
                     self.connection.execute("INSERT INTO spans SELECT * FROM fresh")
@@ -334,7 +335,7 @@ class Store:
                     [(now, source, p.where, p.reason, p.spans) for p in problems],
                 )
         if stored:
-            keys.add(hashes if hashes is not None else self._hashes("fresh_keys", fresh))
+            keys.add(hashes if fresh is batch else self._hashes("fresh_keys", fresh))
         return WriteResult(stored=stored, duplicate=rows - stored)
 
     def write_logs(self, rows: LogRows) -> int:
@@ -390,20 +391,14 @@ class Store:
         finally:
             self.connection.unregister(name)
 
-    def _fresh(self, batch: pa.Table, keys: _SpanKeys) -> tuple[pa.Table, np.ndarray | None]:
-        """The rows of `batch` not stored yet (and each span once), with their key hashes when already computed.
-
-        The table scan runs only on a suspected retry.
-        """
-        hashes = self._hashes("batch_keys", batch)
-        if not keys.suspects(hashes):
-            return batch, hashes
+    def _unstored(self, batch: pa.Table) -> pa.Table:
+        """The rows of `batch` not stored yet, each span once: a table scan, run only when `_SpanKeys` suspects a retry."""
         self.connection.register("incoming", batch)
         try:
             return self.connection.sql(
                 "SELECT * FROM (SELECT DISTINCT ON (trace_id, span_id) * FROM incoming) b "
                 "WHERE NOT EXISTS (SELECT 1 FROM spans s WHERE s.trace_id = b.trace_id AND s.span_id = b.span_id)"
-            ).to_arrow_table(), None
+            ).to_arrow_table()
         finally:
             self.connection.unregister("incoming")
 

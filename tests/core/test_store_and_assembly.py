@@ -12,10 +12,12 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from otlp import record, to_otlp_json
 
 from core.spans import genai_run
+from plumbline_otel.assemble import assemble_runs, assembly_view
 from plumbline_otel.cli.main import _register, cli
 from plumbline_otel.coverage import coverage_report
 from plumbline_otel.errors import StoreError
 from plumbline_otel.ingest import ingest_files
+from plumbline_otel.normalise import normalise_request
 from plumbline_otel.store import SCHEMA_VERSION, Store
 
 _register()
@@ -178,7 +180,6 @@ def test_cli_ingest_exit_codes_and_summary(tmp_path: Path) -> None:
 
 
 def test_a_span_outside_every_run_joins_the_run_that_had_started_when_it_did() -> None:
-    from plumbline_otel.assemble import assemble_runs
     from plumbline_otel.model import SpanRecord
 
     trace = "ab" * 16
@@ -214,3 +215,16 @@ def test_committed_spans_waiting_for_the_checkpoint_survive_a_crash(tmp_path: Pa
         assert [t.input for t in reader.trajectories()] == ["Pay invoice INV-1029"]
     assert writer.connection.execute("SELECT current_setting('memory_limit')").fetchone() == ("256.0 MiB",)
     writer.close()
+
+
+@pytest.mark.parametrize("task_keys", [("session.id",), ("gen_ai.conversation.id", "service.name")])
+def test_a_held_assembly_view_builds_the_same_runs_as_the_whole_record(task_keys: tuple[str, ...]) -> None:
+    """Shards hold views, not records: dropping the attributes assembly does not read changes no trajectory."""
+    records, _ = normalise_request(record(genai_run))
+    views = [assembly_view(r, frozenset(task_keys)) for r in records]
+    assert all(len(v.attributes) < len(r.attributes) for v, r in zip(views, records))  # the raw maps are gone
+    assert assemble_runs(views, task_keys) == assemble_runs(records, task_keys)
+    [run] = assemble_runs(views, task_keys)
+    assert run.context["gen_ai.conversation.id"] == "INV-1029"  # context keys stay
+    if "service.name" in task_keys:
+        assert run.task_key_source == "attribute:gen_ai.conversation.id"
