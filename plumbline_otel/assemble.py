@@ -293,14 +293,29 @@ def is_context_key(key: str) -> bool:
     return key.startswith(CONTEXT_PREFIX) or key in CONTEXT_KEYS
 
 
-def assembly_view(rec: SpanRecord, task_keys: frozenset[str]) -> SpanRecord:
-    """The record with only the attributes assembly reads (task keys and context keys); the same runs come of it.
+def assembly_keys(task_keys: Iterable[str]) -> frozenset[str]:
+    """The attribute keys `trim_for_assembly` keeps, besides plumbline's own (`CONTEXT_PREFIX`)."""
+    return frozenset(task_keys) | frozenset(CONTEXT_KEYS)
 
-    A shard holds its traces' records until they go quiet: without the raw attribute maps (an LLM
-    span's whole conversation, as text) a held record costs a fraction of the memory.
+
+def assembly_attributes(attributes: dict[str, Any], keep: frozenset[str]) -> dict[str, Any]:
+    """The attributes assembly reads (task and context keys) of one span's or resource's map."""
+    return {k: v for k, v in attributes.items() if k in keep or k.startswith(CONTEXT_PREFIX)}
+
+
+def trim_for_assembly(rec: SpanRecord, keep: frozenset[str], resources: dict[int, dict[str, Any]]) -> None:
+    """Drop, in place, the attributes assembly never reads; the same runs come of the record.
+
+    A shard holds its traces' records until they go quiet, after their rows were built: without
+    the raw attribute maps (an LLM span's whole conversation, as text) a held record costs a
+    fraction of the memory. The spans of one ResourceSpans share one resource map, so `resources`
+    (by the map's id, for one request) trims it once and they keep sharing the trimmed one.
     """
-    return replace(rec, attributes={k: v for k, v in rec.attributes.items() if k in task_keys or is_context_key(k)},
-                   resource={k: v for k, v in rec.resource.items() if k in task_keys or is_context_key(k)})
+    rec.attributes = assembly_attributes(rec.attributes, keep)
+    trimmed = resources.get(id(rec.resource))
+    if trimmed is None:
+        trimmed = resources[id(rec.resource)] = assembly_attributes(rec.resource, keep)
+    rec.resource = trimmed
 
 
 def _context(root: SpanRecord, records: list[SpanRecord]) -> dict[str, Any]:

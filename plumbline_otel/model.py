@@ -48,7 +48,7 @@ class ToolDecision:
     tool_name: str | None
 
 
-@dataclass
+@dataclass(slots=True)  # a shard holds thousands per trace: no per-record attribute dict
 class SpanRecord:
     """One received span, normalised. Field names are the store's column names."""
 

@@ -35,13 +35,13 @@ from typing import Any
 
 import pyarrow as pa
 
-from plumbline_otel.assemble import DEFAULT_TASK_KEYS, assemble_runs, assembly_view
+from plumbline_otel.assemble import DEFAULT_TASK_KEYS, assemble_runs, assembly_keys, trim_for_assembly
 from plumbline_otel.config import ContentRules
 from plumbline_otel.content import ContentFilter
 from plumbline_otel.decode import Decoded, Problem, Unit, decode_unit
 from plumbline_otel.model import SpanRecord
 from plumbline_otel.normalise import Limits, LogRows, log_rows, normalise_request
-from plumbline_otel.store import span_table, trajectory_table, unique_spans
+from plumbline_otel.rows import span_table, trajectory_table, unique_spans
 
 _IN_FLIGHT_PER_WORKER = 8  # units queued for one worker before `submit` waits: bounds memory
 _WORKER_START_TIMEOUT = 60.0
@@ -144,7 +144,7 @@ class Shard:
         self.held: dict[str, list[SpanRecord]] = {}
         self.last_seen: dict[str, float] = {}
         self.held_spans = 0
-        self.task_keys = frozenset(settings.task_keys)  # what a held record keeps (`assembly_view`)
+        self.keep = assembly_keys(settings.task_keys)  # what a held record keeps (`trim_for_assembly`)
 
     def prepare(self, seq: int, unit: Unit) -> list[Part]:
         """Decode and normalise this shard's spans of `unit`; hold them for assembly."""
@@ -165,8 +165,10 @@ class Shard:
             problems = [p for p in problems if _span_problem(p)]
         table = span_table(records, time.time_ns()) if records else None
         now = time.monotonic()
+        resources: dict[int, dict[str, Any]] = {}  # trimmed resource maps, by the id of the one they came from
         for rec in records:
-            self.held.setdefault(rec.trace_id, []).append(assembly_view(rec, self.task_keys))
+            trim_for_assembly(rec, self.keep, resources)
+            self.held.setdefault(rec.trace_id, []).append(rec)
             self.last_seen[rec.trace_id] = now
         self.held_spans += len(records)
         parts: list[Part] = [SpanPart(seq, me, table, problems, len(records), sum(p.spans for p in problems)), *log_parts]

@@ -31,7 +31,8 @@ from typing import TYPE_CHECKING, Any
 from plumbline_otel.coverage import coverage_counts, report_from_counts
 from plumbline_otel.errors import ConfigError
 from plumbline_otel.model import Trajectory
-from plumbline_otel.store import Store, open_assembled, trajectory_from_doc
+from plumbline_otel.rows import trajectory_from_doc
+from plumbline_otel.store import Store, open_assembled
 
 if TYPE_CHECKING:
     from plumbline_otel.api.client import PlumblineClient

@@ -2,7 +2,7 @@
 
     with PlumblineClient("127.0.0.1:4317") as client:
         for doc in client.trajectories(service="billing-agent"):
-            ...  # the `Trajectory.export()` dict; store.trajectory_from_doc(doc) gives a Trajectory
+            ...  # the `Trajectory.export()` dict; rows.trajectory_from_doc(doc) gives a Trajectory
         report = client.coverage()
 
 Connection problems and server errors raise `StoreError` with the address and what the server said.

@@ -24,7 +24,7 @@ def emit(trajectories: Iterable[dict[str, Any]], fmt: str) -> None:
         if fmt == "jsonl":
             click.echo(orjson.dumps(doc).decode())
         else:
-            from plumbline_otel.store import trajectory_from_doc
+            from plumbline_otel.rows import trajectory_from_doc
 
             click.echo(_table_line(trajectory_from_doc(doc)))
 

@@ -26,9 +26,10 @@ from plumbline_otel.evaluation_events import EventEmitter, violation_events
 from plumbline_otel.model import Trajectory
 from plumbline_otel.receive._metrics import Metrics
 from plumbline_otel.receive._writer import Overloaded, WriteQueue
+from plumbline_otel.rows import trajectory_from_doc
 from plumbline_otel.runs import is_missing
 from plumbline_otel.spec import DeclaredInvariant, Spec, Verdict
-from plumbline_otel.store import Store, trajectory_from_doc
+from plumbline_otel.store import Store
 
 log = logging.getLogger("plumbline.check")
 

@@ -15,8 +15,8 @@ from typing import Any
 import orjson
 
 from plumbline_otel.model import Trajectory
+from plumbline_otel.rows import trajectory_from_doc
 from plumbline_otel.runs import PERTURBATION, TRIAL_ID, VARIANT
-from plumbline_otel.store import trajectory_from_doc
 
 PAGE_SIZE = 50
 _CTX = "json_extract_string(doc, '$.context.\"{}\"')"

@@ -22,7 +22,7 @@ from plumbline_otel.model import Trajectory
 from plumbline_otel.report import data
 from plumbline_otel.report.diff import RunDiff, diff_runs
 from plumbline_otel.report.html import anchor, chart_rows, render
-from plumbline_otel.store import trajectory_from_doc
+from plumbline_otel.rows import trajectory_from_doc
 
 WINDOW_RUNS = 2000  # consistency and equivalence look at this many most recent runs, whatever the store's size
 _DIFFS = 3

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import duckdb
 import pytest
@@ -12,7 +13,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from otlp import record, to_otlp_json
 
 from core.spans import genai_run
-from plumbline_otel.assemble import assemble_runs, assembly_view
+from plumbline_otel.assemble import assemble_runs, assembly_keys, trim_for_assembly
 from plumbline_otel.cli.main import _register, cli
 from plumbline_otel.coverage import coverage_report
 from plumbline_otel.errors import StoreError
@@ -218,11 +219,16 @@ def test_committed_spans_waiting_for_the_checkpoint_survive_a_crash(tmp_path: Pa
 
 
 @pytest.mark.parametrize("task_keys", [("session.id",), ("gen_ai.conversation.id", "service.name")])
-def test_a_held_assembly_view_builds_the_same_runs_as_the_whole_record(task_keys: tuple[str, ...]) -> None:
-    """Shards hold views, not records: dropping the attributes assembly does not read changes no trajectory."""
-    records, _ = normalise_request(record(genai_run))
-    views = [assembly_view(r, frozenset(task_keys)) for r in records]
+def test_a_record_trimmed_for_assembly_builds_the_same_runs_as_the_whole_record(task_keys: tuple[str, ...]) -> None:
+    """Shards hold trimmed records: dropping the attributes assembly does not read changes no trajectory."""
+    request = record(genai_run)
+    records, _ = normalise_request(request)
+    views, _ = normalise_request(request)
+    resources: dict[int, dict[str, Any]] = {}
+    for view in views:
+        trim_for_assembly(view, assembly_keys(task_keys), resources)
     assert all(len(v.attributes) < len(r.attributes) for v, r in zip(views, records))  # the raw maps are gone
+    assert len({id(v.resource) for v in views}) == 1  # the spans of one resource share its trimmed map
     assert assemble_runs(views, task_keys) == assemble_runs(records, task_keys)
     [run] = assemble_runs(views, task_keys)
     assert run.context["gen_ai.conversation.id"] == "INV-1029"  # context keys stay

@@ -1,0 +1,177 @@
+"""Rows: span records and trajectories as the Arrow tables the store inserts, and back.
+
+The shard workers build these tables where the records are made, so the writer only inserts
+them; this module needs no database, which keeps a worker process small. The store reads rows
+back into records (`record_from_row`, for rebuilding trajectories) and documents into
+trajectories (`trajectory_from_doc`).
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Any
+
+import orjson
+import pyarrow as pa
+
+from plumbline_otel.assemble import is_context_key
+from plumbline_otel.model import SpanRecord, Step, ToolCallRef, ToolDecision, ToolResultRef, Trajectory
+
+# Column name -> DuckDB type, in table order. JSON columns hold orjson text. Version 1's columns
+# stay as they were; later versions append theirs (ALTER TABLE adds at the end).
+SPAN_COLUMNS_V1: dict[str, str] = {
+    "trace_id": "VARCHAR NOT NULL",
+    "span_id": "VARCHAR NOT NULL",
+    "parent_span_id": "VARCHAR",
+    "name": "VARCHAR",
+    "start_ns": "BIGINT",
+    "end_ns": "BIGINT",
+    "kind": "INTEGER",
+    "status_code": "INTEGER",
+    "status_message": "VARCHAR",
+    "service_name": "VARCHAR",
+    "service_version": "VARCHAR",
+    "scope_name": "VARCHAR",
+    "convention": "VARCHAR",
+    "step_kind": "VARCHAR",
+    "tool_name": "VARCHAR",
+    "call_id": "VARCHAR",
+    "args": "JSON",
+    "args_state": "VARCHAR",
+    "result": "JSON",
+    "error": "VARCHAR",
+    "model": "VARCHAR",
+    "provider": "VARCHAR",
+    "response_id": "VARCHAR",
+    "input_tokens": "BIGINT",
+    "output_tokens": "BIGINT",
+    "agent_name": "VARCHAR",
+    "input_text": "VARCHAR",
+    "output_text": "VARCHAR",
+    "content_captured": "BOOLEAN",
+    "proposed_calls": "JSON",
+    "tool_results": "JSON",
+    "unknown_keys": "VARCHAR[]",
+    "dropped_attributes_count": "INTEGER",
+    "context": "JSON",
+    "attributes": "JSON",
+    "resource": "JSON",
+    "received_ns": "BIGINT",
+}
+SPAN_COLUMNS_V4: dict[str, str] = {
+    "cache_read_tokens": "BIGINT", "cache_write_tokens": "BIGINT", "finish_reasons": "VARCHAR[]",
+    "handoff_to": "VARCHAR", "evidence": "VARCHAR[]", "decisions": "JSON",
+}
+SPAN_COLUMNS: dict[str, str] = {**SPAN_COLUMNS_V1, "shapes": "VARCHAR[]", **SPAN_COLUMNS_V4}
+_ARROW_TYPES = {"BIGINT": pa.int64(), "INTEGER": pa.int32(), "BOOLEAN": pa.bool_(), "VARCHAR[]": pa.list_(pa.string())}
+_JSON_FIELDS = ("args", "result", "attributes", "resource")
+
+
+def _json(value: Any) -> str | None:
+    return None if value is None else orjson.dumps(value, default=str).decode()
+
+
+def _context(attributes: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in attributes.items() if is_context_key(k)}
+
+
+_ROW_FIELDS = tuple(c for c in SPAN_COLUMNS if c not in ("proposed_calls", "tool_results", "context", "resource", "received_ns", "decisions"))
+_SCHEMA = pa.schema([(n, _ARROW_TYPES.get(t.split()[0], pa.string())) for n, t in SPAN_COLUMNS.items()])
+_JSON_INDEXES = tuple(_ROW_FIELDS.index(name) for name in _JSON_FIELDS if name in _ROW_FIELDS)
+_ORDER = [*_ROW_FIELDS, "proposed_calls", "tool_results", "context", "resource", "decisions"]
+_row_values = operator.attrgetter(*_ROW_FIELDS)
+
+
+def _row(rec: SpanRecord, resources: dict[int, tuple[str | None, dict[str, Any]]]) -> list[Any]:
+    row = list(_row_values(rec))
+    for index in _JSON_INDEXES:
+        if row[index] is not None:
+            row[index] = _json(row[index])
+    row.append(_json([c.__dict__ for c in rec.proposed_calls]) if rec.proposed_calls else None)
+    row.append(_json([r.__dict__ for r in rec.tool_results]) if rec.tool_results else None)
+    key = id(rec.resource)  # the spans of one ResourceSpans share one dict: encode and search it once
+    if key not in resources:
+        resources[key] = (_json(rec.resource), _context(rec.resource))
+    encoded, context = resources[key]
+    context = {**context, **_context(rec.attributes)}
+    row.append(_json(context) if context else None)
+    row.append(encoded)
+    row.append(_json(rec.decisions) if rec.decisions else None)
+    return row
+
+
+def span_table(records: list[SpanRecord], now: int) -> pa.Table:
+    """Span records as the Arrow table the store inserts (built in the shard workers, off the writer)."""
+    resources: dict[int, tuple[str | None, dict[str, Any]]] = {}
+    rows = [_row(rec, resources) for rec in records]
+    columns = dict(zip(_ORDER, map(list, zip(*rows)))) if rows else {name: [] for name in _ORDER}
+    columns["received_ns"] = [now] * len(records)
+    return pa.table({name: columns[name] for name in SPAN_COLUMNS}, schema=_SCHEMA)
+
+
+def trajectory_table(trajectories: list[Trajectory], now: int) -> pa.Table:
+    """Trajectories as the Arrow table the store inserts (built where they were assembled)."""
+    return pa.table({
+        "trajectory_id": pa.array([t.trajectory_id for t in trajectories], pa.string()),
+        "trace_id": pa.array([t.trace_id for t in trajectories], pa.string()),
+        "task_key": pa.array([t.task_key for t in trajectories], pa.string()),
+        "task_key_source": pa.array([t.task_key_source for t in trajectories], pa.string()),
+        "service": pa.array([t.service for t in trajectories], pa.string()),
+        "service_version": pa.array([t.service_version for t in trajectories], pa.string()),
+        "agent_name": pa.array([t.agent_name for t in trajectories], pa.string()),
+        "input": pa.array([t.input for t in trajectories], pa.string()),
+        "final_output": pa.array([t.final_output for t in trajectories], pa.string()),
+        "conventions": pa.array([list(t.conventions) for t in trajectories], pa.list_(pa.string())),
+        "start_ns": pa.array([t.start_ns for t in trajectories], pa.int64()),
+        "end_ns": pa.array([t.end_ns for t in trajectories], pa.int64()),
+        "n_steps": pa.array([len(t.steps) for t in trajectories], pa.int32()),
+        "n_tool_calls": pa.array([len(t.tool_steps) for t in trajectories], pa.int32()),
+        "doc": pa.array([_json(_doc(t)) for t in trajectories], pa.string()),
+        "assembled_ns": pa.array([now] * len(trajectories), pa.int64()),
+    })
+
+
+def unique_spans(records: list[SpanRecord]) -> list[SpanRecord]:
+    """The first copy of each span, as the store keeps it (later copies were ignored)."""
+    seen: dict[str, SpanRecord] = {}
+    for rec in records:
+        seen.setdefault(rec.span_id, rec)
+    return list(seen.values()) if len(seen) < len(records) else records
+
+
+def record_from_row(row: dict[str, Any], keys: list[str], key_values: list[Any]) -> SpanRecord:
+    for name in ("args", "result"):
+        row[name] = orjson.loads(row[name]) if row[name] is not None else None
+    row["proposed_calls"] = [ToolCallRef(**c) for c in orjson.loads(row["proposed_calls"])] if row["proposed_calls"] else []
+    row["tool_results"] = [ToolResultRef(**r) for r in orjson.loads(row["tool_results"])] if row["tool_results"] else []
+    row["unknown_keys"] = row["unknown_keys"] or []
+    for name in ("shapes", "finish_reasons", "evidence"):
+        row[name] = row[name] or []
+    row["decisions"] = [ToolDecision(**d) for d in orjson.loads(row["decisions"])] if row["decisions"] else []
+    context_json = row.pop("context")
+    context = orjson.loads(context_json) if context_json else {}
+    attributes = {k: v for k, v in zip(keys, key_values or []) if v is not None}
+    attributes.update(context)
+    return SpanRecord(**row, attributes=attributes)
+
+
+def _doc(t: Trajectory) -> dict[str, Any]:
+    doc = t.export()
+    doc["steps"] = [
+        {**s.export(), "span_id": s.span_id, "start_ns": s.start_ns, "model": s.model,
+         "input_tokens": s.input_tokens, "output_tokens": s.output_tokens, "cache_read_tokens": s.cache_read_tokens,
+         "cache_write_tokens": s.cache_write_tokens, "finish_reasons": list(s.finish_reasons), "evidence": s.evidence,
+         "gaps": list(s.gaps)}
+        for s in t.steps
+    ]
+    return doc
+
+
+def trajectory_from_doc(doc: dict[str, Any]) -> Trajectory:
+    """A trajectory from its stored (or exported) JSON document."""
+    fields_of = Step.__dataclass_fields__
+    steps = tuple(Step(**{k: tuple(v) if k in ("finish_reasons", "gaps") else v for k, v in s.items() if k in fields_of})  # type: ignore[arg-type]
+                  for s in doc["steps"])
+    fields = {k: v for k, v in doc.items() if k in Trajectory.__dataclass_fields__ and k != "steps"}
+    fields["conventions"] = tuple(fields.get("conventions") or ())
+    return Trajectory(**fields, steps=steps)
