@@ -1,4 +1,4 @@
-"""OTLP JSON (already parsed into Python objects) mapped into the protobuf request by hand.
+"""OTLP JSON (already parsed into Python objects) mapped into the protobuf request by hand, in place.
 
 `google.protobuf.json_format` is about a hundred times slower than the binary path and silently
 decodes a 32-hex trace id as base64 into 24 bytes, so the mapping is written out here, following
@@ -16,14 +16,7 @@ from typing import Any, cast
 import orjson
 from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-from opentelemetry.proto.common.v1.common_pb2 import (
-    AnyValue,
-    ArrayValue,
-    InstrumentationScope,
-    KeyValue,
-    KeyValueList,
-)
-from opentelemetry.proto.resource.v1.resource_pb2 import Resource
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span, Status
 
 from plumbline_otel.decode._problems import Decoded, Problem
@@ -144,7 +137,7 @@ def _enum(value: Any, names: dict[str, int], field: str) -> int:
     return _int(value, field)
 
 
-def _any(value: Any, field: str) -> AnyValue:
+def _fill_any(out: AnyValue, value: Any, field: str) -> None:
     if value == TOO_DEEP:
         raise _TooDeep(f"{field} is nested deeper than the JSON parser allows")
     if not isinstance(value, dict):
@@ -153,48 +146,52 @@ def _any(value: Any, field: str) -> AnyValue:
         s = _get(value, "stringValue", "string_value", "")
         if not isinstance(s, str):
             raise _Bad(f"{field}.stringValue must be a string")
-        return AnyValue(string_value=s)
-    if "intValue" in value or "int_value" in value:
-        return AnyValue(int_value=_int(_get(value, "intValue", "int_value"), field + ".intValue"))
-    if "boolValue" in value or "bool_value" in value:
+        out.string_value = s
+    elif "intValue" in value or "int_value" in value:
+        out.int_value = _int(_get(value, "intValue", "int_value"), field + ".intValue")
+    elif "boolValue" in value or "bool_value" in value:
         b = _get(value, "boolValue", "bool_value")
         if not isinstance(b, bool):
             raise _Bad(f"{field}.boolValue must be true or false")
-        return AnyValue(bool_value=b)
-    if "doubleValue" in value or "double_value" in value:
+        out.bool_value = b
+    elif "doubleValue" in value or "double_value" in value:
         d = _get(value, "doubleValue", "double_value")
         if isinstance(d, str) and d in _FLOAT_WORDS:
             d = _FLOAT_WORDS[d]
         if isinstance(d, bool) or not isinstance(d, (int, float)):
             raise _Bad(f"{field}.doubleValue must be a number")
-        return AnyValue(double_value=float(d))
-    if "arrayValue" in value or "array_value" in value:
+        out.double_value = float(d)
+    elif "arrayValue" in value or "array_value" in value:
         items = _get(value, "arrayValue", "array_value")
         if items == TOO_DEEP:
             raise _TooDeep(f"{field} is nested deeper than the JSON parser allows")
-        items = items.get("values") or []
-        return AnyValue(array_value=ArrayValue(values=[_any(v, field + "[]") for v in items]))
-    if "kvlistValue" in value or "kvlist_value" in value:
+        out.array_value.SetInParent()  # an empty array is still an array
+        values = out.array_value.values
+        for item in items.get("values") or []:
+            _fill_any(values.add(), item, field + "[]")
+    elif "kvlistValue" in value or "kvlist_value" in value:
         pairs = _get(value, "kvlistValue", "kvlist_value")
         if pairs == TOO_DEEP:
             raise _TooDeep(f"{field} is nested deeper than the JSON parser allows")
-        pairs = pairs.get("values") or []
-        return AnyValue(kvlist_value=KeyValueList(values=_attributes(pairs, field)))
-    if "bytesValue" in value or "bytes_value" in value:
+        out.kvlist_value.SetInParent()
+        _fill_attributes(out.kvlist_value.values, pairs.get("values") or [], field)
+    elif "bytesValue" in value or "bytes_value" in value:
         try:
-            return AnyValue(bytes_value=base64.b64decode(_get(value, "bytesValue", "bytes_value")))
+            out.bytes_value = base64.b64decode(_get(value, "bytesValue", "bytes_value"))
         except (binascii.Error, ValueError, TypeError) as exc:
             raise _Bad(f"{field}.bytesValue is not base64: {exc}") from None
-    return AnyValue()  # {} is an explicit empty value (None in SDK >= 1.45)
+    # else: {} is an explicit empty value (None in SDK >= 1.45)
 
 
-def _attributes(pairs: Any, field: str, dropped: list[str] | None = None) -> list[KeyValue]:
-    """Key/values; with `dropped`, a value cut for depth drops its key (listed there), not the caller."""
+def _fill_attributes(target: Any, pairs: Any, field: str, dropped: list[str] | None = None) -> None:
+    """Key/values appended to `target` (a repeated KeyValue field, filled in place: the C parser's
+    messages copy whatever is passed to their constructors); with `dropped`, a value cut for depth
+    drops its key (listed there), not the caller."""
     if pairs == TOO_DEEP:
         raise _TooDeep(f"{field} is nested deeper than the JSON parser allows")
     if not isinstance(pairs, list):
         raise _Bad(f"{field} must be a list of key/value objects")
-    out = []
+    add = target.add
     for kv in pairs:
         if kv == TOO_DEEP:
             raise _TooDeep(f"{field} is nested deeper than the JSON parser allows")
@@ -204,67 +201,63 @@ def _attributes(pairs: Any, field: str, dropped: list[str] | None = None) -> lis
         value = kv.get("value") or {}
         text = value.get("stringValue") if isinstance(value, dict) else None
         if text is not None and text.__class__ is str:  # the common case, without the dispatch below
-            out.append(KeyValue(key=key, value=AnyValue(string_value=text)))
+            add(key=key).value.string_value = text
             continue
+        entry = add(key=key)
+        entry.value.SetInParent()  # `{}` is a value too: an explicit empty one
         try:
-            out.append(KeyValue(key=key, value=_any(value, f"{field}[{key}]")))
+            _fill_any(entry.value, value, f"{field}[{key}]")
         except _TooDeep:
+            del target[-1]
             if dropped is None:
                 raise
             dropped.append(key)
-    return out
 
 
-def _events(items: list[Any]) -> list[Span.Event]:
-    return [
-        Span.Event(
+def _fill_events(target: Any, items: list[Any]) -> None:
+    for e in items:
+        event = target.add(
             time_unix_nano=_int(_get(e, "timeUnixNano", "time_unix_nano", 0), "event.timeUnixNano"),
             name=e.get("name", ""),
-            attributes=_attributes(e.get("attributes") or [], f"events[{e.get('name', '')}].attributes"),
             dropped_attributes_count=_int(_get(e, "droppedAttributesCount", "dropped_attributes_count", 0), "event.droppedAttributesCount"),
         )
-        for e in items
-    ]
+        _fill_attributes(event.attributes, e.get("attributes") or [], f"events[{e.get('name', '')}].attributes")
 
 
-def _links(items: list[Any]) -> list[Span.Link]:
-    return [
-        Span.Link(
+def _fill_links(target: Any, items: list[Any]) -> None:
+    for link in items:
+        added = target.add(
             trace_id=_id(_get(link, "traceId", "trace_id"), 16, "link.traceId"),
             span_id=_id(_get(link, "spanId", "span_id"), 8, "link.spanId"),
             trace_state=_get(link, "traceState", "trace_state", ""),
-            attributes=_attributes(link.get("attributes") or [], "link.attributes"),
         )
-        for link in items
-    ]
+        _fill_attributes(added.attributes, link.get("attributes") or [], "link.attributes")
 
 
-def _span(obj: Any, dropped: list[str]) -> Span:
+def _fill_span(span: Span, obj: Any, dropped: list[str]) -> None:
     if not isinstance(obj, dict):
         raise _Bad("span is not a JSON object")
-    trace_id = _id(_get(obj, "traceId", "trace_id"), 16, "traceId")
-    span_id = _id(_get(obj, "spanId", "span_id"), 8, "spanId")
-    if not trace_id or not span_id:
+    span.trace_id = _id(_get(obj, "traceId", "trace_id"), 16, "traceId")
+    span.span_id = _id(_get(obj, "spanId", "span_id"), 8, "spanId")
+    if not span.trace_id or not span.span_id:
         raise _Bad("span has no traceId or spanId")
     status = obj.get("status") or {}
-    return Span(
-        trace_id=trace_id,
-        span_id=span_id,
-        parent_span_id=_id(_get(obj, "parentSpanId", "parent_span_id"), 8, "parentSpanId"),
-        trace_state=_get(obj, "traceState", "trace_state", ""),
-        flags=_int(obj.get("flags", 0), "flags"),
-        name=obj.get("name", ""),
-        kind=cast("Span.SpanKind.ValueType", _enum(obj.get("kind", 0), _SPAN_KINDS, "kind")),
-        start_time_unix_nano=_int(_get(obj, "startTimeUnixNano", "start_time_unix_nano", 0), "startTimeUnixNano"),
-        end_time_unix_nano=_int(_get(obj, "endTimeUnixNano", "end_time_unix_nano", 0), "endTimeUnixNano"),
-        attributes=_attributes(obj.get("attributes") or [], "attributes", dropped),
-        dropped_attributes_count=_int(_get(obj, "droppedAttributesCount", "dropped_attributes_count", 0), "droppedAttributesCount") + len(dropped),
-        events=_events(obj.get("events") or []),
-        dropped_events_count=_int(_get(obj, "droppedEventsCount", "dropped_events_count", 0), "droppedEventsCount"),
-        links=_links(obj.get("links") or []),
-        status=Status(code=cast("Status.StatusCode.ValueType", _enum(status.get("code", 0), _STATUS_CODES, "status.code")),
-                      message=status.get("message", "")),
-    )
+    span.parent_span_id = _id(_get(obj, "parentSpanId", "parent_span_id"), 8, "parentSpanId")
+    span.trace_state = _get(obj, "traceState", "trace_state", "")
+    span.flags = _int(obj.get("flags", 0), "flags")
+    span.name = obj.get("name", "")
+    span.kind = cast("Span.SpanKind.ValueType", _enum(obj.get("kind", 0), _SPAN_KINDS, "kind"))
+    span.start_time_unix_nano = _int(_get(obj, "startTimeUnixNano", "start_time_unix_nano", 0), "startTimeUnixNano")
+    span.end_time_unix_nano = _int(_get(obj, "endTimeUnixNano", "end_time_unix_nano", 0), "endTimeUnixNano")
+    _fill_attributes(span.attributes, obj.get("attributes") or [], "attributes", dropped)
+    span.dropped_attributes_count = (
+        _int(_get(obj, "droppedAttributesCount", "dropped_attributes_count", 0), "droppedAttributesCount") + len(dropped))
+    _fill_events(span.events, obj.get("events") or [])
+    span.dropped_events_count = _int(_get(obj, "droppedEventsCount", "dropped_events_count", 0), "droppedEventsCount")
+    _fill_links(span.links, obj.get("links") or [])
+    span.status.SetInParent()
+    span.status.code = cast("Status.StatusCode.ValueType", _enum(status.get("code", 0), _STATUS_CODES, "status.code"))
+    span.status.message = status.get("message", "")
 
 
 def _span_label(obj: Any) -> str:
@@ -272,41 +265,40 @@ def _span_label(obj: Any) -> str:
     return f" (spanId {str(span_id)[:40]})" if span_id else ""
 
 
-def _scope_spans(obj: dict[str, Any], path: str, problems: list[Problem], keep: SpanFilter | None) -> ScopeSpans:
+def _fill_scope_spans(out: ScopeSpans, obj: dict[str, Any], path: str, problems: list[Problem], keep: SpanFilter | None) -> None:
     scope = obj.get("scope") or obj.get("instrumentationLibrary") or {}
-    spans = []
+    out.scope.SetInParent()
+    out.scope.name, out.scope.version = scope.get("name", ""), scope.get("version", "")
+    out.schema_url = _get(obj, "schemaUrl", "schema_url", "")
+    spans = out.spans
     for k, raw in enumerate(obj.get("spans") or []):
         if keep is not None and not keep(_get(raw, "traceId", "trace_id") if isinstance(raw, dict) else None):
             continue
         dropped: list[str] = []
         try:
-            spans.append(_span(raw, dropped))
+            _fill_span(spans.add(), raw, dropped)
             problems.extend(Problem(f"{path}.spans[{k}]{_span_label(raw)} attribute {key!r}", "dropped: nested deeper than the JSON parser allows")
                             for key in dropped)
         except _Bad as exc:
+            del spans[-1]
             problems.append(Problem(f"{path}.spans[{k}]{_span_label(raw)}", str(exc), spans=1))
         except (DecodeError, RecursionError) as exc:  # protobuf's own nesting limit, met while building
+            del spans[-1]
             problems.append(Problem(f"{path}.spans[{k}]{_span_label(raw)}", f"value nested too deeply: {exc}", spans=1))
-    return ScopeSpans(
-        scope=InstrumentationScope(name=scope.get("name", ""), version=scope.get("version", "")),
-        spans=spans,
-        schema_url=_get(obj, "schemaUrl", "schema_url", ""),
-    )
 
 
-def _resource_spans(obj: dict[str, Any], path: str, problems: list[Problem], keep: SpanFilter | None) -> ResourceSpans:
+def _fill_resource_spans(out: ResourceSpans, obj: dict[str, Any], path: str, problems: list[Problem], keep: SpanFilter | None) -> None:
     resource = obj.get("resource") or {}
     try:
-        attrs = _attributes(resource.get("attributes") or [], f"{path}.resource.attributes")
+        _fill_attributes(out.resource.attributes, resource.get("attributes") or [], f"{path}.resource.attributes")
     except _Bad as exc:
         problems.append(Problem(path, f"resource attributes dropped: {exc}"))
-        attrs = []
+        del out.resource.attributes[:]
+    out.resource.SetInParent()
     scopes = _get(obj, "scopeSpans", "scope_spans") or obj.get("instrumentationLibrarySpans") or []
-    return ResourceSpans(
-        resource=Resource(attributes=attrs),
-        scope_spans=[_scope_spans(s, f"{path}.scopeSpans[{j}]", problems, keep) for j, s in enumerate(scopes)],
-        schema_url=_get(obj, "schemaUrl", "schema_url", ""),
-    )
+    for j, s in enumerate(scopes):
+        _fill_scope_spans(out.scope_spans.add(), s, f"{path}.scopeSpans[{j}]", problems, keep)
+    out.schema_url = _get(obj, "schemaUrl", "schema_url", "")
 
 
 def request_from_json(doc: Any, where: str, keep: SpanFilter | None = None) -> Decoded:
@@ -320,11 +312,8 @@ def request_from_json(doc: Any, where: str, keep: SpanFilter | None = None) -> D
     groups = _get(doc, "resourceSpans", "resource_spans") or []
     if not isinstance(groups, list):
         return Decoded(ExportTraceServiceRequest(), where, [Problem(where, "resourceSpans is not a list")])
-    request = ExportTraceServiceRequest(
-        resource_spans=[
-            _resource_spans(rs, f"{where} resourceSpans[{i}]", problems, keep)
-            for i, rs in enumerate(groups)
-            if isinstance(rs, dict)
-        ]
-    )
+    request = ExportTraceServiceRequest()
+    for i, rs in enumerate(groups):
+        if isinstance(rs, dict):
+            _fill_resource_spans(request.resource_spans.add(), rs, f"{where} resourceSpans[{i}]", problems, keep)
     return Decoded(request, where, problems)

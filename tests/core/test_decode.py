@@ -13,6 +13,7 @@ from otlp import record, to_otlp_json
 from core.spans import genai_run
 from plumbline_otel.decode import decode_request_body, read_trace_file, request_from_json
 from plumbline_otel.errors import MalformedRequest
+from plumbline_otel.normalise import normalise_request
 
 
 @pytest.fixture(scope="module")
@@ -130,12 +131,19 @@ def test_gzip_bodies_are_inflated_and_capped() -> None:
         decode_request_body(body, "application/json", "gzip", limit=1000)
 
 
-def test_deeply_nested_json_value_rejects_its_span_only(request_pb: ExportTraceServiceRequest) -> None:
+def test_deeply_nested_json_value_drops_its_attribute_only(request_pb: ExportTraceServiceRequest) -> None:
+    """A value nested past the limit costs that attribute, named in a problem; its span and neighbours stay."""
     value: dict = {"stringValue": "leaf"}
     for _ in range(200):
         value = {"kvlistValue": {"values": [{"key": "k", "value": value}]}}
     doc = to_otlp_json(request_pb)
-    doc["resourceSpans"][0]["scopeSpans"][0]["spans"][0]["attributes"].append({"key": "deep", "value": value})
+    span = doc["resourceSpans"][0]["scopeSpans"][0]["spans"][0]
+    span["attributes"].append({"key": "deep", "value": value})
     decoded = request_from_json(doc, "x")
-    assert len(decoded.request.resource_spans[0].scope_spans[0].spans) == len(request_pb.resource_spans[0].scope_spans[0].spans) - 1
-    assert "nested too deeply" in decoded.problems[0].reason
+    assert decoded.problems == []
+    records, problems = normalise_request(decoded.request)
+    assert len(records) == len(request_pb.resource_spans[0].scope_spans[0].spans)
+    [deep] = [r for r in records if r.span_id == span["spanId"]]
+    assert "deep" not in deep.attributes and len(deep.attributes) == len(span["attributes"]) - 1
+    assert deep.dropped_attributes_count == 1
+    assert [(p.where, p.reason) for p in problems] == [(f"span {span['spanId']} attribute 'deep'", "dropped: value nested deeper than 32 levels")]
