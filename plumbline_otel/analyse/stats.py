@@ -40,9 +40,6 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
-from scipy.stats import binomtest, hypergeom, norm
-from scipy.stats import f as f_dist
-from scipy.stats import t as t_dist
 
 CLUSTER_METHOD = "cluster_kg"
 PermutationMethod = Literal["exact", "monte_carlo"]
@@ -108,11 +105,19 @@ class HolmResult:
     alpha: float
 
 
+def _scipy_stats() -> Any:
+    """scipy.stats, imported on first use: it costs ~64 MB of memory and a second to import, which
+    `plumbline serve` and `ingest` (that never compute a bound) should not pay."""
+    import scipy.stats
+
+    return scipy.stats
+
+
 def _z(confidence: float, two_sided: bool) -> float:
     if not 0.0 < confidence < 1.0:
         raise ValueError(f"confidence must be in (0, 1), got {confidence}")
     tail = (1.0 - confidence) / 2.0 if two_sided else 1.0 - confidence
-    return float(norm.ppf(1.0 - tail))
+    return float(_scipy_stats().norm.ppf(1.0 - tail))
 
 
 def _check_counts(k: int, n: int) -> None:
@@ -162,13 +167,13 @@ def cluster_bounds(
     k = ks.sum(axis=1)
     alpha = (1.0 - confidence) / (2.0 if two_sided else 1.0)
     if n == g:  # every task ran once: nothing to estimate about clustering, plain Wilson
-        return (*_wilson_arrays(k / n, np.full(k.shape, n), float(norm.ppf(1.0 - alpha))), np.ones(k.shape))
+        return (*_wilson_arrays(k / n, np.full(k.shape, n), float(_scipy_stats().norm.ppf(1.0 - alpha))), np.ones(k.shape))
     if g < 2:  # one task says nothing about the others
         return np.zeros(k.shape), np.ones(k.shape), np.full(k.shape, n)
     half = alpha / 2.0  # Bonferroni: half for the design effect, half for the rate
     deff = 1.0 + (float((ns[0] ** 2).sum()) / n - 1.0) * _rho_upper(ks, ns, half)
-    df_scale = (t_dist.ppf(1.0 - half, n - 1) / t_dist.ppf(1.0 - half, g - 1)) ** 2
-    lower, upper = _wilson_arrays(k / n, n / deff * df_scale, float(norm.ppf(1.0 - half)))
+    df_scale = (_scipy_stats().t.ppf(1.0 - half, n - 1) / _scipy_stats().t.ppf(1.0 - half, g - 1)) ** 2
+    lower, upper = _wilson_arrays(k / n, n / deff * df_scale, float(_scipy_stats().norm.ppf(1.0 - half)))
     return lower, upper, deff
 
 
@@ -185,7 +190,7 @@ def _rho_upper(ks: np.ndarray, ns: np.ndarray, gamma: float) -> np.ndarray:
     msw = (k - between) / (n - g)
     n0 = (n - float((ns[0] ** 2).sum()) / n) / (g - 1)
     with np.errstate(divide="ignore", invalid="ignore"):
-        ratio = (msb / msw) / f_dist.ppf(gamma, g - 1, n - g)
+        ratio = (msb / msw) / _scipy_stats().f.ppf(gamma, g - 1, n - g)
         rho = (ratio - 1.0) / (ratio + n0 - 1.0)
     return np.where(msw > 1e-12, np.clip(np.nan_to_num(rho, nan=1.0), 0.0, 1.0), 1.0)
 
@@ -268,7 +273,7 @@ def permutation_test(
     observed = extremity(ka)
     if method == "exact":
         support = np.arange(max(0, na - (total - successes)), min(na, successes) + 1)
-        pmf = hypergeom(total, successes, na).pmf(support)
+        pmf = _scipy_stats().hypergeom(total, successes, na).pmf(support)
         p = float(min(1.0, pmf[extremity(support) >= observed].sum()))
         return PermutationResult(k1, n1, k2, n2, difference, p, "exact")
     draws = np.random.default_rng(seed).hypergeometric(
@@ -292,7 +297,7 @@ def mcnemar_exact(pairs: Iterable[tuple[bool, bool]]) -> PairedResult:
         counts[(bool(a), bool(b))] += 1
     only_a, only_b = counts[(True, False)], counts[(False, True)]
     discordant = only_a + only_b
-    p = binomtest(only_a, discordant, 0.5).pvalue if discordant else 1.0
+    p = _scipy_stats().binomtest(only_a, discordant, 0.5).pvalue if discordant else 1.0
     return PairedResult(
         n=sum(counts.values()),
         both=counts[(True, True)],
