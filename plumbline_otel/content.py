@@ -13,7 +13,7 @@ from __future__ import annotations
 import fnmatch
 import hashlib
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
@@ -60,14 +60,16 @@ class ContentFilter:
             changed += 1
         return changed
 
-    def apply_traces(self, request: ExportTraceServiceRequest) -> int:
-        """Every span's and span event's attributes."""
+    def apply_traces(self, request: ExportTraceServiceRequest, keep: Callable[[bytes], bool] | None = None) -> int:
+        """Every span's and span event's attributes (of the spans whose trace id `keep` accepts, when given)."""
         if not self:
             return 0
         changed = 0
         for resource_spans in request.resource_spans:
             for scope_spans in resource_spans.scope_spans:
                 for span in scope_spans.spans:
+                    if keep is not None and not keep(span.trace_id):
+                        continue
                     changed += self.apply_attributes(span.attributes)
                     for event in span.events:
                         changed += self.apply_attributes(event.attributes)

@@ -38,7 +38,7 @@ import pyarrow as pa
 from plumbline_otel.assemble import DEFAULT_TASK_KEYS, assemble_runs, assembly_keys, trim_for_assembly
 from plumbline_otel.config import ContentRules
 from plumbline_otel.content import ContentFilter
-from plumbline_otel.decode import Decoded, Problem, Unit, decode_unit
+from plumbline_otel.decode import Problem, Unit, decode_unit
 from plumbline_otel.model import SpanRecord
 from plumbline_otel.normalise import Limits, LogRows, log_rows, normalise_request
 from plumbline_otel.rows import span_table, trajectory_table, unique_spans
@@ -126,15 +126,6 @@ def _span_problem(problem: Problem) -> bool:
     return problem.where.startswith("span ") or ".spans[" in problem.where
 
 
-def _keep_own_spans(decoded: Decoded, shard: int, shards: int) -> None:
-    for resource_spans in decoded.request.resource_spans:
-        for scope_spans in resource_spans.scope_spans:
-            own = [s for s in scope_spans.spans if shard_of(s.trace_id, shards) == shard]
-            if len(own) != len(scope_spans.spans):
-                del scope_spans.spans[:]
-                scope_spans.spans.extend(own)
-
-
 class Shard:
     """One shard's work and state: the same code in a worker process and in-process."""
 
@@ -150,16 +141,17 @@ class Shard:
         """Decode and normalise this shard's spans of `unit`; hold them for assembly."""
         n, me = self.settings.shards, self.index
         decoded = decode_unit(unit, (lambda raw: json_shard_of(raw, n) == me) if n > 1 else None)
-        if n > 1 and unit.kind != "json":  # JSON spans were filtered, by their text ids, while decoding
-            _keep_own_spans(decoded, me, n)
+        # JSON spans were filtered, by their text ids, while decoding; protobuf ones (the C parser reads
+        # them all cheaply) are skipped as they are read
+        own = (lambda trace_id: shard_of(trace_id, n) == me) if n > 1 and unit.kind != "json" else None
         if self.content:
-            self.content.apply_traces(decoded.request)
+            self.content.apply_traces(decoded.request, own)
         log_parts: list[Part] = []
         if decoded.logs is not None and me == 0:  # its records are folded into their spans by the store
             if self.content:
                 self.content.apply_logs(decoded.logs)
             log_parts.append(LogPart(seq, log_rows(decoded.logs)))
-        records, problems = normalise_request(decoded.request, self.settings.limits)
+        records, problems = normalise_request(decoded.request, self.settings.limits, own)
         problems = decoded.problems + problems
         if me != 0:
             problems = [p for p in problems if _span_problem(p)]

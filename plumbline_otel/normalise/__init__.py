@@ -8,6 +8,7 @@ neighbours are kept.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from functools import lru_cache
 from typing import Any
@@ -140,8 +141,13 @@ def fold_logs(records: list[SpanRecord], events: dict[str, list[tuple[str, dict[
     return out
 
 
-def normalise_request(request: ExportTraceServiceRequest, limits: Limits | None = None) -> tuple[list[SpanRecord], list[Problem]]:
-    """Every span of a request as a `SpanRecord`, plus the problems met on the way."""
+def normalise_request(request: ExportTraceServiceRequest, limits: Limits | None = None,
+                      keep: Callable[[bytes], bool] | None = None) -> tuple[list[SpanRecord], list[Problem]]:
+    """Every span of a request as a `SpanRecord`, plus the problems met on the way.
+
+    `keep`, given a span's trace id, says whether to read the span at all (a shard reads the
+    spans it owns, and skips the rest without copying the request).
+    """
     limits = limits or Limits()
     problems: list[Problem] = []
     records: list[SpanRecord] = []
@@ -150,6 +156,8 @@ def normalise_request(request: ExportTraceServiceRequest, limits: Limits | None 
         for scope_spans in resource_spans.scope_spans:
             scope_name = scope_spans.scope.name
             for span in scope_spans.spans:
+                if keep is not None and not keep(span.trace_id):
+                    continue
                 if len(span.trace_id) != 16 or len(span.span_id) != 8:
                     problems.append(Problem(f"span {span.span_id.hex() or '?'}", "trace id must be 16 bytes and span id 8 bytes", spans=1))
                     continue
