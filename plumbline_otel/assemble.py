@@ -22,7 +22,7 @@ from __future__ import annotations
 import bisect
 import hashlib
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import replace
 from typing import Any
 
@@ -471,16 +471,24 @@ def _owner(rec: SpanRecord, by_id: dict[str, SpanRecord], roots: list[SpanRecord
 
 
 def assemble_runs(records: list[SpanRecord], task_keys: Iterable[str] = DEFAULT_TASK_KEYS) -> list[Trajectory]:
-    """One trace's span records as its runs' trajectories (usually one).
+    """One trace's span records as its runs' trajectories (usually one); see `iter_runs`."""
+    return list(iter_runs(records, task_keys))
+
+
+def iter_runs(records: list[SpanRecord], task_keys: Iterable[str] = DEFAULT_TASK_KEYS) -> Iterator[Trajectory]:
+    """One trace's span records as its runs' trajectories, one run at a time.
 
     Several runs get the id `<trace id>:<root span id>`; a single run keeps the trace id, so stores
     and exports written before traces could hold several runs keep their ids. Spans outside every
-    run (the conversation's own root span) give no steps of their own.
+    run (the conversation's own root span) give no steps of their own. A long-running agent's trace
+    holds thousands of runs: a caller that stores each as it comes never holds them all.
     """
     roots = sorted(_run_roots(records), key=lambda r: (r.start_ns, r.span_id))
     if not roots:
         trajectory = assemble(records, task_keys)
-        return [trajectory] if trajectory is not None else []
+        if trajectory is not None:
+            yield trajectory
+        return
     by_id = {r.span_id: r for r in records}
     groups: dict[str, list[SpanRecord]] = {r.span_id: [] for r in roots}
     root_ids, starts = set(groups), [r.start_ns for r in roots]
@@ -488,5 +496,7 @@ def assemble_runs(records: list[SpanRecord], task_keys: Iterable[str] = DEFAULT_
         owner = _owner(rec, by_id, roots, root_ids, starts)
         if owner is not None:
             groups[owner.span_id].append(rec)
-    runs = (assemble(group, task_keys, f"{group[0].trace_id}:{span_id}") for span_id, group in groups.items())
-    return [t for t in runs if t is not None]
+    for span_id, group in groups.items():
+        trajectory = assemble(group, task_keys, f"{group[0].trace_id}:{span_id}")
+        if trajectory is not None:
+            yield trajectory

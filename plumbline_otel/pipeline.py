@@ -35,11 +35,11 @@ from typing import Any
 
 import pyarrow as pa
 
-from plumbline_otel.assemble import DEFAULT_TASK_KEYS, assemble_runs, assembly_keys, trim_for_assembly
+from plumbline_otel.assemble import DEFAULT_TASK_KEYS, assembly_keys, iter_runs, trim_for_assembly
 from plumbline_otel.config import ContentRules
 from plumbline_otel.content import ContentFilter
 from plumbline_otel.decode import Problem, Unit, decode_unit
-from plumbline_otel.model import SpanRecord
+from plumbline_otel.model import SpanRecord, Trajectory
 from plumbline_otel.normalise import Limits, LogRows, log_rows, normalise_request
 from plumbline_otel.rows import span_table, trajectory_table, unique_spans
 
@@ -185,15 +185,19 @@ class Shard:
     def _assemble(self, trace_ids: list[str]) -> list[Part]:
         if not trace_ids:
             return []
-        trajectories, counts = [], {}
-        for trace_id in trace_ids:
-            held = self.held.pop(trace_id)
-            del self.last_seen[trace_id]
-            self.held_spans -= len(held)
-            records = unique_spans(held)
-            counts[trace_id] = len(records)  # counted even when no run: its stale trajectory is removed
-            trajectories.extend(assemble_runs(records, self.settings.task_keys))
-        return [TrajectoryPart(self.index, trajectory_table(trajectories, time.time_ns()), counts)]
+        counts: dict[str, int] = {}
+
+        def runs() -> Iterator[Trajectory]:  # each trace let go as its runs are turned into rows
+            for trace_id in trace_ids:
+                held = self.held.pop(trace_id)
+                del self.last_seen[trace_id]
+                self.held_spans -= len(held)
+                records = unique_spans(held)
+                counts[trace_id] = len(records)  # counted even when no run: its stale trajectory is removed
+                yield from iter_runs(records, self.settings.task_keys)
+
+        table = trajectory_table(runs(), time.time_ns())
+        return [TrajectoryPart(self.index, table, counts)]
 
 
 def _worker(index: int, settings: ShardSettings, inbox: Any, outbox: Any) -> None:

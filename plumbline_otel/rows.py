@@ -9,6 +9,8 @@ trajectories (`trajectory_from_doc`).
 from __future__ import annotations
 
 import operator
+from collections.abc import Iterable
+from itertools import islice
 from typing import Any
 
 import orjson
@@ -109,26 +111,33 @@ def span_table(records: list[SpanRecord], now: int) -> pa.Table:
     return pa.table({name: columns[name] for name in SPAN_COLUMNS}, schema=_SCHEMA)
 
 
-def trajectory_table(trajectories: list[Trajectory], now: int) -> pa.Table:
-    """Trajectories as the Arrow table the store inserts (built where they were assembled)."""
-    return pa.table({
-        "trajectory_id": pa.array([t.trajectory_id for t in trajectories], pa.string()),
-        "trace_id": pa.array([t.trace_id for t in trajectories], pa.string()),
-        "task_key": pa.array([t.task_key for t in trajectories], pa.string()),
-        "task_key_source": pa.array([t.task_key_source for t in trajectories], pa.string()),
-        "service": pa.array([t.service for t in trajectories], pa.string()),
-        "service_version": pa.array([t.service_version for t in trajectories], pa.string()),
-        "agent_name": pa.array([t.agent_name for t in trajectories], pa.string()),
-        "input": pa.array([t.input for t in trajectories], pa.string()),
-        "final_output": pa.array([t.final_output for t in trajectories], pa.string()),
-        "conventions": pa.array([list(t.conventions) for t in trajectories], pa.list_(pa.string())),
-        "start_ns": pa.array([t.start_ns for t in trajectories], pa.int64()),
-        "end_ns": pa.array([t.end_ns for t in trajectories], pa.int64()),
-        "n_steps": pa.array([len(t.steps) for t in trajectories], pa.int32()),
-        "n_tool_calls": pa.array([len(t.tool_steps) for t in trajectories], pa.int32()),
-        "doc": pa.array([_json(_doc(t)) for t in trajectories], pa.string()),
-        "assembled_ns": pa.array([now] * len(trajectories), pa.int64()),
-    })
+_TRAJECTORY_SCHEMA = pa.schema([
+    ("trajectory_id", pa.string()), ("trace_id", pa.string()), ("task_key", pa.string()),
+    ("task_key_source", pa.string()), ("service", pa.string()), ("service_version", pa.string()),
+    ("agent_name", pa.string()), ("input", pa.string()), ("final_output", pa.string()),
+    ("conventions", pa.list_(pa.string())), ("start_ns", pa.int64()), ("end_ns", pa.int64()),
+    ("n_steps", pa.int32()), ("n_tool_calls", pa.int32()), ("doc", pa.string()), ("assembled_ns", pa.int64()),
+])
+_TRAJECTORY_BATCH = 256  # trajectories turned into Arrow at a time: a long trace's thousands of runs are never all held
+
+
+def trajectory_table(trajectories: Iterable[Trajectory], now: int) -> pa.Table:
+    """Trajectories as the Arrow table the store inserts (built where they were assembled).
+
+    Consumed a batch at a time, so an iterator of trajectories (`iter_runs`) is held as objects
+    only a batch at a time.
+    """
+    batches, it = [], iter(trajectories)
+    while batch := list(islice(it, _TRAJECTORY_BATCH)):
+        batches.append(pa.record_batch([
+            [t.trajectory_id for t in batch], [t.trace_id for t in batch], [t.task_key for t in batch],
+            [t.task_key_source for t in batch], [t.service for t in batch], [t.service_version for t in batch],
+            [t.agent_name for t in batch], [t.input for t in batch], [t.final_output for t in batch],
+            [list(t.conventions) for t in batch], [t.start_ns for t in batch], [t.end_ns for t in batch],
+            [len(t.steps) for t in batch], [len(t.tool_steps) for t in batch], [_json(_doc(t)) for t in batch],
+            [now] * len(batch),
+        ], schema=_TRAJECTORY_SCHEMA))
+    return pa.Table.from_batches(batches, schema=_TRAJECTORY_SCHEMA)
 
 
 def unique_spans(records: list[SpanRecord]) -> list[SpanRecord]:

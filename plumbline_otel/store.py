@@ -24,7 +24,7 @@ import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from plumbline_otel.assemble import DEFAULT_TASK_KEYS, assemble_runs
+from plumbline_otel.assemble import DEFAULT_TASK_KEYS, iter_runs
 from plumbline_otel.decode import Problem
 from plumbline_otel.errors import StoreError
 from plumbline_otel.model import SpanRecord, Trajectory
@@ -382,9 +382,8 @@ class Store:
             dirty = [trace_id for trace_id, _ in rows]
             by_trace = self._records_for(dirty)
             self._fold_logs(by_trace)
-            trajectories = [t for recs in by_trace.values() for t in assemble_runs(recs, self.task_keys)]
-            self._write_trajectories(trajectories, dirty)
-            total += len(trajectories)
+            runs = (t for recs in by_trace.values() for t in iter_runs(recs, self.task_keys))
+            total += self._write_trajectories(trajectory_table(runs, time.time_ns()), dirty)
         return total
 
     def pending_traces(self) -> int:
@@ -407,13 +406,18 @@ class Store:
         for trace_id, by_span in events.items():
             by_trace[trace_id] = fold_logs(by_trace[trace_id], by_span)
 
-    def _write_trajectories(self, trajectories: list[Trajectory], done: list[str]) -> None:
-        built = trajectory_table(trajectories, time.time_ns())  # noqa: F841 - read by name in the SQL below
+    def add_trajectories(self, trajectories: Iterable[Trajectory]) -> int:
+        """Store trajectories read elsewhere (other stores', servers'): a report's in-memory store of them."""
+        return self._write_trajectories(trajectory_table(trajectories, time.time_ns()), [])
+
+    def _write_trajectories(self, built: pa.Table, done: list[str]) -> int:
+        """Replace the trajectories of the `done` traces with `built`; returns how many were written."""
         with self._transaction():
             self.connection.execute("DELETE FROM trajectories WHERE trace_id IN (SELECT unnest(?))", [done])
-            if trajectories:
+            if built.num_rows:
                 self.connection.execute("INSERT INTO trajectories SELECT * FROM built")
             self.connection.execute("DELETE FROM dirty_traces WHERE trace_id IN (SELECT unnest(?))", [done])
+        return int(built.num_rows)
 
     # --- reads ------------------------------------------------------------------------------
 

@@ -21,13 +21,7 @@ def memory_store(stores: Sources, task: str | None = None) -> Store:
     memory lets every page query run the same SQL as on a file, without touching the stores.
     """
     store = Store(":memory:")
-    batch = []
-    for trajectory in stores.trajectories(task=task):
-        batch.append(trajectory)
-        if len(batch) >= 1000:
-            store._write_trajectories(batch, [])
-            batch = []
-    store._write_trajectories(batch, [])
+    store.add_trajectories(stores.trajectories(task=task))
     warn_misrouted(stores)
     return store
 
