@@ -288,11 +288,6 @@ def _task_key(root: SpanRecord, records: list[SpanRecord], input_text: str | Non
     return None, "none"
 
 
-def is_context_key(key: str) -> bool:
-    """Attributes a run keeps in its context: plumbline's own, and session and conversation ids."""
-    return key.startswith(CONTEXT_PREFIX) or key in CONTEXT_KEYS
-
-
 def assembly_keys(task_keys: Iterable[str]) -> frozenset[str]:
     """The attribute keys `trim_for_assembly` keeps, besides plumbline's own (`CONTEXT_PREFIX`)."""
     return frozenset(task_keys) | frozenset(CONTEXT_KEYS)
@@ -318,13 +313,16 @@ def trim_for_assembly(rec: SpanRecord, keep: frozenset[str], resources: dict[int
     rec.resource = trimmed
 
 
+CONTEXT_ONLY = assembly_keys(())  # the keys of a run's context (with plumbline's own, `CONTEXT_PREFIX`)
+
+
 def _context(root: SpanRecord, records: list[SpanRecord]) -> dict[str, Any]:
-    context = {k: v for k, v in root.resource.items() if is_context_key(k)}
+    context = assembly_attributes(root.resource, CONTEXT_ONLY)
     for key in CONTEXT_KEYS:  # a session or conversation id may sit on any span of the run
         value = next((r.attributes[key] for r in records if r.attributes.get(key) not in (None, "")), None)
         if value is not None:
             context[key] = value
-    context.update({k: v for k, v in root.attributes.items() if is_context_key(k)})
+    context.update(assembly_attributes(root.attributes, CONTEXT_ONLY))
     return context
 
 

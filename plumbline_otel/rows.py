@@ -16,7 +16,7 @@ from typing import Any
 import orjson
 import pyarrow as pa
 
-from plumbline_otel.assemble import is_context_key
+from plumbline_otel.assemble import CONTEXT_ONLY, assembly_attributes
 from plumbline_otel.model import SpanRecord, Step, ToolCallRef, ToolDecision, ToolResultRef, Trajectory
 
 # Column name -> DuckDB type, in table order. JSON columns hold orjson text. Version 1's columns
@@ -74,7 +74,7 @@ def _json(value: Any) -> str | None:
 
 
 def _context(attributes: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in attributes.items() if is_context_key(k)}
+    return assembly_attributes(attributes, CONTEXT_ONLY)
 
 
 _ROW_FIELDS = tuple(c for c in SPAN_COLUMNS if c not in ("proposed_calls", "tool_results", "context", "resource", "received_ns", "decisions"))
