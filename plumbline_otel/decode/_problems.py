@@ -28,3 +28,10 @@ class Decoded:
     where: str
     problems: list[Problem] = field(default_factory=list)
     logs: ExportLogsServiceRequest | None = None  # a logs request met in a file (its records belong to spans)
+    # The protobuf bytes `request` was read from, when it was read whole: a receiver passes them on as
+    # they came rather than encoding the request again.
+    raw: bytes | None = None
+
+    def protobuf(self) -> bytes:
+        """The request as protobuf bytes: as received when it was read whole, else what could be read."""
+        return self.raw if self.raw is not None else self.request.SerializeToString()

@@ -102,6 +102,6 @@ def _salvage(data: bytes, where: str, first_error: Exception) -> Decoded:
 def request_from_protobuf(data: bytes, where: str) -> Decoded:
     """Decode one binary `ExportTraceServiceRequest`, salvaging good spans from a damaged body."""
     try:
-        return Decoded(ExportTraceServiceRequest.FromString(data), where)
+        return Decoded(ExportTraceServiceRequest.FromString(data), where, raw=data)
     except DecodeError as exc:
         return _salvage(data, where, exc)

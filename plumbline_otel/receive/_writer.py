@@ -1,7 +1,7 @@
 """The ingest pipeline behind the transports: a bounded queue, the shard workers, and the one DuckDB thread.
 
-    handler threads ──admit/submit──► queue of decoded requests (bounded in spans and in bytes)
-        ──► dispatch thread: each request, re-encoded as protobuf, to every shard (`pipeline.py`:
+    handler threads ──admit/submit──► queue of requests as protobuf bytes (bounded in spans and in bytes)
+        ──► dispatch thread: each request to every shard (`pipeline.py`:
             worker processes sharded by trace id apply the content rules, normalise, build Arrow
             span tables and assemble each trace once it has been quiet for `assemble_interval`)
         ──► collect thread: the shards' parts, in the order each shard made them
@@ -79,7 +79,7 @@ class _Request:
     ticket: Ticket
     nbytes: int
     spans: int
-    decoded: Decoded | None
+    unit: Unit | None  # what the shards read: the request's protobuf bytes, until it is sent to them
     parts_left: int = 0
     problems: list[Problem] = field(default_factory=list)
     rejected: int = 0
@@ -171,6 +171,7 @@ class WriteQueue:
 
         Raises `Overloaded` (and releases the admission) past `max_spans`.
         """
+        unit = Unit("protobuf", decoded.protobuf(), decoded.where)
         with self._lock:
             if self._dispatch_done or self._closing:
                 self._bytes -= nbytes
@@ -179,7 +180,7 @@ class WriteQueue:
                 self._bytes -= nbytes
                 raise Overloaded(f"the ingest queue is full ({self._spans} spans waiting to be stored)")
             self._spans += spans
-            request = _Request(Ticket(), nbytes, spans, decoded, problems=list(decoded.problems),
+            request = _Request(Ticket(), nbytes, spans, unit, problems=list(decoded.problems),
                                rejected=sum(p.spans for p in decoded.problems), unstored=list(decoded.problems))
             self._inbound.append(request)
             self._inbound_ready.notify()
@@ -234,9 +235,8 @@ class WriteQueue:
         last_tick = time.monotonic()
         while (request := self._take_request()) is not None:
             if isinstance(request, _Request):
-                assert request.decoded is not None
-                unit = Unit("protobuf", request.decoded.request.SerializeToString(), request.decoded.where)
-                request.decoded = None  # let the protobuf go
+                unit, request.unit = request.unit, None
+                assert unit is not None
                 request.parts_left = pool.shards
                 seq = pool.submit(unit) if not self._workers else self._submit_remote(pool, unit, request)
                 if not self._workers:
