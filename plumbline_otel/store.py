@@ -131,12 +131,55 @@ class _SpanKeys:
             self.recent = set()
 
 
+class _TraceCounts:
+    """How many spans the store holds of each trace, by DuckDB's 64-bit `hash(trace_id)`.
+
+    Storing a shard's trajectories asks "are these all of the trace's stored spans?" for every
+    assembled batch; answered by a scan of the spans table, that grew with the store (~45 ms a batch
+    at 3M spans, several a second in `plumbline serve`). Kept like `_SpanKeys`: sorted arrays read
+    from the table when the first write comes, plus the counts added since (12 bytes a trace). Two
+    traces whose hashes collide share one count, larger than either trace's own, so neither ever
+    matches a shard's count and both are rebuilt from their rows: a collision costs time, never a
+    wrong trajectory.
+    """
+
+    def __init__(self, hashes: np.ndarray, counts: np.ndarray) -> None:
+        order = np.argsort(hashes)
+        self.hashes, self.counts = hashes[order], counts[order].astype(np.int64)
+        self.recent: dict[int, int] = {}
+
+    def get(self, keys: np.ndarray) -> list[int]:
+        """The stored span count of each trace hash in `keys`."""
+        if len(self.hashes):
+            at = np.searchsorted(self.hashes, keys).clip(max=len(self.hashes) - 1)
+            base = np.where(self.hashes[at] == keys, self.counts[at], 0).tolist()
+        else:
+            base = [0] * len(keys)
+        return [n + self.recent.get(k, 0) for n, k in zip(base, keys.tolist())]
+
+    def add(self, keys: np.ndarray) -> None:
+        """Count newly stored spans (one trace hash each); the recent counts are folded into the arrays as they grow."""
+        for key, n in zip(*(a.tolist() for a in np.unique(keys, return_counts=True))):
+            self.recent[key] = self.recent.get(key, 0) + n
+        if len(self.recent) > max(1 << 16, len(self.hashes) // 4):
+            hashes = np.concatenate([self.hashes, np.fromiter(self.recent, np.uint64, len(self.recent))])
+            counts = np.concatenate([self.counts, np.fromiter(self.recent.values(), np.int64, len(self.recent))])
+            order = np.argsort(hashes, kind="stable")
+            self.hashes, first = np.unique(hashes[order], return_index=True)
+            self.counts = np.add.reduceat(counts[order], first)
+            self.recent = {}
+
+
 @dataclass(frozen=True)
 class WriteResult:
     """What a batch write did: new rows and rows that were already there."""
 
     stored: int
     duplicate: int
+
+
+def _trace_ids(ids: Iterable[str]) -> pa.Table:
+    return pa.table({"trace_id": pa.array(list(ids), pa.string())})
 
 
 def schema_version(connection: Any) -> int:
@@ -172,6 +215,7 @@ class Store:
         except duckdb.Error as exc:
             raise StoreError(f"cannot open {self.path}: {exc}") from None
         self._span_keys: _SpanKeys | None = None
+        self._trace_counts: _TraceCounts | None = None
         self.logs_written = False  # set by `write_logs`: a writer that only assembles after span writes checks it
         if not read_only:
             self.connection.execute(f"SET checkpoint_threshold = '{_CHECKPOINT_THRESHOLD}'")
@@ -237,11 +281,11 @@ class Store:
         if not rows and not problems:
             return WriteResult(0, 0)
         now = time.time_ns()
-        keys = self._keys()
+        keys, counts = self._keys(), self._counts()
         with self._transaction():
             stored = 0
             if batch is not None and rows:
-                hashes = self._hashes("batch_keys", batch)
+                hashes, traces = self._hashes("batch_keys", batch)
                 fresh = self._unstored(batch) if keys.suspects(hashes) else batch
                 stored = fresh.num_rows
                 if stored:
@@ -253,7 +297,10 @@ class Store:
                     [(now, source, p.where, p.reason, p.spans) for p in problems],
                 )
         if stored:
-            keys.add(hashes if fresh is batch else self._hashes("fresh_keys", fresh))
+            if fresh is not batch:
+                hashes, traces = self._hashes("fresh_keys", fresh)
+            keys.add(hashes)
+            counts.add(traces)
         return WriteResult(stored=stored, duplicate=rows - stored)
 
     def write_logs(self, rows: LogRows) -> int:
@@ -302,46 +349,61 @@ class Store:
             self._span_keys = _SpanKeys(self.connection.execute("SELECT hash(trace_id, span_id) AS k FROM spans").fetchnumpy()["k"])
         return self._span_keys
 
-    def _hashes(self, name: str, table: pa.Table) -> np.ndarray:
+    def _counts(self) -> _TraceCounts:
+        if self._trace_counts is None:
+            stored = self.connection.execute("SELECT hash(trace_id) AS t, count(*) AS n FROM spans GROUP BY 1").fetchnumpy()
+            self._trace_counts = _TraceCounts(stored["t"], stored["n"])
+        return self._trace_counts
+
+    @contextmanager
+    def _registered(self, name: str, table: pa.Table) -> Iterator[None]:
+        """`table` readable in SQL as `name` for the block (zero-copy)."""
         self.connection.register(name, table)
         try:
-            return self.connection.execute(f"SELECT hash(trace_id, span_id) AS k FROM {name}").fetchnumpy()["k"]
+            yield
         finally:
             self.connection.unregister(name)
 
+    def _hashes(self, name: str, table: pa.Table) -> tuple[np.ndarray, np.ndarray]:
+        """Each row's span key (`_SpanKeys`) and trace hash (`_TraceCounts`)."""
+        with self._registered(name, table):
+            found = self.connection.execute(f"SELECT hash(trace_id, span_id) AS k, hash(trace_id) AS t FROM {name}").fetchnumpy()
+        return found["k"], found["t"]
+
     def _unstored(self, batch: pa.Table) -> pa.Table:
         """The rows of `batch` not stored yet, each span once: a table scan, run only when `_SpanKeys` suspects a retry."""
-        self.connection.register("incoming", batch)
-        try:
+        with self._registered("incoming", batch):
             return self.connection.sql(
                 "SELECT * FROM (SELECT DISTINCT ON (trace_id, span_id) * FROM incoming) b "
                 "WHERE NOT EXISTS (SELECT 1 FROM spans s WHERE s.trace_id = b.trace_id AND s.span_id = b.span_id)"
             ).to_arrow_table()
-        finally:
-            self.connection.unregister("incoming")
 
     def write_assembled(self, built: pa.Table, counts: dict[str, int]) -> int:
         """Store trajectories assembled outside the store, for the traces whose stored spans are exactly those they were built from.
 
         A trace with more (or other) stored spans than its builder saw stays dirty and is rebuilt
-        from its rows by `assemble`. Returns how many trajectories were written.
+        from its rows by `assemble`. Returns how many trajectories were written. No statement here
+        scans the spans table (the stored counts are `_TraceCounts`'), and the trace ids reach SQL
+        as a registered Arrow table, not as a list parameter, which cost milliseconds to bind.
         """
         if not counts:
             return 0
-        stored = dict(self.connection.execute(
-            "SELECT trace_id, count(*) FROM spans WHERE trace_id IN (SELECT unnest(?)) GROUP BY 1", [list(counts)]).fetchall())
-        done = [t for t, n in counts.items() if stored.get(t) == n]
+        with self._registered("assembled", _trace_ids(counts)):
+            found = self.connection.execute("SELECT trace_id, hash(trace_id) AS t FROM assembled").fetchnumpy()
+        stored = dict(zip(found["trace_id"].tolist(), self._counts().get(found["t"])))
+        done = [t for t, n in counts.items() if stored[t] == n]
         if done:  # log records are folded from the store: a trace that has some is rebuilt by `assemble`
-            with_logs = {t for (t,) in self.connection.execute(
-                "SELECT DISTINCT trace_id FROM logs WHERE trace_id IN (SELECT unnest(?))", [done]).fetchall()}
+            with self._registered("done", _trace_ids(done)):
+                with_logs = {t for (t,) in self.connection.execute(
+                    "SELECT DISTINCT trace_id FROM logs WHERE trace_id IN (SELECT trace_id FROM done)").fetchall()}
             done = [t for t in done if t not in with_logs]
         if not done:
             return 0
         keep = built if len(done) == len(counts) else built.filter(pc.is_in(built["trace_id"], value_set=pa.array(done, pa.string())))
-        with self._transaction():
-            self.connection.execute("DELETE FROM trajectories WHERE trace_id IN (SELECT unnest(?))", [done])
+        with self._registered("done", _trace_ids(done)), self._registered("keep", keep), self._transaction():
+            self.connection.execute("DELETE FROM trajectories WHERE trace_id IN (SELECT trace_id FROM done)")
             self.connection.execute("INSERT INTO trajectories SELECT * FROM keep")
-            self.connection.execute("DELETE FROM dirty_traces WHERE trace_id IN (SELECT unnest(?))", [done])
+            self.connection.execute("DELETE FROM dirty_traces WHERE trace_id IN (SELECT trace_id FROM done)")
         return int(keep.num_rows)
 
     # --- assembly ---------------------------------------------------------------------------

@@ -136,6 +136,47 @@ def test_a_retry_after_the_store_was_reopened_changes_nothing(tmp_path: Path) ->
         assert count is not None and count[0] == first.stored
 
 
+def test_spans_stored_before_a_reopen_keep_a_shards_partial_assembly_out(tmp_path: Path) -> None:
+    """A trace whose spans arrive across two runs of the writer is stored whole, never as its second half."""
+    requests = _shuffled_requests(seed=3, spans=900)
+    half = len(requests) // 2
+    first = _write_pb(tmp_path / "first.otlp.pb", requests[:half])
+    with Store(tmp_path / "s.duckdb") as store:
+        ingest_files(store, [str(first)], workers=0)
+    with Store(tmp_path / "s.duckdb") as store:  # the span counts of the first run's traces come back from the table
+        summary = IngestSummary()
+        writer = PartWriter(store, summary)
+        with ShardPool(ShardSettings(task_keys=store.task_keys)) as pool:
+            for unit in (Unit("protobuf", r.SerializeToString(), "second") for r in requests[half:]):
+                pool.submit(unit)
+            for part in [*pool.parts(), *pool.flush()]:
+                writer.take(part)
+        writer.commit()
+        assert store.pending_traces() > 0  # the shard saw only the second half of the split traces
+        store.assemble()
+        assert _exports(store) == _reference(requests)
+
+
+def test_trace_counts_add_up_across_folds() -> None:
+    from collections import Counter
+
+    import numpy as np
+
+    from plumbline_otel.store import _TraceCounts
+
+    rng = np.random.default_rng(7)
+    stored = rng.integers(0, 2**63, 1000, dtype=np.uint64)
+    counts = _TraceCounts(stored, rng.integers(1, 9, 1000))
+    expected = Counter(dict(zip(stored.tolist(), counts.get(stored))))
+    for size in (50, 70_000, 3):  # the middle batch folds the recent counts into the arrays
+        batch = np.concatenate([rng.choice(stored, size), rng.integers(0, 2**63, size, dtype=np.uint64)])
+        counts.add(batch)
+        expected.update(batch.tolist())
+    keys = np.fromiter(expected, np.uint64, len(expected))
+    assert counts.get(keys) == [expected[k] for k in keys.tolist()]
+    assert counts.get(np.array([12345], dtype=np.uint64)) == [0]
+
+
 def test_json_spans_are_decoded_only_by_the_shard_that_owns_them() -> None:
     requests = list(build_requests(200, 200))
     trace_ids = {s.trace_id for s in requests[0].resource_spans[0].scope_spans[0].spans}
