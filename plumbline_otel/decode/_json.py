@@ -37,6 +37,10 @@ class _TooDeep(_Bad):
 
 # What `cap_depth` puts where a value nested past the parser's depth limit was.
 TOO_DEEP = "\u0000plumbline: nested too deeply"
+# Array and map levels read inside one attribute value. Deeper, the value is dropped here, named:
+# normalisation keeps 32 levels at most anyway, and a request carrying it could not be parsed again
+# from its protobuf bytes (upb refuses messages nested past 100), so a server's shard would lose the span.
+_MAX_VALUE_DEPTH = 30
 _MARKER = orjson.dumps(TOO_DEEP)
 _OPEN, _CLOSE, _QUOTE, _ESCAPE = frozenset(b"[{"), frozenset(b"]}"), ord('"'), ord("\\")
 
@@ -137,9 +141,11 @@ def _enum(value: Any, names: dict[str, int], field: str) -> int:
     return _int(value, field)
 
 
-def _fill_any(out: AnyValue, value: Any, field: str) -> None:
+def _fill_any(out: AnyValue, value: Any, field: str, depth: int = 0) -> None:
     if value == TOO_DEEP:
         raise _TooDeep(f"{field} is nested deeper than the JSON parser allows")
+    if depth > _MAX_VALUE_DEPTH:
+        raise _TooDeep(f"{field} is nested deeper than {_MAX_VALUE_DEPTH} levels")
     if not isinstance(value, dict):
         raise _Bad(f"{field} must be an AnyValue object")
     if "stringValue" in value or "string_value" in value:
@@ -168,13 +174,13 @@ def _fill_any(out: AnyValue, value: Any, field: str) -> None:
         out.array_value.SetInParent()  # an empty array is still an array
         values = out.array_value.values
         for item in items.get("values") or []:
-            _fill_any(values.add(), item, field + "[]")
+            _fill_any(values.add(), item, field + "[]", depth + 1)
     elif "kvlistValue" in value or "kvlist_value" in value:
         pairs = _get(value, "kvlistValue", "kvlist_value")
         if pairs == TOO_DEEP:
             raise _TooDeep(f"{field} is nested deeper than the JSON parser allows")
         out.kvlist_value.SetInParent()
-        _fill_attributes(out.kvlist_value.values, pairs.get("values") or [], field)
+        _fill_attributes(out.kvlist_value.values, pairs.get("values") or [], field, depth=depth + 1)
     elif "bytesValue" in value or "bytes_value" in value:
         try:
             out.bytes_value = base64.b64decode(_get(value, "bytesValue", "bytes_value"))
@@ -183,7 +189,7 @@ def _fill_any(out: AnyValue, value: Any, field: str) -> None:
     # else: {} is an explicit empty value (None in SDK >= 1.45)
 
 
-def _fill_attributes(target: Any, pairs: Any, field: str, dropped: list[str] | None = None) -> None:
+def _fill_attributes(target: Any, pairs: Any, field: str, dropped: list[str] | None = None, depth: int = 0) -> None:
     """Key/values appended to `target` (a repeated KeyValue field, filled in place: the C parser's
     messages copy whatever is passed to their constructors); with `dropped`, a value cut for depth
     drops its key (listed there), not the caller."""
@@ -206,7 +212,7 @@ def _fill_attributes(target: Any, pairs: Any, field: str, dropped: list[str] | N
         entry = add(key=key)
         entry.value.SetInParent()  # `{}` is a value too: an explicit empty one
         try:
-            _fill_any(entry.value, value, f"{field}[{key}]")
+            _fill_any(entry.value, value, f"{field}[{key}]", depth)
         except _TooDeep:
             del target[-1]
             if dropped is None:
@@ -277,7 +283,7 @@ def _fill_scope_spans(out: ScopeSpans, obj: dict[str, Any], path: str, problems:
         dropped: list[str] = []
         try:
             _fill_span(spans.add(), raw, dropped)
-            problems.extend(Problem(f"{path}.spans[{k}]{_span_label(raw)} attribute {key!r}", "dropped: nested deeper than the JSON parser allows")
+            problems.extend(Problem(f"{path}.spans[{k}]{_span_label(raw)} attribute {key!r}", "dropped: nested too deeply to read")
                             for key in dropped)
         except _Bad as exc:
             del spans[-1]

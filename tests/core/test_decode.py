@@ -11,7 +11,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from otlp import record, to_otlp_json
 
 from core.spans import genai_run
-from plumbline_otel.decode import decode_request_body, read_trace_file, request_from_json
+from plumbline_otel.decode import Unit, decode_request_body, decode_unit, read_trace_file, request_from_json
 from plumbline_otel.errors import MalformedRequest
 from plumbline_otel.normalise import normalise_request
 
@@ -131,8 +131,10 @@ def test_gzip_bodies_are_inflated_and_capped() -> None:
         decode_request_body(body, "application/json", "gzip", limit=1000)
 
 
-def test_deeply_nested_json_value_drops_its_attribute_only(request_pb: ExportTraceServiceRequest) -> None:
-    """A value nested past the limit costs that attribute, named in a problem; its span and neighbours stay."""
+@pytest.mark.parametrize("transport", ["file", "server"])
+def test_deeply_nested_json_value_drops_its_attribute_only(request_pb: ExportTraceServiceRequest, transport: str) -> None:
+    """A value nested past the limit costs that attribute, named in a problem; its span and neighbours
+    stay, whether the JSON is read from a file or re-read by a server's shard from protobuf bytes."""
     value: dict = {"stringValue": "leaf"}
     for _ in range(200):
         value = {"kvlistValue": {"values": [{"key": "k", "value": value}]}}
@@ -140,10 +142,11 @@ def test_deeply_nested_json_value_drops_its_attribute_only(request_pb: ExportTra
     span = doc["resourceSpans"][0]["scopeSpans"][0]["spans"][0]
     span["attributes"].append({"key": "deep", "value": value})
     decoded = request_from_json(doc, "x")
-    assert decoded.problems == []
+    if transport == "server":  # the receiver queues the request as protobuf bytes; a shard parses them again
+        decoded = decode_unit(Unit("protobuf", decoded.protobuf(), "x"))
     records, problems = normalise_request(decoded.request)
     assert len(records) == len(request_pb.resource_spans[0].scope_spans[0].spans)
     [deep] = [r for r in records if r.span_id == span["spanId"]]
     assert "deep" not in deep.attributes and len(deep.attributes) == len(span["attributes"]) - 1
     assert deep.dropped_attributes_count == 1
-    assert [(p.where, p.reason) for p in problems] == [(f"span {span['spanId']} attribute 'deep'", "dropped: value nested deeper than 32 levels")]
+    assert problems == [] and [p.reason for p in request_from_json(doc, "x").problems] == ["dropped: nested too deeply to read"]
