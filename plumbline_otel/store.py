@@ -411,14 +411,15 @@ class Store:
     def _records_for(self, trace_ids: list[str]) -> dict[str, list[SpanRecord]]:
         keys = list(self.task_keys)
         key_sql = ", ".join(
-            f"coalesce(json_extract_string(attributes, ${i + 2}), json_extract_string(resource, ${i + 2}))"
+            f"coalesce(json_extract_string(attributes, ${i + 1}), json_extract_string(resource, ${i + 1}))"
             for i in range(len(keys))
         ) or "NULL"
         columns = [c for c in SPAN_COLUMNS if c not in ("attributes", "resource", "received_ns")]
-        rows = self.connection.execute(
-            f"SELECT {', '.join(columns)}, [{key_sql}] FROM spans WHERE trace_id IN (SELECT unnest($1))",
-            [trace_ids, *[f'$."{k}"' for k in keys]],
-        ).fetchall()
+        with self._registered("wanted", _trace_ids(trace_ids)):
+            rows = self.connection.execute(
+                f"SELECT {', '.join(columns)}, [{key_sql}] FROM spans WHERE trace_id IN (SELECT trace_id FROM wanted)",
+                [*[f'$."{k}"' for k in keys]],
+            ).fetchall()
         by_trace: dict[str, list[SpanRecord]] = {}
         for row in rows:
             rec = record_from_row(dict(zip(columns, row[:-1])), keys, row[-1])
@@ -434,14 +435,11 @@ class Store:
         """
         total = 0
         while deadline is None or time.monotonic() < deadline:
-            # A dirty trace with no stored span (log records only, or spans that failed to store) counts 0:
-            # it builds nothing and is let go; its spans mark it dirty again when they come.
-            rows = self.connection.execute(
-                "SELECT d.trace_id, count(s.span_id) FROM (SELECT trace_id FROM dirty_traces LIMIT ?) d "
-                "LEFT JOIN spans s USING (trace_id) GROUP BY 1", [chunk]).fetchall()
-            if not rows:
+            # A dirty trace with no stored span (log records only, or spans that failed to store) builds
+            # nothing and is let go; its spans mark it dirty again when they come.
+            dirty = [trace_id for (trace_id,) in self.connection.execute("SELECT trace_id FROM dirty_traces LIMIT ?", [chunk]).fetchall()]
+            if not dirty:
                 return total
-            dirty = [trace_id for trace_id, _ in rows]
             by_trace = self._records_for(dirty)
             self._fold_logs(by_trace)
             runs = (t for recs in by_trace.values() for t in iter_runs(recs, self.task_keys))
@@ -459,9 +457,10 @@ class Store:
 
     def _fold_logs(self, by_trace: dict[str, list[SpanRecord]]) -> None:
         """Fold each trace's stored GenAI log records into its span records (in record time order)."""
-        rows = self.connection.execute(
-            "SELECT trace_id, span_id, event_name, attributes, body FROM logs WHERE trace_id IN (SELECT unnest(?)) "
-            "AND span_id IS NOT NULL ORDER BY time_ns, observed_ns, log_id", [list(by_trace)]).fetchall()
+        with self._registered("wanted", _trace_ids(by_trace)):
+            rows = self.connection.execute(
+                "SELECT trace_id, span_id, event_name, attributes, body FROM logs WHERE trace_id IN (SELECT trace_id FROM wanted) "
+                "AND span_id IS NOT NULL ORDER BY time_ns, observed_ns, log_id").fetchall()
         events: dict[str, dict[str, list[tuple[str, dict[str, Any]]]]] = {}
         for trace_id, span_id, name, attributes, body in rows:
             events.setdefault(trace_id, {}).setdefault(span_id, []).append((name, log_event_attributes(attributes, body)))
@@ -474,11 +473,11 @@ class Store:
 
     def _write_trajectories(self, built: pa.Table, done: list[str]) -> int:
         """Replace the trajectories of the `done` traces with `built`; returns how many were written."""
-        with self._transaction():
-            self.connection.execute("DELETE FROM trajectories WHERE trace_id IN (SELECT unnest(?))", [done])
+        with self._registered("done", _trace_ids(done)), self._registered("built", built), self._transaction():
+            self.connection.execute("DELETE FROM trajectories WHERE trace_id IN (SELECT trace_id FROM done)")
             if built.num_rows:
                 self.connection.execute("INSERT INTO trajectories SELECT * FROM built")
-            self.connection.execute("DELETE FROM dirty_traces WHERE trace_id IN (SELECT unnest(?))", [done])
+            self.connection.execute("DELETE FROM dirty_traces WHERE trace_id IN (SELECT trace_id FROM done)")
         return int(built.num_rows)
 
     # --- reads ------------------------------------------------------------------------------
