@@ -137,7 +137,7 @@ class _TraceCounts:
     Storing a shard's trajectories asks "are these all of the trace's stored spans?" for every
     assembled batch; answered by a scan of the spans table, that grew with the store (~45 ms a batch
     at 3M spans, several a second in `plumbline serve`). Kept like `_SpanKeys`: sorted arrays read
-    from the table when the first write comes, plus the counts added since (12 bytes a trace). Two
+    from the table when the first write comes, plus the counts added since (16 bytes a trace). Two
     traces whose hashes collide share one count, larger than either trace's own, so neither ever
     matches a shard's count and both are rebuilt from their rows: a collision costs time, never a
     wrong trajectory.
@@ -390,13 +390,11 @@ class Store:
             return 0
         with self._registered("assembled", _trace_ids(counts)):
             found = self.connection.execute("SELECT trace_id, hash(trace_id) AS t FROM assembled").fetchnumpy()
+            # log records are folded from the store: a trace that has some is rebuilt by `assemble`
+            with_logs = {t for (t,) in self.connection.execute(
+                "SELECT DISTINCT trace_id FROM logs WHERE trace_id IN (SELECT trace_id FROM assembled)").fetchall()}
         stored = dict(zip(found["trace_id"].tolist(), self._counts().get(found["t"])))
-        done = [t for t, n in counts.items() if stored[t] == n]
-        if done:  # log records are folded from the store: a trace that has some is rebuilt by `assemble`
-            with self._registered("done", _trace_ids(done)):
-                with_logs = {t for (t,) in self.connection.execute(
-                    "SELECT DISTINCT trace_id FROM logs WHERE trace_id IN (SELECT trace_id FROM done)").fetchall()}
-            done = [t for t in done if t not in with_logs]
+        done = [t for t, n in counts.items() if stored[t] == n and t not in with_logs]
         if not done:
             return 0
         keep = built if len(done) == len(counts) else built.filter(pc.is_in(built["trace_id"], value_set=pa.array(done, pa.string())))
@@ -418,7 +416,7 @@ class Store:
         with self._registered("wanted", _trace_ids(trace_ids)):
             rows = self.connection.execute(
                 f"SELECT {', '.join(columns)}, [{key_sql}] FROM spans WHERE trace_id IN (SELECT trace_id FROM wanted)",
-                [*[f'$."{k}"' for k in keys]],
+                [f'$."{k}"' for k in keys],
             ).fetchall()
         by_trace: dict[str, list[SpanRecord]] = {}
         for row in rows:
