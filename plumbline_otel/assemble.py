@@ -38,6 +38,11 @@ from plumbline_otel.runs import TASK_KEY
 DEFAULT_TASK_KEYS = (TASK_KEY,)
 CONTEXT_PREFIX = "plumbline."
 CONTEXT_KEYS = ("session.id", "gen_ai.conversation.id")
+# A trace of more spans is never held whole as records: a shard lets it go when it reaches this
+# many, and the store rebuilds it run by run (`split_runs` on a few columns, then a batch of runs at
+# a time), reading at most this many spans back into records at once (or one longer run). A
+# long-running agent's trace (a chat of thousands of turns) grows without end.
+LONG_TRACE_SPANS = 5_000
 
 
 def _richness(rec: SpanRecord) -> tuple[int, int, int]:
@@ -474,19 +479,29 @@ def assemble_runs(records: list[SpanRecord], task_keys: Iterable[str] = DEFAULT_
 
 
 def iter_runs(records: list[SpanRecord], task_keys: Iterable[str] = DEFAULT_TASK_KEYS) -> Iterator[Trajectory]:
-    """One trace's span records as its runs' trajectories, one run at a time.
+    """One trace's span records as its runs' trajectories, one run at a time (see `split_runs`).
 
-    Several runs get the id `<trace id>:<root span id>`; a single run keeps the trace id, so stores
-    and exports written before traces could hold several runs keep their ids. Spans outside every
-    run (the conversation's own root span) give no steps of their own. A long-running agent's trace
-    holds thousands of runs: a caller that stores each as it comes never holds them all.
+    A long-running agent's trace holds thousands of runs: a caller that stores each as it comes
+    never holds them all.
+    """
+    for trajectory_id, group in split_runs(records):
+        trajectory = assemble(group, task_keys, trajectory_id)
+        if trajectory is not None:
+            yield trajectory
+
+
+def split_runs(records: list[SpanRecord]) -> list[tuple[str | None, list[SpanRecord]]]:
+    """One trace's span records by run: (trajectory id, the run's records), in run start order.
+
+    Several runs get the id `<trace id>:<root span id>`; a single run keeps the trace id (None
+    here), so stores and exports written before traces could hold several runs keep their ids.
+    Spans outside every run (the conversation's own root span) belong to none. The split reads
+    only ids, parents, start times, step kinds, shapes and hand-offs: the store splits a long
+    trace on those columns alone and loads the rest of its spans run by run.
     """
     roots = sorted(_run_roots(records), key=lambda r: (r.start_ns, r.span_id))
     if not roots:
-        trajectory = assemble(records, task_keys)
-        if trajectory is not None:
-            yield trajectory
-        return
+        return [(None, records)]
     by_id = {r.span_id: r for r in records}
     groups: dict[str, list[SpanRecord]] = {r.span_id: [] for r in roots}
     root_ids, starts = set(groups), [r.start_ns for r in roots]
@@ -494,7 +509,4 @@ def iter_runs(records: list[SpanRecord], task_keys: Iterable[str] = DEFAULT_TASK
         owner = _owner(rec, by_id, roots, root_ids, starts)
         if owner is not None:
             groups[owner.span_id].append(rec)
-    for span_id, group in groups.items():
-        trajectory = assemble(group, task_keys, f"{group[0].trace_id}:{span_id}")
-        if trajectory is not None:
-            yield trajectory
+    return [(f"{group[0].trace_id}:{span_id}", group) for span_id, group in groups.items()]

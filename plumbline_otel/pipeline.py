@@ -35,7 +35,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from plumbline_otel.assemble import DEFAULT_TASK_KEYS, assembly_keys, iter_runs, trim_for_assembly
+from plumbline_otel.assemble import DEFAULT_TASK_KEYS, LONG_TRACE_SPANS, assembly_keys, iter_runs, trim_for_assembly
 from plumbline_otel.config import ContentRules
 from plumbline_otel.content import ContentFilter
 from plumbline_otel.decode import Problem, Unit, decode_unit
@@ -79,6 +79,7 @@ class ShardSettings:
     task_keys: tuple[str, ...] = DEFAULT_TASK_KEYS
     content: ContentRules | None = None
     hold_spans: int = 20_000  # records a shard holds for assembly before it assembles the oldest traces
+    long_trace_spans: int = LONG_TRACE_SPANS  # a trace this long is let go, for the store to rebuild run by run
 
 
 @dataclass
@@ -96,11 +97,16 @@ class SpanPart:
 
 @dataclass
 class TrajectoryPart:
-    """Trajectories a shard assembled, with the number of spans each was built from."""
+    """Trajectories a shard assembled, with the number of spans each was built from.
+
+    `let_go` names the quiet traces the shard stopped holding because they grew long: the store
+    rebuilds them from their rows, run by run.
+    """
 
     shard: int
     table: pa.Table
     counts: dict[str, int]
+    let_go: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -133,7 +139,8 @@ class Shard:
         self.index, self.settings = index, settings
         self.content = ContentFilter(settings.content) if settings.content else None
         self.held: dict[str, list[SpanRecord]] = {}
-        self.last_seen: dict[str, float] = {}
+        self.let_go: set[str] = set()  # long traces whose spans are no longer held (`LONG_TRACE_SPANS`)
+        self.last_seen: dict[str, float] = {}  # of every trace held or let go
         self.held_spans = 0
         self.keep = assembly_keys(settings.task_keys)  # what a held record keeps (`trim_for_assembly`)
 
@@ -159,35 +166,46 @@ class Shard:
         now = time.monotonic()
         resources: dict[int, dict[str, Any]] = {}  # trimmed resource maps, by the id of the one they came from
         for rec in records:
-            trim_for_assembly(rec, self.keep, resources)
-            self.held.setdefault(rec.trace_id, []).append(rec)
             self.last_seen[rec.trace_id] = now
-        self.held_spans += len(records)
+            if rec.trace_id in self.let_go:
+                continue
+            trim_for_assembly(rec, self.keep, resources)
+            held = self.held.setdefault(rec.trace_id, [])
+            held.append(rec)
+            self.held_spans += 1
+            if len(held) >= self.settings.long_trace_spans:  # never held whole: the store rebuilds it run by run
+                self.let_go.add(rec.trace_id)
+                self.held_spans -= len(self.held.pop(rec.trace_id))
         parts: list[Part] = [SpanPart(seq, me, table, problems, len(records), sum(p.spans for p in problems)), *log_parts]
         if self.held_spans > self.settings.hold_spans:  # memory stays bounded: assemble the oldest traces now
-            oldest = sorted(self.last_seen, key=self.last_seen.__getitem__)
-            let_go, freed = [], 0
+            oldest = sorted(self.held, key=self.last_seen.__getitem__)
+            now_due, freed = [], 0
             for trace_id in oldest:
                 if self.held_spans - freed <= self.settings.hold_spans // 2:
                     break
-                let_go.append(trace_id)
+                now_due.append(trace_id)
                 freed += len(self.held[trace_id])
-            parts.extend(self._assemble(let_go))
+            parts.extend(self._assemble(now_due))
         return parts
 
     def assemble_quiet(self, quiet_seconds: float | None) -> list[Part]:
         """Assemble the traces with no new span for `quiet_seconds` (all of them when None)."""
         if quiet_seconds is None:
-            return [*self._assemble(list(self.held)), Flushed(self.index)]
+            return [*self._assemble(list(self.last_seen)), Flushed(self.index)]
         cutoff = time.monotonic() - quiet_seconds
         return self._assemble([t for t, seen in self.last_seen.items() if seen <= cutoff])
 
     def _assemble(self, trace_ids: list[str]) -> list[Part]:
         if not trace_ids:
             return []
+        let_go = [t for t in trace_ids if t in self.let_go]
+        for trace_id in let_go:
+            self.let_go.remove(trace_id)
+            del self.last_seen[trace_id]
+        trace_ids = [t for t in trace_ids if t in self.held]
         counts: dict[str, int] = {}
 
-        def runs() -> Iterator[Trajectory]:  # each trace let go as its runs are turned into rows
+        def runs() -> Iterator[Trajectory]:  # each trace released as its runs are turned into rows
             for trace_id in trace_ids:
                 held = self.held.pop(trace_id)
                 del self.last_seen[trace_id]
@@ -197,7 +215,7 @@ class Shard:
                 yield from iter_runs(records, self.settings.task_keys)
 
         table = trajectory_table(runs(), time.time_ns())
-        return [TrajectoryPart(self.index, table, counts)]
+        return [TrajectoryPart(self.index, table, counts, let_go)]
 
 
 def _worker(index: int, settings: ShardSettings, inbox: Any, outbox: Any) -> None:

@@ -24,7 +24,8 @@ import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from plumbline_otel.assemble import DEFAULT_TASK_KEYS, iter_runs
+from plumbline_otel.assemble import DEFAULT_TASK_KEYS, LONG_TRACE_SPANS, iter_runs, split_runs
+from plumbline_otel.assemble import assemble as assemble_run
 from plumbline_otel.decode import Problem
 from plumbline_otel.errors import StoreError
 from plumbline_otel.model import SpanRecord, Trajectory
@@ -406,43 +407,92 @@ class Store:
 
     # --- assembly ---------------------------------------------------------------------------
 
-    def _records_for(self, trace_ids: list[str]) -> dict[str, list[SpanRecord]]:
+    def _records_for(self, trace_ids: list[str], span_ids: list[str] | None = None) -> dict[str, list[SpanRecord]]:
+        """The stored records of these traces (of these spans only, when `span_ids` is given), by trace."""
         keys = list(self.task_keys)
         key_sql = ", ".join(
             f"coalesce(json_extract_string(attributes, ${i + 1}), json_extract_string(resource, ${i + 1}))"
             for i in range(len(keys))
         ) or "NULL"
         columns = [c for c in SPAN_COLUMNS if c not in ("attributes", "resource", "received_ns")]
-        with self._registered("wanted", _trace_ids(trace_ids)):
+        only = "" if span_ids is None else " AND span_id IN (SELECT span_id FROM wanted_spans)"
+        spans = pa.table({"span_id": pa.array(span_ids or [], pa.string())})  # registered, read only with `only`
+        with self._registered("wanted", _trace_ids(trace_ids)), self._registered("wanted_spans", spans):
             rows = self.connection.execute(
-                f"SELECT {', '.join(columns)}, [{key_sql}] FROM spans WHERE trace_id IN (SELECT trace_id FROM wanted)",
+                f"SELECT {', '.join(columns)}, [{key_sql}] FROM spans WHERE trace_id IN (SELECT trace_id FROM wanted){only}",
                 [f'$."{k}"' for k in keys],
             ).fetchall()
         by_trace: dict[str, list[SpanRecord]] = {}
         for row in rows:
             rec = record_from_row(dict(zip(columns, row[:-1])), keys, row[-1])
             by_trace.setdefault(rec.trace_id, []).append(rec)
+        self._fold_logs(by_trace)
         return by_trace
 
     def assemble(self, chunk: int = 2000, deadline: float | None = None) -> int:
         """Rebuild the trajectories of every trace that received spans since the last assembly.
 
-        Past `deadline` (a `time.monotonic()` value) no further chunk starts: what is left stays
-        pending (see `pending_traces`) and the next assembly takes it up, so a bounded shutdown
-        never loses work, only defers it.
+        Stored spans are read back into records `LONG_TRACE_SPANS` at a time; a trace longer than
+        that is rebuilt run by run (`_long_trace_runs`). Past `deadline` (a
+        `time.monotonic()` value) no further chunk starts: what is left stays pending (see
+        `pending_traces`) and the next assembly takes it up, so a bounded shutdown never loses
+        work, only defers it.
         """
         total = 0
         while deadline is None or time.monotonic() < deadline:
             # A dirty trace with no stored span (log records only, or spans that failed to store) builds
             # nothing and is let go; its spans mark it dirty again when they come.
-            dirty = [trace_id for (trace_id,) in self.connection.execute("SELECT trace_id FROM dirty_traces LIMIT ?", [chunk]).fetchall()]
+            found = self.connection.execute("SELECT trace_id, hash(trace_id) AS t FROM dirty_traces LIMIT ?", [chunk]).fetchnumpy()
+            dirty: list[str] = found["trace_id"].tolist()
             if not dirty:
                 return total
-            by_trace = self._records_for(dirty)
-            self._fold_logs(by_trace)
-            runs = (t for recs in by_trace.values() for t in iter_runs(recs, self.task_keys))
-            total += self._write_trajectories(trajectory_table(runs, time.time_ns()), dirty)
+            sizes = dict(zip(dirty, self._counts().get(found["t"])))  # planning only: a collision overcounts
+            batch: list[str] = []
+            spans = 0
+            for trace_id in [t for t in dirty if sizes[t] <= LONG_TRACE_SPANS]:
+                if batch and spans + sizes[trace_id] > LONG_TRACE_SPANS:
+                    total += self._write_trajectories([self._rebuilt(batch)], batch)
+                    batch, spans = [], 0
+                batch.append(trace_id)
+                spans += sizes[trace_id]
+            if batch:
+                total += self._write_trajectories([self._rebuilt(batch)], batch)
+            for trace_id in [t for t in dirty if sizes[t] > LONG_TRACE_SPANS]:
+                total += self._write_trajectories(self._long_trace_runs(trace_id), [trace_id])
         return total
+
+    def _rebuilt(self, trace_ids: list[str]) -> pa.Table:
+        """The trajectories of these traces, from their stored spans (and log records)."""
+        by_trace = self._records_for(trace_ids)
+        runs = (t for recs in by_trace.values() for t in iter_runs(recs, self.task_keys))
+        return trajectory_table(runs, time.time_ns())
+
+    def _long_trace_runs(self, trace_id: str) -> Iterator[pa.Table]:
+        """A long trace's trajectories, a batch of runs at a time, never holding the whole trace as records.
+
+        The trace is split into runs on the few columns `split_runs` reads; each batch of runs (up
+        to `LONG_TRACE_SPANS` spans, or one larger run) is then read in full and assembled exactly as
+        `iter_runs` would. A trace that is one run is read whole: one run is one assembly.
+        """
+        rows = self.connection.execute(
+            "SELECT span_id, parent_span_id, start_ns, step_kind, shapes, handoff_to FROM spans WHERE trace_id = ?",
+            [trace_id]).fetchall()
+        skeleton = [SpanRecord(trace_id, span_id, parent, "", start_ns, start_ns, step_kind=kind, shapes=shapes or [], handoff_to=handoff)
+                    for span_id, parent, start_ns, kind, shapes, handoff in rows]
+        del rows
+        runs = split_runs(skeleton)
+        start = 0
+        while start < len(runs):
+            end, size = start + 1, len(runs[start][1])
+            while end < len(runs) and size + len(runs[end][1]) <= LONG_TRACE_SPANS:
+                size += len(runs[end][1])
+                end += 1
+            batch, start = runs[start:end], end
+            wanted = [rec.span_id for _, group in batch for rec in group]
+            full = {rec.span_id: rec for rec in self._records_for([trace_id], wanted).get(trace_id, [])}
+            built = (assemble_run([full[rec.span_id] for rec in group if rec.span_id in full], self.task_keys, trajectory_id)
+                     for trajectory_id, group in batch)
+            yield trajectory_table((t for t in built if t is not None), time.time_ns())
 
     def pending_traces(self) -> int:
         """Traces whose spans arrived after their trajectory was last built (or that have none yet).
@@ -467,16 +517,20 @@ class Store:
 
     def add_trajectories(self, trajectories: Iterable[Trajectory]) -> int:
         """Store trajectories read elsewhere (other stores', servers'): a report's in-memory store of them."""
-        return self._write_trajectories(trajectory_table(trajectories, time.time_ns()), [])
+        return self._write_trajectories([trajectory_table(trajectories, time.time_ns())], [])
 
-    def _write_trajectories(self, built: pa.Table, done: list[str]) -> int:
-        """Replace the trajectories of the `done` traces with `built`; returns how many were written."""
-        with self._registered("done", _trace_ids(done)), self._registered("built", built), self._transaction():
+    def _write_trajectories(self, tables: Iterable[pa.Table], done: list[str]) -> int:
+        """Replace the trajectories of the `done` traces with those in `tables`, in one transaction; returns how many were written."""
+        written = 0
+        with self._registered("done", _trace_ids(done)), self._transaction():
             self.connection.execute("DELETE FROM trajectories WHERE trace_id IN (SELECT trace_id FROM done)")
-            if built.num_rows:
-                self.connection.execute("INSERT INTO trajectories SELECT * FROM built")
+            for built in tables:
+                if built.num_rows:
+                    with self._registered("built", built):
+                        self.connection.execute("INSERT INTO trajectories SELECT * FROM built")
+                written += built.num_rows
             self.connection.execute("DELETE FROM dirty_traces WHERE trace_id IN (SELECT trace_id FROM done)")
-        return int(built.num_rows)
+        return written
 
     # --- reads ------------------------------------------------------------------------------
 

@@ -410,7 +410,7 @@ class WriteQueue:
         except Exception:
             log.exception("storing %d assembled trajectories failed; the store will rebuild them", len(part.counts))
             written = 0
-        if written < len(part.counts) and self._dirty_since is None:  # the rest stays dirty: rebuilt from the store
+        if (written < len(part.counts) or part.let_go) and self._dirty_since is None:  # the rest stays dirty: rebuilt from the store
             self._dirty_since = time.monotonic()
 
     def _run_call(self, store: Store, call: _Call) -> None:

@@ -16,12 +16,12 @@ from corpus import build_requests
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from otlp import to_otlp_json
 
-from plumbline_otel.assemble import assemble
+from plumbline_otel.assemble import assemble, assemble_runs
 from plumbline_otel.decode import Unit
 from plumbline_otel.ingest import IngestSummary, PartWriter, ingest_files
 from plumbline_otel.model import SpanRecord
 from plumbline_otel.normalise import normalise_request
-from plumbline_otel.pipeline import Shard, ShardPool, ShardSettings, SpanPart, shard_of
+from plumbline_otel.pipeline import Shard, ShardPool, ShardSettings, SpanPart, TrajectoryPart, shard_of
 from plumbline_otel.store import SCHEMA_VERSION, Store
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "producers"
@@ -121,6 +121,80 @@ def test_a_trace_its_shard_let_go_of_is_rebuilt_from_the_store(tmp_path: Path) -
         rebuilt = store.assemble()
         assert rebuilt > 0  # traces assembled early from some of their spans were left dirty, then rebuilt whole
         assert _exports(store) == _reference(requests)
+
+
+def _long_trace(spans: int, one_run: bool = False) -> list[ExportTraceServiceRequest]:
+    """The corpus's traces as one long trace (a long-running agent: one run per corpus trace), in
+    requests of 50 spans; with `one_run`, every run sits under one session span, so it is one run."""
+    requests = list(build_requests(spans, 50))
+    session = b"\xff" * 8
+    for request in requests:
+        for span in request.resource_spans[0].scope_spans[0].spans:
+            span.trace_id = (7).to_bytes(16, "big")
+            if one_run and not span.parent_span_id:
+                span.parent_span_id = session
+    if one_run:
+        first = requests[0].resource_spans[0].scope_spans[0].spans[0]
+        requests[0].resource_spans[0].scope_spans[0].spans.add(
+            trace_id=first.trace_id, span_id=session, name="session",
+            start_time_unix_nano=first.start_time_unix_nano - 1, end_time_unix_nano=first.start_time_unix_nano)
+    return requests
+
+
+def _runs_reference(requests: list[ExportTraceServiceRequest]) -> list[str]:
+    """Each trace's runs assembled from all of its spans at once, with no store and no shards."""
+    by_trace: dict[str, dict[str, SpanRecord]] = {}
+    for request in requests:
+        for rec in normalise_request(request)[0]:
+            by_trace.setdefault(rec.trace_id, {}).setdefault(rec.span_id, rec)
+    return sorted(json.dumps(t.export(), sort_keys=True) for spans in by_trace.values() for t in assemble_runs(list(spans.values())))
+
+
+def test_a_shard_lets_a_long_trace_go_instead_of_holding_it_whole() -> None:
+    long_id = (7).to_bytes(16, "big").hex()
+    shard = Shard(0, ShardSettings(long_trace_spans=60))
+    for seq, request in enumerate([*_long_trace(400), *build_requests(70, 70, first_trace=1000)]):
+        shard.prepare(seq, Unit("protobuf", request.SerializeToString(), "test"))
+        assert len(shard.held.get(long_id, [])) < 60
+    parts = shard.assemble_quiet(None)
+    trajectories = [p for p in parts if isinstance(p, TrajectoryPart)]
+    assert [p.let_go for p in trajectories] == [[long_id]]
+    assert long_id not in trajectories[0].counts and len(trajectories[0].counts) == 10  # the short traces, assembled
+    assert not shard.held and not shard.let_go and not shard.last_seen
+
+
+@pytest.mark.parametrize("one_run", [False, True], ids=["many runs", "one run"])
+def test_a_long_trace_is_rebuilt_run_by_run_as_if_assembled_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, one_run: bool) -> None:
+    import plumbline_otel.store as store_module
+
+    monkeypatch.setattr(store_module, "LONG_TRACE_SPANS", 60)
+    requests = [*_long_trace(700, one_run), *build_requests(300, 100, first_trace=1000)]
+    read: list[int] = []
+    records_for = Store._records_for
+
+    def spy(self: Store, trace_ids: list[str], span_ids: list[str] | None = None) -> dict[str, list[SpanRecord]]:
+        found = records_for(self, trace_ids, span_ids)
+        read.append(sum(map(len, found.values())))
+        return found
+
+    monkeypatch.setattr(Store, "_records_for", spy)
+    summary = IngestSummary()
+    with Store(tmp_path / "s.duckdb") as store, ShardPool(ShardSettings(long_trace_spans=60)) as pool:
+        writer = PartWriter(store, summary, batch_spans=100)
+        for request in requests:
+            pool.submit(Unit("protobuf", request.SerializeToString(), "test"))
+            for part in pool.parts():
+                writer.take(part)
+        for part in pool.flush():
+            writer.take(part)
+        writer.commit()
+        assert store.pending_traces() == 1  # the long trace, let go by its shard
+        rebuilt = store.assemble()
+        assert _exports(store) == _runs_reference(requests)
+        runs = store.connection.execute("SELECT count(*) FROM trajectories WHERE trace_id = ?", [(7).to_bytes(16, "big").hex()]).fetchone()
+        assert runs is not None and rebuilt == runs[0] == (1 if one_run else 100)
+    # each read of the long trace stayed within the bound, unless one run is longer than it
+    assert read and (max(read) == 701 if one_run else max(read) <= 60)
 
 
 def test_a_retry_after_the_store_was_reopened_changes_nothing(tmp_path: Path) -> None:

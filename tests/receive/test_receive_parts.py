@@ -138,6 +138,37 @@ def test_queue_admits_one_oversized_request_alone_and_pushes_back_past_its_bound
         queue.admit(1)
 
 
+def test_a_long_trace_its_shard_let_go_is_assembled_once_quiet_without_waiting_for_shutdown(tmp_path: Path) -> None:
+    import time
+
+    from corpus import build_requests
+
+    from plumbline_otel.decode import Unit, decode_unit
+    from plumbline_otel.pipeline import ShardSettings
+
+    requests = list(build_requests(350, 50))
+    for request in requests:  # one long-running agent: one trace of 50 runs
+        for span in request.resource_spans[0].scope_spans[0].spans:
+            span.trace_id = (7).to_bytes(16, "big")
+    queue = WriteQueue(lambda: Store(tmp_path / "q.duckdb"), Metrics(), max_spans=10_000, max_bytes=1 << 30,
+                       settings=ShardSettings(long_trace_spans=60), assemble_interval=0.2, assemble_max_delay=1.0)
+    queue.start()
+    try:
+        for request in requests:
+            body = request.SerializeToString()
+            queue.admit(len(body))
+            queue.submit(len(body), decode_unit(Unit("protobuf", body, "test")), 50).wait(10)
+        runs = 0
+        deadline = time.monotonic() + 10
+        while runs < 50 and time.monotonic() < deadline:
+            time.sleep(0.1)
+            runs = queue.call(lambda store: len(store.connection.execute("SELECT trajectory_id FROM trajectories").fetchall()))
+        assert runs == 50
+        assert queue.call(lambda store: store.pending_traces()) == 0
+    finally:
+        queue.close()
+
+
 def test_every_config_key_is_also_a_flag() -> None:
     from plumbline_otel.cli.serve import _overrides
     from plumbline_otel.config import config_keys
