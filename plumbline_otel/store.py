@@ -40,22 +40,18 @@ from plumbline_otel.rows import (
     trajectory_table,
 )
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 DEFAULT_DB = "plumbline.duckdb"
-# DuckDB checkpoints (folds its write-ahead log into the file) when the log passes this size. At its
-# default of 16 MB a stream of span batches checkpoints every ~10,000 spans, and each checkpoint
-# recompresses the whole unfilled row group (up to 122,880 rows): half the writer's time went there.
-# A larger log costs only a longer replay when the file is opened after a crash.
-_CHECKPOINT_THRESHOLD = "256MB"
+# DuckDB checkpoints (folds its write-ahead log into the file) when the log passes this size, and
+# until then keeps the logged rows in memory. Each checkpoint recompresses the unfilled row group
+# (up to 122,880 rows); with long text in zstd (`_ZSTD_COLUMNS`) that is cheap enough to do every
+# ~15,000 spans: at 256 MB the writer's peak memory was ~90 MB higher for the same ingest speed.
+_CHECKPOINT_THRESHOLD = "32MB"
 # A writer's DuckDB cache (DuckDB's default is 80% of the machine's memory). The log above keeps up
 # to its size of appended rows in memory until the checkpoint; past this cap they go to a temporary
 # file instead of the process's memory (`plumbline serve` takes `storage.memory_limit_mib`, by default the same).
 WRITER_MEMORY_LIMIT_MIB = 256
 
-_LOGS_TABLE = """CREATE TABLE IF NOT EXISTS logs (
-    log_id VARCHAR PRIMARY KEY, trace_id VARCHAR, span_id VARCHAR, time_ns BIGINT, observed_ns BIGINT,
-    event_name VARCHAR, severity_number INTEGER, severity_text VARCHAR, body JSON, attributes JSON,
-    service_name VARCHAR, scope_name VARCHAR, resource JSON, received_ns BIGINT)"""
 _LOG_TYPES = {"time_ns": pa.int64(), "observed_ns": pa.int64(), "severity_number": pa.int32(), "received_ns": pa.int64()}
 
 # One row per (spec, run, invariant) that failed: an invariant has one verdict per run and spec.
@@ -65,6 +61,38 @@ _VIOLATIONS_TABLE = """CREATE TABLE IF NOT EXISTS violations (
     PRIMARY KEY (spec_hash, trajectory_id, invariant_id))"""
 VIOLATION_COLUMNS = ("invariant_id", "trajectory_id", "severity", "task_key", "step_index", "step_name", "detail")
 
+# Columns of long text (JSON maps, payloads, documents) are stored with zstd. DuckDB's default for
+# strings (a dictionary and FSST per segment, chosen by analysing each one) made the checkpoint,
+# where appended rows are compressed, a fifth of a file ingest's time (2.2-2.9 s per 100,000 spans),
+# for a file six times larger: zstd took 0.6-0.8 s and 96 MB became 15 (bench/ingest_files.py corpus).
+_ZSTD_COLUMNS = frozenset({"attributes", "resource", "args", "result", "proposed_calls", "tool_results", "context",
+                           "decisions", "input_text", "output_text", "status_message", "input", "final_output", "doc", "body"})
+
+
+def _column_sql(name: str, kind: str) -> str:
+    return f"{name} {kind} USING COMPRESSION zstd" if name in _ZSTD_COLUMNS else f"{name} {kind}"
+
+
+def _rebuilt_table(table: str, columns: dict[str, str], constraint: str = "") -> list[str]:
+    """Statements that re-create `table` with `columns` (in its column order) and keep its rows."""
+    body = ", ".join(_column_sql(name, kind) for name, kind in columns.items()) + (f", {constraint}" if constraint else "")
+    return [f"CREATE TABLE {table}_rebuilt ({body})", f"INSERT INTO {table}_rebuilt SELECT * FROM {table}",
+            f"DROP TABLE {table}", f"ALTER TABLE {table}_rebuilt RENAME TO {table}"]
+
+
+_TRAJECTORY_COLUMNS = {
+    "trajectory_id": "VARCHAR PRIMARY KEY", "trace_id": "VARCHAR", "task_key": "VARCHAR", "task_key_source": "VARCHAR",
+    "service": "VARCHAR", "service_version": "VARCHAR", "agent_name": "VARCHAR", "input": "VARCHAR", "final_output": "VARCHAR",
+    "conventions": "VARCHAR[]", "start_ns": "BIGINT", "end_ns": "BIGINT", "n_steps": "INTEGER", "n_tool_calls": "INTEGER",
+    "doc": "JSON", "assembled_ns": "BIGINT",
+}
+_LOG_COLUMNS = {
+    "log_id": "VARCHAR PRIMARY KEY", "trace_id": "VARCHAR", "span_id": "VARCHAR", "time_ns": "BIGINT", "observed_ns": "BIGINT",
+    "event_name": "VARCHAR", "severity_number": "INTEGER", "severity_text": "VARCHAR", "body": "JSON", "attributes": "JSON",
+    "service_name": "VARCHAR", "scope_name": "VARCHAR", "resource": "JSON", "received_ns": "BIGINT",
+}
+_LOGS_TABLE = "CREATE TABLE IF NOT EXISTS logs (" + ", ".join(f"{name} {kind}" for name, kind in _LOG_COLUMNS.items()) + ")"
+
 _MIGRATIONS: dict[int, list[str]] = {
     1: [
         "CREATE TABLE IF NOT EXISTS meta (key VARCHAR PRIMARY KEY, value VARCHAR)",
@@ -72,11 +100,7 @@ _MIGRATIONS: dict[int, list[str]] = {
         + ", ".join(f"{name} {kind}" for name, kind in SPAN_COLUMNS_V1.items())
         + ", PRIMARY KEY (trace_id, span_id))",
         "CREATE TABLE dirty_traces (trace_id VARCHAR PRIMARY KEY)",
-        """CREATE TABLE trajectories (
-            trajectory_id VARCHAR PRIMARY KEY, trace_id VARCHAR, task_key VARCHAR, task_key_source VARCHAR,
-            service VARCHAR, service_version VARCHAR, agent_name VARCHAR, input VARCHAR, final_output VARCHAR,
-            conventions VARCHAR[], start_ns BIGINT, end_ns BIGINT, n_steps INTEGER, n_tool_calls INTEGER,
-            doc JSON, assembled_ns BIGINT)""",
+        "CREATE TABLE trajectories (" + ", ".join(f"{name} {kind}" for name, kind in _TRAJECTORY_COLUMNS.items()) + ")",
         """CREATE TABLE problems (
             received_ns BIGINT, source VARCHAR, location VARCHAR, reason VARCHAR, spans INTEGER)""",
     ],
@@ -97,6 +121,9 @@ _MIGRATIONS: dict[int, list[str]] = {
         "INSERT OR IGNORE INTO dirty_traces SELECT DISTINCT trace_id FROM spans"],
     # Violations join the store's own tables (`plumbline check` made the table itself before this version).
     5: [_VIOLATIONS_TABLE],
+    # Long text columns stored with zstd (`_ZSTD_COLUMNS`); the rows are copied as they are.
+    6: [*_rebuilt_table("spans", SPAN_COLUMNS), *_rebuilt_table("trajectories", _TRAJECTORY_COLUMNS),
+        *_rebuilt_table("logs", _LOG_COLUMNS)],
 }
 
 

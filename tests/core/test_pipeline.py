@@ -285,6 +285,33 @@ def test_a_version_1_store_migrates_without_its_primary_key_and_keeps_its_spans(
         assert (again.stored, again.duplicate) == (0, stored)
 
 
+def test_a_version_5_store_keeps_its_rows_and_stores_long_text_with_zstd(tmp_path: Path) -> None:
+    from plumbline_otel.rows import span_table
+    from plumbline_otel.store import _MIGRATIONS
+
+    requests = list(build_requests(120, 60))
+    db = tmp_path / "v5.duckdb"
+    con = duckdb.connect(str(db))
+    for version in range(1, 6):
+        for statement in _MIGRATIONS[version]:
+            con.execute(statement)
+    con.execute("INSERT INTO meta VALUES ('schema_version', '5')")
+    rows = span_table([rec for r in requests for rec in normalise_request(r)[0]], 1)  # noqa: F841 - read by the SQL
+    con.execute("INSERT INTO spans SELECT * FROM rows")
+    con.execute("INSERT INTO dirty_traces SELECT DISTINCT trace_id FROM spans")
+    con.close()
+    with Store(db) as store:
+        expected = _reference(requests)
+        assert store.assemble() == len(expected)
+        assert _exports(store) == expected
+        store.connection.execute("CHECKPOINT")
+        compression = dict(store.connection.execute(
+            "SELECT column_name, compression FROM pragma_storage_info('spans') WHERE segment_type = 'JSON'").fetchall())
+        assert compression["attributes"] == "ZSTD"
+        assert dict(store.connection.execute(
+            "SELECT column_name, compression FROM pragma_storage_info('trajectories') WHERE segment_type = 'JSON'").fetchall())["doc"] == "ZSTD"
+
+
 def test_ingest_takes_a_workers_flag(tmp_path: Path) -> None:
     from click.testing import CliRunner
 
