@@ -42,7 +42,7 @@ CONTEXT_KEYS = ("session.id", "gen_ai.conversation.id")
 # many, and the store rebuilds it run by run (`split_runs` on a few columns, then a batch of runs at
 # a time), reading at most this many spans back into records at once (or one longer run). A
 # long-running agent's trace (a chat of thousands of turns) grows without end.
-LONG_TRACE_SPANS = 5_000
+LONG_TRACE_SPANS = 2_000
 
 
 def _richness(rec: SpanRecord) -> tuple[int, int, int]:
