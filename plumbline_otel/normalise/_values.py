@@ -111,9 +111,15 @@ def unflatten(attrs: dict[str, Any], prefix: str) -> list[Any]:
 
 
 def _as_list(node: dict[Any, Any]) -> Any:
-    """A node of `unflatten`'s tree: integer-keyed levels become lists in index order (leaves are not visited)."""
-    keys = list(node)
-    if keys and all(type(k) is int for k in keys):
-        keys.sort()
+    """A node of `unflatten`'s tree: integer-keyed levels become lists in index order (leaves are not visited).
+
+    Sorting the keys is the test: a level mixing indexes and names cannot be sorted (it stays a
+    map), and a sorted level whose first key is an index holds only indexes.
+    """
+    try:
+        keys: list[Any] | None = sorted(node)
+    except TypeError:
+        keys = None
+    if keys and type(keys[0]) is int:
         return [v if type(v) is not dict else _as_list(v) for v in map(node.__getitem__, keys)]
     return {k: v if type(v) is not dict else _as_list(v) for k, v in node.items()}

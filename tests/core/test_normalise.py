@@ -125,3 +125,16 @@ def test_a_value_past_a_limit_is_dropped_from_its_span_which_is_kept() -> None:
     assert rec.tool_name == "t" and rec.result is None and rec.dropped_attributes_count == 2
     assert sorted(p.where.split()[-1] for p in problems) == ["'deep'", "'gen_ai.tool.call.result'"]
     assert any("exceeds" in p.reason for p in problems) and any("nested deeper" in p.reason for p in problems)
+
+
+def test_flattened_keys_unflatten_in_index_order_across_gaps_and_keep_mixed_levels_as_maps() -> None:
+    from plumbline_otel.normalise._values import unflatten
+
+    attrs = {"m.10.message.role": "tool", "m.2.message.role": "user", "m.2.message.tool_calls.1.id": "b",
+             "m.2.message.tool_calls.0.id": "a", "m.x.0": "named", "m.x.1": "and", "m.3": "indexed", "other": 1}
+    # index 10 after 3 after 2 (not by text), a gap kept as order only; "x" beside indexes stays a map
+    assert unflatten(attrs, "m") == {10: {"message": {"role": "tool"}}, 2: {"message": {"role": "user", "tool_calls": [{"id": "a"}, {"id": "b"}]}},
+                                     "x": ["named", "and"], 3: "indexed"}
+    del attrs["m.x.0"], attrs["m.x.1"]
+    assert unflatten(attrs, "m") == [{"message": {"role": "user", "tool_calls": [{"id": "a"}, {"id": "b"}]}}, "indexed", {"message": {"role": "tool"}}]
+    assert unflatten(attrs, "absent") == []
