@@ -40,8 +40,8 @@ CONTEXT_PREFIX = "plumbline."
 CONTEXT_KEYS = ("session.id", "gen_ai.conversation.id")
 # A trace of more spans is never held whole as records: a shard lets it go when it reaches this
 # many, and the store rebuilds it run by run (`split_runs` on a few columns, then a batch of runs at
-# a time), reading at most this many spans back into records at once (or one longer run). A
-# long-running agent's trace (a chat of thousands of turns) grows without end.
+# a time), reading at most this many of its spans back into records at once (or one longer run).
+# A long-running agent's trace (a chat of thousands of turns) grows without end.
 LONG_TRACE_SPANS = 2_000
 
 
