@@ -64,6 +64,44 @@ def _timed(owner: object, name: str, bucket: str, t: dict[str, float]) -> None:
     setattr(owner, name, wrapper)
 
 
+class _WorkerPeaks:
+    """The peak RSS of this process's children (the shard workers), from each one's own high-water mark.
+
+    Not `RUSAGE_CHILDREN`: a spawned worker starts as a fork of this process, so its `ru_maxrss` is
+    at least this process's size at that moment, before it runs a line of its own. `VmHWM` is the
+    peak of the worker's own memory after it starts; it is sampled until the worker exits.
+    """
+
+    def __init__(self) -> None:
+        import threading
+
+        self.peaks: dict[int, int] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        me = os.getpid()
+        while not self._stop.wait(0.02):
+            for tid in os.listdir(f"/proc/{me}/task"):
+                try:
+                    children = open(f"/proc/{me}/task/{tid}/children").read().split()
+                except OSError:  # the thread ended
+                    continue
+                for pid in children:
+                    try:
+                        status = open(f"/proc/{pid}/status").read()
+                    except OSError:  # the worker ended
+                        continue
+                    kib = next((int(line.split()[1]) for line in status.splitlines() if line.startswith("VmHWM:")), 0)
+                    self.peaks[int(pid)] = max(self.peaks.get(int(pid), 0), kib)
+
+    def largest_mb(self) -> float:
+        self._stop.set()
+        self._thread.join()
+        return max(self.peaks.values(), default=0) / 1024
+
+
 def run_ingest(path: str, workers: int) -> dict[str, float]:
     """`ingest_files` on one file (in its own process); stages timed when `workers` is 0 (in one process)."""
     import hashlib
@@ -82,6 +120,7 @@ def run_ingest(path: str, workers: int) -> dict[str, float]:
         _timed(Store, "write_assembled", "write", t)
     db = Path(path).with_suffix(f".w{workers}.duckdb")
     db.unlink(missing_ok=True)
+    peaks = _WorkerPeaks()
     start = time.perf_counter()
     with Store(db) as store:
         summary = ingest.ingest_files(store, [path], workers=workers)
@@ -96,8 +135,8 @@ def run_ingest(path: str, workers: int) -> dict[str, float]:
     me, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     t["cpu_main"] = me.ru_utime + me.ru_stime
     t["cpu_workers"] = children.ru_utime + children.ru_stime
-    t["peak_rss_mb"] = (me.ru_maxrss + children.ru_maxrss) / 1024  # main plus its largest worker
-    t["peak_main_mb"], t["peak_worker_mb"] = me.ru_maxrss / 1024, children.ru_maxrss / 1024
+    t["peak_main_mb"], t["peak_worker_mb"] = me.ru_maxrss / 1024, peaks.largest_mb()
+    t["peak_rss_mb"] = t["peak_main_mb"] + t["peak_worker_mb"]  # main plus its largest worker
     db.unlink(missing_ok=True)
     return t
 
