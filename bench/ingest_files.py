@@ -69,7 +69,8 @@ class _WorkerPeaks:
 
     Not `RUSAGE_CHILDREN`: a spawned worker starts as a fork of this process, so its `ru_maxrss` is
     at least this process's size at that moment, before it runs a line of its own. `VmHWM` is the
-    peak of the worker's own memory after it starts; it is sampled until the worker exits.
+    peak of the worker's own memory once it has started its own program (a child still showing this
+    process's command line is that fork, and is skipped); it is sampled until the worker exits.
     """
 
     def __init__(self) -> None:
@@ -82,6 +83,7 @@ class _WorkerPeaks:
 
     def _run(self) -> None:
         me = os.getpid()
+        own_command = open(f"/proc/{me}/cmdline", "rb").read()
         while not self._stop.wait(0.02):
             for tid in os.listdir(f"/proc/{me}/task"):
                 try:
@@ -90,6 +92,8 @@ class _WorkerPeaks:
                     continue
                 for pid in children:
                     try:
+                        if open(f"/proc/{pid}/cmdline", "rb").read() == own_command:
+                            continue
                         status = open(f"/proc/{pid}/status").read()
                     except OSError:  # the worker ended
                         continue
