@@ -85,10 +85,11 @@ def _path(key: str, start: int) -> tuple[str | int, ...]:
     return tuple(int(part) if part.isdigit() else part for part in key[start:].split("."))
 
 
-def unflatten(attrs: dict[str, Any], prefix: str) -> list[Any]:
+def unflatten(attrs: dict[str, Any], prefix: str) -> Any:
     """Rebuild a list from flattened keys (`prefix.0.message.role` …) in index order.
 
     Gaps in the indexes (an SDK's attribute limit cut the list) leave the present items in order.
+    A level whose keys are not all indexes stays a map (at the top too: the caller decides what it is).
     """
     root: dict[Any, Any] = {}
     dotted = prefix + "."
@@ -104,10 +105,7 @@ def unflatten(attrs: dict[str, Any], prefix: str) -> list[Any]:
                 break
         else:
             node[last] = val
-    if not root:
-        return []
-    result: list[Any] = _as_list(root)
-    return result
+    return _as_list(root) if root else []
 
 
 def _as_list(node: dict[Any, Any]) -> Any:

@@ -106,18 +106,23 @@ def test_workers_give_the_producer_fixtures_the_same_trajectories_and_problems(t
     assert results[0][0] and len(results[0][3]) == 2  # each problem reported once, not once per shard
 
 
-def test_a_trace_its_shard_let_go_of_is_rebuilt_from_the_store(tmp_path: Path) -> None:
-    requests = _shuffled_requests(seed=2, spans=700)
-    summary = IngestSummary()
-    with Store(tmp_path / "s.duckdb") as store, ShardPool(ShardSettings(hold_spans=40)) as pool:
-        writer = PartWriter(store, summary, batch_spans=100)
+def _through_shards(store: Store, settings: ShardSettings, requests: list[ExportTraceServiceRequest]) -> None:
+    """The requests through an in-process shard pool into `store`, without the store's own assembly after."""
+    writer = PartWriter(store, IngestSummary(), batch_spans=100)
+    with ShardPool(settings) as pool:
         for request in requests:
             pool.submit(Unit("protobuf", request.SerializeToString(), "test"))
             for part in pool.parts():
                 writer.take(part)
         for part in pool.flush():
             writer.take(part)
-        writer.commit()
+    writer.commit()
+
+
+def test_a_trace_its_shard_let_go_of_is_rebuilt_from_the_store(tmp_path: Path) -> None:
+    requests = _shuffled_requests(seed=2, spans=700)
+    with Store(tmp_path / "s.duckdb") as store:
+        _through_shards(store, ShardSettings(hold_spans=40), requests)
         rebuilt = store.assemble()
         assert rebuilt > 0  # traces assembled early from some of their spans were left dirty, then rebuilt whole
         assert _exports(store) == _reference(requests)
@@ -178,16 +183,8 @@ def test_a_long_trace_is_rebuilt_run_by_run_as_if_assembled_whole(tmp_path: Path
         return found
 
     monkeypatch.setattr(Store, "_records_for", spy)
-    summary = IngestSummary()
-    with Store(tmp_path / "s.duckdb") as store, ShardPool(ShardSettings(long_trace_spans=60)) as pool:
-        writer = PartWriter(store, summary, batch_spans=100)
-        for request in requests:
-            pool.submit(Unit("protobuf", request.SerializeToString(), "test"))
-            for part in pool.parts():
-                writer.take(part)
-        for part in pool.flush():
-            writer.take(part)
-        writer.commit()
+    with Store(tmp_path / "s.duckdb") as store:
+        _through_shards(store, ShardSettings(long_trace_spans=60), requests)
         assert store.pending_traces() == 1  # the long trace, let go by its shard
         rebuilt = store.assemble()
         assert _exports(store) == _runs_reference(requests)
@@ -218,14 +215,7 @@ def test_spans_stored_before_a_reopen_keep_a_shards_partial_assembly_out(tmp_pat
     with Store(tmp_path / "s.duckdb") as store:
         ingest_files(store, [str(first)], workers=0)
     with Store(tmp_path / "s.duckdb") as store:  # the span counts of the first run's traces come back from the table
-        summary = IngestSummary()
-        writer = PartWriter(store, summary)
-        with ShardPool(ShardSettings(task_keys=store.task_keys)) as pool:
-            for unit in (Unit("protobuf", r.SerializeToString(), "second") for r in requests[half:]):
-                pool.submit(unit)
-            for part in [*pool.parts(), *pool.flush()]:
-                writer.take(part)
-        writer.commit()
+        _through_shards(store, ShardSettings(task_keys=store.task_keys), requests[half:])
         assert store.pending_traces() > 0  # the shard saw only the second half of the split traces
         store.assemble()
         assert _exports(store) == _reference(requests)
