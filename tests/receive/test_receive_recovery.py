@@ -85,12 +85,17 @@ def test_a_stop_out_of_grace_logs_what_it_left_pending_and_the_next_start_assemb
     assert "left pending" not in again.output().split("earlier stop left pending", 1)[1]
 
 
-def _send(address: str, batches: list[list], acknowledged: list[tuple[str, str]], lock: threading.Lock, stop: threading.Event) -> None:
-    """One real SDK exporter sending its batches until told to stop (it retries through a restart)."""
+def _send(address: str, sender: int, acknowledged: list[tuple[str, str]], lock: threading.Lock, stop: threading.Event) -> None:
+    """One real SDK exporter sending batches of ten runs until told to stop (it retries through a restart).
+
+    It sends until stopped, not a fixed load, so the kill always comes while spans are still
+    arriving however fast the machine is; the bound only keeps a broken test finite.
+    """
     exporter = OTLPSpanExporter(endpoint=f"http://{address}", insecure=True, timeout=20)
-    for batch in batches:
+    for i in range(2000):
         if stop.is_set():
             break
+        batch = finished_spans(10, service="recovery", prefix=f"s{sender}b{i}")
         if exporter.export(batch) == SpanExportResult.SUCCESS:
             with lock:
                 acknowledged.extend(span_key(s) for s in batch)
@@ -119,10 +124,9 @@ def test_sigkill_under_load_restart_and_immediate_sigterm_leave_every_reader_cou
     spec = tmp_path / "spec.yaml"
     spec.write_text(SPEC)
     first = ServeProcess(tmp_path, "--assemble-interval", "5", "--assemble-max-delay", "5").start()
-    senders = [[finished_spans(10, service="recovery", prefix=f"s{k}b{i}") for i in range(150)] for k in range(4)]
     acknowledged: list[tuple[str, str]] = []
     lock, stop = threading.Lock(), threading.Event()
-    threads = [threading.Thread(target=_send, args=(first.grpc_address, batches, acknowledged, lock, stop)) for batches in senders]
+    threads = [threading.Thread(target=_send, args=(first.grpc_address, k, acknowledged, lock, stop)) for k in range(4)]
     for thread in threads:
         thread.start()
     started = time.monotonic()  # until some traces are assembled and more keep coming: the crash leaves both kinds
@@ -131,7 +135,7 @@ def test_sigkill_under_load_restart_and_immediate_sigterm_leave_every_reader_cou
             if len(acknowledged) >= 1500 and next(iter(client.trajectories(assemble_first=False)), None) is not None:
                 break
             time.sleep(0.2)
-    assert any(thread.is_alive() for thread in threads), "the senders finished before the kill: raise the load"
+    assert any(thread.is_alive() for thread in threads), "the senders finished before the kill"
     first.kill()  # SIGKILL under load: spans committed, trajectories of the last seconds never built
     left_by_crash, at_kill = _pending(first.db), query(first.db, "SELECT count(DISTINCT trace_id) FROM spans")[0][0]
     assert 0 < left_by_crash < at_kill
