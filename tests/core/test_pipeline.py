@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Iterator
 from pathlib import Path
 
 import duckdb
+import pyarrow as pa
 import pytest
 from corpus import build_requests
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
@@ -192,6 +194,30 @@ def test_a_long_trace_is_rebuilt_run_by_run_as_if_assembled_whole(tmp_path: Path
         assert runs is not None and rebuilt == runs[0] == (1 if one_run else 100)
     # each read of the long trace stayed within the bound, unless one run is longer than it
     assert read and (max(read) == 701 if one_run else max(read) <= 60)
+
+
+@pytest.mark.slow
+def test_a_long_trace_through_worker_processes_stores_what_the_trace_assembled_whole_gives(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from plumbline_otel.assemble import LONG_TRACE_SPANS
+
+    requests = _long_trace(LONG_TRACE_SPANS + 500)  # past the default bound, so its shard lets it go
+    path = str(_write_pb(tmp_path / "long.otlp.pb", requests))
+    rebuilt_long: list[str] = []
+    long_trace_runs = Store._long_trace_runs
+
+    def spy(self: Store, trace_id: str) -> Iterator[pa.Table]:
+        rebuilt_long.append(trace_id)
+        return long_trace_runs(self, trace_id)
+
+    monkeypatch.setattr(Store, "_long_trace_runs", spy)
+    expected = _runs_reference(requests)
+    with Store(tmp_path / "s.duckdb") as store:
+        summary = ingest_files(store, [path], workers=2)
+        assert _exports(store) == expected
+        assert summary.trajectories == len(expected)  # each run counted once
+        assert store.pending_traces() == 0
+    assert rebuilt_long == [(7).to_bytes(16, "big").hex()]  # by the store, run by run, once
 
 
 def test_a_retry_after_the_store_was_reopened_changes_nothing(tmp_path: Path) -> None:
