@@ -9,6 +9,7 @@ arrived.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,7 +33,7 @@ class IngestSummary:
     stored: int = 0
     duplicate: int = 0
     rejected_spans: int = 0
-    trajectories: int = 0
+    trajectories: int = 0  # runs this ingest built that the store holds at its end (a run built twice counts once)
     log_records: int = 0  # GenAI log records read (stored once each; folded into their spans at assembly)
     problems: list[Problem] = field(default_factory=list)
 
@@ -77,7 +78,7 @@ class PartWriter:
                 self.commit()
         elif isinstance(part, TrajectoryPart):
             self.commit()
-            self.summary.trajectories += self.store.write_assembled(part.table, part.counts)
+            self.store.write_assembled(part.table, part.counts)
         elif isinstance(part, LogPart):
             self.store.write_logs(part.rows)  # a retried record is stored once; it was still read
             self.summary.log_records += part.rows.kept
@@ -97,6 +98,7 @@ def _ingest_units(store: Store, units: Iterable[Unit], summary: IngestSummary, s
                   batch_spans: int, workers: int) -> IngestSummary:
     """Units through the shards into the store; then the traces no shard could assemble alone, from the store."""
     settings = ShardSettings(limits=limits or Limits(), task_keys=store.task_keys)
+    started = time.time_ns()
     writer = PartWriter(store, summary, batch_spans, source=source)
     with ShardPool(settings, workers) as pool:
         for unit in units:
@@ -107,7 +109,10 @@ def _ingest_units(store: Store, units: Iterable[Unit], summary: IngestSummary, s
         for part in pool.flush():
             writer.take(part)
     writer.commit()
-    summary.trajectories += store.assemble()  # traces whose stored spans differ from what their shard held
+    store.assemble()  # traces whose stored spans differ from what their shard held
+    # Counted from the store, not from the writes: a trace assembled early (to bound a shard's memory)
+    # and rebuilt when more of its spans came was written twice.
+    summary.trajectories += store.trajectories_built_since(started)
     return summary
 
 

@@ -76,9 +76,9 @@ def _column_sql(name: str, kind: str) -> str:
     return f"{name} {kind} USING COMPRESSION zstd" if name in _ZSTD_COLUMNS else f"{name} {kind}"
 
 
-def _rebuilt_table(table: str, columns: dict[str, str], constraint: str = "") -> list[str]:
+def _rebuilt_table(table: str, columns: dict[str, str]) -> list[str]:
     """Statements that re-create `table` with `columns` (in its column order) and keep its rows."""
-    body = ", ".join(_column_sql(name, kind) for name, kind in columns.items()) + (f", {constraint}" if constraint else "")
+    body = ", ".join(_column_sql(name, kind) for name, kind in columns.items())
     return [f"CREATE TABLE {table}_rebuilt ({body})", f"INSERT INTO {table}_rebuilt SELECT * FROM {table}",
             f"DROP TABLE {table}", f"ALTER TABLE {table}_rebuilt RENAME TO {table}"]
 
@@ -523,6 +523,11 @@ class Store:
             built = (assemble_run([full[rec.span_id] for rec in group if rec.span_id in full], self.task_keys, trajectory_id)
                      for trajectory_id, group in batch)
             yield trajectory_table((t for t in built if t is not None), time.time_ns())
+
+    def trajectories_built_since(self, ns: int) -> int:
+        """How many stored trajectories were built at or after `ns` (a wall-clock time in ns)."""
+        row = self.connection.execute("SELECT count(*) FROM trajectories WHERE assembled_ns >= ?", [ns]).fetchone()
+        return int(row[0]) if row else 0
 
     def pending_traces(self) -> int:
         """Traces whose spans arrived after their trajectory was last built (or that have none yet).

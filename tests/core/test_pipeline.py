@@ -220,6 +220,21 @@ def test_a_long_trace_through_worker_processes_stores_what_the_trace_assembled_w
     assert rebuilt_long == [(7).to_bytes(16, "big").hex()]  # by the store, run by run, once
 
 
+def test_the_ingest_summary_counts_each_stored_run_once_though_some_were_built_twice(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import functools
+
+    import plumbline_otel.ingest as ingest_module
+
+    # a small hold: the shard assembles traces early from some of their spans; the store rebuilds them later
+    monkeypatch.setattr(ingest_module, "ShardSettings", functools.partial(ShardSettings, hold_spans=40))
+    requests = _shuffled_requests(seed=4, spans=700)
+    path = str(_write_pb(tmp_path / "a.otlp.pb", requests))
+    with Store(tmp_path / "s.duckdb") as store:
+        summary = ingest_files(store, [path], workers=0)
+        stored = store.connection.execute("SELECT count(*) FROM trajectories").fetchone()
+        assert stored is not None and summary.trajectories == stored[0] == len(_reference(requests))
+
+
 def test_a_retry_after_the_store_was_reopened_changes_nothing(tmp_path: Path) -> None:
     path = str(_write_jsonl(tmp_path / "a.otlp.jsonl", list(build_requests(300, 100))))
     with Store(tmp_path / "s.duckdb") as store:
