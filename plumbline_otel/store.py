@@ -388,11 +388,18 @@ class Store:
 
     @contextmanager
     def _registered(self, name: str, table: pa.Table) -> Iterator[None]:
-        """`table` readable in SQL as `name` for the block (zero-copy)."""
+        """`table` readable in SQL as `name` for the block (zero-copy).
+
+        DuckDB refuses to register while a result is unfinished, and a caller that read one row with
+        `fetchone()` (a `pending_traces()` asked through `plumbline serve`'s writer thread) leaves one:
+        it is run to its end first, rather than failing the next write.
+        """
+        self.connection.complete()
         self.connection.register(name, table)
         try:
             yield
         finally:
+            self.connection.complete()
             self.connection.unregister(name)
 
     def _hashes(self, name: str, table: pa.Table) -> tuple[np.ndarray, np.ndarray]:
@@ -413,7 +420,8 @@ class Store:
         """Store trajectories assembled outside the store, for the traces whose stored spans are exactly those they were built from.
 
         A trace with more (or other) stored spans than its builder saw stays dirty and is rebuilt
-        from its rows by `assemble`. Returns how many trajectories were written. No statement here
+        from its rows by `assemble`. Returns how many traces were stored (not trajectories: a trace
+        holds any number of runs, so only traces say whether some were refused). No statement here
         scans the spans table (the stored counts are `_TraceCounts`'), and the trace ids reach SQL
         as a registered Arrow table, not as a list parameter, which cost milliseconds to bind.
         """
@@ -433,7 +441,7 @@ class Store:
             self.connection.execute("DELETE FROM trajectories WHERE trace_id IN (SELECT trace_id FROM done)")
             self.connection.execute("INSERT INTO trajectories SELECT * FROM keep")
             self.connection.execute("DELETE FROM dirty_traces WHERE trace_id IN (SELECT trace_id FROM done)")
-        return int(keep.num_rows)
+        return len(done)
 
     # --- assembly ---------------------------------------------------------------------------
 

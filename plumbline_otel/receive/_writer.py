@@ -406,11 +406,11 @@ class WriteQueue:
 
     def _store_assembled(self, store: Store, part: TrajectoryPart) -> None:
         try:
-            written = store.write_assembled(part.table, part.counts)
+            stored = store.write_assembled(part.table, part.counts)
         except Exception:
-            log.exception("storing %d assembled trajectories failed; the store will rebuild them", len(part.counts))
-            written = 0
-        if (written < len(part.counts) or part.let_go) and self._dirty_since is None:  # the rest stays dirty: rebuilt from the store
+            log.exception("storing the trajectories of %d assembled traces failed; the store will rebuild them", len(part.counts))
+            stored = 0
+        if (stored < len(part.counts) or part.let_go) and self._dirty_since is None:  # the rest stays dirty: rebuilt from the store
             self._dirty_since = time.monotonic()
 
     def _run_call(self, store: Store, call: _Call) -> None:

@@ -235,6 +235,23 @@ def test_the_ingest_summary_counts_each_stored_run_once_though_some_were_built_t
         assert stored is not None and summary.trajectories == stored[0] == len(_reference(requests))
 
 
+def test_a_shards_trajectories_are_stored_after_a_caller_read_one_row_and_left_the_result(tmp_path: Path) -> None:
+    """`plumbline serve` runs readers' calls on the writer's connection between writes; one that reads
+    a single row (`fetchone`) leaves DuckDB's result unfinished, and the next write must still work."""
+    request = next(build_requests(14, 14))
+    shard = Shard(0, ShardSettings())
+    spans = shard.prepare(1, Unit("protobuf", request.SerializeToString(), "test"))[0]
+    part = shard.assemble_quiet(None)[0]
+    assert isinstance(part, TrajectoryPart)
+    with Store(tmp_path / "s.duckdb") as store:
+        writer = PartWriter(store, IngestSummary())
+        writer.take(spans)
+        writer.commit()
+        assert store.pending_traces() == 2  # a single-row read, its result left as it was
+        assert store.write_assembled(part.table, part.counts) == 2
+        assert store.pending_traces() == 0
+
+
 def test_a_retry_after_the_store_was_reopened_changes_nothing(tmp_path: Path) -> None:
     path = str(_write_jsonl(tmp_path / "a.otlp.jsonl", list(build_requests(300, 100))))
     with Store(tmp_path / "s.duckdb") as store:

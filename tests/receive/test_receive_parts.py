@@ -169,6 +169,48 @@ def test_a_long_trace_its_shard_let_go_is_assembled_once_quiet_without_waiting_f
         queue.close()
 
 
+def test_a_trace_refused_beside_a_trace_of_several_runs_is_rebuilt_once_quiet(tmp_path: Path) -> None:
+    """A shard's part stores one trace of two runs and is refused another (half its spans came before a
+    restart): the refused trace is rebuilt from the store once quiet, not left pending until shutdown."""
+    import time
+
+    from corpus import build_requests
+
+    from plumbline_otel.decode import Unit, decode_unit
+
+    two_runs = next(build_requests(14, 14))
+    for span in two_runs.resource_spans[0].scope_spans[0].spans:
+        span.trace_id = (7).to_bytes(16, "big")
+    split = next(build_requests(7, 7, first_trace=100))
+    spans = split.resource_spans[0].scope_spans[0].spans
+    first_half = ExportTraceServiceRequest()
+    first_half.CopyFrom(split)
+    del first_half.resource_spans[0].scope_spans[0].spans[3:]
+    del spans[:3]
+    spans.extend(two_runs.resource_spans[0].scope_spans[0].spans)
+
+    def served(request: ExportTraceServiceRequest) -> WriteQueue:
+        queue = WriteQueue(lambda: Store(tmp_path / "q.duckdb"), Metrics(), max_spans=10_000, max_bytes=1 << 30,
+                           assemble_interval=0.2, assemble_max_delay=1.0)
+        queue.start()
+        body = request.SerializeToString()
+        queue.admit(len(body))
+        queue.submit(len(body), decode_unit(Unit("protobuf", body, "test")), len(request.resource_spans[0].scope_spans[0].spans)).wait(10)
+        return queue
+
+    served(first_half).close()
+    queue = served(split)  # the rest of the split trace, and the trace of two runs
+    try:
+        pending, deadline = 1, time.monotonic() + 10
+        while pending and time.monotonic() < deadline:
+            time.sleep(0.1)
+            pending = queue.call(lambda store: store.pending_traces())
+        assert pending == 0
+        assert queue.call(lambda store: len(store.connection.execute("SELECT trajectory_id FROM trajectories").fetchall())) == 3
+    finally:
+        queue.close()
+
+
 def test_every_config_key_is_also_a_flag() -> None:
     from plumbline_otel.cli.serve import _overrides
     from plumbline_otel.config import config_keys
