@@ -25,6 +25,8 @@ from pathlib import Path
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
+from plumbline_otel import _native
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 def write_files(total: int, directory: Path, name: str = "spans", per_request: int = 1000) -> tuple[Path, Path, int]:
@@ -219,6 +221,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         jsonl, proto, size = write_files(args.spans, Path(tmp))
         print(f"{args.spans} spans, {size / args.spans:.0f} B/span protobuf, JSON {os.path.getsize(jsonl) / 1e6:.0f} MB, {cores} cores")
+        print(f"hot path (plumbline_otel/_native.py): {_native.BUILD}")
         floor = _child("floor", str(proto))
         floor_rate = floor["spans"] / floor["total"]
         print(f"floor (protobuf decode reading every attribute): {floor_rate:,.0f} spans/s\n")

@@ -36,6 +36,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from plumbline_otel import _native
+
 REPO = Path(__file__).resolve().parents[1]
 _TRACES = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
 
@@ -312,7 +314,7 @@ def main() -> None:
     args = parser.parse_args()
     size = len(_fresh_ids(_template(args.batch))) / args.batch
     print(f"load: {args.procs} processes x {args.threads} streams, {args.batch} spans/request, {size:.0f} B/span, "
-          f"{args.duration:.0f}s per server, {os.cpu_count()} cores", flush=True)
+          f"{args.duration:.0f}s per server, {os.cpu_count()} cores; hot path: {_native.BUILD}", flush=True)
     results: dict[str, Any] = {"bytes_per_span": round(size), "args": vars(args)}
     with tempfile.TemporaryDirectory(prefix="plumbline-bench-") as tmp:
         results["plumbline"] = bench_plumbline(args, Path(tmp))

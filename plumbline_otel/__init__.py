@@ -1,6 +1,10 @@
 """plumbline_otel: agent trajectories, coverage, invariants and certificates from OpenTelemetry traces."""
 
-from plumbline_otel.errors import (
+from plumbline_otel import _native
+
+_native.choose()  # before any compiled module is imported: a stale build runs its Python source
+
+from plumbline_otel.errors import (  # noqa: E402
     ConfigError,
     InputError,
     MalformedRequest,
@@ -10,7 +14,7 @@ from plumbline_otel.errors import (
     SpecError,
     StoreError,
 )
-from plumbline_otel.model import SpanRecord, Step, ToolCallRef, ToolResultRef, Trajectory
+from plumbline_otel.model import SpanRecord, Step, ToolCallRef, ToolResultRef, Trajectory  # noqa: E402
 
 __version__ = "0.1.0"
 

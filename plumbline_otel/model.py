@@ -8,7 +8,7 @@ here is plain data: no I/O, no protobuf, so the analyses can be tested on hand-b
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
 StepKind = Literal["tool_call", "llm_call", "agent", "other"]
@@ -20,8 +20,19 @@ ArgsState = Literal["structured", "unparsed", "redacted", "absent"]
 REDACTED = "__REDACTED__"
 
 
+class Frozen:
+    """Base of the frozen data classes: pickled by their fields, for the worker processes.
+
+    Compiled by mypyc (`_native.py`), a frozen data class cannot be unpickled attribute by
+    attribute; rebuilding it from its fields works compiled and interpreted alike.
+    """
+
+    def __reduce__(self) -> tuple[type, tuple[Any, ...]]:
+        return type(self), tuple(getattr(self, f.name) for f in fields(self))  # type: ignore[arg-type]
+
+
 @dataclass(frozen=True)
-class ToolCallRef:
+class ToolCallRef(Frozen):
     """A tool call proposed by a model inside an LLM span's output messages."""
 
     name: str
@@ -31,7 +42,7 @@ class ToolCallRef:
 
 
 @dataclass(frozen=True)
-class ToolResultRef:
+class ToolResultRef(Frozen):
     """A tool result seen in an LLM span's input messages, paired by call id."""
 
     call_id: str
@@ -40,7 +51,7 @@ class ToolResultRef:
 
 
 @dataclass(frozen=True)
-class ToolDecision:
+class ToolDecision(Frozen):
     """A `gen_ai.tool.call.decision` event: whether a proposed tool call was allowed to run."""
 
     outcome: str  # allow, deny, require_approval
@@ -100,7 +111,7 @@ class SpanRecord:
 
 
 @dataclass(frozen=True)
-class Step:
+class Step(Frozen):
     """What one span (or one model-proposed call) means for the agent run."""
 
     kind: StepKind
@@ -143,7 +154,7 @@ class Step:
 
 
 @dataclass(frozen=True)
-class Trajectory:
+class Trajectory(Frozen):
     """The steps of one agent run in order, with its input, output and task."""
 
     trajectory_id: str

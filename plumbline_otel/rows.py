@@ -89,8 +89,8 @@ def _row(rec: SpanRecord, resources: dict[int, tuple[str | None, dict[str, Any]]
     for index in _JSON_INDEXES:
         if row[index] is not None:
             row[index] = _json(row[index])
-    row.append(_json([c.__dict__ for c in rec.proposed_calls]) if rec.proposed_calls else None)
-    row.append(_json([r.__dict__ for r in rec.tool_results]) if rec.tool_results else None)
+    row.append(_json(rec.proposed_calls) if rec.proposed_calls else None)
+    row.append(_json(rec.tool_results) if rec.tool_results else None)
     key = id(rec.resource)  # the spans of one ResourceSpans share one dict: encode and search it once
     if key not in resources:
         resources[key] = (_json(rec.resource), _context(rec.resource))

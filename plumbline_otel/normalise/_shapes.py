@@ -160,7 +160,7 @@ def _message_text(message: dict[str, Any]) -> str | None:
 
 
 def _last_text(messages: list[Any], role: str) -> str | None:
-    for message in reversed(messages):
+    for message in messages[::-1]:  # not reversed(): mypyc cannot type it over list[Any]
         if isinstance(message, dict) and _role(message) == role:
             text = _message_text(message)
             if text is not None:

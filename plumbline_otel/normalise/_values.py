@@ -10,11 +10,11 @@ from typing import Any
 import orjson
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 
-from plumbline_otel.model import REDACTED
+from plumbline_otel.model import REDACTED, Frozen
 
 
 @dataclass(frozen=True)
-class Limits:
+class Limits(Frozen):
     """Per-value limits; a value past them is dropped and reported, never stored half-read."""
 
     max_value_bytes: int = 16 << 20

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 from typing import Any
 
 from plumbline_otel.model import Step, Trajectory
@@ -43,7 +44,7 @@ def run(
     if id is None:
         id = f"run-{next(_ids):06d}"
     timed = tuple(
-        s if s.start_ns else Step(**{**s.__dict__, "start_ns": start_ns + i + 1}) for i, s in enumerate(steps)
+        s if s.start_ns else replace(s, start_ns=start_ns + i + 1) for i, s in enumerate(steps)
     )
     return Trajectory(
         trajectory_id=id,

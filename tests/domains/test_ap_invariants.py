@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -10,7 +11,6 @@ import yaml
 from domains.accounts_payable import TOOLS, open_system_of_record
 from domains.accounts_payable.predicates import PREDICATES, approver_has_authority, known_reason_code
 from domains.accounts_payable.tasks import TASKS
-from plumbline_otel.model import Step
 from plumbline_otel.spec import load_spec
 from plumbline_otel.spec.testing import run
 
@@ -88,7 +88,7 @@ def test_a_run_that_follows_the_policy_breaks_no_invariant(spec, task, policy_ru
 
 
 def _replace(steps, name, **args):
-    return [Step(**{**s.__dict__, "args": {**s.args, **args}}) if s.name == name else s for s in steps]
+    return [replace(s, args={**s.args, **args}) if s.name == name else s for s in steps]
 
 
 def test_paying_a_sanctioned_vendor_breaks_the_critical_invariants(spec, policy_run, recorder):

@@ -1,0 +1,106 @@
+"""The compiled hot path (`_native.py`, built by mypyc at install) and its pure-Python source agree.
+
+The compiled modules are used only while they match their source; otherwise, or when asked, the
+source runs. Both must store the same rows and trajectories from every producer's spans.
+"""
+
+from __future__ import annotations
+
+import importlib.machinery
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from plumbline_otel import _native
+
+ROOT = Path(__file__).resolve().parents[2]
+SUFFIX = importlib.machinery.EXTENSION_SUFFIXES[0]  # what this interpreter loads, e.g. .cpython-311-x86_64-linux-gnu.so
+
+# Prints one digest per input: its span rows and its trajectories, as the store would insert them.
+DIGESTS = r"""
+import hashlib, sys
+from pathlib import Path
+sys.path.insert(0, sys.argv[1])
+from corpus import build_requests
+from plumbline_otel import _native
+from plumbline_otel.assemble import assemble_runs
+from plumbline_otel.decode import decode_unit, iter_units
+from plumbline_otel.normalise import normalise_request
+from plumbline_otel.rows import span_table, trajectory_table
+
+def digest(requests):
+    records = [rec for request in requests for rec in normalise_request(request)[0]]
+    by_trace = {}
+    for rec in records:
+        by_trace.setdefault(rec.trace_id, []).append(rec)
+    trajectories = [t for recs in by_trace.values() for t in assemble_runs(recs)]
+    rows = repr(span_table(records, 1).to_pylist()) + repr(trajectory_table(trajectories, 1).to_pylist())
+    return f"{len(records)} {len(trajectories)} {hashlib.sha256(rows.encode()).hexdigest()}"
+
+print(_native.BUILD)
+fixtures = Path(sys.argv[1], "fixtures")
+for path in sorted(p for p in fixtures.rglob("*.otlp.*") if not p.name.startswith("logs.")):
+    print(path.relative_to(fixtures), digest(decode_unit(unit).request for unit in iter_units(path)))
+print("corpus", digest(build_requests(3000, 500)))
+"""
+
+
+def _digests(pure: bool) -> list[str]:
+    env = {k: v for k, v in os.environ.items() if k != _native.PURE_ENV}
+    if pure:
+        env[_native.PURE_ENV] = "1"
+    done = subprocess.run([sys.executable, "-c", DIGESTS, str(ROOT / "tests")], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.splitlines()
+
+
+@pytest.mark.slow
+def test_compiled_and_pure_python_store_the_same_rows_and_trajectories_from_every_producer() -> None:
+    if _native.BUILD != "compiled":
+        pytest.skip(f"this install runs {_native.BUILD}: nothing compiled to compare")
+    compiled, pure = _digests(pure=False), _digests(pure=True)
+    assert compiled[0] == "compiled" and pure[0].startswith("pure Python")
+    assert len(compiled) > 20 and all(line.split()[1] != "0" for line in compiled[1:])  # every input gave spans
+    assert compiled[1:] == pure[1:]
+
+
+def _tree(tmp_path: Path, compiled: bool) -> Path:
+    for path in _native.COMPILED:
+        source = tmp_path / path
+        source.parent.mkdir(parents=True, exist_ok=True)
+        source.write_text("")
+        os.utime(source, (1_000, 1_000))
+        if compiled:
+            binary = source.with_name(("__init__" if source.name == "__init__.py" else source.stem) + SUFFIX)
+            binary.write_bytes(b"")
+            os.utime(binary, (2_000, 2_000))
+    return tmp_path
+
+
+def test_a_build_is_used_only_while_every_compiled_module_matches_its_source(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(_native.PURE_ENV, raising=False)
+    assert _native.build_state(_tree(tmp_path / "bare", compiled=False)) == "pure Python (not compiled at install)"
+
+    root = _tree(tmp_path / "built", compiled=True)
+    assert _native.build_state(root) == "compiled"
+
+    os.utime(root / "plumbline_otel/normalise/_extract.py", (3_000, 3_000))  # edited after the build
+    assert _native.build_state(root) == (
+        "pure Python (plumbline_otel/normalise/_extract.py changed after the build: `pip install -e .` compiles it again)")
+
+    os.utime(root / "plumbline_otel/normalise/_extract.py", (1_000, 1_000))
+    (root / f"plumbline_otel/rows{SUFFIX}").unlink()
+    assert _native.build_state(root) == "pure Python (plumbline_otel/rows.py was not compiled)"
+
+    monkeypatch.setenv(_native.PURE_ENV, "1")
+    assert _native.build_state(_tree(tmp_path / "again", compiled=True)) == "pure Python (PLUMBLINE_PURE_PYTHON is set)"
+
+
+def test_pure_python_on_request_imports_every_compiled_module_from_its_source() -> None:
+    probe = "import importlib, plumbline_otel._native as n; print('\\n'.join(importlib.import_module(n._module_name(p)).__file__ for p in n.COMPILED))"
+    done = subprocess.run([sys.executable, "-c", probe], env={**os.environ, _native.PURE_ENV: "1"}, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == [str(ROOT / path) for path in _native.COMPILED]
