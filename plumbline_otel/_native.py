@@ -1,8 +1,8 @@
 """Which modules are compiled with mypyc, and running their Python source when the build is stale.
 
-The hot path (normalisation, assembly, rows, and the model they share) is compiled to C by mypyc
-when the package is installed (`setup.py`), which makes a span about 1.4× cheaper. The same source
-is the pure-Python fallback, so the two must never disagree: a compiled module is used only when
+The hot path (OTLP JSON mapping, normalisation, assembly, rows, and the model they share) is
+compiled to C by mypyc when the package is installed (`setup.py`), which makes a span about 1.4×
+cheaper. The same source is the pure-Python fallback, so the two must never disagree: a compiled module is used only when
 none of the compiled modules' sources changed after the build (an edited checkout runs its edits),
 and `PLUMBLINE_PURE_PYTHON=1` runs the source on purpose. The modules of one build call each
 other directly in C, so it is all of them or none.
@@ -31,6 +31,7 @@ COMPILED = (
     "plumbline_otel/normalise/_messages.py",
     "plumbline_otel/normalise/_shapes.py",
     "plumbline_otel/normalise/_values.py",
+    "plumbline_otel/decode/_json.py",
 )
 PURE_ENV = "PLUMBLINE_PURE_PYTHON"
 _ROOT = Path(__file__).resolve().parent.parent
