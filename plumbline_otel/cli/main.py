@@ -11,12 +11,12 @@ import sys
 
 import click
 
-from plumbline_otel import __version__
+from plumbline_otel import __version__, _native
 from plumbline_otel.errors import PlumblineError
 
 
 @click.group(context_settings={"auto_envvar_prefix": "PLUMBLINE", "help_option_names": ["-h", "--help"]})
-@click.version_option(__version__, prog_name="plumbline")
+@click.version_option(__version__, prog_name="plumbline", message=f"%(prog)s, version %(version)s; hot path: {_native.BUILD}")
 def cli() -> None:
     """Agent trajectories, coverage, invariants and certificates from OpenTelemetry traces."""
 

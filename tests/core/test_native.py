@@ -104,3 +104,13 @@ def test_pure_python_on_request_imports_every_compiled_module_from_its_source() 
     done = subprocess.run([sys.executable, "-c", probe], env={**os.environ, _native.PURE_ENV: "1"}, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == [str(ROOT / path) for path in _native.COMPILED]
+
+
+def test_version_says_whether_the_hot_path_runs_compiled() -> None:
+    from click.testing import CliRunner
+
+    from plumbline_otel.cli.main import cli
+
+    result = CliRunner().invoke(cli, ["--version"])
+    assert result.exit_code == 0
+    assert result.output.strip() == f"plumbline, version 0.1.0; hot path: {_native.BUILD}"
