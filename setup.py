@@ -9,9 +9,11 @@ at install, the package installs as pure Python and gives the same results, more
 
 from __future__ import annotations
 
+import json
 import os
 import runpy
 import sys
+from pathlib import Path
 
 from setuptools import setup
 
@@ -22,6 +24,9 @@ if not os.environ.get(native["PURE_ENV"]):
         from mypyc.build import mypycify
 
         extensions = mypycify(list(native["COMPILED"]), opt_level="3", group_name="plumbline_otel_native")
+        # what was compiled, so that an edited source is never shadowed by its stale binary (_native.py)
+        with open(native["BUILT_FROM"], "w") as out:
+            json.dump(native["digests"](Path(".")), out, indent=1, sort_keys=True)
     except (Exception, SystemExit) as exc:  # mypyc exits on a type error it meets
         print(f"plumbline_otel: not compiling the hot path ({exc!r}); installing pure Python", file=sys.stderr)
     for extension in extensions:

@@ -2,10 +2,11 @@
 
 The hot path (OTLP JSON mapping, normalisation, assembly, rows, and the model they share) is
 compiled to C by mypyc when the package is installed (`setup.py`), which makes a span about 1.4×
-cheaper. The same source is the pure-Python fallback, so the two must never disagree: a compiled module is used only when
-none of the compiled modules' sources changed after the build (an edited checkout runs its edits),
-and `PLUMBLINE_PURE_PYTHON=1` runs the source on purpose. The modules of one build call each
-other directly in C, so it is all of them or none.
+cheaper. The same source is the pure-Python fallback, so the two must never disagree: the build
+records a digest of each source it compiled (`BUILT_FROM`), and the compiled modules are used only
+while every source still has its digest (an edited checkout runs its edits, not a stale binary);
+`PLUMBLINE_PURE_PYTHON=1` runs the source on purpose. The modules of one build call each other
+directly in C, so it is all of them or none.
 
 This module imports nothing of the package: `setup.py` reads `COMPILED` from it before the
 package can be imported, and `plumbline_otel/__init__.py` runs `choose()` before anything else.
@@ -13,9 +14,11 @@ package can be imported, and `plumbline_otel/__init__.py` runs `choose()` before
 
 from __future__ import annotations
 
+import hashlib
 import importlib.abc
 import importlib.machinery
 import importlib.util
+import json
 import os
 import sys
 from collections.abc import Sequence
@@ -34,11 +37,17 @@ COMPILED = (
     "plumbline_otel/decode/_json.py",
 )
 PURE_ENV = "PLUMBLINE_PURE_PYTHON"
+BUILT_FROM = "plumbline_otel/_native_build.json"  # written by setup.py: {source path: sha256 of what was compiled}
 _ROOT = Path(__file__).resolve().parent.parent
 
 
 def _module_name(path: str) -> str:
     return path.removesuffix(".py").removesuffix("/__init__").replace("/", ".")
+
+
+def digests(root: Path) -> dict[str, str]:
+    """The sha256 of each compiled module's source under `root`."""
+    return {path: hashlib.sha256((root / path).read_bytes()).hexdigest() for path in COMPILED}
 
 
 def _binary(source: Path) -> Path | None:
@@ -53,13 +62,18 @@ def build_state(root: Path = _ROOT) -> str:
     """'compiled', or why the Python source runs instead (printed by the benchmarks beside their figures)."""
     if os.environ.get(PURE_ENV):
         return f"pure Python ({PURE_ENV} is set)"
-    binaries = [(path, _binary(root / path)) for path in COMPILED]
-    if not any(binary for _, binary in binaries):
+    binaries = {path: _binary(root / path) for path in COMPILED}
+    if not any(binaries.values()):
         return "pure Python (not compiled at install)"
-    for path, binary in binaries:
+    try:
+        built_from = json.loads((root / BUILT_FROM).read_text())
+    except (OSError, ValueError):
+        built_from = {}
+    now = digests(root)
+    for path, binary in binaries.items():
         if binary is None:
             return f"pure Python ({path} was not compiled)"
-        if (root / path).stat().st_mtime > binary.stat().st_mtime:
+        if built_from.get(path) != now[path]:
             return f"pure Python ({path} changed after the build: `pip install -e .` compiles it again)"
     return "compiled"
 

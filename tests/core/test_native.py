@@ -1,12 +1,13 @@
 """The compiled hot path (`_native.py`, built by mypyc at install) and its pure-Python source agree.
 
-The compiled modules are used only while they match their source; otherwise, or when asked, the
-source runs. Both must store the same rows and trajectories from every producer's spans.
+The compiled modules are used only while every source has the digest it was compiled from;
+otherwise, or when asked, the source runs. Both must store the same rows and trajectories from every producer's spans.
 """
 
 from __future__ import annotations
 
 import importlib.machinery
+import json
 import os
 import subprocess
 import sys
@@ -68,15 +69,15 @@ def test_compiled_and_pure_python_store_the_same_rows_and_trajectories_from_ever
 
 
 def _tree(tmp_path: Path, compiled: bool) -> Path:
+    """A package tree as an install leaves it: sources, and when compiled their binaries and digests."""
     for path in _native.COMPILED:
         source = tmp_path / path
         source.parent.mkdir(parents=True, exist_ok=True)
-        source.write_text("")
-        os.utime(source, (1_000, 1_000))
+        source.write_text(f"# {path}\n")
         if compiled:
-            binary = source.with_name(("__init__" if source.name == "__init__.py" else source.stem) + SUFFIX)
-            binary.write_bytes(b"")
-            os.utime(binary, (2_000, 2_000))
+            source.with_name(("__init__" if source.name == "__init__.py" else source.stem) + SUFFIX).write_bytes(b"")
+    if compiled:
+        (tmp_path / _native.BUILT_FROM).write_text(json.dumps(_native.digests(tmp_path)))
     return tmp_path
 
 
@@ -87,11 +88,18 @@ def test_a_build_is_used_only_while_every_compiled_module_matches_its_source(tmp
     root = _tree(tmp_path / "built", compiled=True)
     assert _native.build_state(root) == "compiled"
 
-    os.utime(root / "plumbline_otel/normalise/_extract.py", (3_000, 3_000))  # edited after the build
+    extract = root / "plumbline_otel/normalise/_extract.py"
+    original = extract.read_text()
+    extract.write_text(original + "x = 1\n")  # edited after the build
     assert _native.build_state(root) == (
         "pure Python (plumbline_otel/normalise/_extract.py changed after the build: `pip install -e .` compiles it again)")
+    extract.write_text(original)  # the same text again (a checkout back): the build matches
+    assert _native.build_state(root) == "compiled"
 
-    os.utime(root / "plumbline_otel/normalise/_extract.py", (1_000, 1_000))
+    (root / _native.BUILT_FROM).unlink()  # binaries with no record of what they were built from
+    assert _native.build_state(root).startswith("pure Python (plumbline_otel/model.py changed after the build")
+
+    root = _tree(tmp_path / "partial", compiled=True)
     (root / f"plumbline_otel/rows{SUFFIX}").unlink()
     assert _native.build_state(root) == "pure Python (plumbline_otel/rows.py was not compiled)"
 
