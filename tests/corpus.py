@@ -4,6 +4,7 @@ with JSON arguments and results), shared by the ingest benchmarks and the pipeli
 from __future__ import annotations
 
 import json
+import random
 from collections.abc import Iterator
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
@@ -83,3 +84,65 @@ def build_requests(total_spans: int, spans_per_request: int = SPANS_PER_REQUEST,
                 resource=Resource(attributes=[_kv("service.name", service)]),
                 scope_spans=[ScopeSpans(scope=InstrumentationScope(name="bench"), spans=batch)])])
             batch = []
+
+
+# Keys normalisation and assembly read, for `odd_type_requests`: each gets values of every type.
+READ_KEYS = (
+    "openinference.span.kind", "gen_ai.operation.name", "gen_ai.tool.name", "gen_ai.tool.call.id", "gen_ai.tool.call.arguments",
+    "gen_ai.tool.call.result", "tool.name", "tool.id", "tool.parameters", "input.value", "output.value", "gen_ai.agent.name",
+    "gen_ai.request.model", "gen_ai.response.model", "gen_ai.response.id", "gen_ai.provider.name", "gen_ai.system",
+    "gen_ai.usage.input_tokens", "gen_ai.usage.output_tokens", "gen_ai.usage.cache_read.input_tokens", "llm.token_count.prompt",
+    "gen_ai.response.finish_reasons", "gen_ai.input.messages", "gen_ai.output.messages", "gen_ai.agent.handoff.target.name",
+    "traceloop.span.kind", "traceloop.entity.name", "traceloop.entity.input", "traceloop.entity.output", "error.type",
+    "gen_ai.tool.status", "plumbline.task.key", "session.id", "gen_ai.conversation.id", "final_result", "llm.model_name",
+    "llm.input_messages.0.message.role", "llm.input_messages.0.message.content", "llm.output_messages.0.message.role",
+    "llm.output_messages.0.message.tool_calls.0.tool_call.function.name", "llm.output_messages.0.message.tool_calls.0.tool_call.function.arguments",
+    "llm.output_messages.0.message.contents.0.message_content.text", "gen_ai.prompt.0.content", "gen_ai.completion.0.role",
+)
+_ODD_JSON = ({"a": 1}, [1, 2], {"role": "user", "content": 5}, [{"role": "assistant", "tool_calls": [{"function": {"name": 3, "arguments": [1]}}]}],
+             {"inputs": 3}, {"args": [None], "kwargs": {}}, None, 3, "s", {"messages": [{"role": "tool", "content": {"x": 1}}]},
+             [{"role": 7, "parts": [{"type": "tool_call", "name": 5, "arguments": 7, "id": [1]}]}], [{"type": "tool_result", "id": 2, "content": None}])
+
+
+def _odd_value(rng: random.Random, depth: int = 0) -> AnyValue:
+    value, kind = AnyValue(), rng.randrange(11 if depth < 2 else 6)
+    if kind == 0:
+        value.string_value = rng.choice(["", "x", "TOOL", "LLM", "AGENT", "chat", "execute_tool", "error", "__REDACTED__", "12"])
+    elif kind == 1:
+        value.int_value = rng.choice([0, -1, 7, 2**62])
+    elif kind == 2:
+        value.double_value = rng.choice([0.5, float("nan"), 1e300])
+    elif kind == 3:
+        value.bool_value = rng.random() < 0.5
+    elif kind == 4:
+        value.string_value = json.dumps(rng.choice(_ODD_JSON))
+    elif kind == 5:
+        value.bytes_value = b"\x00\xff"
+    elif kind in (6, 7):
+        value.array_value.values.extend(_odd_value(rng, depth + 1) for _ in range(rng.randrange(3)))
+    else:
+        value.kvlist_value.values.extend(KeyValue(key=rng.choice(["role", "content", "name", "arguments", "type", "id"]), value=_odd_value(rng, depth + 1))
+                                         for _ in range(rng.randrange(3)))
+    return value
+
+
+def odd_type_requests(count: int, seed: int = 0) -> Iterator[ExportTraceServiceRequest]:
+    """Requests of one small trace each whose spans carry the keys plumbline reads (`READ_KEYS`) with
+    values of every type and shape (numbers for names, text for counts, lists, maps, bytes, NaN,
+    messages with numeric roles and ids): what a buggy or unusual producer can send."""
+    for n in range(count):
+        rng = random.Random(seed * 1_000_003 + n)
+        scope = ScopeSpans(scope=InstrumentationScope(name=rng.choice(["", "openinference.instrumentation.smolagents", "gcp.vertex.agent"])))
+        for i in range(rng.randrange(1, 5)):
+            span = scope.spans.add(trace_id=(n + 1).to_bytes(16, "big"), span_id=(n * 8 + i + 1).to_bytes(8, "big"),
+                                   parent_span_id=(n * 8 + 1).to_bytes(8, "big") if i else b"",
+                                   name=rng.choice(["x", "execute_tool t", "final_answer"]), start_time_unix_nano=10 + i, end_time_unix_nano=20 + i)
+            span.attributes.extend(KeyValue(key=key, value=_odd_value(rng)) for key in rng.sample(READ_KEYS, rng.randrange(2, 9)))
+            if rng.random() < 0.4:
+                event = span.events.add(name=rng.choice(["gen_ai.choice", "gen_ai.tool.message", "exception", "gen_ai.user.message",
+                                                         "gen_ai.client.inference.operation.details", "gen_ai.tool.call.decision"]))
+                keys = ["content", "message", "id", "gen_ai.tool.call.arguments", "gen_ai.tool.call.result", "gen_ai.input.messages",
+                        "gen_ai.output.messages", "gen_ai.tool.call.decision.outcome", "exception.type"]
+                event.attributes.extend(KeyValue(key=key, value=_odd_value(rng)) for key in rng.sample(keys, 3))
+        resource = Resource(attributes=[KeyValue(key="service.name", value=_odd_value(rng))])
+        yield ExportTraceServiceRequest(resource_spans=[ResourceSpans(resource=resource, scope_spans=[scope])])

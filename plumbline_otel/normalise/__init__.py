@@ -24,7 +24,7 @@ from plumbline_otel.normalise import _extract
 from plumbline_otel.normalise._extract import VENDOR_ARGS_KEYS, VENDOR_RESULT_KEYS
 from plumbline_otel.normalise._logs import LogRows, log_rows
 from plumbline_otel.normalise._shapes import unwrap_scoped_result
-from plumbline_otel.normalise._values import Limits, ValueRejected, any_value, maybe_json
+from plumbline_otel.normalise._values import Limits, ValueRejected, any_value, as_text, maybe_json
 
 __all__ = ["VENDOR_ARGS_KEYS", "VENDOR_RESULT_KEYS", "Limits", "LogRows", "ValueRejected", "any_value", "fold_logs",
            "log_event_attributes", "log_rows", "maybe_json", "normalise_request", "normalise_span", "unwrap_scoped_result"]
@@ -73,13 +73,6 @@ def _unknown_keys(attrs: dict[str, Any]) -> list[str]:
     return sorted(k for k in attrs if _unknown(k))
 
 
-def _int(value: Any) -> int | None:
-    try:
-        return int(value) if value is not None and not isinstance(value, bool) else None
-    except (TypeError, ValueError):
-        return None
-
-
 def normalise_span(span: Span, resource: dict[str, Any], scope_name: str, limits: Limits, problems: list[Problem]) -> SpanRecord:
     """One protobuf span to one `SpanRecord`; limit breaches are appended to `problems`."""
     span_id = span.span_id.hex()
@@ -100,8 +93,8 @@ def normalise_span(span: Span, resource: dict[str, Any], scope_name: str, limits
         kind=span.kind,
         status_code=span.status.code,
         status_message=span.status.message,
-        service_name=resource.get("service.name"),
-        service_version=resource.get("service.version"),
+        service_name=as_text(resource.get("service.name")),
+        service_version=as_text(resource.get("service.version")),
         scope_name=scope_name,
         convention=convention,
         step_kind=step_kind,
@@ -110,8 +103,6 @@ def normalise_span(span: Span, resource: dict[str, Any], scope_name: str, limits
         resource=resource,
     )
     _extract.extract(rec, attrs, events)
-    rec.input_tokens, rec.output_tokens = _int(rec.input_tokens), _int(rec.output_tokens)
-    rec.cache_read_tokens, rec.cache_write_tokens = _int(rec.cache_read_tokens), _int(rec.cache_write_tokens)
     if convention != "unknown":
         rec.unknown_keys = _unknown_keys(attrs)
     return rec

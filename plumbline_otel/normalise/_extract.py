@@ -22,7 +22,7 @@ from plumbline_otel.normalise._shapes import (
     unwrap_result,
     unwrap_scoped_result,
 )
-from plumbline_otel.normalise._values import is_redacted, maybe_json, text_of, unflatten
+from plumbline_otel.normalise._values import as_text, count_of, is_redacted, maybe_json, text_of, unflatten
 
 _GENAI_KINDS: dict[str, StepKind] = {
     "execute_tool": "tool_call",
@@ -94,10 +94,17 @@ def _first(attrs: dict[str, Any], *keys: str) -> Any:
     return None
 
 
+_COUNTS = frozenset({"input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens"})
+
+
 def _fill(rec: SpanRecord, **values: Any) -> None:
+    """Set the fields still empty, as the types the model declares: an attribute may hold any type
+    (a tool name written as a number, a count as text), and a field must hold its own."""
     for name, value in values.items():
         if value is not None and getattr(rec, name) in (None, "", 0):
-            setattr(rec, name, value)
+            value = count_of(value) if name in _COUNTS else as_text(value)
+            if value is not None:
+                setattr(rec, name, value)
 
 
 def _note(rec: SpanRecord, what: str, shape: str | None) -> None:

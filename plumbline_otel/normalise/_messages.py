@@ -135,7 +135,8 @@ def parse_message(obj: Any) -> Message | None:
         obj = obj["message"]  # OpenInference item, or a gen_ai.choice body
     if not isinstance(obj, dict):
         return None
-    msg = Message(role=obj.get("role"))
+    role = obj.get("role")
+    msg = Message(role=None if role is None else str(role))
     for part in obj.get("parts") or []:
         _add_block(msg, part)
     # OpenInference may write both `content` and `contents` for one message: the same text twice.

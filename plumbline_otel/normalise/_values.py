@@ -71,13 +71,28 @@ def is_redacted(value: Any) -> bool:
     return isinstance(value, str) and value.strip() == REDACTED
 
 
+def as_text(value: Any) -> str | None:
+    """A text field from an attribute of any type: strings exactly as they came, anything else as JSON."""
+    return value if value is None or isinstance(value, str) else orjson.dumps(value, default=str).decode()
+
+
 def text_of(value: Any) -> str | None:
     """A human-readable text for an input/output value: strings as they are, structures as JSON."""
-    if value is None or is_redacted(value):
+    return None if is_redacted(value) else as_text(value)
+
+
+_INT64 = range(-(1 << 63), 1 << 63)
+
+
+def count_of(value: Any) -> int | None:
+    """A token count from whatever a producer wrote (7, "7", 7.0); None when it is not one a store can hold."""
+    if value is None or isinstance(value, bool):
         return None
-    if isinstance(value, str):
-        return value
-    return orjson.dumps(value).decode()
+    try:
+        number = int(value)
+    except (TypeError, ValueError, OverflowError):
+        return None
+    return number if number in _INT64 else None
 
 
 @lru_cache(maxsize=65536)

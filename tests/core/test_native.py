@@ -25,7 +25,7 @@ DIGESTS = r"""
 import hashlib, sys
 from pathlib import Path
 sys.path.insert(0, sys.argv[1])
-from corpus import build_requests
+from corpus import build_requests, odd_type_requests
 from plumbline_otel import _native
 from plumbline_otel.assemble import assemble_runs
 from plumbline_otel.decode import decode_unit, iter_units
@@ -46,6 +46,7 @@ fixtures = Path(sys.argv[1], "fixtures")
 for path in sorted(p for p in fixtures.rglob("*.otlp.*") if not p.name.startswith("logs.")):
     print(path.relative_to(fixtures), digest(decode_unit(unit).request for unit in iter_units(path)))
 print("corpus", digest(build_requests(3000, 500)))
+print("odd types", digest(odd_type_requests(500)))
 """
 
 

@@ -12,9 +12,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import duckdb
+import orjson
 import pyarrow as pa
 import pytest
-from corpus import build_requests
+from corpus import build_requests, odd_type_requests
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from otlp import to_otlp_json
 
@@ -119,6 +120,30 @@ def _through_shards(store: Store, settings: ShardSettings, requests: list[Export
         for part in pool.flush():
             writer.take(part)
     writer.commit()
+
+
+def test_attribute_values_of_any_type_on_the_keys_plumbline_reads_cost_no_span(tmp_path: Path) -> None:
+    # Numbers for names, text for counts, lists, maps, bytes and NaN on every key normalisation and
+    # assembly read: each span is stored, typed (an unexpected type used to fail the whole unit's
+    # spans of its shard, in Arrow or in the compiled model), and assembled as in one process.
+    requests = list(odd_type_requests(400))
+    sent = sum(len(ss.spans) for r in requests for rs in r.resource_spans for ss in rs.scope_spans)
+    summary = IngestSummary()
+    with Store(tmp_path / "s.duckdb") as store:
+        writer = PartWriter(store, summary, batch_spans=100)
+        with ShardPool(ShardSettings()) as pool:
+            for request in requests:
+                pool.submit(Unit("protobuf", request.SerializeToString(), "test"))
+                for part in pool.parts():
+                    writer.take(part)
+            for part in pool.flush():
+                writer.take(part)
+        writer.commit()
+        assert (summary.stored, summary.rejected_spans, summary.problems) == (sent, 0, [])
+        # the reference through JSON as the store keeps it: JSON has no NaN, so a NaN context value is null
+        assert _exports(store) == sorted(json.dumps(orjson.loads(orjson.dumps(json.loads(e))), sort_keys=True) for e in _reference(requests))
+        names = store.connection.execute("SELECT count(*) FROM spans WHERE tool_name LIKE '[%' OR model LIKE '{%'").fetchone()
+        assert names is not None and names[0] > 0  # lists and maps kept as JSON text in text fields
 
 
 def test_a_trace_its_shard_let_go_of_is_rebuilt_from_the_store(tmp_path: Path) -> None:
