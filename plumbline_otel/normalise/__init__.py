@@ -26,7 +26,7 @@ from plumbline_otel.normalise._logs import LogRows, log_rows
 from plumbline_otel.normalise._shapes import unwrap_scoped_result
 from plumbline_otel.normalise._values import Limits, ValueRejected, any_value, as_text, maybe_json
 
-__all__ = ["VENDOR_ARGS_KEYS", "VENDOR_RESULT_KEYS", "Limits", "LogRows", "ValueRejected", "any_value", "fold_logs",
+__all__ = ["VENDOR_ARGS_KEYS", "VENDOR_RESULT_KEYS", "Limits", "LogRows", "ValueRejected", "any_value", "as_text", "fold_logs",
            "log_event_attributes", "log_rows", "maybe_json", "normalise_request", "normalise_span", "unwrap_scoped_result"]
 
 # Attribute namespaces we read; a key in them that we do not know is reported by coverage.
