@@ -149,6 +149,7 @@ def run_ingest(path: str, workers: int) -> dict[str, float]:
         _timed_iter(pipeline, "iter_runs", "assemble", t)  # a trace's runs, assembled as the tables consume them
         _timed(Store, "write_span_table", "write", t)
         _timed(Store, "write_assembled", "write", t)
+    pipeline.collect_less_often()  # as `plumbline ingest` does for its own process
     db = Path(path).with_suffix(f".w{workers}.duckdb")
     db.unlink(missing_ok=True)
     peaks = _WorkerPeaks()

@@ -24,6 +24,7 @@ from plumbline_otel.cli.trajectories import emit
 from plumbline_otel.coverage import coverage_report, render_text
 from plumbline_otel.errors import ConfigError
 from plumbline_otel.ingest import ingest_files
+from plumbline_otel.pipeline import collect_less_often
 from plumbline_otel.plugins import DemoStudy, domain_plugin
 from plumbline_otel.report import write_report
 from plumbline_otel.store import Store
@@ -131,6 +132,7 @@ def demo(db: str, show: int, runs_dir: str, repeats: int, concurrency: int, min_
         stale.unlink(missing_ok=True)
     shutil.rmtree(runs / "state", ignore_errors=True)  # a fresh study each time, not a refused re-run
     runs.mkdir(parents=True, exist_ok=True)
+    collect_less_often()
     with Store(db) as store:
         _samples(store, show)
         if samples_only:

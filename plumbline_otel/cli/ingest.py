@@ -9,6 +9,7 @@ import click
 from plumbline_otel.cli.options import db_option
 from plumbline_otel.decode import iter_trace_files
 from plumbline_otel.ingest import IngestSummary, ingest_files
+from plumbline_otel.pipeline import collect_less_often
 from plumbline_otel.store import Store
 
 
@@ -41,6 +42,7 @@ def ingest(paths: tuple[str, ...], db: str, task_keys: tuple[str, ...], workers:
     2 when nothing usable was given.
     """
     files = [str(p) for p in iter_trace_files(list(paths))]
+    collect_less_often()
     with Store(db) as store:
         if task_keys:
             store.set_task_keys(task_keys)

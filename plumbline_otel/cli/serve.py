@@ -9,6 +9,7 @@ import click
 
 from plumbline_otel.config import TOKEN_ENV, load_config
 from plumbline_otel.errors import PlumblineError
+from plumbline_otel.pipeline import collect_less_often
 from plumbline_otel.service import Server, split_endpoint
 
 _GRPC = "receivers.otlp.protocols.grpc."
@@ -103,6 +104,7 @@ def serve(config_path: str | None, log_level: str, **opts: Any) -> None:
     logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         config = load_config(config_path, _overrides(opts, config_path))
+        collect_less_often()
         Server(config).run()
     except PlumblineError as exc:
         raise click.ClickException(str(exc)) from None
