@@ -102,6 +102,11 @@ def _ingest_units(store: Store, units: Iterable[Unit], summary: IngestSummary, s
     writer = PartWriter(store, summary, batch_spans, source=source)
     with ShardPool(settings, workers) as pool:
         for unit in units:
+            # While the workers are a unit ahead, write what they made: parts left waiting pile up in
+            # their queue and leave the writer a backlog to commit alone, on one core, at the end.
+            while not pool.has_room():
+                if (part := pool.next_part(timeout=0.05)) is not None:
+                    writer.take(part)
             pool.submit(unit)
             summary.requests += 1
             for part in pool.parts():
