@@ -109,9 +109,10 @@ def test_workers_give_the_producer_fixtures_the_same_trajectories_and_problems(t
     assert results[0][0] and len(results[0][3]) == 2  # each problem reported once, not once per shard
 
 
-def _through_shards(store: Store, settings: ShardSettings, requests: list[ExportTraceServiceRequest]) -> None:
+def _through_shards(store: Store, settings: ShardSettings, requests: list[ExportTraceServiceRequest]) -> IngestSummary:
     """The requests through an in-process shard pool into `store`, without the store's own assembly after."""
-    writer = PartWriter(store, IngestSummary(), batch_spans=100)
+    summary = IngestSummary()
+    writer = PartWriter(store, summary, batch_spans=100)
     with ShardPool(settings) as pool:
         for request in requests:
             pool.submit(Unit("protobuf", request.SerializeToString(), "test"))
@@ -120,6 +121,7 @@ def _through_shards(store: Store, settings: ShardSettings, requests: list[Export
         for part in pool.flush():
             writer.take(part)
     writer.commit()
+    return summary
 
 
 def test_attribute_values_of_any_type_on_the_keys_plumbline_reads_cost_no_span(tmp_path: Path) -> None:
@@ -128,17 +130,8 @@ def test_attribute_values_of_any_type_on_the_keys_plumbline_reads_cost_no_span(t
     # spans of its shard, in Arrow or in the compiled model), and assembled as in one process.
     requests = list(odd_type_requests(400))
     sent = sum(len(ss.spans) for r in requests for rs in r.resource_spans for ss in rs.scope_spans)
-    summary = IngestSummary()
     with Store(tmp_path / "s.duckdb") as store:
-        writer = PartWriter(store, summary, batch_spans=100)
-        with ShardPool(ShardSettings()) as pool:
-            for request in requests:
-                pool.submit(Unit("protobuf", request.SerializeToString(), "test"))
-                for part in pool.parts():
-                    writer.take(part)
-            for part in pool.flush():
-                writer.take(part)
-        writer.commit()
+        summary = _through_shards(store, ShardSettings(), requests)
         assert (summary.stored, summary.rejected_spans, summary.problems) == (sent, 0, [])
         # the reference through JSON as the store keeps it: JSON has no NaN, so a NaN context value is null
         assert _exports(store) == sorted(json.dumps(orjson.loads(orjson.dumps(json.loads(e))), sort_keys=True) for e in _reference(requests))
