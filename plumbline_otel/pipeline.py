@@ -290,15 +290,15 @@ class ShardPool:
         shard_settings = replace(settings, shards=workers)
         self._procs = [context.Process(target=_worker, args=(i, shard_settings, self._inboxes[i], self._outbox),
                                        name=f"plumbline-shard-{i}", daemon=True) for i in range(workers)]
-        for proc in self._procs:
-            proc.start()
-        started = 0
-        while started < workers:
-            message = self._get(_WORKER_START_TIMEOUT)
-            if message is None:
-                self.close()
-                raise RuntimeError("shard workers did not start")
-            started += 1
+        try:
+            for proc in self._procs:
+                proc.start()
+            for _ in range(workers):
+                if self._get(_WORKER_START_TIMEOUT) is None:
+                    raise RuntimeError("shard workers did not start")
+        except BaseException:  # one that did start is not left waiting for units that will never come
+            self.close()
+            raise
 
     @property
     def next_seq(self) -> int:

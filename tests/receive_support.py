@@ -179,3 +179,15 @@ def _cert_with_cryptography(cert_path: Path, key_path: Path) -> None:
     )
     cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
     key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
+
+
+def _cannot_load(message: str) -> None:
+    raise RuntimeError(message)
+
+
+class LoadsAsAnError:
+    """Pickles fine and fails to unpickle: put in a shard's settings, it is a worker that cannot start
+    (as one did when its install was broken), failing where a real worker would."""
+
+    def __reduce__(self) -> tuple[Any, tuple[str]]:
+        return _cannot_load, ("this worker cannot start (the test's doing)",)

@@ -142,7 +142,12 @@ class WriteQueue:
         self._started.wait()
         if self._start_error is not None:
             raise self._start_error
-        self._pool = ShardPool(replace(self._settings, task_keys=self._task_keys), self._workers, collector=True)
+        try:
+            self._pool = ShardPool(replace(self._settings, task_keys=self._task_keys), self._workers, collector=True)
+        except Exception as exc:  # nothing was accepted yet: the commit thread closes the store, and the server exits
+            self._forward([_END])
+            self._committer.join()
+            raise PlumblineError(f"the shard workers could not start ({exc}; a worker's own error, if any, is above)") from exc
         self._dispatcher.start()
         if self._workers:
             self._collector.start()

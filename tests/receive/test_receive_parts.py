@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import threading
+import time
 from pathlib import Path
+from typing import Any, cast
 
 import pytest
 from click.testing import CliRunner
@@ -10,10 +13,12 @@ from google.protobuf.any_pb2 import Any as AnyProto
 from google.rpc import error_details_pb2, status_pb2
 from grpc import StatusCode
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from receive_support import LoadsAsAnError
 
 from plumbline_otel.cli.serve import serve
 from plumbline_otel.config import ContentRules, load_config
-from plumbline_otel.errors import ConfigError
+from plumbline_otel.errors import ConfigError, PlumblineError
+from plumbline_otel.pipeline import ShardSettings
 from plumbline_otel.receive import ContentFilter, Metrics, Overloaded, WriteQueue
 from plumbline_otel.receive._grpc import pushback_status
 from plumbline_otel.store import Store
@@ -116,6 +121,22 @@ def test_metrics_render_prometheus_text_with_a_cumulative_histogram() -> None:
     assert 'plumbline_request_duration_seconds_bucket{transport="grpc",le="10.0"} 2' in text
     assert 'plumbline_request_duration_seconds_bucket{transport="grpc",le="+Inf"} 3' in text
     assert 'plumbline_request_duration_seconds_count{transport="grpc"} 3' in text
+
+
+@pytest.mark.slow
+def test_a_queue_whose_shard_workers_cannot_start_says_so_and_closes_its_store(tmp_path: Path) -> None:
+    # The server used to wait forever in its stop, SIGTERM included, for a writer thread that waited
+    # for parts from workers that never started.
+    settings = ShardSettings(content=cast(Any, LoadsAsAnError()))
+    queue = WriteQueue(lambda: Store(tmp_path / "q.duckdb"), Metrics(), max_spans=10, max_bytes=1000, settings=settings, workers=1)
+    began = time.monotonic()
+    with pytest.raises(PlumblineError, match="the shard workers could not start"):
+        queue.start()
+    queue.close(timeout=10)  # what the server's stop does next
+    assert time.monotonic() - began < 30
+    assert [t.name for t in threading.enumerate() if t.name.startswith("plumbline-")] == []
+    with Store(tmp_path / "q.duckdb") as store:  # closed by its thread, so it opens again
+        assert store.pending_traces() == 0
 
 
 def test_queue_admits_one_oversized_request_alone_and_pushes_back_past_its_bounds(tmp_path: Path) -> None:
