@@ -45,6 +45,7 @@ def write_files(total: int, directory: Path, name: str = "spans", per_request: i
 
 
 _NESTED: list[float] = []  # per running timed call, the time of the timed calls inside it
+_DONE = object()  # what `_timed_iter` gets from `next` when its generator is exhausted
 
 
 def _timed(owner: object, name: str, bucket: str, t: dict[str, float]) -> None:
@@ -78,13 +79,13 @@ def _timed_iter(owner: object, name: str, bucket: str, t: dict[str, float]) -> N
             start = time.perf_counter()
             _NESTED.append(0.0)
             try:
-                item = next(items, _NESTED)
+                item = next(items, _DONE)
             finally:
                 spent = time.perf_counter() - start
                 t[bucket] += spent - _NESTED.pop()
                 if _NESTED:
                     _NESTED[-1] += spent
-            if item is _NESTED:
+            if item is _DONE:
                 return
             yield item
 

@@ -279,9 +279,10 @@ class ShardPool:
         self.workers, self.collector = workers, collector
         self._ready: deque[Part] = deque()
         self._seq = 0
+        self._inboxes: list[Any] = []
+        self._procs: list[Any] = []
         if workers == 0:
             self._local: Shard | None = Shard(0, replace(settings, shards=1))
-            self._procs: list[Any] = []
             return
         self._local = None
         context = multiprocessing.get_context("spawn")  # no fork: the receiver runs threads
@@ -307,7 +308,7 @@ class ShardPool:
 
     def has_room(self) -> bool:
         """Whether `submit` would send at once: every worker's inbox has room (only this process fills them)."""
-        return not any(inbox.full() for inbox in getattr(self, "_inboxes", []))
+        return not any(inbox.full() for inbox in self._inboxes)
 
     def submit(self, unit: Unit) -> int:
         """Send one unit to every shard; returns its sequence number (its parts carry it)."""
@@ -398,7 +399,7 @@ class ShardPool:
 
     def close(self) -> None:
         """Stop the workers (they hold nothing that is not also in the store or still to be flushed)."""
-        for inbox in getattr(self, "_inboxes", []):
+        for inbox in self._inboxes:
             try:
                 inbox.put(None, timeout=1.0)
             except queue.Full:
