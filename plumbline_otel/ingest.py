@@ -100,7 +100,7 @@ def _ingest_units(store: Store, units: Iterable[Unit], summary: IngestSummary, s
     settings = ShardSettings(limits=limits or Limits(), task_keys=store.task_keys)
     started = time.time_ns()
     writer = PartWriter(store, summary, batch_spans, source=source)
-    with ShardPool(settings, workers) as pool:
+    with store.beside_workers(workers), ShardPool(settings, workers) as pool:
         for unit in units:
             # While the workers are a unit ahead, write what they made: parts left waiting pile up in
             # their queue and leave the writer a backlog to commit alone, on one core, at the end.

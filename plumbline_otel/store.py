@@ -375,6 +375,23 @@ class Store:
         """Cap DuckDB's buffer cache (it defaults to 80% of the machine's memory)."""
         self.connection.execute(f"SET memory_limit = '{int(mib)}MiB'")
 
+    @contextmanager
+    def beside_workers(self, workers: int) -> Iterator[None]:
+        """For the block, DuckDB runs on the cores that `workers` shard processes leave (at least one).
+
+        Its default, a thread per core, sets its threads against the workers on the same cores for
+        statements that are small appends: a 2-worker file ingest spent ~0.4 s more writer CPU per
+        100,000 spans, and ran 5-10% slower, than with one thread.
+        """
+        if not workers:
+            yield
+            return
+        self.connection.execute(f"SET threads = {max(1, (os.cpu_count() or 1) - workers)}")
+        try:
+            yield
+        finally:
+            self.connection.execute("RESET threads")
+
     def _keys(self) -> _SpanKeys:
         if self._span_keys is None:
             self._span_keys = _SpanKeys(self.connection.execute("SELECT hash(trace_id, span_id) AS k FROM spans").fetchnumpy()["k"])

@@ -395,6 +395,28 @@ def test_ingest_takes_a_workers_flag(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+def test_duckdb_leaves_the_shard_workers_their_cores_while_they_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("os.cpu_count", lambda: 4)
+    path = str(_write_pb(tmp_path / "a.otlp.pb", list(build_requests(200, 100))))
+    seen: list[str] = []
+
+    def threads(store: Store) -> str:
+        row = store.connection.execute("SELECT current_setting('threads')").fetchone()
+        assert row is not None
+        return str(row[0])
+
+    with Store(tmp_path / "s.duckdb") as store:
+        default = threads(store)
+        ingest_files(store, [path], workers=3, on_file=lambda _: seen.append(threads(store)))
+        assert seen == ["1"]
+        ingest_files(store, [path], workers=2, on_file=lambda _: seen.append(threads(store)))
+        assert seen == ["1", "2"]
+        assert threads(store) == default  # the rebuild after the workers stop, and everything after, on every core
+        ingest_files(store, [path], workers=0, on_file=lambda _: seen.append(threads(store)))
+        assert seen[-1] == default
+
+
+@pytest.mark.slow
 def test_shard_workers_leave_when_their_writer_is_killed(tmp_path: Path) -> None:
     import signal
     import subprocess
