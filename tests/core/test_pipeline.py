@@ -6,6 +6,7 @@ spans normalised and assembled whole, in one call (`_reference`).
 
 from __future__ import annotations
 
+import gc
 import json
 import random
 from collections.abc import Iterator
@@ -20,10 +21,10 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from otlp import to_otlp_json
 
 from plumbline_otel.assemble import assemble, assemble_runs
-from plumbline_otel.decode import Unit
+from plumbline_otel.decode import Unit, iter_units
 from plumbline_otel.ingest import IngestSummary, PartWriter, ingest_files
 from plumbline_otel.model import SpanRecord
-from plumbline_otel.normalise import normalise_request
+from plumbline_otel.normalise import Limits, normalise_request
 from plumbline_otel.pipeline import Shard, ShardPool, ShardSettings, SpanPart, TrajectoryPart, shard_of
 from plumbline_otel.store import SCHEMA_VERSION, Store
 
@@ -137,6 +138,30 @@ def test_attribute_values_of_any_type_on_the_keys_plumbline_reads_cost_no_span(t
         assert _exports(store) == sorted(json.dumps(orjson.loads(orjson.dumps(json.loads(e))), sort_keys=True) for e in _reference(requests))
         names = store.connection.execute("SELECT count(*) FROM spans WHERE tool_name LIKE '[%' OR model LIKE '{%'").fetchone()
         assert names is not None and names[0] > 0  # lists and maps kept as JSON text in text fields
+
+
+def test_a_shard_makes_no_reference_cycles_so_its_worker_can_leave_the_collector_off() -> None:
+    # Shard workers run the collector only every `_COLLECT_EVERY` messages (pipeline.py): garbage
+    # that only the collector frees would pile up between passes. Every fixture, odd-type values,
+    # values over the limits, and long traces let go, through one shard: nothing unreachable is left.
+    units = [unit for path in sorted(FIXTURES.parent.rglob("*.jsonl")) for unit in iter_units(path)]
+    units += [Unit("protobuf", r.SerializeToString(), "odd") for r in odd_type_requests(200)]
+    units += [Unit("protobuf", r.SerializeToString(), "corpus") for r in build_requests(3000, 500)]
+    assert len(units) > 300
+    gc.collect()
+    gc.disable()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        for settings in (ShardSettings(), ShardSettings(limits=Limits(max_value_bytes=64), long_trace_spans=5, hold_spans=50)):
+            shard = Shard(0, settings)
+            for seq, unit in enumerate(units):
+                shard.prepare(seq, unit)
+            shard.assemble_quiet(None)
+        assert gc.collect() == 0, sorted({type(o).__name__ for o in gc.garbage})
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        gc.enable()
 
 
 def test_a_trace_its_shard_let_go_of_is_rebuilt_from_the_store(tmp_path: Path) -> None:
