@@ -417,6 +417,8 @@ class ShardPool:
             except queue.Full:
                 pass
         for proc in self._procs:
+            if proc.pid is None:  # never started: `start()` itself failed (a spawn error is raised as it was)
+                continue
             proc.join(timeout=5.0)
             if proc.is_alive():
                 proc.terminate()

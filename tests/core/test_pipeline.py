@@ -419,6 +419,24 @@ def test_ingest_takes_a_workers_flag(tmp_path: Path) -> None:
         assert _exports(store) == _reference(requests)
 
 
+def test_a_worker_that_cannot_be_started_is_reported_as_it_failed_and_the_started_one_stops(monkeypatch: pytest.MonkeyPatch) -> None:
+    from multiprocessing.context import SpawnProcess
+
+    started: list[SpawnProcess] = []
+    start = SpawnProcess.start
+
+    def start_one(proc: SpawnProcess) -> None:
+        if started:
+            raise OSError("no more processes")
+        start(proc)
+        started.append(proc)
+
+    monkeypatch.setattr(SpawnProcess, "start", start_one)
+    with pytest.raises(OSError, match="no more processes"):
+        ShardPool(ShardSettings(), workers=2)
+    assert len(started) == 1 and started[0].exitcode is not None
+
+
 @pytest.mark.slow
 def test_duckdb_leaves_the_shard_workers_their_cores_while_they_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("os.cpu_count", lambda: 4)
