@@ -93,20 +93,22 @@ def _timed_iter(owner: object, name: str, bucket: str, t: dict[str, float]) -> N
     setattr(owner, name, wrapper)
 
 
-def _rss_kib(status: str, field: str) -> int:
-    return next((int(line.split()[1]) for line in status.splitlines() if line.startswith(field + ":")), 0)
+_PAGE_KIB = os.sysconf("SC_PAGE_SIZE") // 1024
 
 
 class _Peaks:
-    """Peak memory of this process and its children (the shard workers), sampled every 10 ms.
+    """Peak memory of this process and its children (the shard workers), sampled every 25 ms.
 
     The tree's peak is the sum of every process's RSS at one moment (the writer, each worker and
-    multiprocessing's resource tracker), as `bench/ingest_otlp.py` measures a server. A worker's
-    own peak is its high-water mark (`VmHWM`, exact).
+    multiprocessing's resource tracker), as `bench/ingest_otlp.py` measures a server. Sampling is
+    kept cheap, because it runs in the process it measures: each tick reads one `statm` per
+    process, and the children are looked up every 8th tick (reading every thread's `children` and
+    `status` each tick took 4% of a core).
 
-    Not `RUSAGE_CHILDREN`: a spawned worker starts as a fork of this process, so its `ru_maxrss` is
-    at least this process's size at that moment, before it runs a line of its own. A child still
-    showing this process's command line is that fork (its pages are this process's) and is skipped.
+    Not `RUSAGE_CHILDREN` for the workers: a spawned worker starts as a fork of this process, so its
+    `ru_maxrss` is at least this process's size at that moment, before it runs a line of its own. A
+    child still showing this process's command line is that fork (its pages are this process's) and
+    is skipped until it has become the worker.
     """
 
     def __init__(self) -> None:
@@ -118,29 +120,47 @@ class _Peaks:
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
+    @staticmethod
+    def _resident_kib(pid: int | str) -> int:
+        with open(f"/proc/{pid}/statm") as f:
+            return int(f.read().split()[1]) * _PAGE_KIB
+
+    def _children(self, me: int, own_command: bytes) -> list[int]:
+        found = []
+        for tid in os.listdir(f"/proc/{me}/task"):
+            try:
+                children = open(f"/proc/{me}/task/{tid}/children").read().split()
+            except OSError:  # the thread ended
+                continue
+            for pid in children:
+                try:
+                    if open(f"/proc/{pid}/cmdline", "rb").read() != own_command:
+                        found.append(int(pid))
+                except OSError:  # the child ended
+                    continue
+        return found
+
     def _run(self) -> None:
         me = os.getpid()
         own_command = open(f"/proc/{me}/cmdline", "rb").read()
-        while not self._stop.wait(0.01):
-            total = _rss_kib(open(f"/proc/{me}/status").read(), "VmRSS")
-            for tid in os.listdir(f"/proc/{me}/task"):
+        children: list[int] = []
+        tick = 0
+        while not self._stop.wait(0.025):
+            if tick % 8 == 0:
+                children = self._children(me, own_command)
+            tick += 1
+            total = self._resident_kib(me)
+            for pid in children:
                 try:
-                    children = open(f"/proc/{me}/task/{tid}/children").read().split()
-                except OSError:  # the thread ended
+                    kib = self._resident_kib(pid)
+                except OSError:  # the worker ended
                     continue
-                for pid in children:
-                    try:
-                        if open(f"/proc/{pid}/cmdline", "rb").read() == own_command:
-                            continue
-                        status = open(f"/proc/{pid}/status").read()
-                    except OSError:  # the worker ended
-                        continue
-                    total += _rss_kib(status, "VmRSS")
-                    self.peaks[int(pid)] = max(self.peaks.get(int(pid), 0), _rss_kib(status, "VmHWM"))
+                total += kib
+                self.peaks[pid] = max(self.peaks.get(pid, 0), kib)
             self.tree_kib = max(self.tree_kib, total)
 
     def stop(self) -> tuple[float, float]:
-        """(the tree's sampled peak, the largest worker's own peak), in MiB."""
+        """(the tree's sampled peak, the largest worker's sampled peak), in MiB."""
         self._stop.set()
         self._thread.join()
         return self.tree_kib / 1024, max(self.peaks.values(), default=0) / 1024
@@ -170,6 +190,8 @@ def run_ingest(path: str, workers: int) -> dict[str, float]:
     with Store(db) as store:
         summary = ingest.ingest_files(store, [path], workers=workers)
     t["total"] = time.perf_counter() - start  # end to end: the file closed, its write-ahead log checkpointed
+    me, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)  # before the check below
+    tree, t["peak_worker_mb"] = peaks.stop()
     digest = hashlib.sha256()
     with Store(db, read_only=True) as store:
         for (doc,) in store.connection.execute("SELECT doc FROM trajectories ORDER BY trajectory_id").fetchall():
@@ -177,10 +199,8 @@ def run_ingest(path: str, workers: int) -> dict[str, float]:
     t["spans"] = summary.stored
     t["trajectories"] = summary.trajectories
     t["digest"] = digest.hexdigest()  # type: ignore[assignment]
-    me, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     t["cpu_main"] = me.ru_utime + me.ru_stime
     t["cpu_workers"] = children.ru_utime + children.ru_stime
-    tree, t["peak_worker_mb"] = peaks.stop()
     t["peak_main_mb"] = me.ru_maxrss / 1024
     t["peak_rss_mb"] = max(tree, t["peak_main_mb"])  # the process tree at its peak (never below the writer's own)
     db.unlink(missing_ok=True)
