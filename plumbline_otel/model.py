@@ -109,6 +109,65 @@ class SpanRecord:
     attributes: dict[str, Any] = field(default_factory=dict)
     resource: dict[str, Any] = field(default_factory=dict)
 
+    # Written out, not generated: mypyc compiles this one to C, while the `dataclasses` module's
+    # generated `__init__` stays interpreted (mypyc issue #817) and made building a record a tenth of
+    # normalising a span. `tests/core/test_native.py` holds it to the fields above.
+    def __init__(
+        self, trace_id: str, span_id: str, parent_span_id: str | None, name: str, start_ns: int, end_ns: int, kind: int = 0, status_code: int = 0,
+        status_message: str = "", service_name: str | None = None, service_version: str | None = None, scope_name: str = "",
+        convention: Convention = "unknown", step_kind: StepKind = "other", tool_name: str | None = None, call_id: str | None = None,
+        args: Any = None, args_state: ArgsState = "absent", result: Any = None, error: str | None = None, model: str | None = None,
+        provider: str | None = None, response_id: str | None = None, input_tokens: int | None = None, output_tokens: int | None = None,
+        cache_read_tokens: int | None = None, cache_write_tokens: int | None = None, finish_reasons: list[str] | None = None,
+        agent_name: str | None = None, handoff_to: str | None = None, input_text: str | None = None, output_text: str | None = None,
+        content_captured: bool = False, proposed_calls: list[ToolCallRef] | None = None, tool_results: list[ToolResultRef] | None = None,
+        unknown_keys: list[str] | None = None, shapes: list[str] | None = None, evidence: list[str] | None = None,
+        decisions: list[ToolDecision] | None = None, dropped_attributes_count: int = 0, attributes: dict[str, Any] | None = None,
+        resource: dict[str, Any] | None = None,
+    ) -> None:
+        self.trace_id = trace_id
+        self.span_id = span_id
+        self.parent_span_id = parent_span_id
+        self.name = name
+        self.start_ns = start_ns
+        self.end_ns = end_ns
+        self.kind = kind
+        self.status_code = status_code
+        self.status_message = status_message
+        self.service_name = service_name
+        self.service_version = service_version
+        self.scope_name = scope_name
+        self.convention = convention
+        self.step_kind = step_kind
+        self.tool_name = tool_name
+        self.call_id = call_id
+        self.args = args
+        self.args_state = args_state
+        self.result = result
+        self.error = error
+        self.model = model
+        self.provider = provider
+        self.response_id = response_id
+        self.input_tokens = input_tokens
+        self.output_tokens = output_tokens
+        self.cache_read_tokens = cache_read_tokens
+        self.cache_write_tokens = cache_write_tokens
+        self.finish_reasons = [] if finish_reasons is None else finish_reasons
+        self.agent_name = agent_name
+        self.handoff_to = handoff_to
+        self.input_text = input_text
+        self.output_text = output_text
+        self.content_captured = content_captured
+        self.proposed_calls = [] if proposed_calls is None else proposed_calls
+        self.tool_results = [] if tool_results is None else tool_results
+        self.unknown_keys = [] if unknown_keys is None else unknown_keys
+        self.shapes = [] if shapes is None else shapes
+        self.evidence = [] if evidence is None else evidence
+        self.decisions = [] if decisions is None else decisions
+        self.dropped_attributes_count = dropped_attributes_count
+        self.attributes = {} if attributes is None else attributes
+        self.resource = {} if resource is None else resource
+
 
 @dataclass(frozen=True)
 class Step(Frozen):
