@@ -194,6 +194,32 @@ class Step(Frozen):
     # Why a value is missing ("args:content_capture_off", "result:attribute_absent", "args:unknown_key:<key>").
     gaps: tuple[str, ...] = ()
 
+    # Written out, as `SpanRecord`'s is, so that mypyc compiles it (a step is built for nearly every span);
+    # frozen, so its fields are set past the data class's `__setattr__`.
+    def __init__(
+        self, kind: StepKind, name: str, args: Any = None, result: Any = None, error: str | None = None, call_id: str | None = None,
+        source: StepSource = "span", span_id: str | None = None, start_ns: int = 0, model: str | None = None, input_tokens: int | None = None,
+        output_tokens: int | None = None, cache_read_tokens: int | None = None, cache_write_tokens: int | None = None,
+        finish_reasons: tuple[str, ...] = (), evidence: str | None = None, gaps: tuple[str, ...] = (),
+    ) -> None:
+        object.__setattr__(self, "kind", kind)
+        object.__setattr__(self, "name", name)
+        object.__setattr__(self, "args", args)
+        object.__setattr__(self, "result", result)
+        object.__setattr__(self, "error", error)
+        object.__setattr__(self, "call_id", call_id)
+        object.__setattr__(self, "source", source)
+        object.__setattr__(self, "span_id", span_id)
+        object.__setattr__(self, "start_ns", start_ns)
+        object.__setattr__(self, "model", model)
+        object.__setattr__(self, "input_tokens", input_tokens)
+        object.__setattr__(self, "output_tokens", output_tokens)
+        object.__setattr__(self, "cache_read_tokens", cache_read_tokens)
+        object.__setattr__(self, "cache_write_tokens", cache_write_tokens)
+        object.__setattr__(self, "finish_reasons", finish_reasons)
+        object.__setattr__(self, "evidence", evidence)
+        object.__setattr__(self, "gaps", gaps)
+
     @property
     def failed(self) -> bool:
         """A failed call did not happen: invariants treat it as absent."""

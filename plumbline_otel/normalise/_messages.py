@@ -30,6 +30,17 @@ class Message:
     results: list[ToolResultRef] = field(default_factory=list)
     redacted: bool = False
 
+    # Written out, as `SpanRecord`'s is, so that mypyc compiles it (a model span holds several messages).
+    def __init__(
+        self, role: str | None, texts: list[str] | None = None, calls: list[ToolCallRef] | None = None, results: list[ToolResultRef] | None = None,
+        redacted: bool = False,
+    ) -> None:
+        self.role = role
+        self.texts = [] if texts is None else texts
+        self.calls = [] if calls is None else calls
+        self.results = [] if results is None else results
+        self.redacted = redacted
+
 
 def parse_args(raw: Any) -> tuple[Any, ArgsState]:
     """Arguments as a JSON object when they are one; the raw text when they will not parse."""

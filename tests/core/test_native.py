@@ -126,32 +126,35 @@ def test_version_says_whether_the_hot_path_runs_compiled() -> None:
     assert result.output.strip() == f"plumbline, version 0.1.0; hot path: {_native.BUILD}"
 
 
-def test_a_span_records_written_out_init_takes_its_fields_with_their_defaults() -> None:
-    # `SpanRecord.__init__` is written out so that mypyc compiles it (model.py); it must stay the
+@pytest.mark.parametrize(("module", "name"), [("model", "SpanRecord"), ("model", "Step"), ("normalise/_messages", "Message")])
+def test_a_written_out_init_takes_its_data_class_fields_with_their_defaults(module: str, name: str) -> None:
+    # These `__init__`s are written out so that mypyc compiles them (model.py); each must stay its
     # data class's own: every field, in order, with the same defaults and a fresh list or map each.
     # (Checked by calling it: a compiled `__init__` shows no signature.)
+    import ast
     import dataclasses
+    import importlib
 
-    from plumbline_otel.model import SpanRecord
-
-    fields = dataclasses.fields(SpanRecord)
+    cls = getattr(importlib.import_module("plumbline_otel." + module.replace("/", ".")), name)
+    fields = dataclasses.fields(cls)
+    # the annotations as written: a compiled class's `fields()` types say `type` for any union
+    tree = ast.parse((ROOT / "plumbline_otel" / f"{module}.py").read_text())
+    body = next(node for node in tree.body if isinstance(node, ast.ClassDef) and node.name == name).body
+    kinds = {node.target.id: ast.unparse(node.annotation) for node in body if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)}
 
     def value(n: int, kind: str) -> Any:  # one of the field's own type (a compiled class checks)
-        return n if kind.startswith("int") else True if kind == "bool" else [f"v{n}"] if kind.startswith("list") else {"k": n} if kind.startswith("dict") else f"v{n}"
+        if kind.startswith(("int", "bool")):
+            return True if kind == "bool" else n
+        return [f"v{n}"] if kind.startswith("list") else (f"v{n}",) if kind.startswith("tuple") else {"k": n} if kind.startswith("dict") else f"v{n}"
 
-    import ast  # the annotations as written: a compiled class's `fields()` types say `type` for any union
-
-    tree = ast.parse((ROOT / "plumbline_otel" / "model.py").read_text())
-    body = next(node for node in tree.body if isinstance(node, ast.ClassDef) and node.name == "SpanRecord").body
-    kinds = {node.target.id: ast.unparse(node.annotation) for node in body if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)}
     every = {f.name: value(n, kinds[f.name]) for n, f in enumerate(fields)}
-    assert dataclasses.asdict(SpanRecord(*every.values())) == every
-    assert dataclasses.asdict(SpanRecord(**every)) == every
+    assert dataclasses.asdict(cls(*every.values())) == every
+    assert dataclasses.asdict(cls(**every)) == every
     required = {f.name: every[f.name] for f in fields if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING}
-    for name in required:
+    for missing in required:
         with pytest.raises(TypeError):
-            SpanRecord(**{k: v for k, v in required.items() if k != name})
-    first, second = SpanRecord(**required), SpanRecord(**required)
+            cls(**{k: v for k, v in required.items() if k != missing})
+    first, second = cls(**required), cls(**required)
     for f in fields:
         if f.name in required:
             continue
@@ -159,4 +162,5 @@ def test_a_span_records_written_out_init_takes_its_fields_with_their_defaults() 
             assert getattr(first, f.name) == f.default_factory() and getattr(first, f.name) is not getattr(second, f.name), f.name
         else:
             assert getattr(first, f.name) == f.default, f.name
-    assert dataclasses.replace(first, name="other") == SpanRecord(**{**required, "name": "other"})
+    changed = next(iter(required))
+    assert dataclasses.replace(first, **{changed: every[changed] + "!"}) == cls(**{**required, changed: every[changed] + "!"})
