@@ -40,6 +40,13 @@ class ToolCallRef(Frozen):
     call_id: str | None
     index: int  # order within the LLM output
 
+    # Written out, as `SpanRecord`'s is, so that mypyc compiles it (one per call a model proposes).
+    def __init__(self, name: str, args: Any, call_id: str | None, index: int) -> None:
+        object.__setattr__(self, "name", name)
+        object.__setattr__(self, "args", args)
+        object.__setattr__(self, "call_id", call_id)
+        object.__setattr__(self, "index", index)
+
 
 @dataclass(frozen=True)
 class ToolResultRef(Frozen):
@@ -257,6 +264,27 @@ class Trajectory(Frozen):
     end_ns: int = 0
     # Attributes of the run (resource and root span), e.g. plumbline.trial.id, plumbline.perturbation.
     context: dict[str, Any] = field(default_factory=dict)
+
+    # Written out, as `SpanRecord`'s is, so that mypyc compiles it (one per run).
+    def __init__(
+        self, trajectory_id: str, trace_id: str, task_key: str | None, task_key_source: str, service: str | None, service_version: str | None,
+        agent_name: str | None, input: str | None, final_output: str | None, conventions: tuple[str, ...], steps: tuple[Step, ...],
+        start_ns: int = 0, end_ns: int = 0, context: dict[str, Any] | None = None,
+    ) -> None:
+        object.__setattr__(self, "trajectory_id", trajectory_id)
+        object.__setattr__(self, "trace_id", trace_id)
+        object.__setattr__(self, "task_key", task_key)
+        object.__setattr__(self, "task_key_source", task_key_source)
+        object.__setattr__(self, "service", service)
+        object.__setattr__(self, "service_version", service_version)
+        object.__setattr__(self, "agent_name", agent_name)
+        object.__setattr__(self, "input", input)
+        object.__setattr__(self, "final_output", final_output)
+        object.__setattr__(self, "conventions", conventions)
+        object.__setattr__(self, "steps", steps)
+        object.__setattr__(self, "start_ns", start_ns)
+        object.__setattr__(self, "end_ns", end_ns)
+        object.__setattr__(self, "context", {} if context is None else context)
 
     @property
     def tool_steps(self) -> tuple[Step, ...]:

@@ -126,7 +126,7 @@ def test_version_says_whether_the_hot_path_runs_compiled() -> None:
     assert result.output.strip() == f"plumbline, version 0.1.0; hot path: {_native.BUILD}"
 
 
-@pytest.mark.parametrize(("module", "name"), [("model", "SpanRecord"), ("model", "Step"), ("normalise/_messages", "Message")])
+@pytest.mark.parametrize(("module", "name"), [("model", "SpanRecord"), ("model", "Step"), ("model", "ToolCallRef"), ("model", "Trajectory"), ("normalise/_messages", "Message")])
 def test_a_written_out_init_takes_its_data_class_fields_with_their_defaults(module: str, name: str) -> None:
     # These `__init__`s are written out so that mypyc compiles them (model.py); each must stay its
     # data class's own: every field, in order, with the same defaults and a fresh list or map each.
