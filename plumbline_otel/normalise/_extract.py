@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from plumbline_otel.model import Convention, SpanRecord, StepKind, ToolDecision
+from plumbline_otel.model import Convention, SpanRecord, StepKind, ToolCallRef, ToolDecision
 from plumbline_otel.normalise._messages import Message, parse_args, parse_messages, response_messages, result_is_error
 from plumbline_otel.normalise._shapes import (
     TOOL_ERROR_SHAPE,
@@ -296,7 +296,7 @@ def _apply_messages(rec: SpanRecord, inputs: list[Message], outputs: list[Messag
     rec.content_captured = rec.content_captured or any(m.texts or m.calls or m.results for m in inputs + outputs)
     if not rec.proposed_calls:  # renumbered across output messages: the order the model proposed them
         calls = [c for m in outputs for c in m.calls]
-        rec.proposed_calls = [replace(c, index=i) for i, c in enumerate(calls)]
+        rec.proposed_calls = [c if c.index == i else ToolCallRef(c.name, c.args, c.call_id, i) for i, c in enumerate(calls)]
     if not rec.tool_results:
         rec.tool_results = [r for m in inputs for r in m.results]
     users = [m for m in inputs if m.role == "user" and m.texts]
