@@ -27,8 +27,7 @@ class DemoRun:
 
 def run_demo(root: Path) -> DemoRun:
     """The README's first command, on its embedded default, in `root`."""
-    from plumbline_otel.cli.main import _register, cli
+    from plumbline_otel.cli.main import cli
 
-    _register()
     result = CliRunner().invoke(cli, ["demo", "--db", str(root / "d.duckdb"), "--runs-dir", str(root / "runs")])
     return DemoRun(result, root / "d.duckdb", root / "runs")

@@ -9,10 +9,8 @@ import pytest
 from click.testing import CliRunner
 from demo_support import DemoRun
 
-from plumbline_otel.cli.main import _register, cli
+from plumbline_otel.cli.main import cli
 from plumbline_otel.store import Store
-
-_register()
 
 
 def test_demo_samples_ingest_and_report(tmp_path: Path) -> None:

@@ -17,9 +17,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from plumbline_otel.cli.main import _register, cli
-
-_register()
+from plumbline_otel.cli.main import cli
 
 SPEC = """
 version: 1

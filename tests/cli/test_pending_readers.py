@@ -9,12 +9,11 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
-from plumbline_otel.cli.main import _register, cli
+from plumbline_otel.cli.main import cli
 from plumbline_otel.decode import decode_unit, iter_trace_files, iter_units
 from plumbline_otel.normalise import normalise_request
 from plumbline_otel.store import Store
 
-_register()
 SAMPLES = Path(__file__).resolve().parents[2] / "runs" / "samples"
 
 

@@ -9,10 +9,9 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
-from plumbline_otel.cli.main import _register, cli
+from plumbline_otel.cli.main import cli
 from plumbline_otel.store import Store
 
-_register()
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "producers"
 
 

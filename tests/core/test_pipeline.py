@@ -406,9 +406,8 @@ def test_a_version_5_store_keeps_its_rows_and_stores_long_text_with_zstd(tmp_pat
 def test_ingest_takes_a_workers_flag(tmp_path: Path) -> None:
     from click.testing import CliRunner
 
-    from plumbline_otel.cli.main import _register, cli
+    from plumbline_otel.cli.main import cli
 
-    _register()
     requests = list(build_requests(200, 100))
     spans = sum(len(r.resource_spans[0].scope_spans[0].spans) for r in requests)
     path = str(_write_jsonl(tmp_path / "a.otlp.jsonl", requests))

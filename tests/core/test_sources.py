@@ -98,12 +98,11 @@ def test_a_glob_matching_nothing_or_a_missing_file_among_several_is_an_error(tmp
 def test_report_and_show_read_several_files_as_one(tmp_path: Path) -> None:
     from click.testing import CliRunner
 
-    from plumbline_otel.cli.main import _register, cli
+    from plumbline_otel.cli.main import cli
 
     runs = _runs()
     _write(tmp_path / "s-1.duckdb", runs[::2])
     _write(tmp_path / "s-2.duckdb", runs[1::2])
-    _register()
     stores = ["--db", str(tmp_path / "s-1.duckdb"), "--db", str(tmp_path / "s-2.duckdb")]
     shown = CliRunner().invoke(cli, ["show", span_records(runs[1])[0].trace_id, *stores])
     assert shown.exit_code == 0, shown.output

@@ -14,14 +14,12 @@ from otlp import record, to_otlp_json
 
 from core.spans import genai_run
 from plumbline_otel.assemble import assemble_runs, assembly_keys, trim_for_assembly
-from plumbline_otel.cli.main import _register, cli
+from plumbline_otel.cli.main import cli
 from plumbline_otel.coverage import coverage_report
 from plumbline_otel.errors import StoreError
 from plumbline_otel.ingest import ingest_files
 from plumbline_otel.normalise import normalise_request
 from plumbline_otel.store import SCHEMA_VERSION, Store
-
-_register()
 
 
 def _split(request: ExportTraceServiceRequest, parts: int) -> list[ExportTraceServiceRequest]:

@@ -22,7 +22,7 @@ from google.protobuf import json_format
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
 from domains.accounts_payable.run import run_domain
-from plumbline_otel.cli.main import _register, cli
+from plumbline_otel.cli.main import cli
 
 HEX32 = set("0123456789abcdef")
 
@@ -140,7 +140,6 @@ def test_traces_reach_an_otlp_grpc_endpoint(grpc_sink) -> None:
 
 
 def test_cli_runs_an_arm_and_prints_outcomes_against_ground_truth(tmp_path: Path) -> None:
-    _register()
     results = tmp_path / "results.jsonl"
     traces = tmp_path / "t.jsonl"
     out = CliRunner().invoke(cli, ["domain", "run", "accounts_payable", "--arm", "plan_execute",
@@ -160,7 +159,6 @@ def test_cli_runs_an_arm_and_prints_outcomes_against_ground_truth(tmp_path: Path
 
 
 def test_cli_rejects_bad_faults_and_imperfections() -> None:
-    _register()
     runner = CliRunner()
     bad_fault = runner.invoke(cli, ["domain", "run", "accounts_payable", "--arm", "react", "--task", "INV-1001",
                                     "--fault", "check_duplicate:500"])

@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 from seed_runs import SEED_RUNS, Imported
 
-from plumbline_otel.cli.main import _register, cli
+from plumbline_otel.cli.main import cli
 from plumbline_otel.errors import InputError
 from plumbline_otel.importers import import_run_dir, outcome_cells, read_run_dir
 from plumbline_otel.importers.plumbline03 import TrialId, fault_of
@@ -116,7 +116,6 @@ def test_bad_input_is_refused_naming_file_line_and_field(tmp_path: Path, name: s
 
 
 def test_cli_imports_a_directory_and_prints_the_outcome_table(tmp_path: Path) -> None:
-    _register()
     study = tmp_path / "parity-copy"
     shutil.copytree(SEED_RUNS / "parity-study", study)
     db = str(tmp_path / "cli.duckdb")

@@ -16,10 +16,9 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from receive_support import ServeProcess, agent_run, query
 
 from plumbline_otel import __version__
-from plumbline_otel.cli.main import _register, cli
+from plumbline_otel.cli.main import cli
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
-_register()
 
 SPEC = """
 version: 1

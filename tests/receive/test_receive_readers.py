@@ -11,10 +11,9 @@ from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExport
 from opentelemetry.sdk.trace.export import SpanExportResult
 from receive_support import ServeProcess, finished_spans
 
-from plumbline_otel.cli.main import _register, cli
+from plumbline_otel.cli.main import cli
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
-_register()
 
 SPEC = """
 version: 1

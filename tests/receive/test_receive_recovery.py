@@ -19,10 +19,9 @@ from opentelemetry.trace import NonRecordingSpan
 from receive_support import ServeProcess, finished_spans, query, span_key
 
 from plumbline_otel.api.client import PlumblineClient
-from plumbline_otel.cli.main import _register, cli
+from plumbline_otel.cli.main import cli
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
-_register()
 
 SPEC = """
 version: 1

@@ -20,10 +20,9 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import Status, StatusCode, Tracer
 from receive_support import ServeProcess, span_key
 
-from plumbline_otel.cli.main import _register, cli
+from plumbline_otel.cli.main import cli
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
-_register()
 
 SPEC = """
 version: 1

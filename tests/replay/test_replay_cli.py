@@ -6,14 +6,12 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
-from plumbline_otel.cli.main import _register, cli
+from plumbline_otel.cli.main import cli
 from plumbline_otel.ingest import ingest_files
 from plumbline_otel.replay import SpanSink, StudyConfig, run_study
 from plumbline_otel.store import Store
 
 from .toy import ToyAgent, tasks
-
-_register()
 
 
 def _store(tmp_path: Path) -> Path:

@@ -21,7 +21,7 @@ from click.testing import CliRunner
 from domains.accounts_payable.replay_adapter import APAdapter
 from domains.accounts_payable.run import run_domain
 from domains.accounts_payable.tasks import TASKS
-from plumbline_otel.cli.main import _register, cli
+from plumbline_otel.cli.main import cli
 from plumbline_otel.ingest import ingest_files
 from plumbline_otel.replay import Ledger, SpanSink, StudyConfig, run_study, select_tasks
 from plumbline_otel.report import build_certificate
@@ -115,7 +115,6 @@ def test_replay_the_stored_tasks_and_certify_every_cell(db: Path, tmp_path: Path
 
 
 def test_the_cli_replays_resumes_and_says_what_to_run_next(db: Path, tmp_path: Path) -> None:
-    _register()
     runner = CliRunner()
     out = tmp_path / "cli.otlp.jsonl"
     args = ["replay", "--db", str(db), "--study", "cli", "--agent", AGENT, "--task", "INV-1001,INV-1003",
@@ -208,7 +207,6 @@ def test_replay_against_a_running_plumbline_serve(tmp_path: Path) -> None:
 
         deadline = time.monotonic() + 30
         assert len(study_runs("traffic", 2)) == 2
-        _register()
         args = ["replay", "--server", f"127.0.0.1:{grpc_port}", "--study", "served", "--agent", AGENT,
                 "--perturbations", "baseline,tool_fault", "--adapter", f"python:domains.accounts_payable.replay_adapter:{ARM}",
                 "--endpoint", endpoint, "--state-dir", str(tmp_path / "state"), "--quiet"]

@@ -10,7 +10,7 @@ from click.testing import CliRunner
 
 from domains.accounts_payable.run import run_domain
 from domains.accounts_payable.tasks import TASKS
-from plumbline_otel.cli.main import _register, cli
+from plumbline_otel.cli.main import cli
 from plumbline_otel.ingest import ingest_files
 from plumbline_otel.store import Store
 
@@ -38,7 +38,6 @@ def test_replay_selects_the_same_tasks_from_two_shards_as_from_one_store(tmp_pat
     with duckdb.connect(str(tmp_path / "shard-0.duckdb"), read_only=True) as connection:
         assert 0 < connection.execute("SELECT count(*) FROM trajectories").fetchall()[0][0] < 4  # a real split
 
-    _register()
     args = ["replay", "--study", "s", "--agent", AGENT, "--perturbations", "baseline,paraphrase",
             "--adapter", f"python:domains.accounts_payable.replay_adapter:{ARM}", "--state-dir", str(tmp_path / "state"),
             "--dry-run"]

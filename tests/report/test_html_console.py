@@ -139,14 +139,13 @@ def test_a_slow_page_never_blocks_ingest(served: Served) -> None:
 def test_report_and_show_against_a_running_server(built: Built, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from click.testing import CliRunner
 
-    from plumbline_otel.cli.main import _register, cli
+    from plumbline_otel.cli.main import cli
 
     db = tmp_path / "held.duckdb"
     shutil.copy(built.db, db)
     grpc_port = free_port()
     s = serve(db, grpc_port=grpc_port)
     monkeypatch.setenv("PLUMBLINE_AUTH_TOKEN", TOKEN)
-    _register()
     try:
         out = tmp_path / "served.html"
         result = CliRunner().invoke(cli, ["report", "--server", f"127.0.0.1:{grpc_port}", "--cert", str(built.cert), "--out", str(out)])

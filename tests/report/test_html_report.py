@@ -21,7 +21,7 @@ from pages_support import (
     text_of,
 )
 
-from plumbline_otel.cli.main import _register, cli
+from plumbline_otel.cli.main import cli
 from plumbline_otel.errors import InputError
 from plumbline_otel.model import Step, Trajectory
 from plumbline_otel.report import data
@@ -137,7 +137,6 @@ def test_runs_are_listed_a_page_at_a_time(built: Built) -> None:
 
 
 def test_report_and_show_commands(built: Built, tmp_path: Path) -> None:
-    _register()
     out = tmp_path / "r.html"
     runner = CliRunner()
     result = runner.invoke(cli, ["report", "--db", str(built.db), "--cert", str(built.cert), "--out", str(out)])
@@ -163,7 +162,6 @@ def test_report_with_a_spec_judges_and_certifies_on_the_way(built: Built, tmp_pa
 
     from pages_support import SPEC
 
-    _register()
     db = tmp_path / "fresh.duckdb"
     shutil.copy(built.db, db)
     with Store(db) as store:
@@ -177,7 +175,6 @@ def test_report_with_a_spec_judges_and_certifies_on_the_way(built: Built, tmp_pa
 
 
 def test_show_colours_a_terminal(built: Built) -> None:
-    _register()
     shown = CliRunner().invoke(cli, ["show", "--db", str(built.db), "--task", "INV-1001", "--vs", WITH_RETRY], color=True)
     assert shown.exit_code == 0
     flagged = next(line for line in shown.output.splitlines() if "only in B" in line)
