@@ -94,17 +94,25 @@ def _first(attrs: dict[str, Any], *keys: str) -> Any:
     return None
 
 
-_COUNTS = frozenset({"input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens"})
+# A field is filled once (the first convention read wins) and holds its own type: an attribute may
+# hold any type (a tool name written as a number, a count as text). Each field is named at its call
+# site, so the compiled code reads and sets its slot (through `getattr` it cost ~2 µs a span).
 
 
-def _fill(rec: SpanRecord, **values: Any) -> None:
-    """Set the fields still empty, as the types the model declares: an attribute may hold any type
-    (a tool name written as a number, a count as text), and a field must hold its own."""
-    for name, value in values.items():
-        if value is not None and getattr(rec, name) in (None, "", 0):
-            value = count_of(value) if name in _COUNTS else as_text(value)
-            if value is not None:
-                setattr(rec, name, value)
+def _or_text(current: str | None, value: Any) -> str | None:
+    """`current` when it is set; else `value` as text (None stays None)."""
+    if current or value is None:
+        return current
+    text = as_text(value)
+    return current if text is None else text
+
+
+def _or_count(current: int | None, value: Any) -> int | None:
+    """`current` when it is set (not 0); else `value` as a count (`count_of`), when it is one."""
+    if current or value is None:
+        return current
+    count = count_of(value)
+    return current if count is None else count
 
 
 def _note(rec: SpanRecord, what: str, shape: str | None) -> None:
@@ -126,7 +134,7 @@ def _set_args(rec: SpanRecord, raw: Any, key: str = "") -> None:
     if state != "absent" or rec.args_state == "absent":
         rec.args, rec.args_state = args, state
         _note(rec, "args", shape or ("scalar" if state == "unparsed" else None))
-        _fill(rec, call_id=call_id)
+        rec.call_id = _or_text(rec.call_id, call_id)
         if state != "absent" and key:
             _evidence(rec, "args", key)
 
@@ -184,7 +192,8 @@ def _run_text(rec: SpanRecord, field: str, raw: Any, read: Callable[[Any], tuple
 
 
 def _tool_openinference(rec: SpanRecord, attrs: dict[str, Any]) -> None:
-    _fill(rec, tool_name=attrs.get("tool.name"), call_id=_first(attrs, "tool.id", "tool_call.id"))
+    rec.tool_name = _or_text(rec.tool_name, attrs.get("tool.name"))
+    rec.call_id = _or_text(rec.call_id, _first(attrs, "tool.id", "tool_call.id"))
     _set_args(rec, attrs.get("input.value"), "input.value")
     params = maybe_json(attrs.get("tool.parameters"))
     looks_like_schema = isinstance(params, dict) and ("properties" in params or params.get("type") == "object")
@@ -199,13 +208,14 @@ VENDOR_RESULT_KEYS = ("tool_response", "gcp.vertex.agent.tool_response")
 
 
 def _tool_genai(rec: SpanRecord, attrs: dict[str, Any]) -> None:
-    _fill(rec, tool_name=attrs.get("gen_ai.tool.name"), call_id=attrs.get("gen_ai.tool.call.id"))
+    rec.tool_name = _or_text(rec.tool_name, attrs.get("gen_ai.tool.name"))
+    rec.call_id = _or_text(rec.call_id, attrs.get("gen_ai.tool.call.id"))
     _set_args(rec, *_first_key(attrs, "gen_ai.tool.call.arguments", *VENDOR_ARGS_KEYS))
     _set_result(rec, *_first_key(attrs, "gen_ai.tool.call.result", *VENDOR_RESULT_KEYS))
 
 
 def _tool_traceloop(rec: SpanRecord, attrs: dict[str, Any]) -> None:
-    _fill(rec, tool_name=_first(attrs, "gen_ai.tool.name", "traceloop.entity.name"))
+    rec.tool_name = _or_text(rec.tool_name, _first(attrs, "gen_ai.tool.name", "traceloop.entity.name"))
     _set_args(rec, attrs.get("traceloop.entity.input"), "traceloop.entity.input")
     _set_result(rec, attrs.get("traceloop.entity.output"), "traceloop.entity.output")
 
@@ -221,7 +231,7 @@ def _tool_from_events(rec: SpanRecord, events: list[tuple[str, dict[str, Any]]],
         where = f"{origin}:{name}"
         if name == "gen_ai.tool.message":
             _set_args(rec, eattrs.get("content"), where)
-            _fill(rec, call_id=eattrs.get("id"))
+            rec.call_id = _or_text(rec.call_id, eattrs.get("id"))
         elif name == "gen_ai.choice":
             _set_result(rec, eattrs.get("message"), where)
         _set_args(rec, eattrs.get("gen_ai.tool.call.arguments"), where)
@@ -271,19 +281,19 @@ def _messages_flat(attrs: dict[str, Any], in_prefix: str, out_prefix: str) -> tu
 
 
 def _llm_fields(rec: SpanRecord, attrs: dict[str, Any]) -> None:
-    _fill(
-        rec,
-        model=_first(attrs, "gen_ai.response.model", "llm.response.model_name", "llm.model_name", "gen_ai.request.model", "llm.request.model_name"),
-        provider=str(_first(attrs, "gen_ai.provider.name", "gen_ai.system", "llm.provider", "llm.system") or "").lower() or None,
-        response_id=attrs.get("gen_ai.response.id"),
-        input_tokens=_first(attrs, "gen_ai.usage.input_tokens", "gen_ai.usage.prompt_tokens", "llm.token_count.prompt"),
-        output_tokens=_first(attrs, "gen_ai.usage.output_tokens", "gen_ai.usage.completion_tokens", "llm.token_count.completion"),
-        # `cache_write` since semantic-conventions-genai #440; `cache_creation` in semconv 1.40-1.41; strands' own names.
-        cache_read_tokens=_first(attrs, "gen_ai.usage.cache_read.input_tokens", "gen_ai.usage.cache_read_input_tokens",
-                                 "llm.token_count.prompt_details.cache_read"),
-        cache_write_tokens=_first(attrs, "gen_ai.usage.cache_write.input_tokens", "gen_ai.usage.cache_creation.input_tokens",
-                                  "gen_ai.usage.cache_write_input_tokens", "llm.token_count.prompt_details.cache_write"),
-    )
+    rec.model = _or_text(rec.model, _first(attrs, "gen_ai.response.model", "llm.response.model_name", "llm.model_name",
+                                           "gen_ai.request.model", "llm.request.model_name"))
+    provider = str(_first(attrs, "gen_ai.provider.name", "gen_ai.system", "llm.provider", "llm.system") or "").lower()
+    rec.provider = _or_text(rec.provider, provider or None)
+    rec.response_id = _or_text(rec.response_id, attrs.get("gen_ai.response.id"))
+    rec.input_tokens = _or_count(rec.input_tokens, _first(attrs, "gen_ai.usage.input_tokens", "gen_ai.usage.prompt_tokens", "llm.token_count.prompt"))
+    rec.output_tokens = _or_count(rec.output_tokens, _first(attrs, "gen_ai.usage.output_tokens", "gen_ai.usage.completion_tokens",
+                                                            "llm.token_count.completion"))
+    # `cache_write` since semantic-conventions-genai #440; `cache_creation` in semconv 1.40-1.41; strands' own names.
+    rec.cache_read_tokens = _or_count(rec.cache_read_tokens, _first(attrs, "gen_ai.usage.cache_read.input_tokens",
+                                                                    "gen_ai.usage.cache_read_input_tokens", "llm.token_count.prompt_details.cache_read"))
+    rec.cache_write_tokens = _or_count(rec.cache_write_tokens, _first(attrs, "gen_ai.usage.cache_write.input_tokens", "gen_ai.usage.cache_creation.input_tokens",
+                                                                      "gen_ai.usage.cache_write_input_tokens", "llm.token_count.prompt_details.cache_write"))
     reasons = attrs.get("gen_ai.response.finish_reasons", attrs.get("llm.finish_reason"))
     if reasons and not rec.finish_reasons:
         reasons = maybe_json(reasons)
@@ -347,10 +357,10 @@ def _agent(rec: SpanRecord, attrs: dict[str, Any], events: list[tuple[str, dict[
         return
     if attrs.get("gen_ai.operation.name") == "handle_conversation_turn":  # one turn is one run
         _note(rec, "step", "conversation_turn")
-    _fill(rec, agent_name=_first(attrs, "gen_ai.agent.name", "agent.name", "graph.node.id"))
+    rec.agent_name = _or_text(rec.agent_name, _first(attrs, "gen_ai.agent.name", "agent.name", "graph.node.id"))
     _run_texts(rec, attrs.get("input.value"), attrs.get("output.value"))
     if rec.convention == "traceloop" or "traceloop.entity.input" in attrs:
-        _fill(rec, agent_name=attrs.get("traceloop.entity.name"))
+        rec.agent_name = _or_text(rec.agent_name, attrs.get("traceloop.entity.name"))
         _run_texts(rec, attrs.get("traceloop.entity.input"), attrs.get("traceloop.entity.output"))
     inputs, outputs = _messages_genai(attrs, events)
     _apply_messages(rec, inputs, outputs)
