@@ -1,7 +1,7 @@
 """Compiles the ingest hot path with mypyc (the project's metadata is in pyproject.toml).
 
 The modules listed in `plumbline_otel/_native.py` are type-checked by mypy already; mypyc turns
-them into C extensions, so a span costs about 1.4× less CPU to normalise, store and assemble.
+them into C extensions, so a span costs about 1.6× less CPU to normalise, turn into rows and assemble.
 Compilation is optional: when mypyc or the C compiler fails, or with PLUMBLINE_PURE_PYTHON=1 set
 at install, the package installs as pure Python and gives the same results, more slowly
 (`plumbline_otel._native.BUILD` says which; `.ci/run` requires the compiled build).

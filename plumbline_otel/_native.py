@@ -1,8 +1,8 @@
 """Which modules are compiled with mypyc, and running their Python source when the build is stale.
 
 The hot path (OTLP JSON mapping, normalisation, assembly, rows, and the model they share) is
-compiled to C by mypyc when the package is installed (`setup.py`), which makes a span about 1.4×
-cheaper. The same source is the pure-Python fallback, so the two must never disagree: the build
+compiled to C by mypyc when the package is installed (`setup.py`), which makes a span about 1.6×
+cheaper to prepare. The same source is the pure-Python fallback, so the two must never disagree: the build
 records a digest of each source it compiled (`BUILT_FROM`), and the compiled modules are used only
 while every source still has its digest (an edited checkout runs its edits, not a stale binary);
 `PLUMBLINE_PURE_PYTHON=1` runs the source on purpose. The modules of one build call each other

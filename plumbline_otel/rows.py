@@ -66,7 +66,7 @@ SPAN_COLUMNS_V4: dict[str, str] = {
 }
 SPAN_COLUMNS: dict[str, str] = {**SPAN_COLUMNS_V1, "shapes": "VARCHAR[]", **SPAN_COLUMNS_V4}
 # JSON text goes to DuckDB as Arrow's JSON type: sent as plain strings, every value was parsed again
-# on insert to check it (8-10% of a span write), though orjson made it.
+# on insert to check it (7% of a span write in a profile, 9-11% timed alone), though orjson made it.
 _JSON = pa.json_(pa.string())
 _ARROW_TYPES = {"BIGINT": pa.int64(), "INTEGER": pa.int32(), "BOOLEAN": pa.bool_(), "VARCHAR[]": pa.list_(pa.string()), "JSON": _JSON}
 _JSON_FIELDS = ("args", "result", "attributes", "resource")

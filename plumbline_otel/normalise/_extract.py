@@ -96,7 +96,7 @@ def _first(attrs: dict[str, Any], *keys: str) -> Any:
 
 # A field is filled once (the first convention read wins) and holds its own type: an attribute may
 # hold any type (a tool name written as a number, a count as text). Each field is named at its call
-# site, so the compiled code reads and sets its slot (through `getattr` it cost ~2 µs a span).
+# site, so mypy checks its type there and the compiled code reads and sets its slot directly.
 
 
 def _or_text(current: str | None, value: Any) -> str | None:
