@@ -100,7 +100,8 @@ class _Peaks:
     """Peak memory of this process and its children (the shard workers), sampled every 25 ms.
 
     The tree's peak is the sum of every process's RSS at one moment (the writer, each worker and
-    multiprocessing's resource tracker), as `bench/ingest_otlp.py` measures a server. Sampling is
+    multiprocessing's resource tracker) and of the parts the workers left in memory for the writer
+    (`pipeline.spooled_bytes`), as `bench/ingest_otlp.py` measures a server. Sampling is
     kept cheap, because it runs in the process it measures: each tick reads one `statm` per
     process, and the children are looked up every 8th tick (reading every thread's `children` and
     `status` each tick took 4% of a core).
@@ -141,6 +142,8 @@ class _Peaks:
         return found
 
     def _run(self) -> None:
+        from plumbline_otel.pipeline import spooled_bytes
+
         me = os.getpid()
         own_command = open(f"/proc/{me}/cmdline", "rb").read()
         children: list[int] = []
@@ -149,7 +152,7 @@ class _Peaks:
             if tick % 8 == 0:
                 children = self._children(me, own_command)
             tick += 1
-            total = self._resident_kib(me)
+            total = self._resident_kib(me) + spooled_bytes(me) // 1024
             for pid in children:
                 try:
                     kib = self._resident_kib(pid)

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from plumbline_otel import _native
+from plumbline_otel.pipeline import spooled_bytes
 
 REPO = Path(__file__).resolve().parents[1]
 _TRACES = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
@@ -156,10 +157,11 @@ def _worker(address: str, seconds: float, batch: int, threads: int, results: Any
 # --- measurement -----------------------------------------------------------------------------
 
 def _tree_rss_mib(pid: int) -> float:
-    """RSS of a process and its descendants."""
+    """RSS of a process and its descendants, with the parts its shard workers left for it in memory (`/dev/shm`)."""
     total, todo = 0, [pid]
     while todo:
         p = todo.pop()
+        total += spooled_bytes(p) // 1024
         try:
             for line in Path(f"/proc/{p}/status").read_text().splitlines():
                 if line.startswith("VmRSS:"):

@@ -25,7 +25,7 @@ from plumbline_otel.decode import Unit, iter_units
 from plumbline_otel.ingest import IngestSummary, PartWriter, ingest_files
 from plumbline_otel.model import SpanRecord
 from plumbline_otel.normalise import Limits, normalise_request
-from plumbline_otel.pipeline import Shard, ShardPool, ShardSettings, SpanPart, TrajectoryPart, shard_of
+from plumbline_otel.pipeline import Shard, ShardPool, ShardSettings, SpanPart, TrajectoryPart, _Spool, shard_of, spooled_bytes, spools
 from plumbline_otel.store import SCHEMA_VERSION, Store
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "producers"
@@ -485,6 +485,7 @@ def test_shard_workers_leave_when_their_writer_is_killed(tmp_path: Path) -> None
         time.sleep(0.2)
         alive = [pid for pid in workers if _running(pid)]
     assert not alive, f"shard workers {alive} outlived their killed writer"
+    assert not spools(writer.pid), "the killed writer's spool was left in memory"
 
 
 def _running(pid: int) -> bool:
@@ -499,3 +500,66 @@ def _running(pid: int) -> bool:
             return stat.read().split()[2] != "Z"
     except OSError:
         return False
+
+
+@pytest.mark.slow
+def test_worker_tables_reach_the_writer_through_a_spool_in_memory_that_is_gone_after(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    requests = _shuffled_requests(seed=3)
+    path = str(_write_pb(tmp_path / "a.otlp.pb", requests))
+    landed: list[str] = []
+    land = _Spool.land
+
+    def counted(message: tuple[object, str | None]) -> object:
+        if message[1] is not None:
+            landed.append(message[1])
+        return land(message)
+
+    monkeypatch.setattr(_Spool, "land", staticmethod(counted))
+    during: list[list[str]] = []
+    with Store(tmp_path / "s.duckdb") as store:
+        ingest_files(store, [path], workers=2, on_file=lambda _: during.append(spools(os.getpid())))
+        assert _exports(store) == _reference(requests)
+    assert len(during) == 1 and len(during[0]) == 1 and during[0][0].startswith(_Spool.base())
+    assert len(landed) >= 2 * len(requests)  # every span table (and trajectory table) came as a file
+    assert not any(os.path.exists(p) for p in landed)  # unlinked as mapped
+    assert not spools(os.getpid()) and spooled_bytes(os.getpid()) == 0
+
+
+def test_a_spooled_table_comes_back_whole_and_one_with_no_room_goes_as_it_is(tmp_path: Path) -> None:
+    from plumbline_otel.rows import span_table
+
+    records = [rec for r in build_requests(40, 40) for rec in normalise_request(r)[0]]
+    table = span_table(records, 7)
+    part = SpanPart(1, 0, table, [], len(records), 0)
+    spool = _Spool(str(tmp_path))
+    shipped, file = spool.ship(part, 0)
+    assert file is not None and isinstance(shipped, SpanPart) and shipped.table is None
+    back = _Spool.land((shipped, file))
+    assert isinstance(back, SpanPart) and back.table is not None
+    assert back.table.schema == table.schema and back.table.equals(table)  # JSON columns keep their type
+    assert not (tmp_path / file).exists()
+    gone = _Spool(str(tmp_path / "removed"))  # a spool that cannot be written: the part keeps its table
+    assert gone.ship(part, 0) == (part, None) and _Spool.land((part, None)) is part
+
+
+def test_a_new_spool_removes_those_of_writers_that_died() -> None:
+    import os
+    import subprocess
+    import sys
+    import tempfile
+
+    done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True)
+    dead = tempfile.mkdtemp(prefix=f"plumbline-parts-{int(done.stdout)}-", dir=_Spool.base())
+    live = tempfile.mkdtemp(prefix=f"plumbline-parts-{os.getppid()}-", dir=_Spool.base())
+    try:
+        spool = _Spool.create()
+        assert spool.path in spools(os.getpid())
+        assert not os.path.exists(dead) and os.path.exists(live)
+        spool.remove()
+        assert spool.path not in spools(os.getpid())
+    finally:
+        for path in (dead, live):
+            if os.path.exists(path):
+                os.rmdir(path)
