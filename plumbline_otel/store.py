@@ -11,6 +11,7 @@ span updates its trajectory. The schema carries a version in `meta` and migrates
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -47,6 +48,12 @@ DEFAULT_DB = "plumbline.duckdb"
 # (up to 122,880 rows); with long text in zstd (`_ZSTD_COLUMNS`) that is cheap enough to do every
 # ~15,000 spans: at 256 MB the writer's peak memory was ~90 MB higher for the same ingest speed.
 _CHECKPOINT_THRESHOLD = "32MB"
+# Rows in a row group of a store opened for writing (DuckDB's default is 122,880). A checkpoint
+# recompresses the group still being filled, and at the default that was up to 122,880 spans (~190
+# MB of rows) each time: checkpoints of 0.06-0.45 s that stalled every commit, in `serve` too. At
+# 16,384, writing 100,000 spans took 0.63-0.66 s of CPU instead of 1.04-1.06, the writer's peak
+# memory fell from ~535 to ~370 MB and the file from 19 to 12 MB (best of 2 each; 32,768 was no better).
+_ROW_GROUP_SIZE = 16_384
 # A writer's DuckDB cache (DuckDB's default is 80% of the machine's memory). The log above keeps up
 # to its size of appended rows in memory until the checkpoint; past this cap they go to a temporary
 # file instead of the process's memory (`plumbline serve` takes `storage.memory_limit_mib`, by default the same).
@@ -232,13 +239,65 @@ class StoreLocked(StoreError):
     """Another process holds the file (a writer: `plumbline serve`, `ingest`; or a reader)."""
 
 
+# A file open for writing in this process: the connection that attached it, and how many stores use it.
+_attached: dict[str, tuple[Any, int]] = {}
+_attached_lock = threading.Lock()
+
+
+def _connect(path: str, read_only: bool) -> Any:
+    """A connection to the store's file: a writer's is a cursor of a database that attached it with `_ROW_GROUP_SIZE`.
+
+    The row group size is an option of ATTACH, not kept in the file, so a writer attaches the file
+    to an in-memory database, makes it the default and detaches the in-memory one: every cursor
+    then opens on the store, as with `duckdb.connect(path)`. Stores of one file in one process
+    share that database (as `duckdb.connect` shares one per path), each through its own cursor,
+    and the last to close detaches it. DuckDB would spill to `.tmp` in the working directory for an
+    in-memory database; the store's spills stay beside its file.
+    """
+    if read_only:
+        return duckdb.connect(path, read_only=True)
+    key = os.path.realpath(path)
+    with _attached_lock:
+        if key in _attached:
+            database, users = _attached[key]
+            _attached[key] = (database, users + 1)
+            return database.cursor()
+        database = duckdb.connect()
+        quoted = path.replace("'", "''")
+        try:
+            database.execute(f"ATTACH '{quoted}' AS store (ROW_GROUP_SIZE {_ROW_GROUP_SIZE})")
+            database.execute("USE store")
+            database.execute("DETACH memory")
+            database.execute(f"SET temp_directory = '{quoted}.tmp'")
+        except BaseException:
+            database.close()
+            raise
+        _attached[key] = (database, 1)
+        return database.cursor()
+
+
+def _disconnect(path: str, connection: Any, read_only: bool) -> None:
+    """Close a store's connection; the last writer's of a file detaches it (and DuckDB checkpoints it)."""
+    connection.close()
+    if read_only:
+        return
+    key = os.path.realpath(path)
+    with _attached_lock:
+        database, users = _attached[key]
+        if users > 1:
+            _attached[key] = (database, users - 1)
+        else:
+            del _attached[key]
+            database.close()
+
+
 class Store:
     """The DuckDB store. One writer per file; readers of a served file go through the server."""
 
     def __init__(self, path: str | Path = DEFAULT_DB, read_only: bool = False, task_keys: Iterable[str] | None = None) -> None:
-        self.path = str(path)
+        self.path, self.read_only, self._closed = str(path), read_only, False
         try:
-            self.connection = duckdb.connect(self.path, read_only=read_only)
+            self.connection = _connect(self.path, read_only)
         except duckdb.IOException as exc:
             if "lock" in str(exc).lower():
                 raise StoreLocked(_LOCK_HINT.format(path=self.path)) from None
@@ -616,8 +675,10 @@ class Store:
                 yield trajectory_from_doc(orjson.loads(doc))
 
     def close(self) -> None:
-        """Close the file; a closed store cannot be used again."""
-        self.connection.close()
+        """Close the file; a closed store cannot be used again (closing it again does nothing)."""
+        if not self._closed:
+            self._closed = True
+            _disconnect(self.path, self.connection, self.read_only)
 
     def __enter__(self) -> Store:
         return self

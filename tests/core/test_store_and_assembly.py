@@ -216,6 +216,37 @@ def test_committed_spans_waiting_for_the_checkpoint_survive_a_crash(tmp_path: Pa
     writer.close()
 
 
+def test_a_writer_fills_row_groups_of_its_own_size_and_spills_beside_its_file(tmp_path: Path) -> None:
+    """Checkpoints recompress only the row group being filled: a writer's are `_ROW_GROUP_SIZE` rows, not DuckDB's 122,880."""
+    from plumbline_otel.store import _ROW_GROUP_SIZE
+
+    db = tmp_path / "rg.duckdb"
+    with Store(db) as store:
+        store.connection.execute("CREATE TABLE numbers AS SELECT range AS n FROM range(50000)")
+        store.connection.execute("CHECKPOINT")
+        groups = store.connection.execute("SELECT DISTINCT row_group_id, count FROM pragma_storage_info('numbers')").fetchall()
+        assert len(groups) == -(-50000 // _ROW_GROUP_SIZE) and max(n for _, n in groups) == _ROW_GROUP_SIZE
+        assert store.connection.execute("SELECT current_setting('temp_directory')").fetchone() == (f"{db}.tmp",)
+        cursor = store.connection.cursor()  # a cursor (the console's, the API's) opens on the store too
+        assert cursor.execute("SELECT count(*) FROM numbers").fetchone() == (50000,)
+    with Store(db, read_only=True) as reader:  # the last writer closed: the file is free and checkpointed
+        assert reader.connection.execute("SELECT count(*) FROM numbers").fetchone() == (50000,)
+
+
+def test_writers_of_one_file_in_one_process_share_it_and_the_last_to_close_lets_it_go(tmp_path: Path) -> None:
+    db = tmp_path / "shared.duckdb"
+    first = Store(db)
+    second = Store(str(db))  # as `duckdb.connect` gave two connections of one database, not a lock error
+    first.connection.execute("CREATE TABLE seen (x INTEGER)")
+    first.close()
+    first.close()  # a second close does nothing (it must not close the other store's file)
+    second.connection.execute("INSERT INTO seen VALUES (1)")
+    assert second.connection.execute("SELECT count(*) FROM seen").fetchone() == (1,)
+    second.close()
+    with Store(db, read_only=True) as reader:
+        assert reader.connection.execute("SELECT count(*) FROM seen").fetchone() == (1,)
+
+
 @pytest.mark.parametrize("task_keys", [("session.id",), ("gen_ai.conversation.id", "service.name")])
 def test_a_record_trimmed_for_assembly_builds_the_same_runs_as_the_whole_record(task_keys: tuple[str, ...]) -> None:
     """Shards hold trimmed records: dropping the attributes assembly does not read changes no trajectory."""
