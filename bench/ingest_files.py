@@ -169,11 +169,15 @@ class _Peaks:
         return self.tree_kib / 1024, max(self.peaks.values(), default=0) / 1024
 
 
-def run_ingest(path: str, workers: int) -> dict[str, float]:
-    """`ingest_files` on one file (in its own process); stages timed when `workers` is 0 (in one process)."""
+def run_ingest(path: str, workers: int | None) -> dict[str, float]:
+    """`ingest_files` on one file (in its own process); stages timed when `workers` is 0 (in one process).
+
+    `workers` None is what `plumbline ingest` chooses (`pipeline.default_workers`), reported as `workers`.
+    """
     import hashlib
 
     from plumbline_otel import ingest, pipeline
+    from plumbline_otel.decode import iter_units
     from plumbline_otel.store import Store
 
     t = {"decode": 0.0, "normalise": 0.0, "tables": 0.0, "write": 0.0, "assemble": 0.0}
@@ -202,6 +206,7 @@ def run_ingest(path: str, workers: int) -> dict[str, float]:
     t["spans"] = summary.stored
     t["trajectories"] = summary.trajectories
     t["digest"] = digest.hexdigest()  # type: ignore[assignment]
+    t["workers"] = workers if workers is not None else pipeline.default_workers(os.path.getsize(path), next(iter_units(Path(path)), None))
     t["cpu_main"] = me.ru_utime + me.ru_stime
     t["cpu_workers"] = children.ru_utime + children.ru_stime
     t["peak_main_mb"] = me.ru_maxrss / 1024
@@ -247,7 +252,7 @@ def run_peer(path: str, limit: int) -> dict[str, float]:
     return {"spans": spans, "total": time.perf_counter() - start}
 
 
-def _child(mode: str, path: str, arg: int = 0) -> dict[str, float]:
+def _child(mode: str, path: str, arg: int | str = 0) -> dict[str, float]:
     out = subprocess.run([sys.executable, __file__, "--child", mode, path, str(arg)], check=True, capture_output=True, text=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -276,7 +281,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.child:
         mode, path, arg = args.child
-        result = {"ingest": lambda: run_ingest(path, int(arg)), "floor": lambda: run_floor(path),
+        result = {"ingest": lambda: run_ingest(path, None if arg == "default" else int(arg)), "floor": lambda: run_floor(path),
                   "peer": lambda: run_peer(path, int(arg))}[mode]()
         print(json.dumps(result))
         return
@@ -307,11 +312,12 @@ def main() -> None:
         if args.long_trace:
             path = str(_long_trace(args.long_trace, Path(tmp)))
             print(f"one trace of {args.long_trace} spans (target: peak RSS < 300 MiB):")
-            for workers in (cores, 0):
+            for workers in ("default", cores, 0):  # what `plumbline ingest` chooses, then each mode forced
                 long = _child("ingest", path, workers)
-                print(f"  {workers} workers: {long['spans'] / long['total']:,.0f} spans/s, {long['trajectories']:.0f} trajectories, "
+                how = f"default ({long['workers']:.0f} workers)" if workers == "default" else f"{workers} workers"
+                print(f"  {how}: {long['spans'] / long['total']:,.0f} spans/s, {long['trajectories']:.0f} trajectories, "
                       f"peak RSS {long['peak_rss_mb']:.0f} MiB for the process tree; own peaks: writer {long['peak_main_mb']:.0f} MiB"
-                      + (f", largest worker {long['peak_worker_mb']:.0f} MiB" if workers else ""))
+                      + (f", largest worker {long['peak_worker_mb']:.0f} MiB" if long["workers"] else ""))
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ arrived.
 
 from __future__ import annotations
 
+import itertools
 import os
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -131,13 +132,12 @@ def ingest_files(
 ) -> IngestSummary:
     """Ingest trace files (files, directories, globs) and rebuild the trajectories they touched.
 
-    `workers` processes share the work by trace id (None: every core, or none for inputs under
-    8 MiB); each trace is assembled once, after the last file, unless memory asks for it sooner.
+    `workers` processes share the work by trace id (None: `default_workers`, from the input's size
+    and its first request); each trace is assembled once, after the last file, unless memory asks
+    for it sooner.
     """
     summary = IngestSummary()
     files = list(iter_trace_files(list(paths)))
-    if workers is None:
-        workers = default_workers(sum(os.path.getsize(p) for p in files))
 
     def units() -> Iterator[Unit]:
         for path in files:
@@ -151,7 +151,12 @@ def ingest_files(
             if on_file:
                 on_file(path)
 
-    return _ingest_units(store, units(), summary, "file", limits, batch_spans, workers)
+    stream: Iterator[Unit] = units()
+    if workers is None:
+        first = next(stream, None)
+        workers = default_workers(sum(os.path.getsize(p) for p in files), first)
+        stream = itertools.chain([first] if first else [], stream)
+    return _ingest_units(store, stream, summary, "file", limits, batch_spans, workers)
 
 
 def ingest_requests(store: Store, requests: Iterable[ExportTraceServiceRequest], source: str, limits: Limits | None = None,

@@ -563,3 +563,34 @@ def test_a_new_spool_removes_those_of_writers_that_died() -> None:
         for path in (dead, live):
             if os.path.exists(path):
                 os.rmdir(path)
+
+
+def test_by_default_workers_start_only_for_an_input_of_many_traces_large_enough_to_repay_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    from plumbline_otel.pipeline import default_workers
+
+    monkeypatch.setattr("os.cpu_count", lambda: 4)
+    many = Unit("protobuf", next(build_requests(40, 40)).SerializeToString(), "many")
+    one_trace = next(build_requests(1, 1))  # one agent run: every span of one trace
+    assert len({s.trace_id for s in one_trace.resource_spans[0].scope_spans[0].spans}) == 1
+    one = Unit("protobuf", one_trace.SerializeToString(), "one")
+    assert default_workers(64 << 20, many) == 4
+    assert default_workers(64 << 20, one) == 0  # a long trace exported alone: one shard would own it all
+    assert default_workers(1 << 20, many) == 0  # too small to repay starting processes
+    assert default_workers(64 << 20, None) == 4 and default_workers() == 4  # nothing read yet (serve)
+
+
+def test_ingest_chooses_its_workers_from_the_first_request_and_still_stores_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    requests = list(build_requests(300, 100))
+    path = str(_write_pb(tmp_path / "a.otlp.pb", requests))
+    seen: list[Unit | None] = []
+
+    def chosen(size: int, first: Unit | None = None) -> int:
+        seen.append(first)
+        return 0
+
+    monkeypatch.setattr("plumbline_otel.ingest.default_workers", chosen)
+    with Store(tmp_path / "s.duckdb") as store:
+        summary = ingest_files(store, [path])
+        assert _exports(store) == _reference(requests)
+    assert len(seen) == 1 and seen[0] is not None and seen[0].data == requests[0].SerializeToString()
+    assert summary.requests == len(requests) and summary.spans_read == sum(len(r.resource_spans[0].scope_spans[0].spans) for r in requests)
