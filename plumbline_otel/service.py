@@ -52,9 +52,9 @@ class Server:
             self.metrics.inc(name, 0)
         content = ContentFilter(config.content)
         settings = ShardSettings(content=config.content if content else None)  # task keys: the store's, once open
-        workers = config.workers if config.workers is not None else default_workers()
+        self.workers = config.workers if config.workers is not None else default_workers()
         self.queue = WriteQueue(self._open_store, self.metrics, max_spans=config.queue_max_spans, max_bytes=config.queue_max_bytes,
-                                settings=settings, workers=workers, batch_max_spans=config.batch_max_spans,
+                                settings=settings, workers=self.workers, batch_max_spans=config.batch_max_spans,
                                 assemble_interval=config.assemble_interval_seconds, assemble_max_delay=config.assemble_max_delay_seconds)
         self.intake = Intake(self.queue, self.metrics, content)
         self.standing = self._standing_check()
@@ -75,6 +75,7 @@ class Server:
     def _open_store(self) -> Store:
         store = Store(self.config.db_path)
         store.set_memory_limit(self.config.db_memory_limit_mib)
+        store.leave_cores_to(self.workers)  # the console's queries share that core
         if self.config.task_keys:
             store.set_task_keys(self.config.task_keys)
         return store
