@@ -206,7 +206,7 @@ def run_ingest(path: str, workers: int | None) -> dict[str, float]:
     t["spans"] = summary.stored
     t["trajectories"] = summary.trajectories
     t["digest"] = digest.hexdigest()  # type: ignore[assignment]
-    t["workers"] = workers if workers is not None else pipeline.default_workers(os.path.getsize(path), next(iter_units(Path(path)), None))
+    t["workers"] = workers if workers is not None else pipeline.default_workers(os.path.getsize(path), pipeline.first_traces(iter_units(Path(path)))[1])
     t["cpu_main"] = me.ru_utime + me.ru_stime
     t["cpu_workers"] = children.ru_utime + children.ru_stime
     t["peak_main_mb"] = me.ru_maxrss / 1024

@@ -20,7 +20,17 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from plumbline_otel.decode import Problem, Unit, iter_trace_files, iter_units
 from plumbline_otel.errors import MalformedTraceFile
 from plumbline_otel.normalise import Limits
-from plumbline_otel.pipeline import LogPart, Part, ShardPool, ShardSettings, SpanPart, TrajectoryPart, concat_parts, default_workers
+from plumbline_otel.pipeline import (
+    LogPart,
+    Part,
+    ShardPool,
+    ShardSettings,
+    SpanPart,
+    TrajectoryPart,
+    concat_parts,
+    default_workers,
+    first_traces,
+)
 from plumbline_otel.store import Store
 
 
@@ -153,9 +163,12 @@ def ingest_files(
 
     stream: Iterator[Unit] = units()
     if workers is None:
-        first = next(stream, None)
-        workers = default_workers(sum(os.path.getsize(p) for p in files), first)
-        stream = itertools.chain([first] if first else [], stream)
+        size = sum(os.path.getsize(p) for p in files)
+        workers = default_workers(size)
+        if workers:  # large enough: are its first spans all of one trace?
+            head, traces = first_traces(stream)
+            workers = default_workers(size, traces)
+            stream = itertools.chain(head, stream)
     return _ingest_units(store, stream, summary, "file", limits, batch_spans, workers)
 
 

@@ -70,25 +70,45 @@ def json_shard_of(trace_id: Any, shards: int) -> int:
     return 0
 
 
-def default_workers(input_bytes: int | None = None, first: Unit | None = None) -> int:
+_SMALL_INPUT_BYTES = 8 << 20  # below this, starting workers costs more than they save
+_PEEK_SPANS, _PEEK_UNITS = 1000, 64  # how much of an input `first_traces` reads to count its traces
+
+
+def default_workers(input_bytes: int | None = None, traces: int | None = None) -> int:
     """Worker processes to use: every core, unless workers cannot repay their start.
 
-    They cannot for an input under 8 MiB (starting them costs more than they save), nor for one
-    whose first request holds spans of a single trace: a long trace exported alone, which one shard
-    would own whole while the others read every request for nothing. In one process a 20,000-span
-    trace took 283-293 MiB and ran 2-10% faster; with two workers the processes held 360-375 MiB.
-    Only where the work runs depends on this, never what is stored.
+    They cannot for an input under 8 MiB, nor for one whose first spans (`first_traces`) are all
+    of one trace: a long trace exported alone, which one shard would own whole while the others read
+    every request for nothing. In one process a 20,000-span trace took 283-293 MiB and ran 2-10%
+    faster; with two workers the processes held 360-375 MiB. Only where the work runs depends on
+    this, never what is stored.
     """
-    if input_bytes is not None and input_bytes < 8 << 20:
+    if input_bytes is not None and input_bytes < _SMALL_INPUT_BYTES:
         return 0
-    if first is not None and len(_trace_ids(first)) == 1:
+    if traces == 1:
         return 0
     return os.cpu_count() or 1
 
 
-def _trace_ids(unit: Unit) -> set[bytes]:
-    request = decode_unit(unit).request
-    return {span.trace_id for rs in request.resource_spans for ss in rs.scope_spans for span in ss.spans}
+def first_traces(units: Iterator[Unit]) -> tuple[list[Unit], int]:
+    """The first units of an input (up to `_PEEK_SPANS` spans or `_PEEK_UNITS` units) and how many traces they hold.
+
+    A request of one trace says little (an exporter may send a span or a trace at a time, a
+    directory may hold a trace per file), so it reads on, across files, until it has seen enough.
+    """
+    head: list[Unit] = []
+    traces: set[bytes] = set()
+    spans = 0
+    for unit in units:
+        head.append(unit)
+        request = decode_unit(unit).request
+        for rs in request.resource_spans:
+            for ss in rs.scope_spans:
+                spans += len(ss.spans)
+                traces.update(span.trace_id for span in ss.spans)
+        if spans >= _PEEK_SPANS or len(head) >= _PEEK_UNITS:
+            break
+    return head, len(traces)
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,7 @@ def render_summary(summary: IngestSummary, limit: int = 20) -> str:
 @db_option
 @click.option("--task-key", "task_keys", multiple=True, help="Attribute naming a run's task (repeatable; default plumbline.task.key, else a hash of the normalised request).")
 @click.option("--workers", type=click.IntRange(0), default=None,
-              help="Worker processes decoding and normalising, sharded by trace id [default: one per core; none for inputs under 8 MiB or whose first request is one trace; 0 = in this process].")
+              help="Worker processes decoding and normalising, sharded by trace id [default: one per core; none for inputs under 8 MiB or whose first 1,000 spans are one trace; 0 = in this process].")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 def ingest(paths: tuple[str, ...], db: str, task_keys: tuple[str, ...], workers: int | None, quiet: bool) -> None:
     """Ingest OTLP trace files (protobuf, JSON, JSON lines; gzipped or not), directories or globs.

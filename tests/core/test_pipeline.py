@@ -590,28 +590,51 @@ def test_by_default_workers_start_only_for_an_input_of_many_traces_large_enough_
     from plumbline_otel.pipeline import default_workers
 
     monkeypatch.setattr("os.cpu_count", lambda: 4)
-    many = Unit("protobuf", next(build_requests(40, 40)).SerializeToString(), "many")
-    one_trace = next(build_requests(1, 1))  # one agent run: every span of one trace
-    assert len({s.trace_id for s in one_trace.resource_spans[0].scope_spans[0].spans}) == 1
-    one = Unit("protobuf", one_trace.SerializeToString(), "one")
-    assert default_workers(64 << 20, many) == 4
-    assert default_workers(64 << 20, one) == 0  # a long trace exported alone: one shard would own it all
-    assert default_workers(1 << 20, many) == 0  # too small to repay starting processes
-    assert default_workers(64 << 20, None) == 4 and default_workers() == 4  # nothing read yet (serve)
+    assert default_workers(64 << 20, traces=30) == 4
+    assert default_workers(64 << 20, traces=1) == 0  # a long trace exported alone: one shard would own it all
+    assert default_workers(1 << 20, traces=30) == 0  # too small to repay starting processes
+    assert default_workers(64 << 20) == 4 and default_workers() == 4  # nothing read yet (serve)
 
 
-def test_ingest_chooses_its_workers_from_the_first_request_and_still_stores_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def _one_trace_units(trace: int, spans_per_unit: int, units: int) -> list[Unit]:
+    """Requests that each hold `spans_per_unit` spans, all of trace `trace` (a long trace, cut as an exporter cuts it)."""
+    spans = [s for r in build_requests(spans_per_unit * units, 10_000, first_trace=trace) for s in r.resource_spans[0].scope_spans[0].spans]
+    for span in spans:
+        span.trace_id = trace.to_bytes(16, "big")
+    out = []
+    for start in range(0, spans_per_unit * units, spans_per_unit):
+        request = ExportTraceServiceRequest()
+        request.resource_spans.add().scope_spans.add().spans.extend(spans[start:start + spans_per_unit])
+        out.append(Unit("protobuf", request.SerializeToString(), f"unit {start}"))
+    return out
+
+
+def test_the_first_spans_of_an_input_say_whether_it_is_one_trace() -> None:
+    from plumbline_otel.pipeline import first_traces
+
+    long = _one_trace_units(7, 300, 10)  # one trace, as requests of 300 spans
+    head, traces = first_traces(iter(long))
+    assert traces == 1 and head == long[:4]  # read up to 1,000 spans, then stopped
+    # a trace a request (an exporter that sends a span or a trace at a time, a directory of a trace a file): many
+    single = [u for trace in range(100) for u in _one_trace_units(trace, 1, 1)]
+    rest = iter(single)
+    head, traces = first_traces(rest)
+    assert traces == 64 and head == single[:64] and next(rest) == single[64]
+    assert first_traces(iter([])) == ([], 0)
+
+
+def test_ingest_chooses_its_workers_from_its_first_spans_and_still_stores_them(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     requests = list(build_requests(300, 100))
     path = str(_write_pb(tmp_path / "a.otlp.pb", requests))
-    seen: list[Unit | None] = []
+    seen: list[tuple[int, int | None]] = []
 
-    def chosen(size: int, first: Unit | None = None) -> int:
-        seen.append(first)
-        return 0
+    def chosen(size: int, traces: int | None = None) -> int:
+        seen.append((size, traces))
+        return 1 if traces is None else 0  # large enough, then: in this process
 
     monkeypatch.setattr("plumbline_otel.ingest.default_workers", chosen)
     with Store(tmp_path / "s.duckdb") as store:
         summary = ingest_files(store, [path])
         assert _exports(store) == _reference(requests)
-    assert len(seen) == 1 and seen[0] is not None and seen[0].data == requests[0].SerializeToString()
+    assert seen[0] == (Path(path).stat().st_size, None) and seen[1][1] is not None and seen[1][1] > 1
     assert summary.requests == len(requests) and summary.spans_read == sum(len(r.resource_spans[0].scope_spans[0].spans) for r in requests)
