@@ -244,6 +244,11 @@ _attached: dict[str, tuple[Any, int]] = {}
 _attached_lock = threading.Lock()
 
 
+def _attaches(path: str, read_only: bool) -> bool:
+    """Whether a store of `path` is a writer's attached file (`_connect`); in-memory stores are DuckDB's own, one each."""
+    return not read_only and path not in ("", ":memory:") and not path.startswith(":memory:")
+
+
 def _connect(path: str, read_only: bool) -> Any:
     """A connection to the store's file: a writer's is a cursor of a database that attached it with `_ROW_GROUP_SIZE`.
 
@@ -254,8 +259,8 @@ def _connect(path: str, read_only: bool) -> Any:
     and the last to close detaches it. DuckDB would spill to `.tmp` in the working directory for an
     in-memory database; the store's spills stay beside its file.
     """
-    if read_only:
-        return duckdb.connect(path, read_only=True)
+    if not _attaches(path, read_only):
+        return duckdb.connect(path, read_only=read_only)
     key = os.path.realpath(path)
     with _attached_lock:
         if key in _attached:
@@ -279,7 +284,7 @@ def _connect(path: str, read_only: bool) -> Any:
 def _disconnect(path: str, connection: Any, read_only: bool) -> None:
     """Close a store's connection; the last writer's of a file detaches it (and DuckDB checkpoints it)."""
     connection.close()
-    if read_only:
+    if not _attaches(path, read_only):
         return
     key = os.path.realpath(path)
     with _attached_lock:

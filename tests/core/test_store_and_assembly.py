@@ -247,6 +247,16 @@ def test_writers_of_one_file_in_one_process_share_it_and_the_last_to_close_lets_
         assert reader.connection.execute("SELECT count(*) FROM seen").fetchone() == (1,)
 
 
+def test_in_memory_stores_are_each_their_own(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    first, second = Store(":memory:"), Store(":memory:")
+    first.connection.execute("CREATE TABLE only_in_first (x INTEGER)")
+    assert second.connection.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = 'only_in_first'").fetchone() == (0,)
+    first.close()
+    second.close()
+    assert not list(tmp_path.iterdir())  # nothing written beside the working directory
+
+
 @pytest.mark.parametrize("task_keys", [("session.id",), ("gen_ai.conversation.id", "service.name")])
 def test_a_record_trimmed_for_assembly_builds_the_same_runs_as_the_whole_record(task_keys: tuple[str, ...]) -> None:
     """Shards hold trimmed records: dropping the attributes assembly does not read changes no trajectory."""
