@@ -143,8 +143,8 @@ def ingest_files(
     """Ingest trace files (files, directories, globs) and rebuild the trajectories they touched.
 
     `workers` processes share the work by trace id (None: `default_workers`, from the input's size
-    and its first request); each trace is assembled once, after the last file, unless memory asks
-    for it sooner.
+    and, for a large one, its first spans: `first_traces`); each trace is assembled once, after the
+    last file, unless memory asks for it sooner.
     """
     summary = IngestSummary()
     files = list(iter_trace_files(list(paths)))

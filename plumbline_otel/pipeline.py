@@ -350,7 +350,7 @@ def _alive(pid: str) -> bool:
     except ProcessLookupError:
         return False
     except PermissionError:  # another user's process
-        return True
+        pass
     return True
 
 

@@ -246,7 +246,7 @@ _attached_lock = threading.Lock()
 
 def _attaches(path: str, read_only: bool) -> bool:
     """Whether a store of `path` is a writer's attached file (`_connect`); in-memory stores are DuckDB's own, one each."""
-    return not read_only and path not in ("", ":memory:") and not path.startswith(":memory:")
+    return not read_only and bool(path) and not path.startswith(":memory:")
 
 
 def _connect(path: str, read_only: bool) -> Any:
@@ -462,7 +462,7 @@ class Store:
         try:
             yield
         finally:
-            self.connection.execute("RESET threads")
+            self.leave_cores_to(0)
 
     def _keys(self) -> _SpanKeys:
         if self._span_keys is None:
