@@ -8,10 +8,12 @@ arrived.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
+import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,6 +23,7 @@ from plumbline_otel.decode import Problem, Unit, iter_trace_files, iter_units
 from plumbline_otel.errors import MalformedTraceFile
 from plumbline_otel.normalise import Limits
 from plumbline_otel.pipeline import (
+    Flushed,
     LogPart,
     Part,
     ShardPool,
@@ -31,7 +34,7 @@ from plumbline_otel.pipeline import (
     default_workers,
     first_traces,
 )
-from plumbline_otel.store import Store
+from plumbline_otel.store import ROW_GROUP_SIZE, Store
 
 
 @dataclass
@@ -65,15 +68,17 @@ class IngestSummary:
 class PartWriter:
     """The writer's side of the pipeline: commits the parts shards send, in the order they come.
 
-    Span parts are gathered into one transaction per `batch_spans` spans; a trajectory part first
-    commits the spans gathered so far (its trajectories were built from them), then is stored for
-    the traces whose stored spans match (`Store.write_assembled`).
+    Span parts are gathered into one transaction per `batch_spans` spans. A trajectory part waits
+    for the next commit of the spans gathered so far (its trajectories were built from them, and
+    arrived after them), then is stored for the traces whose stored spans match
+    (`Store.write_assembled`); committing the spans early for it would cut a transaction short.
     """
 
-    def __init__(self, store: Store, summary: IngestSummary, batch_spans: int = 5000, source: str = "file") -> None:
+    def __init__(self, store: Store, summary: IngestSummary, batch_spans: int = ROW_GROUP_SIZE, source: str = "file") -> None:
         self.store, self.summary, self.batch_spans, self.source = store, summary, batch_spans, source
         self.pending: list[SpanPart] = []
         self.pending_spans = 0
+        self.assembled: list[TrajectoryPart] = []
 
     def take(self, part: Part) -> None:
         """Count and commit (or gather) one part."""
@@ -88,21 +93,24 @@ class PartWriter:
             if self.pending_spans >= self.batch_spans:
                 self.commit()
         elif isinstance(part, TrajectoryPart):
-            self.commit()
-            self.store.write_assembled(part.table, part.counts)
+            self.assembled.append(part)
+            if not self.pending:
+                self.commit()
         elif isinstance(part, LogPart):
             self.store.write_logs(part.rows)  # a retried record is stored once; it was still read
             self.summary.log_records += part.rows.kept
 
     def commit(self) -> None:
-        """Commit the gathered span parts in one transaction."""
-        if not self.pending:
-            return
-        table, problems = concat_parts(self.pending)
-        result = self.store.write_span_table(table, problems, self.source)
-        self.summary.stored += result.stored
-        self.summary.duplicate += result.duplicate
-        self.pending, self.pending_spans = [], 0
+        """Commit the gathered span parts in one transaction, then the trajectories that came after them."""
+        if self.pending:
+            table, problems = concat_parts(self.pending)
+            result = self.store.write_span_table(table, problems, self.source)
+            self.summary.stored += result.stored
+            self.summary.duplicate += result.duplicate
+            self.pending, self.pending_spans = [], 0
+        for part in self.assembled:
+            self.store.write_assembled(part.table, part.counts)
+        self.assembled = []
 
 
 def _ingest_units(store: Store, units: Iterable[Unit], summary: IngestSummary, source: str, limits: Limits | None,
@@ -111,19 +119,11 @@ def _ingest_units(store: Store, units: Iterable[Unit], summary: IngestSummary, s
     settings = ShardSettings(limits=limits or Limits(), task_keys=store.task_keys)
     started = time.time_ns()
     writer = PartWriter(store, summary, batch_spans, source=source)
-    with store.beside_workers(workers), ShardPool(settings, workers) as pool:
-        for unit in units:
-            # While the workers are a unit ahead, write what they made: parts left waiting pile up in
-            # their queue and leave the writer a backlog to commit alone, on one core, at the end.
-            while not pool.has_room():
-                if (part := pool.next_part(timeout=0.05)) is not None:
-                    writer.take(part)
-            pool.submit(unit)
-            summary.requests += 1
-            for part in pool.parts():
+    with store.beside_workers(workers), ShardPool(settings, workers, collector=workers > 0) as pool:
+        parts = _fed(pool, units, summary) if workers else _in_process(pool, units, summary)
+        with contextlib.closing(parts):  # a failed write stops the feeder before the pool closes
+            for part in parts:
                 writer.take(part)
-        for part in pool.flush():
-            writer.take(part)
     writer.commit()
     store.assemble()  # traces whose stored spans differ from what their shard held
     # Counted from the store, not from the writes: a trace assembled early (to bound a shard's memory)
@@ -132,11 +132,67 @@ def _ingest_units(store: Store, units: Iterable[Unit], summary: IngestSummary, s
     return summary
 
 
+def _in_process(pool: ShardPool, units: Iterable[Unit], summary: IngestSummary) -> Generator[Part, None, None]:
+    for unit in units:
+        pool.submit(unit)
+        summary.requests += 1
+        yield from pool.parts()
+    yield from pool.flush()
+
+
+_UNITS_AHEAD = 16  # units sent to the workers and not yet taken by the writer: bounds the parts waiting in the spool
+
+
+def _fed(pool: ShardPool, units: Iterable[Unit], summary: IngestSummary) -> Generator[Part, None, None]:
+    """The workers' parts, while a thread feeds them the units.
+
+    Fed from the writer's own loop, the workers went idle whenever a commit or checkpoint outlasted
+    their queued units (a fifth of a 2-worker ingest's wall time had one core idle). The feeder
+    keeps at most `_UNITS_AHEAD` units ahead of what the writer has taken, so parts never pile up.
+    """
+    shards = pool.shards
+    room = threading.Semaphore(_UNITS_AHEAD * shards)  # a unit takes one permit per shard; each span part returns one
+    stop = threading.Event()
+    failed: list[BaseException] = []
+
+    def feed() -> None:
+        try:
+            for unit in units:
+                for _ in range(shards):
+                    while not room.acquire(timeout=0.1):
+                        if stop.is_set():
+                            return
+                pool.submit(unit)
+                summary.requests += 1
+            pool.request_flush()
+        except BaseException as exc:  # re-raised by the writer's thread, which is waiting for parts
+            failed.append(exc)
+
+    feeder = threading.Thread(target=feed, name="plumbline-feed", daemon=True)
+    feeder.start()
+    try:
+        flushed = 0
+        while flushed < shards:
+            part = pool.next_part(timeout=0.1)
+            if part is None:
+                if failed:
+                    raise failed[0]
+            elif isinstance(part, Flushed):
+                flushed += 1
+            else:
+                if isinstance(part, SpanPart):
+                    room.release()
+                yield part
+    finally:
+        stop.set()
+        feeder.join()
+
+
 def ingest_files(
     store: Store,
     paths: Iterable[str],
     limits: Limits | None = None,
-    batch_spans: int = 5000,
+    batch_spans: int = ROW_GROUP_SIZE,
     on_file: Callable[[Path], None] | None = None,
     workers: int | None = None,
 ) -> IngestSummary:
@@ -148,6 +204,7 @@ def ingest_files(
     """
     summary = IngestSummary()
     files = list(iter_trace_files(list(paths)))
+    malformed: list[Problem] = []  # stored by the writer after the run: `units` may run in the feeder's thread
 
     def units() -> Iterator[Unit]:
         for path in files:
@@ -155,9 +212,7 @@ def ingest_files(
             try:
                 yield from iter_units(path)
             except MalformedTraceFile as exc:
-                problem = Problem(str(path), exc.reason)
-                summary.problems.append(problem)
-                store.write_span_table(None, [problem], "file")
+                malformed.append(Problem(str(path), exc.reason))
             if on_file:
                 on_file(path)
 
@@ -169,11 +224,14 @@ def ingest_files(
             head, traces = first_traces(stream)
             workers = default_workers(size, traces)
             stream = itertools.chain(head, stream)
-    return _ingest_units(store, stream, summary, "file", limits, batch_spans, workers)
+    _ingest_units(store, stream, summary, "file", limits, batch_spans, workers)
+    store.write_span_table(None, malformed, "file")
+    summary.problems.extend(malformed)
+    return summary
 
 
 def ingest_requests(store: Store, requests: Iterable[ExportTraceServiceRequest], source: str, limits: Limits | None = None,
-                    batch_spans: int = 5000, workers: int = 0) -> IngestSummary:
+                    batch_spans: int = ROW_GROUP_SIZE, workers: int = 0) -> IngestSummary:
     """Ingest export requests built in-process (an importer's), exactly as if a receiver had decoded them."""
     units = (Unit("protobuf", r.SerializeToString(), f"{source} request {i}") for i, r in enumerate(requests))
     return _ingest_units(store, units, IngestSummary(), source, limits, batch_spans, workers)

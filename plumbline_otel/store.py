@@ -53,7 +53,10 @@ _CHECKPOINT_THRESHOLD = "32MB"
 # MB of rows) each time: checkpoints of 0.06-0.45 s that stalled every commit, in `serve` too. At
 # 16,384, writing 100,000 spans took 0.63-0.66 s of CPU instead of 1.04-1.06, the writer's peak
 # memory fell from ~535 to ~370 MB and the file from 19 to 12 MB (best of 2 each; 32,768 was no better).
-_ROW_GROUP_SIZE = 16_384
+# A transaction that appends a whole row group is written by DuckDB straight into the file, compressed,
+# rather than into the write-ahead log and again at the checkpoint: file ingest commits this many
+# spans at a time (`ingest.PartWriter`). 5,000 spans put 8 MB into the log; 16,384 put 0.1 MB.
+ROW_GROUP_SIZE = 16_384
 # A writer's DuckDB cache (DuckDB's default is 80% of the machine's memory). The log above keeps up
 # to its size of appended rows in memory until the checkpoint; past this cap they go to a temporary
 # file instead of the process's memory (`plumbline serve` takes `storage.memory_limit_mib`, by default the same).
@@ -250,7 +253,7 @@ def _attaches(path: str, read_only: bool) -> bool:
 
 
 def _connect(path: str, read_only: bool) -> Any:
-    """A connection to the store's file: a writer's is a cursor of a database that attached it with `_ROW_GROUP_SIZE`.
+    """A connection to the store's file: a writer's is a cursor of a database that attached it with `ROW_GROUP_SIZE`.
 
     The row group size is an option of ATTACH, not kept in the file, so a writer attaches the file
     to an in-memory database, makes it the default and detaches the in-memory one: every cursor
@@ -270,7 +273,7 @@ def _connect(path: str, read_only: bool) -> Any:
         database = duckdb.connect()
         quoted = path.replace("'", "''")
         try:
-            database.execute(f"ATTACH '{quoted}' AS store (ROW_GROUP_SIZE {_ROW_GROUP_SIZE})")
+            database.execute(f"ATTACH '{quoted}' AS store (ROW_GROUP_SIZE {ROW_GROUP_SIZE})")
             database.execute("USE store")
             database.execute("DETACH memory")
             database.execute(f"SET temp_directory = '{quoted}.tmp'")

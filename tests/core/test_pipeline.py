@@ -8,9 +8,13 @@ from __future__ import annotations
 
 import gc
 import json
+import multiprocessing
 import random
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import duckdb
 import orjson
@@ -22,11 +26,11 @@ from otlp import to_otlp_json
 
 from plumbline_otel.assemble import assemble, assemble_runs
 from plumbline_otel.decode import Unit, iter_units
-from plumbline_otel.ingest import IngestSummary, PartWriter, ingest_files
+from plumbline_otel.ingest import _UNITS_AHEAD, IngestSummary, PartWriter, _fed, ingest_files
 from plumbline_otel.model import SpanRecord
 from plumbline_otel.normalise import Limits, normalise_request
 from plumbline_otel.pipeline import Shard, ShardPool, ShardSettings, SpanPart, TrajectoryPart, _Spool, shard_of, spooled_bytes, spools
-from plumbline_otel.store import SCHEMA_VERSION, Store
+from plumbline_otel.store import ROW_GROUP_SIZE, SCHEMA_VERSION, Store
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "producers"
 
@@ -638,3 +642,91 @@ def test_ingest_chooses_its_workers_from_its_first_spans_and_still_stores_them(t
         assert _exports(store) == _reference(requests)
     assert seen[0] == (Path(path).stat().st_size, None) and seen[1][1] is not None and seen[1][1] > 1
     assert summary.requests == len(requests) and summary.spans_read == sum(len(r.resource_spans[0].scope_spans[0].spans) for r in requests)
+
+
+def _units(requests: list[ExportTraceServiceRequest], pulled: list[int], fail_after: int | None = None) -> Iterator[Unit]:
+    for i, request in enumerate(requests):
+        if i == fail_after:
+            raise OSError("the input went away")
+        pulled.append(i)
+        yield Unit("protobuf", request.SerializeToString(), f"request {i}")
+
+
+@pytest.mark.slow
+def test_the_feeder_keeps_the_workers_a_bounded_number_of_units_ahead_of_the_writer() -> None:
+    """Workers are fed by a thread, so they never wait for a commit; a writer that falls behind stops it."""
+    requests = list(build_requests(600, 10))
+    pulled: list[int] = []
+    summary = IngestSummary()
+    with ShardPool(ShardSettings(), workers=1, collector=True) as pool:
+        parts = _fed(pool, _units(requests, pulled), summary)
+        first = next(parts)  # the writer takes one part, then stalls (a long commit)
+        time.sleep(1.0)
+        assert isinstance(first, SpanPart) and len(pulled) <= _UNITS_AHEAD + 2  # the one taken, and one waiting for room
+        rest = list(parts)
+    span_parts = [first, *(p for p in rest if isinstance(p, SpanPart))]
+    assert [p.seq for p in span_parts] == list(range(1, len(requests) + 1))
+    assert sum(p.spans for p in span_parts) == sum(len(r.resource_spans[0].scope_spans[0].spans) for r in requests)
+    assert summary.requests == len(requests)
+    assert any(isinstance(p, TrajectoryPart) for p in rest)
+    assert not [t for t in threading.enumerate() if t.name == "plumbline-feed"]
+
+
+@pytest.mark.slow
+def test_an_input_that_fails_midway_or_a_failed_write_stops_the_feeder_and_the_workers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    requests = list(build_requests(300, 10))
+    with ShardPool(ShardSettings(), workers=1, collector=True) as pool, pytest.raises(OSError, match="the input went away"):
+        for _part in _fed(pool, _units(requests, [], fail_after=5), IngestSummary()):
+            pass
+    assert not [t for t in threading.enumerate() if t.name == "plumbline-feed"]
+
+    def full(*_: object, **__: object) -> None:
+        raise OSError("disk full")
+
+    path = str(_write_pb(tmp_path / "a.otlp.pb", requests))
+    monkeypatch.setattr(Store, "write_span_table", full)
+    with Store(tmp_path / "s.duckdb") as store, pytest.raises(OSError, match="disk full"):
+        ingest_files(store, [path], workers=2, batch_spans=50)
+    assert not [t for t in threading.enumerate() if t.name == "plumbline-feed"]
+    assert not [p for p in multiprocessing.active_children() if p.name.startswith("plumbline-shard")]
+
+
+def test_a_trajectory_part_waits_for_the_next_commit_instead_of_cutting_the_transaction_short(tmp_path: Path) -> None:
+    first, second = build_requests(28, 14)
+    shard = Shard(0, ShardSettings())
+    spans = shard.prepare(1, Unit("protobuf", first.SerializeToString(), "test"))[0]
+    assembled = shard.assemble_quiet(None)[0]
+    later = shard.prepare(2, Unit("protobuf", second.SerializeToString(), "test"))[0]
+    assert isinstance(assembled, TrajectoryPart) and isinstance(spans, SpanPart) and isinstance(later, SpanPart)
+    with Store(tmp_path / "s.duckdb") as store:
+        writer = PartWriter(store, IngestSummary(), batch_spans=1000)
+        for part in (spans, assembled, later):
+            writer.take(part)
+        assert store.connection.execute("SELECT count(*) FROM spans").fetchone() == (0,)  # nothing committed early
+        writer.commit()  # one transaction for both units' spans, then the trajectories that came after the first's
+        assert store.connection.execute("SELECT count(*) FROM spans").fetchone() == (28,)
+        assert _exports(store) == _reference([first])
+        writer.take(shard.assemble_quiet(None)[0])  # no spans gathered: stored at once
+        assert _exports(store) == _reference([first, second])
+
+
+@pytest.mark.slow
+def test_file_ingest_commits_whole_row_groups_which_duckdb_writes_past_its_log(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A transaction of a whole row group goes into the file compressed, once; a smaller one is logged, then checkpointed."""
+    requests = list(build_requests(ROW_GROUP_SIZE + 3000, 500))
+    path = str(_write_pb(tmp_path / "a.otlp.pb", requests))
+    db = tmp_path / "s.duckdb"
+    commits: list[tuple[int, int]] = []
+    write = Store.write_span_table
+
+    def logged(store: Store, batch: pa.Table | None, *args: Any) -> Any:
+        result = write(store, batch, *args)
+        commits.append((batch.num_rows if batch is not None else 0, Path(f"{db}.wal").stat().st_size))
+        return result
+
+    monkeypatch.setattr(Store, "write_span_table", logged)
+    with Store(db) as store:
+        ingest_files(store, [path], workers=0)
+    (rows, log), *rest = commits
+    assert rows >= ROW_GROUP_SIZE and log < 1 << 20  # 16,384 spans, ~26 MB of rows: under 1 MB of log
+    assert 0 < sum(n for n, _ in rest) < ROW_GROUP_SIZE and rest[0][1] - log > 1 << 20  # the rest: logged

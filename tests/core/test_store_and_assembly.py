@@ -217,15 +217,15 @@ def test_committed_spans_waiting_for_the_checkpoint_survive_a_crash(tmp_path: Pa
 
 
 def test_a_writer_fills_row_groups_of_its_own_size_and_spills_beside_its_file(tmp_path: Path) -> None:
-    """Checkpoints recompress only the row group being filled: a writer's are `_ROW_GROUP_SIZE` rows, not DuckDB's 122,880."""
-    from plumbline_otel.store import _ROW_GROUP_SIZE
+    """Checkpoints recompress only the row group being filled: a writer's are `ROW_GROUP_SIZE` rows, not DuckDB's 122,880."""
+    from plumbline_otel.store import ROW_GROUP_SIZE
 
     db = tmp_path / "rg.duckdb"
     with Store(db) as store:
         store.connection.execute("CREATE TABLE numbers AS SELECT range AS n FROM range(50000)")
         store.connection.execute("CHECKPOINT")
         groups = store.connection.execute("SELECT DISTINCT row_group_id, count FROM pragma_storage_info('numbers')").fetchall()
-        assert len(groups) == -(-50000 // _ROW_GROUP_SIZE) and max(n for _, n in groups) == _ROW_GROUP_SIZE
+        assert len(groups) == -(-50000 // ROW_GROUP_SIZE) and max(n for _, n in groups) == ROW_GROUP_SIZE
         assert store.connection.execute("SELECT current_setting('temp_directory')").fetchone() == (f"{db}.tmp",)
         cursor = store.connection.cursor()  # a cursor (the console's, the API's) opens on the store too
         assert cursor.execute("SELECT count(*) FROM numbers").fetchone() == (50000,)
