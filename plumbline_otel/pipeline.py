@@ -274,8 +274,13 @@ def collect_less_often() -> None:
 # counts. Its own objects make no reference cycles (none found over the bench corpus, every
 # fixture and the odd-type requests), so the automatic passes only re-read the records it holds for
 # assembly: at a pass every 10,000 allocations they cost 15% of a worker's CPU (7.0-7.2 s per
-# 100,000 spans, 5.9-6.1 s with none). The explicit pass catches any cycle a rare path makes.
+# 100,000 spans, 5.9-6.1 s with none). The explicit pass catches any cycle a rare path makes. It
+# reads only the objects made since the last pass (the two young generations): a full pass reads
+# every record held for assembly too, and in `serve`, whose units are small, full passes took 8%
+# of a worker's CPU. A full pass runs every `_COLLECT_ALL_EVERY` messages, for a cycle that
+# became garbage after it was promoted.
 _COLLECT_EVERY = 64
+_COLLECT_ALL_EVERY = 64 * 32
 
 
 _SPOOL_PREFIX = "plumbline-parts-"
@@ -394,7 +399,7 @@ def _worker(index: int, settings: ShardSettings, inbox: Any, outbox: Any, spool:
         kind, payload = message
         handled += 1
         if handled % _COLLECT_EVERY == 0:
-            gc.collect()
+            gc.collect(2 if handled % _COLLECT_ALL_EVERY == 0 else 1)
         try:
             if kind == "unit":
                 seq, unit = payload
