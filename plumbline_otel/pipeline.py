@@ -265,22 +265,20 @@ def collect_less_often() -> None:
     Normalising makes millions of short-lived objects and no cycles worth chasing: the collector's
     default (a pass every 700 allocations) cost 15% of an in-process ingest's time. The commands
     that ingest (`ingest`, `serve`, `demo`) call it for their own process. A shard worker goes
-    further (`_COLLECT_EVERY`).
+    further (`_COLLECT_SECONDS`).
     """
     gc.set_threshold(10_000, 20, 100)
 
 
-# A shard worker runs the collector itself, once every this many messages, instead of on allocation
+# A shard worker runs the collector itself, once every this many seconds, instead of on allocation
 # counts. Its own objects make no reference cycles (none found over the bench corpus, every
 # fixture and the odd-type requests), so the automatic passes only re-read the records it holds for
 # assembly: at a pass every 10,000 allocations they cost 15% of a worker's CPU (7.0-7.2 s per
-# 100,000 spans, 5.9-6.1 s with none). The explicit pass catches any cycle a rare path makes. It
-# reads only the objects made since the last pass (the two young generations): a full pass reads
-# every record held for assembly too, and in `serve`, whose units are small, full passes took 8%
-# of a worker's CPU. A full pass runs every `_COLLECT_ALL_EVERY` messages, for a cycle that
-# became garbage after it was promoted.
-_COLLECT_EVERY = 64
-_COLLECT_ALL_EVERY = 64 * 32
+# 100,000 spans, 5.9-6.1 s with none). The explicit pass catches any cycle a rare path makes, so
+# garbage never outlives it by long. It was once every 64 messages; in `serve`, whose units are
+# small, that came every second or two and took ~10% of a worker's CPU (perf), for a pass reads
+# every record the shard holds.
+_COLLECT_SECONDS = 10.0
 
 
 _SPOOL_PREFIX = "plumbline-parts-"
@@ -385,7 +383,7 @@ def _worker(index: int, settings: ShardSettings, inbox: Any, outbox: Any, spool:
     gc.disable()
     shard = Shard(index, settings)
     outbox.put(("ready", None))  # every message is (part, its table's file in the spool or None)
-    handled = 0
+    collected = time.monotonic()
     while True:
         try:
             message = inbox.get(timeout=_PARENT_CHECK_SECONDS)
@@ -397,9 +395,9 @@ def _worker(index: int, settings: ShardSettings, inbox: Any, outbox: Any, spool:
         if message is None:
             return
         kind, payload = message
-        handled += 1
-        if handled % _COLLECT_EVERY == 0:
-            gc.collect(2 if handled % _COLLECT_ALL_EVERY == 0 else 1)
+        if time.monotonic() - collected >= _COLLECT_SECONDS:
+            gc.collect()
+            collected = time.monotonic()
         try:
             if kind == "unit":
                 seq, unit = payload

@@ -145,7 +145,7 @@ def test_attribute_values_of_any_type_on_the_keys_plumbline_reads_cost_no_span(t
 
 
 def test_a_shard_makes_no_reference_cycles_so_its_worker_can_leave_the_collector_off() -> None:
-    # Shard workers run the collector only every `_COLLECT_EVERY` messages (pipeline.py): garbage
+    # Shard workers run the collector only every `_COLLECT_SECONDS` seconds (pipeline.py): garbage
     # that only the collector frees would pile up between passes. Every fixture, odd-type values,
     # values over the limits, and long traces let go, through one shard: nothing unreachable is left.
     units = [unit for path in sorted(FIXTURES.parent.rglob("*.jsonl")) for unit in iter_units(path)]
