@@ -17,6 +17,7 @@ from collections.abc import Callable, Generator, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pyarrow as pa
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from plumbline_otel.decode import Problem, Unit, iter_trace_files, iter_units
@@ -68,17 +69,19 @@ class IngestSummary:
 class PartWriter:
     """The writer's side of the pipeline: commits the parts shards send, in the order they come.
 
-    Span parts are gathered into one transaction per `batch_spans` spans. A trajectory part waits
-    for the next commit of the spans gathered so far (its trajectories were built from them, and
-    arrived after them), then is stored for the traces whose stored spans match
-    (`Store.write_assembled`); committing the spans early for it would cut a transaction short.
+    Span parts are gathered into transactions of whole row groups (`batch_spans`, by default
+    `ROW_GROUP_SIZE`); the rows past the last whole group are carried to the next transaction. A
+    trajectory part waits until the spans gathered before it are committed (its trajectories were
+    built from them), then is stored for the traces whose stored spans match
+    (`Store.write_assembled`); committing early for it would cut a transaction short.
     """
 
     def __init__(self, store: Store, summary: IngestSummary, batch_spans: int = ROW_GROUP_SIZE, source: str = "file") -> None:
         self.store, self.summary, self.batch_spans, self.source = store, summary, batch_spans, source
         self.pending: list[SpanPart] = []
-        self.pending_spans = 0
-        self.assembled: list[TrajectoryPart] = []
+        self.carried: pa.Table | None = None  # rows past the last whole group of the previous transaction
+        self.pending_spans = 0  # rows gathered: carried and pending
+        self.assembled: list[tuple[int, TrajectoryPart]] = []  # each with the rows gathered before it
 
     def take(self, part: Part) -> None:
         """Count and commit (or gather) one part."""
@@ -91,26 +94,41 @@ class PartWriter:
             self.pending.append(part)
             self.pending_spans += part.spans
             if self.pending_spans >= self.batch_spans:
-                self.commit()
+                self.commit(whole_groups=True)
         elif isinstance(part, TrajectoryPart):
-            self.assembled.append(part)
-            if not self.pending:
+            self.assembled.append((self.pending_spans, part))
+            if not self.pending_spans:
                 self.commit()
         elif isinstance(part, LogPart):
             self.store.write_logs(part.rows)  # a retried record is stored once; it was still read
             self.summary.log_records += part.rows.kept
 
-    def commit(self) -> None:
-        """Commit the gathered span parts in one transaction, then the trajectories that came after them."""
-        if self.pending:
-            table, problems = concat_parts(self.pending)
+    def commit(self, whole_groups: bool = False) -> None:
+        """Commit the gathered spans in one transaction, then the trajectory parts whose spans are all committed.
+
+        With `whole_groups`, only as many rows as fill whole row groups: DuckDB writes those into
+        the file directly, while a transaction that leaves a group part-filled is rewritten at the
+        next checkpoint (100,000 spans in commits of 16,600: a 0.36 s checkpoint and a 20 MB file;
+        in commits of 16,384: 0.006 s and 11 MB).
+        """
+        table, problems = concat_parts(self.pending)
+        if self.carried is not None:
+            table = self.carried if table is None else pa.concat_tables([self.carried, table])
+        rows = table.num_rows if table is not None else 0
+        cut = rows - rows % self.batch_spans if whole_groups else rows
+        if table is not None and cut < rows:
+            self.carried, table = table.slice(cut), table.slice(0, cut)
+        else:
+            self.carried = None
+        if cut or problems:
             result = self.store.write_span_table(table, problems, self.source)
             self.summary.stored += result.stored
             self.summary.duplicate += result.duplicate
-            self.pending, self.pending_spans = [], 0
-        for part in self.assembled:
+        self.pending, self.pending_spans = [], rows - cut
+        ready = [part for before, part in self.assembled if before <= cut]
+        self.assembled = [(before - cut, part) for before, part in self.assembled if before > cut]
+        for part in ready:
             self.store.write_assembled(part.table, part.counts)
-        self.assembled = []
 
 
 def _ingest_units(store: Store, units: Iterable[Unit], summary: IngestSummary, source: str, limits: Limits | None,

@@ -712,8 +712,9 @@ def test_a_trajectory_part_waits_for_the_next_commit_instead_of_cutting_the_tran
 
 @pytest.mark.slow
 def test_file_ingest_commits_whole_row_groups_which_duckdb_writes_past_its_log(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A transaction of a whole row group goes into the file compressed, once; a smaller one is logged, then checkpointed."""
-    requests = list(build_requests(ROW_GROUP_SIZE + 3000, 500))
+    """A transaction of whole row groups goes into the file compressed, once; a smaller one is logged, then checkpointed."""
+    requests = list(build_requests(ROW_GROUP_SIZE + 3000, 500))  # requests of 500 spans: no whole group falls on a request's end
+    sent = sum(len(r.resource_spans[0].scope_spans[0].spans) for r in requests)
     path = str(_write_pb(tmp_path / "a.otlp.pb", requests))
     db = tmp_path / "s.duckdb"
     commits: list[tuple[int, int]] = []
@@ -726,7 +727,32 @@ def test_file_ingest_commits_whole_row_groups_which_duckdb_writes_past_its_log(t
 
     monkeypatch.setattr(Store, "write_span_table", logged)
     with Store(db) as store:
-        ingest_files(store, [path], workers=0)
-    (rows, log), *rest = commits
-    assert rows >= ROW_GROUP_SIZE and log < 1 << 20  # 16,384 spans, ~26 MB of rows: under 1 MB of log
-    assert 0 < sum(n for n, _ in rest) < ROW_GROUP_SIZE and rest[0][1] - log > 1 << 20  # the rest: logged
+        summary = ingest_files(store, [path], workers=0)
+        assert _exports(store) == _reference(requests)
+        store.connection.execute("CHECKPOINT")
+        groups = store.connection.execute("SELECT row_group_id, sum(count) FROM pragma_storage_info('spans') "
+                                          "WHERE column_name = 'start_ns' AND segment_type <> 'VALIDITY' GROUP BY 1").fetchall()
+    (rows, log), (rest, later), *_ = commits
+    assert rows == ROW_GROUP_SIZE and log < 1 << 20  # ~26 MB of rows, under 1 MB of log
+    assert rest == sent - ROW_GROUP_SIZE and later - log > 1 << 20  # the rows past it, carried to the last commit: logged
+    assert summary.stored == sent and sorted(n for _, n in groups) == [sent - ROW_GROUP_SIZE, ROW_GROUP_SIZE]
+
+
+def test_rows_past_a_whole_row_group_are_carried_and_trajectories_wait_for_them(tmp_path: Path) -> None:
+    first, second = build_requests(28, 14)
+    shard = Shard(0, ShardSettings())
+    spans = shard.prepare(1, Unit("protobuf", first.SerializeToString(), "test"))[0]
+    assembled = shard.assemble_quiet(None)[0]
+    later = shard.prepare(2, Unit("protobuf", second.SerializeToString(), "test"))[0]
+    assert isinstance(spans, SpanPart) and isinstance(assembled, TrajectoryPart) and isinstance(later, SpanPart)
+    with Store(tmp_path / "s.duckdb") as store:
+        writer = PartWriter(store, IngestSummary(), batch_spans=10)
+        writer.take(spans)  # 14 spans: one group of 10 committed, 4 carried
+        assert store.connection.execute("SELECT count(*) FROM spans").fetchone() == (10,)
+        writer.take(assembled)  # built from all 14: waits for the 4
+        assert _exports(store) == []
+        writer.take(later)  # 18 gathered: 10 committed, and with them the first request's last 4
+        assert store.connection.execute("SELECT count(*) FROM spans").fetchone() == (20,)
+        assert _exports(store) == _reference([first])
+        writer.commit()
+        assert store.connection.execute("SELECT count(*) FROM spans").fetchone() == (28,)
