@@ -691,13 +691,19 @@ def test_an_input_that_fails_midway_or_a_failed_write_stops_the_feeder_and_the_w
     assert not [p for p in multiprocessing.active_children() if p.name.startswith("plumbline-shard")]
 
 
-def test_a_trajectory_part_waits_for_the_next_commit_instead_of_cutting_the_transaction_short(tmp_path: Path) -> None:
+def _two_requests_through_a_shard() -> tuple[Shard, list[ExportTraceServiceRequest], SpanPart, TrajectoryPart, SpanPart]:
+    """A shard's parts for two requests of 14 spans: the first's spans, its trajectories, then the second's spans."""
     first, second = build_requests(28, 14)
     shard = Shard(0, ShardSettings())
     spans = shard.prepare(1, Unit("protobuf", first.SerializeToString(), "test"))[0]
     assembled = shard.assemble_quiet(None)[0]
     later = shard.prepare(2, Unit("protobuf", second.SerializeToString(), "test"))[0]
-    assert isinstance(assembled, TrajectoryPart) and isinstance(spans, SpanPart) and isinstance(later, SpanPart)
+    assert isinstance(spans, SpanPart) and isinstance(assembled, TrajectoryPart) and isinstance(later, SpanPart)
+    return shard, [first, second], spans, assembled, later
+
+
+def test_a_trajectory_part_waits_for_the_next_commit_instead_of_cutting_the_transaction_short(tmp_path: Path) -> None:
+    shard, (first, second), spans, assembled, later = _two_requests_through_a_shard()
     with Store(tmp_path / "s.duckdb") as store:
         writer = PartWriter(store, IngestSummary(), batch_spans=1000)
         for part in (spans, assembled, later):
@@ -739,12 +745,7 @@ def test_file_ingest_commits_whole_row_groups_which_duckdb_writes_past_its_log(t
 
 
 def test_rows_past_a_whole_row_group_are_carried_and_trajectories_wait_for_them(tmp_path: Path) -> None:
-    first, second = build_requests(28, 14)
-    shard = Shard(0, ShardSettings())
-    spans = shard.prepare(1, Unit("protobuf", first.SerializeToString(), "test"))[0]
-    assembled = shard.assemble_quiet(None)[0]
-    later = shard.prepare(2, Unit("protobuf", second.SerializeToString(), "test"))[0]
-    assert isinstance(spans, SpanPart) and isinstance(assembled, TrajectoryPart) and isinstance(later, SpanPart)
+    shard, (first, second), spans, assembled, later = _two_requests_through_a_shard()
     with Store(tmp_path / "s.duckdb") as store:
         writer = PartWriter(store, IngestSummary(), batch_spans=10)
         writer.take(spans)  # 14 spans: one group of 10 committed, 4 carried
