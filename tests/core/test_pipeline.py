@@ -26,7 +26,7 @@ from otlp import to_otlp_json
 
 from plumbline_otel.assemble import assemble, assemble_runs
 from plumbline_otel.decode import Unit, iter_units
-from plumbline_otel.ingest import _UNITS_AHEAD, IngestSummary, PartWriter, _fed, ingest_files
+from plumbline_otel.ingest import _UNITS_AHEAD, IngestSummary, PartWriter, _fed, ingest_files, transaction_spans
 from plumbline_otel.model import SpanRecord
 from plumbline_otel.normalise import Limits, normalise_request
 from plumbline_otel.pipeline import Shard, ShardPool, ShardSettings, SpanPart, TrajectoryPart, _Spool, shard_of, spooled_bytes, spools
@@ -733,12 +733,13 @@ def test_file_ingest_commits_whole_row_groups_which_duckdb_writes_past_its_log(t
 
     monkeypatch.setattr(Store, "write_span_table", logged)
     with Store(db) as store:
-        summary = ingest_files(store, [path], workers=0)
+        summary = ingest_files(store, [path], workers=0, batch_spans=transaction_spans(workers=2))
         assert _exports(store) == _reference(requests)
         store.connection.execute("CHECKPOINT")
         groups = store.connection.execute("SELECT row_group_id, sum(count) FROM pragma_storage_info('spans') "
                                           "WHERE column_name = 'start_ns' AND segment_type <> 'VALIDITY' GROUP BY 1").fetchall()
     (rows, log), (rest, later), *_ = commits
+    assert transaction_spans(workers=0) < ROW_GROUP_SIZE  # one process commits less at a time (its memory)
     assert rows == ROW_GROUP_SIZE and log < 1 << 20  # ~26 MB of rows, under 1 MB of log
     assert rest == sent - ROW_GROUP_SIZE and later - log > 1 << 20  # the rows past it, carried to the last commit: logged
     assert summary.stored == sent and sorted(n for _, n in groups) == [sent - ROW_GROUP_SIZE, ROW_GROUP_SIZE]
