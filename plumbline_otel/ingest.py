@@ -66,11 +66,17 @@ class IngestSummary:
         self.problems.extend(other.problems)
 
 
+# Span rows (Arrow bytes) a writer gathers at most before it commits: a row group of the bench corpus's
+# spans is ~27 MB, but one of spans of several KB each (the demo's replayed runs) held ~150 MB more.
+_PENDING_BYTES = 48 << 20
+
+
 class PartWriter:
     """The writer's side of the pipeline: commits the parts shards send, in the order they come.
 
     Span parts are gathered into transactions of whole row groups (`batch_spans`, by default
-    `ROW_GROUP_SIZE`); the rows past the last whole group are carried to the next transaction. A
+    `ROW_GROUP_SIZE`); the rows past the last whole group are carried to the next transaction.
+    Spans of several KB each commit sooner, at `_PENDING_BYTES` of rows, whole groups or not. A
     trajectory part waits until the spans gathered before it are committed (its trajectories were
     built from them), then is stored for the traces whose stored spans match
     (`Store.write_assembled`); committing early for it would cut a transaction short.
@@ -81,6 +87,7 @@ class PartWriter:
         self.pending: list[SpanPart] = []
         self.carried: pa.Table | None = None  # rows past the last whole group of the previous transaction
         self.pending_spans = 0  # rows gathered: carried and pending
+        self.pending_bytes = 0  # their Arrow bytes
         self.assembled: list[tuple[int, TrajectoryPart]] = []  # each with the rows gathered before it
 
     def take(self, part: Part) -> None:
@@ -93,8 +100,11 @@ class PartWriter:
                 self.summary.problems.append(Problem(f"unit {part.seq}", f"not normalised: {part.error}"))
             self.pending.append(part)
             self.pending_spans += part.spans
+            self.pending_bytes += part.table.nbytes if part.table is not None else 0
             if self.pending_spans >= self.batch_spans:
                 self.commit(whole_groups=True)
+            elif self.pending_bytes >= _PENDING_BYTES:
+                self.commit()
         elif isinstance(part, TrajectoryPart):
             self.assembled.append((self.pending_spans, part))
             if not self.pending_spans:
@@ -125,6 +135,7 @@ class PartWriter:
             self.summary.stored += result.stored
             self.summary.duplicate += result.duplicate
         self.pending, self.pending_spans = [], rows - cut
+        self.pending_bytes = self.carried.nbytes if self.carried is not None else 0
         ready = [part for before, part in self.assembled if before <= cut]
         self.assembled = [(before - cut, part) for before, part in self.assembled if before > cut]
         for part in ready:

@@ -758,3 +758,14 @@ def test_rows_past_a_whole_row_group_are_carried_and_trajectories_wait_for_them(
         assert _exports(store) == _reference([first])
         writer.commit()
         assert store.connection.execute("SELECT count(*) FROM spans").fetchone() == (28,)
+
+
+def test_large_spans_commit_at_a_bound_on_bytes_before_a_row_group_fills(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A row group of spans of several KB each would hold ~150 MB in the writer: bytes bound the gathered rows too."""
+    shard, (first, second), spans, assembled, later = _two_requests_through_a_shard()
+    monkeypatch.setattr("plumbline_otel.ingest._PENDING_BYTES", spans.table.nbytes if spans.table is not None else 0)
+    with Store(tmp_path / "s.duckdb") as store:
+        writer = PartWriter(store, IngestSummary(), batch_spans=1000)
+        writer.take(spans)  # 14 spans, far from 1,000, but at the byte bound: committed
+        assert store.connection.execute("SELECT count(*) FROM spans").fetchone() == (14,)
+        assert writer.pending_bytes == 0
