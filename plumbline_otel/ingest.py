@@ -150,8 +150,9 @@ def transaction_spans(workers: int) -> int:
 
     With workers, a writer holds little but the parts it is committing (the rest wait in the spool),
     and whole row groups go into the file once (`PartWriter`). One process holds its parts, its
-    records for assembly and DuckDB's row-group buffers together: whole row groups took the demo's
-    peak from 540 to 660 MiB and a 20,000-span trace's from ~283 to ~292.
+    records for assembly and DuckDB's row-group buffers together: with whole row groups a
+    100,000-span ingest in one process peaked at 490-496 MiB, with 5,000 at 378-394, and a
+    20,000-span trace at ~292 against ~283 (`bench/ingest_files.py`).
     """
     return ROW_GROUP_SIZE if workers else _IN_PROCESS_SPANS
 
