@@ -177,7 +177,6 @@ def run_ingest(path: str, workers: int | None) -> dict[str, float]:
     import hashlib
 
     from plumbline_otel import ingest, pipeline
-    from plumbline_otel.decode import iter_units
     from plumbline_otel.store import Store
 
     t = {"decode": 0.0, "normalise": 0.0, "tables": 0.0, "write": 0.0, "assemble": 0.0}
@@ -206,7 +205,7 @@ def run_ingest(path: str, workers: int | None) -> dict[str, float]:
     t["spans"] = summary.stored
     t["trajectories"] = summary.trajectories
     t["digest"] = digest.hexdigest()  # type: ignore[assignment]
-    t["workers"] = workers if workers is not None else pipeline.default_workers(os.path.getsize(path), pipeline.first_traces(iter_units(Path(path)))[1])
+    t["workers"] = summary.workers  # what `plumbline ingest` chose, when `workers` is None
     t["cpu_main"] = me.ru_utime + me.ru_stime
     t["cpu_workers"] = children.ru_utime + children.ru_stime
     t["peak_main_mb"] = me.ru_maxrss / 1024

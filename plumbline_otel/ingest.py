@@ -50,6 +50,7 @@ class IngestSummary:
     rejected_spans: int = 0
     trajectories: int = 0  # runs this ingest built that the store holds at its end (a run built twice counts once)
     log_records: int = 0  # GenAI log records read (stored once each; folded into their spans at assembly)
+    workers: int = 0  # shard worker processes the ingest ran (0: in the caller's process)
     problems: list[Problem] = field(default_factory=list)
 
     @property
@@ -162,6 +163,7 @@ def _ingest_units(store: Store, units: Iterable[Unit], summary: IngestSummary, s
     """Units through the shards into the store; then the traces no shard could assemble alone, from the store."""
     settings = ShardSettings(limits=limits or Limits(), task_keys=store.task_keys)
     started = time.time_ns()
+    summary.workers = workers
     writer = PartWriter(store, summary, batch_spans or transaction_spans(workers), source=source)
     with store.beside_workers(workers), ShardPool(settings, workers, collector=workers > 0) as pool:
         parts = _fed(pool, units, summary) if workers else _in_process(pool, units, summary)

@@ -456,10 +456,6 @@ class ShardPool:
         """The sequence number the next `submit` will return."""
         return self._seq + 1
 
-    def has_room(self) -> bool:
-        """Whether `submit` would send at once: every worker's inbox has room (only this process fills them)."""
-        return not any(inbox.full() for inbox in self._inboxes)
-
     def submit(self, unit: Unit) -> int:
         """Send one unit to every shard; returns its sequence number (its parts carry it)."""
         self._seq += 1

@@ -105,29 +105,35 @@ def span_table(records: list[SpanRecord], now: int) -> pa.Table:
     """Span records as the Arrow table the store inserts (built in the shard workers, off the writer).
 
     Built a column at a time, each a typed comprehension that mypyc compiles to field reads: no
-    per-span row is made and transposed.
+    per-span row is made and transposed. Columns are named, so one missing from `SPAN_COLUMNS`'
+    order fails here (KeyError) rather than shifting its neighbours.
     """
     resources, contexts = _resource_columns(records)
-    columns: list[list[Any]] = [
-        [r.trace_id for r in records], [r.span_id for r in records], [r.parent_span_id for r in records],
-        [r.name for r in records], [r.start_ns for r in records], [r.end_ns for r in records],
-        [r.kind for r in records], [r.status_code for r in records], [r.status_message for r in records],
-        [r.service_name for r in records], [r.service_version for r in records], [r.scope_name for r in records],
-        [r.convention for r in records], [r.step_kind for r in records], [r.tool_name for r in records],
-        [r.call_id for r in records], [_json(r.args) for r in records], [r.args_state for r in records],
-        [_json(r.result) for r in records], [r.error for r in records], [r.model for r in records],
-        [r.provider for r in records], [r.response_id for r in records], [r.input_tokens for r in records],
-        [r.output_tokens for r in records], [r.agent_name for r in records], [r.input_text for r in records],
-        [r.output_text for r in records], [r.content_captured for r in records],
-        [_json(r.proposed_calls) if r.proposed_calls else None for r in records],
-        [_json(r.tool_results) if r.tool_results else None for r in records],
-        [r.unknown_keys for r in records], [r.dropped_attributes_count for r in records], contexts,
-        [_json(r.attributes) for r in records], resources, [now] * len(records), [r.shapes for r in records],
-        [r.cache_read_tokens for r in records], [r.cache_write_tokens for r in records], [r.finish_reasons for r in records],
-        [r.handoff_to for r in records], [r.evidence for r in records],
-        [_json(r.decisions) if r.decisions else None for r in records],
-    ]
-    return pa.Table.from_arrays([pa.array(c, type=f.type) for c, f in zip(columns, _SCHEMA)], schema=_SCHEMA)
+    columns: dict[str, list[Any]] = {
+        "trace_id": [r.trace_id for r in records], "span_id": [r.span_id for r in records],
+        "parent_span_id": [r.parent_span_id for r in records], "name": [r.name for r in records],
+        "start_ns": [r.start_ns for r in records], "end_ns": [r.end_ns for r in records], "kind": [r.kind for r in records],
+        "status_code": [r.status_code for r in records], "status_message": [r.status_message for r in records],
+        "service_name": [r.service_name for r in records], "service_version": [r.service_version for r in records],
+        "scope_name": [r.scope_name for r in records], "convention": [r.convention for r in records],
+        "step_kind": [r.step_kind for r in records], "tool_name": [r.tool_name for r in records],
+        "call_id": [r.call_id for r in records], "args": [_json(r.args) for r in records],
+        "args_state": [r.args_state for r in records], "result": [_json(r.result) for r in records],
+        "error": [r.error for r in records], "model": [r.model for r in records], "provider": [r.provider for r in records],
+        "response_id": [r.response_id for r in records], "input_tokens": [r.input_tokens for r in records],
+        "output_tokens": [r.output_tokens for r in records], "agent_name": [r.agent_name for r in records],
+        "input_text": [r.input_text for r in records], "output_text": [r.output_text for r in records],
+        "content_captured": [r.content_captured for r in records],
+        "proposed_calls": [_json(r.proposed_calls) if r.proposed_calls else None for r in records],
+        "tool_results": [_json(r.tool_results) if r.tool_results else None for r in records],
+        "unknown_keys": [r.unknown_keys for r in records], "dropped_attributes_count": [r.dropped_attributes_count for r in records],
+        "context": contexts, "attributes": [_json(r.attributes) for r in records], "resource": resources,
+        "received_ns": [now] * len(records), "shapes": [r.shapes for r in records],
+        "cache_read_tokens": [r.cache_read_tokens for r in records], "cache_write_tokens": [r.cache_write_tokens for r in records],
+        "finish_reasons": [r.finish_reasons for r in records], "handoff_to": [r.handoff_to for r in records],
+        "evidence": [r.evidence for r in records], "decisions": [_json(r.decisions) if r.decisions else None for r in records],
+    }
+    return pa.Table.from_arrays([pa.array(columns[f.name], type=f.type) for f in _SCHEMA], schema=_SCHEMA)
 
 
 _TRAJECTORY_SCHEMA = pa.schema([

@@ -54,8 +54,8 @@ _CHECKPOINT_THRESHOLD = "32MB"
 # 16,384, writing 100,000 spans took 0.63-0.66 s of CPU instead of 1.04-1.06, the writer's peak
 # memory fell from ~535 to ~370 MB and the file from 19 to 12 MB (best of 2 each; 32,768 was no better).
 # A transaction that appends a whole row group is written by DuckDB straight into the file, compressed,
-# rather than into the write-ahead log and again at the checkpoint: file ingest commits this many
-# spans at a time (`ingest.PartWriter`). 5,000 spans put 8 MB into the log; 16,384 put 0.1 MB.
+# rather than into the write-ahead log and again at the checkpoint: file ingest with workers commits
+# whole row groups (`ingest.transaction_spans`). 5,000 spans put 8 MB into the log; 16,384 put 0.1 MB.
 ROW_GROUP_SIZE = 16_384
 # A writer's DuckDB cache (DuckDB's default is 80% of the machine's memory). The log above keeps up
 # to its size of appended rows in memory until the checkpoint; past this cap they go to a temporary

@@ -92,7 +92,7 @@ def test_two_workers_store_what_each_trace_assembled_whole_gives(tmp_path: Path)
     for workers in (0, 2):
         with Store(tmp_path / f"w{workers}.duckdb") as store:
             summary = ingest_files(store, files, workers=workers)
-            assert _exports(store) == expected
+            assert _exports(store) == expected and summary.workers == workers
             spans = store.connection.execute("SELECT count(*), count(DISTINCT (trace_id, span_id)) FROM spans").fetchone()
             assert spans is not None and spans[0] == spans[1] == summary.stored
             assert summary.duplicate == sum(len(r.resource_spans[0].scope_spans[0].spans) for r in requests) - summary.stored
@@ -641,6 +641,7 @@ def test_ingest_chooses_its_workers_from_its_first_spans_and_still_stores_them(t
         summary = ingest_files(store, [path])
         assert _exports(store) == _reference(requests)
     assert seen[0] == (Path(path).stat().st_size, None) and seen[1][1] is not None and seen[1][1] > 1
+    assert summary.workers == 0  # what it chose, as the summary reports it
     assert summary.requests == len(requests) and summary.spans_read == sum(len(r.resource_spans[0].scope_spans[0].spans) for r in requests)
 
 
