@@ -34,9 +34,24 @@ FAULT_ERROR = "plumbline.fault.error"  # the exact message the injector raises
 FAULT_FIRED = "plumbline.fault.fired"  # true only when the driver saw its injector raise
 FAULT_INJECTED = "plumbline.fault.injected"  # on the tool span an injected fault failed
 FAULT_STEP = "plumbline.fault.step"  # on a trial's root span: the index of that step
-REPLAY_TRIAL = "plumbline.replay.trial"  # the replay driver's root span name
+REPLAY_TRIAL = "plumbline.replay.trial"  # the replay driver's root span name (a legacy marker)
+INSTANCE = "plumbline.study.instance"  # random per study state: trace ids never repeat across state directories
+
+# The driver's record of a trial (`trials.py`): one plain root span in a trace of its own, never the attempt's.
+RECORD_SPAN = "plumbline.trial.record"
+RECORD_KIND = "plumbline.record.kind"  # "plan" (attempt 0: the trial was planned) or "attempt"
+RECORD_AT = "plumbline.record.at_ns"  # when the driver wrote it: attempts of one trial are ordered by it
+RUN_TRACE = "plumbline.trial.trace_id"  # the attempt's trace, where the agent's run is
+FAULT_PLANNED = "plumbline.fault.planned"  # the fault plan, as text
+FAULT_SOURCE = "plumbline.fault.source"  # who saw the fault reach the agent: injector, model_proxy, mcp_proxy
+FAULT_CLAIMED = "plumbline.fault.claimed"  # what the adapter reported (kept to show conflicts, never believed)
+COST_USD = "plumbline.cost.usd"
+COST_METERED = "plumbline.cost.metered"  # true: every cent passed a plumbline meter; false: the adapter's own report
+EVIDENCE = "plumbline.trial.evidence"  # JSON: what the proxies witnessed in the attempt
 
 TOOL_FAULT = "tool_fault"
+# Perturbations whose runs are scored only when the fault was seen to reach the agent.
+FAULT_PERTURBATIONS = frozenset({TOOL_FAULT, "tool_result_fault", "model_fault"})
 ERRORED_STATUSES = frozenset({"errored", "error"})
 MARKER_STATUSES = ERRORED_STATUSES | {"missing"}  # a trial marker: the attempt left no run of the agent
 RunStatus = Literal["missing", "errored", "unexposed", "exposed"]
@@ -58,19 +73,24 @@ def _status(trajectory: Trajectory) -> str:
     return str(trajectory.context.get(TRIAL_STATUS, "")).strip().lower()
 
 
+def is_record(trajectory: Trajectory) -> bool:
+    """The replay driver's record of a trial (`trials.py`): what the driver saw, not a run of the agent."""
+    return not trajectory.steps and str(trajectory.context.get(RECORD_KIND, "")) in ("plan", "attempt")
+
+
 def is_missing(trajectory: Trajectory) -> bool:
-    """A trial never started (spend cap, interrupted): counted beside n, never in it."""
-    return _status(trajectory) == "missing"
+    """A legacy marker of a trial never started (spend cap, interrupted): counted beside n, never in it."""
+    return not is_record(trajectory) and _status(trajectory) == "missing"
 
 
 def is_errored(trajectory: Trajectory) -> bool:
-    """A trial that started and produced no usable run: a run, and a failing one."""
-    return _status(trajectory) in ERRORED_STATUSES
+    """A legacy marker of a trial that started and produced no usable run: a run, and a failing one."""
+    return not is_record(trajectory) and _status(trajectory) in ERRORED_STATUSES
 
 
 def is_marker(trajectory: Trajectory) -> bool:
-    """A trial marker (missing or errored): no steps of the agent to analyse."""
-    return _status(trajectory) in MARKER_STATUSES
+    """No run of the agent: a driver's record, or a legacy trial marker (missing or errored)."""
+    return is_record(trajectory) or _status(trajectory) in MARKER_STATUSES
 
 
 def errored_reason(trajectory: Trajectory) -> str:

@@ -28,7 +28,7 @@ from plumbline_otel.replay.adapters import (
 )
 from plumbline_otel.replay.budget import BudgetExceeded, SpendCap, TrialBudget, cost_usd, price_of
 from plumbline_otel.replay.cache import ResponseCache, anthropic_client, cache_key, caching_transport
-from plumbline_otel.replay.export import MarkerWriter, OtlpJsonFileExporter, SpanSink, TrialSpanBuffer, exporter_for_endpoint, to_otlp_json
+from plumbline_otel.replay.export import OtlpJsonFileExporter, RecordWriter, SpanSink, TrialSpanBuffer, exporter_for_endpoint, to_otlp_json
 from plumbline_otel.replay.guard import GuardVerdict, check_equivalent, protected_tokens
 from plumbline_otel.replay.identity import FaultPlan, TrialIdentity, trial_id_for
 from plumbline_otel.replay.ledger import Ledger
@@ -64,7 +64,7 @@ from plumbline_otel.replay.tasks import ReplayTask, TaskSource, select_tasks, so
 
 __all__ = [
     "PERTURBATIONS", "Adapter", "AdapterError", "AnthropicParaphraser", "BudgetExceeded", "CommandAdapter",
-    "FaultPlan", "GuardVerdict", "HttpAdapter", "InjectedFault", "Ledger", "MarkerWriter", "OtlpJsonFileExporter",
+    "FaultPlan", "GuardVerdict", "HttpAdapter", "InjectedFault", "Ledger", "RecordWriter", "OtlpJsonFileExporter",
     "PerturbOptions", "Plan", "PythonAdapter", "ReplayTask", "ResponseCache", "TaskSource", "RetryPolicy", "SpanSink", "SpendCap",
     "Study", "StudyConfig", "StudyLock", "StudyLocked", "StudySummary", "TransientAdapterError", "Trial", "TrialBudget", "TrialIdentity", "TrialOutcome",
     "TrialRecord", "TrialScope", "TrialSpanBuffer", "Variant", "anthropic_client", "build_variants", "cache_key",

@@ -15,11 +15,14 @@ spans carry, used on missing-trial markers), ``decoy_tools`` (the domain's decoy
   is a transient failure. A last stdout line that is a JSON object may report ``trace_id``,
   ``cost_usd``, ``fault_fired`` and ``output``.
 - ``HttpAdapter``: POSTs ``{input, trial, metadata, fault}`` as JSON with W3C ``traceparent`` and
-  ``baggage`` headers; 408/425/429/5xx and connection failures are transient (``Retry-After``
-  honoured). A JSON response may report the same fields as the command adapter.
+  ``baggage`` headers; 408/425/429/503 and connection failures are transient (``Retry-After``
+  honoured): the request was refused at the door. Any other error status means the agent ran and
+  failed. A JSON response may report the same fields as the command adapter.
 
-Transient errors are retried by the driver, so an adapter should only call an error transient
-when the agent did not get to export a run (a refused connection, a 503 at the door).
+Transient errors are retried by the driver and recorded as attempts that never reached the agent
+(missing), so an adapter raises one only when the agent did not run (a refused connection, a 503
+at the door, exit 75). Whatever an adapter reports (``cost_usd``, ``fault_fired``) is kept as the
+agent's claim beside the driver's record; it never decides a trial's status or exposure.
 """
 
 from __future__ import annotations
@@ -57,7 +60,7 @@ class TransientAdapterError(AdapterError):
         self.retry_after = retry_after
 
 
-TRANSIENT_HTTP = frozenset({408, 425, 429, 500, 502, 503, 504})
+TRANSIENT_HTTP = frozenset({408, 425, 429, 503})  # refused at the door: the agent did not run
 EX_TEMPFAIL = 75
 
 

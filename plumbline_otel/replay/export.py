@@ -9,10 +9,11 @@ serialises writers per path, so the driver's markers and an agent's spans can sh
 the adapter releases them (the trial produced a run) or discards them (the attempt failed, and
 a retry or a marker will stand for it), so a trial's spans are exported all or nothing.
 
-A marker is one plain (non-agent) root span in an attempt's own trace carrying the trial
-identity, ``plumbline.trial.status`` and ``plumbline.trial.reason``: ``missing`` for a trial
-never started (counted beside n), ``errored`` for one that started and left no run (a run, in n,
-non-conforming).
+``RecordWriter`` writes the driver's records (`plumbline_otel.trials`): one plain root span per
+planned trial and per attempt, each in a trace of its own, carrying the trial identity and what
+the driver saw (status and reason, the attempt's trace, the fault and who saw it fire, the cost
+and whether it was metered). They travel through the same sink as the agent's spans, so every
+store that holds a study's runs holds its records too.
 """
 
 from __future__ import annotations
@@ -37,11 +38,10 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, Sp
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 
 from plumbline_otel.replay.identity import TrialIdentity
-from plumbline_otel.runs import REPLAY_TRIAL, TRIAL_ATTEMPTS, TRIAL_REASON, TRIAL_STATUS
+from plumbline_otel.runs import RECORD_SPAN
 
 SCOPE_NAME = "plumbline_otel.replay"
 _TRACE_ID = re.compile(rb'"traceId"\s*:\s*"([0-9a-fA-F]{32})"')
-MARKER_SPAN = REPLAY_TRIAL
 
 _PATH_LOCKS: dict[str, threading.Lock] = {}
 _PATH_LOCKS_GUARD = threading.Lock()
@@ -257,8 +257,8 @@ def trial_span_context(identity: TrialIdentity) -> SpanContext:
                        trace_flags=TraceFlags(TraceFlags.SAMPLED))
 
 
-class MarkerWriter:
-    """Writes missing/error markers for trials, one provider per agent label."""
+class RecordWriter:
+    """Writes the driver's records, one provider per agent label (the records' service is the agent's)."""
 
     def __init__(self, sink: SpanSink) -> None:
         self.sink = sink
@@ -278,16 +278,17 @@ class MarkerWriter:
                 self._providers[key] = provider
             return self._providers[key]
 
-    def write(self, identity: TrialIdentity, status: str, reason: str, *, service: str | None,
-              version: str | None = None, attempts: int = 0) -> None:
-        """One root span in the attempt's trace: it produced no run (``status`` "missing" or
-        "errored") and why; identity and fault evidence ride on it like on a run."""
+    def write(self, identity: TrialIdentity, attributes: Mapping[str, Any], *, plan: bool, service: str | None,
+              version: str | None = None) -> None:
+        """One root span in the record's own trace (`TrialIdentity.record_trace_id`), exported at once."""
         tracer = self._provider(service, version).get_tracer(SCOPE_NAME)
-        parent = trace.set_span_in_context(NonRecordingSpan(trial_span_context(identity)))
-        attributes: dict[str, Any] = {k: v for k, v in identity.attributes().items() if v is not None}
-        attributes.update({TRIAL_STATUS: status, TRIAL_REASON: reason[:500], TRIAL_ATTEMPTS: attempts})
+        trace_id = int(identity.record_trace_id(plan), 16)
+        parent = trace.set_span_in_context(NonRecordingSpan(SpanContext(trace_id, int(identity.parent_span_id, 16), is_remote=True,
+                                                                        trace_flags=TraceFlags(TraceFlags.SAMPLED))))
+        values = {**identity.attributes(), **attributes}
         now = time.time_ns()
-        span = tracer.start_span(MARKER_SPAN, context=parent, attributes=attributes, start_time=now)
+        span = tracer.start_span(RECORD_SPAN, context=parent, attributes={k: v for k, v in values.items() if v is not None},
+                                 start_time=now)
         span.end(end_time=now)
         with self._lock:
             self.written += 1

@@ -4,10 +4,11 @@
 Everything here is pure. A trial id is readable and deterministic
 (``study/task_key/perturbation/variant/kN``), so re-running a study names the same trials and
 resume can recognise them. Every *attempt* of a trial (a retry, a resumed run, an explicit
-re-run) is one execution with its own deterministic trace id, derived from trial id and attempt
-number: two executions never share a trace, so the store can never merge them into one
-trajectory (the seed of 22 false "paid twice" violations). A marker for an attempt that left no
-run is written into that attempt's trace.
+re-run) is one execution with its own trace id, derived from the study state's random instance
+id, the trial id and the attempt number: two executions never share a trace, even from two state
+directories of one study, so the store can never merge them into one trajectory (the seed of 22
+false "paid twice" violations). The driver's record of each attempt goes into a trace of its own
+(`record_trace_id`), never the attempt's, so no span of the agent can stand in for it.
 
 On a ``tool_fault`` trial the identity also carries the fault evidence the certificate matches:
 the targeted tool and the exact error text the injector raises (``FaultPlan.error_message``).
@@ -23,6 +24,7 @@ from urllib.parse import quote
 from plumbline_otel.runs import (
     FAULT_ERROR,
     FAULT_TOOL,
+    INSTANCE,
     PERTURBATION,
     REPEAT,
     STUDY,
@@ -108,6 +110,7 @@ class TrialIdentity:
     task_key: str | None = None
     attempt: int = 1
     fault: FaultPlan | None = None
+    instance: str = ""  # the study state's random id: the same trial of two states never shares a trace
 
     def __post_init__(self) -> None:
         if self.attempt < 1:
@@ -127,6 +130,8 @@ class TrialIdentity:
             STUDY: self.study,
             REPEAT: self.repeat,
         }
+        if self.instance:
+            attrs[INSTANCE] = self.instance
         if self.task_key is not None:
             attrs[TASK_KEY] = self.task_key
         if self.fault is not None:
@@ -135,12 +140,13 @@ class TrialIdentity:
 
     def as_dict(self) -> dict[str, Any]:
         return {"trial_id": self.trial_id, "attempt": self.attempt, "perturbation": self.perturbation,
-                "variant": self.variant, "study": self.study, "repeat": self.repeat, "task_key": self.task_key}
+                "variant": self.variant, "study": self.study, "repeat": self.repeat, "task_key": self.task_key,
+                "instance": self.instance}
 
     # --- the attempt's trace ----------------------------------------------------------------
 
-    def _digest(self) -> str:
-        return hashlib.sha256(f"plumbline.replay:{self.trial_id}#{self.attempt}".encode()).hexdigest()
+    def _digest(self, kind: str = "replay") -> str:
+        return hashlib.sha256(f"plumbline.{kind}:{self.instance}:{self.trial_id}#{self.attempt}".encode()).hexdigest()
 
     @property
     def trace_id(self) -> str:
@@ -153,6 +159,11 @@ class TrialIdentity:
         """16 hex digits: the attempt's virtual root, parent of the agent's root span."""
         value = self._digest()[32:48]
         return value if int(value, 16) else "1".rjust(16, "0")
+
+    def record_trace_id(self, plan: bool = False) -> str:
+        """The trace of the driver's record of this attempt (or of the trial's plan): never the attempt's own."""
+        value = self._digest("plan" if plan else "record")[:32]
+        return value if int(value, 16) else "2".rjust(32, "0")
 
     def traceparent(self) -> str:
         """W3C ``traceparent`` (sampled) pointing at the trial's virtual root."""

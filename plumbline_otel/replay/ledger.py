@@ -1,11 +1,13 @@
 """The study ledger: JSON lines appended as things happen, the study's single source of truth.
 
 Three kinds of row: an attempt starting (``status`` "started", with its ``attempt`` number, so
-numbers are never reused even after a crash), a trial's outcome (``status`` ok / errored /
-missing), and spend rows (``spend`` reserve / settle, written by ``budget.SpendCap`` under a
-file lock). Resume trusts it besides the store: a trial whose last row says ``ok`` is done. The
-variants file beside it lists every variant built for the study, rejected ones with the
-guard's reason.
+numbers are never reused even after a crash), an attempt's outcome (``status`` ok / errored /
+missing, the same fields as the driver's record of it, `plumbline_otel.trials`), and spend rows
+(``spend`` reserve / settle, written by ``budget.SpendCap`` under a file lock). Resume trusts it
+besides the store: a trial with an attempt the agent ran (ok or errored) is decided and never
+runs again; one whose attempts are all missing runs again. The variants file beside it lists
+every variant built for the study, rejected ones with the guard's reason; ``study.json`` holds
+the study state's random instance id.
 """
 
 from __future__ import annotations
@@ -54,8 +56,9 @@ class Ledger:
         """The last outcome row per trial id."""
         return {row["trial_id"]: row for row in self.rows if "trial_id" in row and row.get("status") != "started"}
 
-    def completed(self) -> set[str]:
-        return {tid for tid, row in self.latest().items() if row.get("status") == "ok"}
+    def decided(self) -> set[str]:
+        """Trials with an attempt the agent ran (ok or errored): their result is in, they never run again."""
+        return {row["trial_id"] for row in self.rows if "trial_id" in row and row.get("status") in ("ok", "errored")}
 
     def spent_usd(self) -> float:
         """Settled spend of the study (``budget.SpendCap`` rows)."""

@@ -12,11 +12,18 @@ its deterministic identity. ``run_study`` runs a plan:
   model price table × the task's recorded tokens × a margin) fits what the study has left;
   metered model calls grow the reservation or are refused; the account lives in the ledger under
   a file lock, so threads and processes share it;
-- a trial is ``ok`` only when its run reached the sink; a trial that started and left no run
-  (the adapter raised, timed out, or no trace arrived) is ``errored``; one never started (cap,
-  interrupted) is ``missing``. Both get a marker span with the reason in the attempt's trace;
-- resume: trials whose run is in the store or whose ledger row says ``ok`` are skipped; without
-  ``resume`` such a study is refused, and ``rerun`` runs finished trials again as new attempts.
+- the driver is the witness: every planned trial and every attempt gets a *record* (status and
+  reason, the attempt's trace, the fault and whether the driver saw it fire, the cost and whether
+  a meter counted it), written to the ledger and, as a span in a trace of its own, to the study's
+  sink beside the runs (`plumbline_otel.trials`); certify reads those, never the agent's word;
+- an attempt is ``ok`` when the agent ran and its run reached the sink; ``errored`` when the agent
+  ran and raised (``SystemExit`` included), timed out, exited non-zero or left no trace;
+  ``missing`` when it never reached the agent (cap, interrupted, refused at the door). Only a
+  missing attempt is retried or resumed: an errored one is the trial's result;
+- the spend cap: an attempt starts only if its reservation fits; one that does not fit waits
+  while running attempts may settle, and is missing only when none is left running;
+- resume: decided trials (an attempt ran) are skipped; without ``resume`` such a study is
+  refused, and ``rerun`` runs them again as *new trials* (the next free repeat numbers).
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ from __future__ import annotations
 import hashlib
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from contextlib import contextmanager
@@ -31,6 +39,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import orjson
 from opentelemetry import baggage, context, trace
 from opentelemetry.trace import NonRecordingSpan
 
@@ -38,14 +47,29 @@ from plumbline_otel.errors import ReplayError
 from plumbline_otel.replay.adapters import PythonAdapter, TransientAdapterError, Trial, TrialOutcome
 from plumbline_otel.replay.budget import BudgetExceeded, SpendCap, TrialBudget, cost_usd
 from plumbline_otel.replay.cache import ResponseCache
-from plumbline_otel.replay.export import MarkerWriter, SpanSink, trial_span_context
+from plumbline_otel.replay.export import RecordWriter, SpanSink, trial_span_context
 from plumbline_otel.replay.identity import TrialIdentity, trial_id_for
 from plumbline_otel.replay.ledger import Ledger, write_jsonl
 from plumbline_otel.replay.lock import StudyLock
 from plumbline_otel.replay.perturb import PerturbOptions, Variant, build_variants
 from plumbline_otel.replay.scope import FaultInjector, TrialScope, activate
 from plumbline_otel.replay.tasks import ReplayTask
-from plumbline_otel.runs import FAULT
+from plumbline_otel.runs import (
+    COST_METERED,
+    COST_USD,
+    EVIDENCE,
+    FAULT,
+    FAULT_CLAIMED,
+    FAULT_FIRED,
+    FAULT_PLANNED,
+    FAULT_SOURCE,
+    RECORD_AT,
+    RECORD_KIND,
+    RUN_TRACE,
+    TRIAL_REASON,
+    TRIAL_STATUS,
+)
+from plumbline_otel.trials import RAN
 
 
 @dataclass(frozen=True)
@@ -56,7 +80,8 @@ class RetryPolicy:
     base_delay_s: float = 0.5
     factor: float = 2.0
     max_delay_s: float = 30.0
-    transient: tuple[type[BaseException], ...] = (TransientAdapterError, ConnectionError, TimeoutError)
+    # Only errors that say the agent was never reached: an in-process agent's own ConnectionError means it ran.
+    transient: tuple[type[BaseException], ...] = (TransientAdapterError,)
 
     def delay(self, attempt: int, retry_after: float | None = None) -> float:
         """Sleep before attempt ``attempt + 1``: the backoff, or the peer's Retry-After if longer (capped)."""
@@ -111,11 +136,12 @@ class Plan:
         return [v for v in self.variants if v.rejected]
 
 
-def plan_study(config: StudyConfig, tasks: Sequence[ReplayTask], adapter: Any = None) -> Plan:
+def plan_study(config: StudyConfig, tasks: Sequence[ReplayTask], adapter: Any = None, instance: str = "") -> Plan:
     """Variants and trials, in a deterministic order (task, perturbation, variant, repeat).
 
     A domain adapter may offer its own ``decoy_tools`` (used unless the options name others) and
     ``fault_tools`` (preferred fault targets, among the tools each task's source run called).
+    ``instance`` is the study state's random id, carried by every attempt's identity.
     """
     options = config.options
     decoys = getattr(adapter, "decoy_tools", None)
@@ -134,14 +160,21 @@ def plan_study(config: StudyConfig, tasks: Sequence[ReplayTask], adapter: Any = 
             for k in range(config.repeats):
                 identity = TrialIdentity(trial_id_for(config.study, task.task_key, variant.perturbation, variant.variant_id, k),
                                          variant.perturbation, variant.variant_id, config.study, k, task.task_key,
-                                         fault=variant.fault)
+                                         fault=variant.fault, instance=instance)
                 trials.append(Trial(identity, task, variant.text, dict(variant.metadata), variant.fault, config.sink))
     return Plan(tuple(variants), tuple(trials))
 
 
 @dataclass
 class TrialRecord:
-    """How one trial ended: ok (its run reached the sink), errored (started, no run), missing (never started)."""
+    """How one trial ended in this run of the study, as the driver saw it.
+
+    ``status``: ok (the agent ran and its run reached the sink), errored (the agent ran and crashed,
+    hung, exited non-zero or left no trace) or missing (no attempt reached the agent: cap,
+    interrupted, refused at the door). ``fault_fired`` is what the driver (or a proxy) saw; the
+    adapter's own report is kept apart in ``fault_claimed``. ``metered`` is false when the cost is
+    the adapter's own report (or the whole reservation), not what a plumbline meter counted.
+    """
 
     trial_id: str
     task_key: str | None
@@ -160,11 +193,24 @@ class TrialRecord:
     cache_misses: int = 0
     fault: str | None = None
     fault_fired: bool | None = None
+    fault_source: str | None = None
+    fault_claimed: bool | None = None
+    metered: bool | None = None
     reserved_usd: float = 0.0
     overrun_usd: float = 0.0  # an adapter's reported cost beyond its reservation
+    evidence: dict[str, Any] = field(default_factory=dict)
 
     def row(self) -> dict[str, Any]:
         return {**self.__dict__, "at": time.time()}
+
+    def attributes(self, cost_usd: float) -> dict[str, Any]:
+        """The driver's record of the current attempt (`plumbline_otel.trials`), as span attributes."""
+        return {
+            RECORD_KIND: "attempt", TRIAL_STATUS: self.status, TRIAL_REASON: (self.reason or "")[:500] or None,
+            RUN_TRACE: self.trace_id, FAULT_PLANNED: self.fault, FAULT_FIRED: self.fault_fired, FAULT_SOURCE: self.fault_source,
+            FAULT_CLAIMED: self.fault_claimed, COST_USD: round(cost_usd, 8), COST_METERED: self.metered,
+            RECORD_AT: time.time_ns(), EVIDENCE: orjson.dumps(self.evidence).decode() if self.evidence else None,
+        }
 
 
 @dataclass
@@ -181,10 +227,12 @@ class StudySummary:
     session_usd: float = 0.0
     budget_usd: float | None = None
     budget_high_water_usd: float = 0.0
-    markers: int = 0
+    written: int = 0  # the driver's records sent to the sink
     cache_hits: int = 0
     cache_recorded: int = 0
     seconds: float = 0.0
+    instance: str = ""
+    rerun_as: int = 0  # trials run again as new trials (--rerun)
     recovered: list[TrialRecord] = field(default_factory=list)  # attempts a dead runner left unfinished
 
     @property
@@ -192,20 +240,26 @@ class StudySummary:
         return self.ok + self.missing + self.errored
 
     def faults(self) -> tuple[int, int]:
-        """(fired, planned) over tool_fault trials that ran."""
-        faulted = [r for r in self.records if r.fault and r.status == "ok"]
-        return sum(bool(r.fault_fired) for r in faulted), len(faulted)
+        """(fired, planned) over faulted trials the agent ran, as the driver saw them."""
+        faulted = [r for r in self.records if r.fault and r.status in ("ok", "errored")]
+        return sum(r.fault_fired is True for r in faulted), len(faulted)
+
+    def unmetered(self) -> list[TrialRecord]:
+        """Trials the agent ran whose cost no plumbline meter saw (the adapter's report, or the reservation)."""
+        return [r for r in self.records if r.status in ("ok", "errored") and r.metered is False]
 
     def as_dict(self) -> dict[str, Any]:
         fired, faulted = self.faults()
         return {
-            "study": self.study, "planned": self.planned, "skipped_resume": self.skipped, "ok": self.ok,
-            "missing": self.missing, "errored": self.errored, "rejected_variants": len(self.rejected),
+            "study": self.study, "instance": self.instance, "planned": self.planned, "skipped_resume": self.skipped,
+            "ok": self.ok, "missing": self.missing, "errored": self.errored, "rerun_as_new_trials": self.rerun_as,
+            "rejected_variants": len(self.rejected),
             "rejections": [v.as_dict() for v in self.rejected], "spent_usd": self.spent_usd,
             "session_usd": self.session_usd, "budget_usd": self.budget_usd,
-            "budget_high_water_usd": self.budget_high_water_usd, "markers": self.markers,
+            "budget_high_water_usd": self.budget_high_water_usd, "records_written": self.written,
             "cache_hits": self.cache_hits, "cache_recorded": self.cache_recorded,
             "faults_fired": fired, "fault_trials": faulted, "seconds": round(self.seconds, 3),
+            "unmetered_trials": [r.trial_id for r in self.unmetered()],
             "recovered": [{"trial_id": r.trial_id, "attempt": r.attempt, "reason": r.reason} for r in self.recovered],
             "overruns": [{"trial_id": r.trial_id, "reserved_usd": r.reserved_usd, "overrun_usd": r.overrun_usd}
                          for r in self.records if r.overrun_usd > 0],
@@ -215,6 +269,8 @@ class StudySummary:
         lines = [f"study {self.study}: {self.planned} trials planned; ran {self.ran} ({self.ok} ok, "
                  f"{self.missing} missing, {self.errored} errored), {self.skipped} skipped by resume; "
                  f"{len(self.rejected)} variant(s) rejected by the guard; {self.seconds:.1f}s"]
+        if self.rerun_as:
+            lines.append(f"  --rerun: {self.rerun_as} trial(s) already decided ran again as new trials (new repeat numbers)")
         for r in self.recovered[:10]:
             lines.append(f"  recorded missing {r.trial_id}: {r.reason}")
         for v in self.rejected[:10]:
@@ -223,10 +279,14 @@ class StudySummary:
             lines.append(f"  … and {len(self.rejected) - 10} more (variants.jsonl)")
         fired, faulted = self.faults()
         if faulted:
-            lines.append(f"  tool faults fired in {fired}/{faulted} tool_fault trials")
+            lines.append(f"  faults seen by the driver to fire in {fired}/{faulted} faulted trials the agent ran")
         cap = f" of ${self.budget_usd:.2f}" if self.budget_usd is not None else ""
         lines.append(f"  spend ${self.session_usd:.4f} this run, ${self.spent_usd:.4f}{cap} for the study; "
                      f"cache: {self.cache_hits} hits, {self.cache_recorded} recorded")
+        unmetered = self.unmetered()
+        if unmetered:
+            lines.append(f"  UNMETERED: {len(unmetered)} trial(s) spent money no plumbline meter saw; their cost is the "
+                         "adapter's own report, or the whole reservation (route the agent through `--proxy`)")
         for r in self.records:
             if r.overrun_usd > 0:
                 lines.append(f"  OVERRUN {r.trial_id}: reported ${r.reserved_usd + r.overrun_usd:.4f} against a "
@@ -236,9 +296,9 @@ class StudySummary:
             lines.append(f"  {r.status} {r.trial_id}: {r.reason}")
         if len(problems) > 10:
             lines.append(f"  … and {len(problems) - 10} more (ledger.jsonl)")
-        if self.markers:
-            lines.append(f"  {self.markers} marker(s) exported: certify counts errored trials as failing runs, "
-                         "missing ones beside n")
+        if self.written:
+            lines.append(f"  {self.written} driver record(s) written beside the runs: certify takes each trial's status, "
+                         "exposure and cost from them, never from the agent's spans")
         return "\n".join(lines)
 
 
@@ -259,13 +319,15 @@ def otel_trial_context(trial: Trial) -> Iterator[None]:
 
 class _Runner:
     def __init__(self, config: StudyConfig, adapter: Any, cap: SpendCap, cache: ResponseCache | None,
-                 ledger: Ledger | None, markers: MarkerWriter | None, reservations: dict[str, float]) -> None:
+                 ledger: Ledger | None, records: RecordWriter | None, reservations: dict[str, float]) -> None:
         self.config, self.adapter, self.cap, self.cache = config, adapter, cap, cache
-        self.ledger, self.markers, self.reservations = ledger, markers, reservations
+        self.ledger, self.records, self.reservations = ledger, records, reservations
         self.stop = threading.Event()
         self.stop_reason: str | None = None
         self._attempts: dict[str, int] = {}  # without a ledger: attempt numbers of this process
         self._lock = threading.Lock()
+        self._room = threading.Condition()  # notified whenever a running attempt settles its reservation
+        self._running = 0
 
     def _label(self, trial: Trial) -> tuple[str | None, str | None]:
         service = self.config.service or getattr(self.adapter, "service", None)
@@ -275,8 +337,8 @@ class _Runner:
         return trial.task.service, trial.task.service_version
 
     def _begin(self, trial: Trial) -> Trial:
-        """The trial's next attempt, numbered before it runs or is marked (so no number, and no
-        trace, is ever used twice, even after a crash)."""
+        """The trial's next attempt, numbered before it runs (so no number, and no trace, is ever
+        used twice, even after a crash)."""
         if self.ledger is not None:
             attempt = self.ledger.begin_attempt(trial.trial_id)
         else:
@@ -284,26 +346,24 @@ class _Runner:
                 attempt = self._attempts[trial.trial_id] = self._attempts.get(trial.trial_id, 0) + 1
         return replace(trial, identity=trial.identity.at_attempt(attempt))
 
+    def plan(self, trials: Sequence[Trial]) -> None:
+        """Record every planned trial, so one no attempt ever reached still counts as missing."""
+        if self.records is None:
+            return
+        for trial in trials:
+            service, version = self._label(trial)
+            self.records.write(trial.identity, {RECORD_KIND: "plan", FAULT_PLANNED: str(trial.fault) if trial.fault else None},
+                               plan=True, service=service, version=version)
+
     def run(self, trial: Trial) -> TrialRecord:
+        """Attempt the trial until an attempt reaches the agent (or retries run out); every attempt is recorded."""
         started = time.perf_counter()
         ident = trial.identity
         record = TrialRecord(ident.trial_id, ident.task_key, ident.perturbation, ident.variant, ident.repeat,
                              status="missing", fault=str(trial.fault) if trial.fault else None)
-        current = trial
-        try:
-            current = self._run(trial, record)
-        except Exception as exc:  # a driver bug must not take the study down with it
-            record.status, record.reason = "errored", f"driver: {type(exc).__name__}: {exc}"
+        while (delay := self._attempt(trial, record)) is not None:
+            time.sleep(delay)
         record.seconds = round(time.perf_counter() - started, 4)
-        if record.status in ("missing", "errored") and self.markers is not None:
-            if current is trial:  # never started: the marker still takes a number, so no later run shares its trace
-                current = self._begin(trial)
-            record.attempt = current.identity.attempt
-            service, version = self._label(current)
-            self.markers.write(current.identity, record.status, record.reason or record.status, service=service,
-                               version=version, attempts=record.attempts)
-        if self.ledger is not None:
-            self.ledger.append(record.row())
         return record
 
     def _halt(self, reason: str) -> None:
@@ -312,78 +372,118 @@ class _Runner:
                 self.stop_reason = reason
                 self.stop.set()
 
-    def _run(self, trial: Trial, record: TrialRecord) -> Trial:
-        """Run the trial's attempts; returns the last attempt (whose trace a marker goes into)."""
+    def _reserve(self, trial: Trial) -> tuple[TrialBudget | None, str | None]:
+        """The attempt's reservation; one that does not fit waits while running attempts may free
+        room, and gives up (the trial is missing) only when none is left running."""
         if self.stop.is_set():
-            record.reason = f"not started: {self.stop_reason}"
-            return trial
+            return None, f"not started: {self.stop_reason}"
         estimate = self.reservations.get(trial.trial_id, 0.0)
-        budget = TrialBudget.open(self.cap, estimate)
-        if budget is None:
-            reason = (f"budget: not started, its ${estimate:.4f} reservation does not fit the ${self.cap.limit:.2f} cap "
-                      f"(spent ${self.cap.spent:.4f}, ${self.cap.reserved:.4f} reserved)")
-            self._halt(reason)
-            record.reason = reason
-            return trial
-        record.reserved_usd = estimate
-        outcome: TrialOutcome | None = None
+        with self._room:
+            while (budget := TrialBudget.open(self.cap, estimate)) is None:
+                if self._running == 0 or self.stop.is_set():
+                    return None, (f"budget: not started, its ${estimate:.4f} reservation does not fit the ${self.cap.limit:.2f} "
+                                  f"cap (spent ${self.cap.spent:.4f}, ${self.cap.reserved:.4f} reserved)")
+                self._room.wait(timeout=1.0)  # a runner in another process settles without notifying
+            self._running += 1
+        return budget, None
+
+    def _attempt(self, trial: Trial, record: TrialRecord) -> float | None:
+        """One attempt, numbered and recorded (ledger and store) whatever happens; the delay before a retry, or None."""
+        attempt = self._begin(trial)
+        record.attempts += 1
+        record.attempt = attempt.identity.attempt
+        record.trace_id, record.fault_fired, record.fault_source, record.fault_claimed = attempt.trace_id, None, None, None
+        budget: TrialBudget | None = None
         scope: TrialScope | None = None
-        attempt = trial
+        outcome: TrialOutcome | None = None
+        retry: float | None = None
+        status: str = "missing"
+        reason: str | None = "driver: the attempt did not run"
         try:
-            while True:
-                attempt = self._begin(trial)
-                record.attempts += 1
-                record.attempt = attempt.identity.attempt
+            budget, reason = self._reserve(trial)
+            if budget is not None:
+                record.reserved_usd = budget.reserved
                 scope = TrialScope(attempt.identity, budget, self.cache,
                                    FaultInjector(trial.fault) if trial.fault else None, attempt.identity.attempt)
-                outcome, error, retry = self._attempt(attempt, scope, record.attempts)
-                if retry is not None:
-                    time.sleep(retry)
-                    continue
-                if error is not None:
-                    record.status, record.reason = "errored", error
-                break
+                status, reason, outcome, retry = self._execute(attempt, scope, record.attempts)
+        except Exception as exc:  # a driver bug: whether the agent ran is unknown, so the trial is not its result
+            status, reason, retry = "missing", f"driver: {type(exc).__name__}: {exc}", None
         finally:
-            record.cost_usd = round(budget.close(outcome.cost_usd if outcome else None), 8)
-            record.overrun_usd = round(budget.overrun, 8)
-            if budget.overrun > 0:
-                self._halt(f"adapter reported ${record.cost_usd:.4f} for {trial.trial_id}, over its ${estimate:.4f} "
-                           "reservation: the cap can no longer be guaranteed")
-            if scope is not None:
-                record.model_calls, record.cache_hits, record.cache_misses = scope.model_calls, scope.cache_hits, scope.cache_misses
-        if trial.fault is not None and scope is not None and scope.fault is not None:
-            record.fault_fired = scope.fault.fired or bool(outcome is not None and outcome.fault_fired is True)
-        if outcome is not None:
-            self._confirm(attempt, outcome, record)
-        return attempt
+            record.status, record.reason = status, reason
+            cost = self._settle(record, budget, outcome, status)
+            self._witness(record, scope, outcome)
+            self._write(attempt, record, cost)
+        return retry
 
-    def _attempt(self, attempt: Trial, scope: TrialScope, n: int) -> tuple[TrialOutcome | None, str | None, float | None]:
-        """One execution: (outcome, None, None) on success, (None, reason, None) when it is over,
-        (None, None, delay) when a transient error should be retried."""
+    def _execute(self, attempt: Trial, scope: TrialScope, n: int) -> tuple[str, str | None, TrialOutcome | None, float | None]:
+        """Run the agent once: (status, reason, outcome, retry delay)."""
         try:
             with activate(scope), otel_trial_context(attempt):
-                return TrialOutcome.coerce(self.adapter.run(attempt)), None, None
-        except Exception as exc:
-            if scope.abort_reason:  # the driver refused a model call (cap, offline cache): the agent stopped
-                return None, scope.abort_reason, None
-            if isinstance(exc, BudgetExceeded):
-                return None, f"budget: {exc}", None
-            retry = self.config.retry
-            if retry.is_transient(exc) and n < retry.max_attempts and not self.stop.is_set():
-                return None, None, retry.delay(n, getattr(exc, "retry_after", None))
-            retried = f" (after {n} attempts)" if n > 1 else ""
-            return None, f"{type(exc).__name__}: {exc}{retried}", None
-
-    def _confirm(self, attempt: Trial, outcome: TrialOutcome, record: TrialRecord) -> None:
-        """ok only once the attempt's run reached the sink; otherwise errored, and resume runs it again."""
+                outcome = TrialOutcome.coerce(self.adapter.run(attempt))
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:  # an agent's sys.exit (SystemExit) must not take the runner down
+            status, reason, delay = self._failure(exc, scope, n)
+            return status, reason, None, delay
         trace_id = outcome.trace_id or attempt.trace_id
-        record.trace_id = trace_id
         sink = self.config.sink
         if sink is None or sink.wait_for_trace(trace_id, self.config.trace_wait_s, self.config.trace_stored):
-            record.status, record.reason = "ok", None
-        else:
-            record.status = "errored"
-            record.reason = f"no trace received: trace {trace_id} did not reach {sink.describe()} within {self.config.trace_wait_s:g}s"
+            return "ok", None, outcome, None
+        return "errored", f"no trace received: trace {trace_id} did not reach {sink.describe()} within {self.config.trace_wait_s:g}s", outcome, None
+
+    def _failure(self, exc: BaseException, scope: TrialScope, n: int) -> tuple[str, str, float | None]:
+        """(status, reason, retry delay) of an attempt that raised."""
+        if scope.abort_reason:  # the driver refused a model call (cap, offline cache): cut off, not the agent's failure
+            return "missing", scope.abort_reason, None
+        if isinstance(exc, BudgetExceeded):
+            return "missing", f"budget: {exc}", None
+        retry = self.config.retry
+        if retry.is_transient(exc):  # it never reached the agent: not the agent's result
+            if n < retry.max_attempts and not self.stop.is_set():
+                return "missing", f"not reached: {exc}", retry.delay(n, getattr(exc, "retry_after", None))
+            return "missing", f"not reached after {n} attempt(s): {exc}", None
+        return "errored", f"{type(exc).__name__}: {exc}", None
+
+    def _settle(self, record: TrialRecord, budget: TrialBudget | None, outcome: TrialOutcome | None, status: str) -> float:
+        """Close the attempt's reservation: what it cost, metered or as reported."""
+        if budget is None:
+            return 0.0
+        try:
+            reported = outcome.cost_usd if outcome is not None else None
+            cost = budget.close(reported if status in RAN else (reported or 0.0))
+        finally:
+            with self._room:
+                self._running -= 1
+                self._room.notify_all()
+        record.cost_usd = round(record.cost_usd + cost, 8)
+        if budget.metered:
+            record.metered = True
+        elif reported is not None or (status in RAN and self.cap.limit is not None):
+            record.metered = False  # the adapter's own word, or the whole reservation charged
+        record.overrun_usd = round(budget.overrun, 8)
+        if budget.overrun > 0:
+            self._halt(f"adapter reported ${cost:.4f} for {record.trial_id}, over its ${budget.reserved:.4f} "
+                       "reservation: the cap can no longer be guaranteed")
+        return cost
+
+    def _witness(self, record: TrialRecord, scope: TrialScope | None, outcome: TrialOutcome | None) -> None:
+        """What the driver saw of the fault (its injector), beside what the adapter claimed."""
+        if scope is not None:
+            record.model_calls, record.cache_hits, record.cache_misses = scope.model_calls, scope.cache_hits, scope.cache_misses
+            if scope.fault is not None:
+                record.fault_fired = scope.fault.fired
+                record.fault_source = "injector" if scope.fault.fired else None
+        if outcome is not None:
+            record.fault_claimed = outcome.fault_fired
+            record.trace_id = outcome.trace_id or record.trace_id
+
+    def _write(self, attempt: Trial, record: TrialRecord, cost: float) -> None:
+        """The attempt's outcome: a ledger row (resume) and the driver's record beside the runs (certify)."""
+        if self.ledger is not None:
+            self.ledger.append({**record.row(), "attempt": attempt.identity.attempt, "attempt_cost_usd": cost})
+        if self.records is not None:
+            service, version = self._label(attempt)
+            self.records.write(attempt.identity, record.attributes(cost), plan=False, service=service, version=version)
 
 
 class _ScopedParaphraser:
@@ -439,12 +539,13 @@ class Study:
     """A study opened for running: its plan, ledger, cache and cap (``open_study`` builds it)."""
 
     def __init__(self, config: StudyConfig, adapter: Any, plan: Plan, ledger: Ledger | None, cache: ResponseCache | None,
-                 cap: SpendCap) -> None:
+                 cap: SpendCap, instance: str = "") -> None:
         self.config, self.adapter, self.plan, self.ledger, self.cache, self.cap = config, adapter, plan, ledger, cache, cap
+        self.instance = instance
 
     def run(self, completed: set[str] | frozenset[str] = frozenset(),
             on_record: Callable[[TrialRecord, int, int], None] | None = None) -> StudySummary:
-        """Run the planned trials not yet done (``completed``: trial ids with a stored run).
+        """Run the planned trials not yet decided (``completed``: trial ids the store holds a result for).
 
         Holds the study's lock throughout: a second runner is refused (``StudyLocked``).
         """
@@ -457,50 +558,55 @@ class Study:
 
     def _run(self, completed: set[str] | frozenset[str],
              on_record: Callable[[TrialRecord, int, int], None] | None) -> StudySummary:
-        config, plan, ledger, cache, cap = self.config, self.plan, self.ledger, self.cache, self.cap
+        config, ledger, cache, cap = self.config, self.ledger, self.cache, self.cap
         started = time.perf_counter()
-        done = set(completed) | (ledger.completed() if ledger else set())
-        already = [t for t in plan.trials if t.trial_id in done]
+        done = set(completed) | (ledger.decided() if ledger else set())
+        already = [t for t in self.plan.trials if t.trial_id in done]
         if already and not (config.resume or config.rerun):
-            raise ReplayError(f"study {config.study!r} already has {len(already)} of its {len(plan.trials)} trials done "
+            raise ReplayError(f"study {config.study!r} already has {len(already)} of its {len(self.plan.trials)} trials decided "
                               f"(e.g. {already[0].trial_id}); pass --resume to run only the rest, --rerun to run them "
-                              "all again as new attempts (separate runs), or choose a new --study")
-        todo = list(plan.trials) if config.rerun else [t for t in plan.trials if t.trial_id not in done]
+                              "all again as new trials, or choose a new --study")
+        plan = self.plan
+        if config.rerun and already:
+            plan = replace(plan, trials=tuple(_fresh(t, done, config.repeats) for t in plan.trials))
+        todo = [t for t in plan.trials if t.trial_id not in done]
         reservations = reservations_for(config, todo)
-        markers = MarkerWriter(config.sink) if config.sink is not None else None
-        runner = _Runner(config, self.adapter, cap, cache, ledger, markers, reservations)
+        records_out = RecordWriter(config.sink) if config.sink is not None else None
+        runner = _Runner(config, self.adapter, cap, cache, ledger, records_out, reservations)
         summary = StudySummary(config.study, planned=len(plan.trials), skipped=len(plan.trials) - len(todo),
-                               rejected=plan.rejected, budget_usd=config.budget_usd)
+                               rejected=plan.rejected, budget_usd=config.budget_usd, instance=self.instance,
+                               rerun_as=len(already) if config.rerun else 0)
         order = {t.trial_id: i for i, t in enumerate(plan.trials)}
         records: list[TrialRecord] = []
-        recovered = self._interrupted(runner, ledger, done) if ledger is not None else []
         pool = ThreadPoolExecutor(max_workers=config.concurrency, thread_name_prefix="replay")
         interrupted = False
-        futures = [pool.submit(runner.run, t) for t in todo]
-        collected: set[Any] = set()
         try:
-            for future in as_completed(futures):
-                collected.add(future)
-                records.append(future.result())
-                if on_record is not None:
-                    on_record(records[-1], len(records), len(todo))
-        except KeyboardInterrupt:
-            # Ctrl-C: running trials finish; queued ones are recorded missing ("not started: interrupted")
-            interrupted = True
-            runner._halt("interrupted")
-            records.extend(f.result() for f in futures if f not in collected)
+            runner.plan(plan.trials)
+            summary.recovered = self._interrupted(runner, ledger, done) if ledger is not None else []
+            futures = [pool.submit(runner.run, t) for t in todo]
+            collected: set[Any] = set()
+            try:
+                for future in as_completed(futures):
+                    collected.add(future)
+                    records.append(future.result())
+                    if on_record is not None:
+                        on_record(records[-1], len(records), len(todo))
+            except KeyboardInterrupt:
+                # Ctrl-C: running trials finish; queued ones are recorded missing ("not started: interrupted")
+                interrupted = True
+                runner._halt("interrupted")
+                records.extend(f.result() for f in futures if f not in collected)
         finally:
             pool.shutdown(wait=True)
-            if markers is not None:
-                markers.close()
+            if records_out is not None:
+                summary.written = records_out.written
+                records_out.close()
         records.sort(key=lambda r: order[r.trial_id])
         summary.records = records
-        summary.recovered = recovered
         summary.ok = sum(r.status == "ok" for r in records)
         summary.missing = sum(r.status == "missing" for r in records)
         summary.errored = sum(r.status == "errored" for r in records)
         summary.spent_usd, summary.session_usd, summary.budget_high_water_usd = cap.spent, cap.session_usd, cap.high_water
-        summary.markers = markers.written if markers else 0
         summary.cache_hits = sum(r.cache_hits for r in records)
         summary.cache_recorded = cache.recorded if cache else 0
         summary.seconds = time.perf_counter() - started
@@ -510,7 +616,7 @@ class Study:
 
     def _interrupted(self, runner: _Runner, ledger: Ledger, done: set[str]) -> list[TrialRecord]:
         """Attempts a runner that died left started and unfinished: each is recorded missing
-        ("interrupted"), with a marker in that attempt's trace; the trial runs again as a new attempt."""
+        ("interrupted"); the trial runs again as a new attempt."""
         by_id = {t.trial_id: t for t in self.plan.trials}
         out = []
         for trial_id, (attempt, pid) in ledger.unfinished().items():
@@ -518,25 +624,54 @@ class Study:
             if trial is None or trial_id in done:
                 continue
             ident = trial.identity.at_attempt(attempt)
-            reason = f"interrupted: runner pid {pid} stopped during attempt {attempt}"
             record = TrialRecord(trial_id, ident.task_key, ident.perturbation, ident.variant, ident.repeat, "missing",
-                                 reason, attempt=attempt, fault=str(trial.fault) if trial.fault else None)
-            if runner.markers is not None:
-                service, version = runner._label(trial)
-                runner.markers.write(ident, "missing", reason, service=service, version=version)
-            ledger.append(record.row())
+                                 f"interrupted: runner pid {pid} stopped during attempt {attempt}", attempts=1, attempt=attempt,
+                                 trace_id=ident.trace_id, fault=str(trial.fault) if trial.fault else None)
+            runner._write(replace(trial, identity=ident), record, 0.0)
             out.append(record)
         return out
 
 
+def _fresh(trial: Trial, done: set[str], repeats: int) -> Trial:
+    """``trial`` as a new trial when it is decided: the next repeat number of its variant no trial has taken."""
+    ident = trial.identity
+    repeat = ident.repeat
+    while trial_id_for(ident.study, ident.task_key or "", ident.perturbation, ident.variant, repeat) in done:
+        repeat += repeats
+    if repeat == ident.repeat:
+        return trial
+    tid = trial_id_for(ident.study, ident.task_key or "", ident.perturbation, ident.variant, repeat)
+    return replace(trial, identity=replace(ident, trial_id=tid, repeat=repeat))
+
+
+def study_instance(state: Path | None) -> str:
+    """The study state's random instance id (``study.json``), made with the state; a fresh one without a state directory."""
+    if state is None:
+        return uuid.uuid4().hex[:16]
+    path = state / "study.json"
+    if path.exists():
+        try:
+            found = orjson.loads(path.read_bytes()).get("instance")
+        except (orjson.JSONDecodeError, AttributeError) as exc:
+            raise ReplayError(f"{path}: unreadable study state ({exc}); move it away to start a new instance of the study") from None
+        if isinstance(found, str) and found:
+            return found
+        raise ReplayError(f"{path}: no instance id; move it away to start a new instance of the study")
+    instance = uuid.uuid4().hex[:16]
+    state.mkdir(parents=True, exist_ok=True)
+    write_jsonl(path, [{"instance": instance, "created_at": time.time()}])
+    return instance
+
+
 def open_study(config: StudyConfig, tasks: Sequence[ReplayTask], adapter: Any) -> Study:
-    """Open the study's state (ledger, response cache, cumulative cap) and plan it.
+    """Open the study's state (instance id, ledger, response cache, cumulative cap) and plan it.
 
     ``adapter`` is an Adapter or a plain function of the trial. The variants file is rewritten.
     """
     if not hasattr(adapter, "run") and callable(adapter):
         adapter = PythonAdapter(adapter)
     state = Path(config.state_dir) if config.state_dir is not None else None
+    instance = study_instance(state)
     ledger = Ledger(state / "ledger.jsonl") if state else None
     cap = SpendCap(config.budget_usd, journal=ledger.path if ledger else None)
     cache = ResponseCache(state / "responses.jsonl", config.cache_mode) if state and config.cache_mode != "off" else None
@@ -544,10 +679,10 @@ def open_study(config: StudyConfig, tasks: Sequence[ReplayTask], adapter: Any) -
     if config.options.paraphraser is not None:
         scoped = _ScopedParaphraser(config.options.paraphraser, config.study, cap, cache)
         planning = replace(config, options=replace(config.options, paraphraser=scoped))
-    plan = plan_study(planning, tasks, adapter)
+    plan = plan_study(planning, tasks, adapter, instance)
     if state:
         write_jsonl(state / "variants.jsonl", [v.as_dict() for v in plan.variants])
-    return Study(config, adapter, plan, ledger, cache, cap)
+    return Study(config, adapter, plan, ledger, cache, cap, instance)
 
 
 def run_study(config: StudyConfig, tasks: Sequence[ReplayTask], adapter: Any, *,

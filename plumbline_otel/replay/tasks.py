@@ -15,9 +15,10 @@ from pathlib import Path
 
 from plumbline_otel.errors import ConfigError
 from plumbline_otel.model import Trajectory
-from plumbline_otel.runs import MARKER_STATUSES, STUDY, TRIAL_ID, TRIAL_STATUS, agent_label, is_marker, is_missing, perturbation_of
+from plumbline_otel.runs import STUDY, TRIAL_ID, agent_label, is_missing, is_record, perturbation_of
 from plumbline_otel.sources import Sources
 from plumbline_otel.store import Store
+from plumbline_otel.trials import RAN, record_of
 
 
 @dataclass(frozen=True)
@@ -93,27 +94,38 @@ def select_tasks(store: Store | Sources, agent: str | None = None, task_keys: Se
 
 
 def trials_of(trajectories: Iterable[Trajectory], study: str) -> tuple[set[str], set[str]]:
-    """(trial ids with a run, trial ids only recorded by markers) of ``study`` among these runs."""
-    runs: set[str] = set()
+    """(trial ids decided, trial ids recorded only as missing) of ``study`` among these runs and records.
+
+    Decided: an attempt the agent ran (ok or errored), by the driver's records; a study stored
+    before the records existed is read by its runs and legacy markers instead.
+    """
+    decided: set[str] = set()
     missing: set[str] = set()
+    legacy_decided: set[str] = set()
+    legacy_missing: set[str] = set()
     for t in trajectories:
-        tid = t.context.get(TRIAL_ID)
-        if tid is None or str(t.context.get(STUDY, "")) != study:
+        if str(t.context.get(STUDY, "")) != study:
             continue
-        (missing if is_marker(t) else runs).add(str(tid))
-    return runs, missing - runs
+        record = record_of(t)
+        if record is not None:
+            if record.attempt:
+                (decided if record.status in RAN else missing).add(record.trial_id)
+            else:
+                missing.add(record.trial_id)  # planned: missing until an attempt ran
+            continue
+        tid = t.context.get(TRIAL_ID)
+        if tid is not None and not is_record(t):
+            (legacy_missing if is_missing(t) else legacy_decided).add(str(tid))
+    if decided or missing:
+        return decided, missing - decided
+    return legacy_decided, legacy_missing - legacy_decided
 
 
 def stored_trials(store: Store, study: str) -> tuple[set[str], set[str]]:
-    """(trial ids with a stored run, trial ids stored only as markers) of ``study``."""
+    """(trial ids decided, trial ids recorded only as missing) of ``study`` in one store (`trials_of`)."""
     store.assemble()
-    rows = store.connection.execute(
-        f"SELECT json_extract_string(doc, '$.context.\"{TRIAL_ID}\"') AS tid, "
-        f"lower(trim(coalesce(json_extract_string(doc, '$.context.\"{TRIAL_STATUS}\"'), ''))) AS status "
-        f"FROM trajectories WHERE json_extract_string(doc, '$.context.\"{STUDY}\"') = ?", [study]).fetchall()
-    runs = {tid for tid, status in rows if tid and status not in MARKER_STATUSES}
-    missing = {tid for tid, status in rows if tid and status in MARKER_STATUSES} - runs
-    return runs, missing
+    quoted = study.replace("'", "''")
+    return trials_of(store.trajectories(where=f"json_extract_string(doc, '$.context.\"{STUDY}\"') = '{quoted}'"), study)
 
 
 @dataclass(frozen=True)
@@ -121,8 +133,8 @@ class TaskSource:
     """What a study starts from: the tasks to replay, and the trials it already has (for resume)."""
 
     tasks: list[ReplayTask]
-    completed: set[str]  # trial ids with a stored run
-    missing: set[str]  # trial ids stored only as markers: they run again as new attempts
+    completed: set[str]  # trial ids decided: an attempt the agent ran
+    missing: set[str]  # trial ids no attempt has reached the agent yet: they run (again) as new attempts
 
 
 def source_tasks(stores: Sources, study: str, agent: str | None = None, task_keys: Sequence[str] | None = None,

@@ -2,21 +2,27 @@
 
 A certificate is built from runs (stored traffic or replay trials) and a spec. Runs are grouped
 into cells by agent (service name and version) and perturbation (``plumbline.perturbation``,
-"baseline" when absent). Every trial lands in exactly one of four counts
-(`runs.run_status`):
+"baseline" when absent). For a replay study the unit is the *trial*: each planned trial counts
+once, and what happened to it is what the replay driver recorded (`plumbline_otel.trials`), never
+what the agent's spans claim. Every trial lands in exactly one of these counts:
 
-* **exposed**: a run judged against the spec. A ``tool_fault`` run is exposed only on positive
-  evidence that the injected fault hit it (a failed step of ``plumbline.fault.tool`` whose error
-  contains ``plumbline.fault.error``, or ``plumbline.fault.fired`` strictly true); runs of other
+* **exposed**: a run judged against the spec. A faulted trial (``tool_fault``,
+  ``tool_result_fault``, ``model_fault``) is exposed only when the driver's injector or a
+  plumbline proxy saw the fault reach the agent (``fault_evidence`` says which); runs of other
   perturbations are always exposed.
-* **errored**: a trial that started and then crashed, timed out or left no trace. It is a run, in
-  n, and non-conforming, listed with its reason (``errored_runs``). An agent that crashes on a
-  fault is failing it, not skipping it.
-* **unexposed**: a ``tool_fault`` run without that evidence. It measured the agent without the
-  fault, so it is listed (``unexposed_runs``) and never scored; a cell of only unexposed runs has
-  n = 0 and certifies nothing (the seed system's 81.2% mixed 32 such runs with 32 exposed ones).
-* **missing**: a trial never started (spend cap, interruption): beside n, never in it; the cell
-  also gives the bound if every missing trial had failed.
+* **errored**: the agent ran and crashed, hung, exited non-zero or left no trace. In n, and
+  non-conforming, listed with its reason (``errored_runs``), whatever spans it exported first.
+* **unexposed**: a faulted trial the fault was not seen to reach: listed (``unexposed_runs``),
+  never scored; a cell of only unexposed runs has n = 0 and certifies nothing.
+* **missing**: no attempt reached the agent (spend cap, interrupted, refused at the door), or its
+  run is not in the store: beside n, never in it (``missing_runs``); the cell also gives the bound
+  if every missing trial had failed. A planned cell with no runs is shown with its counts.
+
+Beside them: ``unwitnessed_runs`` (runs claiming a trial of a recorded study that no record stands
+for), ``notes`` (an agent's fault claim that disagrees with the driver's record, or a record its
+trace cannot confirm), the cell's recorded ``cost_usd`` and ``unmetered`` trials. Runs no driver
+recorded (live traffic, older exports, imported studies) are counted by their own trace
+(`runs.run_status`, ``trace_judged``).
 
 So n = exposed + errored, and conforming counts exposed runs with no critical violation.
 
@@ -58,10 +64,11 @@ from plumbline_otel import __version__
 from plumbline_otel.analyse.conformance import evaluate
 from plumbline_otel.analyse.stats import CLUSTER_METHOD, clustered_interval, repeat_agreement, trials_needed, wilson_interval
 from plumbline_otel.model import Trajectory
-from plumbline_otel.runs import STUDY, TRIAL_ID, agent_label, errored_reason, perturbation_of, run_label, run_status
+from plumbline_otel.runs import STUDY, agent_label, errored_reason, is_record, perturbation_of, run_label, run_status
 from plumbline_otel.spec import Spec
+from plumbline_otel.trials import RAN, TrialResult, account, record_of
 
-CERTIFICATE_VERSION = 2  # 2: exposure by evidence, errored runs in n, the clustered gate bound
+CERTIFICATE_VERSION = 3  # 3: trials from the driver's records (2: exposure by evidence, errored runs in n)
 CERTIFICATE_KIND = "plumbline.certificate"
 GATE_METHOD = CLUSTER_METHOD
 GATE_METHOD_DESCRIPTION = ("Wilson on a Korn-Graubard effective n, design effect at its upper "
@@ -102,6 +109,15 @@ class Cell:
     applicable: dict[str, int] = field(default_factory=dict)  # invariant id -> runs it applied to
     errored_runs: list[dict[str, str]] = field(default_factory=list)  # {"run", "reason"}, sorted by run
     unexposed_runs: list[str] = field(default_factory=list)  # trial ids (trajectory id without one), sorted
+    missing_runs: list[dict[str, str]] = field(default_factory=list)  # {"run", "reason"}: recorded trials no attempt ran
+    unwitnessed: int = 0  # runs claiming a trial of a recorded study that no driver record stands for
+    unwitnessed_runs: list[str] = field(default_factory=list)
+    witnessed: int = 0  # trials counted from the driver's records
+    trace_judged: int = 0  # runs counted by their own trace (no driver record: traffic, older exports)
+    fault_evidence: dict[str, int] = field(default_factory=dict)  # exposed faulted trials by who saw the fault fire
+    notes: list[dict[str, str]] = field(default_factory=list)  # {"run", "note"}: conflicts, unconfirmed evidence
+    cost_usd: float = 0.0  # the driver's records: what the cell's trials cost
+    unmetered: int = 0  # trials whose cost no plumbline meter saw
 
 
 @dataclass
@@ -115,6 +131,14 @@ class _Tally:
     missing_per_task: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     violations: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     applicable: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    unwitnessed: list[str] = field(default_factory=list)
+    missing_runs: list[dict[str, str]] = field(default_factory=list)
+    notes: list[dict[str, str]] = field(default_factory=list)
+    fault_evidence: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    witnessed: int = 0
+    trace_judged: int = 0
+    cost_usd: float = 0.0
+    unmetered: int = 0
 
     @property
     def runs(self) -> int:
@@ -167,24 +191,42 @@ def build_certificate(
     """The certificate (a JSON-ready dict, ``version`` first) for the runs that match `agent` and `study`.
 
     `agent` selects a service name (or ``service@version``); `study` the ``plumbline.study`` attribute. `target` is the
-    lower bound a gate will ask for; it sets each cell's ``trials_needed``.
+    lower bound a gate will ask for; it sets each cell's ``trials_needed``. Trials of a replay study are counted from
+    the driver's records (`plumbline_otel.trials`), each planned trial once.
     """
     tallies: dict[tuple[str, str], _Tally] = defaultdict(_Tally)
     digests: list[tuple[str, str]] = []
     window = [None, None]  # type: list[int | None]
-    trial_ids: set[str] = set()
-    for t in trajectories:
-        if agent is not None and agent not in (t.service, agent_label(t.service, t.service_version)):
-            continue
-        if study is not None and str(t.context.get(STUDY, "")) != study:
-            continue
+    chosen = [t for t in trajectories if study is None or str(t.context.get(STUDY, "")) == study]
+    books = account(chosen)
+
+    def wanted(label: str, service: str | None) -> bool:
+        return agent is None or agent in (label, label.split("@", 1)[0] if service is None else service)
+
+    def pin(t: Trajectory) -> None:
         digests.append((t.trajectory_id, evidence_digest(t)))
-        if t.context.get(TRIAL_ID) is not None:
-            trial_ids.add(str(t.context[TRIAL_ID]))
         if t.start_ns:
             window[0] = t.start_ns if window[0] is None else min(window[0], t.start_ns)
             window[1] = t.start_ns if window[1] is None else max(window[1], t.start_ns)
-        _count(tallies[(agent_label(t.service, t.service_version), perturbation_of(t))], spec, t)
+
+    for t in chosen:
+        if is_record(t) and (record := record_of(t)) is not None and wanted(record.agent, t.service):
+            digests.append((t.trajectory_id, evidence_digest(t)))
+    for result in books.results:
+        if wanted(result.agent, result.run.service if result.run else None):
+            if result.run is not None:
+                pin(result.run)
+            _count_trial(tallies[(result.agent, result.perturbation)], spec, result)
+    for t in books.legacy:
+        label = agent_label(t.service, t.service_version)
+        if wanted(label, t.service):
+            pin(t)
+            _count(tallies[(label, perturbation_of(t))], spec, t)
+    for t in books.unwitnessed:
+        label = agent_label(t.service, t.service_version)
+        if wanted(label, t.service):
+            pin(t)
+            tallies[(label, perturbation_of(t))].unwitnessed.append(run_label(t))
     cells = [_cell(a, p, tallies[(a, p)], target) for a, p in sorted(tallies)]
     return {
         "version": CERTIFICATE_VERSION,
@@ -192,7 +234,8 @@ def build_certificate(
         "target_bound": target,
         "confidence": 0.95,
         "measure": "critical conformance: runs with no violation of a critical invariant",
-        "n_counts": "exposed runs judged against the spec plus errored runs (failures); unexposed runs and missing trials are listed beside n",
+        "n_counts": "planned trials the agent ran, by the replay driver's records: exposed runs judged against the spec "
+                    "plus errored trials (failures); unexposed, unwitnessed and missing trials are listed beside n",
         "headline": _headline(cells, target),
         "agents": _agents(cells, target),
         "spec": {"name": spec.name, "hash": spec.hash, "source": spec.source,
@@ -204,9 +247,9 @@ def build_certificate(
             "data_window": {"start_ns": window[0], "end_ns": window[1], "start": _iso(window[0]), "end": _iso(window[1])},
             "runs": len(digests),
             "scored_runs": sum(c.n for c in cells),
-            "trials_with_id": len(trial_ids),
+            "trials": sum(c.witnessed for c in cells),
             "evidence_sha256": evidence_hash(digests),
-            "evidence_method": "sha256 over sorted 'trajectory_id:sha256(canonical run JSON)' lines",
+            "evidence_method": "sha256 over sorted 'trajectory_id:sha256(canonical run JSON)' lines, the driver's records included",
         },
     }
 
@@ -215,7 +258,52 @@ def _task(t: Trajectory) -> str:
     return t.task_key or f"(no task) {t.trajectory_id}"
 
 
+def _judge(tally: _Tally, spec: Spec, t: Trajectory, task: str) -> None:
+    """Score one exposed run against the spec."""
+    counts = tally.per_task[task]
+    counts[1] += 1
+    result = evaluate(spec, t)
+    ok = result.conforms("critical")
+    tally.exposed += 1
+    tally.conforming += ok
+    counts[0] += ok
+    for inv, verdict in result.verdicts:
+        if verdict.status == "not_applicable":
+            continue
+        tally.applicable[inv.id] += 1
+        if verdict.status == "fail":
+            tally.violations[inv.id] += 1
+
+
+def _count_trial(tally: _Tally, spec: Spec, result: TrialResult) -> None:
+    """One planned trial, as the driver's record decided it."""
+    tally.witnessed += 1
+    label = result.trial_id
+    task = result.task_key or f"(no task) {label}"
+    record = result.record
+    if record is not None:
+        tally.cost_usd += record.cost_usd
+        tally.unmetered += record.metered is False and record.status in RAN
+    tally.notes.extend({"run": label, "note": note} for note in result.notes)
+    if result.status == "missing":
+        tally.missing += 1
+        tally.missing_per_task[task] += 1
+        tally.missing_runs.append({"run": label, "reason": result.reason or "missing"})
+    elif result.status == "unexposed":
+        tally.unexposed.append(label)
+    elif result.status == "errored":
+        tally.per_task[task][1] += 1
+        tally.errored.append({"run": label, "reason": result.reason or "errored"})
+    else:
+        assert result.run is not None
+        if record is not None and record.fault_fired and record.fault_source:
+            tally.fault_evidence[record.fault_source] += 1
+        _judge(tally, spec, result.run, task)
+
+
 def _count(tally: _Tally, spec: Spec, t: Trajectory) -> None:
+    """A run no driver recorded (traffic, older exports, imported studies): the trace-based rule."""
+    tally.trace_judged += 1
     status = run_status(t)
     if status == "missing":
         tally.missing += 1
@@ -224,22 +312,11 @@ def _count(tally: _Tally, spec: Spec, t: Trajectory) -> None:
     if status == "unexposed":
         tally.unexposed.append(run_label(t))
         return
-    task = tally.per_task[_task(t)]
-    task[1] += 1
     if status == "errored":
+        tally.per_task[_task(t)][1] += 1
         tally.errored.append({"run": run_label(t), "reason": errored_reason(t)})
         return
-    result = evaluate(spec, t)
-    ok = result.conforms("critical")
-    tally.exposed += 1
-    tally.conforming += ok
-    task[0] += ok
-    for inv, verdict in result.verdicts:
-        if verdict.status == "not_applicable":
-            continue
-        tally.applicable[inv.id] += 1
-        if verdict.status == "fail":
-            tally.violations[inv.id] += 1
+    _judge(tally, spec, t, _task(t))
 
 
 def _if_missing_failed(tally: _Tally) -> list[tuple[int, int]]:
@@ -285,6 +362,15 @@ def _cell(agent: str, perturbation: str, tally: _Tally, target: float) -> Cell:
         applicable=dict(sorted(tally.applicable.items())),
         errored_runs=sorted(tally.errored, key=lambda r: (r["run"], r["reason"])),
         unexposed_runs=sorted(tally.unexposed),
+        missing_runs=sorted(tally.missing_runs, key=lambda r: (r["run"], r["reason"])),
+        unwitnessed=len(tally.unwitnessed),
+        unwitnessed_runs=sorted(tally.unwitnessed),
+        witnessed=tally.witnessed,
+        trace_judged=tally.trace_judged,
+        fault_evidence=dict(sorted(tally.fault_evidence.items())),
+        notes=sorted(tally.notes, key=lambda r: (r["run"], r["note"])),
+        cost_usd=round(tally.cost_usd, 8),
+        unmetered=tally.unmetered,
     )
 
 

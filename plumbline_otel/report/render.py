@@ -7,9 +7,10 @@ counts do not add up (n = exposed + errored; one listed run per errored or unexp
 whose headline is not the minimum of its own cells' gate bounds (a hand-edited headline). It
 raises `CertificateError`.
 
-Version-1 certificates (before exposure evidence, errored runs and the clustered gate bound) are
-rejected with a message saying to re-run ``plumbline certify``: their n may hold runs the fault
-never hit and lack crashed ones, and their headline is plain Wilson, so a gate cannot trust them.
+Older certificates are rejected with a message saying to re-run ``plumbline certify``: version 1
+had no exposure evidence and a plain Wilson headline; version 2 took a replayed trial's status,
+exposure and cost from the agent's own spans (a crash after export certified as a pass), so a
+gate cannot trust either.
 """
 
 from __future__ import annotations
@@ -81,6 +82,12 @@ def _bad_lists(cell: dict[str, Any], where: str) -> str | None:
         return f"{where}.unexposed_runs missing or not a list of run ids"
     if len(runs) != cell["errored"] or len(unexposed) != cell["unexposed"]:
         return f"{where}: errored/unexposed counts do not match the runs listed"
+    for name in ("missing_runs", "notes"):
+        listed = cell.get(name)
+        if not isinstance(listed, list) or not all(isinstance(r, dict) and all(isinstance(v, str) for v in r.values()) for r in listed):
+            return f"{where}.{name} missing or not a list of objects of strings"
+    if not isinstance(cell.get("unwitnessed_runs"), list) or len(cell["unwitnessed_runs"]) != cell.get("unwitnessed"):
+        return f"{where}.unwitnessed_runs missing or not matching its count"
     pass_k = cell.get("pass_k")
     if not isinstance(pass_k, dict) or not _count(pass_k.get("k")) or "value" not in pass_k or not (
         pass_k["value"] is None or _number(pass_k["value"])
@@ -110,8 +117,8 @@ def _bad_version(data: dict[str, Any]) -> str | None:
     if version == CERTIFICATE_VERSION:
         return None
     if isinstance(version, int) and not isinstance(version, bool) and version < CERTIFICATE_VERSION:
-        return (f"certificate version {version} was written by an older plumbline, before exposure evidence, "
-                "errored runs and the clustered gate bound; it cannot be gated: re-run plumbline certify")
+        return (f"certificate version {version} was written by an older plumbline, which took trial status and fault "
+                "exposure from the agent's own spans; it cannot be gated: re-run plumbline certify")
     newer = isinstance(version, int) and version > CERTIFICATE_VERSION
     return f"certificate version {version!r} is not supported (this reads {CERTIFICATE_VERSION})" + (
         "; it was written by a newer plumbline" if newer else ""

@@ -96,7 +96,7 @@ def test_gate_fails_naming_the_perturbation_and_the_clean_runs_it_needs(tmp_path
         (json.dumps({"kind": "plumbline.certificate", "version": 99}), "newer plumbline"),
         (json.dumps({"kind": "something.else", "version": 1}), "not a certificate"),
         (json.dumps([1, 2]), "not a certificate"),
-        (json.dumps({"kind": "plumbline.certificate", "version": 2, "headline": {"lower_bound": "high"}}), "lower_bound"),
+        (json.dumps({"kind": "plumbline.certificate", "version": 3, "headline": {"lower_bound": "high"}}), "lower_bound"),
         (json.dumps({"kind": "plumbline.certificate", "version": 1, "headline": {"lower_bound": 0.99}}), "re-run plumbline certify"),
     ],
 )

@@ -86,9 +86,10 @@ def test_a_concurrent_study_stops_at_the_cap_and_records_the_rest_missing(tmp_pa
     assert len(ledger.latest()) == 40
     missing = [r for r in summary.records if r.status == "missing"]
     assert all(r.reason and ("budget" in r.reason) for r in missing)
-    markers = [s for line in read_lines(tmp_path / "spans.jsonl") for rs in line["resourceSpans"]
-               for ss in rs["scopeSpans"] for s in ss["spans"] if s["name"] == "plumbline.replay.trial"]
-    assert len(markers) == len(missing)
+    records = [s for line in read_lines(tmp_path / "spans.jsonl") for rs in line["resourceSpans"]
+               for ss in rs["scopeSpans"] for s in ss["spans"] if s["name"] == "plumbline.trial.record"]
+    statuses = [a["value"].get("stringValue") for s in records for a in s["attributes"] if a["key"] == "plumbline.trial.status"]
+    assert len(records) == 40 + 40 and sorted(statuses).count("missing") == len(missing)  # the plan, then every attempt
 
     # The cap is the study's: resuming with the same cap runs nothing more; a larger one continues.
     again = run_study(StudyConfig("capped", repeats=5, concurrency=8, budget_usd=2.0, trial_max_usd=0.15,

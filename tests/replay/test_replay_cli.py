@@ -11,7 +11,7 @@ from plumbline_otel.ingest import ingest_files
 from plumbline_otel.replay import SpanSink, StudyConfig, run_study
 from plumbline_otel.store import Store
 
-from .toy import ToyAgent, tasks
+from .toy import ToyAgent, agent_runs, tasks
 
 
 def _store(tmp_path: Path) -> Path:
@@ -40,5 +40,5 @@ def test_replay_cli_refuses_a_cap_without_a_reservation_and_a_rerun_without_the_
     assert rerun.exit_code == 0 and "ran 2 (2 ok" in rerun.output
     with Store(tmp_path / "q.duckdb") as store:
         ingest_files(store, [str(tmp_path / "r.jsonl")])
-        attempts = sorted((t.context["plumbline.trial.id"], t.context["plumbline.trial.attempt"]) for t in store.trajectories())
-    assert [a for _, a in attempts] == ["1", "2", "1", "2"]
+        trials = sorted(str(t.context["plumbline.trial.id"]).rsplit("/", 1)[1] for t in agent_runs(store.trajectories()))
+    assert trials == ["k0", "k0", "k1", "k1"]  # --rerun ran new trials

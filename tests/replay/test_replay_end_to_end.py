@@ -28,6 +28,8 @@ from plumbline_otel.report import build_certificate
 from plumbline_otel.spec import load_spec
 from plumbline_otel.store import Store
 
+from .toy import agent_runs
+
 ARM = "plan_execute_retry"
 AGENT = f"ap-agent-{ARM}"
 SPEC = Path(__file__).resolve().parents[2] / "configs" / "accounts_payable.invariants.yaml"
@@ -76,11 +78,11 @@ def test_replay_the_stored_tasks_and_certify_every_cell(db: Path, tmp_path: Path
 
     with Store(db) as store:
         ingest_files(store, [str(tmp_path / "replay.otlp.jsonl")])
-        replayed = list(store.trajectories(where="json_extract_string(doc, '$.context.\"plumbline.study\"') = 'e2e'"))
+        replayed = agent_runs(store.trajectories(where="json_extract_string(doc, '$.context.\"plumbline.study\"') = 'e2e'"))
         cert = build_certificate(load_spec(SPEC), store.trajectories(), study="e2e")
     label = f"{AGENT}@1.0.0"
     assert cells(cert) == {(label, "baseline"): (6, 0, 0), (label, "distractor"): (6, 0, 0), (label, "tool_fault"): (6, 0, 0)}
-    assert cert["provenance"]["trials_with_id"] == 18
+    assert cert["provenance"]["trials"] == 18
     by_trial = {t.context["plumbline.trial.id"]: t for t in replayed}
     records = {r.trial_id: r for r in summary.records}
     assert set(by_trial) == set(records)
@@ -109,7 +111,7 @@ def test_replay_the_stored_tasks_and_certify_every_cell(db: Path, tmp_path: Path
     assert (again.ok, again.cache_hits, again.cache_recorded) == (18, summary.cache_recorded, 0)
     with Store(tmp_path / "offline.duckdb") as store:
         ingest_files(store, [str(tmp_path / "offline.otlp.jsonl")])
-        offline_runs = {t.context["plumbline.trial.id"]: t for t in store.trajectories()}
+        offline_runs = {t.context["plumbline.trial.id"]: t for t in agent_runs(store.trajectories())}
     assert {tid: [(s.name, s.args, s.failed) for s in t.tool_steps] for tid, t in offline_runs.items()} == \
         {tid: [(s.name, s.args, s.failed) for s in t.tool_steps] for tid, t in by_trial.items()}
 
@@ -139,7 +141,7 @@ def test_the_cli_replays_resumes_and_says_what_to_run_next(db: Path, tmp_path: P
     resumed = runner.invoke(cli, [*args, "--repeats", "3", "--resume", "--quiet"])
     assert resumed.exit_code == 0, resumed.output
     assert "ran 6 (6 ok, 0 missing, 0 errored), 12 skipped by resume" in resumed.output
-    assert len(Ledger(tmp_path / "state" / "ledger.jsonl").completed()) == 18
+    assert len(Ledger(tmp_path / "state" / "ledger.jsonl").decided()) == 18
 
     assert runner.invoke(cli, ["ingest", str(out), "--db", str(db), "--quiet"]).exit_code == 0
     cert_path = tmp_path / "cert.json"
@@ -200,7 +202,8 @@ def test_replay_against_a_running_plumbline_serve(tmp_path: Path) -> None:
         def study_runs(study: str, n: int) -> list[dict]:
             with PlumblineClient(f"127.0.0.1:{grpc_port}") as client:
                 while True:
-                    docs = [d for d in client.trajectories() if d["context"].get("plumbline.study") == study]
+                    docs = [d for d in client.trajectories() if d["context"].get("plumbline.study") == study
+                            and "plumbline.record.kind" not in d["context"]]  # the agent's runs, not the driver's records
                     if len(docs) >= n or time.monotonic() > deadline:
                         return docs
                     time.sleep(0.2)

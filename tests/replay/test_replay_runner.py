@@ -25,7 +25,7 @@ from plumbline_otel.report import build_certificate
 from plumbline_otel.spec import MustCall, Spec, invariant
 from plumbline_otel.store import Store
 
-from .toy import ToyAgent, one_task, tasks
+from .toy import ToyAgent, agent_runs, driver_records, one_task, tasks
 
 SPEC = Spec.of("toy", [invariant("PAY", MustCall("pay"))])
 FAST = RetryPolicy(max_attempts=3, base_delay_s=0.001)
@@ -54,7 +54,7 @@ def test_every_trial_of_a_variant_sees_its_own_fault(tmp_path: Path) -> None:
     assert all(s["fired"] for s in agent.seen)
     with Store(tmp_path / "p.duckdb") as store:
         ingest_files(store, [str(tmp_path / "replay.otlp.jsonl")])
-        runs = list(store.trajectories())
+        runs = agent_runs(store.trajectories())
     assert len(runs) == 3
     for t in runs:
         assert t.context["plumbline.fault.fired"] is True
@@ -74,7 +74,7 @@ def test_the_agent_joins_the_trial_through_context_and_baggage(tmp_path: Path) -
         assert seen["trace_id"] == record.trace_id  # the agent's trace is the trial's trace
     with Store(tmp_path / "p.duckdb") as store:
         ingest_files(store, [str(tmp_path / "replay.otlp.jsonl")])
-        stored = {t.context["plumbline.trial.id"]: t for t in store.trajectories()}
+        stored = {t.context["plumbline.trial.id"]: t for t in agent_runs(store.trajectories())}
     assert set(stored) == set(by_trial)
     assert {t.trace_id for t in stored.values()} == {r.trace_id for r in summary.records}
     assert {t.task_key for t in stored.values()} == {"INV-1000", "INV-1001"}
@@ -102,19 +102,21 @@ def test_transient_errors_are_retried_with_backoff_and_others_are_not(tmp_path: 
     summary = run_study(config(tmp_path, concurrency=2), tasks(3), flaky)
     by_task = {r.task_key: r for r in summary.records}
     assert (by_task["INV-1000"].status, by_task["INV-1000"].attempts) == ("ok", 2)
-    assert (by_task["INV-1001"].status, by_task["INV-1001"].attempts) == ("errored", 3)
-    assert "after 3 attempts" in (by_task["INV-1001"].reason or "")
+    # Refused at the door every time: it never reached the agent, so it is missing, not the agent's failure.
+    assert (by_task["INV-1001"].status, by_task["INV-1001"].attempts) == ("missing", 3)
+    assert "after 3 attempt(s)" in (by_task["INV-1001"].reason or "")
     assert (by_task["INV-1002"].status, by_task["INV-1002"].attempts) == ("errored", 1)
-    assert summary.errored == 2 and summary.markers == 2
-    # every execution ran in a trace of its own
+    assert (summary.errored, summary.missing) == (1, 1)
+    # every execution ran in a trace of its own, and the driver recorded each one
     assert [len(traces[r.trial_id]) for r in summary.records] == [2, 3, 1]
     with Store(tmp_path / "p.duckdb") as store:
         ingest_files(store, [str(tmp_path / "replay.otlp.jsonl")])
-        markers = {t.context["plumbline.trial.id"]: t.context for t in store.trajectories()
-                   if t.context.get("plumbline.trial.status")}
-    assert {c["plumbline.trial.status"] for c in markers.values()} == {"errored"}
-    assert "agent crashed" in markers[by_task["INV-1002"].trial_id]["plumbline.trial.reason"]
-    assert markers[by_task["INV-1001"].trial_id]["plumbline.trial.attempt"] == 3
+        records = driver_records(store.trajectories())
+    last = {r.trial_id: r for r in sorted(records, key=lambda r: r.attempt)}
+    assert len(records) == 6 and {r.trace_id for r in records} == set().union(*traces.values())
+    assert last[by_task["INV-1002"].trial_id].status == "errored"
+    assert "agent crashed" in (last[by_task["INV-1002"].trial_id].reason or "")
+    assert (last[by_task["INV-1001"].trial_id].status, last[by_task["INV-1001"].trial_id].attempt) == ("missing", 3)
     assert FAST.delay(1) == pytest.approx(0.001) and FAST.delay(3) == pytest.approx(0.004)
     assert RetryPolicy(max_delay_s=5).delay(2, retry_after=60) == 5
 
@@ -135,8 +137,7 @@ def test_trials_the_cap_never_started_are_missing_and_resume_runs_them_as_new_at
     with Store(tmp_path / "p2.duckdb") as store:
         ingest_files(store, [str(tmp_path / "replay.otlp.jsonl")])
         runs, only_markers = stored_trials(store, "s")
-        attempts = sorted(t.context["plumbline.trial.attempt"] for t in store.trajectories()
-                          if not t.context.get("plumbline.trial.status"))
+        attempts = sorted(t.context["plumbline.trial.attempt"] for t in agent_runs(store.trajectories()))
     assert len(runs) == 4 and not only_markers
     assert attempts == ["1", "1", "2", "2"]  # the toy agent stamps its baggage (strings)
 
@@ -149,7 +150,7 @@ def test_resume_skips_trials_already_in_the_store_and_a_rerun_without_resume_is_
         done, missing = stored_trials(store, "s")
     assert len(done) == 4 and not missing
 
-    with pytest.raises(ReplayError, match="already has 4 of its 4 trials done"):
+    with pytest.raises(ReplayError, match="already has 4 of its 4 trials decided"):
         run_study(config(tmp_path, perturbations=("baseline", "tool_fault"), state_dir=None), tasks(2), agent, completed=done)
     agent.seen.clear()
     summary = run_study(config(tmp_path, perturbations=("baseline", "tool_fault"), repeats=2, resume=True, state_dir=None),

@@ -32,7 +32,7 @@ from plumbline_otel.replay import (
 from plumbline_otel.spec import CallAtMost, Spec, invariant
 from plumbline_otel.store import Store
 
-from .toy import ToyAgent, tasks
+from .toy import ToyAgent, agent_runs, driver_records, tasks
 
 ROOT = Path(__file__).resolve().parents[2]
 FAST = RetryPolicy(max_attempts=2, base_delay_s=0.001)
@@ -46,29 +46,44 @@ def _config(tmp_path: Path, **kw: object) -> StudyConfig:
     return StudyConfig("t", **kw)  # type: ignore[arg-type]
 
 
-def _runs(tmp_path: Path, name: str = "p.duckdb") -> list:
+def _stored(tmp_path: Path, name: str = "p.duckdb") -> list:
     with Store(tmp_path / name) as store:
         ingest_files(store, [str(tmp_path / "replay.otlp.jsonl")])
         return list(store.trajectories())
 
 
-def test_a_rerun_is_refused_without_the_flag_and_then_stored_as_a_separate_run(tmp_path: Path) -> None:
+def _runs(tmp_path: Path, name: str = "p.duckdb") -> list:
+    return agent_runs(_stored(tmp_path, name))
+
+
+def test_a_rerun_is_refused_without_the_flag_and_then_runs_new_trials(tmp_path: Path) -> None:
     agent = ToyAgent()
     first = run_study(_config(tmp_path), tasks(3), agent)
     assert first.ok == 3
     with pytest.raises(ReplayError, match="--rerun"):
         run_study(_config(tmp_path), tasks(3), agent)
     again = run_study(_config(tmp_path, rerun=True), tasks(3), agent)
-    assert again.ok == 3 and again.skipped == 0
+    assert again.ok == 3 and again.skipped == 0 and again.rerun_as == 3
+    assert "ran again as new trials" in again.render()
     runs = _runs(tmp_path)
     # The seed kept one trace per trial, so a re-run merged into the first: two `pay` calls in one
-    # trajectory, a false "paid twice" on every trial. Now: two runs per trial, each paid once.
+    # trajectory, a false "paid twice" on every trial. Now: a re-run is a new trial (the next
+    # repeat number), each run in a trace of its own and paid once.
     assert len(runs) == 6 and len({t.trace_id for t in runs}) == 6
-    per_trial: dict[str, list[str]] = {}
+    assert sorted(str(t.context["plumbline.trial.id"]).rsplit("/", 1)[1] for t in runs) == ["k0"] * 3 + ["k1"] * 3
     for t in runs:
-        per_trial.setdefault(t.context["plumbline.trial.id"], []).append(str(t.context["plumbline.trial.attempt"]))
         assert all(v.ok for _, v in evaluate(PAID_ONCE, t).verdicts)
-    assert sorted(sorted(v) for v in per_trial.values()) == [["1", "2"]] * 3
+
+
+def test_the_same_study_from_two_state_directories_never_shares_a_trace(tmp_path: Path) -> None:
+    agent = ToyAgent()
+    run_study(_config(tmp_path, state_dir=tmp_path / "a"), tasks(2), agent)
+    run_study(_config(tmp_path, state_dir=tmp_path / "b"), tasks(2), agent)  # the first state directory was lost
+    runs = _runs(tmp_path)
+    assert len(runs) == 4 and len({t.trace_id for t in runs}) == 4
+    assert len({t.context["plumbline.study.instance"] for t in runs}) == 2
+    for t in runs:  # never merged into one run that "paid twice"
+        assert all(v.ok for _, v in evaluate(PAID_ONCE, t).verdicts)
 
 
 def test_two_concurrent_resume_processes_do_not_both_run_the_trials(tmp_path: Path) -> None:
@@ -87,6 +102,7 @@ def test_two_concurrent_resume_processes_do_not_both_run_the_trials(tmp_path: Pa
     assert all("is being run by" in o["locked"] for o in locked)  # by "pid N", or by "another process" in the instant before it wrote its pid
     trials = [t.context["plumbline.trial.id"] for t in _runs(tmp_path)]
     assert len(trials) == 16 and len(set(trials)) == 16
+    assert sorted(r.trial_id for r in driver_records(_stored(tmp_path))) == sorted(trials)  # one attempt each
 
 
 def test_a_crashed_runner_does_not_hold_the_study(tmp_path: Path) -> None:
@@ -113,20 +129,21 @@ class HalfSilent(ToyAgent):
         return super().run(trial)
 
 
-def test_a_trial_whose_trace_never_arrived_is_errored_and_resume_runs_it_again(tmp_path: Path) -> None:
+def test_a_trial_whose_trace_never_arrived_is_errored_and_resume_does_not_run_it_again(tmp_path: Path) -> None:
     summary = run_study(_config(tmp_path, repeats=2, trace_wait_s=0.05), tasks(8), HalfSilent())
     assert (summary.ok, summary.errored, summary.missing) == (8, 8, 0)
     silent = [r for r in summary.records if r.status == "errored"]
     assert all(r.reason and r.reason.startswith("no trace received") for r in silent)
     with Store(tmp_path / "p.duckdb") as store:
         ingest_files(store, [str(tmp_path / "replay.otlp.jsonl")])
-        runs, only_markers = stored_trials(store, "t")
-        statuses = [t.context.get("plumbline.trial.status") for t in store.trajectories()]
-    assert len(runs) == 8 and len(only_markers) == 8 and statuses.count("errored") == 8
+        decided, only_missing = stored_trials(store, "t")
+        records = driver_records(store.trajectories())
+    assert len(decided) == 16 and not only_missing
+    assert sorted(r.status for r in records) == ["errored"] * 8 + ["ok"] * 8
 
+    # The errored trials are results (no re-running until they pass); resume has nothing left to do.
     again = run_study(_config(tmp_path, repeats=2, resume=True), tasks(8), ToyAgent())
-    assert (again.skipped, again.ok) == (8, 8)
-    assert {r.trial_id for r in again.records} == {r.trial_id for r in silent}
+    assert (again.skipped, again.ok, again.errored) == (16, 0, 0)
 
 
 def test_a_tool_fault_run_carries_the_driver_s_fault_evidence(tmp_path: Path) -> None:
@@ -148,7 +165,7 @@ def test_an_agent_that_ignores_the_fault_is_not_recorded_as_fired(tmp_path: Path
     monkeypatch.setattr(toy, "inject_fault", lambda tool: None)  # an agent whose tools skip the wrapper
     summary = run_study(_config(tmp_path, perturbations=("tool_fault",), repeats=3), tasks(2), ToyAgent())
     assert summary.ok == 6 and [r.fault_fired for r in summary.records] == [False] * 6
-    assert "tool faults fired in 0/6" in summary.render()
+    assert "fire in 0/6 faulted trials" in summary.render()
     for t in _runs(tmp_path):
         assert t.context.get("plumbline.fault.fired") in (None, False)
         assert not [s for s in t.tool_steps if s.failed]
@@ -168,8 +185,8 @@ def test_an_attempt_a_dead_runner_left_unfinished_is_recorded_missing_and_runs_a
     assert [(r.trial_id, r.attempt, r.status) for r in again.recovered] == [(orphan, 2, "missing")]
     assert "interrupted: runner pid 999999 stopped during attempt 2" in again.render()
     assert again.skipped == 2 and [(r.trial_id, r.attempt, r.status) for r in again.records] == [(orphan, 3, "ok")]
-    markers = [t.context for t in _runs(tmp_path) if t.context.get("plumbline.trial.status")]
-    assert [(m["plumbline.trial.status"], m["plumbline.trial.attempt"]) for m in markers] == [("missing", 2)]
+    recorded = [(r.status, r.attempt) for r in driver_records(_stored(tmp_path)) if r.trial_id == orphan]
+    assert sorted(recorded) == [("missing", 2), ("ok", 3)]
 
 
 def test_ctrl_c_lets_running_trials_finish_and_records_the_queued_ones_missing(tmp_path: Path) -> None:

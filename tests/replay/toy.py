@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +13,10 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import Status, StatusCode
 
+from plumbline_otel.model import Trajectory
 from plumbline_otel.replay import InjectedFault, ReplayTask, Trial, TrialOutcome, TrialSpanBuffer, inject_fault
+from plumbline_otel.runs import is_record
+from plumbline_otel.trials import AttemptRecord, record_of
 
 REQUEST = "Please pay invoice INV-1029 for 4,820.00 GBP to Acme Ltd by 2026-03-01."
 
@@ -92,3 +96,13 @@ class ToyAgent:
 
 def read_lines(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def agent_runs(trajectories: Iterable[Trajectory]) -> list[Trajectory]:
+    """The agent's runs among stored trajectories (the driver's records set aside)."""
+    return [t for t in trajectories if not is_record(t)]
+
+
+def driver_records(trajectories: Iterable[Trajectory]) -> list[AttemptRecord]:
+    """The driver's attempt records among stored trajectories (plans set aside)."""
+    return [r for t in trajectories if (r := record_of(t)) is not None and r.attempt > 0]
