@@ -9,12 +9,22 @@ is vectorised over samples, so a grid cell of thousands of simulated studies tak
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+from scipy.stats import beta as beta_dist
 from scipy.stats import norm
 
-from plumbline_otel.analyse.stats import cluster_bounds
+from plumbline_otel.analyse.stats import (
+    CLUSTER_METHOD,
+    SEQUENTIAL_METHOD,
+    TASK_METHOD,
+    betting_lower,
+    cluster_bounds,
+    task_bounds,
+)
 
 
 @dataclass(frozen=True)
@@ -54,4 +64,178 @@ def coverage(rng: np.random.Generator, tasks: int, repeats: int, rate: float, rh
     return Coverage(tasks, repeats, rate, rho, samples, float((lower <= rate).mean()), float((plain <= rate).mean()))
 
 
-__all__ = ["Coverage", "coverage", "simulate_counts", "wilson_lower"]
+
+
+# ---- The issue-28 grid: every candidate bound on beta-binomial and two-point task populations -----
+
+
+@dataclass(frozen=True)
+class Population:
+    """A population of tasks whose mean conformance (the estimand) is `rate`.
+
+    With `bad_share` 0, task rates are beta with mean `rate` and intraclass correlation `rho` (0:
+    every task at `rate`). Otherwise a `bad_share` of tasks conform at `bad_rate` (0: always fail)
+    and the rest are flaky-but-good: beta with correlation `rho` around the mean that makes the
+    whole population's mean `rate`.
+    """
+
+    rate: float
+    rho: float = 0.0
+    bad_share: float = 0.0
+    bad_rate: float = 0.0
+
+    @property
+    def good_rate(self) -> float:
+        return (self.rate - self.bad_share * self.bad_rate) / (1.0 - self.bad_share)
+
+    @property
+    def valid(self) -> bool:
+        return 0.0 < self.good_rate <= 1.0
+
+    @property
+    def label(self) -> str:
+        if not self.bad_share:
+            return f"beta rho={self.rho:g}"
+        return f"mix {self.bad_share:.0%} at {self.bad_rate:g}, rho={self.rho:g}"
+
+
+def _beta_rates(rng: np.random.Generator, mean: float, rho: float, size: tuple[int, int]) -> np.ndarray:
+    if rho <= 0.0 or mean >= 1.0:
+        return np.full(size, mean)
+    spread = 1.0 / rho - 1.0
+    return rng.beta(mean * spread, (1.0 - mean) * spread, size=size)
+
+
+def simulate_population(rng: np.random.Generator, population: Population, ns: np.ndarray, samples: int) -> np.ndarray:
+    """Per-task pass counts, shape (samples, tasks), for tasks of run counts `ns` drawn from `population`."""
+    size = (samples, len(ns))
+    rates = _beta_rates(rng, population.good_rate, population.rho, size)
+    if population.bad_share:
+        rates = np.where(rng.random(size) < population.bad_share, population.bad_rate, rates)
+    return rng.binomial(np.broadcast_to(ns, size), rates)
+
+
+def repeat_pattern(tasks: int, pattern: str) -> np.ndarray:
+    """Run counts per task: "10" is 10 each, "1-20" spreads counts evenly from 1 to 20 over the tasks."""
+    low, _, high = pattern.partition("-")
+    if not high:
+        return np.full(tasks, int(low))
+    return np.round(np.linspace(int(low), int(high), tasks)).astype(np.int64)
+
+
+def _rates(ks: np.ndarray, ns: np.ndarray) -> np.ndarray:
+    ks = np.atleast_2d(ks).astype(float)
+    return np.asarray(ks / np.broadcast_to(ns, ks.shape))
+
+
+def _wilson_tasks_one_sided(ks: np.ndarray, ns: np.ndarray) -> np.ndarray:
+    """Wilson on per-task means at the one-sided z (0.90 two-sided): shown to undercover by discreteness."""
+    return task_bounds(ks, ns, 0.90)[0]
+
+
+def _clopper_pearson_tasks(ks: np.ndarray, ns: np.ndarray) -> np.ndarray:
+    """One-sided 95% Clopper-Pearson on per-task means (successes = sum of rates, n = tasks)."""
+    y = _rates(ks, ns)
+    x, g = y.sum(axis=1), y.shape[1]
+    lower = beta_dist.ppf(0.05, np.maximum(x, 1e-12), g - x + 1.0)
+    return np.asarray(np.where(((y > 0).sum(axis=1) >= 2) & (x > 0), lower, 0.0))
+
+
+def _empirical_bernstein(ks: np.ndarray, ns: np.ndarray) -> np.ndarray:
+    """One-sided 95% empirical-Bernstein bound of Maurer and Pontil (2009) on per-task means."""
+    y = _rates(ks, ns)
+    g = y.shape[1]
+    if g < 2:
+        return np.zeros(y.shape[0])
+    log_term = math.log(2.0 / 0.05)
+    var = y.var(axis=1, ddof=1)
+    return np.asarray(np.maximum(0.0, y.mean(axis=1) - np.sqrt(2.0 * var * log_term / g) - 7.0 * log_term / (3.0 * (g - 1))))
+
+
+def _cluster_kg(ks: np.ndarray, ns: np.ndarray) -> np.ndarray:
+    """Today's gate: ``cluster_kg`` as `clustered_interval` computes it (two-sided 95%, so its lower end)."""
+    ks = np.atleast_2d(ks)
+    ns2 = np.broadcast_to(ns, ks.shape)
+    if (ns2 == ns2[0]).all():
+        return np.asarray(cluster_bounds(ks, ns2[0])[0])
+    return np.array([cluster_bounds(k[None, :], n)[0][0] for k, n in zip(ks, ns2)])
+
+
+def _betting_cs(ks: np.ndarray, ns: np.ndarray) -> np.ndarray:
+    """The anytime-valid ``betting_cs`` lower bound; it depends only on the multiset of rates, so
+    each distinct sorted row is computed once (most rows repeat at high rates)."""
+    rates = np.sort(_rates(ks, ns), axis=1)
+    distinct, back = np.unique(rates, axis=0, return_inverse=True)
+    return np.asarray(betting_lower(distinct)[np.ravel(back)])
+
+
+LowerBound = Callable[[np.ndarray, np.ndarray], np.ndarray]
+# Every candidate lower bound, as f(ks (samples, tasks), ns broadcastable) -> lower (samples,).
+METHODS: dict[str, LowerBound] = {
+    TASK_METHOD: lambda ks, ns: task_bounds(ks, ns)[0],
+    "wilson_tasks_1sided": _wilson_tasks_one_sided,
+    "clopper_pearson_tasks": _clopper_pearson_tasks,
+    "empirical_bernstein": _empirical_bernstein,
+    SEQUENTIAL_METHOD: _betting_cs,
+    CLUSTER_METHOD: _cluster_kg,
+}
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One grid cell: per method, the share of studies whose lower bound is <= the truth, and the mean truth - lower."""
+
+    tasks: int
+    pattern: str
+    population: Population
+    samples: int
+    coverage: dict[str, float]
+    shortfall: dict[str, float]
+
+
+def cell(
+    rng: np.random.Generator, tasks: int, pattern: str, population: Population, samples: int,
+    methods: Sequence[str] = tuple(METHODS),
+) -> Cell:
+    """Simulate `samples` studies of one cell and score every method on the same studies."""
+    ns = repeat_pattern(tasks, pattern)
+    ks = simulate_population(rng, population, ns, samples)
+    lowers = {m: METHODS[m](ks, ns) for m in methods}
+    truth = population.rate
+    return Cell(
+        tasks, pattern, population, samples,
+        {m: float((lo <= truth + 1e-12).mean()) for m, lo in lowers.items()},
+        {m: float((truth - lo).mean()) for m, lo in lowers.items()},
+    )
+
+
+def random_tasks(rng: np.random.Generator, max_tasks: int = 40, max_runs: int = 10) -> list[tuple[int, int]]:
+    """A random small study, biased towards high rates: per-task (conforming, runs)."""
+    tasks = []
+    for _ in range(int(rng.integers(1, max_tasks + 1))):
+        n = int(rng.integers(1, max_runs + 1))
+        c = n - int(rng.binomial(n, float(rng.choice([0.02, 0.1, 0.5]))))
+        tasks.append((c, n))
+    return tasks
+
+
+def one_more_run(tasks: list[tuple[int, int]], conforming: bool, where: int) -> list[tuple[int, int]]:
+    """`tasks` with one more run: in task `where`, or as a new task when `where` == len(tasks)."""
+    if where == len(tasks):
+        return [*tasks, (int(conforming), 1)]
+    c, n = tasks[where]
+    return [*tasks[:where], (c + int(conforming), n + 1), *tasks[where + 1:]]
+
+
+def monotonicity_violations(method: str, rng: np.random.Generator, cases: int) -> int:
+    """How many of `cases` random (study, extra run) pairs move `method`'s lower bound the wrong way."""
+    bound = METHODS[method]
+    wrong = 0
+    for _ in range(cases):
+        tasks = random_tasks(rng)
+        where = int(rng.integers(0, len(tasks) + 1))
+        conforming = bool(rng.random() < 0.5)
+        after = one_more_run(tasks, conforming, where)
+        before_l, after_l = (float(bound(np.array([[c for c, _ in t]]), np.array([n for _, n in t]))[0]) for t in (tasks, after))
+        wrong += (after_l < before_l - 1e-9) if conforming else (after_l > before_l + 1e-9)
+    return wrong

@@ -35,9 +35,9 @@ Every result carries the counts it came from: a reported number without its n is
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Final, Literal, NamedTuple
 
 import numpy as np
 
@@ -415,3 +415,337 @@ def repeat_agreement(per_task: Iterable[tuple[int, int]]) -> RepeatAgreement:
     repeated = [(c, n) for c, n in tasks if n > 1]
     flips = sum(0 < c < n for c, n in repeated) / len(repeated) if repeated else None
     return RepeatAgreement(k, pass_k, flips)
+
+
+# ---- Task-level bounds: the gate's estimand ------------------------------------------------------
+
+TASK_METHOD = "wilson_tasks"
+SEQUENTIAL_METHOD = "betting_cs"
+PASS: Final = "PASS"
+FAIL: Final = "FAIL"
+INCONCLUSIVE: Final = "INCONCLUSIVE"
+Verdict = Literal["PASS", "FAIL", "INCONCLUSIVE"]
+StopDecision = Literal["pass", "fail", "continue"]
+RegressionVerdict = Literal["worse", "not worse", "inconclusive"]
+# Bets of the betting confidence sequence: fractions 1/2, 3/4, ... 127/128 of the most a bet on one
+# task may stake. A fixed grid (not a bet tuned on the data seen so far) keeps the bound monotone
+# and order-free; bolder bets certify clean agents sooner, timid ones survive failing tasks.
+BETS: tuple[float, ...] = tuple(1.0 - 2.0**-j for j in range(1, 8))
+MAX_TASKS_NEEDED = 10**9
+
+
+def _task_counts(per_task: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Validated (conforming, runs) pairs of the tasks that ran: a task with no runs says nothing."""
+    kept = []
+    for c, n in per_task:
+        _check_counts(c, n)
+        if n:
+            kept.append((c, n))
+    return kept
+
+
+def mean_bounds(
+    total: np.ndarray, count: np.ndarray, some: np.ndarray, short: np.ndarray, confidence: float = 0.95
+) -> tuple[np.ndarray, np.ndarray]:
+    """``wilson_tasks`` bounds for the mean of per-task values in [0, 1], from sufficient statistics.
+
+    `total` is the sum of the values, `count` the number of tasks, `some` how many values are above
+    0 and `short` how many are below 1 (arrays of one shape: one entry per simulated study). The
+    variance of any value in [0, 1] with mean mu is at most mu (1 - mu), which is the variance
+    Wilson's score interval assumes with n = tasks: so it holds for a task's rate over any number of
+    repeats, whatever the correlation of its runs. z is two-sided (each bound nominal
+    1 - (1 - confidence) / 2) because the one-sided z undercovers on single runs by discreteness
+    (0.911 at 11 tasks, p = 0.80). Evidence from one task says nothing about the others: the lower
+    bound is 0 until two tasks have a conforming run, the upper 1 until two have a failing one. Both
+    rules, like Wilson's bounds, only move the right way as runs are added.
+    """
+    z = _z(confidence, two_sided=True)
+    n = np.maximum(count, 1).astype(float)
+    p = np.clip(total / n, 0.0, 1.0)
+    lower, upper = _wilson_arrays(p, n, z)
+    return np.where(some >= 2, lower, 0.0), np.where(short >= 2, upper, 1.0)
+
+
+def task_bounds(ks: np.ndarray, ns: np.ndarray, confidence: float = 0.95) -> tuple[np.ndarray, np.ndarray]:
+    """`mean_bounds` of per-task rates k/n; `ks` of shape (samples, tasks), `ns` broadcastable, all n >= 1."""
+    ks = np.atleast_2d(ks).astype(float)
+    ns = np.broadcast_to(ns, ks.shape).astype(float)
+    return mean_bounds(
+        (ks / ns).sum(axis=1), np.full(ks.shape[0], ks.shape[1]), (ks > 0).sum(axis=1), (ks < ns).sum(axis=1), confidence
+    )
+
+
+def task_interval(per_task: Iterable[tuple[int, int]], confidence: float = 0.95) -> Interval:
+    """The gate's bounds (``wilson_tasks``) on the mean conformance over the task population.
+
+    The estimand is the mean over tasks of each task's conformance rate: draw a task like the
+    stored ones, run it once. `rate` is that mean (not the pooled k/n); `lower` and `upper` are
+    each a one-sided bound with coverage >= `confidence` (the module docstring gives the
+    simulation), together a two-sided `confidence` interval. Tasks count, runs do not: repeats
+    sharpen each task's rate but never stand in for more tasks, so adding runs never lowers the
+    bound and one task certifies nothing.
+    """
+    kept = _task_counts(per_task)
+    k, n = sum(c for c, _ in kept), sum(m for _, m in kept)
+    if not kept:
+        _z(confidence, two_sided=True)
+        return Interval(0, 0, None, 0.0, 1.0, confidence, TASK_METHOD, clusters=0)
+    lower, upper = task_bounds(np.array([[c for c, _ in kept]]), np.array([m for _, m in kept]), confidence)
+    rate = sum(c / m for c, m in kept) / len(kept)
+    return Interval(k, n, rate, float(lower[0]), float(upper[0]), confidence, TASK_METHOD, clusters=len(kept))
+
+
+def tasks_needed(target: float, per_task: Iterable[tuple[int, int]], confidence: float = 0.95) -> int | None:
+    """How many more distinct clean tasks ``wilson_tasks`` needs for its lower bound to reach `target`.
+
+    Each added task runs the cell's median repeat count, all conforming (a clean task's rate is 1
+    at any count, so the count does not change the answer today; it is there so the advice stays
+    in tasks, not runs). 0 if the bound already reaches the target; None if no number of tasks can
+    (target >= 1, or beyond a billion tasks). The lower bound rises with every clean task, so a
+    doubling search then bisection finds the smallest number.
+    """
+    kept = _task_counts(per_task)
+    _z(confidence, two_sided=True)
+    if target <= 0.0:
+        return 0
+    if target >= 1.0:
+        return None
+    total = sum(c / m for c, m in kept)
+    some = sum(c > 0 for c, _ in kept)
+    short = sum(c < m for c, m in kept)
+
+    def reaches(extra: int) -> bool:
+        args = (np.array([total + extra]), np.array([len(kept) + extra]), np.array([some + extra]), np.array([short]))
+        return bool(mean_bounds(*args, confidence=confidence)[0][0] >= target)
+
+    if reaches(0):
+        return 0
+    low, high = 0, 1
+    while not reaches(high):
+        if high >= MAX_TASKS_NEEDED:
+            return None
+        low, high = high, 2 * high
+    while high - low > 1:  # invariant: not reaches(low), reaches(high)
+        mid = (low + high) // 2
+        low, high = (low, mid) if reaches(mid) else (mid, high)
+    return high
+
+
+def gate_decision(interval_lower: float, interval_upper: float, target: float) -> Verdict:
+    """PASS if the lower bound reaches the target, FAIL if the upper bound is below it, else INCONCLUSIVE.
+
+    Each wrong verdict needs its one-sided bound to miss, so each has probability at most
+    1 - confidence: the gate never has to guess when the interval straddles the target.
+    """
+    if interval_lower >= target:
+        return PASS
+    if interval_upper < target:
+        return FAIL
+    return INCONCLUSIVE
+
+
+# ---- Anytime-valid bounds: stop a study as soon as the answer is known ----------------------------
+
+
+def _log_capital(values: np.ndarray, m: np.ndarray) -> np.ndarray:
+    """Log wealth of betting that values (samples, tasks) in [0, 1] have a mean above m (samples,).
+
+    The bettor splits its wealth evenly over `BETS` and stakes fraction c of the most it can lose
+    on each task: factor 1 + c (y / m - 1). When the mean is m each factor has expectation 1, so
+    the wealth is a nonnegative martingale and by Ville's inequality reaches 1 / alpha with
+    probability at most alpha, at any time, however the study decides to stop.
+    """
+    bets = np.array(BETS)
+    ratio = values[:, :, None] / m[:, None, None] - 1.0
+    logs = np.log1p(bets[None, None, :] * ratio).sum(axis=1)
+    peak = logs.max(axis=1)
+    return np.asarray(peak + np.log(np.exp(logs - peak[:, None]).mean(axis=1)))
+
+
+def betting_lower(values: np.ndarray, confidence: float = 0.95, steps: int = 40) -> np.ndarray:
+    """Anytime-valid lower confidence bounds for the means of rows of `values` (samples, tasks) in [0, 1].
+
+    The bound is the largest m the bettor's wealth (`_log_capital`) has grown to 1 / alpha
+    against, alpha = 1 - confidence, one-sided. Wealth falls as m rises, so bisection finds it.
+    Every factor rises with each value and a new task multiplies by a factor above 1 if it
+    conformed and below 1 if it did not, so the bound moves only the right way, and it does not
+    depend on the order of the tasks. Rows with fewer than two values above 0 get 0.
+    """
+    values = np.atleast_2d(np.asarray(values, dtype=float))
+    if not 0.0 < confidence < 1.0:
+        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
+    threshold = math.log(1.0 / (1.0 - confidence))
+    low, high = np.zeros(values.shape[0]), np.ones(values.shape[0])
+    for _ in range(steps):
+        mid = (low + high) / 2.0
+        grown = _log_capital(values, np.maximum(mid, 1e-300)) >= threshold
+        low, high = np.where(grown, mid, low), np.where(grown, high, mid)
+    return np.where((values > 0).sum(axis=1) >= 2, low, 0.0)
+
+
+def sequential_bounds(ks: np.ndarray, ns: np.ndarray, confidence: float = 0.95) -> tuple[np.ndarray, np.ndarray]:
+    """``betting_cs`` bounds on per-task rates k/n, shapes as in `task_bounds`; the upper from 1 - rates."""
+    ks = np.atleast_2d(ks).astype(float)
+    rates = ks / np.broadcast_to(ns, ks.shape)
+    return betting_lower(rates, confidence), 1.0 - betting_lower(1.0 - rates, confidence)
+
+
+def sequential_interval(per_task_in_order: Iterable[tuple[int, int]], confidence: float = 0.95) -> Interval:
+    """Anytime-valid bounds (``betting_cs``) on the mean conformance over tasks.
+
+    Unlike `task_interval` these stay valid when a study looks after every task and stops as soon
+    as they decide: with probability >= `confidence` the lower bound stays below the true mean at
+    every look (one-sided, time-uniform; likewise the upper). Betting confidence sequences for
+    bounded means (Waudby-Smith and Ramdas, 2023), with a fixed grid of bets so the bound is
+    monotone and order-free. The price: 66 clean tasks for 0.95 where `task_interval` needs 73
+    but only once, at a fixed number of tasks.
+    """
+    kept = _task_counts(per_task_in_order)
+    k, n = sum(c for c, _ in kept), sum(m for _, m in kept)
+    if not kept:
+        _z(confidence, two_sided=False)
+        return Interval(0, 0, None, 0.0, 1.0, confidence, SEQUENTIAL_METHOD, clusters=0)
+    lower, upper = sequential_bounds(np.array([[c for c, _ in kept]]), np.array([m for _, m in kept]), confidence)
+    rate = sum(c / m for c, m in kept) / len(kept)
+    return Interval(k, n, rate, float(lower[0]), float(upper[0]), confidence, SEQUENTIAL_METHOD, clusters=len(kept))
+
+
+def stop_decision(
+    per_task_in_order: Sequence[tuple[int, int]], target: float, min_tasks: int = 2, confidence: float = 0.95
+) -> StopDecision:
+    """"pass" once the anytime lower bound reaches `target`, "fail" once the upper bound is below it.
+
+    Called after every task, a study stops at the first "pass" or "fail" with each wrong answer
+    at most 1 - confidence likely; before `min_tasks` tasks have run it always continues.
+    """
+    kept = _task_counts(per_task_in_order)
+    if len(kept) < min_tasks:
+        return "continue"
+    interval = sequential_interval(kept, confidence)
+    verdict = gate_decision(interval.lower, interval.upper, target)
+    return "pass" if verdict == PASS else "fail" if verdict == FAIL else "continue"
+
+
+# ---- Regression against a baseline ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RegressionResult:
+    """Candidate minus baseline mean conformance over the tasks both ran, tasks as the units.
+
+    `lower`/`upper` bound the mean per-task difference (``betting_cs``, anytime-valid, each
+    one-sided at `confidence`); `p_worse` tests "worse by more than margin", `p_not_worse`
+    "not worse by more than margin" (p = 1 / the bettor's wealth). Verdict as in
+    `paired_task_regression`.
+    """
+
+    tasks: int
+    difference: float | None
+    lower: float
+    upper: float
+    margin: float
+    confidence: float
+    p_worse: float
+    p_not_worse: float
+    verdict: RegressionVerdict
+    method: str = SEQUENTIAL_METHOD
+
+
+def _difference_p(shifted: np.ndarray, m0: float) -> float:
+    """1 / wealth of betting that the mean of `shifted` (values in [0, 1]) is above m0, capped at 1."""
+    if shifted.size == 0 or m0 <= 0.0:
+        return 1.0
+    if m0 >= 1.0:
+        return 1.0 if bool((shifted < 1.0).any()) or shifted.size < 2 else 0.0
+    log_wealth = float(_log_capital(shifted[None, :], np.array([m0]))[0])
+    return float(min(1.0, math.exp(-log_wealth)))
+
+
+def paired_task_regression(
+    candidate_per_task: Mapping[str, Sequence[int]],
+    baseline_per_task: Mapping[str, Sequence[int]],
+    margin: float = 0.0,
+    confidence: float = 0.95,
+) -> RegressionResult:
+    """Is the candidate worse than the baseline by more than `margin`, on the tasks both ran?
+
+    Per shared task the difference of rates d (candidate - baseline) lies in [-1, 1]; tasks, not
+    runs, are the independent units, so the bound is on the mean of d over tasks: the betting
+    bound for bounded means on (d + 1) / 2, which needs no normal approximation and no symmetry,
+    and stays valid when a study stops early. "worse" if the upper bound is below -margin,
+    "not worse" if the lower bound is at or above -margin, else "inconclusive": with margin 0, two
+    identical agents are never "not worse", since no sample can rule out a tiny loss.
+    """
+    if not 0.0 <= margin < 1.0:
+        raise ValueError(f"margin must be in [0, 1), got {margin}")
+    shared = [t for t in candidate_per_task if t in baseline_per_task]
+    pairs = [(candidate_per_task[t], baseline_per_task[t]) for t in shared]
+    for (kc, nc), (kb, nb) in pairs:
+        _check_counts(kc, nc)
+        _check_counts(kb, nb)
+    d = np.array([kc / nc - kb / nb for (kc, nc), (kb, nb) in pairs if nc and nb], dtype=float)
+    alpha = 1.0 - confidence
+    if d.size == 0:
+        _z(confidence, two_sided=False)
+        return RegressionResult(0, None, -1.0, 1.0, margin, confidence, 1.0, 1.0, "inconclusive")
+    shifted = (d + 1.0) / 2.0
+    lower = 2.0 * float(betting_lower(shifted[None, :], confidence)[0]) - 1.0
+    upper = 1.0 - 2.0 * float(betting_lower(1.0 - shifted[None, :], confidence)[0])
+    m0 = (1.0 - margin) / 2.0  # -margin on the [0, 1] scale
+    p_worse, p_not_worse = _difference_p(1.0 - shifted, 1.0 - m0), _difference_p(shifted, m0)
+    verdict: RegressionVerdict = (
+        "worse" if p_worse <= alpha else "not worse" if p_not_worse <= alpha else "inconclusive"
+    )
+    return RegressionResult(int(d.size), float(d.mean()), lower, upper, margin, confidence, p_worse, p_not_worse, verdict)
+
+
+def regression_verdicts(per_perturbation: Mapping[str, RegressionResult]) -> dict[str, RegressionVerdict]:
+    """Three-valued verdicts per perturbation with Holm across them, for each direction separately.
+
+    Comparing many perturbations, some would look worse by chance; Holm keeps the chance of any
+    wrong "worse" (and, separately, of any wrong "not worse") at most 1 - confidence.
+    """
+    names = list(per_perturbation)
+    if not names:
+        return {}
+    alpha = 1.0 - per_perturbation[names[0]].confidence
+    worse = holm([per_perturbation[n].p_worse for n in names], alpha).reject
+    fine = holm([per_perturbation[n].p_not_worse for n in names], alpha).reject
+    return {n: "worse" if w else "not worse" if f else "inconclusive" for n, w, f in zip(names, worse, fine)}
+
+
+# ---- pass^k as a curve ----------------------------------------------------------------------------
+
+
+class PassKPoint(NamedTuple):
+    """pass^k at one k: mean over tasks with at least k runs of the unbiased per-task pass^k, with bounds."""
+
+    k: int
+    estimate: float | None
+    lower: float
+    upper: float
+    tasks_used: int
+
+
+def pass_k_curve(per_task: Iterable[tuple[int, int]], max_k: int, confidence: float = 0.95) -> list[PassKPoint]:
+    """pass^k for k = 1..max_k, each with the gate's task-level bounds (``wilson_tasks``).
+
+    A task's C(c, k) / C(n, k) is an unbiased estimate of its chance that k runs all conform and
+    lies in [0, 1], so the same bound for bounded means applies, over the tasks with n >= k. A k no
+    task reaches has no estimate (None, bounds 0 and 1).
+    """
+    if max_k < 1:
+        raise ValueError(f"max_k must be >= 1, got {max_k}")
+    kept = _task_counts(per_task)
+    points = []
+    for k in range(1, max_k + 1):
+        values = [pass_hat_k(n, c, k) for c, n in kept if n >= k]
+        if not values:
+            points.append(PassKPoint(k, None, 0.0, 1.0, 0))
+            continue
+        lower, upper = mean_bounds(
+            np.array([sum(values)]), np.array([len(values)]),
+            np.array([sum(v > 0 for v in values)]), np.array([sum(v < 1 for v in values)]), confidence,
+        )
+        points.append(PassKPoint(k, sum(values) / len(values), float(lower[0]), float(upper[0]), len(values)))
+    return points
