@@ -17,14 +17,24 @@ died before settling stays counted (it may have been spent): the cap errs toward
 An adapter that reports its own cost can only be held to the cap by its reservation, which must
 then be an upper bound (a declared per-trial maximum); ``TrialBudget.close`` reconciles the
 report against it and says by how much an adapter overran.
+
+Every reservation row carries the pid and host of the process that made it, and every metered
+call appends a ``use`` row, so a resumed study can release a dead runner's reservations
+(``SpendCap.release_dead``) down to what its metered calls actually spent instead of holding
+them forever. A call the cap refuses costs nothing: a trial whose every call was refused settles
+at $0, not at its reservation. ``reserve_wait`` lets a trial that does not fit wait for running
+trials to settle before the study gives up on it.
 """
 
 from __future__ import annotations
 
 import fcntl
 import os
+import socket
 import threading
+import time
 import uuid
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,23 +42,26 @@ import orjson
 
 from plumbline_otel.errors import ReplayError
 from plumbline_otel.replay.ledger import append_line
+from plumbline_otel.replay.pricing import PRICE_TABLE, Usage, price
 
-# USD per million tokens (input, output); a model id resolves to its longest matching prefix.
-PRICES: dict[str, tuple[float, float]] = {
-    "claude-opus-4-5": (5.0, 25.0),
-    "claude-opus-4-1": (15.0, 75.0),
-    "claude-opus-4": (15.0, 75.0),
-    "claude-sonnet-4": (3.0, 15.0),
-    "claude-3-7-sonnet": (3.0, 15.0),
-    "claude-3-5-sonnet": (3.0, 15.0),
-    "claude-haiku-4-5": (1.0, 5.0),
-    "claude-3-5-haiku": (0.8, 4.0),
-    "simulated-": (0.0, 0.0),  # the offline simulated model costs nothing
-}
+# USD per million tokens (input, output), from the full table in ``pricing`` (cache rates there);
+# a model id resolves to its longest matching prefix.
+PRICES: dict[str, tuple[float, float]] = {name: (p.input, p.output) for name, p in PRICE_TABLE.items()}
+_HOST = socket.gethostname()
 
 
 class BudgetExceeded(ReplayError):
     """The study's spend cap does not allow this trial (or this model call)."""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # exists, owned by someone else
+    return True
 
 
 def price_of(model: str | None, prices: dict[str, tuple[float, float]] = PRICES) -> tuple[float, float] | None:
@@ -60,11 +73,27 @@ def price_of(model: str | None, prices: dict[str, tuple[float, float]] = PRICES)
 
 
 def cost_usd(model: str | None, input_tokens: int, output_tokens: int,
-             prices: dict[str, tuple[float, float]] = PRICES) -> float | None:
-    price = price_of(model, prices)
-    if price is None:
+             prices: dict[str, tuple[float, float]] = PRICES, *, cache_read_tokens: int = 0,
+             cache_write_tokens: int = 0) -> float | None:
+    """USD for a call; cache tokens are priced at their own rates (``pricing.price``) with the default table."""
+    if prices is PRICES:
+        return price(model, Usage(input_tokens, output_tokens, cache_read_tokens, cache_write_tokens))
+    rates = price_of(model, prices)
+    if rates is None:
         return None
-    return (input_tokens * price[0] + output_tokens * price[1]) / 1_000_000
+    return (input_tokens * rates[0] + output_tokens * rates[1]) / 1_000_000
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """An open reservation as the journal shows it: who made it and what its metered calls spent."""
+
+    rid: str
+    usd: float
+    used: float
+    metered: bool
+    pid: int | None
+    host: str | None
 
 
 class SpendCap:
@@ -76,8 +105,11 @@ class SpendCap:
         self.refusals = 0
         self._settled = prior_usd  # in-memory account; with a journal, the journal's settled spend
         self._open: dict[str, float] = {}  # reservation id -> amount, every process's
+        self._owner: dict[str, tuple[int | None, str | None]] = {}  # reservation id -> (pid, host)
+        self._used: dict[str, float] = {}  # reservation id -> metered spend not yet settled
         self._offset = 0
         self._lock = threading.Lock()
+        self._settled_event = threading.Condition(threading.Lock())
         self._high_water = prior_usd
         if self.journal is not None:
             with self._locked():
@@ -108,8 +140,15 @@ class SpendCap:
         rid, usd = str(row.get("id")), float(row.get("usd") or 0.0)  # type: ignore[arg-type]
         if row["spend"] == "reserve":
             self._open[rid] = self._open.get(rid, 0.0) + usd
+            if rid not in self._owner:
+                pid = row.get("pid")
+                self._owner[rid] = (pid if isinstance(pid, int) else None, str(row["host"]) if row.get("host") else None)
+        elif row["spend"] == "use":
+            self._used[rid] = self._used.get(rid, 0.0) + usd
         elif row["spend"] == "settle":
             self._open.pop(rid, None)
+            self._owner.pop(rid, None)
+            self._used.pop(rid, None)
             self._settled += usd
 
     def _record(self, row: dict[str, object]) -> None:
@@ -152,8 +191,75 @@ class SpendCap:
             if self.limit is not None and committed + amount > self.limit + 1e-12:
                 self.refusals += 1
                 return False
-            self._record({"spend": "reserve", "id": rid or uuid.uuid4().hex, "usd": amount, "pid": os.getpid()})
+            self._record({"spend": "reserve", "id": rid or uuid.uuid4().hex, "usd": amount, "pid": os.getpid(), "host": _HOST})
             return True
+
+    def fits_eventually(self, amount: float) -> bool:
+        """Whether ``amount`` could fit once every open reservation settled at nothing (settled spend only grows)."""
+        with self._locked():
+            return self.limit is None or self._settled + max(0.0, amount) <= self.limit + 1e-12
+
+    def reserve_wait(self, amount: float, timeout: float, running: Callable[[], bool], rid: str | None = None,
+                     poll_s: float = 0.1) -> bool:
+        """``reserve``, waiting up to ``timeout`` s for running trials to settle when it does not fit yet.
+
+        Gives up at once when it can never fit (settled spend alone leaves no room), and as soon as
+        ``running()`` says no trial is left to settle (nothing more will be freed). Another process
+        sharing the journal is seen by polling every ``poll_s``; a settle in this process wakes it.
+        """
+        deadline = time.monotonic() + max(0.0, timeout)
+        while True:
+            if self.reserve(amount, rid):
+                return True
+            if not self.fits_eventually(amount) or not running():
+                return False
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            with self._settled_event:
+                self._settled_event.wait(min(poll_s, left))
+
+    def use(self, rid: str, usd: float) -> None:
+        """Journal ``usd`` actually spent by a metered call under reservation ``rid`` (what a release keeps)."""
+        with self._locked():
+            self._record({"spend": "use", "id": rid, "usd": max(0.0, usd), "pid": os.getpid()})
+
+    def reservations(self) -> list[Reservation]:
+        """The open reservations of every process sharing the account."""
+        with self._locked():
+            return [Reservation(rid, usd, self._used.get(rid, 0.0), rid in self._used, *self._owner.get(rid, (None, None)))
+                    for rid, usd in self._open.items()]
+
+    def release_dead(self, pids: Iterable[int] | None = None, *, host: str | None = None) -> list[Reservation]:
+        """Settle the open reservations of processes that are gone, so they stop holding the cap.
+
+        ``pids``: the dead runners' pids (None: every pid on this host that no longer exists). A
+        reservation whose calls were metered settles at what they spent; one with no metered call
+        (a self-reporting adapter, whose spend nobody saw) settles at its full amount, since it may
+        have been spent. Returns what it released. Only reservations made on ``host`` (default this
+        one) are matched, so a pid from another machine is never taken for a local one.
+        """
+        host = host or _HOST
+        wanted = set(pids) if pids is not None else None
+        released: list[Reservation] = []
+        with self._locked():
+            for rid, usd in list(self._open.items()):
+                pid, owner_host = self._owner.get(rid, (None, None))
+                if pid is None or pid == os.getpid() or (owner_host is not None and owner_host != host):
+                    continue
+                if (wanted is not None and pid not in wanted) or (wanted is None and _alive(pid)):
+                    continue
+                metered = rid in self._used
+                actual = self._used[rid] if metered else usd
+                released.append(Reservation(rid, usd, actual, metered, pid, owner_host))
+                self._record({"spend": "settle", "id": rid, "usd": actual, "pid": os.getpid(), "released_pid": pid})
+        if released:
+            self._wake()
+        return released
+
+    def _wake(self) -> None:
+        with self._settled_event:
+            self._settled_event.notify_all()
 
     def open(self, amount: float) -> str | None:
         """A new reservation of ``amount``: its id, or None when the cap refuses."""
@@ -164,6 +270,7 @@ class SpendCap:
         """Release reservation ``rid`` and record what was actually spent."""
         with self._locked():
             self._record({"spend": "settle", "id": rid, "usd": max(0.0, actual), "pid": os.getpid()})
+        self._wake()
 
     @property
     def spent(self) -> float:
@@ -202,6 +309,7 @@ class TrialBudget:
     metered: bool = False  # any cost recorded through ``add``
     settled: bool = False
     overrun: float = 0.0  # what an adapter reported beyond its reservation
+    refused: int = 0  # metered calls the cap refused (they cost nothing)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @classmethod
@@ -210,12 +318,24 @@ class TrialBudget:
         rid = cap.open(estimate)
         return cls(cap, rid, reserved=max(0.0, estimate)) if rid is not None else None
 
+    @classmethod
+    def open_wait(cls, cap: SpendCap, estimate: float, timeout: float, running: Callable[[], bool]) -> TrialBudget | None:
+        """``open``, waiting for running trials to settle when the reservation does not fit yet."""
+        rid = uuid.uuid4().hex
+        return cls(cap, rid, reserved=max(0.0, estimate)) if cap.reserve_wait(estimate, timeout, running, rid) else None
+
     def ensure(self, amount: float) -> None:
-        """Make sure ``amount`` more can be spent, growing the reservation; raise BudgetExceeded if not."""
+        """Make sure ``amount`` more can be spent, growing the reservation; raise BudgetExceeded if not.
+
+        A refusal makes the trial metered: its calls are what it spent, so a trial whose every
+        call was refused settles at nothing rather than at its reservation.
+        """
         with self._lock:
             need = self.used + max(0.0, amount) - self.reserved
             if need > 0:
                 if not self.cap.reserve(need, self.rid):
+                    self.refused += 1
+                    self.metered = True
                     raise BudgetExceeded(f"spend cap ${self.cap.limit:.2f} reached (spent ${self.cap.spent:.4f}, "
                                          f"${self.cap.reserved:.4f} reserved by running trials)")
                 self.reserved += need
@@ -225,6 +345,7 @@ class TrialBudget:
         with self._lock:
             self.used += max(0.0, amount)
             self.metered = True
+        self.cap.use(self.rid, amount)
 
     def close(self, reported: float | None = None) -> float:
         """Settle: metered spend if any, else the adapter's report, else the whole reservation.

@@ -14,8 +14,11 @@ It is an HTTP transport under the real ``anthropic`` client (``anthropic_client`
 so the client code path is the one users run; the transport also meters each live call against
 the trial's budget before sending it (``scope.TrialScope.charge``) and records its cost after.
 A refused call (budget, offline miss) gets a non-retryable error response and the trial scope
-says why, so the driver records the trial as missing, not as an agent failure. Streaming
-requests pass through uncached and unmetered.
+says why, so the driver records the trial as missing, not as an agent failure. Streamed calls
+are metered and cached too: the stream passes through to the client as it arrives while a
+``pricing.UsageAccumulator`` reads its usage, and the whole stream is recorded when it ends. Cost
+is priced from the provider's full usage (cache reads and writes included) by ``pricing.price``,
+the same extraction the model-API proxy uses.
 """
 
 from __future__ import annotations
@@ -24,15 +27,17 @@ import hashlib
 import os
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import orjson
 
 from plumbline_otel.errors import ConfigError
-from plumbline_otel.replay.budget import cost_usd, price_of
+from plumbline_otel.replay.budget import price_of
 from plumbline_otel.replay.identity import TrialIdentity
 from plumbline_otel.replay.ledger import append_line
+from plumbline_otel.replay.pricing import UsageAccumulator, extract_usage, parse_sse, price
 from plumbline_otel.replay.scope import TrialScope, current_scope
 
 MODES = ("record", "replay", "off")
@@ -146,7 +151,7 @@ def _transport_class(module: Any) -> type:
                 body = orjson.loads(raw)
             except orjson.JSONDecodeError:
                 return self.inner.handle_request(request)
-            if not isinstance(body, dict) or body.get("stream"):
+            if not isinstance(body, dict):
                 return self.inner.handle_request(request)
             return _handle(module, self.inner, scope, request, raw, body)
 
@@ -161,6 +166,38 @@ def _refuse(module: Any, request: Any, status: int, reason: str) -> Any:
     body = {"type": "error", "error": {"type": "plumbline_replay_refused", "message": reason}}
     return module.Response(status, headers={"content-type": "application/json", "x-should-retry": "false"},
                            content=orjson.dumps(body), request=request)
+
+
+def _estimate(raw: bytes, body: dict[str, Any], rates: tuple[float, float]) -> float:
+    """An upper bound before the call: a token covers at least one byte, plus the API's own prompt
+    for tools; the output cannot pass max_tokens. Settled at the real usage after the call."""
+    return ((len(raw) + _OVERHEAD_TOKENS) * rates[0] + int(body.get("max_tokens") or 4096) * rates[1]) / 1_000_000
+
+
+def _charge(scope: TrialScope, model: Any, raw: bytes, body: dict[str, Any]) -> str | None:
+    """Make room in the trial's budget for this call; the refusal reason, or None when it may go."""
+    budget = scope.budget
+    if budget is None or budget.cap.limit is None:
+        return None
+    rates = price_of(model if isinstance(model, str) else None)
+    if rates is None:
+        # A model with no price cannot be bounded by the cap, so the call is refused, not guessed.
+        scope.abort_reason = f"budget: model {model!r} has no price, so a spend cap cannot bound it"
+        return scope.abort_reason
+    try:
+        scope.charge(_estimate(raw, body, rates))
+    except Exception:
+        return scope.abort_reason or "budget: spend cap reached"
+    return None
+
+
+def _meter(scope: TrialScope, model: Any, usage_source: Any) -> None:
+    """Record a finished call's exact cost (full usage, cache tokens included) against the trial."""
+    usage = extract_usage(usage_source) if usage_source is not None else None
+    if usage is not None:
+        scope.spent(price(model if isinstance(model, str) else None, usage) or 0.0)
+    elif scope.budget is not None and scope.budget.cap.limit is not None:
+        scope.spent(0.0)
 
 
 def _handle(module: Any, inner: Any, scope: TrialScope, request: Any, raw: bytes, body: dict[str, Any]) -> Any:
@@ -180,47 +217,75 @@ def _handle(module: Any, inner: Any, scope: TrialScope, request: Any, raw: bytes
                                   f"(request {content_digest(content)[:12]}, occurrence {occurrence})")
             return _refuse(module, request, 424, scope.abort_reason)
     model = body.get("model")
-    budget = scope.budget
-    if budget is not None and budget.cap.limit is not None:
-        price = price_of(model)
-        if price is None:
-            scope.abort_reason = f"budget: model {model!r} has no price, so a spend cap cannot bound it"
-            return _refuse(module, request, 402, scope.abort_reason)
-        # An upper bound: a token covers at least one byte, plus the API's own prompt for tools;
-        # the output cannot pass max_tokens. Settled at the real usage after the call.
-        estimate = ((len(raw) + _OVERHEAD_TOKENS) * price[0] + int(body.get("max_tokens") or 4096) * price[1]) / 1_000_000
-        try:
-            scope.charge(estimate)
-        except Exception:
-            return _refuse(module, request, 402, scope.abort_reason or "budget: spend cap reached")
+    refused = _charge(scope, model, raw, body)
+    if refused is not None:
+        return _refuse(module, request, 402, refused)
     started = time.perf_counter()
     response = inner.handle_request(request)
-    payload = response.read()
     scope.model_calls += 1
-    status = response.status_code
+    record = _recorder(cache, scope, key, occurrence, request.url.path, model, response.status_code,
+                       response.headers.get("content-type"), started)
+    kept = [(k, v) for k, v in response.headers.items() if k.lower() not in _DROP_HEADERS]
+    if "text/event-stream" in (response.headers.get("content-type") or ""):
+        stream = _metered_stream(module, response, scope, model, record)
+        return module.Response(response.status_code, headers=kept, stream=stream, request=request)
+    payload = response.read()
     parsed: Any = None
-    if 200 <= status < 300:
+    if 200 <= response.status_code < 300:
         try:
             parsed = orjson.loads(payload)
         except orjson.JSONDecodeError:
             parsed = None
-    usage = parsed.get("usage") if isinstance(parsed, dict) else None
-    if isinstance(usage, dict):
-        cost = cost_usd(parsed.get("model") or model, int(usage.get("input_tokens") or 0), int(usage.get("output_tokens") or 0))
-        scope.spent(cost or 0.0)
-    elif budget is not None and budget.cap.limit is not None:
-        scope.spent(0.0)
-    if cache is not None and parsed is not None:
+    _meter(scope, model, parsed if isinstance(parsed, dict) else None)
+    if parsed is not None:
+        record(payload)
+    return module.Response(response.status_code, headers=kept, content=payload, request=request)
+
+
+def _recorder(cache: ResponseCache | None, scope: TrialScope, key: str, occurrence: int, path: str, model: Any,
+              status: int, content_type: str | None, started: float) -> Any:
+    """A function that records this exchange's response body in the cache (a no-op without one)."""
+    def record(payload: bytes) -> None:
+        if cache is None or not 200 <= status < 300:
+            return
         identity = scope.identity
         cache.put({
             "key": key, "trial_id": identity.trial_id, "perturbation": identity.perturbation,
             "variant": identity.variant, "repeat": identity.repeat, "occurrence": occurrence,
-            "path": request.url.path, "model": model, "status": status,
-            "content_type": response.headers.get("content-type"), "body": payload.decode("utf-8"),
-            "latency_ms": round((time.perf_counter() - started) * 1000, 1), "recorded_at": time.time(),
+            "path": path, "model": model, "status": status, "content_type": content_type,
+            "body": payload.decode("utf-8"), "latency_ms": round((time.perf_counter() - started) * 1000, 1),
+            "recorded_at": time.time(),
         })
-    kept = [(k, v) for k, v in response.headers.items() if k.lower() not in _DROP_HEADERS]
-    return module.Response(status, headers=kept, content=payload, request=request)
+    return record
+
+
+def _metered_stream(module: Any, response: Any, scope: TrialScope, model: Any, record: Any) -> Any:
+    """The upstream SSE stream, passed on chunk by chunk; metered and recorded once it has ended."""
+    class MeteredStream(module.SyncByteStream):  # type: ignore[misc]
+        def __iter__(self) -> Iterator[bytes]:
+            chunks: list[bytes] = []
+            complete = False
+            try:
+                for chunk in response.iter_bytes():
+                    chunks.append(chunk)
+                    yield chunk
+                complete = True
+            finally:
+                raw = b"".join(chunks)
+                meter = UsageAccumulator()
+                for event in parse_sse(raw):
+                    meter.feed(event)
+                if meter.usage is not None:
+                    scope.spent(price(model if isinstance(model, str) else None, meter.usage) or 0.0)
+                elif scope.budget is not None and scope.budget.cap.limit is not None:
+                    scope.spent(0.0)
+                if complete:
+                    record(raw)
+
+        def close(self) -> None:
+            response.close()
+
+    return MeteredStream()
 
 
 def caching_transport(inner: Any = None, module: Any = None) -> Any:

@@ -16,6 +16,18 @@ Registered:
     sampling      metadata ``temperature`` and ``seed``; the text is unchanged
     tool_fault    metadata ``fault``: a declarative transient fault (tool, kind, which call),
                   turned into a fresh injector for every trial
+    model_fault   metadata ``model_fault``: the model API fails one call (rate limit, overloaded,
+                  timeout, a stream cut short); applied by the model-API proxy
+    tool_result_fault
+                  metadata ``tool_result_fault``: the planned tool ran (its side effect happened)
+                  but the model is shown an error as its result; applied by the model-API proxy
+
+``tool_fault`` and ``tool_result_fault`` differ in what happened in the world: under
+``tool_fault`` the tool fails *before it acts* (nothing was refunded, nothing was sent), so a
+retry is the right move; under ``tool_result_fault`` the tool *acted* and only its answer was
+lost on the way back to the model, so a blind retry repeats the side effect (pays twice). The
+second is what a timeout after a committed write looks like, and what invariants such as "never
+pay twice" are there to catch.
 """
 
 from __future__ import annotations
@@ -33,6 +45,73 @@ from plumbline_otel.replay.identity import TRANSIENT_FAULT_KINDS, FaultPlan
 from plumbline_otel.replay.tasks import ReplayTask
 
 Candidate = tuple[str, dict[str, Any]]
+
+MODEL_FAULT_KINDS = ("rate_limit", "overloaded", "timeout", "stream_cut")
+
+
+@dataclass(frozen=True)
+class ModelFaultPlan:
+    """Fail model call number ``on_call`` of an attempt (and ``times - 1`` more) at the model-API proxy.
+
+    ``rate_limit`` answers 429, ``overloaded`` 529 (Anthropic) or 503 (OpenAI), ``timeout`` holds the
+    call ``hold_s`` seconds and then answers 504, and ``stream_cut`` passes ``after_events`` SSE
+    events of the real answer (or half of a whole body) and then drops the connection. The first
+    three never reach the provider and cost nothing; a cut stream was generated and is paid for.
+    """
+
+    kind: str = "rate_limit"
+    on_call: int = 1
+    times: int = 1
+    hold_s: float = 2.0
+    after_events: int = 2
+
+    def __post_init__(self) -> None:
+        if self.kind not in MODEL_FAULT_KINDS:
+            raise ValueError(f"model fault kind {self.kind!r} is not one of {', '.join(MODEL_FAULT_KINDS)}")
+        if self.on_call < 1 or self.times < 1:
+            raise ValueError("model fault on_call and times must be at least 1")
+        if self.hold_s < 0 or self.after_events < 0:
+            raise ValueError("model fault hold_s and after_events cannot be negative")
+
+    def due(self, call: int) -> bool:
+        """Whether model call number ``call`` (1-based) of the attempt is faulted."""
+        return self.on_call <= call < self.on_call + self.times
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "on_call": self.on_call, "times": self.times, "hold_s": self.hold_s,
+                "after_events": self.after_events}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any] | None) -> ModelFaultPlan | None:
+        return cls(**dict(data)) if data else None
+
+
+@dataclass(frozen=True)
+class ToolResultFaultPlan:
+    """Replace the result of call number ``on_call`` of ``tool`` with an error, on its way to the model.
+
+    The tool ran; only the model's view of its result is a failure (see the module docstring for
+    how this differs from ``tool_fault``). The error text is ``tool_fault``'s for the same kind,
+    so the store matches the failure the same way.
+    """
+
+    tool: str
+    kind: str = "503"
+    on_call: int = 1
+
+    def __post_init__(self) -> None:
+        FaultPlan(self.tool, self.kind, self.on_call)  # the same validation as a tool fault
+
+    @property
+    def error_message(self) -> str:
+        return FaultPlan(self.tool, self.kind).error_message
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"tool": self.tool, "kind": self.kind, "on_call": self.on_call}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any] | None) -> ToolResultFaultPlan | None:
+        return cls(**dict(data)) if data else None
 
 
 class Paraphraser(Protocol):
@@ -86,6 +165,7 @@ class PerturbOptions:
     fault_tools: tuple[str, ...] = ()  # fault these tools; empty: the preferred ones the source run called, else all it called
     preferred_fault_tools: tuple[str, ...] = ()  # a domain's choice of targets (checks rather than effects)
     fault_kinds: tuple[str, ...] = TRANSIENT_FAULT_KINDS
+    model_fault_kinds: tuple[str, ...] = MODEL_FAULT_KINDS
     temperatures: tuple[float, ...] = (1.0, 0.7, 0.3)
 
 
@@ -263,6 +343,23 @@ def _tool_fault(task: ReplayTask, options: PerturbOptions, rng: random.Random) -
             for i in range(options.variants)]
 
 
+@register("model_fault", changes_text=False, preserves="the request; one model API call fails (rate limit, overload, timeout, cut stream)")
+def _model_fault(task: ReplayTask, options: PerturbOptions, rng: random.Random) -> list[Candidate]:
+    kinds = list(options.model_fault_kinds) or list(MODEL_FAULT_KINDS)
+    return [(task.input, {"model_fault": ModelFaultPlan(kinds[i % len(kinds)]).as_dict()}) for i in range(options.variants)]
+
+
+@register("tool_result_fault", changes_text=False, preserves="the request; one tool acts but the model is told it failed")
+def _tool_result_fault(task: ReplayTask, options: PerturbOptions, rng: random.Random) -> list[Candidate]:
+    preferred = [t for t in options.preferred_fault_tools if t in task.tools]
+    targets = list(options.fault_tools or preferred or task.tools)
+    if not targets:
+        return []
+    kinds = list(options.fault_kinds) or ["503"]
+    return [(task.input, {"tool_result_fault": ToolResultFaultPlan(targets[i % len(targets)], kinds[i % len(kinds)]).as_dict()})
+            for i in range(options.variants)]
+
+
 # --- building ----------------------------------------------------------------------------------
 
 
@@ -281,7 +378,7 @@ def build_variants(task: ReplayTask, perturbations: Sequence[str], options: Pert
         if not candidates:
             out.append(Variant(task.task_key, name, "none", task.input, {},
                                rejected=f"{name}: nothing to vary for this task"
-                               + (" (its source run called no tool; set fault tools)" if name == "tool_fault" else "")))
+                               + (" (its source run called no tool; set fault tools)" if name in ("tool_fault", "tool_result_fault") else "")))
             continue
         seen: set[str] = set()
         for index, (text, metadata) in enumerate(candidates):

@@ -1,0 +1,153 @@
+"""What the proxy witnessed in one attempt of one trial, kept per route and frozen at close.
+
+``TrialState`` is the mutable account the request handlers update (under its lock, since an
+agent may make concurrent calls); ``ProxyEvidence`` is its frozen summary, which the driver
+writes into the trial's record so exposure and cost never depend on the agent's own report.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from plumbline_otel.replay.perturb import ModelFaultPlan, ToolResultFaultPlan
+from plumbline_otel.replay.pricing import Usage
+
+if TYPE_CHECKING:
+    from plumbline_otel.replay.adapters import Trial
+    from plumbline_otel.replay.budget import TrialBudget
+
+
+@dataclass(frozen=True)
+class ProxyEvidence:
+    """One attempt as the model-API proxy saw it.
+
+    ``cost_usd`` is exact (each call priced from its full usage) or None when a model answered
+    that has no price (``unpriced_models`` names them); ``cost_exact`` is False when a call's
+    usage was missing and its conservative estimate was charged instead.
+    """
+
+    trial_id: str
+    attempt: int
+    calls: int  # model-API calls the agent made through this route, faulted and refused ones included
+    upstream_calls: int  # of those, how many reached the provider
+    cache_hits: int
+    refused_budget: int
+    refused_offline: int  # replay mode, no recorded answer
+    budget_stop: str | None
+    usage: Usage
+    cost_usd: float | None
+    cost_exact: bool
+    unpriced_models: tuple[str, ...]
+    faults: tuple[dict[str, Any], ...]  # {kind, call, detail}
+    decoys_offered: tuple[str, ...]
+    decoys_proposed: tuple[str, ...]
+    sampling_changes: tuple[dict[str, Any], ...]  # {call, param, before, after}
+    exchanges: tuple[dict[str, Any], ...]  # {call, api, model, status, source, key, request_sha256}
+    passthrough: int  # other endpoints forwarded unmetered (model lists, token counts)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "trial_id": self.trial_id, "attempt": self.attempt, "calls": self.calls, "upstream_calls": self.upstream_calls,
+            "cache_hits": self.cache_hits, "refused_budget": self.refused_budget, "refused_offline": self.refused_offline,
+            "budget_stop": self.budget_stop, "usage": self.usage.as_dict(), "cost_usd": self.cost_usd,
+            "cost_exact": self.cost_exact, "unpriced_models": list(self.unpriced_models), "faults": list(self.faults),
+            "decoys_offered": list(self.decoys_offered), "decoys_proposed": list(self.decoys_proposed),
+            "sampling_changes": list(self.sampling_changes), "exchanges": list(self.exchanges),
+            "passthrough": self.passthrough,
+        }
+
+
+@dataclass
+class TrialState:
+    """The live account of one route (one attempt of one trial)."""
+
+    trial: Trial
+    budget: TrialBudget | None
+    token: str
+    model_fault: ModelFaultPlan | None = None
+    tool_result_fault: ToolResultFaultPlan | None = None
+    decoys: list[dict[str, Any]] = field(default_factory=list)
+    sampling: dict[str, Any] = field(default_factory=dict)
+    calls: int = 0
+    upstream_calls: int = 0
+    cache_hits: int = 0
+    refused_budget: int = 0
+    refused_offline: int = 0
+    passthrough: int = 0
+    budget_stop: str | None = None
+    usage: Usage = field(default_factory=Usage)
+    cost_usd: float = 0.0
+    cost_exact: bool = True
+    unpriced: set[str] = field(default_factory=set)
+    faults: list[dict[str, Any]] = field(default_factory=list)
+    decoys_offered: list[str] = field(default_factory=list)
+    decoys_proposed: list[str] = field(default_factory=list)
+    sampling_changes: list[dict[str, Any]] = field(default_factory=list)
+    exchanges: list[dict[str, Any]] = field(default_factory=list)
+    tool_ids: dict[str, list[str]] = field(default_factory=dict)  # tool name -> its call ids, first seen first
+    fault_target: str | None = None  # the call id whose result tool_result_fault replaces
+    closed: bool = False
+    _occurrences: dict[str, int] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def next_call(self) -> int:
+        with self.lock:
+            self.calls += 1
+            return self.calls
+
+    def occurrence(self, digest: str) -> int:
+        """0 for the first identical request of this attempt, 1 for the next (part of the cache key)."""
+        with self.lock:
+            n = self._occurrences.get(digest, 0)
+            self._occurrences[digest] = n + 1
+            return n
+
+    def learn_tool_calls(self, calls: list[tuple[str, str]]) -> None:
+        """Note (id, name) tool calls in the order the conversation shows them."""
+        with self.lock:
+            for call_id, name in calls:
+                ids = self.tool_ids.setdefault(name, [])
+                if call_id not in ids:
+                    ids.append(call_id)
+
+    def fault_call_id(self) -> str | None:
+        """The id of the planned tool call whose result is to be replaced, once it is known."""
+        plan = self.tool_result_fault
+        if plan is None:
+            return None
+        with self.lock:
+            ids = self.tool_ids.get(plan.tool, [])
+            if self.fault_target is None and len(ids) >= plan.on_call:
+                self.fault_target = ids[plan.on_call - 1]
+            return self.fault_target
+
+    def add_fault(self, kind: str, call: int, detail: str) -> None:
+        with self.lock:
+            self.faults.append({"kind": kind, "call": call, "detail": detail})
+
+    def charge(self, model: str | None, usage: Usage | None, cost: float | None, estimate: float | None) -> None:
+        """Account a finished upstream call: its usage and exact cost (the estimate when usage was missing)."""
+        with self.lock:
+            if usage is not None:
+                self.usage = self.usage + usage
+            if usage is None:
+                self.cost_exact = False
+                self.cost_usd += estimate or 0.0
+            elif cost is None:
+                self.unpriced.add(str(model or usage.model))
+            else:
+                self.cost_usd += cost
+
+    def evidence(self) -> ProxyEvidence:
+        with self.lock:
+            identity = self.trial.identity
+            return ProxyEvidence(
+                trial_id=identity.trial_id, attempt=identity.attempt, calls=self.calls, upstream_calls=self.upstream_calls,
+                cache_hits=self.cache_hits, refused_budget=self.refused_budget, refused_offline=self.refused_offline,
+                budget_stop=self.budget_stop, usage=self.usage,
+                cost_usd=None if self.unpriced else round(self.cost_usd, 10), cost_exact=self.cost_exact,
+                unpriced_models=tuple(sorted(self.unpriced)), faults=tuple(self.faults),
+                decoys_offered=tuple(self.decoys_offered), decoys_proposed=tuple(self.decoys_proposed),
+                sampling_changes=tuple(self.sampling_changes), exchanges=tuple(self.exchanges), passthrough=self.passthrough)

@@ -1,0 +1,373 @@
+"""One model call through the proxy: rewrite, fault, serve from the cassette or meter and forward,
+relay (plain or SSE), account, record, and emit its span.
+
+The order matters and is the same in ``record`` and ``replay`` mode, so a replay is bit-for-bit:
+rewrites first (they depend only on the trial's plan and the conversation), then injected faults
+(never forwarded, never cached, no occurrence consumed), then the cassette by trial identity,
+then the budget (a cassette hit costs nothing), then the provider.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Protocol
+
+import httpx
+import orjson
+
+from plumbline_otel.replay.budget import BudgetExceeded
+from plumbline_otel.replay.cache import cache_key, content_digest, request_content
+from plumbline_otel.replay.pricing import Usage, UsageAccumulator, model_price, parse_sse, price, usage_from_body
+from plumbline_otel.replay.proxy import spans
+from plumbline_otel.replay.proxy.evidence import TrialState
+from plumbline_otel.replay.proxy.wire import (
+    PROVIDER,
+    Api,
+    Reply,
+    add_decoys,
+    apply_sampling,
+    error_body,
+    replace_tool_results,
+    reply_from_body,
+    reply_from_events,
+    request_tool_calls,
+)
+
+if TYPE_CHECKING:
+    from plumbline_otel.replay.proxy.server import ModelProxy
+
+DEFAULT_MAX_OUTPUT = 32_768  # the output bound assumed for a request that states none
+_OVERHEAD_TOKENS = 1000  # the provider's own prompt for tools and formatting
+_HOP = {"connection", "keep-alive", "transfer-encoding", "content-length", "content-encoding", "te", "trailer", "upgrade"}
+
+
+class Responder(Protocol):
+    """How the handler writes to the agent (implemented over the HTTP connection by the server)."""
+
+    def send(self, status: int, headers: list[tuple[str, str]], payload: bytes) -> None: ...
+    def send_cut(self, status: int, headers: list[tuple[str, str]], payload: bytes) -> None: ...
+    def start_stream(self, status: int, headers: list[tuple[str, str]]) -> None: ...
+    def write(self, data: bytes) -> None: ...
+    def end_stream(self) -> None: ...
+    def abort(self) -> None: ...
+
+
+def refuse(out: Responder, provider: str, status: int, kind: str, message: str) -> None:
+    """A provider-shaped error the agent's SDK will not retry (``x-should-retry: false``)."""
+    out.send(status, [("content-type", "application/json"), ("x-should-retry", "false")], error_body(provider, status, kind, message))
+
+
+def estimate_usd(model: str | None, request_bytes: int, body: Mapping[str, Any]) -> float | None:
+    """A conservative bound on a call's cost before it is made (None: the model has no price).
+
+    A token covers at least one byte of the request, every input token is priced at the dearest
+    input rate (a 1-hour cache write, the long-context tier), and the output cannot pass the
+    request's token limit.
+    """
+    rates = model_price(model)
+    if rates is None:
+        return None
+    tiers = [rates, rates.long] if rates.long is not None else [rates]
+    in_rate = max(max(r.input, r.cache_write, r.cache_write_1h) for r in tiers if r is not None)
+    out_rate = max(r.output for r in tiers if r is not None)
+    limit = body.get("max_tokens") or body.get("max_completion_tokens") or body.get("max_output_tokens") or DEFAULT_MAX_OUTPUT
+    return ((request_bytes + _OVERHEAD_TOKENS) * in_rate + int(limit) * out_rate) / 1_000_000
+
+
+# --- rewrites ----------------------------------------------------------------------------------
+
+
+def rewrite(state: TrialState, api: Api, body: dict[str, Any], call: int) -> None:
+    """Apply the trial's request-side perturbations to ``body`` and note what changed."""
+    plan = state.tool_result_fault
+    if plan is not None:
+        state.learn_tool_calls([(c.id, c.name) for c in request_tool_calls(api, body)])
+        target = state.fault_call_id()
+        if target is not None and replace_tool_results(api, body, target, plan.error_message):
+            with state.lock:
+                first = not any(f["kind"] == "tool_result_fault" for f in state.faults)
+            if first:
+                state.add_fault("tool_result_fault", call, f"result of {plan.tool} call {target} shown to the model as: {plan.error_message}")
+    if state.sampling:
+        changes = apply_sampling(api, body, state.sampling)
+        with state.lock:
+            state.sampling_changes.extend({"call": call, **c} for c in changes)
+    if state.decoys:
+        added = add_decoys(api, body, state.decoys)
+        with state.lock:
+            state.decoys_offered.extend(n for n in added if n not in state.decoys_offered)
+
+
+def inject_model_fault(state: TrialState, api: Api, call: int, out: Responder) -> str:
+    """Answer call ``call`` with the planned model fault instead of forwarding it; the fault's name."""
+    plan = state.model_fault
+    assert plan is not None
+    provider = PROVIDER[api]
+    headers = [("content-type", "application/json")]
+    if plan.kind == "rate_limit":
+        status, kind, message = 429, "rate_limit_error", "Rate limit exceeded; retry later (plumbline model_fault)"
+    elif plan.kind == "overloaded":
+        status = 529 if provider == "anthropic" else 503
+        kind, message = ("overloaded_error" if provider == "anthropic" else "server_error"), "Overloaded (plumbline model_fault)"
+    else:
+        time.sleep(plan.hold_s)
+        status, kind = 504, ("timeout_error" if provider == "anthropic" else "timeout")
+        message = f"Request timed out after {plan.hold_s:g}s (plumbline model_fault)"
+    state.add_fault(plan.kind, call, f"HTTP {status} {kind}")
+    out.send(status, headers, error_body(provider, status, kind, message))
+    return f"{plan.kind}:{status}"
+
+
+# --- relaying ----------------------------------------------------------------------------------
+
+
+def _events(buffer: bytearray) -> Iterator[bytes]:
+    """Complete SSE events (with their blank-line terminator) taken off the front of ``buffer``."""
+    while True:
+        ends = [(i, n) for i, n in ((buffer.find(b"\n\n"), 2), (buffer.find(b"\r\n\r\n"), 4)) if i >= 0]
+        if not ends:
+            return
+        i, n = min(ends)
+        block = bytes(buffer[:i + n])
+        del buffer[:i + n]
+        yield block
+
+
+def _usage_only(block: bytes) -> bool:
+    """A Chat stream's final usage chunk (empty choices), which the agent did not ask for."""
+    if b'"usage"' not in block or b"data:" not in block:
+        return False
+    try:
+        value = orjson.loads(block.split(b"data:", 1)[1].strip())
+    except orjson.JSONDecodeError:
+        return False
+    return isinstance(value, dict) and value.get("choices") == [] and isinstance(value.get("usage"), dict)
+
+
+def relay(out: Responder, status: int, headers: list[tuple[str, str]], chunks: Iterable[bytes], *, sse: bool,
+          strip_usage: bool, cut_after: int | None) -> tuple[bytes, bool]:
+    """Pass the response to the agent as it arrives; (every byte upstream sent, whether the agent got all of it).
+
+    ``cut_after``: a stream is dropped after that many events (a whole body after half its bytes);
+    the rest is still read from upstream, so the call is metered and recorded whole.
+    """
+    if not sse:
+        payload = b"".join(chunks)
+        if cut_after is not None:
+            out.send_cut(status, headers, payload)
+            return payload, False
+        out.send(status, headers, payload)
+        return payload, True
+    out.start_stream(status, headers)
+    raw, buffer, sent, cut = bytearray(), bytearray(), 0, False
+    for chunk in chunks:
+        raw += chunk
+        buffer += chunk
+        for block in _events(buffer):
+            if cut or (strip_usage and _usage_only(block)):
+                continue
+            if cut_after is not None and sent >= cut_after:
+                out.abort()
+                cut = True
+                continue
+            out.write(block)
+            sent += 1
+    if not cut:
+        if buffer:
+            out.write(bytes(buffer))
+        out.end_stream()
+    return bytes(raw), not cut
+
+
+# --- the call ----------------------------------------------------------------------------------
+
+
+def handle_call(proxy: ModelProxy, state: TrialState, api: Api, path: str, raw: bytes, headers: Mapping[str, str],
+                out: Responder) -> None:
+    """Serve one model-API call of the trial behind ``state``."""
+    provider = PROVIDER[api]
+    started = time.time_ns()
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        body = None
+    if not isinstance(body, dict):
+        refuse(out, provider, 400, "invalid_request_error", f"plumbline proxy: the body of POST {path} is not a JSON object")
+        return
+    call = state.next_call()
+    rewrite(state, api, body, call)
+    strip_usage = False
+    if api == "chat" and body.get("stream") is True:
+        given = body.get("stream_options")
+        options: dict[str, Any] = given if isinstance(given, dict) else {}
+        if not options.get("include_usage"):  # the usage chunk is needed to meter the call exactly
+            body["stream_options"] = {**options, "include_usage": True}
+            strip_usage = True
+    plan = state.model_fault
+    if plan is not None and plan.due(call) and plan.kind != "stream_cut":
+        fault = inject_model_fault(state, api, call, out)
+        _finish(proxy, state, api, call, body, started, 0, "fault", None, None, None, fault=fault, key=None)
+        return
+    cut_after = plan.after_events if plan is not None and plan.due(call) and plan.kind == "stream_cut" else None
+    content = request_content("POST", path, body)
+    digest = content_digest(content)
+    key = cache_key(state.trial.identity, content, state.occurrence(digest))
+    cache = proxy.cache if proxy.cache is not None and proxy.cache.mode != "off" else None
+    entry = cache.get(key) if cache is not None else None
+    if entry is not None:
+        with state.lock:
+            state.cache_hits += 1
+        ctype = entry.get("content_type") or "application/json"
+        payload, whole = relay(out, int(entry["status"]), [("content-type", ctype), ("x-plumbline-cache", "hit")],
+                               [entry["body"].encode()], sse="event-stream" in ctype, strip_usage=strip_usage, cut_after=cut_after)
+        _after(proxy, state, api, call, body, started, int(entry["status"]), "cache", payload, ctype, None, key, cut_after, None, whole)
+        return
+    if cache is not None and cache.mode == "replay":
+        with state.lock:
+            state.refused_offline += 1
+        reason = f"offline: no recorded answer for trial {state.trial.identity.trial_id} (request {digest[:12]})"
+        refuse(out, provider, 424, "plumbline_replay_miss", f"plumbline proxy: {reason}")
+        _finish(proxy, state, api, call, body, started, 424, "refused", None, None, None, fault=None, key=key)
+        return
+    forwarded = orjson.dumps(body)
+    model = body.get("model") if isinstance(body.get("model"), str) else None
+    refused, estimate = _ensure(state, model, len(forwarded), body)
+    if refused is not None:
+        refuse(out, provider, 429, "plumbline_budget_exceeded", f"plumbline proxy: {refused}")
+        _finish(proxy, state, api, call, body, started, 429, "refused", None, None, None, fault=None, key=key)
+        return
+    _forward(proxy, state, api, call, path, body, forwarded, headers, out, started, key, strip_usage, cut_after, estimate)
+
+
+def _ensure(state: TrialState, model: str | None, size: int, body: Mapping[str, Any]) -> tuple[str | None, float | None]:
+    """Grow the trial's reservation by this call's bound; (refusal reason or None, the bound)."""
+    estimate = estimate_usd(model, size, body)
+    budget = state.budget
+    if budget is None:
+        return None, estimate
+    reason: str | None = None
+    if estimate is None:
+        if budget.cap.limit is None:
+            return None, None
+        reason = f"budget: model {model!r} has no price, so the spend cap cannot bound this call"
+    else:
+        try:
+            budget.ensure(estimate)
+        except BudgetExceeded as exc:
+            reason = f"budget: {exc}"
+    if reason is not None:
+        with state.lock:
+            state.refused_budget += 1
+            state.budget_stop = state.budget_stop or reason
+    return reason, estimate
+
+
+def _forward(proxy: ModelProxy, state: TrialState, api: Api, call: int, path: str, body: dict[str, Any], forwarded: bytes,
+             headers: Mapping[str, str], out: Responder, started: int, key: str, strip_usage: bool, cut_after: int | None,
+             estimate: float | None) -> None:
+    provider = PROVIDER[api]
+    url = proxy.upstream_url(provider, path)
+    with state.lock:
+        state.upstream_calls += 1
+    try:
+        with proxy.http.stream("POST", url, content=forwarded, headers=proxy.upstream_headers(provider, headers)) as response:
+            ctype = response.headers.get("content-type") or ""
+            kept = [(k, v) for k, v in response.headers.items() if k.lower() not in _HOP]
+            payload, whole = relay(out, response.status_code, kept, response.iter_bytes(), sse="event-stream" in ctype,
+                                   strip_usage=strip_usage, cut_after=cut_after)
+            status = response.status_code
+    except httpx.HTTPError as exc:
+        refuse(out, provider, 502, "api_error", f"plumbline proxy: upstream {url} failed: {type(exc).__name__}: {exc}")
+        _finish(proxy, state, api, call, body, started, 502, "live", None, None, None, fault=None, key=key)
+        return
+    _after(proxy, state, api, call, body, started, status, "live", payload, ctype, estimate, key, cut_after, url, whole)
+
+
+def _after(proxy: ModelProxy, state: TrialState, api: Api, call: int, body: dict[str, Any], started: int, status: int,
+           source: str, payload: bytes, ctype: str, estimate: float | None, key: str, cut_after: int | None, url: str | None,
+           whole: bool) -> None:
+    """Account a relayed answer: usage and exact cost (live only), cassette, decoys proposed, tool ids, span."""
+    sse = "event-stream" in ctype
+    events: list[dict[str, Any]] = []
+    parsed: Any = None
+    if sse:
+        events = parse_sse(payload)
+    else:
+        try:
+            parsed = orjson.loads(payload)
+        except orjson.JSONDecodeError:
+            parsed = None
+    ok = 200 <= status < 300
+    reply = (reply_from_events(api, events) if sse else reply_from_body(api, parsed) if isinstance(parsed, dict) else None) if ok else None
+    usage = _usage(events, parsed) if ok else None
+    model = body.get("model") if isinstance(body.get("model"), str) else None
+    cost: float | None = None
+    if source == "live":
+        charged = 0.0  # an error answer is not billed
+        if usage is not None:
+            cost = price(model, usage)
+            state.charge(model, usage, cost, None)
+            charged = cost or 0.0  # unpriced: only possible without a cap, and said in the evidence
+        elif ok:
+            state.charge(model, None, None, estimate)  # no usage in the answer: the bound is charged, marked inexact
+            charged = estimate or 0.0
+        if state.budget is not None:
+            state.budget.add(charged)
+        if ok and proxy.cache is not None and proxy.cache.mode == "record":
+            _record(proxy, state, key, api, model, status, ctype, payload, started, url)
+    fault = None
+    if cut_after is not None and not whole:
+        fault = "stream_cut"
+        detail = f"stream dropped after {cut_after} events" if sse else "body dropped after half its bytes"
+        state.add_fault("stream_cut", call, detail)
+    if reply is not None:
+        _note_reply(state, reply)
+    _finish(proxy, state, api, call, body, started, status, source, reply, usage, cost, fault=fault, key=key)
+
+
+def _usage(events: list[dict[str, Any]], parsed: Any) -> Usage | None:
+    if events:
+        meter = UsageAccumulator()
+        for event in events:
+            meter.feed(event)
+        return meter.usage
+    return usage_from_body(parsed) if isinstance(parsed, dict) else None
+
+
+def _record(proxy: ModelProxy, state: TrialState, key: str, api: Api, model: str | None, status: int, ctype: str,
+            payload: bytes, started: int, url: str | None) -> None:
+    assert proxy.cache is not None
+    identity = state.trial.identity
+    proxy.cache.put({
+        "key": key, "trial_id": identity.trial_id, "perturbation": identity.perturbation, "variant": identity.variant,
+        "repeat": identity.repeat, "api": api, "model": model, "status": status, "content_type": ctype,
+        "body": payload.decode("utf-8"), "latency_ms": round((time.time_ns() - started) / 1e6, 1), "recorded_at": time.time(),
+        "upstream": url,
+    })
+
+
+def _note_reply(state: TrialState, reply: Reply) -> None:
+    """Learn the proposed tool calls' ids (for tool_result_fault) and which decoys the model reached for."""
+    state.learn_tool_calls([(c.id, c.name) for c in reply.tool_calls])
+    decoys = {str(d.get("name") or (d.get("function") or {}).get("name")) for d in state.decoys}
+    with state.lock:
+        for c in reply.tool_calls:
+            if c.name in decoys and c.name not in state.decoys_proposed:
+                state.decoys_proposed.append(c.name)
+
+
+def _finish(proxy: ModelProxy, state: TrialState, api: Api, call: int, body: dict[str, Any], started: int, status: int,
+            source: str, reply: Reply | None, usage: Usage | None, cost: float | None, *, fault: str | None, key: str | None) -> None:
+    """The exchange's line in the evidence, and its span."""
+    ended = time.time_ns()
+    with state.lock:
+        state.exchanges.append({"call": call, "api": api, "model": body.get("model"), "status": status, "source": source,
+                                "key": key, "fault": fault, "cost_usd": cost,
+                                "ms": round((ended - started) / 1e6, 2)})
+    if proxy.tracer_provider is not None:
+        try:
+            spans.emit(proxy.tracer_provider, spans.CallRecord(state.trial.identity, api, call, body, started, ended, status,
+                                                                source, reply, usage, cost, fault))
+        except Exception:  # noqa: BLE001 - telemetry never fails the agent's call
+            proxy.span_errors += 1

@@ -1,0 +1,360 @@
+"""The loopback model-API proxy: routing of trials, the HTTP server, upstream forwarding.
+
+Server stack: the standard library's ``ThreadingHTTPServer`` (a thread per connection, HTTP/1.1
+keep-alive, chunked SSE relay) with one pooled ``httpx.Client`` upstream. The proxy's work per
+call is blocking by nature (the spend cap's ``flock``, the cassette's append, the SDK-shaped
+relay), so an event loop would hand it to threads anyway; at 64 concurrent trials a thread per
+connection is 64 mostly idle threads, and ``bench/proxy_overhead.py`` measures what it adds.
+No new server dependency.
+
+A trial reaches its route by the path prefix ``/t/<token>`` the route hands out (a random token
+per attempt, so a straggler of an earlier attempt cannot be counted in a later one), or on the
+bare URL by W3C ``baggage`` (``plumbline.trial.id`` and ``plumbline.trial.attempt``) or a
+``traceparent`` whose trace id is the attempt's. A request that matches no open trial is refused
+with a provider-shaped 403 and counted in ``unroutable``: never guessed.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+import threading
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote
+
+import httpx
+
+from plumbline_otel.errors import ConfigError
+from plumbline_otel.replay.cache import ResponseCache
+from plumbline_otel.replay.perturb import ModelFaultPlan, ToolResultFaultPlan
+from plumbline_otel.replay.proxy.evidence import ProxyEvidence, TrialState
+from plumbline_otel.replay.proxy.exchange import _HOP, Responder, handle_call, refuse
+from plumbline_otel.replay.proxy.wire import api_for
+from plumbline_otel.runs import TRIAL_ATTEMPT, TRIAL_ID
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import TracerProvider
+
+    from plumbline_otel.replay.adapters import Trial
+    from plumbline_otel.replay.budget import TrialBudget
+
+LOOPBACK = ("127.0.0.1", "::1", "localhost")
+DEFAULT_UPSTREAMS = {"openai": "https://api.openai.com/v1", "anthropic": "https://api.anthropic.com"}
+_FREE_PATHS = ("/v1/models", "/v1/messages/count_tokens")  # endpoints that cost nothing, passed through under a cap
+
+
+@dataclass(frozen=True)
+class ProxyRoute:
+    """One attempt's way into the proxy: hand ``env()`` (or the base URLs) to the agent."""
+
+    proxy_url: str
+    token: str
+    trial_id: str
+    attempt: int
+
+    @property
+    def url(self) -> str:
+        return f"{self.proxy_url}/t/{self.token}"
+
+    @property
+    def openai_base_url(self) -> str:
+        """What the OpenAI SDKs take as base URL (they append ``/chat/completions``, ``/responses``)."""
+        return f"{self.url}/v1"
+
+    @property
+    def anthropic_base_url(self) -> str:
+        """What the Anthropic SDKs take as base URL (they append ``/v1/messages``)."""
+        return self.url
+
+    def env(self) -> dict[str, str]:
+        """``OPENAI_BASE_URL`` and ``ANTHROPIC_BASE_URL`` for a subprocess agent."""
+        return {"OPENAI_BASE_URL": self.openai_base_url, "ANTHROPIC_BASE_URL": self.anthropic_base_url}
+
+
+def _baggage(values: list[str]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for header in values:
+        for member in header.split(","):
+            key, sep, value = member.split(";", 1)[0].partition("=")
+            if sep:
+                out[key.strip()] = unquote(value.strip())
+    return out
+
+
+class ModelProxy:
+    """A model-API proxy on 127.0.0.1 for the trials of one study (see the package docstring)."""
+
+    def __init__(self, upstreams: Mapping[str, str] | None = None, cache: ResponseCache | None = None, *,
+                 host: str = "127.0.0.1", port: int = 0, api_keys: Mapping[str, str] | None = None,
+                 pass_agent_auth: bool = False, tracer_provider: TracerProvider | None = None,
+                 timeout_s: float = 600.0, env: Mapping[str, str] | None = None) -> None:
+        """``upstreams``: provider ("openai", "anthropic") → base URL, defaulting to ``OPENAI_BASE_URL`` /
+        ``ANTHROPIC_BASE_URL`` of ``env`` (this process's environment) and then the public APIs.
+        ``api_keys`` likewise from ``OPENAI_API_KEY`` / ``ANTHROPIC_API_KEY``; a provider with a key
+        gets it on every forwarded call (the agent may hold a dummy), one without gets the agent's
+        own auth header, as does every provider when ``pass_agent_auth``."""
+        if host not in LOOPBACK:
+            raise ConfigError(f"model proxy host {host!r}: it listens on loopback only ({', '.join(LOOPBACK)})")
+        env = os.environ if env is None else env
+        self.upstreams = {"openai": env.get("OPENAI_BASE_URL") or DEFAULT_UPSTREAMS["openai"],
+                          "anthropic": env.get("ANTHROPIC_BASE_URL") or DEFAULT_UPSTREAMS["anthropic"],
+                          **dict(upstreams or {})}
+        keys = {"openai": env.get("OPENAI_API_KEY"), "anthropic": env.get("ANTHROPIC_API_KEY"), **dict(api_keys or {})}
+        self.api_keys = {k: v for k, v in keys.items() if v}
+        self.pass_agent_auth = pass_agent_auth
+        self.cache = cache
+        self.tracer_provider = tracer_provider
+        self.host, self.port = host, port
+        self.unroutable = 0
+        self.unroutable_reasons: deque[str] = deque(maxlen=50)
+        self.span_errors = 0
+        self.http = httpx.Client(timeout=httpx.Timeout(timeout_s, connect=10.0), trust_env=False,
+                                 limits=httpx.Limits(max_connections=512, max_keepalive_connections=128))
+        self._routes: dict[str, TrialState] = {}
+        self._by_attempt: dict[tuple[str, int], TrialState] = {}
+        self._by_trace: dict[str, TrialState] = {}
+        self._lock = threading.Lock()
+        self._server: _Server | None = None
+        self._thread: threading.Thread | None = None
+
+    # --- lifecycle ------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Listen (port 0: a free one) and serve in a background thread."""
+        if self._server is not None:
+            return
+        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
+        server = _Server((self.host, self.port), _Handler, family, self)
+        self.port = server.server_address[1]
+        for provider, base in self.upstreams.items():
+            if base.rstrip("/").startswith(self.url):
+                server.server_close()
+                raise ConfigError(f"the {provider} upstream {base} is this proxy itself: set it to the real provider")
+        self._server = server
+        self._thread = threading.Thread(target=server.serve_forever, name="plumbline-model-proxy", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+        self.http.close()
+
+    def __enter__(self) -> ModelProxy:
+        self.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stop()
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    # --- trials -----------------------------------------------------------------------------------
+
+    def open_trial(self, trial: Trial, budget: TrialBudget | None = None) -> ProxyRoute:
+        """Route one attempt through the proxy: its plan comes from ``trial.metadata``."""
+        meta = trial.metadata
+        state = TrialState(trial, budget, secrets.token_urlsafe(12),
+                           model_fault=ModelFaultPlan.from_dict(meta.get("model_fault")),
+                           tool_result_fault=ToolResultFaultPlan.from_dict(meta.get("tool_result_fault")),
+                           decoys=[dict(d) for d in meta.get("decoy_tools") or []],
+                           sampling={k: meta[k] for k in ("temperature", "top_p", "seed") if meta.get(k) is not None})
+        identity = trial.identity
+        with self._lock:
+            if (identity.trial_id, identity.attempt) in self._by_attempt:
+                raise ConfigError(f"trial {identity.trial_id} attempt {identity.attempt} already has an open proxy route")
+            self._routes[state.token] = state
+            self._by_attempt[(identity.trial_id, identity.attempt)] = state
+            self._by_trace[identity.trace_id] = state
+        return ProxyRoute(self.url, state.token, identity.trial_id, identity.attempt)
+
+    def close_trial(self, route: ProxyRoute) -> ProxyEvidence:
+        """Stop routing the attempt and return what the proxy witnessed in it."""
+        with self._lock:
+            state = self._routes.pop(route.token, None)
+            if state is None:
+                raise ConfigError(f"no open proxy route for trial {route.trial_id} attempt {route.attempt}")
+            identity = state.trial.identity
+            self._by_attempt.pop((identity.trial_id, identity.attempt), None)
+            self._by_trace.pop(identity.trace_id, None)
+            state.closed = True
+        return state.evidence()
+
+    def resolve(self, token: str | None, headers: Any) -> tuple[TrialState | None, str]:
+        """The open trial a request belongs to, or None and why not."""
+        with self._lock:
+            if token is not None:
+                state = self._routes.get(token)
+                return (state, "") if state else (None, f"path token {token[:6]}… is not an open trial route")
+            bag = _baggage(headers.get_all("baggage") or [])
+            if TRIAL_ID in bag:
+                try:
+                    key = (bag[TRIAL_ID], int(bag.get(TRIAL_ATTEMPT, "")))
+                except ValueError:
+                    return None, f"baggage names trial {bag[TRIAL_ID]!r} without a numeric {TRIAL_ATTEMPT}"
+                state = self._by_attempt.get(key)
+                return (state, "") if state else (None, f"baggage names trial {key[0]!r} attempt {key[1]}, which is not open")
+            parts = (headers.get("traceparent") or "").split("-")
+            if len(parts) >= 2 and parts[1] in self._by_trace:
+                return self._by_trace[parts[1]], ""
+        return None, "no /t/<token> path prefix, no plumbline.trial.id baggage and no traceparent of an open trial"
+
+    # --- upstream ----------------------------------------------------------------------------------
+
+    def upstream_url(self, provider: str, path: str) -> str:
+        base = self.upstreams[provider].rstrip("/")
+        if base.endswith("/v1") and path.startswith("/v1/"):
+            path = path[3:]
+        return base + path
+
+    def upstream_headers(self, provider: str, headers: Mapping[str, str]) -> dict[str, str]:
+        """The agent's headers minus hop-by-hop ones, with the proxy's key unless the agent's passes."""
+        out = {k: v for k, v in headers.items() if k.lower() not in _HOP and k.lower() not in ("host", "accept-encoding")}
+        key = self.api_keys.get(provider)
+        if key and not self.pass_agent_auth:
+            for name in [k for k in out if k.lower() in ("authorization", "x-api-key")]:
+                del out[name]
+            out["x-api-key" if provider == "anthropic" else "authorization"] = key if provider == "anthropic" else f"Bearer {key}"
+        out["accept-encoding"] = "identity"
+        return out
+
+    def passthrough(self, state: TrialState, method: str, path: str, raw: bytes, headers: Mapping[str, str],
+                    out: Responder) -> None:
+        """An endpoint that is not a model call (model lists, token counts): forwarded, counted, not metered."""
+        provider = "anthropic" if path.startswith("/v1/messages") or "anthropic-version" in {k.lower() for k in headers} else "openai"
+        capped = state.budget is not None and state.budget.cap.limit is not None
+        if method != "GET" and capped and path.rstrip("/") not in _FREE_PATHS:
+            refuse(out, provider, 403, "plumbline_unmetered", f"plumbline proxy: {method} {path} cannot be metered, so a spend cap refuses it")
+            return
+        with state.lock:
+            state.passthrough += 1
+        try:
+            response = self.http.request(method, self.upstream_url(provider, path), content=raw or None,
+                                         headers=self.upstream_headers(provider, headers))
+        except httpx.HTTPError as exc:
+            refuse(out, provider, 502, "api_error", f"plumbline proxy: upstream failed: {type(exc).__name__}: {exc}")
+            return
+        out.send(response.status_code, [(k, v) for k, v in response.headers.items() if k.lower() not in _HOP], response.content)
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 1024  # 64 trials connecting at once must not overflow the listen backlog
+
+    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler], family: socket.AddressFamily,
+                 proxy: ModelProxy) -> None:
+        self.address_family = family
+        self.proxy = proxy
+        super().__init__(address, handler)
+
+
+class _Responder:
+    """Writes an answer on the handler's connection: whole, cut short, or as a chunked SSE stream."""
+
+    def __init__(self, handler: _Handler) -> None:
+        self.h = handler
+        self.gone = False
+
+    def _head(self, status: int, headers: list[tuple[str, str]], extra: list[tuple[str, str]]) -> None:
+        self.h.send_response(status)
+        for k, v in [*headers, *extra]:
+            self.h.send_header(k, v)
+        self.h.end_headers()
+
+    def _put(self, data: bytes) -> None:
+        if self.gone:
+            return
+        try:
+            self.h.wfile.write(data)
+        except OSError:
+            self.gone = True  # the agent hung up; upstream is still drained so the call is metered
+            self.h.close_connection = True
+
+    def send(self, status: int, headers: list[tuple[str, str]], payload: bytes) -> None:
+        self._head(status, headers, [("content-length", str(len(payload)))])
+        self._put(payload)
+
+    def send_cut(self, status: int, headers: list[tuple[str, str]], payload: bytes) -> None:
+        self._head(status, headers, [("content-length", str(len(payload)))])
+        self._put(payload[:len(payload) // 2])
+        self.abort()
+
+    def start_stream(self, status: int, headers: list[tuple[str, str]]) -> None:
+        self._head(status, headers, [("transfer-encoding", "chunked")])
+
+    def write(self, data: bytes) -> None:
+        if data:
+            self._put(b"%x\r\n%s\r\n" % (len(data), data))
+
+    def end_stream(self) -> None:
+        self._put(b"0\r\n\r\n")
+
+    def abort(self) -> None:
+        """Drop the connection mid-answer (a cut stream): no terminator, the socket shut."""
+        self.h.close_connection = True
+        self.gone = True
+        try:
+            self.h.connection.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: _Server
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
+        return  # the proxy's record is its evidence and spans, not an access log
+
+    def _body(self) -> bytes:
+        if "chunked" in (self.headers.get("transfer-encoding") or "").lower():
+            data = bytearray()
+            while True:
+                size = int(self.rfile.readline().split(b";")[0].strip() or b"0", 16)
+                if size == 0:
+                    while self.rfile.readline() not in (b"\r\n", b"\n", b""):
+                        pass
+                    return bytes(data)
+                data += self.rfile.read(size)
+                self.rfile.readline()
+        length = int(self.headers.get("content-length") or 0)
+        return self.rfile.read(length) if length else b""
+
+    def _dispatch(self, method: str) -> None:
+        proxy = self.server.proxy
+        raw = self._body()
+        path, _, query = self.path.partition("?")
+        token = None
+        if path.startswith("/t/"):
+            token, _, rest = path[3:].partition("/")
+            path = "/" + rest
+        out = _Responder(self)
+        state, why = proxy.resolve(token, self.headers)
+        provider = "anthropic" if path.startswith("/v1/messages") else "openai"
+        if state is None:
+            with proxy._lock:
+                proxy.unroutable += 1
+                proxy.unroutable_reasons.append(f"{method} {path}: {why}")
+            refuse(out, provider, 403, "plumbline_unroutable", f"plumbline proxy: request matches no open trial ({why})")
+            return
+        headers = {k: v for k, v in self.headers.items()}
+        api = api_for(path)
+        if method == "POST" and api is not None:
+            handle_call(proxy, state, api, path, raw, headers, out)
+        else:
+            proxy.passthrough(state, method, f"{path}?{query}" if query else path, raw, headers, out)
+
+    def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+        self._dispatch("POST")
+
+    def do_GET(self) -> None:  # noqa: N802
+        self._dispatch("GET")
