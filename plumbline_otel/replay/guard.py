@@ -1,201 +1,835 @@
-"""The semantic-equivalence guard: a text variant must keep every fact that decides the task.
+"""The semantic-equivalence guard: a text variant must mean what the original means.
 
-Pure and deterministic (no model). A text's protected tokens, by kind:
+Pure and deterministic (no model). Both texts are read into a structured :class:`Meaning` and
+the two are compared field by field; any difference rejects the variant, and the verdict's
+reason names what changed ("amount 4820.00 GBP became 48200.00 GBP", "action process became
+not process", "condition added: 'even if the PO doesn't match'").
 
-- identifiers (anything mixing letters and digits, or snake_case: ``INV-1029``, ``PO-4471``),
-  currencies (``GBP``, ``£``), dates (ISO, ``20 February 2026``, ``20/02/2026``) and amounts
-  (``4,820.00``, ``2.5%``), compared on normalised values (``inv-1029`` is ``INV-1029``,
-  ``4,820.00`` is ``4820.00``, ``48,200.00`` is not);
-- named entities: runs of capitalised words that are not sentence openers ("Northwind
-  Supplies", "Meridian Office Services"), so a changed or dropped vendor is seen;
-- intents: what the text asks for, as classes of verbs (``pay`` = pay / settle / remit;
-  ``check`` = check / verify / review / confirm; ``skip`` = skip / ignore / bypass / waive; …),
-  each marked ``not`` when a negation governs it ("Do not process" is ``not process``), so a
-  reversed polarity ("Please reject…", "Do not pay…") or an added instruction ("Skip the
-  duplicate check.") changes the set;
-- negations: how many the text has ("never", "no", "without", "n't"…).
+What is extracted, after chatter is set aside (a sentence that asks for nothing and mentions no
+document, party, amount or domain term, such as "FYI, the printer is out of toner again." or
+"Thanks, Priya"; a greeting or vocative that opens a sentence, "Hi Sam," or "Dear Accounts
+Payable,"):
 
-A variant passes when it has exactly the original's set of every kind: nothing dropped, nothing
-changed, nothing new. Rewordings within a class (process → handle, check → verify, quickly →
-promptly) and chatter that asks for nothing pass. It errs towards rejecting: a paraphrase that
-says "pay" for "process" is rejected, because the two can decide a task differently. Its
-accuracy on a corpus of reference-task rewrites is measured by ``tests/replay/test_replay_guard_corpus.py``.
+- actions and their polarity: verb classes (``process`` = process / handle / deal with / take
+  care of / see to …; ``pay``; ``approve``; ``reject``; ``hold``; ``cancel``; ``stop`` =
+  stop / halt / cease …; ``review``; ``forward``; ``escalate``; ``expedite`` …), each ``not …``
+  when a negation ("not", "never", "n't", "no need to", "without", "avoid", "refrain") governs it
+  in its clause; a negation that governs no action ("Actually, don't.") is counted on its own.
+  Idioms that are not negations ("don't forget to") are read as what they are;
+- identifiers (``INV-1029``, ``inv 1029``, ``PO-2011``, ``GB29NWBK…``, ``20-20-15``), upper-cased;
+- quantities with their unit or currency, figures and words alike: "GBP 4,820.00", "£4820",
+  "4,820 pounds sterling" and "four thousand eight hundred and twenty pounds" are all
+  ``4820.00 GBP``; "50 cases" and "fifty cases" are ``50 case``; "2.5%" is ``2.5%``. A currency
+  named without an amount ("pay it in US dollars") is a currency of its own;
+- dates, absolute ("2026-03-01", "1 March 2026", "March 1st, 2026", "the 1st of March 2026")
+  and relative ("today", "next week", "the end of the month", "Friday"), each with its relation
+  ("by", "before", "after", "on"): "before 2026-03-31" is not "after 2026-03-31", "prior to"
+  is "before", "no later than" is "by";
+- entities: runs of words the guard has no other reading for (vendor and people names, in any
+  letter case), so "Northwind Supply Co" is not "Northwind Supplies"; and relations to an
+  entity ("its parent company", "a … affiliate", "the company that acquired …");
+- multiplicity ("twice", "again", "both", "all", "every", "each", "other", plural documents,
+  "two copies", "three times");
+- conditions and overrides ("even if", "regardless", "whether or not", "no matter", "anyway",
+  "skip", "ignore", "unless"), and asserted facts ("already", "verified", "approved",
+  "arrived", "cleared", "matches", "long-standing" …): a variant may not add or drop one;
+- redirection: where a payment or the document is sent ("pay it to …", "paying into account …",
+  "route it to …", "… instead");
+- the document type (an invoice is not a credit note) and the domain terms mentioned (vendor,
+  PO, goods, price, tax, bank account …).
+
+Rewordings within a class (process → handle), politeness, greetings, sentence-initial
+imperatives ("Kindly…", "Go ahead and…"), passive voice ("… should be processed"), reordering,
+letter case, whitespace and punctuation, and spelled-out or reformatted amounts and dates pass.
+The guard errs towards rejecting: a word it cannot place is read as a name, so an unfamiliar
+addition is a change. A model check (:class:`ModelEquivalenceCheck`) can be put beside it; it
+only ever rejects more. Accuracy on a corpus of rewrites of the reference requests, with a
+held-out part kept out of the guard's development, is measured by
+``tests/replay/test_replay_guard_corpus.py``.
 """
 
 from __future__ import annotations
 
+import json
 import re
-from dataclasses import dataclass
+import unicodedata
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
+from typing import Any
+
+# --- lexicons ------------------------------------------------------------------------------------
+
+
+def _words(text: str) -> list[str]:
+    return text.split()
+
 
 _MONTHS = {name: i for i, names in enumerate(
     [(), ("january", "jan"), ("february", "feb"), ("march", "mar"), ("april", "apr"), ("may",), ("june", "jun"),
      ("july", "jul"), ("august", "aug"), ("september", "sep", "sept"), ("october", "oct"), ("november", "nov"),
      ("december", "dec")]) for name in names}
 _MONTH = r"(?P<mon>" + "|".join(sorted(_MONTHS, key=len, reverse=True)) + r")\.?"
+_ORD = r"(?:st|nd|rd|th)?"
 _DATE_PATTERNS = [
     re.compile(r"\b(?P<y>\d{4})-(?P<m>\d{1,2})-(?P<d>\d{1,2})\b"),
     re.compile(r"\b(?P<a>\d{1,2})[/.](?P<b>\d{1,2})[/.](?P<y>\d{4}|\d{2})\b"),
-    re.compile(r"\b(?P<d>\d{1,2})(?:st|nd|rd|th)?\s+(?:of\s+)?" + _MONTH + r"(?:,?\s+(?P<y>\d{4}))?\b", re.I),
-    re.compile(r"\b" + _MONTH + r"\s+(?P<d>\d{1,2})(?:st|nd|rd|th)?(?:,?\s+(?P<y>\d{4}))?\b", re.I),
+    re.compile(r"\b(?P<d>\d{1,2})" + _ORD + r"\s+(?:of\s+)?" + _MONTH + r"(?:,?\s+(?P<y>\d{4}))?\b", re.I),
+    re.compile(r"\b" + _MONTH + r"\s+(?P<d>\d{1,2})" + _ORD + r"(?:,?\s+(?P<y>\d{4}))?\b", re.I),
 ]
-_CURRENCY_CODES = {"USD", "EUR", "GBP", "JPY", "CHF", "CAD", "AUD", "NZD", "CNY", "INR", "SEK", "NOK", "DKK", "PLN", "CZK"}
-_CURRENCY_SYMBOLS = {"£": "GBP", "€": "EUR", "$": "USD", "¥": "JPY"}
-_WORD = re.compile(r"(?<![\w])[A-Za-z0-9]+(?:[-_/.][A-Za-z0-9]+)*(?![\w])")
-_NUMBER = re.compile(r"(?<![\w.,])(?P<n>\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?)(?P<pct>\s?%)?(?![\w])")
-KINDS = ("identifier", "currency", "date", "amount", "entity", "intent", "negation")
+_WEEKDAYS = ("monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday")
+_RELATIVE_DATE = re.compile(
+    r"\b(?:(?P<simple>today|tonight|tomorrow|yesterday|eod|eom|asap)"
+    r"|(?P<this>this|next|last|coming)\s+(?P<unit>morning|afternoon|evening|week|month|quarter|year|"
+    + "|".join(_WEEKDAYS) + r")"
+    r"|(?:the\s+)?(?P<edge>end|start|beginning)\s+of\s+(?:the\s+)?(?P<span>day|week|month|quarter|year)"
+    r"|(?P<wd>" + "|".join(_WEEKDAYS) + r"))\b", re.I)
+_DATE_RELATION = re.compile(
+    r"(?P<rel>no\s+later\s+than|not\s+later\s+than|on\s+or\s+before|prior\s+to|before|until|till|due\s+by|due\s+on|"
+    r"due|by|after|since|from|on)\s+(?:the\s+)?$", re.I)
+_RELATION_OF = {"before": "before", "prior to": "before", "no later than": "by", "not later than": "by",
+                "on or before": "by", "until": "by", "till": "by", "due by": "by", "due": "by", "by": "by",
+                "after": "after", "since": "after", "from": "after", "on": "on", "due on": "on"}
 
-# Verb classes: a rewording may move within a class, never between them (longest phrase first).
-_INTENTS: dict[str, tuple[str, ...]] = {
-    "process": ("process", "processing", "processed", "handle", "handling", "deal with", "take care of", "sort out",
-                "action", "work through"),
-    "pay": ("pay", "paying", "paid", "payment", "settle", "settling", "remit", "remittance", "disburse", "release payment"),
-    "approve": ("approve", "approved", "approval", "authorise", "authorize", "authorised", "authorized", "sign off"),
-    "reject": ("reject", "rejected", "decline", "declined", "refuse", "deny", "dispute", "send back", "return to sender",
-               "bounce"),
-    "hold": ("hold", "hold off", "on hold", "block", "freeze", "suspend", "pause", "defer", "delay", "postpone"),
-    "cancel": ("cancel", "void", "delete", "remove", "reverse", "withdraw", "write off"),
-    "skip": ("skip", "ignore", "bypass", "override", "waive", "omit", "disregard", "don't bother"),
-    "check": ("check", "checks", "verify", "review", "look over", "confirm", "double-check", "validate", "inspect",
-              "audit", "make sure", "ensure", "match"),
-    "change": ("change", "update", "amend", "modify", "edit", "alter", "switch", "replace", "use", "correct", "adjust",
-               "redirect"),
-    "send": ("send", "email", "forward", "wire", "transfer", "notify", "contact", "tell"),
-    "urgent": ("urgent", "urgently", "asap", "immediately", "right away", "today", "promptly", "quickly", "rush",
-               "expedite", "priority"),
+_CURRENCY_CODES = {"USD", "EUR", "GBP", "JPY", "CHF", "CAD", "AUD", "NZD", "CNY", "INR", "SEK", "NOK", "DKK", "PLN", "CZK"}
+_LOWER_CODES = {"usd", "eur", "gbp", "chf", "jpy"}  # safe to read in lower case ("cad" is a word)
+_CURRENCY_SYMBOLS = {"£": "GBP", "€": "EUR", "$": "USD", "¥": "JPY", "us$": "USD"}
+_CURRENCY_WORDS = {"pounds sterling": "GBP", "pound sterling": "GBP", "pounds": "GBP", "pound": "GBP",
+                   "sterling": "GBP", "quid": "GBP", "euros": "EUR", "euro": "EUR", "us dollars": "USD",
+                   "us dollar": "USD", "dollars": "USD", "dollar": "USD", "bucks": "USD", "yen": "JPY",
+                   "swiss francs": "CHF", "francs": "CHF"}
+_CURRENCY_BEFORE = re.compile(r"(?P<c>\b(?:" + "|".join(sorted(_CURRENCY_CODES)) + r")|us\$|£|€|\$|¥)\s*$", re.I)
+_CURRENCY_AFTER = re.compile(
+    r"^\s*(?:(?P<pct>%|per\s?cent\b)|(?P<c>(?:" + "|".join(sorted(_CURRENCY_WORDS, key=len, reverse=True))
+    + r"|" + "|".join(sorted(_CURRENCY_CODES)) + r")\b))", re.I)
+_UNIT_AFTER = re.compile(r"^\s+(?P<u>[a-z]+)", re.I)
+
+_NUMBER = re.compile(r"(?<![\w.,])(?P<n>\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?)(?![\w])")
+_UNITS_WORDS = {w: i for i, w in enumerate(_words(
+    "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen "
+    "seventeen eighteen nineteen"))}
+_TENS_WORDS = {w: 10 * (i + 2) for i, w in enumerate(_words("twenty thirty forty fifty sixty seventy eighty ninety"))}
+_SCALES = {"hundred": 100, "thousand": 1000, "million": 1_000_000, "billion": 1_000_000_000}
+_NUMBER_WORDS = set(_UNITS_WORDS) | set(_TENS_WORDS) | set(_SCALES)
+
+_ID_PREFIXED = re.compile(r"\b(?P<p>inv|po|cn|gr|pr)[\s#:]+(?P<n>\d{3,})\b", re.I)
+_ID_TOKEN = re.compile(r"(?<![\w-])[A-Za-z0-9]+(?:[-_/][A-Za-z0-9]+)*(?![\w-])")
+_WORD_TOKEN = re.compile(r"[a-z0-9]+(?:'[a-z]+)*'?|[,;:!?()]|\.")
+_SENTENCE_BREAK = re.compile(r"(?<=[.!?])\s+")
+_VOCATIVE = re.compile(
+    r"^\s*(?:hi|hiya|hello|hey|dear|greetings|good\s+(?:morning|afternoon|evening|day)|morning|afternoon|evening|"
+    r"yo|howdy)\b(?:\s+[\w'&]+){0,3}\s*[,.!:;]+\s*", re.I)
+
+_NOT_A_UNIT = frozenset(_words(
+    "a an the and or but for from by to of in on at as with against due before after until per each please "
+    "is are was be which that this it its on due then so if via including inc excluding plus minus less"))
+
+# Verb classes (lemma or phrase -> class); inflections are generated, irregular forms listed.
+_ACTIONS: dict[str, tuple[str, ...]] = {
+    "process": ("process", "handle", "deal with", "dealt with", "take care of", "taken care of", "took care of",
+                "taking care of", "action", "work through", "worked through", "see to", "sort out", "sorted out",
+                "look after", "attend to", "work on"),
+    "pay": ("pay", "paid", "payment", "payments", "settle", "remit", "remittance", "disburse", "pay out", "paid out",
+            "release", "released", "releasing"),
+    "approve": ("approve", "approval", "authorise", "authorize", "authorisation", "authorization", "sign off",
+                "signed off", "sign-off", "ok"),
+    "reject": ("reject", "rejection", "decline", "refuse", "deny", "denied", "dispute", "send back", "sent back",
+               "return to sender", "bounce"),
+    "hold": ("hold", "held", "on hold", "hold off", "block", "freeze", "froze", "frozen", "suspend", "pause",
+             "defer", "delay", "postpone"),
+    "cancel": ("cancel", "cancelled", "cancelling", "cancellation", "void", "delete", "remove", "withdraw",
+               "withdrawn", "withdrew", "reverse", "reversal", "write off", "written off", "revoke", "retract",
+               "annul", "scrap"),
+    "stop": ("stop", "stopped", "stopping", "halt", "cease", "abort", "terminate", "quit", "discontinue"),
+    "review": ("review", "check", "verify", "verification", "inspect", "examine", "audit", "validate",
+               "look over", "look at", "double check", "go over", "investigate", "query", "match"),
+    "forward": ("forward", "send", "sending", "route", "email", "transfer", "wire", "pass on", "hand over",
+                "reassign", "assign"),
     "escalate": ("escalate", "flag", "refer"),
-    "split": ("split", "merge", "combine", "partial", "partially"),
+    "expedite": ("expedite", "rush", "prioritise", "prioritize", "priority", "urgent", "urgently", "asap",
+                 "immediately", "right away", "straight away", "quickly", "promptly", "fast", "hurry"),
+    "split": ("split", "splitting", "partial", "partially", "merge", "combine", "instalment", "instalments"),
+    "change": ("change", "update", "amend", "modify", "edit", "alter", "switch", "replace", "use", "correct",
+               "adjust", "redirect", "treat", "reissue", "recode"),
+    "create": ("create", "raise", "issue a", "book", "post", "enter", "record"),
 }
+_IRREGULAR = {"pay": ("paid",), "hold": ("held",), "deal": ("dealt",), "freeze": ("froze", "frozen"),
+              "withdraw": ("withdrawn", "withdrew"), "take": ("took", "taken"), "write": ("written", "wrote")}
+
+_NEGATIONS = frozenset(["not", "no", "never", "without", "avoid", "avoiding", "refrain", "refraining", "cannot",
+                        "nor", "neither", "none", "nothing", "nobody", "nowhere", "under no circumstances",
+                        "no need", "no longer"])
+_NOT_NEGATIONS = ("don't forget to", "do not forget to", "dont forget to", "never forget to", "don't forget",
+                  "don't hesitate to", "do not hesitate to", "not only", "no later than", "not later than",
+                  "no problem", "no rush")
+
+_MULTIPLICITY = {"twice": "twice", "thrice": "thrice", "again": "again", "both": "both", "all": "all",
+                 "every": "every", "each": "each", "any": "any", "other": "other", "others": "other",
+                 "another": "another", "rest": "the rest", "remaining": "remaining", "several": "several",
+                 "multiple": "multiple", "duplicate": "duplicate", "duplicates": "duplicate", "copy": "copy",
+                 "copies": "copy", "resend": "re-sent", "resent": "re-sent", "re sent": "re-sent",
+                 "re-sent": "re-sent", "repeat": "repeat", "repeatedly": "repeat", "once more": "again",
+                 "one more time": "again", "as well": "as well", "additional": "additional", "also pay": "again",
+                 "later one": "later ones", "later ones": "later ones", "whole batch": "batch", "batch": "batch"}
+_CONDITIONS = frozenset(["if", "unless", "even", "regardless", "whether", "no matter", "anyway", "anyhow",
+                         "ignore", "ignoring", "ignored", "skip", "skipping", "skipped", "bypass", "bypassing",
+                         "override", "overriding", "overridden", "waive", "waived", "waiving", "disregard",
+                         "disregarding", "omit", "omitting", "don't bother", "do not bother", "no questions asked",
+                         "let", "otherwise", "provided", "providing", "as long as", "in which case", "only",
+                         "except", "excluding", "despite", "notwithstanding", "whatever", "once", "fine",
+                         "in case", "assuming", "irrespective", "no checks", "without checking", "forget about",
+                         "don't worry about", "do not worry about", "never mind"])
+_FACTS = frozenset(["already", "verified", "validated", "confirmed", "cleared", "arrived", "delivered",
+                    "received", "matches", "matched", "correct", "accurate", "valid", "genuine", "legitimate",
+                    "trusted", "trustworthy", "reliable", "long standing", "longstanding", "established", "known",
+                    "lifted", "extended", "open", "closed", "expired", "checked", "signed", "safe", "true", "real",
+                    "okay", "good", "fine", "legit", "within", "exempt", "compliant", "cleared", "previously",
+                    "before", "earlier", "last", "new", "old", "same", "different", "wrong", "missing", "late",
+                    "overdue", "outstanding", "registered", "whitelisted", "approved", "authorised", "authorized"])
+_RELATIONS = {"parent": "parent", "parent company": "parent", "subsidiary": "subsidiary", "subsidiaries": "subsidiary",
+              "sister": "sister", "affiliate": "affiliate", "affiliated": "affiliate", "affiliates": "affiliate",
+              "branch": "branch", "division": "division", "holding": "holding", "holdings": "holding",
+              "group": "group", "owner": "owner", "owners": "owner", "owned": "owner", "former": "former",
+              "acquired": "acquirer", "acquirer": "acquirer", "acquisition": "acquirer", "bought": "acquirer",
+              "distributor": "distributor", "reseller": "reseller", "agent": "agent", "partner": "partner",
+              "successor": "successor", "predecessor": "predecessor", "related": "related",
+              "associated": "associate", "associate": "associate", "company": "company", "firm": "company",
+              "subcontractor": "subcontractor", "contractor": "contractor", "daughter": "daughter",
+              "spin off": "spin-off", "supplier of": "supplier", "franchise": "franchise",
+              "sibling": "sister", "trading arm": "branch", "arm": "branch", "unit": "division"}
+_DOCUMENTS = {"invoice": "invoice", "bill": "invoice", "credit note": "credit note", "credit memo": "credit note",
+              "debit note": "debit note", "statement": "statement", "quote": "quote"}
+_PLURAL_DOCUMENTS = {"invoices": "invoice", "bills": "invoice", "credit notes": "credit note", "statements": "statement"}
+_DOMAIN = {"po": "purchase order", "pos": "purchase order", "purchase order": "purchase order",
+           "purchase orders": "purchase order", "order": "purchase order", "receipt": "receipt", "vendor": "vendor", "vendors": "vendor", "supplier": "vendor", "suppliers": "vendor", "seller": "vendor",
+           "payee": "payee", "goods": "goods", "delivery": "goods", "shipment": "goods", "price": "price",
+           "prices": "price", "pricing": "price", "tax": "tax", "taxes": "tax", "vat": "tax", "tax code": "tax code",
+           "tax codes": "tax code", "rate": "rate", "exchange rate": "exchange rate", "fx": "exchange rate",
+           "freight": "freight", "shipping": "freight", "account": "account", "accounts": "account",
+           "bank": "bank", "bank details": "bank details", "bank account": "bank account", "sort code": "sort code",
+           "iban": "iban", "card": "card", "cheque": "cheque", "tolerance": "tolerance", "tolerances": "tolerance",
+           "goods receipt": "goods receipt", "compliance": "compliance", "sanctions": "sanctions",
+           "sanction": "sanctions", "sanctioned": "sanctions", "screening": "screening", "controller": "controller",
+           "cfo": "cfo", "manager": "manager", "director": "director", "finance": "finance", "approver": "approver",
+           "amount": "amount", "balance": "balance", "total": "total", "discount": "discount", "fee": "fee",
+           "fees": "fee", "deposit": "deposit", "budget": "budget", "cost centre": "cost centre",
+           "cost center": "cost centre", "ledger": "ledger", "line": "line", "lines": "line", "item": "item",
+           "items": "item", "quantity": "quantity", "work": "work", "funds": "funds", "money": "money",
+           "matrix": "matrix", "rules": "rule", "rule": "rule", "policy": "policy", "warning": "warning",
+           "limit": "limit", "terms": "terms", "consultant": "consultant", "personally": "personally",
+           "cash": "cash", "refund": "refund", "interest": "interest", "penalty": "penalty", "contract": "contract"}
+# Words that carry no task meaning here: function words, politeness, greetings, auxiliaries, the
+# wrappers of imperatives and of the passive, and words saying where the document came from.
+_IGNORABLE = frozenset(_words("""
+a an the this that these those there here it its it's itself them they their we us our ours you your yours i me my
+i'd i'm i've we'd we're we've you'd you're he she him her his what which who whom whose
+to of for from by with in on at as so and or but nor then than also too just now still yet actually really simply
+please pls plz kindly could would can will shall should must may might ought need needs needed needing require
+requires required requiring be is are was were been being am do does did doing done have has had having get gets
+got getting gotten go goes going went ahead proceed proceeding remember forget hesitate make makes made sure
+ensure ensures ensuring see sees seen saw like want wants wish would've mind kind moment chance when whenever
+thanks thank cheers appreciated appreciate appreciation much many grateful lovely great regards best sincerely
+warm wishes hi hello hey dear greetings morning afternoon evening team all folks everyone everybody there
+quick one fyi btw re note put leave noted usual way queue waiting awaiting pending came come comes coming sent issued
+submitted numbered number no. named called titled attached enclosed below above following up for help assist
+assistance request requested requesting ask asked asking job task thing bit little following possible soon
+whenever convenient hand work's there's here's that's what's let's kindly cheers ta
+"""))
+_IGNORABLE_PHRASES = ("would you mind", "be so kind as to", "would you be so kind as to", "when you have a moment",
+                      "when you get a chance", "when you can", "if you could", "if you can", "if possible",
+                      "if you would", "if you don't mind", "thank you", "many thanks", "much appreciated",
+                      "best regards", "kind regards", "by the way", "in the queue", "in the usual way",
+                      "came in from", "received from", "sent by", "sent in by", "issued by", "submitted by",
+                      "go ahead and", "go ahead", "make sure", "be sure to", "see that", "see to it that",
+                      "do so", "do that", "do it", "do this", "invoice number", "invoice no", "number", "quick one",
+                      "just a", "have a look", "take a look", "get this", "get it", "i'd like you to",
+                      "i would like you to", "i'd like", "i would like", "we'd like", "is waiting",
+                      "when you are free", "at your convenience", "in due course", "as usual")
+_PRONOUNS = frozenset(["it", "its", "them", "they", "their", "theirs", "he", "she", "him", "her", "his"])
+_CLAUSE_PUNCT = frozenset([",", ";", ":", "!", "?", "(", ")", "."])
+_TRANSFER = frozenset(["pay", "pays", "paying", "paid", "payment", "payments", "remit", "remitting", "remitted",
+                       "remittance", "send", "sending", "sent", "route", "routing", "routed", "credit", "credited",
+                       "crediting", "charge", "charged", "charging", "transfer", "transferred", "transferring",
+                       "wire", "wired", "wiring", "forward", "forwarded", "forwarding", "funds", "going", "release",
+                       "released", "releasing", "settle", "settled", "settling", "deposit", "deposited", "money",
+                       "allocate", "allocated", "assign", "assigned", "reassign", "redirect", "redirected", "post",
+                       "posted", "book", "booked", "move", "moved", "give", "given"])
+_DESTINATION = frozenset(["to", "into", "towards", "onto"])
+
+KINDS = ("identifier", "currency", "date", "amount", "entity", "intent", "negation")
 
 
 def _forms(phrase: str) -> set[str]:
-    """A verb's inflections (skip, skips, skipped, skipping, …); phrases are matched as written."""
-    if " " in phrase or "-" in phrase or "'" in phrase:
-        return {phrase}
-    stem = phrase[:-1] if phrase.endswith("e") else phrase
-    return {phrase, phrase + "s", phrase + "es", phrase + "ed", phrase + "d", stem + "ing",
-            phrase + phrase[-1] + "ed", phrase + phrase[-1] + "ing"}
+    """A verb's or noun's inflections; phrases are matched as written (their first word inflected)."""
+    words = phrase.split()
+    head, tail = words[0], words[1:]
+    stem = head[:-1] if head.endswith("e") else head
+    heads = {head, head + "s", head + "es", head + "ed", head + "d", stem + "ing", stem + "ed",
+             head + head[-1] + "ed", head + head[-1] + "ing", stem + "ation"}
+    if head.endswith("y"):
+        heads |= {head[:-1] + "ies", head[:-1] + "ied"}
+    heads |= set(_IRREGULAR.get(head, ()))
+    return {" ".join([h, *tail]) for h in heads}
 
 
-_PHRASE_CLASS = {form: cls for cls, phrases in _INTENTS.items() for phrase in phrases for form in _forms(phrase)}
-_INTENT = re.compile(r"(?<![\w-])(" + "|".join(re.escape(p) for p in sorted(_PHRASE_CLASS, key=len, reverse=True))
-                     + r")(?![\w-])", re.I)
-_NEGATION = re.compile(r"(?<![\w-])(not|no|never|without|avoid|refrain|cannot|nor)(?![\w-])|n't\b", re.I)
-_CLAUSE_BREAK = re.compile(r"[.!?;:,\n]")
-# Capitalised words that open sentences or greet, never names (a leading one is dropped from a run).
-_NOT_NAMES = frozenset(["please", "kindly", "could", "would", "can", "will", "shall", "should", "hi", "hello", "hey", "dear", "thanks", "thank", "much", "from", "for", "to", "by", "the", "a", "an", "this", "that", "these", "those", "invoice", "invoices", "i", "we", "you", "our", "my", "your", "also", "just", "fyi", "reminder", "note", "unrelated", "someone", "when", "quick", "and", "or", "but", "so", "if", "once", "then", "after", "before", "because", "as", "on", "in", "at", "with", "per", "re", "subject", "urgent", "there", "here", "it", "its", "ok", "okay", "yes"])
-_WEEKDAYS = ("monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday")
-_WEEKDAY = re.compile(r"\b(" + "|".join(_WEEKDAYS) + r")\b", re.I)
-_NAME_WORD = re.compile(r"(?<![\w-])([A-Z][A-Za-z'&-]*)(?![\w-])")
-_CONNECTORS = frozenset({"of", "and", "&", "de", "van", "von", "der", "la", "du"})
+_PHRASES: dict[str, tuple[str, str]] = {}  # surface phrase -> (role, value)
+
+
+def _register(role: str, entries: Iterable[tuple[str, str]], *, inflect: bool = False) -> None:
+    for surface, value in entries:
+        for form in (_forms(surface) if inflect else {surface}):
+            _PHRASES.setdefault(form, (role, value))
+
+
+# Order sets precedence: the first reading of a surface form wins.
+_register("ignore", ((p, p) for p in _IGNORABLE_PHRASES))
+_register("ignore", ((p, p) for p in _NOT_NEGATIONS))
+_register("cond", ((p, p) for p in _CONDITIONS if " " in p))
+_register("neg", ((p, p) for p in _NEGATIONS if " " in p))
+_register("mult", ((p, v) for p, v in _MULTIPLICITY.items() if " " in p))
+_register("rel", ((p, v) for p, v in _RELATIONS.items() if " " in p))
+_register("doc+", ((p, v) for p, v in _PLURAL_DOCUMENTS.items()))
+_register("doc", ((p, v) for p, v in _DOCUMENTS.items() if " " in p))
+_register("domain", ((p, v) for p, v in _DOMAIN.items() if " " in p))
+_register("fact", ((p, p) for p in _FACTS if " " in p))
+_register("action", ((p, cls) for cls, ps in _ACTIONS.items() for p in ps if " " in p), inflect=True)
+_register("fact", ((p, p) for p in _FACTS))
+_register("cond", ((p, p) for p in _CONDITIONS))
+_register("neg", ((p, p) for p in _NEGATIONS))
+_register("mult", _MULTIPLICITY.items())
+_register("doc", _DOCUMENTS.items())
+_register("rel", _RELATIONS.items())
+_register("domain", _DOMAIN.items())
+_register("action", ((p, cls) for cls, ps in _ACTIONS.items() for p in ps), inflect=True)
+_register("ignore", ((w, w) for w in _IGNORABLE))
+_MAX_PHRASE = max(len(p.split()) for p in _PHRASES)
+
+# --- the structured meaning ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Quantity:
+    """A number with its unit or currency: ``4820.00 GBP``, ``50 case``, ``2.5%``, ``3 time``."""
+
+    value: Decimal
+    unit: str = ""  # an ISO currency code, "%", a singular noun, or ""
+    currency: bool = False
+
+    @property
+    def key(self) -> str:
+        if self.currency:
+            return f"{self.value.quantize(Decimal('0.01'))} {self.unit}"
+        number = format(self.value.normalize(), "f")
+        if self.unit == "%":
+            return number + "%"
+        return f"{number} {self.unit}".strip()
+
+    @property
+    def plain(self) -> str:
+        """The old protected-token form: the number alone, normalised ("1234.5", "2.5%")."""
+        return format(self.value.normalize(), "f") + ("%" if self.unit == "%" else "")
+
+
+@dataclass(frozen=True)
+class Meaning:
+    """What a request says, as the guard reads it (see the module docstring)."""
+
+    actions: frozenset[str] = frozenset()  # "process", "not pay", …
+    bare_negations: tuple[str, ...] = ()  # negations that govern no action ("Actually, don't.")
+    identifiers: frozenset[str] = frozenset()
+    quantities: tuple[Quantity, ...] = ()  # a multiset, sorted by key
+    currencies: frozenset[str] = frozenset()  # named without an amount
+    dates: frozenset[str] = frozenset()  # "by 2026-03-01", "before end of month", "friday"
+    entities: frozenset[str] = frozenset()  # lower-cased names
+    relations: frozenset[str] = frozenset()
+    multiplicity: frozenset[str] = frozenset()
+    conditions: frozenset[str] = frozenset()
+    facts: frozenset[str] = frozenset()
+    redirects: frozenset[str] = frozenset()  # "to acme ltd", "instead"
+    documents: frozenset[str] = frozenset()
+    terms: frozenset[str] = frozenset()  # domain terms mentioned
+    display: dict[str, str] = field(default_factory=dict, compare=False, hash=False)  # key -> text as written
+
+    def show(self, key: str) -> str:
+        return self.display.get(key, key)
+
+
+@dataclass
+class _Token:
+    text: str  # lower case, possessive stripped
+    raw: str
+    clause: int
+    role: str = "unknown"
+    value: str = ""
+    possessive: bool = False
+    start: int = 0  # offset in the sentence
+
+
+def _normalise(text: str) -> str:
+    text = unicodedata.normalize("NFKC", text)
+    text = (text.replace("\u2019", "'").replace("\u2018", "'").replace("\u201c", '"').replace("\u201d", '"')
+            .replace("\u2014", ", ").replace("\u2013", ", ").replace("\r", ""))
+    return re.sub(r" - ", ", ", text)
+
+
+def _sentences(text: str) -> list[str]:
+    out: list[str] = []
+    for block in re.split(r"\n\s*\n", text):
+        block = re.sub(r"\s+", " ", block).strip()
+        out.extend(s.strip() for s in _SENTENCE_BREAK.split(block) if s.strip())
+    return out
 
 
 def _blank(text: str, start: int, end: int) -> str:
     return text[:start] + " " * (end - start) + text[end:]
 
 
-def _dates(text: str) -> tuple[set[str], str]:
-    found: set[str] = set()
+def _decimal(raw: str) -> Decimal | None:
+    try:
+        return Decimal(raw.replace(",", ""))
+    except InvalidOperation:
+        return None
+
+
+def parse_number_words(words: list[str]) -> Decimal | None:
+    """The value of spelled-out number words ("four thousand eight hundred and twenty" -> 4820)."""
+    total, current, seen = 0, 0, False
+    for word in words:
+        if word in ("and", "a"):
+            continue
+        for part in word.split("-"):
+            if part in _UNITS_WORDS:
+                current += _UNITS_WORDS[part]
+            elif part in _TENS_WORDS:
+                current += _TENS_WORDS[part]
+            elif part == "hundred":
+                current = max(current, 1) * 100
+            elif part in _SCALES:
+                total += max(current, 1) * _SCALES[part]
+                current = 0
+            else:
+                return None
+            seen = True
+    return Decimal(total + current) if seen else None
+
+
+def _spelled_numbers(text: str) -> list[tuple[int, int, Decimal]]:
+    """(start, end, value) of runs of number words; a lone "one" ("this one") is not a number."""
+    words = [(m.start(), m.end(), m.group(0).lower()) for m in re.finditer(r"[A-Za-z]+(?:-[A-Za-z]+)*", text)]
+    out: list[tuple[int, int, Decimal]] = []
+    i = 0
+    while i < len(words):
+        if not all(p in _NUMBER_WORDS for p in words[i][2].split("-")) and not (
+                words[i][2] == "a" and i + 1 < len(words) and words[i + 1][2] in _SCALES):
+            i += 1
+            continue
+        j = i
+        run: list[str] = []
+        while j < len(words):
+            w = words[j][2]
+            number = all(p in _NUMBER_WORDS for p in w.split("-"))
+            article = w == "a" and j + 1 < len(words) and words[j + 1][2] in _SCALES and not run
+            joined = w == "and" and bool(run) and j + 1 < len(words) and all(
+                p in _NUMBER_WORDS for p in words[j + 1][2].split("-"))
+            if not (number or article or joined):
+                break
+            run.append(w)
+            j += 1
+        if run and run != ["one"]:
+            value = parse_number_words(run)
+            if value is not None:
+                out.append((words[i][0], words[j - 1][1], value))
+        i = max(j, i + 1)
+    return out
+
+
+def _singular(word: str) -> str:
+    word = word.lower()
+    if word.endswith("ies") and len(word) > 4:
+        return word[:-3] + "y"
+    if word.endswith("s") and not word.endswith("ss") and len(word) > 3:
+        return word[:-1]
+    return word
+
+
+@dataclass
+class _Sentence:
+    text: str
+    identifiers: set[str] = field(default_factory=set)
+    quantities: list[Quantity] = field(default_factory=list)
+    currencies: set[str] = field(default_factory=set)
+    dates: set[str] = field(default_factory=set)
+    date_display: dict[str, str] = field(default_factory=dict)
+    tokens: list[_Token] = field(default_factory=list)
+    clauses: list[str] = field(default_factory=list)
+    clause_spans: list[tuple[int, int]] = field(default_factory=list)
+
+    def quote(self, tokens: list[_Token], at: _Token, back: int = 0) -> str:
+        """The clause of ``at`` as written, from ``back`` tokens before it to the clause's end."""
+        start, end = self.clause_spans[at.clause]
+        same = [t for t in tokens if t.clause == at.clause]
+        index = next(i for i, t in enumerate(same) if t is at)
+        return self.text[max(start, same[max(0, index - back)].start):end].strip(" ,;:")
+
+
+def _read_dates(s: _Sentence, work: str) -> str:
+    def relation(start: int) -> tuple[str, int]:
+        m = _DATE_RELATION.search(work[:start])
+        if not m:
+            return "", start
+        return _RELATION_OF[re.sub(r"\s+", " ", m.group("rel").lower())], m.start()
+
     for pattern in _DATE_PATTERNS:
-        for m in list(pattern.finditer(text)):
+        for m in list(pattern.finditer(work)):
             g = m.groupdict()
-            if "a" in g and g.get("a"):
-                found.add(f"{int(g['a'])}/{int(g['b'])}/{g['y']}")  # d/m or m/d: kept as written
+            if g.get("a"):
+                date = f"{int(g['a'])}/{int(g['b'])}/{g['y']}"  # d/m or m/d: kept as written
             else:
                 month = int(g["m"]) if g.get("m") else _MONTHS[g["mon"].lower().rstrip(".")]
                 day = int(g["d"])
                 if not (1 <= month <= 12 and 1 <= day <= 31):
                     continue
-                found.add(f"{g['y'] or '????'}-{month:02d}-{day:02d}")
-            text = _blank(text, m.start(), m.end())
-    for m in list(_WEEKDAY.finditer(text)):  # "only after Friday" sets a date too
-        found.add(m.group(1).lower())
-        text = _blank(text, m.start(), m.end())
-    return found, text
+                date = f"{g['y'] or '????'}-{month:02d}-{day:02d}"
+            rel, start = relation(m.start())
+            key = f"{rel} {date}".strip()
+            s.dates.add(key)
+            s.date_display[key] = key
+            work = _blank(work, start, m.end())
+    for m in list(_RELATIVE_DATE.finditer(work)):
+        g = m.groupdict()
+        if g["simple"]:
+            date = g["simple"].lower()
+        elif g["this"]:
+            date = f"{g['this'].lower()} {g['unit'].lower()}"
+        elif g["edge"]:
+            date = f"{g['edge'].lower()} of {g['span'].lower()}"
+        else:
+            date = g["wd"].lower()
+        rel, start = relation(m.start())
+        key = f"{rel} {date}".strip()
+        s.dates.add(key)
+        s.date_display[key] = work[start:m.end()].strip()
+        work = _blank(work, start, m.end())
+    return work
 
 
-def _amount(raw: str) -> str | None:
-    try:
-        value = Decimal(raw.replace(",", ""))
-    except InvalidOperation:
-        return None
-    text = format(value.normalize(), "f")
-    return text
-
-
-def _sentence_start(text: str, pos: int) -> bool:
-    before = text[:pos].rstrip(" \t\"'(")
-    return not before or before[-1] in ".!?:\n"
-
-
-def _entities(text: str) -> set[str]:
-    """Runs of capitalised words that are names (see module docstring), lower-cased."""
-    words = [(m.start(), m.end(), m.group(1)) for m in _NAME_WORD.finditer(text)]
-    out: set[str] = set()
-    i = 0
-    while i < len(words):
-        start, end, word = words[i]
-        run = [(start, word)]
-        j = i + 1
-        while j < len(words):
-            gap = text[end:words[j][0]]
-            if gap == " " or (gap.strip().lower() in _CONNECTORS and gap.startswith(" ") and gap.endswith(" ")):
-                run.append((words[j][0], words[j][2]))
-                end = words[j][1]
-                j += 1
-            else:
-                break
-        i = j
-        while run and run[0][1].lower() in _NOT_NAMES:
-            run.pop(0)
-        names = [w for _, w in run if not any(c.isdigit() for c in w) and w.upper() not in _CURRENCY_CODES
-                 and w.lower() not in _MONTHS and w.lower() not in _WEEKDAYS and w != "I"]
-        if not names or (len(names) == 1 and _sentence_start(text, run[0][0])):
-            continue  # a lone capitalised sentence opener ("Someone", "Reminder") is not a name
-        name = " ".join(names).lower()
-        out.add(name[:-2] if name.endswith("'s") else name)
-    return out
-
-
-def _intents(text: str) -> tuple[set[str], int]:
-    """(intent classes, each "not …" when a negation precedes it in its clause; negation count)."""
-    found: set[str] = set()
-    negations = [m.start() for m in _NEGATION.finditer(text)]
-    for m in _INTENT.finditer(text):
-        clause_start = max((b.end() for b in _CLAUSE_BREAK.finditer(text, 0, m.start())), default=0)
-        negated = any(clause_start <= n < m.start() for n in negations)
-        cls = _PHRASE_CLASS[m.group(1).lower()]
-        found.add(f"not {cls}" if negated and cls != "skip" else cls)
-    return found, len(negations)
-
-
-def protected_tokens(text: str) -> dict[str, frozenset[str]]:
-    """The normalised protected tokens of ``text``, by kind (see module docstring)."""
-    dates, rest = _dates(text)
-    identifiers: set[str] = set()
-    currencies: set[str] = set()
-    for m in list(_WORD.finditer(rest)):
+def _read_identifiers(s: _Sentence, work: str) -> str:
+    for m in list(_ID_PREFIXED.finditer(work)):
+        s.identifiers.add(f"{m.group('p').upper()}-{m.group('n')}")
+        work = _blank(work, m.start(), m.end())
+    for m in list(_ID_TOKEN.finditer(work)):
         word = m.group(0)
         has_digit = any(c.isdigit() for c in word)
         has_alpha = any(c.isalpha() for c in word)
-        if word.upper() in _CURRENCY_CODES and word.isupper():
-            currencies.add(word.upper())
-            rest = _blank(rest, m.start(), m.end())
-        elif (has_digit and has_alpha) or ("_" in word and has_alpha):
-            identifiers.add(word.upper())
-            rest = _blank(rest, m.start(), m.end())
+        if (has_digit and (has_alpha or re.search(r"\d[-_/]\d", word))) or ("_" in word and has_alpha):
+            s.identifiers.add(word.upper())
+            work = _blank(work, m.start(), m.end())
+    return work
+
+
+def _read_quantities(s: _Sentence, work: str) -> str:
+    spans = [(m.start(), m.end(), _decimal(m.group("n"))) for m in _NUMBER.finditer(work)]
+    spans += [(a, b, Decimal(v)) for a, b, v in _spelled_numbers(work)]
+    for start, end, value in sorted(spans, key=lambda t: t[0], reverse=True):  # right to left: offsets hold
+        if value is None:
+            continue
+        unit, is_currency = "", False
+        before = _CURRENCY_BEFORE.search(work[:start])
+        after = _CURRENCY_AFTER.search(work[end:])
+        cut_start, cut_end = start, end
+        if before and (before.group("c").isupper() or before.group("c").lower() in _LOWER_CODES
+                       or not before.group("c").isalpha()):
+            code = before.group("c")
+            unit, is_currency = _CURRENCY_SYMBOLS.get(code.lower(), code.upper()), True
+            cut_start = before.start()
+        elif after and after.group("pct"):
+            unit = "%"
+            cut_end = end + after.end()
+        elif after and after.group("c"):
+            code = re.sub(r"\s+", " ", after.group("c").lower())
+            unit, is_currency = _CURRENCY_WORDS.get(code, code.upper()), True
+            cut_end = end + after.end()
+        else:
+            noun = _UNIT_AFTER.match(work[end:])
+            if noun and noun.group("u").lower() not in _NOT_A_UNIT and noun.group("u").lower() not in _NUMBER_WORDS:
+                unit = _singular(noun.group("u"))
+                cut_end = end + noun.end()
+        s.quantities.append(Quantity(value, unit, is_currency))
+        work = _blank(work, cut_start, cut_end)
+    return work
+
+
+def _read_currencies(s: _Sentence, work: str) -> str:
+    for m in list(re.finditer(r"\b(" + "|".join(sorted(_CURRENCY_CODES)) + r")\b", work)):
+        s.currencies.add(m.group(1))
+        work = _blank(work, m.start(), m.end())
+    for m in list(re.finditer(r"\b(" + "|".join(sorted(_LOWER_CODES)) + r")\b", work)):
+        s.currencies.add(m.group(1).upper())
+        work = _blank(work, m.start(), m.end())
+    pattern = "|".join(re.escape(w) for w in sorted(_CURRENCY_WORDS, key=len, reverse=True))
+    for m in list(re.finditer(r"\b(" + pattern + r")\b", work, re.I)):
+        s.currencies.add(_CURRENCY_WORDS[re.sub(r"\s+", " ", m.group(1).lower())])
+        work = _blank(work, m.start(), m.end())
     for symbol, code in _CURRENCY_SYMBOLS.items():
-        if symbol in rest:
-            currencies.add(code)
-    amounts: set[str] = set()
-    for m in _NUMBER.finditer(rest):
-        value = _amount(m.group("n"))
-        if value is not None:
-            amounts.add(value + ("%" if m.group("pct") else ""))
-    intents, negations = _intents(text)
-    return {"identifier": frozenset(identifiers), "currency": frozenset(currencies),
-            "date": frozenset(dates), "amount": frozenset(amounts), "entity": frozenset(_entities(text)),
-            "intent": frozenset(intents), "negation": frozenset({str(negations)} if negations else ())}
+        if symbol in work:
+            s.currencies.add(code)
+            work = work.replace(symbol, " " * len(symbol))
+    return work
+
+
+def _tokenise(s: _Sentence, work: str) -> None:
+    clause, clause_start = 0, 0
+    tokens: list[_Token] = []
+    for m in _WORD_TOKEN.finditer(work.lower()):
+        raw_text = work[m.start():m.end()]
+        word = m.group(0)
+        if word in _CLAUSE_PUNCT:  # the clause as written (work keeps the sentence's offsets)
+            s.clauses.append(s.text[clause_start:m.start()].strip())
+            s.clause_spans.append((clause_start, m.start()))
+            clause_start = m.end()
+            clause += 1
+            continue
+        for piece in re.split(r"(?<=[a-z0-9])-(?=[a-z0-9])", word):
+            tokens.append(_Token(piece, raw_text, clause, start=m.start()))
+    s.clauses.append(s.text[clause_start:].strip())
+    s.clause_spans.append((clause_start, len(s.text)))
+    # phrase matching: longest first, possessives stripped when the whole form is unknown
+    i = 0
+    while i < len(tokens):
+        for n in range(min(_MAX_PHRASE, len(tokens) - i), 0, -1):
+            group = tokens[i:i + n]
+            if len({t.clause for t in group}) > 1:
+                continue
+            surface = " ".join(t.text for t in group)
+            hit = _PHRASES.get(surface)
+            possessive = False
+            if hit is None and n == 1:
+                bare = re.sub(r"'s$|'$", "", surface)
+                if bare != surface:
+                    hit, possessive = _PHRASES.get(bare), True
+                    group[0].text = bare
+            if hit is None and n == 1 and surface.endswith("n't"):
+                hit = ("neg", "not")
+            if hit is None and n == 1 and surface.startswith("un") and _PHRASES.get(surface[2:], ("", ""))[0] == "action":
+                hit = ("action", "not " + _PHRASES[surface[2:]][1])
+            if hit is not None or n == 1:
+                role, value = hit if hit is not None else ("unknown", group[0].text)
+                merged = _Token(" ".join(t.text for t in group), " ".join(dict.fromkeys(t.raw for t in group)),
+                                group[0].clause, role, value, possessive, group[0].start)
+                if n == 1 and re.search(r"'s$|'$", tokens[i].text) and hit is None:
+                    merged.text = re.sub(r"'s$|'$", "", tokens[i].text)
+                    merged.possessive = True
+                s.tokens.append(merged)
+                i += n
+                break
+
+
+def _parse_sentence(text: str) -> _Sentence:
+    s = _Sentence(text)
+    vocative = _VOCATIVE.match(text)
+    work = _blank(text, 0, vocative.end()) if vocative else text
+    work = _read_dates(s, work)
+    work = _read_identifiers(s, work)
+    work = _read_quantities(s, work)
+    work = _read_currencies(s, work)
+    _tokenise(s, work)
+    return s
+
+
+def _is_chatter(s: _Sentence) -> bool:
+    """A sentence that asks for nothing and mentions nothing the task is about."""
+    if s.identifiers or s.quantities or s.currencies:
+        return False
+    return not any(t.role in ("action", "neg", "doc", "doc+", "domain", "cond", "fact", "rel") or t.text in _PRONOUNS
+                   for t in s.tokens)
+
+
+def read_meaning(text: str) -> Meaning:
+    """The structured meaning of ``text`` (see the module docstring)."""
+    actions: set[str] = set()
+    bare: list[str] = []
+    identifiers: set[str] = set()
+    quantities: list[Quantity] = []
+    currencies: set[str] = set()
+    dates: set[str] = set()
+    entities: set[str] = set()
+    relations: set[str] = set()
+    multiplicity: set[str] = set()
+    conditions: set[str] = set()
+    facts: set[str] = set()
+    redirects: set[str] = set()
+    documents: set[str] = set()
+    terms: set[str] = set()
+    display: dict[str, str] = {}
+    for raw in _sentences(_normalise(text)):
+        s = _parse_sentence(raw)
+        if _is_chatter(s):
+            continue
+        identifiers |= s.identifiers
+        quantities += s.quantities
+        currencies |= s.currencies
+        dates |= s.dates
+        display.update({f"date:{k}": v for k, v in s.date_display.items()})
+        toks = s.tokens
+        # a vendor word naming the party that follows it ("the vendor Delmar Packaging") adds nothing
+        for i, t in enumerate(toks):
+            if t.role == "domain" and t.value == "vendor" and i + 1 < len(toks) and toks[i + 1].role == "unknown":
+                t.role = "ignore"
+            if t.role in ("domain", "rel") and t.text in ("supplier", "suppliers", "vendor", "company", "firm") \
+                    and i > 0 and toks[i - 1].possessive and toks[i - 1].clause == t.clause:
+                t.role, t.value = "rel", "supplier" if t.text.startswith("supplier") else t.value or "company"
+        # negation scope: a negation governs the next action in its clause
+        pending: _Token | None = None
+        for t in toks:
+            if pending is not None and t.clause != pending.clause:
+                bare.append(pending.text)
+                pending = None
+            if t.role == "neg":
+                if pending is not None:
+                    bare.append(pending.text)
+                pending = t
+            elif t.role == "action":
+                value = t.value
+                if pending is not None:
+                    value = value[4:] if value.startswith("not ") else "not " + value
+                    pending = None
+                actions.add(value)
+                display.setdefault(f"action:{value}", t.raw)
+        if pending is not None:
+            bare.append(pending.text)
+        # redirection: a transfer word, then "to"/"into" somewhere later in its clause
+        for i, t in enumerate(toks):
+            if t.text == "instead":
+                redirects.add("instead")
+                display["redirect:instead"] = s.quote(toks, t, back=6)
+            movers = [p for p in toks[:i] if p.clause == t.clause and (p.text.split()[0] in _TRANSFER or p.text in _TRANSFER)]
+            if t.text in _DESTINATION and movers:
+                dest = [d for d in toks[i + 1:] if d.clause == t.clause]
+                if dest and dest[0].role == "action":
+                    continue  # "to process": an infinitive, not a destination
+                words = [d.text for d in dest if d.text not in ("the", "a", "an")]
+                key = f"{t.text} {' '.join(words)}".strip()
+                redirects.add(key)
+                display[f"redirect:{key}"] = s.quote(toks, movers[-1])
+        # entities: runs of unknown words; the rest by role
+        run: list[_Token] = []
+        for t in [*toks, _Token("", "", -1, "end")]:
+            if t.role == "unknown" and (not run or (run[-1].clause == t.clause and not run[-1].possessive)):
+                run.append(t)
+                continue
+            if run:
+                name = " ".join(r.text for r in run)
+                entities.add(name)
+                display.setdefault(f"entity:{name}", " ".join(dict.fromkeys(re.sub(r"'s$|'$", "", r.raw) for r in run)))
+                run = [t] if t.role == "unknown" else []
+            if t.role == "rel":
+                relations.add(t.value)
+            elif t.role == "mult":
+                multiplicity.add(t.value)
+            elif t.role == "doc+":
+                documents.add(t.value)
+                multiplicity.add("plural " + t.value)
+            elif t.role == "doc":
+                documents.add(t.value)
+            elif t.role == "cond":
+                conditions.add(t.text)
+                display.setdefault(f"condition:{t.text}", s.quote(toks, t))
+            elif t.role == "fact":
+                facts.add(t.text)
+                display.setdefault(f"fact:{t.text}", s.quote(toks, t, back=4))
+            elif t.role == "domain":
+                terms.add(t.value)
+    for q in quantities:
+        if q.unit in ("time", "copy", "invoice", "bill"):
+            multiplicity.add(f"{q.key}")
+    return Meaning(frozenset(actions), tuple(sorted(bare)), frozenset(identifiers),
+                   tuple(sorted(quantities, key=lambda q: q.key)), frozenset(currencies), frozenset(dates),
+                   frozenset(entities), frozenset(relations), frozenset(multiplicity), frozenset(conditions),
+                   frozenset(facts), frozenset(redirects), frozenset(documents), frozenset(terms), display)
+
+
+# --- comparing -----------------------------------------------------------------------------------
+
+
+def _pairs(kind: str, before: Iterable[str], after: Iterable[str], show_a: Callable[[str], str],
+           show_b: Callable[[str], str]) -> list[str]:
+    """'kind X became Y' for one-for-one swaps, else 'kind X dropped' / 'kind Y added'."""
+    gone = sorted(Counter(before) - Counter(after))
+    new = sorted(Counter(after) - Counter(before))
+    out: list[str] = []
+    while gone and new:
+        out.append(f"{kind} {show_a(gone.pop(0))} became {show_b(new.pop(0))}")
+    out += [f"{kind} {show_a(g)} dropped" for g in gone]
+    out += [f"{kind} {show_b(n)} added" for n in new]
+    return out
+
+
+def _clauses(kind: str, before: Meaning, after: Meaning, a: frozenset[str], b: frozenset[str],
+             quoted: set[str]) -> list[str]:
+    out: list[str] = []
+    for word in sorted(b - a):
+        clause = after.show(f"{kind}:{word}").strip()
+        if not any(clause in q or q in clause for q in quoted):
+            quoted.add(clause)
+            out.append(f"{kind} added: '{clause}'")
+    for word in sorted(a - b):
+        clause = before.show(f"{kind}:{word}").strip()
+        if not any(clause in q or q in clause for q in quoted):
+            quoted.add(clause)
+            out.append(f"{kind} dropped: '{clause}'")
+    return out
+
+
+def compare(before: Meaning, after: Meaning) -> list[str]:
+    """What changed from ``before`` to ``after``, one phrase per change; empty when nothing did."""
+    def shown(m: Meaning, prefix: str) -> Callable[[str], str]:
+        return lambda k: f"'{m.show(prefix + k)}'"
+
+    changes = _pairs("action", before.actions, after.actions, str, str)
+    changes += [f"negation '{n}' {'added' if after.bare_negations.count(n) > before.bare_negations.count(n) else 'dropped'}"
+                for n in sorted(set(before.bare_negations) | set(after.bare_negations))
+                if before.bare_negations.count(n) != after.bare_negations.count(n)]
+    changes += _pairs("identifier", before.identifiers, after.identifiers, str, str)
+    q_before = [q.key for q in before.quantities]
+    q_after = [q.key for q in after.quantities]
+    money = {q.key for q in (*before.quantities, *after.quantities) if q.currency}
+    changes += _pairs("amount", [k for k in q_before if k in money], [k for k in q_after if k in money], str, str)
+    changes += _pairs("quantity", [k for k in q_before if k not in money], [k for k in q_after if k not in money],
+                      str, str)
+    changes += [f"currency {c} added" for c in sorted(after.currencies - before.currencies)]
+    changes += [f"currency {c} dropped" for c in sorted(before.currencies - after.currencies)]
+    changes += _pairs("date", before.dates, after.dates, shown(before, "date:"), shown(after, "date:"))
+    changes += _pairs("entity", before.entities, after.entities, shown(before, "entity:"), shown(after, "entity:"))
+    changes += [f"relation '{r}' added" for r in sorted(after.relations - before.relations)]
+    changes += [f"relation '{r}' dropped" for r in sorted(before.relations - after.relations)]
+    changes += [f"multiplicity '{m}' added" for m in sorted(after.multiplicity - before.multiplicity)]
+    changes += [f"multiplicity '{m}' dropped" for m in sorted(before.multiplicity - after.multiplicity)]
+    quoted: set[str] = set()
+    changes += _clauses("condition", before, after, before.conditions, after.conditions, quoted)
+    changes += _clauses("fact", before, after, before.facts, after.facts, quoted)
+    changes += list(dict.fromkeys(f"redirected: '{after.show('redirect:' + r)}'"
+                                  for r in sorted(after.redirects - before.redirects)))
+    changes += list(dict.fromkeys(f"redirection dropped: '{before.show('redirect:' + r)}'"
+                                  for r in sorted(before.redirects - after.redirects)))
+    if before.documents and after.documents and before.documents != after.documents:
+        changes.append(f"document {', '.join(sorted(before.documents))} became {', '.join(sorted(after.documents))}")
+    changes += [f"term '{t}' added" for t in sorted(after.terms - before.terms)]
+    changes += [f"term '{t}' dropped" for t in sorted(before.terms - after.terms)]
+    return changes
+
+
+def protected_tokens(text: str) -> dict[str, frozenset[str]]:
+    """The normalised tokens of ``text`` by kind (identifiers, currencies, dates, amounts, …)."""
+    m = read_meaning(text)
+    dates = frozenset(d.split(" ", 1)[1] if " " in d and d.split(" ", 1)[0] in ("by", "before", "after", "on") else d
+                      for d in m.dates)
+    currencies = m.currencies | {q.unit for q in m.quantities if q.currency}
+    return {"identifier": m.identifiers, "currency": frozenset(currencies), "date": dates,
+            "amount": frozenset(q.plain for q in m.quantities), "entity": m.entities, "intent": m.actions,
+            "negation": frozenset({str(len(m.bare_negations))} if m.bare_negations else ()),
+            "relation": m.relations, "multiplicity": m.multiplicity, "condition": m.conditions, "fact": m.facts,
+            "redirect": m.redirects}
 
 
 @dataclass(frozen=True)
@@ -203,24 +837,72 @@ class GuardVerdict:
     """Whether a variant kept the task's meaning, and if not, what changed."""
 
     ok: bool
-    missing: tuple[str, ...] = ()  # "amount 4820" etc.: in the original, not in the variant
-    added: tuple[str, ...] = ()  # in the variant, not in the original
+    changes: tuple[str, ...] = ()  # "amount 4820.00 GBP became 48200.00 GBP", …
+    source: str = "rules"  # "rules" or "model"
 
     @property
     def reason(self) -> str | None:
         if self.ok:
             return None
-        parts = []
-        if self.missing:
-            parts.append("dropped or changed " + ", ".join(self.missing))
-        if self.added:
-            parts.append("introduced " + ", ".join(self.added))
-        return "; ".join(parts)
+        return "; ".join(self.changes) or "rejected"
 
 
-def check_equivalent(original: str, variant: str) -> GuardVerdict:
-    """Accept ``variant`` only if it has exactly ``original``'s protected tokens of every kind."""
-    before, after = protected_tokens(original), protected_tokens(variant)
-    missing = tuple(f"{kind} {tok}" for kind in KINDS for tok in sorted(before[kind] - after[kind]))
-    added = tuple(f"{kind} {tok}" for kind in KINDS for tok in sorted(after[kind] - before[kind]))
-    return GuardVerdict(not missing and not added, missing, added)
+EquivalenceModel = Callable[[str, str], GuardVerdict]
+
+
+def check_equivalent(original: str, variant: str, model: EquivalenceModel | None = None) -> GuardVerdict:
+    """Accept ``variant`` only if it means what ``original`` means.
+
+    The rule guard decides first; when it accepts and a ``model`` check is configured, the model
+    must accept too (it can only reject more).
+    """
+    changes = compare(read_meaning(original), read_meaning(variant))
+    if changes:
+        return GuardVerdict(False, tuple(changes))
+    if model is not None:
+        return model(original, variant)
+    return GuardVerdict(True)
+
+
+class ModelEquivalenceCheck:
+    """A model's reading beside the rules: used only when a model is configured (``--paraphrase-model``).
+
+    ``client`` is an ``anthropic.Anthropic``-like client (``client.messages.create``). A failed
+    call or an answer that is not a verdict rejects the variant: the check errs the way the rules do.
+    """
+
+    name = "anthropic"
+    SYSTEM = (
+        "You check whether a rewritten accounts-payable request means exactly what the original means. "
+        "It does NOT if it changes or adds: an action or its polarity (stop, cancel, hold, void, reject, pay, "
+        "approve instead of process; a negation); how many times or how many documents (twice, both, all, "
+        "again); a condition or override (even if, regardless, skip a check); an asserted fact that could "
+        "pre-empt a check (already verified, approved, received); an amount, quantity, currency or unit; an id; "
+        "a date or deadline; the vendor or a related party (parent company, affiliate, another vendor); where "
+        "the payment or document goes. Politeness, greetings, word order, synonyms of the same action, letter "
+        "case, punctuation, passive voice and reformatted amounts or dates do not change the meaning. "
+        'Answer with only JSON: {"equivalent": true|false, "changes": ["what changed", ...]}.')
+
+    def __init__(self, client: Any, model: str, max_tokens: int = 300) -> None:
+        self.client, self.model, self.max_tokens = client, model, max_tokens
+
+    def __call__(self, original: str, variant: str) -> GuardVerdict:
+        try:
+            response = self.client.messages.create(
+                model=self.model, max_tokens=self.max_tokens, system=self.SYSTEM,
+                messages=[{"role": "user", "content": json.dumps({"original": original, "rewrite": variant})}])
+            raw = "".join(getattr(b, "text", "") for b in response.content).strip()
+        except Exception as exc:  # the model is a second opinion; without one the variant is not run
+            return GuardVerdict(False, (f"model check failed: {type(exc).__name__}: {exc}",), "model")
+        raw = re.sub(r"^```(?:json)?|```$", "", raw).strip()
+        start, end = raw.find("{"), raw.rfind("}")
+        try:
+            answer = json.loads(raw[start:end + 1]) if 0 <= start < end else None
+        except ValueError:
+            answer = None
+        if not isinstance(answer, dict) or not isinstance(answer.get("equivalent"), bool):
+            return GuardVerdict(False, (f"model check gave no verdict: {raw[:120]!r}",), "model")
+        if answer["equivalent"]:
+            return GuardVerdict(True, (), "model")
+        changes = [str(c) for c in answer.get("changes") or [] if str(c).strip()] or ["meaning changed"]
+        return GuardVerdict(False, tuple(f"model: {c}" for c in changes), "model")

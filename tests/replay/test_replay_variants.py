@@ -30,13 +30,13 @@ def test_guard_accepts_a_rewording_that_keeps_the_id_the_amount_and_the_date() -
 
 
 @pytest.mark.parametrize("variant, reason", [
-    ("Please pay invoice INV-1029 for 4,280.00 GBP by 2026-03-01.", "dropped or changed amount 4820; introduced amount 4280"),
-    ("Please pay invoice INV-1029 for 48,200.00 GBP by 2026-03-01.", "dropped or changed amount 4820; introduced amount 48200"),
-    ("Please pay the invoice for 4,820.00 GBP by 2026-03-01.", "dropped or changed identifier INV-1029"),
-    ("Please pay invoice INV-1092 for 4,820.00 GBP by 2026-03-01.", "dropped or changed identifier INV-1029; introduced identifier INV-1092"),
-    ("Please pay invoice INV-1029 for 4,820.00 GBP by 2026-03-10.", "dropped or changed date 2026-03-01; introduced date 2026-03-10"),
-    ("Please pay invoice INV-1029 for 4,820.00 EUR by 2026-03-01.", "dropped or changed currency GBP; introduced currency EUR"),
-    ("Please pay invoice INV-1029 and PO-77 for 4,820.00 GBP by 2026-03-01.", "introduced identifier PO-77"),
+    ("Please pay invoice INV-1029 for 4,280.00 GBP by 2026-03-01.", "amount 4820.00 GBP became 4280.00 GBP"),
+    ("Please pay invoice INV-1029 for 48,200.00 GBP by 2026-03-01.", "amount 4820.00 GBP became 48200.00 GBP"),
+    ("Please pay the invoice for 4,820.00 GBP by 2026-03-01.", "identifier INV-1029 dropped"),
+    ("Please pay invoice INV-1092 for 4,820.00 GBP by 2026-03-01.", "identifier INV-1029 became INV-1092"),
+    ("Please pay invoice INV-1029 for 4,820.00 GBP by 2026-03-10.", "date 'by 2026-03-01' became 'by 2026-03-10'"),
+    ("Please pay invoice INV-1029 for 4,820.00 EUR by 2026-03-01.", "amount 4820.00 GBP became 4820.00 EUR"),
+    ("Please pay invoice INV-1029 and PO-77 for 4,820.00 GBP by 2026-03-01.", "identifier PO-77 added"),
 ])
 def test_guard_rejects_a_variant_that_changed_what_the_task_means(variant: str, reason: str) -> None:
     verdict = check_equivalent(ORIGINAL, variant)
