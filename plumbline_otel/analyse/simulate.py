@@ -18,6 +18,7 @@ from scipy.stats import beta as beta_dist
 from scipy.stats import norm
 
 from plumbline_otel.analyse.stats import (
+    BETS,
     CLUSTER_METHOD,
     SEQUENTIAL_METHOD,
     TASK_METHOD,
@@ -239,3 +240,34 @@ def monotonicity_violations(method: str, rng: np.random.Generator, cases: int) -
         before_l, after_l = (float(bound(np.array([[c for c, _ in t]]), np.array([n for _, n in t]))[0]) for t in (tasks, after))
         wrong += (after_l < before_l - 1e-9) if conforming else (after_l > before_l + 1e-9)
     return wrong
+
+
+# ---- Sequential stopping ---------------------------------------------------------------------------
+
+
+def _capital_paths(values: np.ndarray, m: float) -> np.ndarray:
+    """Log wealth after each task of betting that the mean of `values` (samples, tasks) is above m."""
+    bets = np.array(BETS)
+    logs = np.cumsum(np.log1p(bets[None, None, :] * (values[:, :, None] / m - 1.0)), axis=1)
+    peak = logs.max(axis=2)
+    return np.asarray(peak + np.log(np.exp(logs - peak[:, :, None]).mean(axis=2)))
+
+
+def sequential_stops(
+    rates: np.ndarray, target: float, min_tasks: int = 2, confidence: float = 0.95
+) -> tuple[np.ndarray, np.ndarray]:
+    """`stop_decision` after every task of each simulated study (rows of per-task rates, in order).
+
+    Returns the decision (1 pass, -1 fail, 0 still undecided after the last task) and the number of
+    tasks run when it was taken. A lower bound at or above the target is the bettor's wealth at m =
+    target reaching 1 / alpha, so the wealth path at that one m decides every look at once.
+    """
+    threshold = math.log(1.0 / (1.0 - confidence))
+    seen = np.arange(1, rates.shape[1] + 1)[None, :] >= min_tasks
+    passing = (_capital_paths(rates, target) >= threshold) & (np.cumsum(rates > 0, axis=1) >= 2) & seen
+    failing = (_capital_paths(1.0 - rates, 1.0 - target) >= threshold) & (np.cumsum(rates < 1, axis=1) >= 2) & seen
+    decided = passing | failing
+    first = np.where(decided.any(axis=1), decided.argmax(axis=1), rates.shape[1] - 1)
+    rows = np.arange(rates.shape[0])
+    decision = np.where(passing[rows, first], 1, np.where(failing[rows, first], -1, 0))
+    return decision, first + 1

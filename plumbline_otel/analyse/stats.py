@@ -427,10 +427,12 @@ INCONCLUSIVE: Final = "INCONCLUSIVE"
 Verdict = Literal["PASS", "FAIL", "INCONCLUSIVE"]
 StopDecision = Literal["pass", "fail", "continue"]
 RegressionVerdict = Literal["worse", "not worse", "inconclusive"]
-# Bets of the betting confidence sequence: fractions 1/2, 3/4, ... 127/128 of the most a bet on one
-# task may stake. A fixed grid (not a bet tuned on the data seen so far) keeps the bound monotone
-# and order-free; bolder bets certify clean agents sooner, timid ones survive failing tasks.
-BETS: tuple[float, ...] = tuple(1.0 - 2.0**-j for j in range(1, 8))
+# Bets of the betting confidence sequence: fractions 1/16 ... 127/128 of the most a bet on one task
+# may stake. A fixed grid (not a bet tuned on the data seen so far) keeps the bound monotone and
+# order-free. Bold bets certify clean agents (the lower bound, m near 1); timid ones decide the
+# upper bound, where the bettor stakes on failures and every clean task costs it (with bold bets
+# only, a true rate of 0.80 failed a 0.90 target in 12% of 300-task studies; with these, 98%).
+BETS: tuple[float, ...] = (*(2.0**-j for j in range(4, 0, -1)), *(1.0 - 2.0**-j for j in range(2, 8)))
 MAX_TASKS_NEEDED = 10**9
 
 
@@ -597,8 +599,8 @@ def sequential_interval(per_task_in_order: Iterable[tuple[int, int]], confidence
     as they decide: with probability >= `confidence` the lower bound stays below the true mean at
     every look (one-sided, time-uniform; likewise the upper). Betting confidence sequences for
     bounded means (Waudby-Smith and Ramdas, 2023), with a fixed grid of bets so the bound is
-    monotone and order-free. The price: 66 clean tasks for 0.95 where `task_interval` needs 73
-    but only once, at a fixed number of tasks.
+    monotone and order-free. The price: none in clean tasks (73 for 0.95, as `task_interval`), more
+    where tasks fail; `task_interval` is valid only when the number of tasks was fixed in advance.
     """
     kept = _task_counts(per_task_in_order)
     k, n = sum(c for c, _ in kept), sum(m for _, m in kept)
