@@ -34,8 +34,9 @@ from plumbline_otel import __version__
 from plumbline_otel.analyse.conformance import RunResult, evaluate
 from plumbline_otel.errors import ConfigError, PlumblineError
 from plumbline_otel.model import Trajectory
-from plumbline_otel.runs import STUDY, TASK_KEY, TRIAL_ID, agent_label, is_missing, perturbation_of
+from plumbline_otel.runs import STUDY, TASK_KEY, TRIAL_ID, agent_label, perturbation_of
 from plumbline_otel.spec import DeclaredInvariant, Spec, Verdict
+from plumbline_otel.trials import account
 
 EVENT_NAME = "gen_ai.evaluation.result"
 EVALUATOR = "plumbline"
@@ -132,19 +133,23 @@ def run_event(cert: dict[str, Any], cell: dict[str, Any], trajectory: Trajectory
 
 def certificate_events(cert: dict[str, Any], spec: Spec, trajectories: Iterable[Trajectory],
                        now_ns: int | None = None) -> list[EvaluationEvent]:
-    """Every cell of `cert`, then every run it scored (runs it listed as unexposed, and missing trials, have no score)."""
+    """Every cell of `cert`, then every trial it scored (`trials.account`: unexposed, unwitnessed and missing ones have no score)."""
     now_ns = time.time_ns() if now_ns is None else now_ns
     cells = _cells(cert)
     events = [cell_event(cert, cell, now_ns) for cell in cells.values()]
-    unexposed = {key: set(map(str, cell.get("unexposed_runs", ()))) for key, cell in cells.items()}
     errored = {key: {str(e.get("run")): str(e.get("reason", "")) for e in cell.get("errored_runs", ())} for key, cell in cells.items()}
     study = cert.get("provenance", {}).get("filters", {}).get("study")
-    for trajectory in trajectories:
+    books = account(trajectories)
+    witnessed = {id(r.run or r.record_trajectory) for r in books.results}
+    unexposed = {key: set(map(str, cell.get("unexposed_runs", ()))) for key, cell in cells.items()}
+    for trajectory, status in books.judged():
         key = (agent_label(trajectory.service, trajectory.service_version), perturbation_of(trajectory))
         label = str(trajectory.context.get(TRIAL_ID) or trajectory.trajectory_id)  # how the certificate lists a run
-        if key not in cells or is_missing(trajectory) or (study and trajectory.context.get(STUDY) != study) or label in unexposed[key]:
+        unscored = status == "missing" or (status == "unexposed" and id(trajectory) in witnessed)
+        if key not in cells or unscored or label in unexposed[key] or (study and trajectory.context.get(STUDY) != study):
             continue
-        events.append(run_event(cert, cells[key], trajectory, evaluate(spec, trajectory), errored[key].get(label), now_ns))
+        reason = errored[key].get(label, "errored") if status == "errored" else None
+        events.append(run_event(cert, cells[key], trajectory, evaluate(spec, trajectory), reason, now_ns))
     return events
 
 

@@ -121,8 +121,11 @@ def fault_exposed(trajectory: Trajectory) -> bool:
     text the driver injected (``plumbline.fault.error``), or ``plumbline.fault.fired`` strictly
     true. Absent or unreadable evidence is no evidence: the run is unexposed.
     """
-    if strict_bool(trajectory.context.get(FAULT_FIRED)) is True:
-        return True
+    return strict_bool(trajectory.context.get(FAULT_FIRED)) is True or fault_shown(trajectory)
+
+
+def fault_shown(trajectory: Trajectory) -> bool:
+    """The trace itself shows the injected fault: a failed step of the targeted tool carrying the injected error text."""
     tool, message = trajectory.context.get(FAULT_TOOL), trajectory.context.get(FAULT_ERROR)
     if tool in (None, "") or message in (None, ""):
         return False

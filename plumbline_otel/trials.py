@@ -59,8 +59,9 @@ from plumbline_otel.runs import (
     TRIAL_STATUS,
     VARIANT,
     agent_label,
-    fault_exposed,
+    fault_shown,
     is_record,
+    run_status,
     strict_bool,
 )
 
@@ -158,6 +159,7 @@ class TrialResult:
     reason: str | None
     run: Trajectory | None  # the run judged (status "exposed"), or the errored attempt's run if any
     record: AttemptRecord | None  # the deciding attempt (None: planned, never attempted)
+    record_trajectory: Trajectory | None  # where that record is stored: it stands for a trial the agent left no run of
     attempts: int  # attempts recorded, those that never reached the agent included
     notes: tuple[str, ...] = ()  # conflicts and unconfirmed evidence, in words
 
@@ -170,6 +172,18 @@ class Accounting:
     legacy: list[Trajectory] = field(default_factory=list)  # runs no driver recorded: the trace-based rule
     unwitnessed: list[Trajectory] = field(default_factory=list)  # claim a recorded study's trial; no record stands for them
     records: list[AttemptRecord] = field(default_factory=list)
+
+    def judged(self) -> list[tuple[Trajectory, TrialStatus]]:
+        """Every trial and untracked run an analysis counts, with its status: a recorded trial's run (or,
+        when the agent left none, the driver's record standing in for it) and the runs no driver recorded
+        (by their own trace). Unwitnessed runs are left out; so are trials with nothing stored to stand for them."""
+        out: list[tuple[Trajectory, TrialStatus]] = []
+        for r in self.results:
+            stand_in = r.run or r.record_trajectory
+            if stand_in is not None:
+                out.append((stand_in, r.status))
+        out.extend((t, run_status(t)) for t in self.legacy)
+        return out
 
 
 def _result_attempt(attempts: list[AttemptRecord]) -> AttemptRecord | None:
@@ -193,14 +207,14 @@ def _notes(record: AttemptRecord, run: Trajectory) -> tuple[str, ...]:
         if says is not None and says != bool(record.fault_fired):
             notes.append(f"conflict: {who} say the fault {'fired' if says else 'did not fire'}; the driver saw it "
                          f"{'fire' if record.fault_fired else 'not fire'} (the driver's record stands)")
-    if record.fault_fired and record.fault_source == "injector" and not fault_exposed(run):
+    if record.fault_fired and record.fault_source == "injector" and not fault_shown(run):
         notes.append("unconfirmed by the trace: the driver's injector raised, but no failed step shows the injected "
                      "error (the framework may redact tool errors)")
     return tuple(notes)
 
 
 def _decide(planned: AttemptRecord | None, attempts: list[AttemptRecord], by_trace: dict[str, Trajectory],
-            by_attempt: dict[tuple[str, str, int], Trajectory]) -> TrialResult:
+            by_attempt: dict[tuple[str, str, int], Trajectory], where: dict[int, Trajectory]) -> TrialResult:
     base = planned or attempts[0]
     decided = _result_attempt(attempts)
     label = decided or base
@@ -208,7 +222,7 @@ def _decide(planned: AttemptRecord | None, attempts: list[AttemptRecord], by_tra
     def result(status: TrialStatus, reason: str | None, run: Trajectory | None = None, notes: tuple[str, ...] = ()) -> TrialResult:
         agent = agent_label(run.service, run.service_version) if run is not None else label.agent
         return TrialResult(base.study, base.trial_id, agent, base.perturbation, base.task_key, status, reason, run,
-                           decided, len(attempts), notes)
+                           decided, where.get(id(decided)) if decided else None, len(attempts), notes)
 
     if decided is None:
         return result("missing", "planned; never attempted")
@@ -229,10 +243,12 @@ def account(trajectories: Iterable[Trajectory]) -> Accounting:
     """Sort runs and records: one result per planned trial of every study the driver recorded (module docstring)."""
     out = Accounting()
     runs: list[Trajectory] = []
+    where: dict[int, Trajectory] = {}
     for t in trajectories:
         record = record_of(t)
         if record is not None:
             out.records.append(record)
+            where[id(record)] = t
         elif not is_record(t):
             runs.append(t)
     recorded = {r.study for r in out.records}
@@ -248,7 +264,7 @@ def account(trajectories: Iterable[Trajectory]) -> Accounting:
             attempts[(r.study, r.trial_id)].append(r)
     used: set[str] = set()
     for key in sorted(set(planned) | set(attempts)):
-        result = _decide(planned.get(key), attempts.get(key, []), by_trace, by_attempt)
+        result = _decide(planned.get(key), attempts.get(key, []), by_trace, by_attempt, where)
         out.results.append(result)
         if result.run is not None:
             used.add(result.run.trajectory_id)

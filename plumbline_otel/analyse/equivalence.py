@@ -19,7 +19,7 @@ are counted as unpaired. Within a cell:
   the shorter side of a cell are left out of the pairs, so an unpaired permutation test over
   every run of the perturbation's shared cells is given beside each.
 
-Which runs count is the certificate's rule (`runs.run_status`): missing trials and
+Which runs count is the certificate's rule (`trials.account`): missing trials and
 ``tool_fault`` runs without evidence the fault hit them are left out and counted per side;
 errored runs (crashed, timed out, no trace) are failing runs in the conformance tests and have no
 effect path to compare.
@@ -40,8 +40,9 @@ from plumbline_otel.analyse.consistency import Divergence, Reference, build_refe
 from plumbline_otel.analyse.stats import PairedResult, holm, mcnemar_exact, permutation_test
 from plumbline_otel.compare_values import canonical, compare
 from plumbline_otel.model import Trajectory
-from plumbline_otel.runs import OUTCOME, REPEAT, VARIANT, VARIANT_ID, agent_label, perturbation_of, run_status
+from plumbline_otel.runs import OUTCOME, REPEAT, VARIANT, VARIANT_ID, agent_label, perturbation_of
 from plumbline_otel.spec import Spec
+from plumbline_otel.trials import account
 
 VARIANT_KEYS = (VARIANT, VARIANT_ID)
 
@@ -169,13 +170,12 @@ class EquivalenceReport:
         return out
 
 
-def _select(runs: Iterable[Trajectory], agent: str, excluded: Counter[str]) -> dict[Cell, list[Trajectory]]:
+def _select(runs: Iterable[tuple[Trajectory, str]], agent: str, excluded: Counter[str]) -> dict[Cell, list[Trajectory]]:
     """`agent`'s scored runs (exposed or errored) by cell; missing, unexposed and errored ones counted too."""
     out: dict[Cell, list[Trajectory]] = defaultdict(list)
-    for t in runs:
+    for t, status in runs:
         if t.task_key is None or agent not in (t.service, agent_label(t.service, t.service_version)):
             continue
-        status = run_status(t)
         if status != "exposed":
             excluded[status] += 1
         if status in ("exposed", "errored"):
@@ -183,8 +183,8 @@ def _select(runs: Iterable[Trajectory], agent: str, excluded: Counter[str]) -> d
     return out
 
 
-def _conforms(spec: Spec, t: Trajectory) -> bool:
-    return run_status(t) == "exposed" and evaluate(spec, t).conforms("critical")
+def _conforms(spec: Spec, t: Trajectory, exposed: set[str]) -> bool:
+    return t.trajectory_id in exposed and evaluate(spec, t).conforms("critical")
 
 
 def _modal_outcome(runs: Sequence[Trajectory]) -> Any:
@@ -198,7 +198,8 @@ def _modal_outcome(runs: Sequence[Trajectory]) -> Any:
 
 def equivalence(trajectories: Iterable[Trajectory], a: str, b: str, spec: Spec | None = None) -> EquivalenceReport:
     """Compare agent `b` with agent `a` (a service name, or ``service@version``) on shared cells."""
-    runs = list(trajectories)
+    runs = account(trajectories).judged()
+    exposed = {t.trajectory_id for t, status in runs if status == "exposed"}
     keep = spec.is_effect if spec is not None else None
     report = EquivalenceReport(a, b, sorted(spec.effect_tools) if spec and spec.effect_tools is not None else None,
                                tested=spec is not None)
@@ -210,10 +211,11 @@ def equivalence(trajectories: Iterable[Trajectory], a: str, b: str, spec: Spec |
     for cell in sorted(set(cells_a) & set(cells_b)):
         ra = sorted(cells_a[cell], key=_order)
         rb = sorted(cells_b[cell], key=_order)
-        _compare_paths(report, cell, ra, rb, spec, keep)
+        _compare_paths(report, cell, [t for t in ra if t.trajectory_id in exposed], [t for t in rb if t.trajectory_id in exposed],
+                       spec, keep)
         if spec is not None:
-            ok_a = [_conforms(spec, x) for x in ra]
-            ok_b = [_conforms(spec, y) for y in rb]
+            ok_a = [_conforms(spec, x, exposed) for x in ra]
+            ok_b = [_conforms(spec, y, exposed) for y in rb]
             report.conformance_pairs[cell[1]] += list(zip(ok_a, ok_b))
             totals = report.conformance_all[cell[1]]
             for i, k in ((0, sum(ok_a)), (1, len(ok_a)), (2, sum(ok_b)), (3, len(ok_b))):
@@ -223,9 +225,7 @@ def equivalence(trajectories: Iterable[Trajectory], a: str, b: str, spec: Spec |
 
 def _compare_paths(report: EquivalenceReport, cell: Cell, ra: list[Trajectory], rb: list[Trajectory],
                    spec: Spec | None, keep: Any) -> None:
-    """Effect paths and outcomes of B's runs against A's reference; errored runs have neither."""
-    ra = [t for t in ra if run_status(t) == "exposed"]
-    rb = [t for t in rb if run_status(t) == "exposed"]
+    """Effect paths and outcomes of B's exposed runs against A's reference (errored runs have neither)."""
     if not ra:
         return
     ref = build_reference(ra, spec, keep=keep)

@@ -27,7 +27,7 @@ from plumbline_otel.model import Trajectory
 from plumbline_otel.receive._metrics import Metrics
 from plumbline_otel.receive._writer import Overloaded, WriteQueue
 from plumbline_otel.rows import trajectory_from_doc
-from plumbline_otel.runs import is_missing
+from plumbline_otel.runs import is_missing, is_record
 from plumbline_otel.spec import DeclaredInvariant, Spec, Verdict
 from plumbline_otel.store import Store
 
@@ -48,7 +48,7 @@ def new_violations(store: Store, spec: Spec, after_ns: int) -> tuple[Found, int,
         [after_ns, after_ns, _BATCHES]).fetchall()
     if not rows:
         return [], after_ns, 0
-    runs = [t for t in (trajectory_from_doc(orjson.loads(doc)) for doc, _ in rows) if not is_missing(t)]
+    runs = [t for t in (trajectory_from_doc(orjson.loads(doc)) for doc, _ in rows) if not (is_record(t) or is_missing(t))]
     results = [evaluate(spec, t) for t in runs]
     before = store.stored_violations(spec.hash, [t.trajectory_id for t in runs])
     write_violations(store, results, spec.hash)

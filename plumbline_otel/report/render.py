@@ -179,9 +179,10 @@ def _never_fired(count: int, perturbation: str) -> str:
     return f"{count} {perturbation} runs never met their fault and are not scored"
 
 
-N_COUNTS = ("n counts exposed runs judged against the spec plus errored runs (crashed, timed out or no trace: "
-            "scored as failures); unexposed tool_fault runs (no evidence the fault hit) and missing trials "
-            "(never started) are listed beside n, never scored")
+N_COUNTS = ("n counts each planned trial once, as the replay driver recorded it: exposed runs judged against the "
+            "spec plus errored trials (crashed, hung, exited non-zero or no trace: scored as failures); faulted trials "
+            "the driver never saw the fault reach (unexposed) and trials no attempt reached the agent (missing) are "
+            "listed beside n, never scored")
 
 
 def _bound(c: dict[str, Any]) -> str:
@@ -233,6 +234,20 @@ def _cell_notes(c: dict[str, Any]) -> list[str]:
     if c["missing"]:
         lines.append(f"  {c['perturbation']}: {c['missing']} missing trial(s); if they had all failed the bound would be "
                      f"{c['gate_lower_if_missing_failed']:.4f} (Wilson {c['lower_if_missing_failed']:.4f})")
+        reasons = sorted({r["reason"] for r in c.get("missing_runs", [])})
+        if reasons:
+            lines.append(f"    why: {'; '.join(reasons[:3])}" + (f"; and {len(reasons) - 3} other reason(s)" if len(reasons) > 3 else ""))
+    if c.get("fault_evidence"):
+        seen = ", ".join(f"{who} {n}" for who, n in c["fault_evidence"].items())
+        lines.append(f"  {c['perturbation']}: faults seen to reach the agent by {seen}")
+    if c.get("unwitnessed"):
+        lines.append(f"  {c['perturbation']}: {c['unwitnessed']} run(s) claim a trial no driver record stands for: not scored")
+    for note in c.get("notes", [])[:3]:
+        lines.append(f"  {c['perturbation']}: {note['run']}: {note['note']}")
+    if len(c.get("notes", [])) > 3:
+        lines.append(f"  {c['perturbation']}: … and {len(c['notes']) - 3} more note(s) (the certificate's JSON)")
+    if c.get("unmetered"):
+        lines.append(f"  {c['perturbation']}: {c['unmetered']} trial(s) spent money no plumbline meter saw (the adapter's own report)")
     return lines
 
 

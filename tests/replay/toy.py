@@ -40,6 +40,9 @@ class ToyAgent:
 
     service = "toy-agent"
     service_version = "1"
+    honour_faults = True  # call inject_fault before each tool
+    claim_fired = False  # say the fault fired, whatever happened
+    redact = False  # record a failed tool's error as "Error details are redacted."
 
     def __init__(self, tools: tuple[str, ...] = ("lookup_invoice", "pay"), cost_usd: float | None = None) -> None:
         self.tools = tools
@@ -74,14 +77,16 @@ class ToyAgent:
                             "gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": tool,
                             "gen_ai.tool.call.arguments": json.dumps({"invoice_id": trial.identity.task_key})}) as span:
                         try:
-                            inject_fault(tool)
+                            if self.honour_faults:
+                                inject_fault(tool)
                         except InjectedFault as exc:
                             fired = True
                             span.set_attribute("error.type", exc.kind)
-                            span.set_status(Status(StatusCode.ERROR, str(exc)))
+                            span.set_status(Status(StatusCode.ERROR, "Error details are redacted." if self.redact else str(exc)))
                             continue
                         span.set_attribute("gen_ai.tool.call.result", json.dumps({"ok": True}))
                         break
+            fired = fired or self.claim_fired
             if trial.fault is not None:
                 root.set_attribute("plumbline.fault.fired", fired)
             trace_id = format(root.get_span_context().trace_id, "032x")
@@ -106,3 +111,34 @@ def agent_runs(trajectories: Iterable[Trajectory]) -> list[Trajectory]:
 def driver_records(trajectories: Iterable[Trajectory]) -> list[AttemptRecord]:
     """The driver's attempt records among stored trajectories (plans set aside)."""
     return [r for t in trajectories if (r := record_of(t)) is not None and r.attempt > 0]
+
+
+class CrashAfterExport(ToyAgent):
+    """Exports a clean run of every trial, then raises."""
+
+    def run(self, trial: Trial) -> TrialOutcome:
+        super().run(trial)
+        raise RuntimeError("the agent crashed after exporting its spans")
+
+
+class ExitAfterExport(ToyAgent):
+    """Exports a clean run, then calls sys.exit, as a script-style agent does."""
+
+    def run(self, trial: Trial) -> TrialOutcome:
+        super().run(trial)
+        raise SystemExit(3)
+
+
+
+class ClaimsFaults(ToyAgent):
+    """Never lets the injector near its tools, yet says the fault fired: on its root span and to the driver."""
+
+    honour_faults = False
+    claim_fired = True
+
+
+class RedactsErrors(ToyAgent):
+    """Meets its fault honestly, but its framework redacts the tool error (the OpenAI Agents SDK's
+    "Error details are redacted."), so the trace cannot show which failure it was."""
+
+    redact = True

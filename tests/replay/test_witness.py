@@ -1,0 +1,166 @@
+"""The driver is the witness: what happened in a trial is what the driver recorded, never what the agent's spans say.
+
+Each case goes through the command line as a user would (`replay`, `ingest`, `certify`, `gate`),
+with toy agents of each adapter kind that crash after exporting a clean run, hang, exit, lie about
+their fault, redact it, or report costs above their maximum.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from plumbline_otel.cli.main import cli
+from plumbline_otel.ingest import ingest_files
+from plumbline_otel.replay import SpanSink, StudyConfig, run_study
+from plumbline_otel.report import build_certificate
+from plumbline_otel.runs import (
+    COST_METERED,
+    COST_USD,
+    FAULT_FIRED,
+    FAULT_SOURCE,
+    RECORD_KIND,
+    TRIAL_REASON,
+    TRIAL_STATUS,
+    is_record,
+)
+from plumbline_otel.spec import load_spec
+from plumbline_otel.store import Store
+
+from .toy import ToyAgent, tasks
+
+ROOT = Path(__file__).resolve().parents[2]
+SPEC = """version: 1
+name: toy
+invariants:
+  - {id: PAY, severity: critical, must_call: pay}
+"""
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Path:
+    """A store of the toy agent's clean traffic on two tasks."""
+    sink = SpanSink(otlp_file=str(tmp_path / "traffic.jsonl"))
+    run_study(StudyConfig("traffic", sink=sink), tasks(2), ToyAgent())
+    sink.close()
+    path = tmp_path / "p.duckdb"
+    with Store(path) as store:
+        ingest_files(store, [str(tmp_path / "traffic.jsonl")])
+    (tmp_path / "spec.yaml").write_text(SPEC)
+    return path
+
+
+def study(tmp_path: Path, db: Path, adapter: str, *extra: str, perturbations: str = "baseline", repeats: int = 2,
+          name: str = "s") -> tuple[Any, dict[str, Any], Any]:
+    """replay → ingest → certify → gate through the CLI: (replay result, certificate, gate result)."""
+    runner = CliRunner()
+    spans = tmp_path / f"{name}.otlp.jsonl"
+    replayed = runner.invoke(cli, ["replay", "--db", str(db), "--study", name, "--agent", "toy-agent", "--adapter", adapter,
+                                   "--perturbations", perturbations, "--repeats", str(repeats), "--otlp-file", str(spans),
+                                   "--trace-wait", "2", "--quiet", *extra])
+    assert replayed.exception is None or isinstance(replayed.exception, SystemExit), replayed.output
+    assert runner.invoke(cli, ["ingest", str(spans), "--db", str(db), "--quiet"]).exit_code in (0, 3)
+    out = tmp_path / f"{name}.cert.json"
+    certified = runner.invoke(cli, ["certify", "--spec", str(tmp_path / "spec.yaml"), "--db", str(db), "--study", name,
+                                    "--out", str(out), "--format", "none"])
+    assert certified.exit_code == 0, certified.output
+    gate = runner.invoke(cli, ["gate", str(out), "--min-bound", "0.3"])
+    return replayed, json.loads(out.read_text()), gate
+
+
+def cell(cert: dict[str, Any], perturbation: str = "baseline") -> dict[str, Any]:
+    return next(c for a in cert["agents"] for c in a["perturbations"] if c["perturbation"] == perturbation)
+
+
+def command(mode: str) -> str:
+    return f"command:{sys.executable} -m tests.replay.cmd_agent {mode}"
+
+
+def test_a_command_agent_that_exits_1_after_exporting_is_errored_and_fails_the_gate(tmp_path: Path, db: Path) -> None:
+    replayed, cert, gate = study(tmp_path, db, command("crash"), "--adapter-option", f"cwd={ROOT}")
+    assert replayed.exit_code == 3 and "ran 4 (0 ok, 0 missing, 4 errored)" in replayed.output
+    c = cell(cert)
+    # Before: the agent's exported root outvoted the marker, and this certified 4/4 conforming.
+    assert (c["n"], c["conforming"], c["errored"], c["exposed"]) == (4, 0, 4, 0)
+    assert all("command exited 1" in r["reason"] for r in c["errored_runs"])
+    assert gate.exit_code == 1
+
+
+def test_a_command_agent_killed_by_the_timeout_is_errored(tmp_path: Path, db: Path) -> None:
+    _, cert, gate = study(tmp_path, db, command("hang"), "--adapter-option", "timeout_s=1.5", "--adapter-option", f"cwd={ROOT}",
+                          repeats=1)
+    c = cell(cert)
+    assert (c["n"], c["conforming"], c["errored"]) == (2, 0, 2)
+    assert all("timed out" in r["reason"] for r in c["errored_runs"]) and gate.exit_code == 1
+
+
+@pytest.mark.parametrize("agent, why", [("CrashAfterExport", "RuntimeError"), ("ExitAfterExport", "SystemExit")])
+def test_an_in_process_agent_that_raises_or_exits_after_exporting_is_errored_and_the_runner_survives(
+        tmp_path: Path, db: Path, agent: str, why: str) -> None:
+    replayed, cert, gate = study(tmp_path, db, f"python:tests.replay.toy:{agent}", perturbations="baseline,tool_fault")
+    assert replayed.exit_code == 3 and "ran 8 (0 ok, 0 missing, 8 errored)" in replayed.output
+    for perturbation in ("baseline", "tool_fault"):  # no cell vanishes with the runner
+        c = cell(cert, perturbation)
+        assert (c["n"], c["errored"], c["conforming"]) == (4, 4, 0)
+        assert all(why in r["reason"] for r in c["errored_runs"])
+    assert gate.exit_code == 1
+
+
+def test_a_fault_the_agent_claims_is_not_believed_and_the_conflict_is_reported(tmp_path: Path, db: Path) -> None:
+    replayed, cert, gate = study(tmp_path, db, "python:tests.replay.toy:ClaimsFaults", perturbations="tool_fault")
+    assert "fire in 0/4 faulted trials" in replayed.output
+    c = cell(cert, "tool_fault")
+    assert (c["n"], c["unexposed"], c["exposed"]) == (0, 4, 0)  # before: 4/4 conforming on the agent's word
+    assert len(c["notes"]) == 8 and all("conflict" in n["note"] for n in c["notes"])  # its spans and its adapter, per trial
+    assert gate.exit_code == 1
+
+
+def test_a_command_agent_that_claims_its_fault_is_unexposed(tmp_path: Path, db: Path) -> None:
+    _, cert, _ = study(tmp_path, db, command("claim"), "--adapter-option", f"cwd={ROOT}", perturbations="tool_fault", repeats=1)
+    c = cell(cert, "tool_fault")
+    assert (c["n"], c["unexposed"]) == (0, 2) and c["fault_evidence"] == {}
+
+
+def test_a_fault_the_framework_redacts_is_exposed_on_the_driver_s_record(tmp_path: Path, db: Path) -> None:
+    _, cert, _ = study(tmp_path, db, "python:tests.replay.toy:RedactsErrors", perturbations="tool_fault")
+    c = cell(cert, "tool_fault")
+    # Before: "4 tool_fault runs never met their fault", though the driver saw it fire in each.
+    assert (c["n"], c["exposed"], c["unexposed"], c["conforming"]) == (4, 4, 0, 4)
+    assert c["fault_evidence"] == {"injector": 4}
+    assert len(c["notes"]) == 4 and all("unconfirmed by the trace" in n["note"] for n in c["notes"])
+
+
+def test_a_self_reported_cost_above_the_maximum_stops_the_study_and_is_marked_unmetered(tmp_path: Path, db: Path) -> None:
+    replayed, cert, _ = study(tmp_path, db, command("overspend"), "--adapter-option", f"cwd={ROOT}", "--concurrency", "1",
+                              "--budget-usd", "6", "--trial-max-usd", "0.5")
+    assert "OVERRUN" in replayed.output and "UNMETERED: 1 trial(s)" in replayed.output
+    c = cell(cert)
+    assert (c["n"], c["missing"]) == (1, 3)  # the study stopped before the next trial: the rest are missing
+    assert c["unmetered"] == 1 and c["cost_usd"] == pytest.approx(5.0)
+    assert all("not started" in r["reason"] for r in c["missing_runs"])
+
+
+def test_no_agent_written_attribute_changes_a_trial_s_status_exposure_or_cost(tmp_path: Path, db: Path) -> None:
+    study(tmp_path, db, "python:tests.replay.toy:ToyAgent", perturbations="baseline,tool_fault", name="honest")
+    spec = load_spec(tmp_path / "spec.yaml")
+    with Store(db) as store:
+        stored = list(store.trajectories())
+    honest = build_certificate(spec, stored, study="honest")
+    lies = {TRIAL_STATUS: "missing", TRIAL_REASON: "nothing happened", FAULT_FIRED: False, FAULT_SOURCE: "mcp_proxy",
+            COST_USD: 99.0, COST_METERED: True, RECORD_KIND: "attempt"}
+    forged = [t if is_record(t) else replace(t, context={**t.context, **lies}) for t in stored]
+    lied = build_certificate(spec, forged, study="honest")
+
+    def counts(cert: dict[str, Any]) -> list[tuple[Any, ...]]:
+        return [(c["perturbation"], c["n"], c["conforming"], c["exposed"], c["errored"], c["unexposed"], c["missing"],
+                 c["cost_usd"], c["unmetered"], c["fault_evidence"]) for a in cert["agents"] for c in a["perturbations"]]
+
+    assert counts(lied) == counts(honest)
+    assert counts(honest) == [("baseline", 4, 4, 4, 0, 0, 0, 0.0, 0, {}), ("tool_fault", 4, 4, 4, 0, 0, 0, 0.0, 0, {"injector": 4})]
+    assert all("conflict" in n["note"] for n in cell(lied, "tool_fault")["notes"])  # the lie is reported, not believed
