@@ -98,3 +98,53 @@ def test_a_concurrent_study_stops_at_the_cap_and_records_the_rest_missing(tmp_pa
     more = run_study(StudyConfig("capped", repeats=5, concurrency=8, budget_usd=100.0, trial_max_usd=0.15,
                                  resume=True, state_dir=tmp_path / "state", sink=config.sink), tasks(8), spender)
     assert more.ok == 40 - summary.ok and more.missing == 0
+
+
+# --- issue 26 item 6: refused calls cost nothing, dead runners release, reservations wait ----------
+
+
+def test_a_trial_whose_every_call_was_refused_costs_nothing() -> None:
+    cap = SpendCap(1.0)
+    assert cap.reserve(0.99)  # another trial holds nearly all of it
+    budget = TrialBudget.open(cap, 0.0)
+    assert budget is not None
+    with pytest.raises(BudgetExceeded):
+        budget.ensure(0.05)
+    assert budget.refused == 1 and budget.close() == 0.0 and cap.spent == 0.0
+
+
+def test_a_dead_runner_s_reservations_are_released_at_what_they_metered(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    journal = tmp_path / "ledger.jsonl"
+    code = ("import sys; from plumbline_otel.replay.budget import SpendCap, TrialBudget; cap = SpendCap(1.0, journal=sys.argv[1]); "
+            "b = TrialBudget.open(cap, 0.4); b.ensure(0.1); b.add(0.07); TrialBudget.open(cap, 0.3)")  # dies holding both
+    done = subprocess.run([sys.executable, "-c", code, str(journal)], check=True)
+    assert done.returncode == 0
+    cap = SpendCap(1.0, journal=journal)
+    assert cap.reserved == pytest.approx(0.7)
+    mine = TrialBudget.open(cap, 0.1)  # a live reservation of this process is never released
+    released = cap.release_dead()  # the runner's pid is gone: every reservation it held is released
+    assert sorted((r.usd, r.used, r.metered) for r in released) == [(0.3, 0.3, False), (0.4, 0.07, True)]
+    assert cap.spent == pytest.approx(0.37) and cap.reserved == pytest.approx(0.1)  # unmetered: may have been spent
+    assert mine is not None and cap.release_dead([12345678]) == []
+
+
+def test_a_reservation_that_does_not_fit_waits_for_running_trials_to_settle() -> None:
+    cap = SpendCap(1.0)
+    running = TrialBudget.open(cap, 0.8)
+    assert running is not None
+
+    def settle_soon() -> None:
+        time.sleep(0.2)
+        running.close(0.1)
+
+    threading.Thread(target=settle_soon).start()
+    started = time.monotonic()
+    waited = TrialBudget.open_wait(cap, 0.5, timeout=5.0, running=lambda: not running.settled)
+    assert waited is not None and 0.1 < time.monotonic() - started < 3.0
+    assert cap.reserved == pytest.approx(0.5) and cap.spent == pytest.approx(0.1)
+    # Never fits (settled spend alone leaves no room), or nothing left to settle: give up at once.
+    assert not cap.reserve_wait(0.95, timeout=5.0, running=lambda: True)
+    assert not cap.reserve_wait(0.45, timeout=5.0, running=lambda: False)

@@ -146,3 +146,38 @@ def test_a_model_paraphraser_is_cached_per_study_guarded_and_paid_from_the_cap(t
     again = open_study(config, [one_task()], lambda trial: None)  # resume / re-plan: same variants, no new call
     assert [v.as_dict() for v in again.plan.variants] == [v.as_dict() for v in first.plan.variants]
     assert len(calls) == 1
+
+
+def test_streamed_calls_are_metered_from_full_usage_and_recorded(tmp_path: Path) -> None:
+    """The in-process client meters a stream too, cache tokens included, and replays it from the cassette."""
+    module = http_module()
+    events: list[dict[str, Any]] = [
+        {"type": "message_start", "message": {"id": "m1", "type": "message", "role": "assistant", "model": MODEL, "content": [],
+                                              "stop_reason": None, "stop_sequence": None,
+                                              "usage": {"input_tokens": 1000, "output_tokens": 1, "cache_read_input_tokens": 5000,
+                                                        "cache_creation_input_tokens": 2000}}},
+        {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
+        {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "paid"}},
+        {"type": "content_block_stop", "index": 0},
+        {"type": "message_delta", "delta": {"stop_reason": "end_turn", "stop_sequence": None}, "usage": {"output_tokens": 200}},
+        {"type": "message_stop"},
+    ]
+    sse = b"".join(f"event: {e['type']}\ndata: {json.dumps(e)}\n\n".encode() for e in events)
+    calls = []
+
+    def streaming_model(request: Any) -> Any:
+        calls.append(1)
+        return module.Response(200, headers={"content-type": "text/event-stream"}, content=sse)
+
+    client = anthropic_client("http://127.0.0.1:9", api_key="test", max_retries=0, inner_transport=module.MockTransport(streaming_model))
+    cap, cache = SpendCap(1.0), ResponseCache(tmp_path / "responses.jsonl")
+    for _ in range(2):
+        budget = TrialBudget.open(cap, 0.0)
+        with activate(TrialScope(identity(0), budget=budget, cache=cache)):
+            with client.messages.stream(model=MODEL, max_tokens=300, messages=[{"role": "user", "content": "pay"}]) as stream:
+                final: Any = stream.get_final_message()
+                assert final.content[0].text == "paid"
+        assert budget is not None
+        budget.close()
+    assert len(calls) == 1 and len(cache) == 1  # the second attempt replayed the recorded stream
+    assert cap.spent == pytest.approx((1000 * 1.0 + 200 * 5.0 + 5000 * 0.10 + 2000 * 1.25) / 1e6)

@@ -139,3 +139,64 @@ def test_a_report_over_the_declared_maximum_is_reconciled_and_stops_the_study(tm
     assert summary.ok == 2 and summary.missing == 4  # nothing started after the overrun
     assert "OVERRUN" in summary.render() and summary.as_dict()["overruns"][0]["overrun_usd"] == pytest.approx(0.15)
     assert summary.spent_usd == pytest.approx(0.30)
+
+
+# --- pricing from the provider's full usage (issue 26 item 6) ------------------------------------
+
+from plumbline_otel.replay.pricing import Usage, extract_usage, model_price, parse_sse, price  # noqa: E402
+
+
+def test_the_price_table_prices_cache_reads_and_writes_for_anthropic() -> None:
+    usage = extract_usage({"type": "message", "model": "claude-sonnet-4-5-20250929", "usage": {
+        "input_tokens": 1_000, "output_tokens": 2_000, "cache_read_input_tokens": 100_000, "cache_creation_input_tokens": 50_000,
+        "cache_creation": {"ephemeral_5m_input_tokens": 30_000, "ephemeral_1h_input_tokens": 20_000}}})
+    assert usage == Usage(1_000, 2_000, 100_000, 30_000, 20_000, model="claude-sonnet-4-5-20250929")
+    # $3 input, $15 output, $0.30 cache read, $3.75 5-minute write, $6 1-hour write, per million tokens
+    assert price(None, usage) == pytest.approx((1_000 * 3 + 2_000 * 15 + 100_000 * 0.3 + 30_000 * 3.75 + 20_000 * 6) / 1e6)
+    # The issue's case: prompt-cache tokens that the old meter ignored are most of the money.
+    old = (1_000 * 3 + 2_000 * 15) / 1e6
+    assert price(None, usage) > 8 * old  # type: ignore[operator]
+
+
+def test_sonnet_4_prompts_past_200k_tokens_are_priced_at_the_long_context_rate() -> None:
+    usage = Usage(input_tokens=150_000, output_tokens=1_000, cache_read_tokens=60_000)
+    assert price("claude-sonnet-4-20250514", usage) == pytest.approx((150_000 * 6 + 1_000 * 22.5 + 60_000 * 0.6) / 1e6)
+    assert price("claude-haiku-4-5", usage) == pytest.approx((150_000 * 1 + 1_000 * 5 + 60_000 * 0.1) / 1e6)
+
+
+@pytest.mark.parametrize(("body", "expected"), [
+    ({"object": "chat.completion", "model": "gpt-4o", "usage": {"prompt_tokens": 10_000, "completion_tokens": 500, "total_tokens": 10_500,
+                                                                "prompt_tokens_details": {"cached_tokens": 8_000}}},
+     (2_000 * 2.5 + 8_000 * 1.25 + 500 * 10) / 1e6),
+    ({"object": "response", "model": "gpt-5-mini", "usage": {"input_tokens": 10_000, "input_tokens_details": {"cached_tokens": 9_000},
+                                                             "output_tokens": 700, "output_tokens_details": {"reasoning_tokens": 600},
+                                                             "total_tokens": 10_700}},
+     (1_000 * 0.25 + 9_000 * 0.025 + 700 * 2.0) / 1e6),
+])
+def test_openai_cached_tokens_are_carved_out_of_the_input(body: dict[str, Any], expected: float) -> None:
+    usage = extract_usage(body)
+    assert usage is not None and price(None, usage) == pytest.approx(expected)
+
+
+def test_usage_is_read_from_each_api_s_stream() -> None:
+    anthropic_stream = (
+        b'event: message_start\ndata: {"type":"message_start","message":{"model":"claude-haiku-4-5","usage":{"input_tokens":10,'
+        b'"cache_read_input_tokens":400,"cache_creation_input_tokens":30,"output_tokens":1}}}\n\n'
+        b'event: message_delta\ndata: {"type":"message_delta","delta":{"stop_reason":"end_turn"},"usage":{"output_tokens":77}}\n\n')
+    assert extract_usage(parse_sse(anthropic_stream)) == Usage(10, 77, 400, 30, model="claude-haiku-4-5")
+    chat_stream = (b'data: {"model":"gpt-4o-mini","choices":[{"delta":{"content":"hi"}}],"usage":null}\n\n'
+                   b'data: {"model":"gpt-4o-mini","choices":[],"usage":{"prompt_tokens":50,"completion_tokens":5,'
+                   b'"prompt_tokens_details":{"cached_tokens":20}}}\n\ndata: [DONE]\n\n')
+    assert extract_usage(parse_sse(chat_stream)) == Usage(30, 5, 20, model="gpt-4o-mini")
+    responses_stream = (b'event: response.created\ndata: {"type":"response.created","response":{"usage":null}}\n\n'
+                        b'event: response.completed\ndata: {"type":"response.completed","response":{"model":"o4-mini","usage":'
+                        b'{"input_tokens":9,"input_tokens_details":{"cached_tokens":0},"output_tokens":3,"total_tokens":12}}}\n\n')
+    assert extract_usage(parse_sse(responses_stream)) == Usage(9, 3, model="o4-mini")
+    assert extract_usage(parse_sse(b'data: {"choices":[]}\n\n')) is None
+
+
+def test_model_ids_resolve_by_longest_prefix_and_unknown_models_are_unpriced() -> None:
+    assert model_price("gpt-4o-mini-2024-07-18") == model_price("gpt-4o-mini") != model_price("gpt-4o")
+    assert model_price("anthropic/claude-haiku-4-5") == model_price("claude-haiku-4-5")
+    assert model_price("mystery-7b") is None and price("mystery-7b", Usage(1, 1)) is None
+    assert price("simulated-model", Usage(10**6, 10**6)) == 0.0

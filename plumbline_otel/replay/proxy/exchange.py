@@ -111,10 +111,12 @@ def inject_model_fault(state: TrialState, api: Api, call: int, out: Responder) -
         status = 529 if provider == "anthropic" else 503
         kind, message = ("overloaded_error" if provider == "anthropic" else "server_error"), "Overloaded (plumbline model_fault)"
     else:
-        time.sleep(plan.hold_s)
         status, kind = 504, ("timeout_error" if provider == "anthropic" else "timeout")
         message = f"Request timed out after {plan.hold_s:g}s (plumbline model_fault)"
-    state.add_fault(plan.kind, call, f"HTTP {status} {kind}")
+    # Witnessed before the hold: the agent may give up and close its trial while the call is held.
+    state.add_fault(plan.kind, call, f"HTTP {status} {kind}" + (f" after holding {plan.hold_s:g}s" if plan.kind == "timeout" else ""))
+    if plan.kind == "timeout":
+        time.sleep(plan.hold_s)
     out.send(status, headers, error_body(provider, status, kind, message))
     return f"{plan.kind}:{status}"
 

@@ -136,7 +136,7 @@ class ModelProxy:
                 server.server_close()
                 raise ConfigError(f"the {provider} upstream {base} is this proxy itself: set it to the real provider")
         self._server = server
-        self._thread = threading.Thread(target=server.serve_forever, name="plumbline-model-proxy", daemon=True)
+        self._thread = threading.Thread(target=server.serve_forever, args=(0.05,), name="plumbline-model-proxy", daemon=True)
         self._thread.start()
 
     def stop(self) -> None:

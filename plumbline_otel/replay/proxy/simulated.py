@@ -139,7 +139,7 @@ class SimulatedProvider:
         self._lock = threading.Lock()
         self._server = _SimServer(("127.0.0.1", 0), _SimHandler)
         self._server.sim = self
-        self._thread = threading.Thread(target=self._server.serve_forever, name="simulated-provider", daemon=True)
+        self._thread = threading.Thread(target=self._server.serve_forever, args=(0.05,), name="simulated-provider", daemon=True)
 
     @property
     def url(self) -> str:
