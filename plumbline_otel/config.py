@@ -6,7 +6,7 @@
           grpc: {endpoint: 127.0.0.1:4317, max_recv_msg_size_mib: 64}
           http: {endpoint: 127.0.0.1:4318, max_request_body_size_mib: 64}
     storage: {path: plumbline.duckdb, task_keys: [session.id], memory_limit_mib: 256}
-    queue: {max_spans: 8192, max_bytes_mib: 128, batch_max_spans: 8192, retry_after_seconds: 1}
+    queue: {max_spans: 8192, max_bytes_mib: 256, batch_max_spans: 8192, retry_after_seconds: 1}   # max_bytes_mib: the memory budget
     assemble: {interval_seconds: 1, max_delay_seconds: 2}
     pipeline: {workers: 2}           # shard worker processes; default: one per core, 0 = in-process
     auth: {bearer_token_file: /run/secrets/plumbline-token}
@@ -40,13 +40,18 @@ _SCHEMA: dict[str, Any] = {
     "receivers": {
         "otlp": {
             "protocols": {
-                "grpc": {"endpoint": (str, "127.0.0.1:4317"), "max_recv_msg_size_mib": (int, 64), "max_concurrent_streams": (int, 128)},
-                "http": {"endpoint": (str, "127.0.0.1:4318"), "max_request_body_size_mib": (int, 64), "max_connections": (int, 256)},
+                "grpc": {"endpoint": (str, "127.0.0.1:4317"), "max_recv_msg_size_mib": (int, 64), "max_concurrent_streams": (int, 128),
+                         "message_timeout_seconds": (float, 30.0), "keepalive_time_seconds": (float, 60.0),
+                         "keepalive_timeout_seconds": (float, 20.0), "max_connection_idle_seconds": (float, 300.0),
+                         "max_connection_age_seconds": (float, 0.0), "max_connection_age_grace_seconds": (float, 30.0)},
+                "http": {"endpoint": (str, "127.0.0.1:4318"), "max_request_body_size_mib": (int, 64), "max_connections": (int, 256),
+                         "max_connections_per_address": (int, 64), "idle_timeout_seconds": (float, 60.0),
+                         "read_header_timeout_seconds": (float, 10.0), "read_timeout_seconds": (float, 30.0)},
             },
         },
     },
     "storage": {"path": (str, "plumbline.duckdb"), "task_keys": (list, None), "memory_limit_mib": (int, 256)},
-    "queue": {"max_spans": (int, 8192), "max_bytes_mib": (int, 128), "batch_max_spans": (int, 8192), "retry_after_seconds": (float, 1.0)},
+    "queue": {"max_spans": (int, 8192), "max_bytes_mib": (int, 256), "batch_max_spans": (int, 8192), "retry_after_seconds": (float, 1.0)},
     "assemble": {"interval_seconds": (float, 1.0), "max_delay_seconds": (float, 2.0)},
     "pipeline": {"workers": (int, None)},
     "auth": {"bearer_token": (str, None), "bearer_token_file": (str, None)},
@@ -79,13 +84,23 @@ class ServeConfig:
     http_endpoint: str = "127.0.0.1:4318"
     grpc_max_recv_bytes: int = 64 * _MIB
     grpc_max_concurrent_streams: int = 128
+    grpc_message_timeout_seconds: float = 30.0
+    grpc_keepalive_time_seconds: float = 60.0
+    grpc_keepalive_timeout_seconds: float = 20.0
+    grpc_max_connection_idle_seconds: float = 300.0
+    grpc_max_connection_age_seconds: float = 0.0  # 0: no age limit
+    grpc_max_connection_age_grace_seconds: float = 30.0
     http_max_body_bytes: int = 64 * _MIB
     http_max_connections: int = 256
+    http_max_connections_per_address: int = 64
+    http_idle_timeout_seconds: float = 60.0
+    http_read_header_timeout_seconds: float = 10.0
+    http_read_timeout_seconds: float = 30.0
     db_path: str = "plumbline.duckdb"
     task_keys: tuple[str, ...] | None = None
     db_memory_limit_mib: int = 256  # as a file ingest's writer (store.WRITER_MEMORY_LIMIT_MIB)
     queue_max_spans: int = 8192
-    queue_max_bytes: int = 128 * _MIB
+    queue_max_bytes: int = 256 * _MIB  # the memory budget: request bytes being read, decoded or queued, both transports
     batch_max_spans: int = 8192
     retry_after_seconds: float = 1.0
     assemble_interval_seconds: float = 1.0
@@ -191,8 +206,14 @@ def _positive(values: dict[str, Any], *keys: str) -> None:
 def _build(values: dict[str, Any]) -> ServeConfig:
     _positive(values, "receivers.otlp.protocols.grpc.max_recv_msg_size_mib", "receivers.otlp.protocols.http.max_request_body_size_mib",
               "queue.max_spans", "queue.max_bytes_mib", "queue.batch_max_spans", "assemble.interval_seconds",
-              "storage.memory_limit_mib", "check.interval_seconds")
-    _not_negative(values, "pipeline.workers")
+              "storage.memory_limit_mib", "check.interval_seconds", "receivers.otlp.protocols.grpc.max_concurrent_streams",
+              "receivers.otlp.protocols.http.max_connections", "receivers.otlp.protocols.http.max_connections_per_address",
+              "receivers.otlp.protocols.http.idle_timeout_seconds", "receivers.otlp.protocols.http.read_header_timeout_seconds",
+              "receivers.otlp.protocols.http.read_timeout_seconds")
+    _not_negative(values, "pipeline.workers", "receivers.otlp.protocols.grpc.message_timeout_seconds",
+                  "receivers.otlp.protocols.grpc.keepalive_time_seconds", "receivers.otlp.protocols.grpc.keepalive_timeout_seconds",
+                  "receivers.otlp.protocols.grpc.max_connection_idle_seconds", "receivers.otlp.protocols.grpc.max_connection_age_seconds",
+                  "receivers.otlp.protocols.grpc.max_connection_age_grace_seconds")
     if values["emit.endpoint"] and not values["check.spec"]:
         raise ConfigError("emit.endpoint: sends what the standing check finds, so it needs check.spec")
     cert, key = values["tls.cert_file"], values["tls.key_file"]
@@ -207,8 +228,18 @@ def _build(values: dict[str, Any]) -> ServeConfig:
         http_endpoint=values[http + "endpoint"] or "",
         grpc_max_recv_bytes=values[grpc + "max_recv_msg_size_mib"] * _MIB,
         grpc_max_concurrent_streams=values[grpc + "max_concurrent_streams"],
+        grpc_message_timeout_seconds=values[grpc + "message_timeout_seconds"],
+        grpc_keepalive_time_seconds=values[grpc + "keepalive_time_seconds"],
+        grpc_keepalive_timeout_seconds=values[grpc + "keepalive_timeout_seconds"],
+        grpc_max_connection_idle_seconds=values[grpc + "max_connection_idle_seconds"],
+        grpc_max_connection_age_seconds=values[grpc + "max_connection_age_seconds"],
+        grpc_max_connection_age_grace_seconds=values[grpc + "max_connection_age_grace_seconds"],
         http_max_body_bytes=values[http + "max_request_body_size_mib"] * _MIB,
         http_max_connections=values[http + "max_connections"],
+        http_max_connections_per_address=values[http + "max_connections_per_address"],
+        http_idle_timeout_seconds=values[http + "idle_timeout_seconds"],
+        http_read_header_timeout_seconds=values[http + "read_header_timeout_seconds"],
+        http_read_timeout_seconds=values[http + "read_timeout_seconds"],
         db_path=values["storage.path"],
         task_keys=tuple(values["storage.task_keys"]) if values["storage.task_keys"] else None,
         db_memory_limit_mib=values["storage.memory_limit_mib"],

@@ -23,6 +23,8 @@ from plumbline_otel.content import ContentFilter
 from plumbline_otel.errors import ConfigError
 from plumbline_otel.pipeline import ShardSettings, default_workers
 from plumbline_otel.receive import GrpcReceiver, HttpServer, Intake, Metrics, StandingCheck, WriteQueue, make_ssl_context
+from plumbline_otel.receive._budget import Deadlines
+from plumbline_otel.receive._grpc import GrpcLimits
 from plumbline_otel.report.console import Console
 from plumbline_otel.spec import load_spec
 from plumbline_otel.store import Store
@@ -57,6 +59,7 @@ class Server:
                                 settings=settings, workers=self.workers, batch_max_spans=config.batch_max_spans,
                                 assemble_interval=config.assemble_interval_seconds, assemble_max_delay=config.assemble_max_delay_seconds)
         self.intake = Intake(self.queue, self.metrics, content)
+        self.deadlines = Deadlines()  # slow peers' deadlines on both transports
         self.standing = self._standing_check()
         self.grpc: GrpcReceiver | None = None
         self.http: HttpServer | None = None
@@ -84,10 +87,15 @@ class Server:
         cfg = self.config
         api = PlumblineServicer(self.queue, self.metrics, cfg.db_path, lambda: self.status)
         try:
+            limits = GrpcLimits(max_exports=cfg.grpc_max_concurrent_streams, message_timeout=cfg.grpc_message_timeout_seconds,
+                                keepalive_time=cfg.grpc_keepalive_time_seconds, keepalive_timeout=cfg.grpc_keepalive_timeout_seconds,
+                                max_connection_idle=cfg.grpc_max_connection_idle_seconds, max_connection_age=cfg.grpc_max_connection_age_seconds,
+                                max_connection_age_grace=cfg.grpc_max_connection_age_grace_seconds)
             self.grpc = GrpcReceiver(self.intake, cfg.grpc_endpoint, max_recv_bytes=cfg.grpc_max_recv_bytes,
                                      max_concurrent=cfg.grpc_max_concurrent_streams, retry_after=cfg.retry_after_seconds,
                                      token=cfg.auth_token, tls_cert_file=cfg.tls_cert_file, tls_key_file=cfg.tls_key_file,
-                                     extra=lambda server: add_to_server(api, server))
+                                     extra=lambda server: add_to_server(api, server), limits=limits, deadlines=self.deadlines,
+                                     budget=self.queue.budget)
         except RuntimeError as exc:
             raise ConfigError(f"receivers.otlp.protocols.grpc.endpoint: cannot listen on {cfg.grpc_endpoint}: {exc}") from None
         self.grpc.start()
@@ -104,7 +112,9 @@ class Server:
         try:
             self.http = HttpServer(host, port, self.intake, max_body_bytes=cfg.http_max_body_bytes, max_connections=cfg.http_max_connections,
                                    retry_after=cfg.retry_after_seconds, render_metrics=self.metrics.render, token=cfg.auth_token,
-                                   ssl_context=context, console=self._console())
+                                   ssl_context=context, console=self._console(), budget=self.queue.budget, deadlines=self.deadlines,
+                                   max_per_address=cfg.http_max_connections_per_address, idle_timeout=cfg.http_idle_timeout_seconds,
+                                   header_timeout=cfg.http_read_header_timeout_seconds, body_timeout=cfg.http_read_timeout_seconds)
         except OSError as exc:
             raise ConfigError(f"receivers.otlp.protocols.http.endpoint: cannot listen on {cfg.http_endpoint}: {exc.strerror}") from None
         self._http_thread = threading.Thread(target=self.http.serve_forever, name="plumbline-http", daemon=True)

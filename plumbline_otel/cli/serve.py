@@ -47,7 +47,17 @@ def _overrides(opts: dict[str, Any], config_path: str | None) -> dict[str, Any]:
         "assemble.max_delay_seconds": opts["assemble_max_delay"],
         "pipeline.workers": opts["workers"],
         _GRPC + "max_concurrent_streams": opts["max_concurrent_streams"],
+        _GRPC + "message_timeout_seconds": opts["grpc_message_timeout"],
+        _GRPC + "keepalive_time_seconds": opts["grpc_keepalive_time"],
+        _GRPC + "keepalive_timeout_seconds": opts["grpc_keepalive_timeout"],
+        _GRPC + "max_connection_idle_seconds": opts["grpc_max_connection_idle"],
+        _GRPC + "max_connection_age_seconds": opts["grpc_max_connection_age"],
+        _GRPC + "max_connection_age_grace_seconds": opts["grpc_max_connection_age_grace"],
         _HTTP + "max_connections": opts["max_connections"],
+        _HTTP + "max_connections_per_address": opts["max_connections_per_address"],
+        _HTTP + "idle_timeout_seconds": opts["http_idle_timeout"],
+        _HTTP + "read_header_timeout_seconds": opts["http_read_header_timeout"],
+        _HTTP + "read_timeout_seconds": opts["http_read_timeout"],
         "shutdown.grace_seconds": opts["shutdown_grace"],
         "content.hash_salt": opts["hash_salt"],
         "auth.bearer_token": opts["auth_token"],
@@ -73,14 +83,24 @@ def _overrides(opts: dict[str, Any], config_path: str | None) -> dict[str, Any]:
 @click.option("--max-recv-msg-size-mib", type=int, help="Largest gRPC message accepted [default 64].")
 @click.option("--max-request-body-size-mib", type=int, help="Largest HTTP body after decompression [default 64].")
 @click.option("--queue-max-spans", type=int, help="Spans waiting to be committed before pushback [default 8192].")
-@click.option("--queue-max-bytes-mib", type=int, help="Request bytes waiting to be committed before pushback [default 128].")
+@click.option("--queue-max-bytes-mib", type=int, help="Memory budget: request bytes being read, decoded or waiting to be committed, both transports, before pushback [default 256].")
 @click.option("--batch-max-spans", type=int, help="Most spans committed in one transaction [default 8192].")
 @click.option("--retry-after", type=float, help="Seconds clients are told to wait when pushed back [default 1].")
 @click.option("--assemble-interval", type=float, help="Idle seconds before trajectories are rebuilt [default 1].")
 @click.option("--assemble-max-delay", type=float, help="Longest a write waits for assembly under sustained load [default 2].")
 @click.option("--workers", type=int, help="Shard worker processes for decoding and normalising [pipeline.workers; default one per core; 0 in-process].")
-@click.option("--max-concurrent-streams", type=int, help="gRPC calls in flight before grpcio answers RESOURCE_EXHAUSTED [default 128].")
-@click.option("--max-connections", type=int, help="HTTP connections open before new ones get 503 [default 256].")
+@click.option("--max-concurrent-streams", type=int, help="gRPC export calls in flight before RESOURCE_EXHAUSTED [default 128].")
+@click.option("--grpc-message-timeout", type=float, help="Seconds a gRPC call has to send its whole request message [default 30; 0 off].")
+@click.option("--grpc-keepalive-time", type=float, help="Seconds of quiet before the server pings a gRPC connection [default 60; 0 off].")
+@click.option("--grpc-keepalive-timeout", type=float, help="Seconds a keep-alive ping may go unanswered before the connection closes [default 20].")
+@click.option("--grpc-max-connection-idle", type=float, help="Seconds a gRPC connection may stay without calls [default 300; 0 off].")
+@click.option("--grpc-max-connection-age", type=float, help="Seconds before a gRPC connection is asked to reconnect [default 0: off].")
+@click.option("--grpc-max-connection-age-grace", type=float, help="Seconds calls may finish after that [default 30].")
+@click.option("--max-connections", type=int, help="HTTP connections holding a thread; past it the slowest waiting one makes room [default 256].")
+@click.option("--max-connections-per-address", type=int, help="HTTP connections from one client address [default 64].")
+@click.option("--http-idle-timeout", type=float, help="Seconds an HTTP connection may wait between requests [default 60].")
+@click.option("--http-read-header-timeout", type=float, help="Seconds to send a request's line and headers (and the TLS handshake) [default 10].")
+@click.option("--http-read-timeout", type=float, help="Seconds to send a request body [default 30].")
 @click.option("--shutdown-grace", type=float, help="Seconds SIGTERM allows requests in flight [default 10].")
 @click.option("--auth-token", envvar=TOKEN_ENV, help=f"Bearer token required on both transports [env {TOKEN_ENV}].")
 @click.option("--auth-token-file", type=click.Path(dir_okay=False), help="File holding the bearer token.")

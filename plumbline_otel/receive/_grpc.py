@@ -5,12 +5,26 @@ decoder (one bad span costs one span) instead of being refused whole by grpcio. 
 UNAVAILABLE with `google.rpc.RetryInfo` in both places clients look for it: the status details
 (`grpc-status-details-bin`, read by Go and the Collector) and the trailing-metadata key
 `google.rpc.retryinfo-bin` (the only place the Python exporter reads).
+
+Hostile peers: `_Gate`, the interceptor, runs on grpcio's polling thread before any call holds a
+thread. It refuses a call without the bearer token there (UNAUTHENTICATED, without reading its
+message), and counts calls by kind — exports, plumbline's API, health checks, health watches —
+each under its own cap (past it: RESOURCE_EXHAUSTED + RetryInfo), on a thread pool sized for all
+of them, so no kind starves another and health always has threads. Every handler reads its
+request itself, under `message_timeout`: a call that sends no message (or not all of it) in time
+is cancelled. An export first reserves the largest message it may receive in the memory budget
+(`_budget.py`), since grpcio holds a message in memory until it is whole; the reservation is cut
+to the real size once it arrived, and past the budget the answer is RESOURCE_EXHAUSTED +
+RetryInfo. Keep-alive pings, idle and age limits on connections are grpcio's own, as the Collector's
+gRPC server sets them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,13 +38,51 @@ from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsPar
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTracePartialSuccess, ExportTraceServiceResponse
 
 from plumbline_otel.receive._auth import bearer_ok
+from plumbline_otel.receive._budget import Deadlines, MemoryBudget
 from plumbline_otel.receive._intake import Intake, Outcome
 
 TRACE_SERVICE = "opentelemetry.proto.collector.trace.v1.TraceService"
 LOGS_SERVICE = "opentelemetry.proto.collector.logs.v1.LogsService"
 _PROTOBUF = "application/x-protobuf"
 _RETRY_INFO_KEY = "google.rpc.retryinfo-bin"
-_UNAUTHENTICATED_OK = ("/grpc.health.v1.Health/",)
+_HEALTH = "/grpc.health.v1.Health/"
+_UNAUTHENTICATED_OK = (_HEALTH,)
+_EXPORTS = (f"/{TRACE_SERVICE}/", f"/{LOGS_SERVICE}/")
+_SPARE_THREADS = 16  # for refusals, which run on the pool too (briefly)
+_BUDGET_WAIT = 2.0  # longest an export waits for room in the memory budget before pushback
+
+
+@dataclass(frozen=True)
+class GrpcLimits:
+    """Caps and timers of the gRPC server (`receivers.otlp.protocols.grpc.*`); seconds, 0 turns a timer off."""
+
+    max_exports: int = 128  # export calls in flight
+    max_api_calls: int = 16  # plumbline API calls in flight
+    max_health_checks: int = 16
+    max_health_watches: int = 4
+    message_timeout: float = 30.0  # a call's request message must be whole within this
+    keepalive_time: float = 60.0  # ping a connection quiet for this long...
+    keepalive_timeout: float = 20.0  # ... and close it when the ping goes unanswered this long
+    max_connection_idle: float = 300.0  # close a connection without calls for this long
+    max_connection_age: float = 0.0  # close (GOAWAY) any connection this old
+    max_connection_age_grace: float = 30.0  # ... after letting its calls finish for this long
+    max_streams_per_connection: int = 100
+
+    def options(self) -> list[tuple[str, int]]:
+        """grpcio's channel arguments for these limits."""
+        options = [("grpc.max_concurrent_streams", self.max_streams_per_connection), ("grpc.keepalive_permit_without_calls", 1)]
+        for key, seconds in (("grpc.keepalive_time_ms", self.keepalive_time), ("grpc.keepalive_timeout_ms", self.keepalive_timeout),
+                             ("grpc.max_connection_idle_ms", self.max_connection_idle), ("grpc.max_connection_age_ms", self.max_connection_age),
+                             ("grpc.max_connection_age_grace_ms", self.max_connection_age_grace)):
+            if seconds > 0:
+                options.append((key, int(seconds * 1000)))
+        return options
+
+
+def _kind(method: str) -> str:
+    if method.startswith(_HEALTH):
+        return "watch" if method.endswith("/Watch") else "health"
+    return "export" if method.startswith(_EXPORTS) else "api"
 
 
 def pushback_status(code: grpc.StatusCode, message: str, retry_after: float) -> grpc.Status:
@@ -53,44 +105,156 @@ def _answer(outcome: Outcome, context: grpc.ServicerContext, retry_after: float,
         context.abort(grpc.StatusCode.INVALID_ARGUMENT, outcome.message)
     if outcome.status == "too_large":
         context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, outcome.message)
+    if outcome.status == "exhausted":
+        context.abort_with_status(pushback_status(grpc.StatusCode.RESOURCE_EXHAUSTED, outcome.message, retry_after))
     context.abort_with_status(pushback_status(grpc.StatusCode.UNAVAILABLE, outcome.message, retry_after))
 
 
-class _BearerAuth(grpc.ServerInterceptor):
-    """Every method but health checking needs `authorization: Bearer <token>`."""
+class _Gate(grpc.ServerInterceptor):
+    """Token check and per-kind caps before a call holds a thread; every admitted call reads its message under a deadline."""
 
-    def __init__(self, token: str) -> None:
-        self._token = token.encode()
+    def __init__(self, token: str | None, limits: GrpcLimits, deadlines: Deadlines, retry_after: float) -> None:
+        self._token = token.encode() if token else None
+        self._caps = {"export": limits.max_exports, "api": limits.max_api_calls, "health": limits.max_health_checks,
+                      "watch": limits.max_health_watches}
+        self.active = dict.fromkeys(self._caps, 0)
+        self.refused = {"unauthenticated": 0, "busy": 0, "timed_out": 0}
+        self._lock = threading.Lock()
+        self._deadlines, self._message_timeout = deadlines, limits.message_timeout
 
-        def deny(_request: Any, context: grpc.ServicerContext) -> None:
+        def unauthenticated(_requests: Any, context: grpc.ServicerContext) -> None:
             context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong bearer token")
 
-        self._deny = grpc.unary_unary_rpc_method_handler(deny)
-        self._deny_stream = grpc.unary_stream_rpc_method_handler(deny)
+        def busy(_requests: Any, context: grpc.ServicerContext) -> None:
+            context.abort_with_status(pushback_status(grpc.StatusCode.RESOURCE_EXHAUSTED, "too many calls in flight", retry_after))
+
+        # Request-streaming handlers: grpcio runs them without waiting for a message first.
+        self._unauthenticated = grpc.stream_unary_rpc_method_handler(unauthenticated)
+        self._busy = grpc.stream_unary_rpc_method_handler(busy)
+
+    @property
+    def threads(self) -> int:
+        return sum(self._caps.values()) + _SPARE_THREADS
 
     def intercept_service(self, continuation: Any, details: grpc.HandlerCallDetails) -> Any:
-        if details.method.startswith(_UNAUTHENTICATED_OK):
-            return continuation(details)
-        if bearer_ok(dict(details.invocation_metadata).get("authorization"), self._token):
-            return continuation(details)
-        return self._deny_stream if details.method.endswith("/ListTrajectories") else self._deny
+        kind = _kind(details.method)
+        if self._token is not None and not details.method.startswith(_UNAUTHENTICATED_OK) and \
+                not bearer_ok(dict(details.invocation_metadata or ()).get("authorization"), self._token):
+            self.refused["unauthenticated"] += 1
+            return self._unauthenticated
+        with self._lock:
+            if self.active[kind] >= self._caps[kind]:
+                self.refused["busy"] += 1
+                return self._busy
+            self.active[kind] += 1
+        done = self._once(kind)
+        try:
+            handler = continuation(details)
+        except BaseException:
+            done()
+            raise
+        if handler is None:
+            done()
+            return None
+        return self._guard(handler, done)
+
+    def _once(self, kind: str) -> Callable[[], None]:
+        finished = threading.Event()
+
+        def done() -> None:
+            with self._lock:
+                if not finished.is_set():
+                    finished.set()
+                    self.active[kind] -= 1
+
+        return done
+
+    def first_message(self, requests: Iterator[Any], context: grpc.ServicerContext) -> Any:
+        """The call's request message, or the call cancelled when it is not whole within the message timeout."""
+        key = object()
+
+        def cancel() -> None:
+            self.refused["timed_out"] += 1
+            context.cancel()
+
+        if self._message_timeout > 0:
+            self._deadlines.arm(key, self._message_timeout, cancel)
+        try:
+            return next(requests)
+        except StopIteration:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the call carried no request message")
+        finally:
+            self._deadlines.disarm(key)
+
+    def _guard(self, handler: grpc.RpcMethodHandler, done: Callable[[], None]) -> grpc.RpcMethodHandler:
+        """`handler` as a request-streaming handler that counts itself out when the call ends."""
+        def track(context: grpc.ServicerContext) -> None:
+            if not context.add_callback(done):
+                done()
+
+        deserialize, serialize = handler.request_deserializer, handler.response_serializer
+        if handler.request_streaming:  # reads its own messages (the exports)
+            inner: Any = handler.stream_stream or handler.stream_unary
+
+            def streaming(requests: Iterator[Any], context: grpc.ServicerContext) -> Any:
+                track(context)
+                return inner(requests, context)
+
+            make = grpc.stream_stream_rpc_method_handler if handler.response_streaming else grpc.stream_unary_rpc_method_handler
+            return make(streaming, request_deserializer=deserialize, response_serializer=serialize)
+        if handler.response_streaming:
+            unary_stream = handler.unary_stream
+
+            def responses(requests: Iterator[Any], context: grpc.ServicerContext) -> Iterator[Any]:
+                track(context)
+                return self._responses(unary_stream, requests, context)
+
+            return grpc.stream_stream_rpc_method_handler(responses, request_deserializer=deserialize, response_serializer=serialize)
+        unary_unary = handler.unary_unary
+
+        def response(requests: Iterator[Any], context: grpc.ServicerContext) -> Any:
+            track(context)
+            return unary_unary(self.first_message(requests, context), context)
+
+        return grpc.stream_unary_rpc_method_handler(response, request_deserializer=deserialize, response_serializer=serialize)
+
+    def _responses(self, unary_stream: Any, requests: Iterator[Any], context: grpc.ServicerContext) -> Iterator[Any]:
+        yield from unary_stream(self.first_message(requests, context), context)
 
 
-def _otlp_handlers(intake: Intake, limit: int, retry_after: float) -> list[grpc.GenericRpcHandler]:
-    def export_traces(data: bytes, context: grpc.ServicerContext) -> ExportTraceServiceResponse:
-        outcome = intake.traces(data, _PROTOBUF, "", "grpc", limit)
+def _otlp_handlers(intake: Intake, gate: _Gate, budget: MemoryBudget, limit: int, retry_after: float) -> list[grpc.GenericRpcHandler]:
+    def receive(requests: Iterator[bytes], context: grpc.ServicerContext) -> tuple[list[bytes], int]:
+        """The request's bytes (in a list the caller empties), and what they hold of the memory budget."""
+        # grpcio holds a message in memory until it is whole: room for the largest is taken before it is read.
+        if not budget.take(limit, 0, timeout=max(0.0, min(_BUDGET_WAIT, context.time_remaining() / 2))):
+            context.abort_with_status(pushback_status(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                                      "the memory budget for requests in flight is spent", retry_after))
+        try:
+            data = gate.first_message(requests, context)
+        except BaseException:
+            budget.give(limit)
+            raise
+        budget.give(limit - len(data))
+        return [data], len(data)
+
+    def export_traces(requests: Iterator[bytes], context: grpc.ServicerContext) -> ExportTraceServiceResponse:
+        data, held = receive(requests, context)
+        outcome = intake.traces(data.pop(), _PROTOBUF, "", "grpc", limit, held)
         answer: ExportTraceServiceResponse = _answer(outcome, context, retry_after, ExportTraceServiceResponse, lambda o: ExportTraceServiceResponse(
             partial_success=ExportTracePartialSuccess(rejected_spans=o.rejected, error_message=o.message)))
         return answer
 
-    def export_logs(data: bytes, context: grpc.ServicerContext) -> ExportLogsServiceResponse:
-        outcome = intake.logs(data, _PROTOBUF, "", "grpc", limit)
+    def export_logs(requests: Iterator[bytes], context: grpc.ServicerContext) -> ExportLogsServiceResponse:
+        data, held = receive(requests, context)
+        outcome = intake.logs(data.pop(), _PROTOBUF, "", "grpc", limit, held)
         logs_answer: ExportLogsServiceResponse = _answer(outcome, context, retry_after, ExportLogsServiceResponse, lambda o: ExportLogsServiceResponse(
             partial_success=ExportLogsPartialSuccess(rejected_log_records=o.rejected, error_message=o.message)))
         return logs_answer
 
     def handler(fn: Callable[..., Any], response: Any) -> grpc.RpcMethodHandler:
-        return grpc.unary_unary_rpc_method_handler(fn, request_deserializer=None, response_serializer=response.SerializeToString)
+        # Request-streaming on the server (a unary call looks the same on the wire): the handler reads
+        # the message itself, after reserving room for it and under the message deadline.
+        return grpc.stream_unary_rpc_method_handler(fn, request_deserializer=None, response_serializer=response.SerializeToString)
 
     return [
         grpc.method_handlers_generic_handler(TRACE_SERVICE, {"Export": handler(export_traces, ExportTraceServiceResponse)}),
@@ -103,20 +267,24 @@ class GrpcReceiver:
 
     def __init__(self, intake: Intake, endpoint: str, *, max_recv_bytes: int, max_concurrent: int, retry_after: float,
                  token: str | None = None, tls_cert_file: str | None = None, tls_key_file: str | None = None,
-                 extra: Callable[[grpc.Server], None] | None = None) -> None:
+                 extra: Callable[[grpc.Server], None] | None = None, limits: GrpcLimits | None = None,
+                 deadlines: Deadlines | None = None, budget: MemoryBudget | None = None) -> None:
+        limits = limits or GrpcLimits(max_exports=max_concurrent)
+        self.gate = _Gate(token, limits, deadlines or Deadlines("plumbline-grpc-deadlines"), retry_after)
         options = [
             ("grpc.max_receive_message_length", max_recv_bytes),
             ("grpc.max_send_message_length", 64 << 20),
             ("grpc.so_reuseport", 0),
+            *limits.options(),
         ]
         self.server = grpc.server(
-            # One thread per admitted call: every call reaches the queue's admission check at once
-            # (and gets pushback there) instead of waiting unseen in the executor's queue.
-            ThreadPoolExecutor(max_workers=max_concurrent, thread_name_prefix="plumbline-grpc"),
-            handlers=_otlp_handlers(intake, max_recv_bytes, retry_after),
-            interceptors=[_BearerAuth(token)] if token else None,
+            # A thread for every call the gate admits (it caps each kind): every call reaches the
+            # budget and the queue at once (and gets pushback there) instead of waiting unseen in
+            # the executor's queue, and health checks always find a thread.
+            ThreadPoolExecutor(max_workers=self.gate.threads, thread_name_prefix="plumbline-grpc"),
+            handlers=_otlp_handlers(intake, self.gate, budget or intake.queue.budget, max_recv_bytes, retry_after),
+            interceptors=[self.gate],
             options=options,
-            maximum_concurrent_rpcs=max_concurrent,
         )
         self.health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
@@ -140,4 +308,4 @@ class GrpcReceiver:
         self.server.stop(grace).wait()
 
 
-__all__ = ["GrpcReceiver", "LOGS_SERVICE", "TRACE_SERVICE", "pushback_status"]
+__all__ = ["GrpcLimits", "GrpcReceiver", "LOGS_SERVICE", "TRACE_SERVICE", "pushback_status"]

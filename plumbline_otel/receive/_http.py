@@ -4,20 +4,37 @@ Answers follow the OTLP/HTTP spec: 200 with an `Export*ServiceResponse` in the r
 type (JSON `{}` on full success, `partialSuccess` when some spans were unusable), 400 with a
 `google.rpc.Status` body for an undecodable request, 413 past the body limit, 415 for a content
 type other than protobuf or JSON, 405 for a method other than POST, 401 without the bearer token,
-503 with `Retry-After` when the queue is full. Connections past `max_connections` get a 503 at
-once, so threads (and memory) stay bounded whatever the load. GET / and the console's other pages
+503 with `Retry-After` when the queue is full. GET / and the console's other pages
 (`report.console`) answer under the same bearer-token rule, from their own read connection.
+
+Hostile peers (`_budget.py` holds the shared pieces):
+- A body is read only after the token check, and only as far as the memory budget allows: a
+  declared length is reserved before it is read, each chunk before it is read; past the budget the
+  answer is 503 + Retry-After. Malformed framing (a chunk size that is not hex, a negative or
+  doubled Content-Length, Transfer-Encoding with Content-Length) is a 400 at once.
+- Every phase of a connection has an absolute deadline that a trickle cannot extend: waiting for a
+  request (`idle_timeout`), the TLS handshake and the request head (`header_timeout`, a head at most
+  `MAX_HEAD_BYTES`), the body (`body_timeout`).
+- At most `max_connections` connections (`max_per_address` from one address) hold a thread. A new
+  one past either cap takes the slot of the connection that has waited longest for a request or
+  its head (else of the one reading a body the longest): slow connections make room for new ones
+  instead of taking the port; only connections being answered keep their slots. With nothing to take, a few overflow threads answer `/healthz` (and 503 to
+  anything else) under a short deadline; past those, an immediate 503.
 """
 
 from __future__ import annotations
 
 import contextlib
+import http.client
 import logging
 import math
+import re
 import socket
 import ssl
 import threading
+import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import urlsplit
@@ -28,6 +45,7 @@ from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsPar
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTracePartialSuccess, ExportTraceServiceResponse
 
 from plumbline_otel.receive._auth import bearer_ok
+from plumbline_otel.receive._budget import Deadlines, MemoryBudget
 from plumbline_otel.receive._intake import Intake, Outcome
 
 log = logging.getLogger("plumbline.receive")
@@ -36,15 +54,67 @@ _PROTOBUF, _JSON = "application/x-protobuf", "application/json"
 _SIGNALS = {"/v1/traces": "traces", "/v1/logs": "logs"}
 _OPEN_PATHS = ("/healthz",)
 _GRPC_CODES = {400: 3, 401: 16, 404: 5, 405: 12, 413: 8, 415: 3, 503: 14}
-_STATUS = {"ok": 200, "partial": 200, "invalid": 400, "too_large": 413, "overloaded": 503, "unavailable": 503}
+_STATUS = {"ok": 200, "partial": 200, "invalid": 400, "too_large": 413, "overloaded": 503, "exhausted": 503, "unavailable": 503}
 # Console pages: no script, no request anywhere else, never cached (they show live data).
 _PAGE_HEADERS = {"Content-Security-Policy": "default-src 'none'; style-src 'unsafe-inline'; img-src data:; base-uri 'none'",
                  "X-Content-Type-Options": "nosniff", "Cache-Control": "no-store"}
 _BUSY = b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: %d\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+MAX_HEAD_BYTES = 64 << 10  # request line and headers together
+_CHUNK_SIZE = re.compile(rb"[0-9A-Fa-f]{1,15}")
+_LENGTH = re.compile(r"[0-9]{1,18}")
+_MAX_TRAILER_BYTES = 8 << 10
+_OVERFLOW_THREADS = 16  # past the connection caps: threads that answer /healthz (and 503 to the rest)
+_OVERFLOW_TIMEOUT = 2.0
+_EVICTABLE = ("setup", "idle", "headers")
 
 
 class _BodyTooLarge(Exception):
     pass
+
+
+class _BadBody(Exception):
+    """Malformed framing: a 400 at once, nothing more read."""
+
+
+class _NoRoom(Exception):
+    """The memory budget has no room for this body: 503, nothing more read."""
+
+
+class _Gone(Exception):
+    """The peer closed (or its deadline closed it) before the body was complete: no answer."""
+
+
+@dataclass(eq=False)
+class _Conn:
+    """One accepted connection: where it is, since when (for the deadline and for eviction)."""
+
+    sock: socket.socket
+    address: str
+    phase: str = "setup"  # setup (TLS handshake), idle, headers, body, busy
+    since: float = field(default_factory=time.monotonic)
+    evicted: bool = False
+    overflow: bool = False
+
+    def close(self) -> None:
+        """Wake the connection's thread from any read or write: the socket is shut, the thread ends."""
+        with contextlib.suppress(OSError):
+            socket.socket.shutdown(self.sock, socket.SHUT_RDWR)  # the plain socket's, even under TLS
+
+
+class _CappedReader:
+    """The request head's reader: raises `LineTooLong` past `cap` bytes in all (the stdlib caps only each line)."""
+
+    def __init__(self, raw: Any, cap: int) -> None:
+        self._raw, self._left = raw, cap
+
+    def readline(self, size: int = -1) -> bytes:
+        if self._left <= 0:
+            raise http.client.LineTooLong("request head")
+        line: bytes = self._raw.readline(self._left + 1 if size < 0 else min(size, self._left + 1))
+        self._left -= len(line)
+        if self._left < 0:
+            raise http.client.LineTooLong("request head")
+        return line
 
 
 def _media_type(content_type: str) -> str | None:
@@ -91,8 +161,42 @@ class _Handler(BaseHTTPRequestHandler):
 
     def setup(self) -> None:
         super().setup()
+        self.conn = self.server.connection_of(self.request)
+        self._raw_rfile: Any = self.rfile
+        self._served = 0
+        if self.conn.overflow:
+            self.close_connection = True
+        self.server.phase(self.conn, "setup")
         if isinstance(self.connection, ssl.SSLSocket):
             self.connection.do_handshake()
+
+    def handle_one_request(self) -> None:
+        """The stdlib's, with a deadline for the wait and for the head, and the head capped in bytes."""
+        self.server.phase(self.conn, "idle" if self._served else "headers")  # a new connection's first request is due at once
+        self._served += 1
+        try:
+            if not self._raw_rfile.peek(1):
+                self.close_connection = True
+                return
+        except (OSError, ValueError):
+            self.close_connection = True
+            return
+        self.server.phase(self.conn, "headers")
+        self.rfile = _CappedReader(self._raw_rfile, MAX_HEAD_BYTES)  # type: ignore[assignment]
+        try:
+            super().handle_one_request()
+        except http.client.LineTooLong:  # the request line itself (the stdlib answers 431 for headers)
+            self.close_connection = True
+        finally:
+            self.rfile = self._raw_rfile
+        if self.conn.overflow:
+            self.close_connection = True
+
+    def parse_request(self) -> bool:
+        ok = super().parse_request()
+        self.rfile = self._raw_rfile
+        self.server.phase(self.conn, "busy")
+        return ok
 
     def _send(self, code: int, body: bytes, media: str, headers: dict[str, str] | None = None) -> None:
         self.send_response(code)
@@ -126,34 +230,94 @@ class _Handler(BaseHTTPRequestHandler):
             return
         if remaining > cap:
             return
-        while remaining > 0:
-            chunk = self.rfile.read(min(remaining, 1 << 16))
-            if not chunk:
-                return
-            remaining -= len(chunk)
+        with contextlib.suppress(OSError, ValueError):
+            while remaining > 0:
+                chunk = self.rfile.read(min(remaining, 1 << 16))
+                if not chunk:
+                    return
+                remaining -= len(chunk)
 
-    def _read_body(self, limit: int) -> bytes:
-        if "chunked" in (self.headers.get("Transfer-Encoding") or "").lower():
+    def _declared_length(self) -> int | None:
+        """Content-Length, or None for a chunked body; `_BadBody` for anything ambiguous."""
+        encoding = self.headers.get_all("Transfer-Encoding")
+        lengths = self.headers.get_all("Content-Length")
+        if encoding:
+            if lengths or [e.strip().lower() for e in encoding] != ["chunked"]:
+                raise _BadBody("Transfer-Encoding must be chunked alone, without Content-Length")
+            return None
+        if not lengths:
+            return 0
+        values = {value.strip() for value in lengths}
+        if len(values) != 1 or not _LENGTH.fullmatch(next(iter(values))):
+            raise _BadBody(f"malformed Content-Length {', '.join(lengths)[:40]!r}")
+        return int(values.pop())
+
+    def _read_body(self, limit: int) -> tuple[bytes, int]:
+        """The body and the bytes of the memory budget it holds (the caller's to pass on or give back)."""
+        length = self._declared_length()
+        if length is None:
             return self._read_chunked(limit)
-        length = int(self.headers.get("Content-Length") or 0)
         if length > limit:
             raise _BodyTooLarge
-        return self.rfile.read(length)
+        budget = self.server.budget
+        if not budget.take(length):
+            raise _NoRoom
+        try:
+            body = self.rfile.read(length)
+        except BaseException:
+            budget.give(length)
+            raise
+        if len(body) != length:
+            budget.give(length)
+            raise _Gone
+        return body, length
 
-    def _read_chunked(self, limit: int) -> bytes:
+    def _read_chunked(self, limit: int) -> tuple[bytes, int]:
+        """A chunked body, each chunk's size checked, counted against `limit` and reserved before it is read."""
+        budget = self.server.budget
         parts: list[bytes] = []
-        total = 0
-        while True:
-            size = int(self.rfile.readline(1024).split(b";")[0].strip() or b"0", 16)
-            if size == 0:
-                while self.rfile.readline(1024) not in (b"\r\n", b"\n", b""):
-                    pass
-                return b"".join(parts)
-            total += size
-            if total > limit:
-                raise _BodyTooLarge
-            parts.append(self.rfile.read(size))
-            self.rfile.readline(1024)
+        total = held = 0
+        try:
+            while True:
+                line = self.rfile.readline(1024)
+                if not line.endswith(b"\n"):
+                    raise _Gone if not line else _BadBody("chunk size line too long")
+                size_text = line.split(b";", 1)[0].strip()
+                if not _CHUNK_SIZE.fullmatch(size_text):
+                    raise _BadBody(f"malformed chunk size {size_text[:20]!r}")
+                size = int(size_text, 16)
+                if size == 0:
+                    break
+                if total + size > limit:
+                    raise _BodyTooLarge
+                if not budget.take(size, held):
+                    raise _NoRoom
+                held += size
+                chunk = self.rfile.read(size)
+                if len(chunk) != size:
+                    raise _Gone
+                parts.append(chunk)
+                total += size
+                if self.rfile.readline(3) not in (b"\r\n", b"\n"):
+                    raise _BadBody("chunk data not followed by CRLF")
+            trailers = 0
+            while (line := self.rfile.readline(1024)) not in (b"\r\n", b"\n"):
+                trailers += len(line)
+                if not line.endswith(b"\n") or trailers > _MAX_TRAILER_BYTES:
+                    raise _BadBody("malformed chunked trailer")
+            if len(parts) <= 1:
+                return (parts[0] if parts else b""), held
+            if not budget.take(total, held):  # the joined copy, while the chunks still exist
+                raise _NoRoom
+            held += total
+            body = b"".join(parts)
+            parts.clear()
+            budget.give(total)
+            held -= total
+            return body, held
+        except BaseException:
+            budget.give(held)
+            raise
 
     def do_POST(self) -> None:  # noqa: N802 - stdlib naming
         signal = _SIGNALS.get(urlsplit(self.path).path)
@@ -169,27 +333,43 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True
             self._error(415, f"unsupported Content-Type {self.headers.get('Content-Type')!r}; use {_PROTOBUF} or {_JSON}")
             return
+        if self.conn.overflow:
+            self._error(503, "too many connections", media, {"Retry-After": str(self.server.retry_after_header)})
+            return
         limit = self.server.max_body_bytes
+        self.server.phase(self.conn, "body")
         try:
-            body = self._read_body(limit)
+            body, held = self._read_body(limit)
         except _BodyTooLarge:
             self.close_connection = True
-            self._discard_body(4 * limit)
             self._error(413, f"request body is larger than the {limit >> 20} MiB limit", media)
+            self._discard_body(4 * limit)  # dropped as read, so the client reads the 413 rather than a reset
             return
-        except ValueError:
+        except _BadBody as exc:
             self.close_connection = True
-            self._error(400, "malformed Content-Length or chunked body", media)
+            self._error(400, f"malformed request body: {exc}", media)
             return
+        except _NoRoom:
+            self.close_connection = True
+            self._answer(signal, Outcome("exhausted", "the memory budget for requests in flight is spent"), media)
+            self._discard_body(limit)
+            return
+        except (_Gone, OSError, ValueError):
+            self.close_connection = True
+            return
+        self.server.phase(self.conn, "busy")
         if self.server.draining:
+            self.server.budget.give(held)
             self.close_connection = True
             self._answer(signal, Outcome("unavailable", "the server is shutting down"), media)
             return
         encoding = self.headers.get("Content-Encoding") or ""
         intake = self.server.intake
         export = intake.traces if signal == "traces" else intake.logs
+        bodies = [body]
+        del body  # the intake lets go of the wire bytes once inflated; nothing here may keep them
         with self.server.in_flight():
-            outcome = export(body, media, encoding, "http", limit)
+            outcome = export(bodies.pop(), media, encoding, "http", limit, held)
         self._answer(signal, outcome, media)
 
     def _answer(self, signal: str, outcome: Outcome, media: str) -> None:
@@ -209,6 +389,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._error(405, "OTLP/HTTP export takes POST", headers={"Allow": "POST"})
         elif not self._authorised():
             self._error(401, "missing or wrong bearer token", headers={"WWW-Authenticate": "Bearer"})
+        elif self.conn.overflow and path != "/healthz":
+            self._error(503, "too many connections", headers={"Retry-After": str(self.server.retry_after_header)})
         elif path == "/healthz":
             draining = self.server.draining
             body = orjson.dumps({"status": "draining" if draining else "ok"})
@@ -238,22 +420,91 @@ class HttpServer(ThreadingHTTPServer):
     """One thread per connection, at most `max_connections` at once; TLS handshakes run on those threads."""
 
     daemon_threads = True
+    block_on_close = False  # connections waiting for a request end at their deadline; stopping does not wait for them
     request_queue_size = 128
 
     def __init__(self, host: str, port: int, intake: Intake, *, max_body_bytes: int, max_connections: int,
                  retry_after: float, render_metrics: Callable[[], str], token: str | None = None,
-                 ssl_context: ssl.SSLContext | None = None, console: Any | None = None) -> None:
+                 ssl_context: ssl.SSLContext | None = None, console: Any | None = None, budget: MemoryBudget | None = None,
+                 deadlines: Deadlines | None = None, max_per_address: int | None = None, idle_timeout: float = 60.0,
+                 header_timeout: float = 10.0, body_timeout: float = 30.0) -> None:
         self.address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self.intake, self.max_body_bytes, self.render_metrics = intake, max_body_bytes, render_metrics
+        self.budget = budget or intake.queue.budget
+        self.deadlines = deadlines or Deadlines("plumbline-http-deadlines")
         self.retry_after_header = max(1, math.ceil(retry_after))
         self.auth_header = token.encode() if token else None  # the token a request's bearer header must carry
         self.ssl_context = ssl_context
         self.console = console  # read-only pages under / (report.console.Console), or None
         self.draining = False
-        self._slots = threading.BoundedSemaphore(max_connections)
+        self.max_connections = max_connections
+        self.max_per_address = max_per_address or max_connections
+        self._timeouts = {"setup": header_timeout, "idle": idle_timeout, "headers": header_timeout, "body": body_timeout}
+        self._conns: dict[socket.socket, _Conn] = {}
+        self._held = 0  # connections holding a slot (not evicted, not overflow)
+        self._by_address: dict[str, int] = {}
+        self._overflow = 0
+        self._lock = threading.Lock()
+        self.shed = self.evicted = 0
         self._active = 0
         self._idle = threading.Condition()
         super().__init__((host, port), _Handler)
+
+    # --- connections: caps, eviction, deadlines -------------------------------------------------
+
+    def connection_of(self, sock: socket.socket) -> _Conn:
+        with self._lock:
+            return self._conns[sock]
+
+    def phase(self, conn: _Conn, name: str) -> None:
+        """Enter a phase of `conn`: its deadline (if the phase has one) counts from now."""
+        conn.phase, conn.since = name, time.monotonic()
+        seconds = _OVERFLOW_TIMEOUT if conn.overflow and name != "busy" else self._timeouts.get(name)
+        if seconds is None:
+            self.deadlines.disarm(conn)
+        else:
+            self.deadlines.arm(conn, seconds, conn.close)
+
+    def _victim(self, address: str | None) -> _Conn | None:
+        """The slot holder that has waited longest for a request or its head, else the one reading a body the longest."""
+        best: tuple[int, float] | None = None
+        victim = None
+        for conn in self._conns.values():
+            if conn.evicted or conn.overflow or (address is not None and conn.address != address):
+                continue
+            if conn.phase in _EVICTABLE:
+                rank = (0, conn.since)
+            elif conn.phase == "body":
+                rank = (1, conn.since)
+            else:
+                continue
+            if best is None or rank < best:
+                best, victim = rank, conn
+        return victim
+
+    def _evict(self, conn: _Conn) -> None:
+        log.debug("connection from %s (%s for %.1f s) closed to make room", conn.address, conn.phase, time.monotonic() - conn.since)
+        conn.evicted = True
+        self._held -= 1
+        self._by_address[conn.address] -= 1
+        self.evicted += 1
+        conn.close()
+
+    def _admit(self, conn: _Conn) -> bool:
+        """Give `conn` a slot, taking one from a slow connection past a cap; False when none can be taken."""
+        if self._by_address.get(conn.address, 0) >= self.max_per_address:
+            victim = self._victim(conn.address)
+            if victim is None:
+                return False
+            self._evict(victim)
+        if self._held >= self.max_connections:
+            victim = self._victim(None)
+            if victim is None:
+                return False
+            self._evict(victim)
+        self._held += 1
+        self._by_address[conn.address] = self._by_address.get(conn.address, 0) + 1
+        return True
 
     def get_request(self) -> tuple[Any, Any]:
         sock, address = super().get_request()
@@ -262,21 +513,54 @@ class HttpServer(ThreadingHTTPServer):
         return sock, address
 
     def process_request(self, request: Any, client_address: Any) -> None:
-        if not self._slots.acquire(blocking=False):
-            try:
-                if self.ssl_context is None:  # a TLS client would need a handshake first; just close
-                    request.sendall(_BUSY % self.retry_after_header)
-            except OSError:
-                pass
-            self.shutdown_request(request)
-            return
-        super().process_request(request, client_address)
+        conn = _Conn(request, str(client_address[0]))
+        with self._lock:
+            if not self._admit(conn):
+                conn.overflow = self._overflow < _OVERFLOW_THREADS
+                log.debug("connection from %s past the caps (%d held): %s", conn.address, self._held, "overflow" if conn.overflow else "shed")
+                if not conn.overflow:
+                    self.shed += 1
+                    self._shed(request)
+                    return
+                self._overflow += 1
+            self._conns[request] = conn
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._forget(conn)
+            raise
+
+    def _shed(self, request: Any) -> None:
+        with contextlib.suppress(OSError):
+            if self.ssl_context is None:  # a TLS client would need a handshake first; just close
+                request.setblocking(False)
+                request.send(_BUSY % self.retry_after_header)
+        self.shutdown_request(request)
+
+    def _forget(self, conn: _Conn) -> None:
+        self.deadlines.disarm(conn)
+        with self._lock:
+            self._conns.pop(conn.sock, None)
+            if conn.overflow:
+                self._overflow -= 1
+            elif not conn.evicted:
+                self._held -= 1
+                self._by_address[conn.address] -= 1
+            if not self._by_address.get(conn.address):
+                self._by_address.pop(conn.address, None)
 
     def process_request_thread(self, request: Any, client_address: Any) -> None:
         try:
             super().process_request_thread(request, client_address)
         finally:
-            self._slots.release()
+            conn = self._conns.get(request)
+            if conn is not None:
+                self._forget(conn)
+
+    @property
+    def connections(self) -> int:
+        """Connections holding a slot now."""
+        return self._held
 
     @contextlib.contextmanager
     def in_flight(self) -> Iterator[None]:

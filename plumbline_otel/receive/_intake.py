@@ -5,26 +5,87 @@ decoded request and waits until the shards have applied the content rules and no
 the writer has committed its spans. It answers with an `Outcome` that each transport maps to its
 own status codes in one place (`_grpc.py`, `_http.py`). Logs take a shorter path: decoded, filtered
 to gen_ai.* events and written by the commit thread in one call.
+
+Memory: a request arrives holding the bytes its transport reserved while reading it (`held`) and
+keeps a charge in the server's `MemoryBudget` all the way: each piece of an inflated body before it
+is kept, `DECODE_FACTOR` times the body while it is decoded (a parsed request takes about twice its
+protobuf size; JSON more), then the queued protobuf bytes until the commit. Past the budget the
+answer is "exhausted": pushback, retryable.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+import zlib
 from dataclasses import dataclass
 from typing import Literal
 
 from plumbline_otel.content import ContentFilter
-from plumbline_otel.decode import BodyTooLarge, Problem, decode_logs, decode_request_body, inflate
+from plumbline_otel.decode import BodyTooLarge, Problem, decode_logs, decode_request_body
 from plumbline_otel.errors import MalformedRequest, StoreError
 from plumbline_otel.normalise import log_rows
 from plumbline_otel.receive._metrics import Metrics
-from plumbline_otel.receive._writer import Overloaded, WriteQueue
+from plumbline_otel.receive._writer import OverBudget, Overloaded, WriteQueue
 
 log = logging.getLogger("plumbline.receive")
 
-Status = Literal["ok", "partial", "invalid", "too_large", "overloaded", "unavailable"]
+Status = Literal["ok", "partial", "invalid", "too_large", "overloaded", "exhausted", "unavailable"]
 _MAX_MESSAGE = 4096  # error_message stays far below the 4 MiB response cap
+# Bytes charged per body byte while it is decoded: the body itself and the parsed request (measured:
+# a 15 MiB protobuf request of agent spans parses into ~29 MiB; JSON's Python objects take more).
+DECODE_FACTOR = {"protobuf": 3, "json": 8}
+_INFLATE_PIECE = 1 << 20  # an inflated body is charged a piece at a time
+
+
+class _Charge:
+    """A request's bytes in the budget, from the transport's reservation to the queue (or back)."""
+
+    def __init__(self, queue: WriteQueue, held: int) -> None:
+        self.queue, self.nbytes = queue, held
+
+    def to(self, nbytes: int) -> None:
+        """Hold `nbytes` now; `OverBudget` (holding nothing) when they do not fit."""
+        held, self.nbytes = self.nbytes, 0
+        self.queue.admit(nbytes, held)
+        self.nbytes = nbytes
+
+    def hand_over(self) -> int:
+        nbytes, self.nbytes = self.nbytes, 0
+        return nbytes
+
+    def free(self) -> None:
+        self.queue.release(self.hand_over())
+
+
+def _inflate(body: bytes, encoding: str, limit: int, charge: _Charge) -> bytes:
+    """Undo Content-Encoding a piece at a time, each piece charged before it is kept; 413 past `limit`."""
+    encoding = (encoding or "identity").strip().lower()
+    if encoding in ("", "identity"):
+        return body
+    if encoding not in ("gzip", "deflate", "zlib"):
+        raise MalformedRequest(f"unsupported Content-Encoding {encoding!r} (use gzip, deflate or none)")
+    inflater = zlib.decompressobj(16 + zlib.MAX_WBITS if encoding == "gzip" else zlib.MAX_WBITS)
+    pieces: list[bytes] = []
+    total, pending = 0, body
+    try:
+        while pending or not inflater.eof:
+            piece = inflater.decompress(pending, _INFLATE_PIECE)
+            pending = inflater.unconsumed_tail
+            if not piece:
+                break
+            total += len(piece)
+            if total > limit:
+                raise BodyTooLarge(f"body is larger than the {limit // (1 << 20)} MiB limit after decompression")
+            charge.to(charge.nbytes + len(piece))
+            pieces.append(piece)
+    except zlib.error as exc:
+        raise MalformedRequest(f"body is not valid {encoding} data: {exc}") from None
+    charge.to(charge.nbytes + total)  # the joined copy, while the pieces still exist
+    data = b"".join(pieces)
+    pieces.clear()
+    charge.to(charge.nbytes - total)
+    return data
 
 
 @dataclass(frozen=True)
@@ -50,47 +111,60 @@ class Intake:
         self.queue, self.metrics, self.content = queue, metrics, content
         self.commit_timeout = commit_timeout
 
-    def traces(self, data: bytes, content_type: str, encoding: str, transport: str, limit: int) -> Outcome:
-        """Store the spans of one export request; answer only once they are committed."""
+    def traces(self, data: bytes, content_type: str, encoding: str, transport: str, limit: int, held: int = 0) -> Outcome:
+        """Store the spans of one export request; answer only once they are committed.
+
+        `held` bytes of the memory budget, reserved by the transport while reading, pass to this
+        request (and are given back, whatever happens); with 0 its bytes are reserved here.
+        """
         started = time.perf_counter()
-        outcome = self._traces(data, content_type, encoding, transport, limit)
+        charge = _Charge(self.queue, held)
+        try:
+            outcome = self._traces(data, content_type, encoding, transport, limit, charge)
+        finally:
+            charge.free()
         self._count(transport, "traces", outcome, started)
         return outcome
 
-    def logs(self, data: bytes, content_type: str, encoding: str, transport: str, limit: int) -> Outcome:
-        """Store the gen_ai.* log records of one export request."""
+    def logs(self, data: bytes, content_type: str, encoding: str, transport: str, limit: int, held: int = 0) -> Outcome:
+        """Store the gen_ai.* log records of one export request (`held` as for `traces`)."""
         started = time.perf_counter()
-        outcome = self._logs(data, content_type, encoding, limit)
+        charge = _Charge(self.queue, held)
+        try:
+            outcome = self._logs(data, content_type, encoding, limit, charge)
+        finally:
+            charge.free()
         self._count(transport, "logs", outcome, started)
         return outcome
 
     def _count(self, transport: str, signal: str, outcome: Outcome, started: float) -> None:
         self.metrics.inc("plumbline_requests_total", transport=transport, signal=signal, outcome=outcome.status)
-        if outcome.status == "overloaded":
+        if outcome.status in ("overloaded", "exhausted"):
             self.metrics.inc("plumbline_pushback_total", transport=transport)
         self.metrics.observe(time.perf_counter() - started, transport=transport, signal=signal)
 
-    def _traces(self, data: bytes, content_type: str, encoding: str, transport: str, limit: int) -> Outcome:
-        nbytes = len(data)
+    def _traces(self, data: bytes, content_type: str, encoding: str, transport: str, limit: int, charge: _Charge) -> Outcome:
+        kind = "json" if content_type == "application/json" else "protobuf"
         try:
-            self.queue.admit(nbytes)
+            charge.to(len(data))
+            body = _inflate(data, encoding, limit, charge)
+            del data  # the wire bytes go (when compressed; else they are the body)
+            charge.to(DECODE_FACTOR[kind] * len(body))
+            decoded = decode_request_body(body, content_type, "", limit, where=f"{transport} request")
+        except OverBudget as exc:
+            return Outcome("exhausted", str(exc))
         except Overloaded as exc:
             return Outcome("overloaded", str(exc))
-        try:
-            decoded = decode_request_body(data, content_type, encoding, limit, where=f"{transport} request")
         except BodyTooLarge as exc:
-            self.queue.release(nbytes)
             return Outcome("too_large", str(exc))
         except MalformedRequest as exc:
-            self.queue.release(nbytes)
             return Outcome("invalid", str(exc))
-        del data
+        del body
         spans = sum(len(ss.spans) for rs in decoded.request.resource_spans for ss in rs.scope_spans)
         if not spans and not decoded.problems:
-            self.queue.release(nbytes)
             return Outcome("ok")
         try:
-            ticket = self.queue.submit(nbytes, decoded, spans)
+            ticket = self.queue.submit(charge.hand_over(), decoded, spans)
         except Overloaded as exc:
             self.metrics.inc("plumbline_spans_pushed_back_total", spans)
             return Outcome("overloaded", str(exc))
@@ -108,17 +182,18 @@ class Intake:
             return Outcome("partial", _problem_text(problems, rejected), rejected)
         return Outcome("ok")
 
-    def _logs(self, data: bytes, content_type: str, encoding: str, limit: int) -> Outcome:
-        nbytes = len(data)
+    def _logs(self, data: bytes, content_type: str, encoding: str, limit: int, charge: _Charge) -> Outcome:
+        kind = "json" if content_type == "application/json" else "protobuf"
         try:
-            self.queue.admit(nbytes)
-        except Overloaded as exc:
-            return Outcome("overloaded", str(exc))
-        try:
-            request = decode_logs(inflate(data, encoding, limit), content_type)
+            charge.to(len(data))
+            body = _inflate(data, encoding, limit, charge)
+            del data
+            charge.to(DECODE_FACTOR[kind] * len(body))
+            request = decode_logs(body, content_type)
+            del body
             self.content.apply_logs(request)
             rows = log_rows(request)
-            del request, data
+            del request
             self.metrics.inc("plumbline_log_records_received_total", rows.received)
             if rows.kept:
                 stored = self.queue.call(lambda store: store.write_logs(rows), self.commit_timeout)
@@ -127,14 +202,14 @@ class Intake:
             return Outcome("too_large", str(exc))
         except MalformedRequest as exc:
             return Outcome("invalid", str(exc))
+        except OverBudget as exc:
+            return Outcome("exhausted", str(exc))
         except Overloaded as exc:
             return Outcome("overloaded", str(exc))
         except Exception as exc:
             log.exception("storing a logs request failed")
             return Outcome("unavailable", f"the store could not commit: {exc}")
-        finally:
-            self.queue.release(nbytes)
         return Outcome("ok")
 
 
-__all__ = ["Intake", "Outcome"]
+__all__ = ["DECODE_FACTOR", "Intake", "Outcome"]

@@ -20,8 +20,10 @@ assembled when the store opens, before `start()` returns, so the server listens 
 stored span is in a trajectory; `recovered` and `left_pending` report both ends.
 
 Admission is two-step so memory stays bounded before decoding starts: `admit(nbytes)` reserves the
-body's bytes, `submit` adds its span count; either past its bound raises `Overloaded` (unless the
-queue is empty, so one request larger than a bound still gets through alone).
+body's bytes in the server's one `MemoryBudget` (`_budget.py`; the transports reserve them while
+reading and hand them over as `held`), `submit` adds its span count; either past its bound raises
+`Overloaded` (`OverBudget` for bytes; unless nothing else is in flight, so one request larger than a
+bound still gets through alone). A queued request holds its protobuf bytes' worth until committed.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from typing import Any
 from plumbline_otel.decode import Decoded, Problem, Unit
 from plumbline_otel.errors import PlumblineError, StoreError
 from plumbline_otel.pipeline import Flushed, ShardPool, ShardSettings, SpanPart, TrajectoryPart, concat_parts
+from plumbline_otel.receive._budget import MemoryBudget
 from plumbline_otel.receive._metrics import Metrics
 from plumbline_otel.store import Store
 
@@ -51,6 +54,10 @@ Prepared = tuple[list[Problem], int]
 
 class Overloaded(PlumblineError):
     """The queue is full (or the server is draining); the client should retry after a delay."""
+
+
+class OverBudget(Overloaded):
+    """The memory budget for bytes in flight is spent; the client should retry after a delay."""
 
 
 @dataclass
@@ -101,11 +108,12 @@ class WriteQueue:
 
     def __init__(self, open_store: Callable[[], Store], metrics: Metrics, *, max_spans: int, max_bytes: int,
                  settings: ShardSettings | None = None, workers: int = 0, batch_max_spans: int = 8192,
-                 assemble_interval: float = 1.0, assemble_max_delay: float = 10.0) -> None:
+                 assemble_interval: float = 1.0, assemble_max_delay: float = 10.0, budget: MemoryBudget | None = None) -> None:
         self._open_store = open_store
         self._metrics = metrics
         self._settings, self._workers = settings or ShardSettings(), workers
-        self.max_spans, self.max_bytes, self.batch_max_spans = max_spans, max_bytes, batch_max_spans
+        self.budget = budget or MemoryBudget(max_bytes)  # shared with the transports: bytes being read, decoded and queued
+        self.max_spans, self.max_bytes, self.batch_max_spans = max_spans, self.budget.limit, batch_max_spans
         self._assemble_interval, self._assemble_max_delay = assemble_interval, assemble_max_delay
         self._lock = threading.Lock()
         self._inbound: deque[_Request] = deque()
@@ -115,7 +123,6 @@ class WriteQueue:
         self._commit_room = threading.Condition(self._lock)
         self._by_seq: dict[int, _Request] = {}
         self._spans = 0  # submitted, not yet committed
-        self._bytes = 0  # admitted, not yet committed or released
         self._calls = 0
         self._closing = False
         self._dispatch_done = False
@@ -132,7 +139,9 @@ class WriteQueue:
         self.recovered = 0  # traces an earlier process left pending, assembled at start
         self.left_pending = 0  # traces still pending when the store closed
         metrics.gauge("plumbline_queue_spans", lambda: self._spans)
-        metrics.gauge("plumbline_queue_bytes", lambda: self._bytes)
+        metrics.gauge("plumbline_queue_bytes", lambda: self.budget.used)
+        metrics.gauge("plumbline_memory_budget_bytes", lambda: self.budget.limit)
+        metrics.gauge("plumbline_memory_budget_peak_bytes", lambda: self.budget.peak)
 
     # --- producer side (any thread) ---------------------------------------------------------
 
@@ -155,36 +164,45 @@ class WriteQueue:
     @property
     def depth(self) -> tuple[int, int]:
         """(spans, bytes) accepted and not yet committed."""
-        return self._spans, self._bytes
+        return self._spans, self.budget.used
 
-    def admit(self, nbytes: int) -> None:
-        """Reserve room for a request body of `nbytes` before decoding it."""
-        with self._lock:
-            if self._closing:
-                raise Overloaded("the server is shutting down")
-            if self._bytes and self._bytes + nbytes > self.max_bytes:
-                raise Overloaded(f"the ingest queue is full ({self._bytes >> 20} MiB waiting to be stored)")
-            self._bytes += nbytes
+    def admit(self, nbytes: int, held: int = 0) -> None:
+        """Make a request's reservation `nbytes`, from the `held` bytes it has (0: reserve them now).
+
+        Raises `Overloaded` (and gives back `held`) when closing, `OverBudget` past the budget.
+        """
+        if self._closing:
+            self.budget.give(held)
+            raise Overloaded("the server is shutting down")
+        if nbytes < held:
+            self.budget.give(held - nbytes)
+        elif not self.budget.take(nbytes - held, held):
+            used, limit = self.budget.used, self.budget.limit
+            self.budget.give(held)
+            raise OverBudget(f"the ingest queue is full ({used >> 20} of the {limit >> 20} MiB for requests in flight are taken)")
 
     def release(self, nbytes: int) -> None:
         """Give back an admission whose request will not be queued (bad body, overload, nothing in it)."""
-        with self._lock:
-            self._bytes -= nbytes
+        self.budget.give(nbytes)
 
     def submit(self, nbytes: int, decoded: Decoded, spans: int) -> Ticket:
         """Queue an admitted, decoded request of `spans` spans; the ticket's result is its `Prepared`.
 
-        Raises `Overloaded` (and releases the admission) past `max_spans`.
+        Raises `Overloaded` (and releases the admission) past `max_spans`. Once queued, the request
+        keeps its protobuf bytes' worth of the admission (the decoded form goes when the caller drops it).
         """
         unit = Unit("protobuf", decoded.protobuf(), decoded.where)
         with self._lock:
             if self._dispatch_done or self._closing:
-                self._bytes -= nbytes
+                self.budget.give(nbytes)
                 raise Overloaded("the server is shutting down")
             if self._spans and self._spans + spans > self.max_spans:
-                self._bytes -= nbytes
+                self.budget.give(nbytes)
                 raise Overloaded(f"the ingest queue is full ({self._spans} spans waiting to be stored)")
             self._spans += spans
+            if nbytes > len(unit.data):
+                self.budget.give(nbytes - len(unit.data))
+                nbytes = len(unit.data)
             request = _Request(Ticket(), nbytes, spans, unit, problems=list(decoded.problems),
                                rejected=sum(p.spans for p in decoded.problems), unstored=list(decoded.problems))
             self._inbound.append(request)
@@ -397,7 +415,7 @@ class WriteQueue:
         with self._lock:
             self._by_seq.pop(seq, None)
             self._spans -= request.spans
-            self._bytes -= request.nbytes
+        self.budget.give(request.nbytes)
         if request.error is None:
             self._metrics.inc("plumbline_spans_committed_total", request.spans - request.rejected)
         request.ticket.finish((request.problems, request.rejected), request.error)
