@@ -32,7 +32,6 @@ def certify(spec_path: str, db: tuple[str, ...], server: tuple[str, ...], agent:
     from plumbline_otel.spec import load_spec
 
     spec = load_spec(spec_path)
-    service = agent.split("@", 1)[0] if agent else None
     runs: list[Any] = []  # kept for --emit, which sends one event per scored run
 
     def keep(trajectories: Iterable[Any]) -> Iterator[Any]:
@@ -41,14 +40,15 @@ def certify(spec_path: str, db: tuple[str, ...], server: tuple[str, ...], agent:
                 runs.append(t)
             yield t
 
+    # Read every service: a replay study's records carry the driver's agent label, which decides a trial with no run.
     stores = sources(db, server, assemble=True)
     if stores.single_db is None:  # per-(agent, perturbation, task) runs from every store, as one store would hold them
-        cert = build_certificate(spec, keep(stores.trajectories(service=service)), agent=agent, study=study, target=target)
+        cert = build_certificate(spec, keep(stores.trajectories()), agent=agent, study=study, target=target)
         warn_misrouted(stores)
     else:
         with open_store(stores.single_db) as store:
             store.assemble()
-            cert = build_certificate(spec, keep(store.trajectories(service=service)), agent=agent, study=study, target=target)
+            cert = build_certificate(spec, keep(store.trajectories()), agent=agent, study=study, target=target)
     Path(out).write_text(json.dumps(cert, indent=2) + "\n", encoding="utf-8")
     if fmt == "text":
         click.echo(render_text(cert))

@@ -1,8 +1,9 @@
 """`plumbline replay`: re-run an agent on stored tasks under perturbations, for `plumbline certify`.
 
-Exit codes: 0 every planned trial ran (or was already done), 3 some trials are recorded missing
+Exit codes: 0 every planned trial ran (or was already decided), 3 some trials are recorded missing
 or errored (the rest ran; the summary lists them), 1 a usage or setup error (no tasks, another
-runner holds the study, etc.).
+runner holds the study, etc.). Every planned trial and every attempt is recorded by the driver
+beside the runs (`plumbline_otel.trials`): certify reads those records, not the agent's spans.
 """
 
 from __future__ import annotations
@@ -107,8 +108,8 @@ class _ServerTraces:
               help="declared per-trial maximum, reserved before each trial starts (default with --budget-usd: the "
                    "price table × the source run's tokens × 1.5; a capped study with neither is refused)")
 @click.option("--max-attempts", type=click.IntRange(1), default=3, show_default=True, help="tries per trial on transient errors")
-@click.option("--resume", is_flag=True, help="skip trials already stored or recorded ok in the study's ledger")
-@click.option("--rerun", is_flag=True, help="run trials already done again, each as a new attempt stored as a separate run")
+@click.option("--resume", is_flag=True, help="skip decided trials (an attempt the agent ran, in the store or the ledger); run the rest")
+@click.option("--rerun", is_flag=True, help="run decided trials again as new trials (the next repeat numbers), each a separate run")
 @click.option("--trace-wait", type=click.FloatRange(0), default=5.0, show_default=True,
               help="seconds a finished trial's trace may take to reach the sink before the trial is errored")
 @click.option("--state-dir", default=None, help="ledger, variants and response cache (default: <db>.replay/<study>)")
@@ -215,7 +216,8 @@ def run_replay(opts: ReplayOptions) -> None:
         click.echo(f"{len(source.tasks)} task(s) × {', '.join(names)} × {opts.repeats} repeat(s): {len(plan.trials)} trials, "
                    f"{len(plan.rejected)} variant(s) rejected; agent {describe() if callable(describe) else opts.adapter_spec}")
         if source.missing:
-            click.echo(f"{len(source.missing)} trial(s) of this study are stored only as markers; they run again as new attempts")
+            click.echo(f"{len(source.missing)} trial(s) of this study have no attempt that reached the agent yet; "
+                       "they run (again) as new attempts")
         if opts.dry_run:
             _print_plan(plan)
             return

@@ -781,6 +781,13 @@ def _clauses(kind: str, before: Meaning, after: Meaning, a: frozenset[str], b: f
     return out
 
 
+def _same_payee(redirect: str, after: Meaning) -> bool:
+    """A dropped "to Acme Ltd" whose destination the variant still names ("for Acme Ltd", "Acme Ltd's
+    invoice") moved no money elsewhere: only its preposition changed."""
+    destination = redirect.split(" ", 1)[1] if " " in redirect else ""
+    return bool(destination) and destination in after.entities
+
+
 def compare(before: Meaning, after: Meaning) -> list[str]:
     """What changed from ``before`` to ``after``, one phrase per change; empty when nothing did."""
     def shown(m: Meaning, prefix: str) -> Callable[[str], str]:
@@ -811,7 +818,7 @@ def compare(before: Meaning, after: Meaning) -> list[str]:
     changes += list(dict.fromkeys(f"redirected: '{after.show('redirect:' + r)}'"
                                   for r in sorted(after.redirects - before.redirects)))
     changes += list(dict.fromkeys(f"redirection dropped: '{before.show('redirect:' + r)}'"
-                                  for r in sorted(before.redirects - after.redirects)))
+                                  for r in sorted(before.redirects - after.redirects) if not _same_payee(r, after)))
     if before.documents and after.documents and before.documents != after.documents:
         changes.append(f"document {', '.join(sorted(before.documents))} became {', '.join(sorted(after.documents))}")
     changes += [f"term '{t}' added" for t in sorted(after.terms - before.terms)]
