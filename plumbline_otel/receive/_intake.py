@@ -33,8 +33,9 @@ log = logging.getLogger("plumbline.receive")
 Status = Literal["ok", "partial", "invalid", "too_large", "overloaded", "exhausted", "unavailable"]
 _MAX_MESSAGE = 4096  # error_message stays far below the 4 MiB response cap
 # Bytes charged per body byte while it is decoded: the body itself and the parsed request (measured:
-# a 15 MiB protobuf request of agent spans parses into ~29 MiB; JSON's Python objects take more).
-DECODE_FACTOR = {"protobuf": 3, "json": 8}
+# a 15 MiB protobuf request of agent spans parses into ~29 MiB, a 10 MiB JSON one into ~20 MiB, which
+# is then encoded as protobuf for the queue).
+DECODE_FACTOR = {"protobuf": 3, "json": 4}
 _INFLATE_PIECE = 1 << 20  # an inflated body is charged a piece at a time
 
 
