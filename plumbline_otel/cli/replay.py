@@ -100,7 +100,9 @@ class _ServerTraces:
 @click.option("--adapter", "adapter_spec", required=True, help='python:module:callable | command:"CMD …" | http:URL')
 @click.option("--adapter-option", "adapter_options", multiple=True, metavar="KEY=VALUE",
               help="passed to a python adapter class/factory (or the command/http adapter)")
-@click.option("--otlp-file", default=None, help="write spans (agent's and markers) to this OTLP JSON-lines file")
+@click.option("--isolate", is_flag=True,
+              help="run a python adapter's attempts each in a forked child process (for agents that may exit or crash the interpreter)")
+@click.option("--otlp-file", default=None, help="write spans (the agent's and the driver's records) to this OTLP JSON-lines file")
 @click.option("--endpoint", default=None, help="send spans to this OTLP endpoint (a running `plumbline serve`)")
 @click.option("--concurrency", type=click.IntRange(1, 64), default=4, show_default=True)
 @click.option("--budget-usd", type=click.FloatRange(0), default=None, help="cumulative spend cap of the study")
@@ -143,6 +145,7 @@ class ReplayOptions:
     paraphrase_model: str | None
     adapter_spec: str
     adapter_options: tuple[str, ...]
+    isolate: bool
     otlp_file: str | None
     endpoint: str | None
     concurrency: int
@@ -194,7 +197,7 @@ def _print_plan(plan: Any) -> None:
 
 def run_replay(opts: ReplayOptions) -> None:
     """Source the tasks, open the study, run it (or print its plan), write its summary, say what comes next."""
-    from plumbline_otel.replay import CommandAdapter, HttpAdapter, load_adapter, open_study, source_tasks
+    from plumbline_otel.replay import CommandAdapter, HttpAdapter, IsolatedAdapter, load_adapter, open_study, source_tasks
 
     names = opts.perturbation_names()
     if bool(opts.otlp_file) == bool(opts.endpoint) and not opts.dry_run:
@@ -206,6 +209,10 @@ def run_replay(opts: ReplayOptions) -> None:
         warn_misrouted(stores)
     config = opts.study_config(stores)
     adapter = load_adapter(opts.adapter_spec, _options(opts.adapter_options))
+    if opts.isolate:
+        if isinstance(adapter, (CommandAdapter, HttpAdapter)):
+            raise ConfigError("--isolate applies to python: adapters; a command or HTTP agent already runs in its own process")
+        adapter = IsolatedAdapter(adapter)
     if opts.endpoint and not opts.server and isinstance(adapter, (CommandAdapter, HttpAdapter)):
         click.echo("note: with --endpoint the driver sees only spans exported through it; give --server (the server's "
                    "gRPC address) so runs of an agent in another process are confirmed in the store", err=True)

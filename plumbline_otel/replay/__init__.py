@@ -20,6 +20,7 @@ from plumbline_otel.replay.adapters import (
     AdapterError,
     CommandAdapter,
     HttpAdapter,
+    IsolatedAdapter,
     PythonAdapter,
     TransientAdapterError,
     Trial,
@@ -64,7 +65,7 @@ from plumbline_otel.replay.tasks import ReplayTask, TaskSource, select_tasks, so
 
 __all__ = [
     "PERTURBATIONS", "Adapter", "AdapterError", "AnthropicParaphraser", "BudgetExceeded", "CommandAdapter",
-    "FaultPlan", "GuardVerdict", "HttpAdapter", "InjectedFault", "Ledger", "RecordWriter", "OtlpJsonFileExporter",
+    "FaultPlan", "GuardVerdict", "HttpAdapter", "IsolatedAdapter", "InjectedFault", "Ledger", "RecordWriter", "OtlpJsonFileExporter",
     "PerturbOptions", "Plan", "PythonAdapter", "ReplayTask", "ResponseCache", "TaskSource", "RetryPolicy", "SpanSink", "SpendCap",
     "Study", "StudyConfig", "StudyLock", "StudyLocked", "StudySummary", "TransientAdapterError", "Trial", "TrialBudget", "TrialIdentity", "TrialOutcome",
     "TrialRecord", "TrialScope", "TrialSpanBuffer", "Variant", "anthropic_client", "build_variants", "cache_key",

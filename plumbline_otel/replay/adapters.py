@@ -8,6 +8,11 @@ spans carry, used on missing-trial markers), ``decoy_tools`` (the domain's decoy
 
 - ``PythonAdapter``: a callable in this process, ``fn(trial)``. The driver runs it inside the
   trial's OTel context (trace and baggage) and trial scope (cache, budget, fault).
+- ``IsolatedAdapter``: any in-process adapter, each attempt in a forked child process, for agents
+  that may ``os._exit``, abort or crash the interpreter: the child inherits the trial's scope, and
+  hands back its outcome and what the injector and meter saw; a child that dies is an errored
+  trial, never a dead runner (``--isolate``; spans through an OTLP file or OTLP/HTTP, which
+  survive a fork, not OTLP/gRPC).
 - ``CommandAdapter``: a subprocess per attempt. Identity (attempt and fault evidence included)
   in ``OTEL_RESOURCE_ATTRIBUTES``, ``TRACEPARENT``/``BAGGAGE`` (the OTel environment carriers)
   and ``PLUMBLINE_*`` variables;
@@ -161,6 +166,84 @@ class PythonAdapter:
 
     def run(self, trial: Trial) -> TrialOutcome:
         return TrialOutcome.coerce(self.fn(trial))
+
+
+class IsolatedAdapter:
+    """Run ``inner`` for each attempt in a forked child (see module docstring)."""
+
+    def __init__(self, inner: Any, timeout_s: float = 600.0) -> None:
+        self.inner = inner
+        self.timeout_s = timeout_s
+
+    def __getattr__(self, name: str) -> Any:  # service, decoy_tools, fault_tools, describe, … of the agent
+        return getattr(self.inner, name)
+
+    def run(self, trial: Trial) -> TrialOutcome:
+        import multiprocessing
+
+        from plumbline_otel.replay.scope import current_scope
+
+        context = multiprocessing.get_context("fork")
+        reader, writer = context.Pipe(duplex=False)
+        child = context.Process(target=_isolated_attempt, args=(self.inner, trial, writer), daemon=True)
+        child.start()
+        writer.close()
+        try:
+            report = reader.recv() if reader.poll(self.timeout_s) else None
+        except EOFError:
+            report = None  # it died before it could say anything
+        child.join(1.0 if report is not None else 0.0)
+        if child.is_alive():
+            child.kill()
+            child.join()
+        if report is None:
+            if child.exitcode is None or child.exitcode == -9:
+                raise AdapterError(f"agent process timed out after {self.timeout_s:g}s (killed)")
+            raise AdapterError(f"agent process exited with code {child.exitcode} before it returned")
+        scope = current_scope()
+        if scope is not None:
+            _adopt(scope, report)
+        if trial.sink is not None:
+            trial.sink.delivered(report["delivered"])
+        if report["error"] is not None:
+            raise AdapterError(report["error"])
+        outcome: TrialOutcome = report["outcome"]
+        return outcome
+
+
+def _adopt(scope: Any, report: dict[str, Any]) -> None:
+    """What the child's injector and meter saw becomes the driver's (the child ran the driver's own code)."""
+    if scope.fault is not None:
+        scope.fault.fired_calls[:] = report["fired_calls"]
+    scope.model_calls, scope.cache_hits, scope.cache_misses = report["calls"]
+    if scope.budget is not None and report["budget"] is not None:
+        scope.budget.used, scope.budget.metered = report["budget"]
+    scope.abort_reason = scope.abort_reason or report["abort_reason"]
+
+
+def _isolated_attempt(inner: Any, trial: Trial, writer: Any) -> None:
+    """The child: run the attempt, flush its spans, report, and leave without running the parent's exit handlers."""
+    from plumbline_otel.replay.scope import current_scope
+
+    error: str | None = None
+    outcome: TrialOutcome | None = None
+    try:
+        outcome = TrialOutcome.coerce(inner.run(trial))
+    except BaseException as exc:  # SystemExit included: the child reports it, then ends
+        error = f"{type(exc).__name__}: {exc}"
+    delivered: list[str] = []
+    if trial.sink is not None:
+        delivered = trial.sink.flush_delivered()
+    scope = current_scope()
+    writer.send({
+        "outcome": outcome, "error": error, "delivered": delivered,
+        "fired_calls": list(scope.fault.fired_calls) if scope is not None and scope.fault is not None else [],
+        "calls": (scope.model_calls, scope.cache_hits, scope.cache_misses) if scope is not None else (0, 0, 0),
+        "budget": (scope.budget.used, scope.budget.metered) if scope is not None and scope.budget is not None else None,
+        "abort_reason": scope.abort_reason if scope is not None else None,
+    })
+    writer.close()
+    os._exit(0)
 
 
 def _last_json_line(text: str) -> dict[str, Any]:

@@ -19,6 +19,7 @@ store that holds a study's runs holds its records too.
 from __future__ import annotations
 
 import base64
+import os
 import re
 import threading
 import time
@@ -45,12 +46,37 @@ _TRACE_ID = re.compile(rb'"traceId"\s*:\s*"([0-9a-fA-F]{32})"')
 
 _PATH_LOCKS: dict[str, threading.Lock] = {}
 _PATH_LOCKS_GUARD = threading.Lock()
+_EXPORT_LOCKS: list[threading.Lock] = []  # one per shared exporter: held across a fork, like the path locks
 
 
 def _path_lock(path: Path) -> threading.Lock:
     key = str(path.resolve())
     with _PATH_LOCKS_GUARD:
         return _PATH_LOCKS.setdefault(key, threading.Lock())
+
+
+def _export_lock() -> threading.Lock:
+    lock = threading.Lock()
+    with _PATH_LOCKS_GUARD:
+        _EXPORT_LOCKS.append(lock)
+    return lock
+
+
+def _before_fork() -> None:
+    """An isolated attempt forks while other trials export: take every export lock first, so the child
+    never starts with one held by a thread it does not have (it would wait on it forever)."""
+    _PATH_LOCKS_GUARD.acquire()
+    for lock in [*_EXPORT_LOCKS, *_PATH_LOCKS.values()]:
+        lock.acquire()
+
+
+def _after_fork() -> None:
+    for lock in [*_EXPORT_LOCKS, *_PATH_LOCKS.values()]:
+        lock.release()
+    _PATH_LOCKS_GUARD.release()
+
+
+os.register_at_fork(before=_before_fork, after_in_parent=_after_fork, after_in_child=_after_fork)
 
 
 def _hex_ids(node: Any) -> Any:
@@ -104,7 +130,7 @@ class _Serialised(SpanExporter):
 
     def __init__(self, inner: SpanExporter) -> None:
         self.inner = inner
-        self._lock = threading.Lock()
+        self._lock = _export_lock()
         self.delivered: set[str] = set()
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
@@ -133,6 +159,7 @@ class SpanSink:
 
     _file_traces: set[str] = field(default_factory=set, repr=False)
     _file_offset: int = field(default=0, repr=False)
+    _delivered_elsewhere: set[str] = field(default_factory=set, repr=False)
 
     def describe(self) -> str:
         return self.otlp_file or self.endpoint or type(self.custom).__name__
@@ -141,7 +168,7 @@ class SpanSink:
         """Whether spans of ``trace_id`` reached this sink: exported through it, or (an OTLP file
         written by an agent in another process) found in the file."""
         exporter = self._exporter
-        if exporter is not None and trace_id in exporter.delivered:
+        if (exporter is not None and trace_id in exporter.delivered) or trace_id in self._delivered_elsewhere:
             return True
         if self.otlp_file:
             with self._lock:
@@ -172,6 +199,18 @@ class SpanSink:
         end = chunk.rfind(b"\n") + 1
         self._file_offset += end
         self._file_traces.update(m.decode() for m in _TRACE_ID.findall(chunk[:end]))
+
+    def delivered(self, trace_ids: Sequence[str]) -> None:
+        """Traces an isolated attempt's child process exported through its copy of this sink."""
+        self._delivered_elsewhere.update(trace_ids)
+
+    def flush_delivered(self) -> list[str]:
+        """In an isolated attempt's child: flush the exporter, and the traces it delivered."""
+        exporter = self._exporter
+        if exporter is None:
+            return []
+        exporter.force_flush()
+        return sorted(exporter.delivered)
 
     def exporter(self) -> SpanExporter:
         """The sink's one shared exporter (thread-safe)."""

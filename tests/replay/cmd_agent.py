@@ -32,7 +32,7 @@ def main(mode: str) -> int:
     tracer = provider.get_tracer("cmd-toy")
     parent = TraceContextTextMapPropagator().extract({"traceparent": os.environ["TRACEPARENT"]})
     messages = json.dumps([{"role": "user", "parts": [{"type": "text", "content": text}]}])
-    root_attrs = {"gen_ai.operation.name": "invoke_agent", "gen_ai.input.messages": messages}
+    root_attrs: dict[str, str | bool] = {"gen_ai.operation.name": "invoke_agent", "gen_ai.input.messages": messages}
     if mode == "claim":
         root_attrs["plumbline.fault.fired"] = True
     with tracer.start_as_current_span("invoke_agent cmd-toy", context=parent, attributes=root_attrs):

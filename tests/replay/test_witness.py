@@ -164,3 +164,21 @@ def test_no_agent_written_attribute_changes_a_trial_s_status_exposure_or_cost(tm
     assert counts(lied) == counts(honest)
     assert counts(honest) == [("baseline", 4, 4, 4, 0, 0, 0, 0.0, 0, {}), ("tool_fault", 4, 4, 4, 0, 0, 0, 0.0, 0, {"injector": 4})]
     assert all("conflict" in n["note"] for n in cell(lied, "tool_fault")["notes"])  # the lie is reported, not believed
+
+
+def test_an_isolated_agent_that_kills_its_interpreter_is_errored_and_the_rest_of_the_study_runs(tmp_path: Path, db: Path) -> None:
+    replayed, cert, _ = study(tmp_path, db, "python:tests.replay.toy:DiesAfterExport", "--isolate", "--concurrency", "2",
+                              perturbations="baseline,tool_fault")
+    assert replayed.exit_code == 3 and "ran 8 (4 ok, 0 missing, 4 errored)" in replayed.output
+    for perturbation in ("baseline", "tool_fault"):
+        c = cell(cert, perturbation)
+        assert (c["n"], c["errored"], c["conforming"]) == (4, 2, 2)
+        assert all("exited with code 1" in r["reason"] for r in c["errored_runs"])
+    # the driver's injector fired in the child, and the child's word reached the parent's record
+    assert cell(cert, "tool_fault")["fault_evidence"] == {"injector": 2}
+
+
+def test_isolate_is_refused_for_agents_already_in_their_own_process(tmp_path: Path, db: Path) -> None:
+    result = CliRunner().invoke(cli, ["replay", "--db", str(db), "--study", "x", "--adapter", command("ok"), "--isolate",
+                                      "--otlp-file", str(tmp_path / "x.jsonl")])
+    assert result.exit_code == 1 and "--isolate applies to python: adapters" in str(result.exception)

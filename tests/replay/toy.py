@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import threading
 from collections.abc import Iterable
 from pathlib import Path
@@ -142,3 +143,13 @@ class RedactsErrors(ToyAgent):
     "Error details are redacted."), so the trace cannot show which failure it was."""
 
     redact = True
+
+
+class DiesAfterExport(ToyAgent):
+    """Exports a clean run of its INV-1000 trials, then kills its own interpreter (no exception to catch)."""
+
+    def run(self, trial: Trial) -> TrialOutcome:
+        outcome = super().run(trial)
+        if trial.identity.task_key == "INV-1000":
+            os._exit(1)
+        return outcome
