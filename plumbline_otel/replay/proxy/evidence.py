@@ -89,8 +89,24 @@ class TrialState:
     tool_ids: dict[str, list[str]] = field(default_factory=dict)  # tool name -> its call ids, first seen first
     fault_target: str | None = None  # the call id whose result tool_result_fault replaces
     closed: bool = False
+    inflight: int = 0  # calls being served; close waits for them, so their cost is in the evidence
     _occurrences: dict[str, int] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _idle: threading.Condition = field(default_factory=threading.Condition, repr=False)
+
+    def enter(self) -> None:
+        with self._idle:
+            self.inflight += 1
+
+    def leave(self) -> None:
+        with self._idle:
+            self.inflight -= 1
+            self._idle.notify_all()
+
+    def wait_idle(self, timeout: float) -> bool:
+        """Wait until no call is being served (the agent has its answer before the proxy has accounted it)."""
+        with self._idle:
+            return self._idle.wait_for(lambda: self.inflight == 0, timeout)
 
     def next_call(self) -> int:
         with self.lock:

@@ -177,8 +177,12 @@ class ModelProxy:
             self._by_trace[identity.trace_id] = state
         return ProxyRoute(self.url, state.token, identity.trial_id, identity.attempt)
 
-    def close_trial(self, route: ProxyRoute) -> ProxyEvidence:
-        """Stop routing the attempt and return what the proxy witnessed in it."""
+    def close_trial(self, route: ProxyRoute, wait_s: float = 30.0) -> ProxyEvidence:
+        """Stop routing the attempt and return what the proxy witnessed in it.
+
+        Calls still being served (an answer relayed but not yet accounted, a held timeout fault)
+        are waited for up to ``wait_s``, so their cost and faults are in the evidence.
+        """
         with self._lock:
             state = self._routes.pop(route.token, None)
             if state is None:
@@ -187,25 +191,37 @@ class ModelProxy:
             self._by_attempt.pop((identity.trial_id, identity.attempt), None)
             self._by_trace.pop(identity.trace_id, None)
             state.closed = True
+        state.wait_idle(wait_s)
         return state.evidence()
 
     def resolve(self, token: str | None, headers: Any) -> tuple[TrialState | None, str]:
-        """The open trial a request belongs to, or None and why not."""
+        """The open trial a request belongs to, entered (``TrialState.leave`` when served), or None and why not.
+
+        Entered under the routing lock, so a concurrent ``close_trial`` either refuses the request
+        or waits for it: a call is never served on a route whose evidence was already taken.
+        """
         with self._lock:
-            if token is not None:
-                state = self._routes.get(token)
-                return (state, "") if state else (None, f"path token {token[:6]}… is not an open trial route")
-            bag = _baggage(headers.get_all("baggage") or [])
-            if TRIAL_ID in bag:
-                try:
-                    key = (bag[TRIAL_ID], int(bag.get(TRIAL_ATTEMPT, "")))
-                except ValueError:
-                    return None, f"baggage names trial {bag[TRIAL_ID]!r} without a numeric {TRIAL_ATTEMPT}"
-                state = self._by_attempt.get(key)
-                return (state, "") if state else (None, f"baggage names trial {key[0]!r} attempt {key[1]}, which is not open")
-            parts = (headers.get("traceparent") or "").split("-")
-            if len(parts) >= 2 and parts[1] in self._by_trace:
-                return self._by_trace[parts[1]], ""
+            state, why = self._lookup(token, headers)
+            if state is not None:
+                state.enter()
+            return state, why
+
+    def _lookup(self, token: str | None, headers: Any) -> tuple[TrialState | None, str]:
+        """The open trial by path token, else baggage, else traceparent (caller holds the routing lock)."""
+        if token is not None:
+            state = self._routes.get(token)
+            return (state, "") if state else (None, f"path token {token[:6]}… is not an open trial route")
+        bag = _baggage(headers.get_all("baggage") or [])
+        if TRIAL_ID in bag:
+            try:
+                key = (bag[TRIAL_ID], int(bag.get(TRIAL_ATTEMPT, "")))
+            except ValueError:
+                return None, f"baggage names trial {bag[TRIAL_ID]!r} without a numeric {TRIAL_ATTEMPT}"
+            state = self._by_attempt.get(key)
+            return (state, "") if state else (None, f"baggage names trial {key[0]!r} attempt {key[1]}, which is not open")
+        parts = (headers.get("traceparent") or "").split("-")
+        if len(parts) >= 2 and parts[1] in self._by_trace:
+            return self._by_trace[parts[1]], ""
         return None, "no /t/<token> path prefix, no plumbline.trial.id baggage and no traceparent of an open trial"
 
     # --- upstream ----------------------------------------------------------------------------------
@@ -341,12 +357,18 @@ class _Handler(BaseHTTPRequestHandler):
         out = _Responder(self)
         state, why = proxy.resolve(token, self.headers)
         provider = "anthropic" if path.startswith("/v1/messages") else "openai"
-        if state is None:
-            with proxy._lock:
-                proxy.unroutable += 1
-                proxy.unroutable_reasons.append(f"{method} {path}: {why}")
-            refuse(out, provider, 403, "plumbline_unroutable", f"plumbline proxy: request matches no open trial ({why})")
+        if state is not None:  # entered by resolve: close_trial waits for this call
+            try:
+                self._serve(proxy, state, method, path, query, raw, out)
+            finally:
+                state.leave()
             return
+        with proxy._lock:
+            proxy.unroutable += 1
+            proxy.unroutable_reasons.append(f"{method} {path}: {why}")
+        refuse(out, provider, 403, "plumbline_unroutable", f"plumbline proxy: request matches no open trial ({why})")
+
+    def _serve(self, proxy: ModelProxy, state: TrialState, method: str, path: str, query: str, raw: bytes, out: _Responder) -> None:
         headers = {k: v for k, v in self.headers.items()}
         api = api_for(path)
         if method == "POST" and api is not None:
