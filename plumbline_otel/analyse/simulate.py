@@ -1,6 +1,10 @@
 """Simulated clustered runs, to measure how often an interval's lower bound covers the true rate.
 
-Used by the coverage test (tests/analyse/test_cluster_coverage.py) and bench/cluster_coverage.py.
+Used by the coverage tests (tests/analyse/test_cluster_coverage.py, test_bound_coverage.py) and
+bench/cluster_coverage.py, bench/bound_coverage.py and bench/sequential_stopping.py. The first part
+(`coverage`) is the cluster_kg-era grid; the second (`Population`, `cell`, `METHODS`) is issue 28's:
+beta-binomial populations and two-point mixtures, unequal repeats, every candidate bound scored on
+the same studies, and random (study, one more run) pairs for monotonicity.
 Each task gets its own pass rate drawn from a beta distribution with mean `rate` and intraclass
 correlation `rho` (a + b = 1/rho - 1), then its repeats are Bernoulli draws at that rate: the
 beta-binomial model of "an agent that fails a task tends to fail it on every run". Everything

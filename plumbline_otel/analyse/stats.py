@@ -4,30 +4,49 @@ Rates here come from small samples (tens of runs per cell) that often sit at or 
 Wald interval (p +/- z*se) is useless: it collapses to a point at 0% and 100%. Wilson's score
 interval stays honest at the boundaries and is what the certificate headline is built on.
 
-Runs of one task are not independent: an agent that fails a task tends to fail it on every run.
-`clustered_interval` treats tasks as clusters. Its default, ``cluster_kg``, is the bound the
-certificate headline and the gate use. It is a Wilson score interval on an *effective* number of
-runs, in the manner of Korn and Graubard (1998):
+The gate's bound (issue 28) is ``wilson_tasks`` (`task_interval`). What it claims:
 
-* the design effect is taken at its upper confidence bound, not at its point estimate. The
-  one-way ANOVA F statistic of the per-task counts bounds the intraclass correlation from above
-  (``rho_U``); where the data cannot estimate it (no within-task variation: every task all-pass
-  or all-fail, or all clean) ``rho_U`` is 1 and every task counts as one run. Zero failures
-  cannot show that repeats are independent, so they are not credited as if they were;
-* the effective n is scaled by ``(t[n-1] / t[G-1])**2`` for G tasks, the small-sample correction
-  for estimating a variance from G clusters. One task therefore certifies nothing (bound 0);
-* the two stages split the error rate (Bonferroni): half to the design effect, half to the rate.
-  When every task ran once there is nothing to estimate about clustering, and the result is the
-  plain Wilson interval exactly.
+* **Estimand**: the mean conformance over the task population, the mean over tasks of each task's
+  conformance rate (draw a task like the stored ones, run it once). Its point estimate is the mean
+  of the per-task rates, not the pooled k/n.
+* **Bound**: Wilson's score interval with p = that mean and n = the number of tasks. A task's rate
+  lies in [0, 1], so its variance is at most mu (1 - mu), which is the variance Wilson assumes:
+  the bound holds whatever the correlation of a task's runs and however many repeats each task
+  had. Lower and upper are each a one-sided bound with coverage >= 95%; they are computed at the
+  two-sided 95% z (each nominally 97.5%), because at the one-sided z the binomial's discreteness
+  makes single-run tasks undercover (exactly 0.911 at 11 tasks, p = 0.80; 0.924 in the grid below).
+  When every task ran once it is exactly today's Wilson interval on runs. One task certifies
+  nothing: the lower bound is 0 until two tasks have a conforming run (the upper 1 until two have a
+  failing one), the one exception to "equal to Wilson on single runs".
+* **Monotone**: one more conforming run (in a task or as a new task) never lowers either bound,
+  one more failing run never raises it; property-tested on ~40,000 random cases.
+* **Coverage** (bench/bound_coverage.py, 2,268 cells x 4,000 studies: 3-100 tasks, repeats 1, 3,
+  10, 20 or spread 1-5 and 1-20, true means 0.80-0.999, beta-binomial task rates with within-task
+  correlation 0-0.9, and mixtures where 2-5% of tasks fail always or 95% of the time among
+  flaky-but-good ones):
 
-Its coverage is measured by simulation (tests/analyse/test_cluster_coverage.py,
-bench/cluster_coverage.py): at least 0.95 for the lower bound over 5-30 tasks, 1-8 repeats, true
-rates 0.80-0.98 and within-task correlation 0-0.6, where plain Wilson falls to 0.68. The price is
-width: with repeats and no failures the bound counts tasks, not runs.
+  | method | min coverage (cell) | cells < 0.95 | mean truth - lower | clean tasks for 0.95 | monotonicity violations |
+  |---|---|---|---|---|---|
+  | wilson_tasks (the gate) | 0.973 (100 x 1, mix 5% at 0, p=0.9) | 0 | 0.251 | 73 | 0 of 3000 |
+  | Wilson, one-sided z | 0.924 (20 x 1, mix 2% at 0, p=0.8) | 25 | 0.206 | 52 | 0 of 3000 |
+  | Clopper-Pearson on task means | 0.945 (50 x 1, mix 5% at 0, p=0.8) | 7 | 0.254 | 59 | 0 of 3000 |
+  | empirical Bernstein | 1.000 | 0 | 0.576 | 174 | 0 of 3000 |
+  | betting_cs (anytime-valid) | 0.984 (20 x 1, mix 5% at 0.05, p=0.8) | 0 | 0.289 | 73 | 0 of 3000 |
+  | cluster_kg (previous gate) | 0.809 (50 x 20, mix 2% at 0.05, p=0.98) | 34 | 0.325 | 98 | 178 of 3000 |
 
-The design-effect Wilson interval at the *point* estimate of the correlation and a percentile
-cluster bootstrap were rejected: both undercover with few tasks (the bootstrap degenerates to a
-point at 0% and 100%).
+* **Cost in tasks**: 73 clean tasks for a lower bound of 0.95, whatever their repeats (repeats
+  sharpen each task's rate, never stand in for tasks); `tasks_needed` says how many more.
+
+``betting_cs`` (`sequential_interval`, `stop_decision`) is the anytime-valid twin for studies
+that look after every task and stop once the answer is known: a betting confidence sequence for
+bounded means (Waudby-Smith and Ramdas) with a fixed grid of bets, so it too is monotone. It needs
+the same 73 clean tasks for 0.95; bench/sequential_stopping.py measures 54% fewer trials than a
+fixed-n gate of the same power. `paired_task_regression` uses it on per-task differences.
+
+``cluster_kg`` (`clustered_interval`, a Wilson interval on a Korn-Graubard effective n) was the
+gate's bound before issue 28 and is kept until its callers move: on its beta-binomial model it
+covers, but it is not monotone (30 tasks x 10 clean: 0.844; with one failure 0.961), clean repeats
+lower it (5 tasks: 0.566 with one run each, 0.303 with ten), and on mixtures it covers 0.81.
 
 Every result carries the counts it came from: a reported number without its n is not reported.
 """
