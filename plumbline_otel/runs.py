@@ -45,6 +45,8 @@ RUN_TRACE = "plumbline.trial.trace_id"  # the attempt's trace, where the agent's
 FAULT_PLANNED = "plumbline.fault.planned"  # the fault plan, as text
 FAULT_SOURCE = "plumbline.fault.source"  # who saw the fault reach the agent: injector, model_proxy, mcp_proxy
 FAULT_CLAIMED = "plumbline.fault.claimed"  # what the adapter reported (kept to show conflicts, never believed)
+SEEN = "plumbline.perturbation.seen"  # decoy_tools / sampling: the driver or a proxy saw it in a model request
+SEEN_BY = "plumbline.perturbation.seen_by"  # client (the metered in-process client) or model_proxy
 COST_USD = "plumbline.cost.usd"
 COST_METERED = "plumbline.cost.metered"  # true: every cent passed a plumbline meter; false: the adapter's own report
 EVIDENCE = "plumbline.trial.evidence"  # JSON: what the proxies witnessed in the attempt
@@ -52,6 +54,8 @@ EVIDENCE = "plumbline.trial.evidence"  # JSON: what the proxies witnessed in the
 TOOL_FAULT = "tool_fault"
 # Perturbations whose runs are scored only when the fault was seen to reach the agent.
 FAULT_PERTURBATIONS = frozenset({TOOL_FAULT, "tool_result_fault", "model_fault"})
+# Perturbations that live in the model request: scored only when seen to reach the model.
+REQUEST_PERTURBATIONS = frozenset({"decoy_tools", "sampling"})
 ERRORED_STATUSES = frozenset({"errored", "error"})
 MARKER_STATUSES = ERRORED_STATUSES | {"missing"}  # a trial marker: the attempt left no run of the agent
 RunStatus = Literal["missing", "errored", "unexposed", "exposed"]

@@ -14,8 +14,9 @@ runs do, through the study's span sink, and every reader sees them as trajectori
 * ``errored`` (crashed, hung, exited non-zero, left no trace) is in n and failing, whatever the
   agent's spans say;
 * ``ok`` is scored on the run in the attempt's trace; a faulted trial (`runs.FAULT_PERTURBATIONS`)
-  is *exposed* only when the driver or a plumbline proxy saw the fault reach the agent, else
-  *unexposed* (listed, never scored). An agent's own ``plumbline.fault.fired`` that disagrees
+  is *exposed* only when the driver or a plumbline proxy saw the fault reach the agent, and a
+  ``decoy_tools`` or ``sampling`` trial only when the metered client or the model proxy saw the
+  decoys or sampling parameters in a model request; else *unexposed* (listed, never scored). An agent's own ``plumbline.fault.fired`` that disagrees
   with the record is ignored and reported as a conflict; a record the trace cannot confirm
   (a framework that redacts tool errors) still stands, and is noted;
 * an ``ok`` trial whose run is not in the store is ``missing`` ("ingest the study's spans");
@@ -50,7 +51,10 @@ from plumbline_otel.runs import (
     RECORD_AT,
     RECORD_KIND,
     REPEAT,
+    REQUEST_PERTURBATIONS,
     RUN_TRACE,
+    SEEN,
+    SEEN_BY,
     STUDY,
     TASK_KEY,
     TRIAL_ATTEMPT,
@@ -89,6 +93,8 @@ class AttemptRecord:
     fault_fired: bool | None = None
     fault_source: str | None = None
     fault_claimed: bool | None = None
+    seen: bool | None = None  # decoy_tools / sampling: seen in a model request
+    seen_by: str | None = None
     cost_usd: float = 0.0
     metered: bool | None = None
     at_ns: int = 0
@@ -141,6 +147,7 @@ def record_of(t: Trajectory) -> AttemptRecord | None:
         variant=_text(c.get(VARIANT)), repeat=_int(c.get(REPEAT)), trace_id=_text(c.get(RUN_TRACE)),
         fault=_text(c.get(FAULT_PLANNED)), fault_fired=strict_bool(c.get(FAULT_FIRED)),
         fault_source=_text(c.get(FAULT_SOURCE)), fault_claimed=strict_bool(c.get(FAULT_CLAIMED)),
+        seen=strict_bool(c.get(SEEN)), seen_by=_text(c.get(SEEN_BY)),
         cost_usd=_float(c.get(COST_USD)), metered=strict_bool(c.get(COST_METERED)),
         at_ns=_int(c.get(RECORD_AT)) or t.start_ns or 0, evidence=_evidence(c.get(EVIDENCE)),
     )
@@ -236,6 +243,8 @@ def _decide(planned: AttemptRecord | None, attempts: list[AttemptRecord], by_tra
     notes = _notes(decided, run) if decided.fault else ()
     if base.perturbation in FAULT_PERTURBATIONS and not decided.fault_fired:
         return result("unexposed", "the driver saw no fault reach the agent", run, notes)
+    if base.perturbation in REQUEST_PERTURBATIONS and not decided.seen:
+        return result("unexposed", f"the driver never saw {base.perturbation} reach a model request", run, notes)
     return result("exposed", None, run, notes)
 
 

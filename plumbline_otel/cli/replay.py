@@ -100,6 +100,12 @@ class _ServerTraces:
 @click.option("--adapter", "adapter_spec", required=True, help='python:module:callable | command:"CMD …" | http:URL')
 @click.option("--adapter-option", "adapter_options", multiple=True, metavar="KEY=VALUE",
               help="passed to a python adapter class/factory (or the command/http adapter)")
+@click.option("--proxy", "use_proxy", is_flag=True,
+              help="route the agent's model calls through plumbline's model-API proxy (OPENAI_BASE_URL / ANTHROPIC_BASE_URL "
+                   "per attempt): it meters every call, records the cassette, applies sampling, decoy_tools, model_fault and "
+                   "tool_result_fault, and witnesses each trial")
+@click.option("--upstream", "upstreams", multiple=True, metavar="PROVIDER=URL",
+              help="the proxy's upstream for openai or anthropic (default: OPENAI_BASE_URL / ANTHROPIC_BASE_URL here, then the public API)")
 @click.option("--isolate", is_flag=True,
               help="run a python adapter's attempts each in a forked child process (for agents that may exit or crash the interpreter)")
 @click.option("--otlp-file", default=None, help="write spans (the agent's and the driver's records) to this OTLP JSON-lines file")
@@ -145,6 +151,8 @@ class ReplayOptions:
     paraphrase_model: str | None
     adapter_spec: str
     adapter_options: tuple[str, ...]
+    use_proxy: bool
+    upstreams: tuple[str, ...]
     isolate: bool
     otlp_file: str | None
     endpoint: str | None
@@ -195,6 +203,37 @@ def _print_plan(plan: Any) -> None:
         click.echo(f"  {v.task_key} {v.perturbation}/{v.variant_id} {status}\n    {v.text!r} {json.dumps(meta, default=str)}")
 
 
+def _start_proxies(opts: ReplayOptions, prepared: Any, adapter: Any, tasks: list[Any]) -> list[Any]:
+    """The model-API proxy for this study: the study's cassette, its spans to the study's sink under the agent's name."""
+    from dataclasses import replace
+
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+
+    from plumbline_otel.replay.proxy import ModelProxy
+
+    upstreams = {}
+    for pair in opts.upstreams:
+        name, sep, url = pair.partition("=")
+        if not sep or name.strip() not in ("openai", "anthropic") or not url.strip():
+            raise ConfigError(f"--upstream {pair!r}: expected openai=URL or anthropic=URL")
+        upstreams[name.strip()] = url.strip()
+    label = opts.service or getattr(adapter, "service", None) or (tasks[0].service if tasks else None) or "unknown_service"
+    service, _, version = label.partition("@")
+    provider: TracerProvider | None = None
+    sink = prepared.config.sink
+    if sink is not None:
+        attrs = {"service.name": service, **({"service.version": version} if version else {})}
+        provider = TracerProvider(resource=Resource.create(attrs))
+        provider.add_span_processor(SimpleSpanProcessor(sink.exporter()))
+    proxy = ModelProxy(upstreams, prepared.cache, tracer_provider=provider)
+    proxy.start()
+    prepared.config = replace(prepared.config, proxies=(*prepared.config.proxies, proxy))
+    click.echo(f"model-API proxy on {proxy.url}: each attempt gets its own OPENAI_BASE_URL / ANTHROPIC_BASE_URL", err=True)
+    return [proxy]
+
+
 def run_replay(opts: ReplayOptions) -> None:
     """Source the tasks, open the study, run it (or print its plan), write its summary, say what comes next."""
     from plumbline_otel.replay import CommandAdapter, HttpAdapter, IsolatedAdapter, load_adapter, open_study, source_tasks
@@ -216,10 +255,13 @@ def run_replay(opts: ReplayOptions) -> None:
     if opts.endpoint and not opts.server and isinstance(adapter, (CommandAdapter, HttpAdapter)):
         click.echo("note: with --endpoint the driver sees only spans exported through it; give --server (the server's "
                    "gRPC address) so runs of an agent in another process are confirmed in the store", err=True)
+    proxies: list[Any] = []
     try:
         describe = getattr(adapter, "describe", None)
         prepared = open_study(config, source.tasks, adapter)
         plan = prepared.plan
+        if opts.use_proxy and not opts.dry_run:
+            proxies = _start_proxies(opts, prepared, adapter, source.tasks)
         click.echo(f"{len(source.tasks)} task(s) × {', '.join(names)} × {opts.repeats} repeat(s): {len(plan.trials)} trials, "
                    f"{len(plan.rejected)} variant(s) rejected; agent {describe() if callable(describe) else opts.adapter_spec}")
         if source.missing:
@@ -236,6 +278,8 @@ def run_replay(opts: ReplayOptions) -> None:
 
         summary = prepared.run(source.completed, on_record=progress)
     finally:
+        for proxy in proxies:
+            proxy.stop()
         close = getattr(adapter, "close", None)
         if callable(close):
             close()

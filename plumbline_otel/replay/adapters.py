@@ -79,6 +79,7 @@ class Trial:
     metadata: dict[str, Any] = field(default_factory=dict, hash=False)
     fault: FaultPlan | None = None
     sink: SpanSink | None = field(default=None, hash=False, compare=False)
+    routes: dict[str, str] = field(default_factory=dict, hash=False, compare=False)  # the attempt's proxy URLs, as env variables
 
     @property
     def trial_id(self) -> str:
@@ -97,7 +98,7 @@ class Trial:
         """The JSON body the HTTP adapter sends."""
         return {"input": self.text, "trial": self.identity.as_dict(), "metadata": self.metadata,
                 "fault": self.fault.as_dict() if self.fault else None,
-                "traceparent": self.identity.traceparent()}
+                "traceparent": self.identity.traceparent(), "routes": self.routes}
 
     def env(self, base: Mapping[str, str] | None = None) -> dict[str, str]:
         """Environment for a subprocess agent: OTel carriers, resource attributes, PLUMBLINE_*."""
@@ -121,6 +122,7 @@ class Trial:
             env["OTEL_EXPORTER_OTLP_ENDPOINT"] = self.sink.endpoint
         if self.sink is not None and self.sink.otlp_file:
             env["PLUMBLINE_OTLP_FILE"] = str(self.sink.otlp_file)
+        env.update(self.routes)  # OPENAI_BASE_URL, ANTHROPIC_BASE_URL, PLUMBLINE_MCP_URL: this attempt's proxy routes
         return env
 
 

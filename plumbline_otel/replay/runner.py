@@ -65,11 +65,16 @@ from plumbline_otel.runs import (
     FAULT_SOURCE,
     RECORD_AT,
     RECORD_KIND,
+    REQUEST_PERTURBATIONS,
     RUN_TRACE,
+    SEEN,
+    SEEN_BY,
     TRIAL_REASON,
     TRIAL_STATUS,
 )
 from plumbline_otel.trials import RAN
+
+RESERVATION_WAIT_S = 3600.0  # longest a reservation waits for running trials to free room
 
 
 @dataclass(frozen=True)
@@ -114,8 +119,12 @@ class StudyConfig:
     state_dir: str | Path | None = None  # ledger.jsonl, variants.jsonl, responses.jsonl
     cache_mode: str = "record"  # record | replay (offline) | off
     sink: SpanSink | None = None
-    service: str | None = None  # label on missing-trial markers (default: the adapter's, then the task's)
+    service: str | None = None  # label on the driver's records (default: the adapter's, then the task's)
     service_version: str | None = None
+    # Witnesses in the agent's path, each with open_trial(trial, budget) -> route (.env()) and
+    # close_trial(route) -> evidence (.as_dict()): the model-API proxy (`replay.proxy.ModelProxy`)
+    # and the MCP proxy. Every attempt gets its own routes; what they saw goes into its record.
+    proxies: Sequence[Any] = ()
 
     def __post_init__(self) -> None:
         if not self.study or "/" in self.study:
@@ -195,6 +204,8 @@ class TrialRecord:
     fault_fired: bool | None = None
     fault_source: str | None = None
     fault_claimed: bool | None = None
+    seen: bool | None = None  # decoy_tools / sampling: seen in a model request
+    seen_by: str | None = None
     metered: bool | None = None
     reserved_usd: float = 0.0
     overrun_usd: float = 0.0  # an adapter's reported cost beyond its reservation
@@ -208,7 +219,8 @@ class TrialRecord:
         return {
             RECORD_KIND: "attempt", TRIAL_STATUS: self.status, TRIAL_REASON: (self.reason or "")[:500] or None,
             RUN_TRACE: self.trace_id, FAULT_PLANNED: self.fault, FAULT_FIRED: self.fault_fired, FAULT_SOURCE: self.fault_source,
-            FAULT_CLAIMED: self.fault_claimed, COST_USD: round(cost_usd, 8), COST_METERED: self.metered,
+            FAULT_CLAIMED: self.fault_claimed, SEEN: self.seen, SEEN_BY: self.seen_by, COST_USD: round(cost_usd, 8),
+            COST_METERED: self.metered,
             RECORD_AT: time.time_ns(), EVIDENCE: orjson.dumps(self.evidence).decode() if self.evidence else None,
         }
 
@@ -233,6 +245,7 @@ class StudySummary:
     seconds: float = 0.0
     instance: str = ""
     rerun_as: int = 0  # trials run again as new trials (--rerun)
+    released_usd: float = 0.0  # reservations of dead runners released on resume
     recovered: list[TrialRecord] = field(default_factory=list)  # attempts a dead runner left unfinished
 
     @property
@@ -273,6 +286,8 @@ class StudySummary:
             lines.append(f"  --rerun: {self.rerun_as} trial(s) already decided ran again as new trials (new repeat numbers)")
         for r in self.recovered[:10]:
             lines.append(f"  recorded missing {r.trial_id}: {r.reason}")
+        if self.released_usd:
+            lines.append(f"  released ${self.released_usd:.4f} a dead runner still held reserved")
         for v in self.rejected[:10]:
             lines.append(f"  rejected {v.task_key} {v.perturbation}/{v.variant_id}: {v.rejected}")
         if len(self.rejected) > 10:
@@ -326,8 +341,7 @@ class _Runner:
         self.stop_reason: str | None = None
         self._attempts: dict[str, int] = {}  # without a ledger: attempt numbers of this process
         self._lock = threading.Lock()
-        self._room = threading.Condition()  # notified whenever a running attempt settles its reservation
-        self._running = 0
+        self._running = 0  # attempts holding a reservation: while any does, one that does not fit waits
 
     def _label(self, trial: Trial) -> tuple[str | None, str | None]:
         service = self.config.service or getattr(self.adapter, "service", None)
@@ -352,7 +366,7 @@ class _Runner:
             return
         for trial in trials:
             service, version = self._label(trial)
-            self.records.write(trial.identity, {RECORD_KIND: "plan", FAULT_PLANNED: str(trial.fault) if trial.fault else None},
+            self.records.write(trial.identity, {RECORD_KIND: "plan", FAULT_PLANNED: planned_fault(trial)},
                                plan=True, service=service, version=version)
 
     def run(self, trial: Trial) -> TrialRecord:
@@ -360,7 +374,7 @@ class _Runner:
         started = time.perf_counter()
         ident = trial.identity
         record = TrialRecord(ident.trial_id, ident.task_key, ident.perturbation, ident.variant, ident.repeat,
-                             status="missing", fault=str(trial.fault) if trial.fault else None)
+                             status="missing", fault=planned_fault(trial))
         while (delay := self._attempt(trial, record)) is not None:
             time.sleep(delay)
         record.seconds = round(time.perf_counter() - started, 4)
@@ -378,12 +392,11 @@ class _Runner:
         if self.stop.is_set():
             return None, f"not started: {self.stop_reason}"
         estimate = self.reservations.get(trial.trial_id, 0.0)
-        with self._room:
-            while (budget := TrialBudget.open(self.cap, estimate)) is None:
-                if self._running == 0 or self.stop.is_set():
-                    return None, (f"budget: not started, its ${estimate:.4f} reservation does not fit the ${self.cap.limit:.2f} "
-                                  f"cap (spent ${self.cap.spent:.4f}, ${self.cap.reserved:.4f} reserved)")
-                self._room.wait(timeout=1.0)  # a runner in another process settles without notifying
+        budget = TrialBudget.open_wait(self.cap, estimate, RESERVATION_WAIT_S, lambda: self._running > 0 and not self.stop.is_set())
+        if budget is None:
+            return None, (f"budget: not started, its ${estimate:.4f} reservation does not fit the ${self.cap.limit:.2f} "
+                          f"cap (spent ${self.cap.spent:.4f}, ${self.cap.reserved:.4f} reserved)")
+        with self._lock:
             self._running += 1
         return budget, None
 
@@ -393,10 +406,12 @@ class _Runner:
         record.attempts += 1
         record.attempt = attempt.identity.attempt
         record.trace_id, record.fault_fired, record.fault_source, record.fault_claimed = attempt.trace_id, None, None, None
+        record.seen, record.seen_by, record.evidence = None, None, {}
         budget: TrialBudget | None = None
         scope: TrialScope | None = None
         outcome: TrialOutcome | None = None
         retry: float | None = None
+        routes: list[tuple[Any, Any]] = []
         status: str = "missing"
         reason: str | None = "driver: the attempt did not run"
         try:
@@ -404,14 +419,18 @@ class _Runner:
             if budget is not None:
                 record.reserved_usd = budget.reserved
                 scope = TrialScope(attempt.identity, budget, self.cache,
-                                   FaultInjector(trial.fault) if trial.fault else None, attempt.identity.attempt)
+                                   FaultInjector(trial.fault) if trial.fault else None, attempt.identity.attempt,
+                                   metadata=dict(trial.metadata))
+                routes = [(proxy, proxy.open_trial(attempt, budget)) for proxy in self.config.proxies]
+                attempt = replace(attempt, routes={k: v for _, route in routes for k, v in route.env().items()})
                 status, reason, outcome, retry = self._execute(attempt, scope, record.attempts)
         except Exception as exc:  # a driver bug: whether the agent ran is unknown, so the trial is not its result
             status, reason, retry = "missing", f"driver: {type(exc).__name__}: {exc}", None
         finally:
+            evidence = [proxy.close_trial(route) for proxy, route in routes]
             record.status, record.reason = status, reason
             cost = self._settle(record, budget, outcome, status)
-            self._witness(record, scope, outcome)
+            self._witness(record, scope, outcome, evidence)
             self._write(attempt, record, cost)
         return retry
 
@@ -452,9 +471,8 @@ class _Runner:
             reported = outcome.cost_usd if outcome is not None else None
             cost = budget.close(reported if status in RAN else (reported or 0.0))
         finally:
-            with self._room:
+            with self._lock:
                 self._running -= 1
-                self._room.notify_all()
         record.cost_usd = round(record.cost_usd + cost, 8)
         if budget.metered:
             record.metered = True
@@ -466,13 +484,26 @@ class _Runner:
                        "reservation: the cap can no longer be guaranteed")
         return cost
 
-    def _witness(self, record: TrialRecord, scope: TrialScope | None, outcome: TrialOutcome | None) -> None:
-        """What the driver saw of the fault (its injector), beside what the adapter claimed."""
+    def _witness(self, record: TrialRecord, scope: TrialScope | None, outcome: TrialOutcome | None, evidence: list[Any]) -> None:
+        """What the driver saw (its injector, its metered client) and its proxies saw, beside what the adapter claimed."""
         if scope is not None:
             record.model_calls, record.cache_hits, record.cache_misses = scope.model_calls, scope.cache_hits, scope.cache_misses
             if scope.fault is not None:
                 record.fault_fired = scope.fault.fired
                 record.fault_source = "injector" if scope.fault.fired else None
+            if record.perturbation in scope.seen:
+                record.seen, record.seen_by = True, "client"
+        for seen in evidence:
+            saw = seen.as_dict()
+            witness = str(getattr(seen, "witness", "model_proxy"))
+            record.evidence[witness] = _brief(saw)
+            if record.fault and saw.get("faults") and not record.fault_fired:
+                record.fault_fired, record.fault_source = True, witness
+            if (record.perturbation == "decoy_tools" and saw.get("decoys_offered")) or (
+                    record.perturbation == "sampling" and saw.get("sampling_changes")):
+                record.seen, record.seen_by = True, witness
+        if record.perturbation in REQUEST_PERTURBATIONS and record.seen is None:
+            record.seen = False
         if outcome is not None:
             record.fault_claimed = outcome.fault_fired
             record.trace_id = outcome.trace_id or record.trace_id
@@ -484,6 +515,23 @@ class _Runner:
         if self.records is not None:
             service, version = self._label(attempt)
             self.records.write(attempt.identity, record.attributes(cost), plan=False, service=service, version=version)
+
+
+def planned_fault(trial: Trial) -> str | None:
+    """The fault a trial plans, as text: a tool fault (``tool:kind:call:times``), or a proxy's plan."""
+    if trial.fault is not None:
+        return str(trial.fault)
+    for key in ("model_fault", "tool_result_fault"):
+        if trial.metadata.get(key):
+            return f"{key} {orjson.dumps(trial.metadata[key], option=orjson.OPT_SORT_KEYS).decode()}"
+    return None
+
+
+def _brief(evidence: dict[str, Any]) -> dict[str, Any]:
+    """A proxy's evidence as the record keeps it: everything but the per-exchange list (the cassette has those)."""
+    exchanges = evidence.get("exchanges")
+    return {**{k: v for k, v in evidence.items() if k != "exchanges"},
+            **({"exchanges": len(exchanges)} if isinstance(exchanges, (list, tuple)) else {})}
 
 
 class _ScopedParaphraser:
@@ -582,7 +630,9 @@ class Study:
         interrupted = False
         try:
             runner.plan(plan.trials)
-            summary.recovered = self._interrupted(runner, ledger, done) if ledger is not None else []
+            if ledger is not None:
+                summary.recovered = self._interrupted(runner, ledger, done)
+                summary.released_usd = sum(r.usd for r in cap.release_dead())  # a dead runner's reservations stop holding the cap
             futures = [pool.submit(runner.run, t) for t in todo]
             collected: set[Any] = set()
             try:

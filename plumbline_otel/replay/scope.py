@@ -70,6 +70,8 @@ class TrialScope:
     fault: FaultInjector | None = None
     attempt: int = 1
     abort_reason: str | None = None  # set when the budget or an offline cache stopped a model call
+    metadata: dict[str, Any] = field(default_factory=dict)  # the variant's: decoy_tools, temperature, seed, …
+    seen: set[str] = field(default_factory=set)  # request perturbations the metered client saw reach the model
     model_calls: int = 0
     cache_hits: int = 0
     cache_misses: int = 0
@@ -82,6 +84,17 @@ class TrialScope:
             n = self._occurrences.get(content_digest, 0)
             self._occurrences[content_digest] = n + 1
             return n
+
+    def observe_request(self, body: dict[str, Any]) -> None:
+        """Before a metered model call: note whether the variant's decoys and sampling are in the request
+        (an agent that drops them measured nothing about them, and its trial is not scored)."""
+        decoys = {str(d.get("name")) for d in self.metadata.get("decoy_tools") or [] if isinstance(d, dict)}
+        offered = {str(t.get("name") or (t.get("function") or {}).get("name")) for t in body.get("tools") or [] if isinstance(t, dict)}
+        if decoys and decoys <= offered:
+            self.seen.add("decoy_tools")
+        planned = {k: self.metadata[k] for k in ("temperature", "top_p", "seed") if self.metadata.get(k) is not None}
+        if planned and all(body.get(k) == v for k, v in planned.items() if k != "seed" or "seed" in body):
+            self.seen.add("sampling")
 
     def charge(self, estimate_usd: float) -> None:
         """Before a paid call: make room for ``estimate_usd`` in the cap or raise BudgetExceeded."""

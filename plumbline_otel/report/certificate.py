@@ -8,7 +8,9 @@ what the agent's spans claim. Every trial lands in exactly one of these counts:
 
 * **exposed**: a run judged against the spec. A faulted trial (``tool_fault``,
   ``tool_result_fault``, ``model_fault``) is exposed only when the driver's injector or a
-  plumbline proxy saw the fault reach the agent (``fault_evidence`` says which); runs of other
+  plumbline proxy saw the fault reach the agent; a ``decoy_tools`` or ``sampling`` trial only when the
+  metered client or the model proxy saw it in a model request (``evidence_from`` counts who saw
+  each exposed trial's perturbation); runs of other
   perturbations are always exposed.
 * **errored**: the agent ran and crashed, hung, exited non-zero or left no trace. In n, and
   non-conforming, listed with its reason (``errored_runs``), whatever spans it exported first.
@@ -114,7 +116,7 @@ class Cell:
     unwitnessed_runs: list[str] = field(default_factory=list)
     witnessed: int = 0  # trials counted from the driver's records
     trace_judged: int = 0  # runs counted by their own trace (no driver record: traffic, older exports)
-    fault_evidence: dict[str, int] = field(default_factory=dict)  # exposed faulted trials by who saw the fault fire
+    evidence_from: dict[str, int] = field(default_factory=dict)  # exposed trials by who saw their perturbation reach the agent
     notes: list[dict[str, str]] = field(default_factory=list)  # {"run", "note"}: conflicts, unconfirmed evidence
     cost_usd: float = 0.0  # the driver's records: what the cell's trials cost
     unmetered: int = 0  # trials whose cost no plumbline meter saw
@@ -134,7 +136,7 @@ class _Tally:
     unwitnessed: list[str] = field(default_factory=list)
     missing_runs: list[dict[str, str]] = field(default_factory=list)
     notes: list[dict[str, str]] = field(default_factory=list)
-    fault_evidence: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    evidence_from: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     witnessed: int = 0
     trace_judged: int = 0
     cost_usd: float = 0.0
@@ -296,8 +298,9 @@ def _count_trial(tally: _Tally, spec: Spec, result: TrialResult) -> None:
         tally.errored.append({"run": label, "reason": result.reason or "errored"})
     else:
         assert result.run is not None
-        if record is not None and record.fault_fired and record.fault_source:
-            tally.fault_evidence[record.fault_source] += 1
+        witness = record.fault_source if record is not None and record.fault_fired else (record.seen_by if record is not None and record.seen else None)
+        if witness:
+            tally.evidence_from[witness] += 1
         _judge(tally, spec, result.run, task)
 
 
@@ -367,7 +370,7 @@ def _cell(agent: str, perturbation: str, tally: _Tally, target: float) -> Cell:
         unwitnessed_runs=sorted(tally.unwitnessed),
         witnessed=tally.witnessed,
         trace_judged=tally.trace_judged,
-        fault_evidence=dict(sorted(tally.fault_evidence.items())),
+        evidence_from=dict(sorted(tally.evidence_from.items())),
         notes=sorted(tally.notes, key=lambda r: (r["run"], r["note"])),
         cost_usd=round(tally.cost_usd, 8),
         unmetered=tally.unmetered,

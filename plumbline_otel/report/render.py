@@ -237,9 +237,9 @@ def _cell_notes(c: dict[str, Any]) -> list[str]:
         reasons = sorted({r["reason"] for r in c.get("missing_runs", [])})
         if reasons:
             lines.append(f"    why: {'; '.join(reasons[:3])}" + (f"; and {len(reasons) - 3} other reason(s)" if len(reasons) > 3 else ""))
-    if c.get("fault_evidence"):
-        seen = ", ".join(f"{who} {n}" for who, n in c["fault_evidence"].items())
-        lines.append(f"  {c['perturbation']}: faults seen to reach the agent by {seen}")
+    if c.get("evidence_from"):
+        seen = ", ".join(f"{who} {n}" for who, n in c["evidence_from"].items())
+        lines.append(f"  {c['perturbation']}: seen to reach the agent by {seen}")
     if c.get("unwitnessed"):
         lines.append(f"  {c['perturbation']}: {c['unwitnessed']} run(s) claim a trial no driver record stands for: not scored")
     for note in c.get("notes", [])[:3]:

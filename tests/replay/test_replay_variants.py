@@ -59,7 +59,7 @@ def test_every_registered_perturbation_builds_stable_guarded_variants() -> None:
     again = build_variants(task, list(PERTURBATIONS), options)
     assert [v.as_dict() for v in first] == [v.as_dict() for v in again]  # same in every process (sha256 seeds)
     by = {name: [v for v in first if v.perturbation == name] for name in PERTURBATIONS}
-    assert set(by) == {"baseline", "paraphrase", "distractor", "decoy_tools", "sampling", "tool_fault"}
+    assert set(by) == {"baseline", "paraphrase", "distractor", "decoy_tools", "sampling", "tool_fault", "model_fault", "tool_result_fault"}
     assert [v.text for v in by["baseline"]] == [REQUEST]
     assert all(v.rejected is None for v in first), [v.rejected for v in first if v.rejected]
     for v in by["paraphrase"] + by["distractor"]:

@@ -124,7 +124,7 @@ def test_a_fault_the_agent_claims_is_not_believed_and_the_conflict_is_reported(t
 def test_a_command_agent_that_claims_its_fault_is_unexposed(tmp_path: Path, db: Path) -> None:
     _, cert, _ = study(tmp_path, db, command("claim"), "--adapter-option", f"cwd={ROOT}", perturbations="tool_fault", repeats=1)
     c = cell(cert, "tool_fault")
-    assert (c["n"], c["unexposed"]) == (0, 2) and c["fault_evidence"] == {}
+    assert (c["n"], c["unexposed"]) == (0, 2) and c["evidence_from"] == {}
 
 
 def test_a_fault_the_framework_redacts_is_exposed_on_the_driver_s_record(tmp_path: Path, db: Path) -> None:
@@ -132,7 +132,7 @@ def test_a_fault_the_framework_redacts_is_exposed_on_the_driver_s_record(tmp_pat
     c = cell(cert, "tool_fault")
     # Before: "4 tool_fault runs never met their fault", though the driver saw it fire in each.
     assert (c["n"], c["exposed"], c["unexposed"], c["conforming"]) == (4, 4, 0, 4)
-    assert c["fault_evidence"] == {"injector": 4}
+    assert c["evidence_from"] == {"injector": 4}
     assert len(c["notes"]) == 4 and all("unconfirmed by the trace" in n["note"] for n in c["notes"])
 
 
@@ -159,7 +159,7 @@ def test_no_agent_written_attribute_changes_a_trial_s_status_exposure_or_cost(tm
 
     def counts(cert: dict[str, Any]) -> list[tuple[Any, ...]]:
         return [(c["perturbation"], c["n"], c["conforming"], c["exposed"], c["errored"], c["unexposed"], c["missing"],
-                 c["cost_usd"], c["unmetered"], c["fault_evidence"]) for a in cert["agents"] for c in a["perturbations"]]
+                 c["cost_usd"], c["unmetered"], c["evidence_from"]) for a in cert["agents"] for c in a["perturbations"]]
 
     assert counts(lied) == counts(honest)
     assert counts(honest) == [("baseline", 4, 4, 4, 0, 0, 0, 0.0, 0, {}), ("tool_fault", 4, 4, 4, 0, 0, 0, 0.0, 0, {"injector": 4})]
@@ -175,7 +175,7 @@ def test_an_isolated_agent_that_kills_its_interpreter_is_errored_and_the_rest_of
         assert (c["n"], c["errored"], c["conforming"]) == (4, 2, 2)
         assert all("exited with code 1" in r["reason"] for r in c["errored_runs"])
     # the driver's injector fired in the child, and the child's word reached the parent's record
-    assert cell(cert, "tool_fault")["fault_evidence"] == {"injector": 2}
+    assert cell(cert, "tool_fault")["evidence_from"] == {"injector": 2}
 
 
 def test_isolate_is_refused_for_agents_already_in_their_own_process(tmp_path: Path, db: Path) -> None:
