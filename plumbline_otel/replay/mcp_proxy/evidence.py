@@ -1,0 +1,126 @@
+"""What the MCP proxy witnessed in one attempt of one trial, kept per route and frozen at close.
+
+``McpTrialState`` is the live account the request handlers update (under its lock: the handlers
+run on the proxy's event loop while the driver opens and closes routes from its own threads);
+``McpEvidence`` is its frozen summary, which the driver writes into the trial's record so that
+exposure to a ``tool_fault`` never depends on the agent's own report.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from plumbline_otel.replay.identity import FaultPlan
+
+if TYPE_CHECKING:
+    from plumbline_otel.replay.adapters import Trial
+    from plumbline_otel.replay.budget import TrialBudget
+
+
+@dataclass(frozen=True)
+class McpEvidence:
+    """One attempt as the MCP proxy saw it.
+
+    ``faults`` is the witness a ``tool_fault`` cell is decided on: each ``{tool, call, error}`` is a
+    ``tools/call`` the proxy answered with the plan's error without calling the server. ``unroutable``
+    counts requests the proxy refused (no open route) while this route was open: they belong to no
+    trial, so a non-zero count says only that some agent missed its route in that window.
+    """
+
+    trial_id: str
+    attempt: int
+    calls: int  # tools/call requests through this route, faulted and decoy calls included
+    calls_by_tool: dict[str, int]
+    upstream_calls: int  # of those, how many reached the MCP server
+    upstream_errors: int  # of those, how many the server (or the way to it) answered with a protocol error
+    lists: int  # tools/list requests
+    faults: tuple[dict[str, Any], ...]  # {tool, call, error}
+    decoys_offered: tuple[str, ...]
+    decoys_called: tuple[dict[str, Any], ...]  # {tool, call}, in call order
+    passthrough: int  # other methods forwarded (resources, prompts)
+    unroutable: int
+
+    @property
+    def fault_fired(self) -> bool:
+        return bool(self.faults)
+
+    @property
+    def decoy_called(self) -> bool:
+        return bool(self.decoys_called)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "trial_id": self.trial_id, "attempt": self.attempt, "calls": self.calls,
+            "calls_by_tool": dict(self.calls_by_tool), "upstream_calls": self.upstream_calls,
+            "upstream_errors": self.upstream_errors, "lists": self.lists, "faults": [dict(f) for f in self.faults],
+            "decoys_offered": list(self.decoys_offered), "decoys_called": [dict(d) for d in self.decoys_called],
+            "passthrough": self.passthrough, "unroutable": self.unroutable,
+        }
+
+
+@dataclass
+class McpTrialState:
+    """The live account of one route (one attempt of one trial)."""
+
+    trial: Trial
+    budget: TrialBudget | None
+    token: str
+    fault: FaultPlan | None = None
+    decoys: dict[str, dict[str, Any]] = field(default_factory=dict)  # name -> spec, in the order offered
+    calls: int = 0
+    calls_by_tool: dict[str, int] = field(default_factory=dict)
+    upstream_calls: int = 0
+    upstream_errors: int = 0
+    lists: int = 0
+    faults: list[dict[str, Any]] = field(default_factory=list)
+    decoys_offered: list[str] = field(default_factory=list)
+    decoys_called: list[dict[str, Any]] = field(default_factory=list)
+    passthrough: int = 0
+    unroutable_at_open: int = 0
+    closed: bool = False
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def next_call(self, tool: str) -> int:
+        """Count a tools/call of ``tool``; its 1-based index among this attempt's calls of that tool."""
+        with self.lock:
+            self.calls += 1
+            n = self.calls_by_tool.get(tool, 0) + 1
+            self.calls_by_tool[tool] = n
+            return n
+
+    def fault_fires(self, tool: str, call: int) -> bool:
+        """Whether call number ``call`` of ``tool`` is one the plan fails (``scope.FaultInjector``'s rule)."""
+        plan = self.fault
+        return plan is not None and plan.tool == tool and plan.on_call <= call < plan.on_call + plan.times
+
+    def add_fault(self, tool: str, call: int, error: str) -> None:
+        with self.lock:
+            self.faults.append({"tool": tool, "call": call, "error": error})
+
+    def offered(self, names: list[str]) -> None:
+        with self.lock:
+            self.lists += 1
+            for name in names:
+                if name not in self.decoys_offered:
+                    self.decoys_offered.append(name)
+
+    def add_decoy_call(self, tool: str, call: int) -> None:
+        with self.lock:
+            self.decoys_called.append({"tool": tool, "call": call})
+
+    def upstream(self, error: bool) -> None:
+        with self.lock:
+            self.upstream_calls += 1
+            self.upstream_errors += int(error)
+
+    def evidence(self, unroutable_now: int) -> McpEvidence:
+        with self.lock:
+            identity = self.trial.identity
+            return McpEvidence(
+                trial_id=identity.trial_id, attempt=identity.attempt, calls=self.calls,
+                calls_by_tool=dict(self.calls_by_tool), upstream_calls=self.upstream_calls,
+                upstream_errors=self.upstream_errors, lists=self.lists, faults=tuple(dict(f) for f in self.faults),
+                decoys_offered=tuple(self.decoys_offered), decoys_called=tuple(dict(d) for d in self.decoys_called),
+                passthrough=self.passthrough, unroutable=unroutable_now - self.unroutable_at_open)

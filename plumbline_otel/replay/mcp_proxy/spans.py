@@ -1,0 +1,91 @@
+"""One span per ``tools/call`` the MCP proxy answered, in the GenAI and MCP semantic conventions.
+
+Several instrumentations leave a tool call's arguments and result off their spans; the proxy saw
+both on the wire, so it writes them (``gen_ai.tool.call.arguments`` / ``gen_ai.tool.call.result``,
+JSON text) on an ``execute_tool`` span under the trial's virtual root
+(``export.trial_span_context``). The trial's ``plumbline.*`` identity rides on every span, and a
+call the proxy failed on purpose carries ``plumbline.fault.injected`` and
+``plumbline.fault.source = mcp_proxy``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from opentelemetry import trace
+from opentelemetry.trace import NonRecordingSpan, SpanKind, Status, StatusCode, TracerProvider
+
+from plumbline_otel.replay.identity import TrialIdentity
+from plumbline_otel.runs import FAULT_INJECTED, FAULT_SOURCE
+
+SCOPE = "plumbline_otel.replay.mcp_proxy"
+SOURCE = "mcp_proxy"
+
+
+@dataclass
+class ToolCallRecord:
+    """What one ``tools/call`` was, for its span."""
+
+    identity: TrialIdentity
+    tool: str
+    call: int  # 1-based index among this attempt's calls of the tool
+    arguments: dict[str, Any] | None
+    started_ns: int
+    ended_ns: int
+    source: str  # upstream, fault, decoy
+    protocol_version: str = ""
+    request_id: str | int | None = None
+    tool_call_id: str | None = None
+    result: dict[str, Any] | None = None  # the CallToolResult on the wire (camelCase)
+    is_error: bool = False
+    error_type: str | None = None  # a protocol-level failure (no result)
+    error_message: str | None = None
+    fault_kind: str | None = None
+
+
+def _json(value: Any) -> str:
+    return orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS, default=str).decode()
+
+
+def attributes(rec: ToolCallRecord) -> dict[str, Any]:
+    attrs: dict[str, Any] = {
+        **rec.identity.attributes(),
+        "gen_ai.operation.name": "execute_tool",
+        "gen_ai.tool.name": rec.tool,
+        "gen_ai.tool.type": "extension",  # of the conventions' function / extension / datastore: a tool reached through a service
+        "gen_ai.tool.call.arguments": _json(rec.arguments or {}),
+        "mcp.method.name": "tools/call",
+        "plumbline.mcp.call": rec.call,
+        "plumbline.mcp.source": rec.source,
+    }
+    if rec.protocol_version:
+        attrs["mcp.protocol.version"] = rec.protocol_version
+    if rec.request_id is not None:
+        attrs["jsonrpc.request.id"] = str(rec.request_id)
+    if rec.tool_call_id:
+        attrs["gen_ai.tool.call.id"] = rec.tool_call_id
+    if rec.result is not None:
+        attrs["gen_ai.tool.call.result"] = _json(rec.result)
+    if rec.fault_kind is not None:
+        attrs[FAULT_INJECTED] = True
+        attrs[FAULT_SOURCE] = SOURCE
+        attrs["plumbline.mcp.fault"] = rec.fault_kind
+    return attrs
+
+
+def emit(provider: TracerProvider, rec: ToolCallRecord) -> None:
+    """Write ``rec`` as a CLIENT span (the proxy calls the tool for the agent), child of the trial's root."""
+    from plumbline_otel.replay.export import trial_span_context
+
+    parent = trace.set_span_in_context(NonRecordingSpan(trial_span_context(rec.identity)))
+    span = provider.get_tracer(SCOPE).start_span(f"tools/call {rec.tool}", context=parent, kind=SpanKind.CLIENT,
+                                                 start_time=rec.started_ns, attributes=attributes(rec))
+    if rec.error_type is not None:
+        span.set_status(Status(StatusCode.ERROR, rec.error_message or rec.error_type))
+        span.set_attribute("error.type", rec.error_type)
+    elif rec.is_error:
+        span.set_status(Status(StatusCode.ERROR, rec.error_message or "tool_error"))
+        span.set_attribute("error.type", "tool_error")  # the MCP conventions' value for a result with isError
+    span.end(end_time=rec.ended_ns)
