@@ -66,6 +66,16 @@ SERVER = textwrap.dedent('''
         _log("pay", {"invoice_id": invoice_id, "amount": amount})
         return f"paid {amount} on {invoice_id}"
 
+    @app.resource("invoices://open")
+    def open_invoices() -> str:
+        """The open invoices."""
+        return "INV-7"
+
+    @app.prompt()
+    def pay_prompt(invoice_id: str) -> str:
+        """Ask to pay an invoice."""
+        return f"Please pay {invoice_id}."
+
     if sys.argv[1:] == ["http"]:
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         sock.bind(("127.0.0.1", 0))
@@ -349,6 +359,27 @@ def test_two_trials_at_once_keep_their_evidence_apart(http_proxy):
     assert ea.calls_by_tool == {"pay": 3} and eb.calls_by_tool == {"pay": 3, DECOY["name"]: 1}
     assert ea.upstream_calls == 2 and eb.upstream_calls == 3
     assert len(upstream.calls("INV-a")) == 2 and len(upstream.calls("INV-b")) == 3
+
+
+@pytest.mark.parametrize("mode", ["auto", "legacy"])
+def test_resources_and_prompts_pass_through_unchanged(stdio_proxy, mode):
+    proxy, _ = stdio_proxy
+    route = proxy.open_trial(make_trial(9, PAY_FAULT, (DECOY,)))
+
+    async def agent() -> tuple[list[str], str, list[str], str]:
+        async with Client(route.url, mode=mode) as client:
+            resources = [str(r.uri) for r in (await client.list_resources()).resources]
+            read = await client.read_resource("invoices://open")
+            prompts = [p.name for p in (await client.list_prompts()).prompts]
+            prompt = await client.get_prompt("pay_prompt", {"invoice_id": "INV-9"})
+            return resources, getattr(read.contents[0], "text", ""), prompts, getattr(prompt.messages[0].content, "text", "")
+
+    try:
+        resources, body, prompts, prompt = run(agent())
+    finally:
+        evidence = proxy.close_trial(route)
+    assert (resources, body, prompts, prompt) == (["invoices://open"], "INV-7", ["pay_prompt"], "Please pay INV-9.")
+    assert evidence.passthrough == 4 and evidence.calls == 0 and evidence.faults == ()
 
 
 def test_routes_are_per_attempt_and_the_proxy_refuses_what_it_cannot_serve(stdio_proxy):

@@ -409,10 +409,17 @@ class McpProxy:
             rec.is_error = result.is_error
             if result.is_error:
                 rec.error_message = " ".join(c.text for c in result.content if isinstance(c, types.TextContent))[:500] or None
-            return result
-        finally:
+        except BaseException as exc:  # a protocol error for the agent, or the call cancelled: still a span
             rec.ended_ns = time.time_ns()
+            if rec.error_type is None:
+                rec.error_type, rec.error_message = type(exc).__name__, _describe(exc)
             self._emit(rec)
+            raise
+        rec.ended_ns = time.time_ns()
+        # Written before the agent has its answer, so a finished agent's tool calls are all exported; off the
+        # loop, so a slow exporter holds up this call only, never the other trials'.
+        await asyncio.to_thread(self._emit, rec)
+        return result
 
     async def _upstream_call(self, state: McpTrialState, params: types.CallToolRequestParams,
                              rec: ToolCallRecord) -> types.CallToolResult:
