@@ -74,13 +74,18 @@ def _traffic(study: DemoStudy, store: Store, runs_dir: Path) -> list[Any]:
 def _replay(study: DemoStudy, store: Store, runs_dir: Path, tasks: list[Any], repeats: int, concurrency: int) -> None:
     """Replay every arm on the tasks through the replay driver, then ingest what they exported."""
     from plumbline_otel.replay import PERTURBATIONS, SpanSink, StudyConfig, open_study
+    from plumbline_otel.replay.perturb import PROXY_PERTURBATIONS
 
-    click.secho(f"\n5. Replay: {len(study.arms)} agents × {len(tasks)} tasks × {len(PERTURBATIONS)} perturbations "
-                f"({', '.join(PERTURBATIONS)}) × {repeats} repeats, through the replay driver", bold=True)
+    # The reference agents run in this process on the metered client; the wire's faults need the proxy
+    # (`plumbline replay --proxy`, tests/replay/test_replay_proxy_e2e.py).
+    perturbations = [p for p in PERTURBATIONS if p not in PROXY_PERTURBATIONS]
+
+    click.secho(f"\n5. Replay: {len(study.arms)} agents × {len(tasks)} tasks × {len(perturbations)} perturbations "
+                f"({', '.join(perturbations)}) × {repeats} repeats, through the replay driver", bold=True)
     files = []
     for arm in study.arms:
         sink = SpanSink(otlp_file=str(runs_dir / f"{arm}.otlp.jsonl"))
-        config = StudyConfig(f"{STUDY_PREFIX}{arm}", perturbations=tuple(PERTURBATIONS), repeats=repeats, concurrency=concurrency,
+        config = StudyConfig(f"{STUDY_PREFIX}{arm}", perturbations=tuple(perturbations), repeats=repeats, concurrency=concurrency,
                              budget_usd=1.00, state_dir=runs_dir / "state" / arm, sink=sink)
         adapter = study.adapter(arm)
         try:

@@ -237,8 +237,13 @@ def _start_proxies(opts: ReplayOptions, prepared: Any, adapter: Any, tasks: list
 def run_replay(opts: ReplayOptions) -> None:
     """Source the tasks, open the study, run it (or print its plan), write its summary, say what comes next."""
     from plumbline_otel.replay import CommandAdapter, HttpAdapter, IsolatedAdapter, load_adapter, open_study, source_tasks
+    from plumbline_otel.replay.perturb import PROXY_PERTURBATIONS
 
     names = opts.perturbation_names()
+    wire = sorted(set(names) & PROXY_PERTURBATIONS)
+    if wire and not opts.use_proxy:
+        raise ConfigError(f"{', '.join(wire)} live on the wire between the agent and its model provider: pass --proxy "
+                          "(the agent's model calls go through plumbline's model-API proxy, which injects and witnesses them)")
     if bool(opts.otlp_file) == bool(opts.endpoint) and not opts.dry_run:
         raise ConfigError("give exactly one of --otlp-file and --endpoint (where the trials' spans and markers go)")
     stores = sources(opts.db, opts.server, assemble=True)

@@ -201,6 +201,7 @@ def _meter(scope: TrialScope, model: Any, usage_source: Any) -> None:
 
 
 def _handle(module: Any, inner: Any, scope: TrialScope, request: Any, raw: bytes, body: dict[str, Any]) -> Any:
+    scope.observe_request(body)  # the driver sees whether the variant's decoys and sampling reach the model
     content = request_content(request.method, request.url.path, body)
     occurrence = scope.occurrence(content_digest(content))
     key = cache_key(scope.identity, content, occurrence)

@@ -200,6 +200,10 @@ class Perturbation:
 PERTURBATIONS: dict[str, Perturbation] = {}
 
 
+# Perturbations only the model-API proxy can apply (they live on the wire between agent and provider).
+PROXY_PERTURBATIONS = frozenset({"model_fault", "tool_result_fault"})
+
+
 def register(name: str, *, changes_text: bool, preserves: str) -> Callable[[Callable[..., list[Candidate]]], Callable[..., list[Candidate]]]:
     """Register ``fn(task, options, rng) -> [(text, metadata), …]`` as perturbation ``name``."""
     def wrap(fn: Callable[..., list[Candidate]]) -> Callable[..., list[Candidate]]:

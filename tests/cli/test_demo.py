@@ -10,6 +10,7 @@ from click.testing import CliRunner
 from demo_support import DemoRun
 
 from plumbline_otel.cli.main import cli
+from plumbline_otel.runs import is_record
 from plumbline_otel.store import Store
 
 
@@ -40,9 +41,13 @@ def test_demo_replays_checks_and_certifies_the_reference_agents_through_the_repl
     for arm in ("plan_execute", "plan_execute_retry", "react"):
         assert (runs / "state" / arm / "ledger.jsonl").exists() and (runs / "state" / arm / "variants.jsonl").exists()
         assert f"study ap-demo-{arm}: 264 trials planned; ran 264 (264 ok, 0 missing, 0 errored)" in result.output
-    assert result.output.count("tool faults fired in 44/44 tool_fault trials") == 3
+    assert result.output.count("faults seen by the driver to fire in 44/44 faulted trials the agent ran") == 3
+    # Every cell's evidence came from the driver: its injector for tool faults, its metered client for decoys and sampling.
+    assert all(cells[(a, "tool_fault")]["evidence_from"] == {"injector": 44} for a, _ in cells)
+    assert all(cells[(a, p)]["evidence_from"] == {"client": 44} for a, _ in cells for p in ("decoy_tools", "sampling"))
     with Store(db) as store:
-        replayed = [t for t in store.trajectories() if str(t.context.get("plumbline.study", "")).startswith("ap-demo-")]
+        replayed = [t for t in store.trajectories() if str(t.context.get("plumbline.study", "")).startswith("ap-demo-")
+                    and not is_record(t)]
     assert len(replayed) == 792 and len({t.trace_id for t in replayed}) == 792
     assert all(t.context["plumbline.trial.attempt"] == 1 for t in replayed)
     faulted = [t for t in replayed if t.context["plumbline.perturbation"] == "tool_fault"]
