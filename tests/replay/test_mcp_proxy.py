@@ -411,3 +411,16 @@ def test_an_upstream_that_cannot_start_fails_start_quickly(tmp_path):
             proxy.start()
     assert time.monotonic() - started < 8
     proxy.stop()  # idempotent after a failed start
+
+
+def test_an_upstream_that_never_answers_is_given_up_on(tmp_path):
+    def loops() -> int:
+        return len([t for t in threading.enumerate() if t.name == "plumbline-mcp-proxy"])
+
+    before, started = loops(), time.monotonic()
+    with open(tmp_path / "err", "w") as errlog:
+        proxy = McpProxy([sys.executable, "-c", "import time; time.sleep(30)"], start_timeout_s=1, errlog=errlog)
+        with pytest.raises(ConfigError, match="not ready within 1s"):
+            proxy.start()
+    assert time.monotonic() - started < 8
+    assert loops() == before  # its loop thread ended, the server process with it

@@ -186,10 +186,8 @@ class McpProxy:
             return
         if server is not None:
             server.should_exit = True
-        elif self._loop is not None and not self._ready.is_set():
-            loop = self._loop
-            for task in asyncio.all_tasks(loop):
-                loop.call_soon_threadsafe(task.cancel)
+        elif self._loop is not None and not self._ready.is_set():  # still connecting upstream: give up on it
+            self._loop.call_soon_threadsafe(_cancel_all)
         thread.join(15.0)
         self._thread = None
         self._uvicorn = None
@@ -464,6 +462,11 @@ class _RawRequest(types.Request[dict[str, Any] | None, str]):
 
     method: str
     params: dict[str, Any] | None = None
+
+
+def _cancel_all() -> None:
+    for task in asyncio.all_tasks():
+        task.cancel()
 
 
 def _error_result(text: str) -> types.CallToolResult:
