@@ -27,12 +27,16 @@ not matter.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import gc
 import multiprocessing
 import os
 import queue
 import shutil
+import signal
+import sys
 import tempfile
+import threading
 import time
 from collections import deque
 from collections.abc import Iterable, Iterator
@@ -52,7 +56,9 @@ from plumbline_otel.rows import span_table, trajectory_table, unique_spans
 
 _IN_FLIGHT_PER_WORKER = 8  # units queued for one worker before `submit` waits: bounds memory
 _WORKER_START_TIMEOUT = 60.0
-_PARENT_CHECK_SECONDS = 1.0  # how often an idle worker checks that its writer is still alive
+_PARENT_CHECK_SECONDS = 0.5  # how often a worker's watchdog thread checks that its writer is still alive
+_PR_SET_PDEATHSIG = 1  # prctl(2): the signal the kernel sends this process when its parent dies
+_PARENT_GONE_RT = 4  # that signal: SIGRTMIN + this, which nothing else sends
 
 
 def shard_of(trace_id: bytes, shards: int) -> int:
@@ -372,13 +378,52 @@ def spooled_bytes(pid: int) -> int:
     return total
 
 
-def _worker(index: int, settings: ShardSettings, inbox: Any, outbox: Any, spool: _Spool) -> None:
+def _leave(spool: _Spool) -> None:
+    """End this worker at once: its writer is gone, so nobody will read its parts or its spool."""
+    spool.remove()
+    os._exit(1)  # not sys.exit: the queues' feeder threads would wait forever to flush into pipes nobody reads
+
+
+def _die_with_parent(parent: int, spool: _Spool, kernel: bool) -> None:
+    """Leave as soon as the writer `parent` is gone, whatever the worker is doing then.
+
+    Killed with SIGKILL, a writer cannot tell its workers, and a worker may then be blocked for good:
+    in the middle of reading a unit the writer was writing when it died (the worker holds the write
+    end of its own inbox, so the read never ends), or at exit, its feeder thread flushing parts into
+    a pipe nobody reads. Two watchers, so either suffices:
+    - with `kernel` (Linux, the pool made on the main thread), prctl(PR_SET_PDEATHSIG) has the kernel
+      send a real-time signal the moment the thread that started the worker ends: the writer's main
+      thread ends only when the writer does (killed, its threads die one by one, and the worker may
+      briefly still see the same parent id). The signal is one nobody else sends, and its handler
+      removes the spool and exits (a blocked pipe read is interrupted for it);
+    - a watchdog thread polls the parent's id every `_PARENT_CHECK_SECONDS` and does the same.
+    The parent may have died before either was armed: checked once after both are.
+    """
+    if kernel and sys.platform.startswith("linux"):
+        gone = signal.SIGRTMIN + _PARENT_GONE_RT
+        signal.signal(gone, lambda *_: _leave(spool))
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, gone, 0, 0, 0)
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(_PARENT_CHECK_SECONDS)
+        _leave(spool)
+
+    threading.Thread(target=watch, name="plumbline-parent-watch", daemon=True).start()
+    if os.getppid() != parent:
+        _leave(spool)
+
+
+def _worker(index: int, settings: ShardSettings, inbox: Any, outbox: Any, spool: _Spool, parent: int = 0,
+            kernel_watch: bool = False) -> None:
     """A worker process: one shard, messages in order, parts out in order.
 
-    It leaves when told (None), or when its parent is gone: a writer killed with SIGKILL cannot
-    say so, and a worker left waiting would hold its memory forever.
+    It leaves when told (None), or when its parent (`parent`, the writer) is gone: a writer killed
+    with SIGKILL cannot say so, and a worker left waiting would hold its memory forever
+    (`_die_with_parent`).
     """
-    parent = os.getppid()
+    _die_with_parent(parent or os.getppid(), spool, kernel_watch)
     gc.freeze()  # the imported modules, out of the collector's sight for good
     gc.disable()
     shard = Shard(index, settings)
@@ -386,11 +431,8 @@ def _worker(index: int, settings: ShardSettings, inbox: Any, outbox: Any, spool:
     collected = time.monotonic()
     while True:
         try:
-            message = inbox.get(timeout=_PARENT_CHECK_SECONDS)
+            message = inbox.get(timeout=_COLLECT_SECONDS)
         except queue.Empty:
-            if os.getppid() != parent:
-                spool.remove()  # nobody is left to read it
-                return
             continue
         if message is None:
             return
@@ -439,7 +481,10 @@ class ShardPool:
         self._inboxes = [context.Queue(maxsize=_IN_FLIGHT_PER_WORKER) for _ in range(workers)]
         self._spool = _Spool.create()
         shard_settings = replace(settings, shards=workers)
-        self._procs = [context.Process(target=_worker, args=(i, shard_settings, self._inboxes[i], self._outbox, self._spool),
+        # the kernel's parent-death signal follows the thread that started a worker: armed only when that is the main thread
+        kernel_watch = threading.current_thread() is threading.main_thread()
+        self._procs = [context.Process(target=_worker, args=(i, shard_settings, self._inboxes[i], self._outbox, self._spool,
+                                                             os.getpid(), kernel_watch),
                                        name=f"plumbline-shard-{i}", daemon=True) for i in range(workers)]
         try:
             for proc in self._procs:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import gc
 import json
 import multiprocessing
+import os
 import random
 import threading
 import time
@@ -511,6 +512,113 @@ def test_shard_workers_leave_when_their_writer_is_killed(tmp_path: Path) -> None
         alive = [pid for pid in workers if _running(pid)]
     assert not alive, f"shard workers {alive} outlived their killed writer"
     assert not spools(writer.pid), "the killed writer's spool was left in memory"
+
+
+_MID_MESSAGE_WRITER = """
+import struct, sys, threading, time
+from plumbline_otel.pipeline import ShardPool, ShardSettings
+if __name__ == '__main__':
+    pools = []
+    make = lambda: pools.append(ShardPool(ShardSettings(), workers=2))
+    if sys.argv[1] == 'thread':  # made off the main thread: the kernel's parent-death signal is not armed
+        maker = threading.Thread(target=make)
+        maker.start()
+        maker.join()
+    else:
+        make()
+    pool = pools[0]
+    for inbox in pool._inboxes:  # each worker now reads a unit whose rest never comes (the writer dies mid-write)
+        inbox._writer._send(struct.pack("!i", 1 << 20) + b"partial")
+    print(' '.join(str(pid) for pid in pool.pids), flush=True)
+    time.sleep(600)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("made_on", ["main", "thread"])
+def test_shard_workers_blocked_mid_message_leave_when_their_writer_is_killed(tmp_path: Path, made_on: str) -> None:
+    """Issue 30 item 6: a worker reading a unit its killed writer never finished was blocked for good.
+
+    Made on the main thread, the kernel tells the workers (PR_SET_PDEATHSIG); made on another thread
+    (whose end would fire that signal too early, so it is not armed) the watchdog thread does.
+    """
+    import signal
+    import subprocess
+    import sys
+
+    script = tmp_path / "writer.py"
+    script.write_text(_MID_MESSAGE_WRITER)
+    writer = subprocess.Popen([sys.executable, str(script), made_on], stdout=subprocess.PIPE, text=True)
+    assert writer.stdout is not None
+    workers = [int(pid) for pid in writer.stdout.readline().split()]
+    assert len(workers) == 2
+    time.sleep(0.5)  # the workers are inside the read now
+    writer.send_signal(signal.SIGKILL)
+    writer.wait()
+    deadline = time.monotonic() + 10
+    alive = workers
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.05)
+        alive = [pid for pid in workers if _running(pid)]
+    for pid in alive:
+        os.kill(pid, signal.SIGKILL)
+    assert not alive, f"shard workers {alive} outlived their killed writer"
+    assert not spools(writer.pid), "the killed writer's spool was left in memory"
+
+
+@pytest.mark.slow
+def test_no_shard_worker_outlives_a_serve_killed_under_load(tmp_path: Path) -> None:
+    """Issue 30 item 6: `plumbline serve` killed with SIGKILL while its workers are busy leaves no worker behind (twice)."""
+    import http.client
+    import signal
+
+    from receive_support import ServeProcess
+
+    request = ExportTraceServiceRequest()
+    scope = request.resource_spans.add().scope_spans.add()
+    for _ in range(2000):
+        scope.spans.add(trace_id=os.urandom(16), span_id=os.urandom(8), name="s" * 200, start_time_unix_nano=1,
+                        end_time_unix_nano=2).attributes.add(key="gen_ai.input.messages").value.string_value = "y" * 2000
+    body = request.SerializeToString()
+    for round_ in range(2):
+        server = ServeProcess(tmp_path / f"r{round_}", "--workers", "2")
+        server.tmp_path.mkdir()
+        server.db = server.tmp_path / "plumbline.duckdb"
+        server.log_path = server.tmp_path / "serve.log"
+        server.start()
+        assert server.proc is not None
+        workers = [int(child) for task in Path(f"/proc/{server.proc.pid}/task").iterdir()
+                   for child in (task / "children").read_text().split()]
+        stop = threading.Event()
+
+        def pump(port: int, stop: threading.Event) -> None:
+            while not stop.is_set():
+                connection = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+                try:
+                    connection.request("POST", "/v1/traces", body=body, headers={"Content-Type": "application/x-protobuf"})
+                    connection.getresponse().read()
+                except (OSError, http.client.HTTPException):
+                    pass
+                finally:
+                    connection.close()
+
+        pumps = [threading.Thread(target=pump, args=(server.http_port, stop), daemon=True) for _ in range(4)]
+        for thread in pumps:
+            thread.start()
+        time.sleep(2.5)
+        server.kill()
+        stop.set()
+        deadline = time.monotonic() + 10
+        alive = workers
+        while alive and time.monotonic() < deadline:
+            time.sleep(0.05)
+            alive = [pid for pid in workers if _running(pid)]
+        for pid in alive:
+            os.kill(pid, signal.SIGKILL)
+        for thread in pumps:
+            thread.join(10)
+        assert not alive, f"round {round_}: processes {alive} outlived the killed server"
+        assert not spools(server.proc.pid)
 
 
 def _running(pid: int) -> bool:
