@@ -85,7 +85,7 @@ class Server:
 
     def _start_grpc(self) -> None:
         cfg = self.config
-        api = PlumblineServicer(self.queue, self.metrics, cfg.db_path, lambda: self.status)
+        api = PlumblineServicer(self.queue, self.metrics, cfg.db_path, lambda: self.status if self.queue.store_problem is None else "STORE_UNUSABLE")
         try:
             limits = GrpcLimits(max_exports=cfg.grpc_max_concurrent_streams, message_timeout=cfg.grpc_message_timeout_seconds,
                                 keepalive_time=cfg.grpc_keepalive_time_seconds, keepalive_timeout=cfg.grpc_keepalive_timeout_seconds,
@@ -99,6 +99,8 @@ class Server:
         except RuntimeError as exc:
             raise ConfigError(f"receivers.otlp.protocols.grpc.endpoint: cannot listen on {cfg.grpc_endpoint}: {exc}") from None
         self.grpc.start()
+        grpc_server = self.grpc
+        self.queue.on_store_state.append(lambda problem: grpc_server.set_serving(problem is None))
 
     def _console(self) -> Console:
         """The console, reading through its own cursor of the store: pages never wait on ingest, nor it on them."""

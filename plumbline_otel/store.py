@@ -14,7 +14,7 @@ import os
 import threading
 import time
 from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -244,6 +244,8 @@ class StoreLocked(StoreError):
 
 # A file open for writing in this process: the connection that attached it, and how many stores use it.
 _attached: dict[str, tuple[Any, int]] = {}
+_spares: dict[str, Any] = {}  # ... and its cursor on the spare database (`_connect`)
+_SPARE = "plumbline_spare"
 _attached_lock = threading.Lock()
 
 
@@ -257,10 +259,12 @@ def _connect(path: str, read_only: bool) -> Any:
 
     The row group size is an option of ATTACH, not kept in the file, so a writer attaches the file
     to an in-memory database, makes it the default and detaches the in-memory one: every cursor
-    then opens on the store, as with `duckdb.connect(path)`. Stores of one file in one process
-    share that database (as `duckdb.connect` shares one per path), each through its own cursor,
-    and the last to close detaches it. DuckDB would spill to `.tmp` in the working directory for an
-    in-memory database; the store's spills stay beside its file.
+    then opens on the store, as with `duckdb.connect(path)`. An empty in-memory database `spare`
+    is attached beside it, and one cursor kept on it (`_spares`): the one cursor that can still
+    detach the file and attach it again when DuckDB has invalidated it (`Store.reattach`; a cursor
+    on the store cannot even change databases then). Stores of one file in one process share that database (as `duckdb.connect` shares one per
+    path), each through its own cursor, and the last to close detaches it. DuckDB would spill to
+    `.tmp` in the working directory for an in-memory database; the store's spills stay beside its file.
     """
     if not _attaches(path, read_only):
         return duckdb.connect(path, read_only=read_only)
@@ -273,15 +277,31 @@ def _connect(path: str, read_only: bool) -> Any:
         database = duckdb.connect()
         quoted = path.replace("'", "''")
         try:
-            database.execute(f"ATTACH '{quoted}' AS store (ROW_GROUP_SIZE {ROW_GROUP_SIZE})")
+            database.execute(_ATTACH.format(path=quoted))
             database.execute("USE store")
             database.execute("DETACH memory")
             database.execute(f"SET temp_directory = '{quoted}.tmp'")
+            database.execute(f"ATTACH ':memory:' AS {_SPARE}")
+            spare = database.cursor()
+            spare.execute(f"USE {_SPARE}")
         except BaseException:
             database.close()
             raise
         _attached[key] = (database, 1)
+        _spares[key] = spare
         return database.cursor()
+
+
+_ATTACH = f"ATTACH '{{path}}' AS store (ROW_GROUP_SIZE {ROW_GROUP_SIZE})"
+
+
+def invalidated(exc: BaseException) -> bool:
+    """Whether DuckDB has invalidated the store's database with this error: a checkpoint failed (a full disk).
+
+    Every statement fails from then on, until the file is detached and attached again (`Store.reattach`).
+    """
+    text = str(exc)
+    return isinstance(exc, duckdb.FatalException) or (isinstance(exc, duckdb.Error) and ("invalidated" in text or "reattach" in text))
 
 
 def _disconnect(path: str, connection: Any, read_only: bool) -> None:
@@ -296,6 +316,7 @@ def _disconnect(path: str, connection: Any, read_only: bool) -> None:
             _attached[key] = (database, users - 1)
         else:
             del _attached[key]
+            _spares.pop(key).close()
             database.close()
 
 
@@ -322,6 +343,30 @@ class Store:
         # A file opened read-only keeps the schema it was written with (older columns may be missing).
         self.schema_version = self._version()
         self.task_keys = tuple(task_keys) if task_keys else self._stored_task_keys()
+
+    def reattach(self) -> None:
+        """Detach the file and attach it again, then checkpoint: the way back from an invalidated database.
+
+        DuckDB invalidates a database whose checkpoint failed (a full disk): every statement fails
+        until the file is detached and attached again, which replays its write-ahead log (a commit
+        DuckDB reported as failed at the checkpoint may have been durable: its retry is recognised,
+        since the span keys are read again). The checkpoint that follows needs room on the disk, so
+        this raises (leaving the database invalid again) until there is some. Every cursor of the
+        store's database, this store's and its readers', works again afterwards. A writer's store only.
+        """
+        if not _attaches(self.path, self.read_only):
+            raise StoreError("only a store open for writing can be attached again")
+        with suppress(duckdb.Error):  # a result left open holds the old database: the file could not be attached again
+            self.connection.complete()
+        with _attached_lock:  # the other cursors' statements fail meanwhile, as they did before
+            spare = _spares[os.path.realpath(self.path)]
+            spare.execute("DETACH DATABASE IF EXISTS store")
+            spare.execute(_ATTACH.format(path=self.path.replace("'", "''")))
+            # detaching the default made `spare` the default for new cursors: detached and attached again, store is
+            for statement in ("USE store", f"DETACH {_SPARE}", f"ATTACH ':memory:' AS {_SPARE}", f"USE {_SPARE}"):
+                spare.execute(statement)
+        self._span_keys = self._trace_counts = None  # read again from the rows: a commit reported failed may be stored
+        self.connection.execute("CHECKPOINT")
 
     # --- schema -----------------------------------------------------------------------------
 
@@ -362,7 +407,8 @@ class Store:
         try:
             yield
         except BaseException:
-            self.connection.execute("ROLLBACK")
+            with suppress(duckdb.Error):  # an invalidated database refuses the rollback too: its own error is the one to tell
+                self.connection.execute("ROLLBACK")
             raise
         self.connection.execute("COMMIT")
 

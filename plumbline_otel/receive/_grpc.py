@@ -299,8 +299,13 @@ class GrpcReceiver:
 
     def start(self) -> None:
         self.server.start()
+        self.set_serving(True)
+
+    def set_serving(self, serving: bool) -> None:
+        """What health checks answer for every service: NOT_SERVING while the store is unusable."""
+        status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
         for service in ("", TRACE_SERVICE, LOGS_SERVICE, "plumbline.v1.Plumbline"):
-            self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
+            self.health.set(service, status)
 
     def stop(self, grace: float) -> None:
         """Refuse new calls, let the ones in flight finish (within `grace`), then close."""

@@ -392,9 +392,14 @@ class _Handler(BaseHTTPRequestHandler):
         elif self.conn.overflow and path != "/healthz":
             self._error(503, "too many connections", headers={"Retry-After": str(self.server.retry_after_header)})
         elif path == "/healthz":
-            draining = self.server.draining
-            body = orjson.dumps({"status": "draining" if draining else "ok"})
-            self._send(503 if draining else 200, body, _JSON)
+            problem = self.server.intake.queue.store_problem
+            if self.server.draining:
+                self._send(503, orjson.dumps({"status": "draining"}), _JSON)
+            elif problem is not None:  # an invalidated store: requests are pushed back until it is attached again
+                self._send(503, orjson.dumps({"status": "store unusable", "reason": problem}), _JSON,
+                           {"Retry-After": str(self.server.retry_after_header)})
+            else:
+                self._send(200, orjson.dumps({"status": "ok"}), _JSON)
         elif path == "/metrics":
             self._send(200, self.server.render_metrics().encode(), "text/plain; version=0.0.4; charset=utf-8")
         elif self.server.console is not None and self.server.console.answers(path):

@@ -24,11 +24,21 @@ body's bytes in the server's one `MemoryBudget` (`_budget.py`; the transports re
 reading and hand them over as `held`), `submit` adds its span count; either past its bound raises
 `Overloaded` (`OverBudget` for bytes; unless nothing else is in flight, so one request larger than a
 bound still gets through alone). A queued request holds its protobuf bytes' worth until committed.
+
+A store DuckDB invalidated (a checkpoint failed: a full disk) refuses every statement. The commit
+thread then marks the store unusable (`store_problem`, which health checks and `/metrics` report, and
+`on_store_state` listeners hear), answers every queued request and call with `StoreError` (retryable:
+503 / UNAVAILABLE) without touching the store, refuses new requests at `submit`, and tries to attach
+the file again (`Store.reattach`) after 1 s, then twice as long each time up to 30 s. A reattach
+succeeds once the checkpoint after it does, that is once there is room again; then the store is
+usable, and everything pending is assembled. Nothing acknowledged is lost: a request is answered
+only after its commit, and a commit reported failed but durable is recognised when retried.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections import deque
@@ -41,12 +51,14 @@ from plumbline_otel.errors import PlumblineError, StoreError
 from plumbline_otel.pipeline import Flushed, ShardPool, ShardSettings, SpanPart, TrajectoryPart, concat_parts
 from plumbline_otel.receive._budget import MemoryBudget
 from plumbline_otel.receive._metrics import Metrics
-from plumbline_otel.store import Store
+from plumbline_otel.store import Store, invalidated
 
 log = logging.getLogger("plumbline.receive")
 
 _MAX_PENDING_CALLS = 64
 _MAX_COMMIT_QUEUE = 64  # parts waiting for the commit thread before the collector waits
+_REATTACH_FIRST, _REATTACH_MAX = 1.0, 30.0  # seconds before attaching an invalidated store again: doubled each time
+_ASSEMBLE_RETRY_MAX = 30.0  # a failed assembly waits its interval, doubled each time, up to this
 
 # What a request comes back as once committed: the problems met in it and how many spans it rejected.
 Prepared = tuple[list[Problem], int]
@@ -138,6 +150,15 @@ class WriteQueue:
         self._close_budget: float | None = None
         self.recovered = 0  # traces an earlier process left pending, assembled at start
         self.left_pending = 0  # traces still pending when the store closed
+        self.store_problem: str | None = None  # why the store is unusable now (None: it is usable)
+        self.on_store_state: list[Callable[[str | None], None]] = []  # told the problem (None once usable again)
+        self._reattach_at = 0.0
+        self._reattach_wait = _REATTACH_FIRST
+        self._assemble_wait = 0.0  # extra wait after a failed assembly (0: none failed)
+        self._db_dir = ""  # the store's folder, kept out of what clients are told
+        metrics.gauge("plumbline_store_usable", lambda: 0 if self.store_problem else 1)
+        metrics.inc("plumbline_store_invalidated_total", 0)
+        metrics.inc("plumbline_store_reattached_total", 0)
         metrics.gauge("plumbline_queue_spans", lambda: self._spans)
         metrics.gauge("plumbline_queue_bytes", lambda: self.budget.used)
         metrics.gauge("plumbline_memory_budget_bytes", lambda: self.budget.limit)
@@ -196,6 +217,9 @@ class WriteQueue:
             if self._dispatch_done or self._closing:
                 self.budget.give(nbytes)
                 raise Overloaded("the server is shutting down")
+            if self.store_problem is not None:
+                self.budget.give(nbytes)
+                raise Overloaded(f"the store is unusable ({self.store_problem}); retry later")
             if self._spans and self._spans + spans > self.max_spans:
                 self.budget.give(nbytes)
                 raise Overloaded(f"the ingest queue is full ({self._spans} spans waiting to be stored)")
@@ -317,10 +341,16 @@ class WriteQueue:
             self._started.set()
             return
         self._task_keys = store.task_keys
+        self._db_dir = os.path.dirname(os.path.abspath(store.path)) + os.sep
         self._recover(store)
         self._started.set()
         try:
             while (work := self._next_work()) is not None:
+                if self.store_problem is not None and time.monotonic() >= self._reattach_at:
+                    self._reattach(store)
+                if self.store_problem is not None:
+                    self._refuse(work)
+                    continue
                 if isinstance(work, _Call):
                     self._run_call(store, work)
                 elif isinstance(work, list):
@@ -334,6 +364,58 @@ class WriteQueue:
             self._fail_unfinished(StoreError("the server stopped before these spans were committed"))
             store.close()
 
+    # --- an invalidated store: refuse, back off, attach it again ----------------------------------
+
+    def _failed(self, exc: BaseException) -> None:
+        """Note a store error: an invalidating one makes the store unusable until `_reattach` succeeds."""
+        if self.store_problem is not None or not invalidated(exc):
+            return
+        self.store_problem = self.client_text(f"DuckDB invalidated the database: {str(exc).splitlines()[0][:300]}")
+        self._reattach_wait = _REATTACH_FIRST
+        self._reattach_at = time.monotonic() + self._reattach_wait
+        self._metrics.inc("plumbline_store_invalidated_total")
+        log.error("the store is unusable (%s); requests are pushed back and it is attached again in %.0f s "
+                  "(then at most every %.0f s) until that succeeds, which needs room on its disk",
+                  str(exc).splitlines()[0], self._reattach_wait, _REATTACH_MAX)
+        self._tell(self.store_problem)
+
+    def _reattach(self, store: Store) -> None:
+        try:
+            store.reattach()
+        except Exception as exc:
+            self._reattach_wait = min(2 * self._reattach_wait, _REATTACH_MAX)
+            self._reattach_at = time.monotonic() + self._reattach_wait
+            log.warning("the store is still unusable (%s); next attempt in %.0f s", str(exc).splitlines()[0], self._reattach_wait)
+            return
+        self.store_problem = None
+        self._metrics.inc("plumbline_store_reattached_total")
+        self._dirty_since = time.monotonic()  # whatever is pending, assembled from the store
+        self._assemble_wait = 0.0
+        log.warning("the store is usable again (attached again after it was invalidated)")
+        self._tell(None)
+
+    def _tell(self, problem: str | None) -> None:
+        for listener in self.on_store_state:
+            try:
+                listener(problem)
+            except Exception:
+                log.exception("a store-state listener failed")
+
+    def _refuse(self, work: list[SpanPart] | TrajectoryPart | _Call | str) -> None:
+        """Answer work that reached the commit thread while the store is unusable, without touching it."""
+        error = StoreError(f"the store is unusable ({self.store_problem}); retry later")
+        if isinstance(work, _Call):
+            with self._lock:
+                self._calls -= 1
+            work.ticket.finish(None, error)
+        elif isinstance(work, list):
+            self._settle(work, error)
+        # a trajectory part is dropped: its traces stay dirty in the store and are rebuilt once it is usable
+
+    def client_text(self, text: str) -> str:
+        """`text` without the store's folder: clients are told the file's name, never where the server keeps it."""
+        return text.replace(self._db_dir, "") if self._db_dir else text
+
     def _recover(self, store: Store) -> None:
         """Assemble what an earlier process left pending; a failure is logged and leaves it pending."""
         try:
@@ -343,6 +425,9 @@ class WriteQueue:
 
     def _assemble_before_close(self, store: Store) -> None:
         budget = self._close_budget
+        if self.store_problem is not None:
+            log.warning("the store is unusable at shutdown (%s): what is pending is assembled at the next start", self.store_problem)
+            return
         try:
             store.assemble(deadline=None if budget is None else time.monotonic() + budget)
         except Exception:
@@ -356,15 +441,23 @@ class WriteQueue:
         if self._dirty_since is None:
             return None
         now = time.monotonic()
+        if self._assemble_wait:  # the last assembly failed: it is not retried before its wait is over
+            return max(0.0, self._last_write + self._assemble_wait - now)
         return max(0.0, min(self._last_write + self._assemble_interval, self._dirty_since + self._assemble_max_delay) - now)
 
     def _next_work(self) -> list[SpanPart] | TrajectoryPart | _Call | str | None:
-        """Span parts (as many as one transaction takes), a trajectory part or a call; "assemble" when only that is due; None at the end."""
+        """Span parts (as many as one transaction takes), a trajectory part or a call; "assemble" (or,
+        with the store unusable, "reattach") when only that is due; None at the end."""
         with self._lock:
             while not self._commit:
-                due = self._assemble_due_in()
-                if due == 0.0:
-                    return "assemble"
+                if self.store_problem is not None:
+                    due: float | None = max(0.0, self._reattach_at - time.monotonic())
+                    if due == 0.0:
+                        return "reattach"
+                else:
+                    due = self._assemble_due_in()
+                    if due == 0.0:
+                        return "assemble"
                 self._commit_ready.wait(due if due is not None else 0.5)
             work = self._commit.popleft()
             if work == _END:
@@ -395,8 +488,16 @@ class WriteQueue:
             self._metrics.inc("plumbline_spans_duplicate_total", result.duplicate)
         except Exception as exc:  # the store failed: every request in the batch is told to retry
             log.exception("writing %d spans failed", table.num_rows if table is not None else 0)
-            error = StoreError(f"the store could not commit: {exc}")
+            error = StoreError(self.client_text(f"the store could not commit: {exc}"))
+            self._failed(exc)
         self._last_write = time.monotonic()
+        self._settle(parts, error, requests)
+
+    def _settle(self, parts: list[SpanPart], error: BaseException | None, requests: list[_Request | None] | None = None) -> None:
+        """Count the parts of a transaction and answer each request whose parts are all settled (`error`: none committed)."""
+        if requests is None:
+            with self._lock:
+                requests = [self._by_seq.get(part.seq) for part in parts]
         for part, request in zip(parts, requests):
             self._metrics.inc("plumbline_spans_received_total", part.spans)
             self._metrics.inc("plumbline_spans_rejected_total", part.rejected)
@@ -430,8 +531,9 @@ class WriteQueue:
     def _store_assembled(self, store: Store, part: TrajectoryPart) -> None:
         try:
             stored = store.write_assembled(part.table, part.counts)
-        except Exception:
+        except Exception as exc:
             log.exception("storing the trajectories of %d assembled traces failed; the store will rebuild them", len(part.counts))
+            self._failed(exc)
             stored = 0
         if (stored < len(part.counts) or part.let_go) and self._dirty_since is None:  # the rest stays dirty: rebuilt from the store
             self._dirty_since = time.monotonic()
@@ -441,6 +543,7 @@ class WriteQueue:
             result, error = call.fn(store), None
         except BaseException as exc:
             result, error = None, exc
+            self._failed(exc)
         with self._lock:
             self._calls -= 1
         if store.logs_written:  # log records re-open their traces: assemble them like a span write would
@@ -455,11 +558,14 @@ class WriteQueue:
         try:
             n = store.assemble()
             log.debug("assembled %d trajectories from the store in %.3fs", n, time.monotonic() - started)
-        except Exception:
-            log.exception("assembling trajectories failed; will retry")
+        except Exception as exc:
+            self._assemble_wait = min(2 * max(self._assemble_wait, self._assemble_interval / 2), _ASSEMBLE_RETRY_MAX)
+            log.exception("assembling trajectories failed; will retry in %.1f s", self._assemble_wait)
             self._last_write = time.monotonic()
+            self._failed(exc)
             return
         self._dirty_since = None
+        self._assemble_wait = 0.0
 
 
 __all__ = ["Overloaded", "Prepared", "Ticket", "WriteQueue"]
