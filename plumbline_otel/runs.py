@@ -35,7 +35,8 @@ FAULT_FIRED = "plumbline.fault.fired"  # true only when the driver saw its injec
 FAULT_INJECTED = "plumbline.fault.injected"  # on the tool span an injected fault failed
 FAULT_STEP = "plumbline.fault.step"  # on a trial's root span: the index of that step
 REPLAY_TRIAL = "plumbline.replay.trial"  # the replay driver's root span name (a legacy marker)
-INSTANCE = "plumbline.study.instance"  # random per study state: trace ids never repeat across state directories
+INSTANCE = "plumbline.study.instance"
+SEQUENTIAL = "plumbline.study.sequential"  # on a plan record: the study stops a cell once its answer is known  # random per study state: trace ids never repeat across state directories
 
 # The driver's record of a trial (`trials.py`): one plain root span in a trace of its own, never the attempt's.
 RECORD_SPAN = "plumbline.trial.record"

@@ -55,6 +55,7 @@ from plumbline_otel.runs import (
     RUN_TRACE,
     SEEN,
     SEEN_BY,
+    SEQUENTIAL,
     STUDY,
     TASK_KEY,
     TRIAL_ATTEMPT,
@@ -98,6 +99,7 @@ class AttemptRecord:
     cost_usd: float = 0.0
     metered: bool | None = None
     at_ns: int = 0
+    sequential: bool = False  # a plan record of a study that stops a cell once its answer is known
     evidence: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
 
 
@@ -149,7 +151,8 @@ def record_of(t: Trajectory) -> AttemptRecord | None:
         fault_source=_text(c.get(FAULT_SOURCE)), fault_claimed=strict_bool(c.get(FAULT_CLAIMED)),
         seen=strict_bool(c.get(SEEN)), seen_by=_text(c.get(SEEN_BY)),
         cost_usd=_float(c.get(COST_USD)), metered=strict_bool(c.get(COST_METERED)),
-        at_ns=_int(c.get(RECORD_AT)) or t.start_ns or 0, evidence=_evidence(c.get(EVIDENCE)),
+        at_ns=_int(c.get(RECORD_AT)) or t.start_ns or 0, sequential=strict_bool(c.get(SEQUENTIAL)) is True,
+        evidence=_evidence(c.get(EVIDENCE)),
     )
 
 
@@ -169,6 +172,7 @@ class TrialResult:
     record_trajectory: Trajectory | None  # where that record is stored: it stands for a trial the agent left no run of
     attempts: int  # attempts recorded, those that never reached the agent included
     notes: tuple[str, ...] = ()  # conflicts and unconfirmed evidence, in words
+    sequential: bool = False  # its study stops a cell once the answer is known: the anytime-valid bound applies
 
 
 @dataclass
@@ -229,7 +233,8 @@ def _decide(planned: AttemptRecord | None, attempts: list[AttemptRecord], by_tra
     def result(status: TrialStatus, reason: str | None, run: Trajectory | None = None, notes: tuple[str, ...] = ()) -> TrialResult:
         agent = agent_label(run.service, run.service_version) if run is not None else label.agent
         return TrialResult(base.study, base.trial_id, agent, base.perturbation, base.task_key, status, reason, run,
-                           decided, where.get(id(decided)) if decided else None, len(attempts), notes)
+                           decided, where.get(id(decided)) if decided else None, len(attempts), notes,
+                           planned is not None and planned.sequential)
 
     if decided is None:
         return result("missing", "planned; never attempted")

@@ -444,6 +444,7 @@ PASS: Final = "PASS"
 FAIL: Final = "FAIL"
 INCONCLUSIVE: Final = "INCONCLUSIVE"
 Verdict = Literal["PASS", "FAIL", "INCONCLUSIVE"]
+VERDICTS: tuple[Verdict, ...] = (PASS, FAIL, INCONCLUSIVE)
 StopDecision = Literal["pass", "fail", "continue"]
 RegressionVerdict = Literal["worse", "not worse", "inconclusive"]
 # Bets of the betting confidence sequence: fractions 1/16 ... 127/128 of the most a bet on one task
@@ -453,6 +454,7 @@ RegressionVerdict = Literal["worse", "not worse", "inconclusive"]
 # only, a true rate of 0.80 failed a 0.90 target in 12% of 300-task studies; with these, 98%).
 BETS: tuple[float, ...] = (*(2.0**-j for j in range(4, 0, -1)), *(1.0 - 2.0**-j for j in range(2, 8)))
 MAX_TASKS_NEEDED = 10**9
+MAX_SEQUENTIAL_TASKS_NEEDED = 2**16  # the betting bound is searched on arrays: past this, "more than we can say"
 
 
 def _task_counts(per_task: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -516,13 +518,14 @@ def task_interval(per_task: Iterable[tuple[int, int]], confidence: float = 0.95)
     return Interval(k, n, rate, float(lower[0]), float(upper[0]), confidence, TASK_METHOD, clusters=len(kept))
 
 
-def tasks_needed(target: float, per_task: Iterable[tuple[int, int]], confidence: float = 0.95) -> int | None:
+def tasks_needed(target: float, per_task: Iterable[tuple[int, int]], confidence: float = 0.95,
+                 method: str = TASK_METHOD) -> int | None:
     """How many more distinct clean tasks ``wilson_tasks`` needs for its lower bound to reach `target`.
 
     Each added task runs the cell's median repeat count, all conforming (a clean task's rate is 1
     at any count, so the count does not change the answer today; it is there so the advice stays
     in tasks, not runs). 0 if the bound already reaches the target; None if no number of tasks can
-    (target >= 1, or beyond a billion tasks). The lower bound rises with every clean task, so a
+    (target >= 1, or beyond a billion tasks; 65,536 for the sequential ``betting_cs``, `method`). The lower bound rises with every clean task, so a
     doubling search then bisection finds the smallest number.
     """
     kept = _task_counts(per_task)
@@ -534,8 +537,12 @@ def tasks_needed(target: float, per_task: Iterable[tuple[int, int]], confidence:
     total = sum(c / m for c, m in kept)
     some = sum(c > 0 for c, _ in kept)
     short = sum(c < m for c, m in kept)
+    rates = [c / m for c, m in kept]
+    limit = MAX_SEQUENTIAL_TASKS_NEEDED if method == SEQUENTIAL_METHOD else MAX_TASKS_NEEDED
 
     def reaches(extra: int) -> bool:
+        if method == SEQUENTIAL_METHOD:
+            return bool(betting_lower(np.array([rates + [1.0] * extra]), confidence)[0] >= target)
         args = (np.array([total + extra]), np.array([len(kept) + extra]), np.array([some + extra]), np.array([short]))
         return bool(mean_bounds(*args, confidence=confidence)[0][0] >= target)
 
@@ -543,7 +550,7 @@ def tasks_needed(target: float, per_task: Iterable[tuple[int, int]], confidence:
         return 0
     low, high = 0, 1
     while not reaches(high):
-        if high >= MAX_TASKS_NEEDED:
+        if high >= limit:
             return None
         low, high = high, 2 * high
     while high - low > 1:  # invariant: not reaches(low), reaches(high)

@@ -116,9 +116,12 @@ def _check_certify_gate(study: DemoStudy, store: Store, runs_dir: Path, min_boun
     cert_path = runs_dir / "certificate.json"
     cert_path.write_text(json.dumps(cert, indent=2) + "\n")
     click.echo(render_certificate(cert))
-    verdict = "PASS" if cert["headline"]["lower_bound"] >= min_bound else "FAIL"
-    click.secho(f"8. Gate: `plumbline gate {cert_path} --min-bound {min_bound}` → {verdict} "
-                f"(exit {0 if verdict == 'PASS' else 1}); `plumbline plan --target {min_bound}` says how many runs a cell needs.", bold=True)
+    from plumbline_otel.report import gate_verdict
+
+    verdict = gate_verdict(cert, min_bound)
+    click.secho(f"8. Gate: `plumbline gate {cert_path} --min-bound {min_bound}` → {verdict.verdict} "
+                f"(exit {verdict.exit_code}); `plumbline plan --target {min_bound}` says how many distinct tasks a cell needs.", bold=True)
+    click.echo(verdict.lines[-1] if verdict.verdict == "INCONCLUSIVE" else verdict.lines[0])
     return cert_path
 
 

@@ -64,17 +64,34 @@ import orjson
 
 from plumbline_otel import __version__
 from plumbline_otel.analyse.conformance import evaluate
-from plumbline_otel.analyse.stats import CLUSTER_METHOD, clustered_interval, repeat_agreement, trials_needed, wilson_interval
+from plumbline_otel.analyse.stats import (
+    FAIL,
+    INCONCLUSIVE,
+    PASS,
+    SEQUENTIAL_METHOD,
+    TASK_METHOD,
+    Interval,
+    gate_decision,
+    pass_k_curve,
+    repeat_agreement,
+    sequential_interval,
+    task_interval,
+    tasks_needed,
+    wilson_interval,
+)
 from plumbline_otel.model import Trajectory
 from plumbline_otel.runs import STUDY, agent_label, errored_reason, is_record, perturbation_of, run_label, run_status
 from plumbline_otel.spec import Spec
 from plumbline_otel.trials import RAN, TrialResult, account, record_of
 
-CERTIFICATE_VERSION = 3  # 3: trials from the driver's records (2: exposure by evidence, errored runs in n)
+CERTIFICATE_VERSION = 3  # 3: trials from the driver's records, the task-level bound, three-valued verdicts
 CERTIFICATE_KIND = "plumbline.certificate"
-GATE_METHOD = CLUSTER_METHOD
-GATE_METHOD_DESCRIPTION = ("Wilson on a Korn-Graubard effective n, design effect at its upper "
-               "confidence bound, t on tasks-1 df (plain Wilson when every task ran once)")
+GATE_METHOD = TASK_METHOD
+GATE_METHODS = {
+    TASK_METHOD: "Wilson score bounds on the mean of per-task conformance rates, n = tasks (each one-sided >= 95%)",
+    SEQUENTIAL_METHOD: "anytime-valid betting confidence sequence on the mean of per-task rates (the study stopped "
+                       "when its answer was known; each bound one-sided >= 95% at every look)",
+}
 _TIE = 1e-12  # lower bounds within this are the same bound (float noise, not a difference)
 
 
@@ -89,24 +106,23 @@ class Cell:
     rate: float | None
     lower: float  # Wilson
     upper: float
-    gate_lower: float  # the bound the headline and the gate use
+    gate_lower: float  # the bound the headline and the gate use: on the mean conformance over tasks
     gate_upper: float
-    gate_method: str
-    clustered_lower: float  # == gate_lower (kept from version 1)
-    clustered_upper: float
-    clusters: int
+    gate_method: str  # wilson_tasks, or betting_cs for a study that stopped when its answer was known
+    task_rate: float | None  # the estimand's point estimate: the mean of per-task rates
+    verdict: str  # PASS (gate_lower >= target), FAIL (gate_upper < target) or INCONCLUSIVE
     tasks: int
-    design_effect: float | None
     exposed: int
     unexposed: int
     errored: int
     missing: int
     lower_if_missing_failed: float  # Wilson
     gate_lower_if_missing_failed: float
-    pass_k: dict[str, Any]
+    pass_k: dict[str, Any]  # pass^k at k = the fewest repeats of any task
+    pass_k_curve: list[dict[str, Any]]  # {k, estimate, lower, upper, tasks} for k = 1 … the most repeats
     flip_rate: float | None
-    trials_needed: int
-    short_by: int
+    tasks_needed: int | None  # more distinct clean tasks the gate's method needs for the target (None: no number will do)
+    per_task: list[list[Any]]  # [task, conforming, runs] by task: what every figure here is computed from
     violations: dict[str, int] = field(default_factory=dict)  # invariant id -> runs violating
     applicable: dict[str, int] = field(default_factory=dict)  # invariant id -> runs it applied to
     errored_runs: list[dict[str, str]] = field(default_factory=list)  # {"run", "reason"}, sorted by run
@@ -141,6 +157,7 @@ class _Tally:
     trace_judged: int = 0
     cost_usd: float = 0.0
     unmetered: int = 0
+    sequential: bool = False  # the study stopped this cell when its answer was known (replay --target)
 
     @property
     def runs(self) -> int:
@@ -193,7 +210,7 @@ def build_certificate(
     """The certificate (a JSON-ready dict, ``version`` first) for the runs that match `agent` and `study`.
 
     `agent` selects a service name (or ``service@version``); `study` the ``plumbline.study`` attribute. `target` is the
-    lower bound a gate will ask for; it sets each cell's ``trials_needed``. Trials of a replay study are counted from
+    lower bound a gate will ask for; it sets each cell's ``verdict`` and ``tasks_needed``. Trials of a replay study are counted from
     the driver's records (`plumbline_otel.trials`), each planned trial once.
     """
     tallies: dict[tuple[str, str], _Tally] = defaultdict(_Tally)
@@ -280,6 +297,7 @@ def _judge(tally: _Tally, spec: Spec, t: Trajectory, task: str) -> None:
 def _count_trial(tally: _Tally, spec: Spec, result: TrialResult) -> None:
     """One planned trial, as the driver's record decided it."""
     tally.witnessed += 1
+    tally.sequential |= result.sequential
     label = result.trial_id
     task = result.task_key or f"(no task) {label}"
     record = result.record
@@ -330,11 +348,17 @@ def _if_missing_failed(tally: _Tally) -> list[tuple[int, int]]:
     return [(k, n) for k, n in counts.values()]
 
 
+def _gate_interval(per_task: list[tuple[int, int]], sequential: bool) -> Interval:
+    return sequential_interval(per_task) if sequential else task_interval(per_task)
+
+
 def _cell(agent: str, perturbation: str, tally: _Tally, target: float) -> Cell:
     w = wilson_interval(tally.conforming, tally.runs)
-    c = clustered_interval([(k, n) for k, n in tally.per_task.values()])
-    needed = trials_needed(target, failures=tally.runs - tally.conforming)
-    agreement = repeat_agreement([(k, n) for k, n in tally.per_task.values()])
+    tasks = sorted(tally.per_task.items())
+    counts = [(k, n) for _, (k, n) in tasks]
+    gate = _gate_interval(counts, tally.sequential)
+    agreement = repeat_agreement(counts)
+    most = max((n for _, n in counts), default=0)
     return Cell(
         agent=agent,
         perturbation=perturbation,
@@ -343,24 +367,24 @@ def _cell(agent: str, perturbation: str, tally: _Tally, target: float) -> Cell:
         rate=w.rate,
         lower=w.lower,
         upper=w.upper,
-        gate_lower=c.lower,
-        gate_upper=c.upper,
-        gate_method=GATE_METHOD,
-        clustered_lower=c.lower,
-        clustered_upper=c.upper,
-        clusters=c.clusters or 0,
-        tasks=len(tally.per_task),
-        design_effect=c.design_effect,
+        gate_lower=gate.lower,
+        gate_upper=gate.upper,
+        gate_method=gate.method,
+        task_rate=gate.rate,
+        verdict=gate_decision(gate.lower, gate.upper, target) if counts else INCONCLUSIVE,
+        tasks=len(counts),
         exposed=tally.exposed,
         unexposed=len(tally.unexposed),
         errored=len(tally.errored),
         missing=tally.missing,
         lower_if_missing_failed=wilson_interval(tally.conforming, tally.runs + tally.missing).lower,
-        gate_lower_if_missing_failed=clustered_interval(_if_missing_failed(tally)).lower,
+        gate_lower_if_missing_failed=_gate_interval(_if_missing_failed(tally), tally.sequential).lower,
         pass_k={"k": agreement.k, "value": agreement.pass_k},
+        pass_k_curve=[{"k": p.k, "estimate": p.estimate, "lower": p.lower, "upper": p.upper, "tasks": p.tasks_used}
+                      for p in (pass_k_curve(counts, most) if most else [])],
         flip_rate=agreement.flip_rate,
-        trials_needed=needed,
-        short_by=max(0, needed - tally.runs),
+        tasks_needed=tasks_needed(target, counts, method=gate.method),
+        per_task=[[task, k, n] for task, (k, n) in tasks],
         violations=dict(sorted(tally.violations.items())),
         applicable=dict(sorted(tally.applicable.items())),
         errored_runs=sorted(tally.errored, key=lambda r: (r["run"], r["reason"])),
@@ -377,22 +401,34 @@ def _cell(agent: str, perturbation: str, tally: _Tally, target: float) -> Cell:
     )
 
 
+def overall(verdicts: list[str]) -> str:
+    """FAIL if any cell fails, PASS if every cell passes, else INCONCLUSIVE (nothing certified is INCONCLUSIVE)."""
+    if FAIL in verdicts:
+        return FAIL
+    return PASS if verdicts and all(v == PASS for v in verdicts) else INCONCLUSIVE
+
+
 def _headline(cells: list[Cell], target: float) -> dict[str, Any]:
-    """min over cells of the gate's bound; every cell attaining it; what holds the others back."""
+    """min over cells of the gate's bound; every cell attaining it; the verdict; what holds the others back."""
+    methods = sorted({c.gate_method for c in cells}) or [GATE_METHOD]
+    method = methods[0] if len(methods) == 1 else "mixed"
     if not cells:
-        return {"lower_bound": 0.0, "method": GATE_METHOD, "method_description": GATE_METHOD_DESCRIPTION, "cells": [], "meets_target": False, "short_cells": [],
+        return {"lower_bound": 0.0, "method": method, "method_description": GATE_METHODS[GATE_METHOD], "cells": [],
+                "meets_target": False, "verdict": INCONCLUSIVE, "tasks_needed": None, "short_cells": [],
                 "note": "no runs matched: nothing is certified"}
     bound = min(c.gate_lower for c in cells)
     tied = [c for c in cells if math.isclose(c.gate_lower, bound, rel_tol=0.0, abs_tol=_TIE)]
-    short = [c for c in cells if c.short_by > 0 or c.n == 0]
+    short = [c for c in cells if c.verdict != PASS]
+    needs = [c.tasks_needed for c in cells if c.verdict == INCONCLUSIVE]
     return {
         "lower_bound": bound,
-        "method": GATE_METHOD,
-        "method_description": GATE_METHOD_DESCRIPTION,
+        "method": method,
+        "method_description": "; ".join(GATE_METHODS.get(m, m) for m in methods),
         "cells": [_ref(c) for c in tied],
         "meets_target": bound >= target,
+        "verdict": overall([c.verdict for c in cells]),
+        "tasks_needed": None if None in needs else max((n for n in needs if n is not None), default=0),
         "wilson_lower_bound": min(c.lower for c in cells),
-        "clustered_lower_bound": bound,
         "missing": sum(c.missing for c in cells),
         "errored": sum(c.errored for c in cells),
         "unexposed": sum(c.unexposed for c in cells),
@@ -402,22 +438,23 @@ def _headline(cells: list[Cell], target: float) -> dict[str, Any]:
 
 
 def _shortfall(c: Cell, target: float) -> str:
-    """Why a cell cannot reach the target yet, in words ("" when it does)."""
+    """Why a cell is not PASS at the target, in words ("" when it is)."""
     where = f"{c.agent} {c.perturbation}"
     if c.n == 0:
         return f"{where}: no evidence (0 scored runs; {c.unexposed} unexposed, {c.missing} missing)"
-    if c.short_by > 0:
-        return f"{where}: n={c.n}, needs {c.trials_needed} runs at {c.n - c.conforming} failure(s) for {target}, from distinct tasks"
-    if c.gate_lower < target:
-        return f"{where}: n={c.n} would do as independent runs, but they come from {c.tasks} task(s); the clustered bound is {c.gate_lower:.4f}"
+    if c.verdict == FAIL:
+        return f"{where}: FAIL, its upper bound {c.gate_upper:.4f} is below {target}"
+    if c.verdict == INCONCLUSIVE:
+        more = "no number of clean tasks will do" if c.tasks_needed is None else f"needs {c.tasks_needed} more distinct clean task(s)"
+        return f"{where}: INCONCLUSIVE at {c.tasks} task(s), bound {c.gate_lower:.4f}; {more} for {target}"
     return ""
 
 
 def _ref(c: Cell) -> dict[str, Any]:
     return {"agent": c.agent, "perturbation": c.perturbation, "n": c.n, "conforming": c.conforming,
-            "lower": c.lower, "gate_lower": c.gate_lower, "tasks": c.tasks, "exposed": c.exposed,
-            "errored": c.errored, "missing": c.missing, "unexposed": c.unexposed,
-            "trials_needed": c.trials_needed, "short_by": c.short_by}
+            "lower": c.lower, "gate_lower": c.gate_lower, "gate_upper": c.gate_upper, "tasks": c.tasks, "exposed": c.exposed,
+            "errored": c.errored, "missing": c.missing, "unexposed": c.unexposed, "verdict": c.verdict,
+            "tasks_needed": c.tasks_needed}
 
 
 def _agents(cells: list[Cell], target: float) -> list[dict[str, Any]]:
@@ -430,8 +467,8 @@ def _agents(cells: list[Cell], target: float) -> list[dict[str, Any]]:
         head = _headline(mine, target)
         out.append({
             "agent": name,
-            "headline": {k: head[k] for k in ("lower_bound", "method", "cells", "meets_target", "wilson_lower_bound",
-                                              "clustered_lower_bound")},
+            "headline": {k: head[k] for k in ("lower_bound", "method", "cells", "meets_target", "verdict", "tasks_needed",
+                                              "wilson_lower_bound")},
             "perturbations": [asdict(c) for c in mine],
         })
     return out

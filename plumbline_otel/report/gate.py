@@ -1,31 +1,63 @@
-"""The CI gate's verdict on a certificate: pass when the headline bound reaches the minimum, and why.
+"""The CI gate's verdict on a certificate: PASS, FAIL or INCONCLUSIVE, and why.
 
-Both verdicts name the errored, missing and unexposed counts beside n, and every cell's pass^k and
-flip rate, so a pass is never read without what it left out. A failing verdict names the cells
-holding the bound down and the clean runs each needs; those depend only on a cell's n and failures
-(runs from distinct tasks): missing trials and unexposed runs are not in n, so they neither count
-toward it nor change the failures.
+Each cell's bounds (``gate_lower``/``gate_upper``, on the mean conformance over tasks) do not depend
+on the target, so the gate recomputes each cell's verdict at its own ``--min-bound``: PASS when the
+lower bound reaches it, FAIL when the upper bound is below it, INCONCLUSIVE otherwise, with how
+many more distinct clean tasks the same method needs (from the cell's own ``per_task`` counts).
+The certificate is PASS when every cell passes and FAIL when any cell fails.
+
+Against a baseline certificate (``--baseline``) the gate compares the two on the tasks both ran,
+per perturbation: a paired test with tasks as the units (`stats.paired_task_regression`), Holm
+across perturbations; FAIL if any perturbation is worse by more than the margin, PASS if every
+one is shown not worse, INCONCLUSIVE otherwise.
+
+Every verdict names the errored, missing and unexposed counts beside n, so a pass is never read
+without what it left out.
 """
 
 from __future__ import annotations
 
+from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
-from plumbline_otel.analyse.stats import trials_needed
+from plumbline_otel.analyse.stats import (
+    FAIL,
+    INCONCLUSIVE,
+    PASS,
+    gate_decision,
+    paired_task_regression,
+    regression_verdicts,
+    tasks_needed,
+)
+from plumbline_otel.report.certificate import overall
+
+EXIT_CODES = {PASS: 0, FAIL: 1, INCONCLUSIVE: 3}  # 2: the certificate is unusable
 
 
 @dataclass(frozen=True)
 class GateVerdict:
-    """Whether a certificate passes `min_bound`, with the lines that say why."""
+    """The verdict at `min_bound`, with the lines that say why."""
 
-    passed: bool
+    verdict: str  # PASS, FAIL or INCONCLUSIVE
     bound: float
     min_bound: float
     lines: tuple[str, ...]
 
+    @property
+    def passed(self) -> bool:
+        return self.verdict == PASS
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_CODES[self.verdict]
+
     def text(self) -> str:
         return "\n".join(self.lines)
+
+
+def _cells(cert: dict[str, Any]) -> list[dict[str, Any]]:
+    return [c for a in cert["agents"] for c in a["perturbations"]]
 
 
 def _counts(c: dict[str, Any]) -> str:
@@ -41,18 +73,23 @@ def _totals(cells: list[dict[str, Any]]) -> str:
             "(not in n)")
 
 
-def _held(c: dict[str, Any], head: dict[str, Any]) -> str:
-    return "held down by" if any(c["agent"] == h["agent"] and c["perturbation"] == h["perturbation"] for h in head["cells"]) else "also below:"
+def cell_verdict(c: dict[str, Any], min_bound: float) -> tuple[str, int | None]:
+    """A cell's verdict at `min_bound`, and the more distinct clean tasks its method needs (None: no number will do)."""
+    if c["n"] == 0:
+        return INCONCLUSIVE, tasks_needed(min_bound, [], method=c["gate_method"])
+    verdict = gate_decision(c["gate_lower"], c["gate_upper"], min_bound)
+    counts = [(k, n) for _, k, n in c["per_task"]]
+    return verdict, (tasks_needed(min_bound, counts, method=c["gate_method"]) if verdict == INCONCLUSIVE else 0)
 
 
-def _why(c: dict[str, Any], min_bound: float) -> str:
+def _why(c: dict[str, Any], verdict: str, more: int | None, min_bound: float) -> str:
     if c["n"] == 0:
         return "no evidence: no scored run, it certifies nothing"
-    failures = c["n"] - c["conforming"]
-    needed = trials_needed(min_bound, failures=failures)
-    why = f"needs {needed} runs at {failures} failure(s), i.e. {max(0, needed - c['n'])} more clean runs, from distinct tasks"
-    if needed <= c["n"]:
-        why = f"{c['n']} runs would do as independent runs, but they come from {c['tasks']} task(s): run more distinct tasks"
+    if verdict == FAIL:
+        why = f"its upper bound {c['gate_upper']:.4f} is below {min_bound}: it is shown not to meet the target"
+    else:
+        why = ("no number of clean tasks can reach it" if more is None
+               else f"needs {more} more distinct clean task(s) ({c['gate_method']}; repeats of the same tasks do not count)")
     if c["missing"]:
         why += f"; if the {c['missing']} missing trial(s) had failed the bound would be {c['gate_lower_if_missing_failed']:.4f}"
     return why
@@ -62,22 +99,53 @@ def gate_verdict(cert: dict[str, Any], min_bound: float) -> GateVerdict:
     """The verdict on a certificate `load_certificate` accepted (so every field read here is there)."""
     head = cert["headline"]
     bound = head["lower_bound"]
-    cells = [c for a in cert["agents"] for c in a["perturbations"]]
-    if bound >= min_bound:
-        where = ", ".join(f"{c['agent']} {c['perturbation']} (n={c['n']}, {c['tasks']} tasks)" for c in head["cells"])
-        lines = [f"PASS: headline bound {bound:.4f} >= {min_bound} ({head['method']}, clustered by task; "
-                 f"minimum set by {where or 'no cells'}); {_totals(cells)}"]
-        lines += [f"  {c['agent']} / {c['perturbation']}: {c['conforming']}/{c['n']} conforming, bound {c['gate_lower']:.4f}; {_counts(c)}"
-                  for c in sorted(cells, key=lambda c: (c["agent"], c["perturbation"]))]
-        return GateVerdict(True, bound, min_bound, tuple(lines))
-    lines = [f"FAIL: headline bound {bound:.4f} < {min_bound} ({head['method']}, clustered by task); {_totals(cells)}"]
-    below = [c for c in cells if c["gate_lower"] < min_bound]
-    if not below:
+    cells = sorted(_cells(cert), key=lambda c: (c["gate_lower"], c["agent"], c["perturbation"]))
+    judged = [(c, *cell_verdict(c, min_bound)) for c in cells]
+    verdict = overall([v for _, v, _ in judged])
+    lines = [f"{verdict}: headline bound {bound:.4f} against {min_bound} (lower bound on the mean conformance over tasks, "
+             f"{head['method']}); {_totals(cells)}"]
+    if not cells:
         lines.append("  no runs were certified")
-    lines += [f"  {_held(c, head)} {c['agent']} / {c['perturbation']}: {c['conforming']}/{c['n']} conforming, "
-              f"bound {c['gate_lower']:.4f} (Wilson {c['lower']:.4f}); {_counts(c)}; {_why(c, min_bound)}"
-              for c in sorted(below, key=lambda c: (c["gate_lower"], c["agent"], c["perturbation"]))]
-    return GateVerdict(False, bound, min_bound, tuple(lines))
+    for c, v, more in judged:
+        text = (f"  {v:<12} {c['agent']} / {c['perturbation']}: {c['conforming']}/{c['n']} conforming, "
+                f"bounds [{c['gate_lower']:.4f}, {c['gate_upper']:.4f}] (Wilson {c['lower']:.4f}); {_counts(c)}")
+        lines.append(text if v == PASS else f"{text}; {_why(c, v, more, min_bound)}")
+    if verdict == INCONCLUSIVE:
+        needs = [more for _, v, more in judged if v == INCONCLUSIVE]
+        most = None if None in needs else max((m for m in needs if m is not None), default=0)
+        lines.append("  run more distinct tasks: " + ("no number of clean tasks settles it" if most is None
+                                                        else f"{most} more clean task(s) in the cell that needs the most"))
+    return GateVerdict(verdict, bound, min_bound, tuple(lines))
 
 
-__all__ = ["GateVerdict", "gate_verdict"]
+def _per_task(cert: dict[str, Any]) -> dict[str, dict[str, tuple[int, int]]]:
+    """perturbation -> task -> (conforming, runs), summed over the certificate's agents."""
+    out: dict[str, dict[str, tuple[int, int]]] = defaultdict(dict)
+    for c in _cells(cert):
+        for task, k, n in c["per_task"]:
+            old = out[c["perturbation"]].get(task, (0, 0))
+            out[c["perturbation"]][task] = (old[0] + k, old[1] + n)
+    return out
+
+
+def regression_verdict(candidate: dict[str, Any], baseline: dict[str, Any], margin: float) -> GateVerdict:
+    """The candidate against the baseline on shared tasks, per perturbation (module docstring)."""
+    cand, base = _per_task(candidate), _per_task(baseline)
+    shared = sorted(set(cand) & set(base))
+    results = {p: paired_task_regression(cand[p], base[p], margin=margin) for p in shared}
+    verdicts = regression_verdicts(results)
+    words = {"worse": FAIL, "not worse": PASS, "inconclusive": INCONCLUSIVE}
+    verdict = overall([words[v] for v in verdicts.values()]) if verdicts else INCONCLUSIVE
+    lines = [f"{verdict}: candidate against baseline on the tasks both ran, margin {margin} (paired by task, "
+             f"{'betting_cs'}; Holm across {len(shared)} perturbation(s))"]
+    for p in shared:
+        r = results[p]
+        diff = "n/a" if r.difference is None else f"{r.difference:+.4f}"
+        lines.append(f"  {verdicts[p]:<12} {p}: {r.tasks} shared task(s), mean difference {diff}, "
+                     f"bounds [{r.lower:+.4f}, {r.upper:+.4f}], p(worse) {r.p_worse:.4f}, p(not worse) {r.p_not_worse:.4f}")
+    for p in sorted(set(cand) ^ set(base)):
+        lines.append(f"  not compared {p}: only the {'candidate' if p in cand else 'baseline'} has it")
+    return GateVerdict(verdict, candidate["headline"]["lower_bound"], margin, tuple(lines))
+
+
+__all__ = ["EXIT_CODES", "GateVerdict", "cell_verdict", "gate_verdict", "regression_verdict"]

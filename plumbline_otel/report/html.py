@@ -22,6 +22,7 @@ import jinja2
 
 from plumbline_otel import __version__
 from plumbline_otel.report.diff import show_value
+from plumbline_otel.report.render import headline_sentence
 
 CHART_WIDTH = 420  # px of the [0, 1] axis
 
@@ -107,7 +108,7 @@ def _environment() -> jinja2.Environment:
         lstrip_blocks=True,
     )
     env.filters.update(pct=_pct, when=_when, value=show_value, counts=counts_text, anchor=anchor, by_step=by_step)
-    env.globals.update(version=__version__, chart_width=CHART_WIDTH)
+    env.globals.update(version=__version__, chart_width=CHART_WIDTH, headline_sentence=headline_sentence)
     return env
 
 

@@ -20,12 +20,13 @@ import math
 from pathlib import Path
 from typing import Any
 
+from plumbline_otel.analyse.stats import VERDICTS
 from plumbline_otel.errors import InputError
-from plumbline_otel.report.certificate import CERTIFICATE_KIND, CERTIFICATE_VERSION, GATE_METHOD
+from plumbline_otel.report.certificate import CERTIFICATE_KIND, CERTIFICATE_VERSION, GATE_METHODS
 
-_COUNTS = ("n", "conforming", "exposed", "unexposed", "errored", "missing", "tasks", "trials_needed", "short_by")
+_COUNTS = ("n", "conforming", "exposed", "unexposed", "errored", "missing", "tasks")
 _BOUNDS = ("lower", "upper", "gate_lower", "gate_upper")
-_REF_COUNTS = ("n", "conforming", "exposed", "unexposed", "errored", "missing", "tasks", "trials_needed", "short_by")
+_REF_COUNTS = ("n", "conforming", "exposed", "unexposed", "errored", "missing", "tasks")
 
 
 class CertificateError(InputError):
@@ -103,12 +104,23 @@ def _bad_cell(cell: Any, where: str) -> str | None:
         return f"{where} is not an object"
     if (bad := _bad_fields(cell, where, _COUNTS, _BOUNDS)) is not None:
         return bad
-    if cell.get("gate_method") != GATE_METHOD:
-        return f"{where}.gate_method {cell.get('gate_method')!r} is not the bound this plumbline gates on ({GATE_METHOD!r})"
+    if cell.get("gate_method") not in GATE_METHODS:
+        return f"{where}.gate_method {cell.get('gate_method')!r} is not a bound this plumbline gates on ({', '.join(GATE_METHODS)})"
+    if cell.get("verdict") not in VERDICTS:
+        return f"{where}.verdict {cell.get('verdict')!r} is not one of {', '.join(VERDICTS)}"
+    if not (cell.get("tasks_needed") is None or _count(cell["tasks_needed"])):
+        return f"{where}.tasks_needed not a non-negative int or null"
     if (bad := _bad_lists(cell, where)) is not None:
         return bad
     if cell["n"] != cell["exposed"] + cell["errored"] or cell["conforming"] > cell["exposed"]:
         return f"{where}: n must be exposed + errored and conforming at most exposed"
+    per_task = cell.get("per_task")
+    if not isinstance(per_task, list) or not all(
+            isinstance(t, list) and len(t) == 3 and isinstance(t[0], str) and _count(t[1]) and _count(t[2]) and t[1] <= t[2]
+            for t in per_task):
+        return f"{where}.per_task missing or not a list of [task, conforming, runs]"
+    if (sum(t[1] for t in per_task), sum(t[2] for t in per_task), len(per_task)) != (cell["conforming"], cell["n"], cell["tasks"]):
+        return f"{where}: per_task does not add up to conforming, n and tasks"
     return None
 
 
@@ -128,8 +140,10 @@ def _bad_version(data: dict[str, Any]) -> str | None:
 def _bad_headline(head: Any) -> str | None:
     if not isinstance(head, dict) or not _number(head.get("lower_bound")) or not 0 <= head["lower_bound"] <= 1:
         return "headline.lower_bound missing or not a number in [0, 1]"
-    if head.get("method") != GATE_METHOD:
-        return f"headline.method {head.get('method')!r} is not the bound this plumbline gates on ({GATE_METHOD!r})"
+    if head.get("method") not in (*GATE_METHODS, "mixed"):
+        return f"headline.method {head.get('method')!r} is not a bound this plumbline gates on ({', '.join(GATE_METHODS)})"
+    if head.get("verdict") not in VERDICTS:
+        return f"headline.verdict {head.get('verdict')!r} is not one of {', '.join(VERDICTS)}"
     if not isinstance(head.get("cells"), list):
         return "headline.cells missing"
     for i, ref in enumerate(head["cells"]):
@@ -194,28 +208,44 @@ def _pass_k(c: dict[str, Any]) -> str:
     return "  n/a" if value is None else f"^{c['pass_k']['k']} {value:.2f}"
 
 
-def _headline_lines(cert: dict[str, Any]) -> list[str]:
+def headline_sentence(cert: dict[str, Any]) -> str:
+    """The certificate in one sentence a reader cannot misread: the verdict, what the bound is a bound on, and where."""
     head = cert["headline"]
     target = cert.get("target_bound", 0.95)
-    verdict = "MEETS" if head["lower_bound"] >= target else "BELOW"
+    verdict = head.get("verdict", "INCONCLUSIVE")
+    if not head["cells"]:
+        return f"{verdict}: nothing is certified (no scored runs)."
+    worst = head["cells"][0]
+    where = f"{worst['agent']} under {worst['perturbation']}" + (f" (and {len(head['cells']) - 1} more tied)" if len(head["cells"]) > 1 else "")
+    claim = (f"with 95% confidence, at least {head['lower_bound']:.1%} of runs of tasks like these conform to every "
+             f"critical invariant in the worst cell, {where}")
+    if verdict == "PASS":
+        return f"PASS: {claim}; every cell's lower bound reaches the target {target:.0%}."
+    if verdict == "FAIL":
+        return f"FAIL: at least one cell's upper bound is below the target {target:.0%}; {claim}."
+    more = ("no number of clean tasks will reach it" if head.get("tasks_needed") is None
+            else f"{head['tasks_needed']} more distinct clean task(s) would settle it")
+    return f"INCONCLUSIVE: the evidence neither reaches nor rules out the target {target:.0%}; {claim}; {more}."
+
+
+def _headline_lines(cert: dict[str, Any]) -> list[str]:
+    head = cert["headline"]
     lines = [
         f"plumbline certificate  (spec {cert['spec']['name']}, {cert['spec']['hash'][:12]})",
-        f"headline: critical conformance lower 95% bound, clustered by task ({head['method']}) = "
-        f"{head['lower_bound']:.4f}  [{verdict} target {target}]",
+        headline_sentence(cert),
+        f"  bound: {head['method']}, {head.get('method_description', '')}",
     ]
     if "wilson_lower_bound" in head:
-        lines.append(f"  (Wilson, treating runs as independent: {head['wilson_lower_bound']:.4f})")
+        lines.append(f"  (Wilson over runs, as if they were independent: {head['wilson_lower_bound']:.4f})")
     for c in head["cells"]:
         lines.append(
             f"  set by {c['agent']} / {c['perturbation']}: {c['conforming']}/{c['n']} conforming, n={c['n']} "
             f"({c['exposed']} exposed + {c['errored']} errored) from {c['tasks']} task(s); "
             f"unexposed {c['unexposed']}, missing {c['missing']}" + ("  -- no evidence: certifies nothing" if c["n"] == 0 else "")
         )
-    if len(head["cells"]) > 1:
-        lines.append(f"  ({len(head['cells'])} cells tie for the minimum)")
     lines.append(f"  {N_COUNTS}")
     if head.get("note"):
-        lines.append(f"  short: {head['note']}")
+        lines += [f"  not PASS: {note}" for note in head["note"].split("; ")]
     for key, words in (("errored", "errored runs (in n, scored as failures)"), ("unexposed", "runs whose fault never fired (not counted in n, not scored)"),
                        ("missing", "missing trials (never started; not counted in n, never as passes)")):
         if head.get(key):
@@ -269,14 +299,15 @@ def render_text(cert: dict[str, Any]) -> str:
     lines = _headline_lines(cert)
     for agent in cert["agents"]:
         lines += ["", f"agent {agent['agent']}",
-                  "  perturbation        n  conf.   rate   Wilson 95%        gate bound  tasks  pass^k    flip  errored  unexposed  missing  needs"]
+                  "  perturbation        n  conf.   rate   Wilson 95%        gate bound  tasks  pass^k    flip  errored  unexposed  missing  verdict       more tasks"]
         cells = agent["perturbations"]
         for c in sorted(cells, key=lambda c: (c["gate_lower"], c["perturbation"])):
             flip = "  n/a" if c["flip_rate"] is None else f"{c['flip_rate']:.2f}"
             lines.append(
                 f"  {c['perturbation']:<16}{c['n']:>5}  {c['conforming']:>5}  {_pct(c['rate'])}  "
                 f"[{c['lower']:.3f}, {c['upper']:.3f}]  {_bound(c):>11}  {c['tasks']:>5}  {_pass_k(c):>8}  {flip:>5}"
-                f"  {c['errored']:>7}  {c['unexposed']:>9}  {c['missing']:>7}  {c['trials_needed'] if c['short_by'] else 'ok':>5}"
+                f"  {c['errored']:>7}  {c['unexposed']:>9}  {c['missing']:>7}  {c['verdict']:<12}  "
+                f"{'-' if c['verdict'] != 'INCONCLUSIVE' else ('none do' if c['tasks_needed'] is None else c['tasks_needed'])}"
             )
         for c in sorted(cells, key=lambda c: c["perturbation"]):
             lines += _cell_notes(c)
@@ -286,8 +317,10 @@ def render_text(cert: dict[str, Any]) -> str:
     scored = f" ({prov['scored_runs']} scored)" if prov.get("scored_runs", prov["runs"]) != prov["runs"] else ""
     lines += [
         "",
-        "pass^k: the chance all k repeats of a task conform (k = fewest repeats of any task), averaged over tasks; "
-        "flip: share of repeated tasks whose repeats disagree",
+        "gate bound: on the mean conformance over tasks (a task drawn like these, run once); tasks count, repeats "
+        "sharpen each task's rate. pass^k: the chance all k repeats of a task conform (k = fewest repeats of any task), "
+        "averaged over tasks (the certificate's pass_k_curve has every k with its bounds); flip: share of repeated tasks "
+        "whose repeats disagree",
         f"runs: {prov['runs']}{scored}   window: {win['start']} .. {win['end']}",
         f"evidence sha256: {prov['evidence_sha256']}",
         f"spec sha256: {cert['spec']['hash']}   plumbline {prov['plumbline_version']}",

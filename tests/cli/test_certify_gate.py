@@ -43,7 +43,7 @@ def test_gate_passes_when_the_headline_meets_the_bound(tmp_path, runner):
     assert "PASS" in result.output and "paraphrase" in result.output
     # A PASS names what it left out, and each cell's pass^k and flip rate.
     assert "errored runs 0 (in n, failures), missing trials 0 and unexposed runs 0 (not in n)" in result.output
-    assert "agent / paraphrase: 75/75 conforming, bound 0.9513; n=75 (75 exposed + 0 errored) from 75 task(s)" in result.output
+    assert "agent / paraphrase: 75/75 conforming, bounds [0.9513, 1.0000] (Wilson 0.9513); n=75 (75 exposed + 0 errored) from 75 task(s)" in result.output
     assert "pass^1 1.000, flip rate n/a" in result.output
 
 
@@ -56,19 +56,19 @@ def test_gate_names_errored_and_missing_trials_when_it_passes_and_when_it_fails(
     assert passed.exit_code == 0, passed.output
     assert "errored runs 2 (in n, failures), missing trials 3 and unexposed runs 0 (not in n)" in passed.output
     assert "n=152 (150 exposed + 2 errored) from 152 task(s), 3 missing" in passed.output
-    failed = runner.invoke(gate, [path, "--min-bound", "0.99"])
-    assert failed.exit_code == 1
-    assert "FAIL" in failed.output and "errored runs 2 (in n, failures), missing trials 3" in failed.output
-    assert "if the 3 missing trial(s) had failed the bound would be" in failed.output
+    unsure = runner.invoke(gate, [path, "--min-bound", "0.99"])
+    assert unsure.exit_code == 3
+    assert "INCONCLUSIVE" in unsure.output and "errored runs 2 (in n, failures), missing trials 3" in unsure.output
+    assert "if the 3 missing trial(s) had failed the bound would be" in unsure.output
 
 
-def test_gate_fails_one_task_run_80_times(tmp_path, runner):
+def test_gate_never_passes_one_task_run_80_times(tmp_path, runner):
     # Issue 8, case 5: Wilson gives 0.954 for 80 clean runs, but they are all one task.
     path = write_cert(tmp_path, build_certificate(SPEC, runs("baseline", 80, 80, tasks=1)))
     result = runner.invoke(gate, [path, "--min-bound", "0.95"])
-    assert result.exit_code == 1
-    assert "bound 0.0000 (Wilson 0.9542)" in result.output
-    assert "80 runs would do as independent runs, but they come from 1 task(s): run more distinct tasks" in result.output
+    assert result.exit_code == 3
+    assert "bounds [0.0000, 1.0000] (Wilson 0.9542)" in result.output
+    assert "needs 72 more distinct clean task(s) (wilson_tasks; repeats of the same tasks do not count)" in result.output
 
 
 def test_gate_prints_pass_k_and_flip_rate_over_repeats(tmp_path, runner):
@@ -80,12 +80,25 @@ def test_gate_prints_pass_k_and_flip_rate_over_repeats(tmp_path, runner):
     assert "from 40 task(s)" in result.output and "pass^2 0.900, flip rate 0.100" in result.output
 
 
-def test_gate_fails_naming_the_perturbation_and_the_clean_runs_it_needs(tmp_path, runner):
+def test_gate_names_the_perturbation_and_the_distinct_tasks_it_needs(tmp_path, runner):
     path = write_cert(tmp_path, build_certificate(SPEC, runs("baseline", 80, 80) + runs("decoy_tools", 34, 34)))
     result = runner.invoke(gate, [path, "--min-bound", "0.95"])
-    assert result.exit_code == 1
-    assert "held down by agent / decoy_tools: 34/34 conforming" in result.output
-    assert "needs 73 runs at 0 failure(s), i.e. 39 more clean runs" in result.output
+    assert result.exit_code == 3
+    assert "INCONCLUSIVE agent / decoy_tools: 34/34 conforming" in result.output
+    assert "needs 39 more distinct clean task(s)" in result.output
+
+
+def test_gate_fails_a_cell_shown_below_the_bound_and_compares_with_a_baseline(tmp_path, runner):
+    good = build_certificate(SPEC, runs("baseline", 60, 60, tasks=30) + runs("paraphrase", 60, 60, tasks=30))
+    bad = build_certificate(SPEC, runs("baseline", 60, 60, tasks=30) + runs("paraphrase", 20, 60, tasks=30))
+    bad_path, good_path = write_cert(tmp_path, bad), str(tmp_path / "good.json")
+    (tmp_path / "good.json").write_text(json.dumps(good))
+    failed = runner.invoke(gate, [bad_path, "--min-bound", "0.9"])
+    assert failed.exit_code == 1 and "FAIL         agent / paraphrase" in failed.output
+    worse = runner.invoke(gate, [bad_path, "--baseline", good_path])
+    assert worse.exit_code == 1 and "worse        paraphrase: 30 shared task(s)" in worse.output
+    same = runner.invoke(gate, [good_path, "--baseline", good_path, "--margin", "0.2"])
+    assert same.exit_code == 0 and "not worse    baseline" in same.output
 
 
 @pytest.mark.parametrize(
@@ -116,12 +129,13 @@ def test_gate_rejects_a_hand_raised_headline(tmp_path, runner):
     assert result.exit_code == 2 and "not the minimum" in result.output
 
 
-def test_plan_prints_73_for_095_and_more_with_failures(runner):
+def test_plan_prints_73_tasks_for_095_and_more_with_failing_tasks(runner):
     result = runner.invoke(plan, ["--target", "0.95"])
-    assert result.exit_code == 0 and result.output.startswith("73 runs per perturbation")
-    with_failures = runner.invoke(plan, ["--target", "0.95", "--failures", "1", "--cells", "6"])
+    assert result.exit_code == 0 and result.output.startswith("73 distinct tasks per perturbation")
+    with_failures = runner.invoke(plan, ["--target", "0.95", "--failing-tasks", "1", "--cells", "6", "--repeats", "2"])
     n = int(with_failures.output.split()[0])
-    assert n > 73 and f"{6 * n} runs over 6 perturbations" in with_failures.output
+    assert n == 110 and f"{6 * 2 * n} over 6 perturbations" in with_failures.output
+    assert runner.invoke(plan, ["--target", "0.95", "--sequential"]).output.startswith("73 distinct tasks")
 
 
 SPEC_YAML = "version: 1\nname: g\ninvariants:\n  - {id: AUDIT, severity: critical, must_call: post_audit_log}\n"
@@ -138,11 +152,11 @@ def test_certify_reads_the_store_and_writes_a_certificate_the_gate_reads(tmp_pat
     out = tmp_path / "cert.json"
     result = runner.invoke(certify, ["--spec", str(spec_path), "--db", db, "--out", str(out)])
     assert result.exit_code == 0, result.output
-    assert "headline: critical conformance lower 95% bound" in result.output
+    assert "INCONCLUSIVE: the evidence neither reaches nor rules out the target 95%" in result.output
     cert = json.loads(out.read_text())
     cells = {c["perturbation"]: c for c in cert["agents"][0]["perturbations"]}
     assert (cells["baseline"]["n"], cells["baseline"]["conforming"], cells["baseline"]["missing"]) == (10, 9, 1)
     assert len(cert["provenance"]["evidence_sha256"]) == 64
     gated = runner.invoke(gate, [str(out), "--min-bound", "0.5"])
     assert gated.exit_code == 0, gated.output
-    assert runner.invoke(gate, [str(out), "--min-bound", "0.95"]).exit_code == 1
+    assert runner.invoke(gate, [str(out), "--min-bound", "0.95"]).exit_code == 3

@@ -5,7 +5,7 @@ import json
 import random
 from typing import Any
 
-from plumbline_otel.analyse.stats import trials_needed, wilson_interval
+from plumbline_otel.analyse.stats import tasks_needed, wilson_interval
 from plumbline_otel.report import build_certificate, fault_unexposed, render_text, validate
 from plumbline_otel.spec import MustCall, MustNotCall, Spec, invariant
 from plumbline_otel.spec.testing import call, run
@@ -67,13 +67,26 @@ def test_ties_report_every_tied_cell_whatever_the_input_order():
     assert first["provenance"]["evidence_sha256"] == second["provenance"]["evidence_sha256"]
 
 
-def test_short_n_is_stated_with_the_runs_needed():
+def test_short_n_is_stated_with_the_distinct_tasks_needed():
     cert = build_certificate(SPEC, runs("baseline", 34, 34))
     c = cell(cert, "baseline")
-    assert (c["trials_needed"], c["short_by"]) == (73, 39)
-    assert "needs 73 runs" in cert["headline"]["note"]
+    assert (c["verdict"], c["tasks_needed"], c["tasks"]) == ("INCONCLUSIVE", 39, 34)
+    assert "needs 39 more distinct clean task(s)" in cert["headline"]["note"]
+    assert cert["headline"]["verdict"] == "INCONCLUSIVE" and cert["headline"]["tasks_needed"] == 39
     enough = build_certificate(SPEC, runs("baseline", 73, 73))
-    assert cell(enough, "baseline")["short_by"] == 0 and enough["headline"]["meets_target"]
+    assert cell(enough, "baseline")["tasks_needed"] == 0 and enough["headline"]["meets_target"]
+    assert enough["headline"]["verdict"] == "PASS"
+    # Clean repeats of the same 34 tasks never stand in for tasks: still 39 more tasks.
+    repeated = build_certificate(SPEC, runs("baseline", 340, 340, task_count=34))
+    assert cell(repeated, "baseline")["tasks_needed"] == 39
+    assert cell(repeated, "baseline")["gate_lower"] == c["gate_lower"]
+
+
+def test_a_cell_shown_below_the_target_fails():
+    cert = build_certificate(SPEC, runs("baseline", 20, 40, task_count=40))  # half the tasks break a critical invariant
+    c = cell(cert, "baseline")
+    assert c["verdict"] == "FAIL" and c["gate_upper"] < 0.95 and cert["headline"]["verdict"] == "FAIL"
+    assert "its upper bound" in cert["headline"]["note"]
 
 
 def test_missing_trials_are_counted_apart_never_as_passes():
@@ -110,10 +123,14 @@ def test_agent_and_study_filters():
     assert build_certificate(SPEC, data, study="s1")["agents"][0]["agent"] == "ap-agent@1.0"
 
 
-def test_clustered_interval_is_reported_per_cell():
+def test_the_task_level_bound_and_its_counts_are_reported_per_cell():
     c = cell(build_certificate(SPEC, runs("baseline", 30, 40, task_count=4)), "baseline")
-    assert c["clusters"] == 4
-    assert c["clustered_lower"] <= c["lower"] + 1e-12
+    assert c["tasks"] == 4 and c["gate_method"] == "wilson_tasks"
+    assert c["gate_lower"] <= c["lower"] + 1e-12
+    assert sum(k for _, k, _ in c["per_task"]) == 30 and sum(n for _, _, n in c["per_task"]) == 40
+    assert [p["k"] for p in c["pass_k_curve"]] == list(range(1, 11))  # 10 runs per task: pass^1 … pass^10
+    estimates = [p["estimate"] for p in c["pass_k_curve"]]
+    assert estimates == sorted(estimates, reverse=True)  # all k runs conforming only gets harder
 
 
 def test_evidence_hash_pins_arguments_results_and_errors():
@@ -171,7 +188,7 @@ def test_unexposed_runs_are_not_in_n_and_the_interval_is_the_exposed_halfs():
     assert (c["n"], c["conforming"], c["unexposed"], c["missing"]) == (32, 20, 32, 0)
     assert (c["lower"], c["upper"]) == (wilson_interval(20, 32).lower, wilson_interval(20, 32).upper)
     assert c["lower"] < wilson_interval(52, 64).lower  # the mixed figure would have flattered the agent
-    assert c["trials_needed"] == trials_needed(0.95, failures=12) and c["short_by"] == c["trials_needed"] - 32
+    assert c["tasks_needed"] == tasks_needed(0.95, [(k, n) for _, k, n in c["per_task"]])
     assert c["violations"]["AUDIT"] == 12 and c["applicable"]["AUDIT"] == 32
     assert len(c["unexposed_runs"]) == 32 and c["unexposed_runs"] == sorted(c["unexposed_runs"])
     # Everything scored is exactly what the exposed runs alone give (clustered interval included).
@@ -294,8 +311,8 @@ def test_one_task_run_80_times_certifies_nothing():
     c = cell(cert, "baseline")
     assert c["lower"] > 0.95 and (c["gate_lower"], c["tasks"]) == (0.0, 1)
     assert cert["headline"]["lower_bound"] == 0.0 and cert["headline"]["wilson_lower_bound"] == c["lower"]
-    assert "they come from 1 task(s)" in cert["headline"]["note"]
-    assert cert["headline"]["method"] == c["gate_method"] == "cluster_kg"
+    assert "INCONCLUSIVE at 1 task(s), bound 0.0000; needs 72 more distinct clean task(s)" in cert["headline"]["note"]
+    assert cert["headline"]["method"] == c["gate_method"] == "wilson_tasks"
 
 
 def test_pass_k_and_flip_rate_per_cell():
@@ -323,7 +340,7 @@ def test_a_cell_with_no_exposed_run_certifies_nothing():
     c = cell(cert, "tool_fault")
     assert (c["n"], c["conforming"], c["rate"], c["lower"], c["unexposed"]) == (0, 0, None, 0.0, 10)
     assert cert["headline"]["lower_bound"] == 0.0 and [x["perturbation"] for x in cert["headline"]["cells"]] == ["tool_fault"]
-    assert c["trials_needed"] == 73 and c["short_by"] == 73
+    assert c["tasks_needed"] == 73 and c["verdict"] == "INCONCLUSIVE"
     assert validate(cert) is None
 
 
@@ -352,7 +369,10 @@ def test_validate_rejects_version_1_and_any_field_it_cannot_fully_read():
         (("unexposed",), -1, "agents[0].perturbations[0].unexposed missing or not a non-negative int"),
         (("errored",), None, "agents[0].perturbations[0].errored missing or not a non-negative int"),
         (("gate_lower",), 1.5, "agents[0].perturbations[0].gate_lower missing or not a number in [0, 1]"),
-        (("gate_method",), "wilson", "agents[0].perturbations[0].gate_method 'wilson' is not the bound this plumbline gates on ('cluster_kg')"),
+        (("gate_method",), "wilson", "agents[0].perturbations[0].gate_method 'wilson' is not a bound this plumbline gates on (wilson_tasks, betting_cs)"),
+        (("verdict",), "MAYBE", "agents[0].perturbations[0].verdict 'MAYBE' is not one of PASS, FAIL, INCONCLUSIVE"),
+        (("per_task",), [["T0", 3, 2]], "agents[0].perturbations[0].per_task missing or not a list of [task, conforming, runs]"),
+        (("tasks",), 99, "agents[0].perturbations[0]: per_task does not add up to conforming, n and tasks"),
         (("errored_runs",), [{"run": "x"}], "agents[0].perturbations[0].errored_runs missing or not a list of {run, reason}"),
         (("unexposed_runs",), [], "agents[0].perturbations[0]: errored/unexposed counts do not match the runs listed"),
         (("pass_k",), {"k": 1}, "agents[0].perturbations[0].pass_k missing or not {k: int, value: number or null}"),

@@ -12,23 +12,32 @@ def _runs(perturbation: str, clean: int, failing: int = 0) -> list:
             for i in range(clean + failing)]
 
 
-def test_the_verdict_passes_at_the_bound_and_fails_just_above_it() -> None:
+def test_the_verdict_passes_at_the_bound_and_is_inconclusive_just_above_it() -> None:
     cert = build_certificate(SPEC, _runs("baseline", 80) + _runs("paraphrase", 75))
     bound = cert["headline"]["lower_bound"]
     assert gate_verdict(cert, bound).passed  # reaching the minimum is enough
-    failed = gate_verdict(cert, bound + 1e-6)
-    assert not failed.passed and failed.bound == bound
-    assert failed.lines[0].startswith(f"FAIL: headline bound {bound:.4f}")
-    assert any(line.startswith("  held down by agent / paraphrase: 75/75 conforming") for line in failed.lines)
+    above = gate_verdict(cert, bound + 1e-6)
+    assert (above.verdict, above.exit_code, above.bound) == ("INCONCLUSIVE", 3, bound)
+    assert above.lines[0].startswith(f"INCONCLUSIVE: headline bound {bound:.4f}")
+    assert any(line.startswith("  INCONCLUSIVE agent / paraphrase: 75/75 conforming") and "needs 1 more distinct clean task(s)" in line
+               for line in above.lines)
+    assert any(line.startswith("  PASS         agent / baseline: 80/80") for line in above.lines)
 
 
-def test_a_failing_cell_is_told_how_many_clean_runs_it_lacks() -> None:
+def test_an_inconclusive_cell_is_told_how_many_distinct_tasks_it_lacks() -> None:
     verdict = gate_verdict(build_certificate(SPEC, _runs("baseline", 70, failing=1)), 0.95)
-    assert not verdict.passed
-    # Wilson at one failure first reaches 0.95 at n = 110 (109/110 gives 0.9503, 108/109 gives 0.9499).
-    assert "needs 110 runs at 1 failure(s), i.e. 39 more clean runs, from distinct tasks" in verdict.text()
+    assert verdict.verdict == "INCONCLUSIVE" and not verdict.passed
+    # Wilson on 71 task rates, one failing: at one failure it first reaches 0.95 at 110 tasks (109/110 gives 0.9503).
+    assert "needs 39 more distinct clean task(s)" in verdict.text()
+    assert "run more distinct tasks: 39 more clean task(s)" in verdict.text()
 
 
-def test_a_certificate_with_no_runs_fails_and_says_so() -> None:
+def test_a_cell_whose_upper_bound_is_below_the_target_fails() -> None:
+    verdict = gate_verdict(build_certificate(SPEC, _runs("baseline", 30, failing=30)), 0.9)
+    assert (verdict.verdict, verdict.exit_code) == ("FAIL", 1)
+    assert "is below 0.9: it is shown not to meet the target" in verdict.text()
+
+
+def test_a_certificate_with_no_runs_is_inconclusive_and_says_so() -> None:
     verdict = gate_verdict(build_certificate(SPEC, []), 0.5)
-    assert not verdict.passed and "no runs were certified" in verdict.text()
+    assert verdict.verdict == "INCONCLUSIVE" and "no runs were certified" in verdict.text()

@@ -36,15 +36,15 @@ def test_clean_unexposed_runs_cannot_carry_a_cell_over_the_gate(tmp_path):
     data = runs("baseline", 80, 80) + runs("tool_fault", 40, 40, plumbline__fault__fired=True) + runs(
         "tool_fault", 40, 40, start=40, plumbline__fault__fired=False)
     result = CliRunner().invoke(gate, [write_cert(tmp_path, build_certificate(SPEC, data)), "--min-bound", "0.95"])
-    assert result.exit_code == 1, result.output
-    assert "held down by agent / tool_fault: 40/40 conforming" in result.output
+    assert result.exit_code == 3, result.output  # INCONCLUSIVE: never PASS on runs the fault missed
+    assert "INCONCLUSIVE agent / tool_fault: 40/40 conforming" in result.output
     assert "n=40 (40 exposed + 0 errored) from 40 task(s), 0 missing, 40 unexposed" in result.output
-    # The runs it needs come from n alone: 73 at 0 failures, 33 more than the 40 exposed.
-    assert "needs 73 runs at 0 failure(s), i.e. 33 more clean runs" in result.output
+    # The tasks it needs come from the exposed tasks alone: 73 clean tasks in all, 33 more than the 40 exposed.
+    assert "needs 33 more distinct clean task(s)" in result.output
     # Without the attribute there is no evidence either: before issue 8 these 80 runs passed 0.95.
     bare = [run(*t.steps, task=t.task_key, id=t.trajectory_id, plumbline__perturbation="tool_fault") for t in data[80:]]
     result = CliRunner().invoke(gate, [write_cert(tmp_path, build_certificate(SPEC, data[:80] + bare)), "--min-bound", "0.95"])
-    assert result.exit_code == 1 and "no evidence: no scored run, it certifies nothing" in result.output
+    assert result.exit_code == 3 and "no evidence: no scored run, it certifies nothing" in result.output
 
 
 def test_gate_passes_when_the_exposed_runs_alone_reach_the_bound(tmp_path):
@@ -52,14 +52,14 @@ def test_gate_passes_when_the_exposed_runs_alone_reach_the_bound(tmp_path):
         "tool_fault", 10, 10, start=73, plumbline__fault__fired=False)
     result = CliRunner().invoke(gate, [write_cert(tmp_path, build_certificate(SPEC, data)), "--min-bound", "0.95"])
     assert result.exit_code == 0, result.output
-    assert "tool_fault (n=73, 73 tasks)" in result.output
+    assert "PASS         agent / tool_fault: 73/73 conforming" in result.output
     assert "errored runs 0 (in n, failures), missing trials 0 and unexposed runs 10 (not in n)" in result.output
 
 
-def test_gate_fails_a_cell_with_no_exposed_run(tmp_path):
+def test_gate_is_inconclusive_on_a_cell_with_no_exposed_run(tmp_path):
     data = runs("baseline", 80, 80) + runs("tool_fault", 30, 30, plumbline__fault__fired=False)
     result = CliRunner().invoke(gate, [write_cert(tmp_path, build_certificate(SPEC, data)), "--min-bound", "0.5"])
-    assert result.exit_code == 1, result.output
+    assert result.exit_code == 3, result.output  # no evidence is never a PASS
     assert "0/0 conforming" in result.output and "30 unexposed" in result.output
 
 
@@ -89,7 +89,7 @@ def test_certify_reads_fault_fired_back_from_the_store(tmp_path):
     assert (cells["baseline"]["n"], cells["baseline"]["unexposed"]) == (10, 0)
     assert cert["provenance"]["runs"] == 30 and cert["provenance"]["scored_runs"] == 20
     assert CliRunner().invoke(gate, [str(out), "--min-bound", "0.4"]).exit_code == 0
-    assert CliRunner().invoke(gate, [str(out), "--min-bound", "0.95"]).exit_code == 1
+    assert CliRunner().invoke(gate, [str(out), "--min-bound", "0.95"]).exit_code == 1  # 8/10: shown below 0.95
 
 
 FAULT_MSG = "503 Service Unavailable: the post_audit_log backend is temporarily unavailable"

@@ -60,7 +60,7 @@ def test_overview_shows_certificate_violations_coverage_and_links_a_diff(served:
     assert_self_contained(page.text)
     doc = parse(page.text)
     cert = json.loads(built.cert.read_text())
-    assert text_of(doc.find(".//*[@data-testid='headline']", _NS)) == f"{100 * cert['headline']['lower_bound']:.1f}%"
+    assert text_of(doc.find(".//*[@data-testid='headline']", _NS)) == f"{cert['headline']['verdict']} at least {100 * cert['headline']['lower_bound']:.1f}%"
     assert doc.findall(".//h:tr[@class='violation']", _NS) and doc.find(".//h:section[@id='coverage']", _NS) is not None
     diff_links = [a.get("href") for a in doc.findall(".//h:section[@id='diffs']//h:a", _NS)]
     assert any("task=INV-1001" in href for href in diff_links)

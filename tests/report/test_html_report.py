@@ -46,7 +46,8 @@ def test_report_shows_headline_chart_violations_and_the_retry_diff(built: Built)
     doc = parse(html)
     cert = json.loads(built.cert.read_text())
     headline = doc.find(".//*[@data-testid='headline']", _NS)
-    assert text_of(headline) == f"{100 * cert['headline']['lower_bound']:.1f}%"
+    assert text_of(headline) == f"{cert['headline']['verdict']} at least {100 * cert['headline']['lower_bound']:.1f}%"
+    assert text_of(doc.find(".//*[@data-testid='headline-sentence']", _NS)).startswith(f"{cert['headline']['verdict']}: ")
     cells = [c for a in cert["agents"] for c in a["perturbations"]]
     bars = [r for r in doc.iter("{http://www.w3.org/2000/svg}rect") if "bar" in (r.get("class") or "")]
     assert len(bars) == 2 * len(cells), "a Wilson bar and a gate bar per cell"
@@ -118,7 +119,7 @@ def test_diff_marks_skipped_extra_and_failed_steps() -> None:
 
 def test_chart_draws_the_interval_the_gate_uses_with_every_count(built: Built) -> None:
     cert = json.loads(built.cert.read_text())
-    assert all(r.gate_method == "cluster_kg" for r in chart_rows(cert))
+    assert all(r.gate_method == "wilson_tasks" for r in chart_rows(cert))
     cell = cert["agents"][0]["perturbations"][0]
     cell.update(gate_lower=0.25, gate_upper=0.75, gate_method="cluster bootstrap", exposed=3, errored=1, missing=2)
     row = next(r for r in chart_rows(cert) if (r.agent, r.perturbation) == (cell["agent"], cell["perturbation"]))
