@@ -20,7 +20,8 @@ runs do, through the study's span sink, and every reader sees them as trajectori
   with the record is ignored and reported as a conflict; a record the trace cannot confirm
   (a framework that redacts tool errors) still stands, and is noted;
 * an ``ok`` trial whose run is not in the store is ``missing`` ("ingest the study's spans");
-* a planned trial no attempt ran is ``missing``.
+* a planned trial no attempt ran is ``missing``; one a sequential study never ran because its
+  cell's answer was known first is ``stopped``, and counts nowhere.
 
 Runs of a study with no records at all (exports older than the records, imported studies) keep
 the trace-based rule (`runs.run_status`) and are flagged as such; runs that claim a trial of a
@@ -70,8 +71,9 @@ from plumbline_otel.runs import (
     strict_bool,
 )
 
-TrialStatus = Literal["exposed", "unexposed", "errored", "missing"]
+TrialStatus = Literal["exposed", "unexposed", "errored", "missing", "stopped"]
 RAN = frozenset({"ok", "errored"})  # attempt statuses in which the agent ran: the trial's result
+DECIDED = RAN | {"stopped"}  # "stopped": never run, its cell's answer was known first (replay --target)
 
 
 @dataclass(frozen=True)
@@ -238,6 +240,8 @@ def _decide(planned: AttemptRecord | None, attempts: list[AttemptRecord], by_tra
 
     if decided is None:
         return result("missing", "planned; never attempted")
+    if decided.status == "stopped":
+        return result("stopped", decided.reason or "not run: its cell was decided first")
     if decided.status not in RAN:
         return result("missing", decided.reason or "never reached the agent")
     run = _run_for(decided, by_trace, by_attempt)

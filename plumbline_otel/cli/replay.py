@@ -124,7 +124,12 @@ class _ServerTraces:
 @click.option("--cache", "cache_mode", type=click.Choice(["record", "replay", "off"]), default="record", show_default=True,
               help="model-response cache: record, replay only (offline), off")
 @click.option("--service", default=None, help="label (service[@version]) the agent's runs carry, for missing markers")
-@click.option("--spec", default=None, help="spec file to name in the printed certify command")
+@click.option("--spec", default=None, help="spec file: named in the printed certify command, and what --target judges runs by")
+@click.option("--target", type=click.FloatRange(0, 1, min_open=True, max_open=True), default=None,
+              help="sequential: stop each perturbation's trials once the anytime-valid bound decides it PASS or FAIL "
+                   "against this target (needs --spec and --otlp-file); certify then uses the same bound")
+@click.option("--min-tasks", type=click.IntRange(2), default=5, show_default=True,
+              help="with --target: distinct tasks a perturbation must finish before it may stop")
 @click.option("--dry-run", is_flag=True, help="print the plan; run nothing")
 @click.option("--quiet", is_flag=True, help="no per-trial lines")
 def replay(**options: Any) -> None:
@@ -167,6 +172,8 @@ class ReplayOptions:
     cache_mode: str
     service: str | None
     spec: str | None
+    target: float | None
+    min_tasks: int
     dry_run: bool
     quiet: bool
 
@@ -193,7 +200,19 @@ class ReplayOptions:
             cache_mode=self.cache_mode,
             sink=SpanSink(otlp_file=self.otlp_file, endpoint=self.endpoint) if (self.otlp_file or self.endpoint) else None,
             trace_stored=_ServerTraces(self.server) if self.server and self.endpoint and not self.dry_run else None,
-            service=label or None, service_version=version or None)
+            service=label or None, service_version=version or None, target=self.target, min_tasks=self.min_tasks,
+            judge=self.judge())
+
+    def judge(self) -> Any:
+        """For --target: whether a trial's run holds every critical invariant of --spec, read back from --otlp-file."""
+        if self.target is None:
+            return None
+        if not self.spec or not self.otlp_file:
+            raise ConfigError("--target judges each trial's run as it finishes: give --spec and --otlp-file")
+        from plumbline_otel.replay.sequential import Judge
+        from plumbline_otel.spec import load_spec
+
+        return Judge(load_spec(self.spec), self.otlp_file)
 
 
 def _print_plan(plan: Any) -> None:
@@ -290,6 +309,9 @@ def run_replay(opts: ReplayOptions) -> None:
             close()
         if isinstance(config.trace_stored, _ServerTraces):
             config.trace_stored.close()
+        close_judge = getattr(config.judge, "close", None)
+        if callable(close_judge):
+            close_judge()
         if config.sink is not None:
             config.sink.close()
     state = Path(config.state_dir or ".")

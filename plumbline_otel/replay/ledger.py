@@ -57,8 +57,8 @@ class Ledger:
         return {row["trial_id"]: row for row in self.rows if "trial_id" in row and row.get("status") != "started"}
 
     def decided(self) -> set[str]:
-        """Trials with an attempt the agent ran (ok or errored): their result is in, they never run again."""
-        return {row["trial_id"] for row in self.rows if "trial_id" in row and row.get("status") in ("ok", "errored")}
+        """Trials with an attempt the agent ran (ok or errored), or stopped by a sequential study: they never run again."""
+        return {row["trial_id"] for row in self.rows if "trial_id" in row and row.get("status") in ("ok", "errored", "stopped")}
 
     def spent_usd(self) -> float:
         """Settled spend of the study (``budget.SpendCap`` rows)."""

@@ -53,6 +53,7 @@ from plumbline_otel.replay.ledger import Ledger, write_jsonl
 from plumbline_otel.replay.lock import StudyLock
 from plumbline_otel.replay.perturb import PerturbOptions, Variant, build_variants
 from plumbline_otel.replay.scope import FaultInjector, TrialScope, activate
+from plumbline_otel.replay.sequential import SequentialStop
 from plumbline_otel.replay.tasks import ReplayTask
 from plumbline_otel.runs import (
     COST_METERED,
@@ -61,6 +62,7 @@ from plumbline_otel.runs import (
     FAULT,
     FAULT_CLAIMED,
     FAULT_FIRED,
+    FAULT_PERTURBATIONS,
     FAULT_PLANNED,
     FAULT_SOURCE,
     RECORD_AT,
@@ -69,6 +71,7 @@ from plumbline_otel.runs import (
     RUN_TRACE,
     SEEN,
     SEEN_BY,
+    SEQUENTIAL,
     TRIAL_REASON,
     TRIAL_STATUS,
 )
@@ -125,6 +128,11 @@ class StudyConfig:
     # close_trial(route) -> evidence (.as_dict()): the model-API proxy (`replay.proxy.ModelProxy`)
     # and the MCP proxy. Every attempt gets its own routes; what they saw goes into its record.
     proxies: Sequence[Any] = ()
+    # Sequential: stop each cell once the anytime-valid bound decides it against `target`
+    # (`replay.sequential`); `judge(trace_id)` says whether a run held every critical invariant.
+    target: float | None = None
+    min_tasks: int = 5
+    judge: Callable[[str], bool | None] | None = None
 
     def __post_init__(self) -> None:
         if not self.study or "/" in self.study:
@@ -133,6 +141,8 @@ class StudyConfig:
             raise ReplayError("repeats and concurrency must be at least 1")
         if self.trial_max_usd is not None and self.trial_max_usd < 0:
             raise ReplayError("trial_max_usd must not be negative")
+        if self.target is not None and (self.judge is None or not 0.0 < self.target < 1.0 or self.min_tasks < 2):
+            raise ReplayError("a sequential study needs a target in (0, 1), at least 2 --min-tasks and a judge of its runs (--spec)")
 
 
 @dataclass(frozen=True)
@@ -246,11 +256,13 @@ class StudySummary:
     instance: str = ""
     rerun_as: int = 0  # trials run again as new trials (--rerun)
     released_usd: float = 0.0  # reservations of dead runners released on resume
+    stopped: int = 0  # trials a sequential study did not run: their cell was decided first
+    decided_cells: dict[str, str] = field(default_factory=dict)  # perturbation -> how the study decided it
     recovered: list[TrialRecord] = field(default_factory=list)  # attempts a dead runner left unfinished
 
     @property
     def ran(self) -> int:
-        return self.ok + self.missing + self.errored
+        return self.ok + self.missing + self.errored + self.stopped
 
     def faults(self) -> tuple[int, int]:
         """(fired, planned) over faulted trials the agent ran, as the driver saw them."""
@@ -265,7 +277,8 @@ class StudySummary:
         fired, faulted = self.faults()
         return {
             "study": self.study, "instance": self.instance, "planned": self.planned, "skipped_resume": self.skipped,
-            "ok": self.ok, "missing": self.missing, "errored": self.errored, "rerun_as_new_trials": self.rerun_as,
+            "ok": self.ok, "missing": self.missing, "errored": self.errored, "stopped": self.stopped,
+            "decided_cells": self.decided_cells, "rerun_as_new_trials": self.rerun_as,
             "rejected_variants": len(self.rejected),
             "rejections": [v.as_dict() for v in self.rejected], "spent_usd": self.spent_usd,
             "session_usd": self.session_usd, "budget_usd": self.budget_usd,
@@ -279,9 +292,12 @@ class StudySummary:
         }
 
     def render(self) -> str:
+        stopped = f", {self.stopped} stopped" if self.stopped else ""
         lines = [f"study {self.study}: {self.planned} trials planned; ran {self.ran} ({self.ok} ok, "
-                 f"{self.missing} missing, {self.errored} errored), {self.skipped} skipped by resume; "
+                 f"{self.missing} missing, {self.errored} errored{stopped}), {self.skipped} skipped by resume; "
                  f"{len(self.rejected)} variant(s) rejected by the guard; {self.seconds:.1f}s"]
+        for how in sorted(self.decided_cells.values()):
+            lines.append(f"  sequential: {how.removeprefix('not run: ')}; its remaining trials were not run")
         if self.rerun_as:
             lines.append(f"  --rerun: {self.rerun_as} trial(s) already decided ran again as new trials (new repeat numbers)")
         for r in self.recovered[:10]:
@@ -334,9 +350,11 @@ def otel_trial_context(trial: Trial) -> Iterator[None]:
 
 class _Runner:
     def __init__(self, config: StudyConfig, adapter: Any, cap: SpendCap, cache: ResponseCache | None,
-                 ledger: Ledger | None, records: RecordWriter | None, reservations: dict[str, float]) -> None:
+                 ledger: Ledger | None, records: RecordWriter | None, reservations: dict[str, float],
+                 sequential: SequentialStop | None = None) -> None:
         self.config, self.adapter, self.cap, self.cache = config, adapter, cap, cache
         self.ledger, self.records, self.reservations = ledger, records, reservations
+        self.sequential = sequential
         self.stop = threading.Event()
         self.stop_reason: str | None = None
         self._attempts: dict[str, int] = {}  # without a ledger: attempt numbers of this process
@@ -366,7 +384,8 @@ class _Runner:
             return
         for trial in trials:
             service, version = self._label(trial)
-            self.records.write(trial.identity, {RECORD_KIND: "plan", FAULT_PLANNED: planned_fault(trial)},
+            self.records.write(trial.identity, {RECORD_KIND: "plan", FAULT_PLANNED: planned_fault(trial),
+                                                SEQUENTIAL: self.sequential is not None},
                                plan=True, service=service, version=version)
 
     def run(self, trial: Trial) -> TrialRecord:
@@ -375,10 +394,29 @@ class _Runner:
         ident = trial.identity
         record = TrialRecord(ident.trial_id, ident.task_key, ident.perturbation, ident.variant, ident.repeat,
                              status="missing", fault=planned_fault(trial))
+        stopped = self.sequential.stopped(trial) if self.sequential is not None else None
+        if stopped is not None:
+            attempt = self._begin(trial)
+            record.status, record.reason, record.attempt, record.trace_id = "stopped", stopped, attempt.identity.attempt, attempt.trace_id
+            self._write(attempt, record, 0.0)
+            return record
         while (delay := self._attempt(trial, record)) is not None:
             time.sleep(delay)
+        if self.sequential is not None:
+            self.sequential.finish(trial, self._score(record))
         record.seconds = round(time.perf_counter() - started, 4)
         return record
+
+    def _score(self, record: TrialRecord) -> bool | None:
+        """For a sequential study: conforming, failing, or not scored, by the certificate's rules (`trials.py`)."""
+        if record.status == "errored":
+            return False
+        if record.status != "ok" or self.config.judge is None or record.trace_id is None:
+            return None
+        if (record.perturbation in FAULT_PERTURBATIONS and not record.fault_fired) or (
+                record.perturbation in REQUEST_PERTURBATIONS and not record.seen):
+            return None
+        return self.config.judge(record.trace_id)
 
     def _halt(self, reason: str) -> None:
         with self._lock:
@@ -620,7 +658,8 @@ class Study:
         todo = [t for t in plan.trials if t.trial_id not in done]
         reservations = reservations_for(config, todo)
         records_out = RecordWriter(config.sink) if config.sink is not None else None
-        runner = _Runner(config, self.adapter, cap, cache, ledger, records_out, reservations)
+        sequential = SequentialStop(todo, config.target, config.min_tasks) if config.target is not None else None
+        runner = _Runner(config, self.adapter, cap, cache, ledger, records_out, reservations, sequential)
         summary = StudySummary(config.study, planned=len(plan.trials), skipped=len(plan.trials) - len(todo),
                                rejected=plan.rejected, budget_usd=config.budget_usd, instance=self.instance,
                                rerun_as=len(already) if config.rerun else 0)
@@ -656,6 +695,8 @@ class Study:
         summary.ok = sum(r.status == "ok" for r in records)
         summary.missing = sum(r.status == "missing" for r in records)
         summary.errored = sum(r.status == "errored" for r in records)
+        summary.stopped = sum(r.status == "stopped" for r in records)
+        summary.decided_cells = dict(sequential.decided) if sequential is not None else {}
         summary.spent_usd, summary.session_usd, summary.budget_high_water_usd = cap.spent, cap.session_usd, cap.high_water
         summary.cache_hits = sum(r.cache_hits for r in records)
         summary.cache_recorded = cache.recorded if cache else 0

@@ -18,7 +18,7 @@ from plumbline_otel.model import Trajectory
 from plumbline_otel.runs import STUDY, TRIAL_ID, agent_label, is_missing, is_record, perturbation_of
 from plumbline_otel.sources import Sources
 from plumbline_otel.store import Store
-from plumbline_otel.trials import RAN, record_of
+from plumbline_otel.trials import DECIDED, record_of
 
 
 @dataclass(frozen=True)
@@ -109,7 +109,7 @@ def trials_of(trajectories: Iterable[Trajectory], study: str) -> tuple[set[str],
         record = record_of(t)
         if record is not None:
             if record.attempt:
-                (decided if record.status in RAN else missing).add(record.trial_id)
+                (decided if record.status in DECIDED else missing).add(record.trial_id)
             else:
                 missing.add(record.trial_id)  # planned: missing until an attempt ran
             continue

@@ -136,6 +136,7 @@ class Cell:
     notes: list[dict[str, str]] = field(default_factory=list)  # {"run", "note"}: conflicts, unconfirmed evidence
     cost_usd: float = 0.0  # the driver's records: what the cell's trials cost
     unmetered: int = 0  # trials whose cost no plumbline meter saw
+    stopped: int = 0  # planned trials never run because the study decided the cell first (replay --target)
 
 
 @dataclass
@@ -158,6 +159,7 @@ class _Tally:
     cost_usd: float = 0.0
     unmetered: int = 0
     sequential: bool = False  # the study stopped this cell when its answer was known (replay --target)
+    stopped: int = 0  # planned trials a sequential study never ran: the cell was decided first
 
     @property
     def runs(self) -> int:
@@ -305,7 +307,9 @@ def _count_trial(tally: _Tally, spec: Spec, result: TrialResult) -> None:
         tally.cost_usd += record.cost_usd
         tally.unmetered += record.metered is False and record.status in RAN
     tally.notes.extend({"run": label, "note": note} for note in result.notes)
-    if result.status == "missing":
+    if result.status == "stopped":
+        tally.stopped += 1
+    elif result.status == "missing":
         tally.missing += 1
         tally.missing_per_task[task] += 1
         tally.missing_runs.append({"run": label, "reason": result.reason or "missing"})
@@ -398,6 +402,7 @@ def _cell(agent: str, perturbation: str, tally: _Tally, target: float) -> Cell:
         notes=sorted(tally.notes, key=lambda r: (r["run"], r["note"])),
         cost_usd=round(tally.cost_usd, 8),
         unmetered=tally.unmetered,
+        stopped=tally.stopped,
     )
 
 

@@ -1,0 +1,116 @@
+"""Stop a study's cell as soon as its answer is known (`plumbline replay --target`).
+
+A cell (one perturbation of the study) is decided by the anytime-valid bound (`stats.stop_decision`,
+``betting_cs``) on the tasks whose trials have all finished, taken in plan order (task keys sorted,
+so the order owes nothing to the outcomes): PASS once its lower bound reaches the target, FAIL once
+its upper bound falls below it. Trials of a decided cell not yet started are not run; the driver
+records them as ``stopped``, and the certificate uses the same anytime-valid bound for such a study,
+so the verdict stays valid under the stopping (each wrong answer at most 5% likely).
+
+A trial counts as conforming when its run holds every critical invariant of the spec (`Judge`),
+as failing when it errored, and not at all when it was missing or its perturbation was never seen
+to reach the agent: exactly the certificate's rules.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import threading
+from collections import defaultdict
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from plumbline_otel.analyse.conformance import evaluate
+from plumbline_otel.analyse.stats import stop_decision
+from plumbline_otel.spec import Spec
+
+if TYPE_CHECKING:
+    from plumbline_otel.replay.adapters import Trial
+
+
+class SequentialStop:
+    """The stopping state of a study's cells, shared by the runner's threads."""
+
+    def __init__(self, trials: Sequence[Trial], target: float, min_tasks: int = 5) -> None:
+        self.target, self.min_tasks = target, min_tasks
+        self._order: dict[str, list[str]] = defaultdict(list)  # perturbation -> task keys in plan order
+        self._open: dict[tuple[str, str], set[str]] = defaultdict(set)  # (perturbation, task) -> trials not finished
+        self._scores: dict[tuple[str, str], list[bool]] = defaultdict(list)
+        for t in trials:
+            cell, task = t.identity.perturbation, t.identity.task_key or t.trial_id
+            if task not in self._order[cell]:
+                self._order[cell].append(task)
+            self._open[(cell, task)].add(t.trial_id)
+        self.decided: dict[str, str] = {}  # perturbation -> why it stopped
+        self._lock = threading.Lock()
+
+    def stopped(self, trial: Trial) -> str | None:
+        """Why `trial` is not to be run (its cell is decided), or None."""
+        with self._lock:
+            return self.decided.get(trial.identity.perturbation)
+
+    def finish(self, trial: Trial, conforming: bool | None) -> None:
+        """A trial is over: conforming, failing, or not scored (None); decide its cell if the evidence now can."""
+        cell, task = trial.identity.perturbation, trial.identity.task_key or trial.trial_id
+        with self._lock:
+            self._open[(cell, task)].discard(trial.trial_id)
+            if conforming is not None:
+                self._scores[(cell, task)].append(conforming)
+            if cell in self.decided:
+                return
+            done = []
+            for key in self._order[cell]:  # the prefix of tasks whose every trial is over
+                if self._open[(cell, key)]:
+                    break
+                scores = self._scores[(cell, key)]
+                if scores:
+                    done.append((sum(scores), len(scores)))
+            decision = stop_decision(done, self.target, self.min_tasks)
+            if decision != "continue":
+                self.decided[cell] = (f"not run: {cell} was decided {decision.upper()} against {self.target} "
+                                      f"after {len(done)} task(s) (anytime-valid bound)")
+
+
+class Judge:
+    """Whether a trial's run holds every critical invariant, read back from the study's OTLP file.
+
+    The file's new lines are ingested into an in-memory store as trials finish, so each run is
+    assembled exactly as `plumbline ingest` will assemble it.
+    """
+
+    def __init__(self, spec: Spec, otlp_file: str | Path) -> None:
+        from plumbline_otel.store import Store
+
+        self.spec, self.path = spec, Path(otlp_file)
+        self.store = Store(":memory:")
+        self._offset = 0
+        self._lock = threading.Lock()
+
+    def __call__(self, trace_id: str) -> bool | None:
+        """True/False for the run in `trace_id`, None when no run of it has arrived."""
+        with self._lock:
+            self._read_new()
+            runs = [t for t in self.store.trajectories(where=f"trace_id = '{trace_id}'") if t.steps]
+        return evaluate(self.spec, runs[0]).conforms("critical") if runs else None
+
+    def _read_new(self) -> None:
+        from plumbline_otel.ingest import ingest_files
+
+        if not self.path.exists():
+            return
+        with self.path.open("rb") as fh:
+            fh.seek(self._offset)
+            chunk = fh.read()
+        end = chunk.rfind(b"\n") + 1
+        if not end:
+            return
+        self._offset += end
+        with tempfile.NamedTemporaryFile(suffix=".jsonl") as part:
+            part.write(chunk[:end])
+            part.flush()
+            ingest_files(self.store, [part.name], workers=0)
+        self.store.assemble()
+
+    def close(self) -> None:
+        self.store.close()

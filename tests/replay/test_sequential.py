@@ -1,0 +1,86 @@
+"""Sequential studies: a cell stops as soon as its anytime-valid bound decides it, and the certificate stays valid."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from plumbline_otel.cli.main import cli
+from plumbline_otel.ingest import ingest_files
+from plumbline_otel.replay import SpanSink, StudyConfig, run_study
+from plumbline_otel.replay.sequential import SequentialStop
+from plumbline_otel.store import Store
+
+from .toy import ToyAgent, agent_runs, tasks
+
+SPEC = """version: 1
+name: toy
+invariants:
+  - {id: PAY, severity: critical, must_call: pay}
+"""
+
+
+class PaysUnlessDistracted(ToyAgent):
+    """Clean on baseline; under distractor it never pays (a failing cell)."""
+
+    def run(self, trial):  # type: ignore[no-untyped-def]
+        self.tools = ("lookup_invoice",) if trial.identity.perturbation == "distractor" else ("lookup_invoice", "pay")
+        return super().run(trial)
+
+
+def _traffic(tmp_path: Path, n: int) -> Path:
+    sink = SpanSink(otlp_file=str(tmp_path / "traffic.jsonl"))
+    run_study(StudyConfig("traffic", sink=sink), tasks(n), ToyAgent())
+    sink.close()
+    db = tmp_path / "p.duckdb"
+    with Store(db) as store:
+        ingest_files(store, [str(tmp_path / "traffic.jsonl")])
+    (tmp_path / "spec.yaml").write_text(SPEC)
+    return db
+
+
+def test_a_failing_cell_stops_early_and_its_certificate_uses_the_anytime_bound(tmp_path: Path) -> None:
+    db = _traffic(tmp_path, 40)
+    spans = tmp_path / "seq.jsonl"
+    runner = CliRunner()
+    result = runner.invoke(cli, ["replay", "--db", str(db), "--study", "seq", "--agent", "toy-agent",
+                                 "--adapter", "python:tests.replay.test_sequential:PaysUnlessDistracted",
+                                 "--perturbations", "baseline,distractor", "--otlp-file", str(spans), "--spec", str(tmp_path / "spec.yaml"),
+                                 "--target", "0.8", "--min-tasks", "5", "--concurrency", "1", "--quiet"])
+    assert result.exit_code == 0, result.output
+    # Failing from the first task, distractor is decided at --min-tasks; clean baseline passes 0.8 at 17 tasks.
+    assert "sequential: distractor was decided FAIL against 0.8 after 5 task(s)" in result.output
+    assert "sequential: baseline was decided PASS against 0.8 after 17 task(s)" in result.output
+    summary = json.loads((db.with_suffix("").parent / "p.replay" / "seq" / "summary.json").read_text())
+    assert (summary["ok"], summary["stopped"]) == (22, 58)  # 80 planned: 17 + 5 ran
+    assert runner.invoke(cli, ["ingest", str(spans), "--db", str(db), "--quiet"]).exit_code == 0
+    out = tmp_path / "cert.json"
+    assert runner.invoke(cli, ["certify", "--spec", str(tmp_path / "spec.yaml"), "--db", str(db), "--study", "seq",
+                               "--target", "0.8", "--out", str(out), "--format", "none"]).exit_code == 0
+    cells = {c["perturbation"]: c for a in json.loads(out.read_text())["agents"] for c in a["perturbations"]}
+    assert cells["distractor"]["gate_method"] == "betting_cs" and cells["distractor"]["verdict"] == "FAIL"
+    assert (cells["distractor"]["n"], cells["distractor"]["stopped"], cells["distractor"]["missing"]) == (5, 35, 0)
+    assert (cells["baseline"]["gate_method"], cells["baseline"]["verdict"], cells["baseline"]["stopped"]) == ("betting_cs", "PASS", 23)
+    with Store(db) as store:
+        ran = [t for t in agent_runs(store.trajectories()) if t.context.get("plumbline.study") == "seq"]
+    assert len(ran) == 22  # the stopped trials never reached the agent
+
+
+def test_the_stopping_rule_waits_for_whole_tasks_in_plan_order() -> None:
+    from plumbline_otel.replay import plan_study
+
+    plan = plan_study(StudyConfig("s", perturbations=("baseline",), repeats=2), tasks(6))
+    stop = SequentialStop(plan.trials, target=0.9, min_tasks=2)
+    by_task: dict[str, list] = {}
+    for t in plan.trials:
+        by_task.setdefault(t.identity.task_key or "", []).append(t)
+    order = sorted(by_task)
+    stop.finish(by_task[order[1]][0], False)  # a later task fails first: nothing is decided out of order
+    stop.finish(by_task[order[1]][1], False)
+    assert stop.stopped(plan.trials[0]) is None
+    stop.finish(by_task[order[0]][0], False)
+    assert stop.stopped(plan.trials[0]) is None  # the first task is not whole yet
+    stop.finish(by_task[order[0]][1], False)
+    assert stop.stopped(plan.trials[0]) is not None and "FAIL" in (stop.stopped(plan.trials[0]) or "")
