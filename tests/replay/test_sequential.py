@@ -25,7 +25,7 @@ invariants:
 class PaysUnlessDistracted(ToyAgent):
     """Clean on baseline; under distractor it never pays (a failing cell)."""
 
-    def run(self, trial):  # type: ignore[no-untyped-def]
+    def run(self, trial):
         self.tools = ("lookup_invoice",) if trial.identity.perturbation == "distractor" else ("lookup_invoice", "pay")
         return super().run(trial)
 
