@@ -336,13 +336,17 @@ class Store:
         self._span_keys: _SpanKeys | None = None
         self._trace_counts: _TraceCounts | None = None
         self.logs_written = False  # set by `write_logs`: a writer that only assembles after span writes checks it
-        if not read_only:
-            self.connection.execute(f"SET checkpoint_threshold = '{_CHECKPOINT_THRESHOLD}'")
-            self.set_memory_limit(WRITER_MEMORY_LIMIT_MIB)
-            self._migrate()
-        # A file opened read-only keeps the schema it was written with (older columns may be missing).
-        self.schema_version = self._version()
-        self.task_keys = tuple(task_keys) if task_keys else self._stored_task_keys()
+        try:
+            if not read_only:
+                self.connection.execute(f"SET checkpoint_threshold = '{_CHECKPOINT_THRESHOLD}'")
+                self.set_memory_limit(WRITER_MEMORY_LIMIT_MIB)
+                self._migrate()
+            # A file opened read-only keeps the schema it was written with (older columns may be missing).
+            self.schema_version = self._version()
+            self.task_keys = tuple(task_keys) if task_keys else self._stored_task_keys()
+        except duckdb.Error as exc:  # a damaged file (cut short, overwritten) opens, then fails on its first read
+            self.close()
+            raise StoreError(f"cannot read {self.path}: {str(exc).splitlines()[0]} (is the file damaged?)") from None
 
     def reattach(self) -> None:
         """Detach the file and attach it again, then checkpoint: the way back from an invalidated database.
