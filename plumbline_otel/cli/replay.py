@@ -106,6 +106,10 @@ class _ServerTraces:
                    "tool_result_fault, and witnesses each trial")
 @click.option("--upstream", "upstreams", multiple=True, metavar="PROVIDER=URL",
               help="the proxy's upstream for openai or anthropic (default: OPENAI_BASE_URL / ANTHROPIC_BASE_URL here, then the public API)")
+@click.option("--mcp-upstream", default=None, metavar="URL|COMMAND",
+              help="put plumbline's MCP proxy in front of this MCP server (a Streamable HTTP URL, or a stdio command): each "
+                   "attempt gets its own PLUMBLINE_MCP_URL; it fails the planned tool (tool_fault), offers decoy tools, and "
+                   "records every tool call with its arguments and result")
 @click.option("--isolate", is_flag=True,
               help="run a python adapter's attempts each in a forked child process (for agents that may exit or crash the interpreter)")
 @click.option("--otlp-file", default=None, help="write spans (the agent's and the driver's records) to this OTLP JSON-lines file")
@@ -158,6 +162,7 @@ class ReplayOptions:
     adapter_options: tuple[str, ...]
     use_proxy: bool
     upstreams: tuple[str, ...]
+    mcp_upstream: str | None
     isolate: bool
     otlp_file: str | None
     endpoint: str | None
@@ -223,21 +228,15 @@ def _print_plan(plan: Any) -> None:
 
 
 def _start_proxies(opts: ReplayOptions, prepared: Any, adapter: Any, tasks: list[Any]) -> list[Any]:
-    """The model-API proxy for this study: the study's cassette, its spans to the study's sink under the agent's name."""
+    """The study's witnesses in the agent's path: the model-API proxy (the study's cassette) and the MCP proxy,
+    their spans to the study's sink under the agent's name."""
+    import shlex
     from dataclasses import replace
 
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
-    from plumbline_otel.replay.proxy import ModelProxy
-
-    upstreams = {}
-    for pair in opts.upstreams:
-        name, sep, url = pair.partition("=")
-        if not sep or name.strip() not in ("openai", "anthropic") or not url.strip():
-            raise ConfigError(f"--upstream {pair!r}: expected openai=URL or anthropic=URL")
-        upstreams[name.strip()] = url.strip()
     label = opts.service or getattr(adapter, "service", None) or (tasks[0].service if tasks else None) or "unknown_service"
     service, _, version = label.partition("@")
     provider: TracerProvider | None = None
@@ -246,11 +245,42 @@ def _start_proxies(opts: ReplayOptions, prepared: Any, adapter: Any, tasks: list
         attrs = {"service.name": service, **({"service.version": version} if version else {})}
         provider = TracerProvider(resource=Resource.create(attrs))
         provider.add_span_processor(SimpleSpanProcessor(sink.exporter()))
-    proxy = ModelProxy(upstreams, prepared.cache, tracer_provider=provider)
-    proxy.start()
-    prepared.config = replace(prepared.config, proxies=(*prepared.config.proxies, proxy))
-    click.echo(f"model-API proxy on {proxy.url}: each attempt gets its own OPENAI_BASE_URL / ANTHROPIC_BASE_URL", err=True)
-    return [proxy]
+    proxies: list[Any] = []
+    if opts.use_proxy:
+        from plumbline_otel.replay.proxy import ModelProxy
+
+        proxies.append(ModelProxy(_upstreams(opts.upstreams), prepared.cache, tracer_provider=provider))
+    if opts.mcp_upstream:
+        from plumbline_otel.replay.mcp_proxy import McpProxy
+
+        upstream = opts.mcp_upstream if opts.mcp_upstream.startswith(("http://", "https://")) else shlex.split(opts.mcp_upstream)
+        state = Path(prepared.config.state_dir or ".")
+        state.mkdir(parents=True, exist_ok=True)
+        errlog = (state / "mcp-server.log").open("a", encoding="utf-8")  # a stdio server's stderr; open while the proxy runs
+        proxies.append(McpProxy(upstream, tracer_provider=provider, errlog=errlog))
+    started: list[Any] = []
+    try:
+        for proxy in proxies:
+            proxy.start()
+            started.append(proxy)
+    except BaseException:
+        for proxy in started:
+            proxy.stop()
+        raise
+    prepared.config = replace(prepared.config, proxies=(*prepared.config.proxies, *proxies))
+    for proxy in proxies:
+        click.echo(f"{type(proxy).__name__} on {proxy.url}: each attempt gets its own route", err=True)
+    return proxies
+
+
+def _upstreams(pairs: tuple[str, ...]) -> dict[str, str]:
+    upstreams = {}
+    for pair in pairs:
+        name, sep, url = pair.partition("=")
+        if not sep or name.strip() not in ("openai", "anthropic") or not url.strip():
+            raise ConfigError(f"--upstream {pair!r}: expected openai=URL or anthropic=URL")
+        upstreams[name.strip()] = url.strip()
+    return upstreams
 
 
 def run_replay(opts: ReplayOptions) -> None:
@@ -284,7 +314,7 @@ def run_replay(opts: ReplayOptions) -> None:
         describe = getattr(adapter, "describe", None)
         prepared = open_study(config, source.tasks, adapter)
         plan = prepared.plan
-        if opts.use_proxy and not opts.dry_run:
+        if (opts.use_proxy or opts.mcp_upstream) and not opts.dry_run:
             proxies = _start_proxies(opts, prepared, adapter, source.tasks)
         click.echo(f"{len(source.tasks)} task(s) × {', '.join(names)} × {opts.repeats} repeat(s): {len(plan.trials)} trials, "
                    f"{len(plan.rejected)} variant(s) rejected; agent {describe() if callable(describe) else opts.adapter_spec}")

@@ -466,6 +466,7 @@ class _Runner:
             status, reason, retry = "missing", f"driver: {type(exc).__name__}: {exc}", None
         finally:
             evidence = [proxy.close_trial(route) for proxy, route in routes]
+            status, reason = _unrouted(status, reason, evidence)
             record.status, record.reason = status, reason
             cost = self._settle(record, budget, outcome, status)
             self._witness(record, scope, outcome, evidence)
@@ -533,7 +534,7 @@ class _Runner:
                 record.seen, record.seen_by = True, "client"
         for seen in evidence:
             saw = seen.as_dict()
-            witness = str(getattr(seen, "witness", "model_proxy"))
+            witness = str(seen.witness)
             record.evidence[witness] = _brief(saw)
             if record.fault and saw.get("faults") and not record.fault_fired:
                 record.fault_fired, record.fault_source = True, witness
@@ -553,6 +554,16 @@ class _Runner:
         if self.records is not None:
             service, version = self._label(attempt)
             self.records.write(attempt.identity, record.attributes(cost), plan=False, service=service, version=version)
+
+
+def _unrouted(status: str, reason: str | None, evidence: list[Any]) -> tuple[str, str | None]:
+    """An attempt whose agent ran but made no model call through its model-proxy route is not witnessed:
+    it ignored its OPENAI_BASE_URL / ANTHROPIC_BASE_URL, or its calls could not be routed. Missing, not scored."""
+    unseen = [e for e in evidence if e.witness == "model_proxy" and e.calls == 0]
+    if status in RAN and unseen:
+        return "missing", (f"unrouted: no model call reached this attempt's proxy route (the agent ignored OPENAI_BASE_URL / "
+                           f"ANTHROPIC_BASE_URL, or sent calls the proxy could not route); agent's own result: {reason or status}")
+    return status, reason
 
 
 def planned_fault(trial: Trial) -> str | None:

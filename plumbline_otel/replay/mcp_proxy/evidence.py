@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from plumbline_otel.replay.identity import FaultPlan
 
@@ -28,6 +28,8 @@ class McpEvidence:
     counts requests the proxy refused (no open route) while this route was open: they belong to no
     trial, so a non-zero count says only that some agent missed its route in that window.
     """
+
+    witness: ClassVar[str] = "mcp_proxy"  # who saw it, in the driver's record and the certificate's evidence_from
 
     trial_id: str
     attempt: int

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from plumbline_otel.replay.perturb import ModelFaultPlan, ToolResultFaultPlan
 from plumbline_otel.replay.pricing import Usage
@@ -27,6 +27,8 @@ class ProxyEvidence:
     that has no price (``unpriced_models`` names them); ``cost_exact`` is False when a call's
     usage was missing and its conservative estimate was charged instead.
     """
+
+    witness: ClassVar[str] = "model_proxy"  # who saw it, in the driver's record and the certificate's evidence_from
 
     trial_id: str
     attempt: int

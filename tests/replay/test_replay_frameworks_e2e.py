@@ -1,0 +1,132 @@
+"""Replay agents on real frameworks with no change to their code: the proxies perturb, fault, meter and witness.
+
+The agents (tests/replay/agents/) are the OpenAI Agents SDK (Responses API), pydantic-ai and
+LangGraph (Chat Completions), and the Agents SDK again with its tools on an MCP server. Their
+provider is the **simulated** model (`replay.proxy.simulated`), reached only through
+`plumbline replay --proxy`; none of them is traced, so their runs are what the proxies saw.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from click.testing import CliRunner
+
+from plumbline_otel.cli.main import cli
+from plumbline_otel.ingest import ingest_files
+from plumbline_otel.replay import SpanSink, StudyConfig, run_study
+from plumbline_otel.replay.proxy.simulated import SimReply, SimulatedProvider
+from plumbline_otel.replay.proxy.wire import Api, request_tool_calls, tool_name
+from plumbline_otel.runs import is_record
+from plumbline_otel.store import Store
+
+from .toy import ToyAgent, tasks
+
+ROOT = Path(__file__).resolve().parents[2]
+SPEC = """version: 1
+name: ap
+invariants:
+  - {id: PAY, severity: critical, must_call: pay}
+  - {id: LOOK-FIRST, severity: critical, ordering: [lookup_invoice, pay]}
+"""
+TOOLS = ("lookup_invoice", "pay")
+
+
+def scripted_model(api: Api, body: dict[str, Any]) -> SimReply:
+    """The simulated model: look the invoice up, then pay it, then say so (it never calls a decoy)."""
+    invoice = (re.findall(r"INV-\d+", orjson.dumps(body).decode()) or ["INV-0"])[0]
+    called = {c.name for c in request_tool_calls(api, body)}
+    offered = [tool_name(api, t) for t in body.get("tools") or []]
+    for tool in TOOLS:
+        if tool in offered and tool not in called:
+            return SimReply(tool_calls=[(tool, {"invoice_id": invoice})], input_tokens=200, output_tokens=20)
+    return SimReply(text=f"Paid {invoice}.", input_tokens=300, output_tokens=10)
+
+
+@pytest.fixture(scope="module")
+def provider() -> Any:
+    sim = SimulatedProvider(scripted_model).start()
+    yield sim
+    sim.stop()
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Path:
+    """Production traffic to take the tasks from (the toy agent's clean runs of two invoices)."""
+    sink = SpanSink(otlp_file=str(tmp_path / "traffic.jsonl"))
+    run_study(StudyConfig("traffic", sink=sink), tasks(2), ToyAgent())
+    sink.close()
+    path = tmp_path / "p.duckdb"
+    with Store(path) as store:
+        ingest_files(store, [str(tmp_path / "traffic.jsonl")])
+    (tmp_path / "spec.yaml").write_text(SPEC)
+    return path
+
+
+ENV = {"OPENAI_API_KEY": "sk-not-a-real-key", "OPENAI_AGENTS_DISABLE_TRACING": "1", "OPENAI_BASE_URL": None}
+
+
+def replay(tmp_path: Path, db: Path, provider: Any, study: str, adapter: str, perturbations: str, *extra: str) -> tuple[Any, dict[str, Any]]:
+    runner = CliRunner()
+    spans = tmp_path / f"{study}.jsonl"
+    result = runner.invoke(cli, ["replay", "--db", str(db), "--study", study, "--agent", "toy-agent", "--service", f"{study}-agent@1",
+                                 "--adapter", adapter, "--adapter-option", f"cwd={ROOT}", "--adapter-option", "timeout_s=120",
+                                 "--perturbations", perturbations, "--proxy", "--upstream", f"openai={provider.openai_url}",
+                                 "--otlp-file", str(spans), "--concurrency", "2", "--trace-wait", "10", "--quiet", *extra], env=ENV)
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.output
+    assert runner.invoke(cli, ["ingest", str(spans), "--db", str(db), "--quiet"]).exit_code in (0, 3)
+    out = tmp_path / f"{study}.cert.json"
+    certified = runner.invoke(cli, ["certify", "--spec", str(tmp_path / "spec.yaml"), "--db", str(db), "--study", study,
+                                    "--out", str(out), "--format", "none"])
+    assert certified.exit_code == 0, certified.output
+    return result, {c["perturbation"]: c for a in json.loads(out.read_text())["agents"] for c in a["perturbations"]}
+
+
+WIRE = "baseline,decoy_tools,sampling,model_fault,tool_result_fault"
+
+
+@pytest.mark.slow
+@pytest.mark.e2e
+@pytest.mark.parametrize("agent", ["openai_agents_ap", "pydantic_ai_ap", "langgraph_ap"])
+def test_a_framework_agent_is_replayed_under_every_wire_perturbation_with_no_code_change(tmp_path: Path, db: Path, provider: Any,
+                                                                                       agent: str) -> None:
+    result, cells = replay(tmp_path, db, provider, agent.replace("_", "-"), f"command:{sys.executable} -m tests.replay.agents.{agent}", WIRE)
+    assert "ran 10 (10 ok, 0 missing, 0 errored)" in result.output, result.output
+    assert set(cells) == set(WIRE.split(","))
+    for name, c in cells.items():  # every trial scored, from the runs the proxy saw: both tools, in order
+        assert (c["n"], c["conforming"], c["unexposed"], c["missing"]) == (2, 2, 0, 0), (name, c)
+    # The perturbations that live on the wire were seen to reach the model by the proxy, and only there.
+    for name in ("decoy_tools", "sampling", "model_fault", "tool_result_fault"):
+        assert cells[name]["evidence_from"] == {"model_proxy": 2}, name
+    assert cells["baseline"]["evidence_from"] == {}
+    assert all(c["unmetered"] == 0 for c in cells.values())
+
+
+@pytest.mark.slow
+@pytest.mark.e2e
+def test_an_mcp_tooled_agent_gets_its_tool_fault_from_the_mcp_proxy_and_an_unroutable_trial_is_missing(
+        tmp_path: Path, db: Path, provider: Any) -> None:
+    # The agent finds its tool server at AP_MCP_URL, its own setting: the adapter command points it at the proxy's route.
+    agent = f"command:sh -c 'AP_MCP_URL=\"$PLUMBLINE_MCP_URL\" exec {sys.executable} -m tests.replay.agents.openai_agents_mcp_ap'"
+    result, cells = replay(tmp_path, db, provider, "mcp", agent, "baseline,tool_fault,decoy_tools",
+                           "--mcp-upstream", f"{sys.executable} -m tests.replay.agents.ap_mcp_server", "--fault-tools", "pay")
+    assert "ran 6 (6 ok, 0 missing, 0 errored)" in result.output, result.output
+    assert cells["tool_fault"]["evidence_from"] == {"mcp_proxy": 2} and cells["tool_fault"]["exposed"] == 2
+    assert cells["decoy_tools"]["evidence_from"] in ({"model_proxy": 2}, {"mcp_proxy": 2})
+    with Store(db) as store:
+        runs = [t for t in store.trajectories() if t.context.get("plumbline.study") == "mcp" and not is_record(t)]
+    # The MCP proxy's spans carry each tool call with its arguments and result; the model proxy's, each LLM call.
+    assert all(any(s.kind == "tool_call" and s.name == "pay" and s.args == {"invoice_id": t.task_key} for s in t.steps)
+               for t in runs if t.context.get("plumbline.perturbation") == "baseline")
+
+    # An agent that ignores OPENAI_BASE_URL (its calls reach the bare proxy, with no route) cannot be witnessed: missing.
+    bare = f"command:sh -c 'OPENAI_BASE_URL=\"${{OPENAI_BASE_URL%/t/*}}/v1\" exec {sys.executable} -m tests.replay.agents.pydantic_ai_ap'"
+    lost, lost_cells = replay(tmp_path, db, provider, "lost", bare, "baseline")
+    assert lost.exit_code == 3 and "unrouted: no model call reached this attempt's proxy route" in lost.output
+    assert (lost_cells["baseline"]["n"], lost_cells["baseline"]["missing"]) == (0, 2)
