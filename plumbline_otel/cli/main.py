@@ -54,10 +54,12 @@ COMMANDS = {
     "compare": "plumbline_otel.cli.compare:compare",
     "domain": "plumbline_otel.cli.domain:domain",
     "replay": "plumbline_otel.cli.replay:replay",
+    "proxy": "plumbline_otel.cli.proxy:proxy",
     "import": "plumbline_otel.cli.importer:import_group",
     "export": "plumbline_otel.cli.export:export",
     "report": "plumbline_otel.cli.report:report",
     "show": "plumbline_otel.cli.show:show",
+    "lake": "plumbline_otel.cli.lake:lake",
 }
 
 

@@ -249,7 +249,7 @@ def _start_proxies(opts: ReplayOptions, prepared: Any, adapter: Any, tasks: list
     if opts.use_proxy:
         from plumbline_otel.replay.proxy import ModelProxy
 
-        proxies.append(ModelProxy(_upstreams(opts.upstreams), prepared.cache, tracer_provider=provider))
+        proxies.append(ModelProxy(parse_upstreams(opts.upstreams), prepared.cache, tracer_provider=provider))
     if opts.mcp_upstream:
         from plumbline_otel.replay.mcp_proxy import McpProxy
 
@@ -273,7 +273,7 @@ def _start_proxies(opts: ReplayOptions, prepared: Any, adapter: Any, tasks: list
     return proxies
 
 
-def _upstreams(pairs: tuple[str, ...]) -> dict[str, str]:
+def parse_upstreams(pairs: tuple[str, ...]) -> dict[str, str]:
     upstreams = {}
     for pair in pairs:
         name, sep, url = pair.partition("=")

@@ -9,6 +9,7 @@ provider is the **simulated** model (`replay.proxy.simulated`), reached only thr
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
 from pathlib import Path
@@ -163,3 +164,21 @@ def test_a_study_replays_offline_from_its_cassette_with_no_provider_call(tmp_pat
                     for t in store.trajectories() if t.context.get("plumbline.study") == "tape" and not is_record(t)}
 
     assert steps(offline_db) == steps(db) and len(steps(db)) == 4
+
+
+@pytest.mark.slow
+def test_plumbline_proxy_meters_and_records_an_agent_outside_a_study(tmp_path: Path, provider: Any) -> None:
+    import subprocess
+
+    cassette = tmp_path / "tape.jsonl"
+    proc = subprocess.Popen([sys.executable, "-m", "plumbline_otel.cli.main", "proxy", "--upstream", f"openai={provider.openai_url}",
+                             "--cassette", str(cassette), "--seconds", "6"], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    lines = [proc.stdout.readline() for _ in range(3)]
+    base = next(line.split("=", 1)[1].strip() for line in lines if "OPENAI_BASE_URL=" in line)
+    agent = subprocess.run([sys.executable, "-m", "tests.replay.agents.pydantic_ai_ap"], input="Please pay invoice INV-42.", cwd=ROOT,
+                           capture_output=True, text=True, env={**os.environ, **{k: v for k, v in ENV.items() if v}, "OPENAI_BASE_URL": base}, timeout=60)
+    assert agent.returncode == 0, agent.stderr
+    out, _ = proc.communicate(timeout=30)
+    assert "witnessed 3 model call(s): 3 to the provider, 0 from the cassette" in out
+    assert len(cassette.read_text().splitlines()) == 3
