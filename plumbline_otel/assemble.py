@@ -405,7 +405,11 @@ def assemble(records: list[SpanRecord], task_keys: Iterable[str] = DEFAULT_TASK_
     agents = [_agent_step(a) for a in records if a.step_kind == "agent" and a is not root]
     order = {r.span_id: i for i, r in enumerate(records)}
     content_seen = any(r.content_captured for r in llm)
-    steps = sorted([*tool_steps, *(_llm_step(r, content_seen) for r in llm), *agents], key=lambda s: (s.start_ns, order.get(s.span_id or "", 0)))
+    # Parallel calls may start in the same instant (the JS SDK stamps starts to the millisecond): then the
+    # order the model proposed them in decides, not the span ids.
+    proposed = {c.call_id: c.index for r in llm for c in r.proposed_calls if c.call_id}
+    steps = sorted([*tool_steps, *(_llm_step(r, content_seen) for r in llm), *agents],
+                   key=lambda s: (s.start_ns, proposed.get(s.call_id or "", 0), order.get(s.span_id or "", 0)))
     context = _context(root, records)
     if not steps and not any(k.startswith(CONTEXT_PREFIX) for k in context):
         return None

@@ -12,7 +12,8 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
 StepKind = Literal["tool_call", "llm_call", "agent", "other"]
-Convention = Literal["genai", "genai_legacy", "openinference", "traceloop", "unknown"]
+# `vercel_ai`: the Vercel AI SDK's own spans (AI SDK 6 and earlier, and 7's LegacyOpenTelemetry).
+Convention = Literal["genai", "genai_legacy", "openinference", "traceloop", "vercel_ai", "unknown"]
 # Where a tool step came from: its own span, an LLM span's output messages, or both merged.
 StepSource = Literal["tool_span", "llm_output", "tool_span+llm_output", "span"]
 ArgsState = Literal["structured", "unparsed", "redacted", "absent"]

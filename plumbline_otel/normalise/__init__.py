@@ -30,7 +30,7 @@ __all__ = ["VENDOR_ARGS_KEYS", "VENDOR_RESULT_KEYS", "Limits", "LogRows", "Value
            "log_event_attributes", "log_rows", "maybe_json", "normalise_request", "normalise_span", "unwrap_scoped_result"]
 
 # Attribute namespaces we read; a key in them that we do not know is reported by coverage.
-_NAMESPACES = ("gen_ai.", "llm.", "tool.", "openinference.", "traceloop.")
+_NAMESPACES = ("gen_ai.", "llm.", "tool.", "openinference.", "traceloop.", "ai.")
 _KNOWN_PREFIXES = (
     "gen_ai.operation.", "gen_ai.provider.", "gen_ai.system", "gen_ai.request.", "gen_ai.response.",
     "gen_ai.usage.", "gen_ai.tool.", "gen_ai.input.messages", "gen_ai.output.messages",
@@ -42,6 +42,9 @@ _KNOWN_PREFIXES = (
     "tool.name", "tool.description", "tool.parameters", "tool.id", "tool.json_schema", "tool_call.",
     "openinference.span.kind", "traceloop.span.kind", "traceloop.entity.", "traceloop.workflow.",
     "traceloop.association.properties.",
+    # The Vercel AI SDK's own keys (read: operationId, prompt, response text and tool calls, usage, toolCall.*).
+    "ai.operationId", "ai.telemetry.", "ai.model.", "ai.settings.", "ai.request.", "ai.prompt", "ai.response.",
+    "ai.usage.", "ai.toolCall.", "ai.stream.", "ai.schema", "ai.value", "ai.embedding", "ai.values",
 )
 
 

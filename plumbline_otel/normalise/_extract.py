@@ -44,6 +44,15 @@ _GENAI_KINDS: dict[str, StepKind] = {
 HANDOFF_KEYS = ("gen_ai.agent.handoff.target.name", "gen_ai.transfer.target.name")
 _HANDOFF_PREFIX = "handoff to "
 _OI_KINDS: dict[str, StepKind] = {"TOOL": "tool_call", "LLM": "llm_call", "AGENT": "agent"}
+# The Vercel AI SDK's own spans (AI SDK 6 and earlier, and AI SDK 7's `LegacyOpenTelemetry`; scope `ai`): the
+# span's role is in `ai.operationId`. A generate/stream call is a run (an agent step when nested in a tool: a
+# sub-agent), its doGenerate/doStream spans the model requests, `ai.toolCall` a tool.
+_VERCEL_KINDS: dict[str, StepKind] = {
+    "ai.toolCall": "tool_call",
+    "ai.generateText": "agent", "ai.streamText": "agent", "ai.generateObject": "agent", "ai.streamObject": "agent",
+    "ai.generateText.doGenerate": "llm_call", "ai.streamText.doStream": "llm_call",
+    "ai.generateObject.doGenerate": "llm_call", "ai.streamObject.doStream": "llm_call",
+}
 _TRACELOOP_KINDS: dict[str, StepKind] = {"tool": "tool_call", "workflow": "agent", "agent": "agent"}
 # Tools a framework calls to end a run, not tools of the user's: their argument is the answer.
 _ANSWER_TOOLS = {("openinference.instrumentation.smolagents", "final_answer")}
@@ -65,6 +74,9 @@ def detect(attrs: dict[str, Any]) -> tuple[Convention, StepKind]:
         handoff = str(attrs.get("tool.name", "")).startswith(_HANDOFF_PREFIX) or any(key in attrs for key in HANDOFF_KEYS)
         return "openinference", "agent" if handoff else _OI_KINDS.get(oi_kind.upper(), "other")
     operation = attrs.get("gen_ai.operation.name")
+    vercel = attrs.get("ai.operationId")
+    if isinstance(vercel, str) and operation is None:
+        return "vercel_ai", _VERCEL_KINDS.get(vercel, "other")
     if attrs.get("mcp.method.name") == "tools/call":
         operation = "execute_tool"
     if any(key in attrs for key in HANDOFF_KEYS):
@@ -214,6 +226,13 @@ def _tool_genai(rec: SpanRecord, attrs: dict[str, Any]) -> None:
     _set_result(rec, *_first_key(attrs, "gen_ai.tool.call.result", *VENDOR_RESULT_KEYS))
 
 
+def _tool_vercel(rec: SpanRecord, attrs: dict[str, Any]) -> None:
+    rec.tool_name = _or_text(rec.tool_name, attrs.get("ai.toolCall.name"))
+    rec.call_id = _or_text(rec.call_id, attrs.get("ai.toolCall.id"))
+    _set_args(rec, attrs.get("ai.toolCall.args"), "ai.toolCall.args")  # `JSON.stringify(input)`
+    _set_result(rec, attrs.get("ai.toolCall.result"), "ai.toolCall.result")  # `JSON.stringify(output)`
+
+
 def _tool_traceloop(rec: SpanRecord, attrs: dict[str, Any]) -> None:
     rec.tool_name = _or_text(rec.tool_name, _first(attrs, "gen_ai.tool.name", "traceloop.entity.name"))
     _set_args(rec, attrs.get("traceloop.entity.input"), "traceloop.entity.input")
@@ -282,19 +301,21 @@ def _messages_flat(attrs: dict[str, Any], in_prefix: str, out_prefix: str) -> tu
 
 def _llm_fields(rec: SpanRecord, attrs: dict[str, Any]) -> None:
     rec.model = _or_text(rec.model, _first(attrs, "gen_ai.response.model", "llm.response.model_name", "llm.model_name",
-                                           "gen_ai.request.model", "llm.request.model_name"))
+                                           "gen_ai.request.model", "llm.request.model_name", "ai.response.model", "ai.model.id"))
     provider = str(_first(attrs, "gen_ai.provider.name", "gen_ai.system", "llm.provider", "llm.system") or "").lower()
     rec.provider = _or_text(rec.provider, provider or None)
     rec.response_id = _or_text(rec.response_id, attrs.get("gen_ai.response.id"))
-    rec.input_tokens = _or_count(rec.input_tokens, _first(attrs, "gen_ai.usage.input_tokens", "gen_ai.usage.prompt_tokens", "llm.token_count.prompt"))
+    # `ai.usage.*`: the Vercel AI SDK's own (promptTokens/completionTokens before AI SDK 5).
+    rec.input_tokens = _or_count(rec.input_tokens, _first(attrs, "gen_ai.usage.input_tokens", "gen_ai.usage.prompt_tokens", "llm.token_count.prompt",
+                                                          "ai.usage.inputTokens", "ai.usage.promptTokens"))
     rec.output_tokens = _or_count(rec.output_tokens, _first(attrs, "gen_ai.usage.output_tokens", "gen_ai.usage.completion_tokens",
-                                                            "llm.token_count.completion"))
+                                                            "llm.token_count.completion", "ai.usage.outputTokens", "ai.usage.completionTokens"))
     # `cache_write` since semantic-conventions-genai #440; `cache_creation` in semconv 1.40-1.41; strands' own names.
     rec.cache_read_tokens = _or_count(rec.cache_read_tokens, _first(attrs, "gen_ai.usage.cache_read.input_tokens",
                                                                     "gen_ai.usage.cache_read_input_tokens", "llm.token_count.prompt_details.cache_read"))
     rec.cache_write_tokens = _or_count(rec.cache_write_tokens, _first(attrs, "gen_ai.usage.cache_write.input_tokens", "gen_ai.usage.cache_creation.input_tokens",
                                                                       "gen_ai.usage.cache_write_input_tokens", "llm.token_count.prompt_details.cache_write"))
-    reasons = attrs.get("gen_ai.response.finish_reasons", attrs.get("llm.finish_reason"))
+    reasons = _first(attrs, "gen_ai.response.finish_reasons", "llm.finish_reason", "ai.response.finishReason")
     if reasons and not rec.finish_reasons:
         reasons = maybe_json(reasons)
         rec.finish_reasons = [str(r) for r in reasons] if isinstance(reasons, list) else [str(reasons)]
@@ -326,8 +347,35 @@ def _raw_request_errors(rec: SpanRecord, attrs: dict[str, Any]) -> None:
     rec.tool_results = [replace(r, error=True) if r.call_id in failed else r for r in rec.tool_results]
 
 
+def _vercel_outputs(attrs: dict[str, Any]) -> list[Message]:
+    """A Vercel AI SDK response: `ai.response.text` and `ai.response.toolCalls` (`input` a JSON string or an object)."""
+    content: list[Any] = []
+    text = attrs.get("ai.response.text")
+    if isinstance(text, str) and text:
+        content.append({"type": "text", "text": text})
+    calls = maybe_json(attrs.get("ai.response.toolCalls"))
+    if isinstance(calls, list):
+        content += [{**c, "type": "tool-call"} for c in calls if isinstance(c, dict)]
+    return parse_messages({"role": "assistant", "content": content}) if content else []
+
+
+def _vercel_request(rec: SpanRecord, raw: Any) -> str | None:
+    """A Vercel AI SDK run's `ai.prompt`: `{system, prompt}` (a string or messages) or `{system, messages}`."""
+    prompt = maybe_json(raw)
+    if not isinstance(prompt, dict):
+        return None
+    _note(rec, "input", "vercel_ai_prompt")
+    if isinstance(prompt.get("prompt"), str):
+        return str(prompt["prompt"])
+    messages = prompt.get("messages") if isinstance(prompt.get("messages"), list) else prompt.get("prompt")
+    users = [m for m in parse_messages(messages) if m.role == "user" and m.texts]
+    return "\n".join(users[-1].texts) if users else None
+
+
 def _llm(rec: SpanRecord, attrs: dict[str, Any], events: list[tuple[str, dict[str, Any]]]) -> None:
     _llm_fields(rec, attrs)
+    if rec.convention == "vercel_ai":
+        _apply_messages(rec, parse_messages(attrs.get("ai.prompt.messages")), _vercel_outputs(attrs))
     if rec.convention == "openinference":
         _apply_messages(rec, *_messages_flat(attrs, "llm.input_messages", "llm.output_messages"))
         if rec.output_text is None and not rec.proposed_calls:  # a streamed response: only the Responses dump
@@ -358,6 +406,11 @@ def _agent(rec: SpanRecord, attrs: dict[str, Any], events: list[tuple[str, dict[
     if attrs.get("gen_ai.operation.name") == "handle_conversation_turn":  # one turn is one run
         _note(rec, "step", "conversation_turn")
     rec.agent_name = _or_text(rec.agent_name, _first(attrs, "gen_ai.agent.name", "agent.name", "graph.node.id"))
+    if rec.convention == "vercel_ai":
+        rec.agent_name = _or_text(rec.agent_name, attrs.get("ai.telemetry.functionId"))
+        rec.input_text = rec.input_text or _vercel_request(rec, attrs.get("ai.prompt"))
+        answer = attrs.get("ai.response.text")
+        rec.output_text = rec.output_text or (answer if isinstance(answer, str) and answer else None)
     _run_texts(rec, attrs.get("input.value"), attrs.get("output.value"))
     if rec.convention == "traceloop" or "traceloop.entity.input" in attrs:
         rec.agent_name = _or_text(rec.agent_name, attrs.get("traceloop.entity.name"))
@@ -392,6 +445,7 @@ _TOOL_READERS: dict[str, list[Callable[[SpanRecord, dict[str, Any]], None]]] = {
     "openinference": [_tool_openinference, _tool_genai],
     "genai": [_tool_genai, _tool_openinference],
     "traceloop": [_tool_traceloop, _tool_genai],
+    "vercel_ai": [_tool_vercel, _tool_genai],
 }
 # The keys each tool reader reads: a reader none of whose keys a span has would change nothing on it.
 _READER_KEYS: dict[Callable[[SpanRecord, dict[str, Any]], None], frozenset[str]] = {
@@ -399,6 +453,7 @@ _READER_KEYS: dict[Callable[[SpanRecord, dict[str, Any]], None], frozenset[str]]
     _tool_genai: frozenset({"gen_ai.tool.name", "gen_ai.tool.call.id", "gen_ai.tool.call.arguments", "gen_ai.tool.call.result",
                             *VENDOR_ARGS_KEYS, *VENDOR_RESULT_KEYS}),
     _tool_traceloop: frozenset({"gen_ai.tool.name", "traceloop.entity.name", "traceloop.entity.input", "traceloop.entity.output"}),
+    _tool_vercel: frozenset({"ai.toolCall.name", "ai.toolCall.id", "ai.toolCall.args", "ai.toolCall.result"}),
 }
 
 

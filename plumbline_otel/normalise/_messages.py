@@ -18,8 +18,12 @@ from plumbline_otel.normalise._shapes import unwrap_result
 from plumbline_otel.normalise._values import is_redacted, maybe_json
 
 _ERROR_TEXT = re.compile(r"\s*[A-Za-z_.]*(Error|Exception)\s*:")
-_CALL_TYPES = {"tool_call", "tool_use", "function_call"}
-_RESULT_TYPES = {"tool_call_response", "tool_result", "function_call_output"}
+# `tool-call` / `tool-result`: the Vercel AI SDK's prompt parts (`toolCallId`, `toolName`, `input` or `args`,
+# `output` as `{type, value}` or `result` before AI SDK 5).
+_CALL_TYPES = {"tool_call", "tool_use", "function_call", "tool-call"}
+_RESULT_TYPES = {"tool_call_response", "tool_result", "function_call_output", "tool-result"}
+# The Vercel AI SDK's tool output `{type, value}`; an `error-*` type is a failed call.
+_AI_SDK_OUTPUTS = {"text", "json", "error-text", "error-json", "content", "execution-denied"}
 
 
 @dataclass
@@ -71,27 +75,32 @@ def result_is_error(result: Any) -> bool:
 def _call(obj: dict[str, Any], index: int) -> ToolCallRef | None:
     obj = obj.get("tool_call", obj) if isinstance(obj.get("tool_call"), dict) else obj
     function: dict[str, Any] = obj["function"] if isinstance(obj.get("function"), dict) else {}
-    name = obj.get("name") or function.get("name")
+    name = obj.get("name") or function.get("name") or obj.get("toolName")
     if not name:
         return None
-    raw = obj.get("arguments", obj.get("input", function.get("arguments")))
+    raw = obj.get("arguments", obj.get("input", obj.get("args", function.get("arguments"))))
     args, _ = parse_args(raw)
     # A Responses API `function_call` item has its own `id`; the call's id is `call_id`.
-    call_id = obj.get("call_id") or obj.get("id") if obj.get("type") == "function_call" else obj.get("id") or obj.get("call_id")
+    call_id = obj.get("call_id") or obj.get("id") if obj.get("type") == "function_call" else obj.get("id") or obj.get("call_id") or obj.get("toolCallId")
     return ToolCallRef(name=str(name), args=args, call_id=str(call_id) if call_id else None, index=index)
 
 
 def _result(obj: dict[str, Any]) -> ToolResultRef | None:
-    call_id = obj.get("id") or obj.get("tool_use_id") or obj.get("call_id") or obj.get("tool_call_id")
+    call_id = obj.get("id") or obj.get("tool_use_id") or obj.get("call_id") or obj.get("tool_call_id") or obj.get("toolCallId")
     if not call_id:
         return None
+    failed = False
     for key in ("response", "result", "content", "output"):
         if key in obj:
-            value, _ = unwrap_result(obj[key])
+            raw = obj[key]
+            if isinstance(raw, dict) and set(raw) <= {"type", "value", "reason"} and raw.get("type") in _AI_SDK_OUTPUTS:
+                failed = str(raw["type"]).startswith(("error", "execution-denied"))
+                raw = raw.get("value", raw.get("reason"))
+            value, _ = unwrap_result(raw)
             break
     else:
         value = None
-    error = bool(obj.get("is_error")) or result_is_error(value)
+    error = failed or bool(obj.get("is_error") or obj.get("isError")) or result_is_error(value)
     return ToolResultRef(call_id=str(call_id), result=value, error=error)
 
 
@@ -122,7 +131,7 @@ def _add_block(msg: Message, block: Any) -> None:
             msg.results.append(result)
     elif kind in ("text", "reasoning", "output_text", "input_text"):
         text = block.get("text", block.get("content"))
-        if isinstance(text, str) and kind != "reasoning":
+        if isinstance(text, str) and text and kind != "reasoning":
             msg.texts.append(text)
 
 

@@ -23,7 +23,9 @@ SETUPS = ["adk_content", "adk_content_events", "adk_nocontent", "langchain_openi
           "llamaindex_openinference", "smolagents_openinference",
           "strands_default", "strands_latest", "pydantic_ai",
           "openai_agents_openinference_chat", "openai_agents_openinference_responses",
-          "openai_agents_traceloop_chat", "openai_agents_traceloop_responses"]
+          "openai_agents_traceloop_chat", "openai_agents_traceloop_responses",
+          # generate_js.py: Node set-ups, pinned by their npm lock file (package-lock-<set-up>.json)
+          "aisdk6_chat", "aisdk7_legacy_chat", "aisdk7_otel_chat"]
 
 _spec = importlib.util.spec_from_file_location("producers_generate", FIXTURES / "producers" / "generate.py")
 assert _spec is not None and _spec.loader is not None
@@ -66,7 +68,7 @@ def _found(values: list[Any], wanted: Any) -> bool:
 def test_every_set_up_has_its_fixture_and_pins() -> None:
     for setup in SETUPS:
         assert (FRAMEWORKS / setup / "expected.json").is_file() and (FRAMEWORKS / setup / "trace.otlp.jsonl").is_file()
-        assert (FRAMEWORKS / f"requirements-{setup}.txt").is_file(), setup
+        assert (FRAMEWORKS / f"requirements-{setup}.txt").is_file() or (FRAMEWORKS / f"package-lock-{setup}.json").is_file(), setup
 
 
 @pytest.mark.parametrize("setup", SETUPS)
@@ -104,7 +106,7 @@ def test_langchain_openinference_has_a_streamed_run_and_two_parallel_tool_calls(
     assert sorted(set(first_turn)) == ["call_tool_called_twice_0_0", "call_tool_called_twice_0_1"]
 
 
-@pytest.mark.parametrize("setup", [s for s in SETUPS if s.startswith(("openai_agents_", "strands_", "pydantic_ai"))])
+@pytest.mark.parametrize("setup", [s for s in SETUPS if s.startswith(("openai_agents_", "strands_", "pydantic_ai", "aisdk"))])
 def test_streamed_runs_and_parallel_calls_are_in_the_trace(setup: str) -> None:
     """A streamed model response and two parallel calls in one response, each with the id the stand-in gave it."""
     expected = json.loads((FRAMEWORKS / setup / "expected.json").read_text())

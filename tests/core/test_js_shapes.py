@@ -1,0 +1,99 @@
+"""JavaScript agent frameworks' own span shapes (issue 29), built with the real OpenTelemetry SDK in the shape
+the framework writes (read from its source), beside the recorded fixtures in tests/fixtures/frameworks/.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from opentelemetry.trace import Status, StatusCode, Tracer
+from otlp import record
+
+from plumbline_otel.assemble import assemble
+from plumbline_otel.model import SpanRecord, Trajectory
+from plumbline_otel.normalise import normalise_request
+
+
+def _records(build: Any) -> list[SpanRecord]:
+    records, problems = normalise_request(record(build))
+    assert problems == []
+    return records
+
+
+def _run(build: Any) -> Trajectory:
+    trajectory = assemble(_records(build))
+    assert trajectory is not None
+    return trajectory
+
+
+# --- the Vercel AI SDK's own spans -------------------------------------------------------------
+
+
+def test_ai_sdk_4_spans_args_result_and_prompt_tokens() -> None:
+    """AI SDK 4 wrote `args` (not `input`) in tool calls, `result` in tool results and `promptTokens`."""
+    def build(tracer: Tracer) -> None:
+        prompt = {"system": "You pay invoices.", "messages": [{"role": "user", "content": "Pay INV-1"}]}
+        with tracer.start_as_current_span("ai.generateText", attributes={
+                "ai.operationId": "ai.generateText", "ai.prompt": json.dumps(prompt), "ai.response.text": "Paid INV-1.",
+                "ai.telemetry.functionId": "payer"}):
+            with tracer.start_as_current_span("ai.generateText.doGenerate", attributes={
+                    "ai.operationId": "ai.generateText.doGenerate", "ai.model.id": "gpt-4o", "ai.usage.promptTokens": 12,
+                    "ai.usage.completionTokens": 5, "ai.prompt.messages": json.dumps(prompt["messages"]),
+                    "ai.response.toolCalls": json.dumps([{"toolCallType": "function", "toolCallId": "c1", "toolName": "pay",
+                                                          "args": json.dumps({"invoice_id": "INV-1"})}])}):
+                pass
+            with tracer.start_as_current_span("ai.toolCall", attributes={
+                    "ai.operationId": "ai.toolCall", "ai.toolCall.name": "pay", "ai.toolCall.id": "c1",
+                    "ai.toolCall.args": json.dumps({"invoice_id": "INV-1"}), "ai.toolCall.result": json.dumps({"ok": True})}):
+                pass
+            with tracer.start_as_current_span("ai.generateText.doGenerate", attributes={
+                    "ai.operationId": "ai.generateText.doGenerate", "ai.model.id": "gpt-4o",
+                    "ai.prompt.messages": json.dumps([{"role": "tool", "content": [
+                        {"type": "tool-result", "toolCallId": "c1", "toolName": "pay", "result": {"ok": True}}]}]),
+                    "ai.response.text": "Paid INV-1."}):
+                pass
+
+    run = _run(build)
+    assert run.conventions == ("vercel_ai",) and run.agent_name == "payer"
+    assert (run.input, run.final_output) == ("Pay INV-1", "Paid INV-1.")
+    assert [(s.name, s.args, s.result, s.call_id, s.source) for s in run.tool_steps] == [
+        ("pay", {"invoice_id": "INV-1"}, {"ok": True}, "c1", "tool_span+llm_output")]
+    llm = [s for s in run.steps if s.kind == "llm_call"]
+    assert [(s.model, s.input_tokens, s.output_tokens) for s in llm] == [("gpt-4o", 12, 5), ("gpt-4o", None, None)]
+
+
+def test_ai_sdk_tool_error_output_marks_a_proposed_call_failed() -> None:
+    """No tool spans (a call the app ran itself): the proposal is the step, its `error-text` output a failure."""
+    def build(tracer: Tracer) -> None:
+        with tracer.start_as_current_span("ai.streamText", attributes={"ai.operationId": "ai.streamText",
+                                                                         "ai.prompt": json.dumps({"prompt": "Pay INV-2"})}):
+            with tracer.start_as_current_span("ai.streamText.doStream", attributes={
+                    "ai.operationId": "ai.streamText.doStream",
+                    "ai.response.toolCalls": json.dumps([{"type": "tool-call", "toolCallId": "c2", "toolName": "pay",
+                                                          "input": {"invoice_id": "INV-2"}}]), "ai.response.text": ""}):
+                pass
+            with tracer.start_as_current_span("ai.streamText.doStream", attributes={
+                    "ai.operationId": "ai.streamText.doStream",
+                    "ai.prompt.messages": json.dumps([{"role": "tool", "content": [
+                        {"type": "tool-result", "toolCallId": "c2", "toolName": "pay",
+                         "output": {"type": "error-text", "value": "GatewayDown"}}]}]),
+                    "ai.response.text": "Could not pay."}):
+                pass
+
+    run = _run(build)
+    assert run.input == "Pay INV-2" and run.final_output == "Could not pay."
+    assert [(s.name, s.args, s.failed) for s in run.tool_steps] == [("pay", {"invoice_id": "INV-2"}, True)]
+
+
+def test_ai_sdk_tool_span_status_error_is_the_failure() -> None:
+    def build(tracer: Tracer) -> None:
+        with tracer.start_as_current_span("ai.generateText", attributes={"ai.operationId": "ai.generateText"}):
+            with tracer.start_as_current_span("ai.toolCall", attributes={
+                    "ai.operationId": "ai.toolCall", "ai.toolCall.name": "pay", "ai.toolCall.id": "c3",
+                    "ai.toolCall.args": "{}"}) as span:
+                span.record_exception(RuntimeError("declined"))
+                span.set_status(Status(StatusCode.ERROR, "declined"))
+
+    (step,) = _run(build).tool_steps
+    assert step.failed and "declined" in (step.error or "")
