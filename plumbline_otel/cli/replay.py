@@ -96,7 +96,8 @@ class _ServerTraces:
 @click.option("--seed", type=int, default=7, show_default=True, help="seed of the variants")
 @click.option("--fault-tools", default=None, help="tools tool_fault may fail (default: those the source run called)")
 @click.option("--paraphrase-model", default=None,
-              help="paraphrase with this model through the anthropic client (cached per study) instead of templates")
+              help="paraphrase with this model through the anthropic client (cached per study) instead of templates; the same "
+                   "model also checks each variant beside the guard's rules, and can only reject more")
 @click.option("--adapter", "adapter_spec", required=True, help='python:module:callable | command:"CMD …" | http:URL')
 @click.option("--adapter-option", "adapter_options", multiple=True, metavar="KEY=VALUE",
               help="passed to a python adapter class/factory (or the command/http adapter)")
@@ -193,12 +194,15 @@ class ReplayOptions:
 
     def study_config(self, stores: Sources) -> StudyConfig:
         from plumbline_otel.replay import AnthropicParaphraser, PerturbOptions, RetryPolicy, SpanSink, StudyConfig, anthropic_client
+        from plumbline_otel.replay.guard import ModelEquivalenceCheck
 
         label, _, version = (self.service or "").partition("@")
         paraphraser = AnthropicParaphraser(anthropic_client(), self.paraphrase_model) if self.paraphrase_model else None
+        equivalence = ModelEquivalenceCheck(anthropic_client(), self.paraphrase_model) if self.paraphrase_model else None
         return StudyConfig(
             study=self.study, perturbations=self.perturbation_names(), repeats=self.repeats,
-            options=PerturbOptions(variants=self.variants, seed=self.seed, fault_tools=tuple(_split(self.fault_tools)), paraphraser=paraphraser),
+            options=PerturbOptions(variants=self.variants, seed=self.seed, fault_tools=tuple(_split(self.fault_tools)), paraphraser=paraphraser,
+                                 equivalence=equivalence),
             concurrency=self.concurrency, budget_usd=self.budget_usd, trial_max_usd=self.trial_max_usd, resume=self.resume,
             rerun=self.rerun, trace_wait_s=self.trace_wait, retry=RetryPolicy(max_attempts=self.max_attempts),
             state_dir=self.state_dir or f"{Path((stores.dbs or (DEFAULT_DB,))[0]).with_suffix('')}.replay/{self.study}",

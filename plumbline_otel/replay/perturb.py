@@ -160,6 +160,8 @@ class PerturbOptions:
     variants: int = 1  # per perturbation (baseline always has one)
     seed: int = 7
     paraphraser: Paraphraser | None = None  # None: the templates
+    # A model's reading beside the guard's rules (guard.ModelEquivalenceCheck), which can only reject more.
+    equivalence: Callable[[str, str], Any] | None = None
     distractors: tuple[str, ...] = DISTRACTORS
     decoy_tools: tuple[dict[str, Any], ...] = DECOY_TOOLS
     fault_tools: tuple[str, ...] = ()  # fault these tools; empty: the preferred ones the source run called, else all it called
@@ -392,7 +394,7 @@ def build_variants(task: ReplayTask, perturbations: Sequence[str], options: Pert
             seen.add(blob)
             rejected = None
             if spec.changes_text or text != task.input:
-                verdict = check_equivalent(task.input, text)
+                verdict = check_equivalent(task.input, text, model=options.equivalence)
                 rejected = verdict.reason
             out.append(Variant(task.task_key, name, _variant_id(index, name, text, metadata), text, metadata, rejected))
     return out

@@ -583,24 +583,24 @@ def _brief(evidence: dict[str, Any]) -> dict[str, Any]:
             **({"exchanges": len(exchanges)} if isinstance(exchanges, (list, tuple)) else {})}
 
 
-class _ScopedParaphraser:
-    """Runs a (model) paraphraser inside a scope of its own: its calls are cached per study, so
-    re-planning on resume or offline gives the same variants (and trial ids), and they are paid
-    from the study's cap."""
+class _Scoped:
+    """Runs a model helper of the plan (the paraphraser, the equivalence check) inside a scope of its
+    own: its calls are cached per study, so re-planning on resume or offline gives the same variants
+    (and trial ids), and they are paid from the study's cap. Keyed by the helper's text arguments."""
 
-    def __init__(self, inner: Any, study: str, cap: SpendCap, cache: ResponseCache | None) -> None:
-        self.inner, self.study, self.cap, self.cache = inner, study, cap, cache
+    def __init__(self, inner: Any, role: str, study: str, cap: SpendCap, cache: ResponseCache | None) -> None:
+        self.inner, self.role, self.study, self.cap, self.cache = inner, role, study, cap, cache
         self.name = getattr(inner, "name", type(inner).__name__)
 
-    def __call__(self, text: str, n: int, rng: Any) -> list[str]:
-        digest = hashlib.sha256(text.encode()).hexdigest()[:16]
-        identity = TrialIdentity(f"{self.study}/paraphrase-generator/{digest}", "paraphrase", "generator", self.study)
+    def __call__(self, *args: Any) -> Any:
+        digest = hashlib.sha256("\x00".join(a for a in args if isinstance(a, str)).encode()).hexdigest()[:16]
+        identity = TrialIdentity(f"{self.study}/{self.role}/{digest}", "paraphrase", "generator", self.study)
         budget = TrialBudget.open(self.cap, 0.0)
         if budget is None:
-            raise BudgetExceeded("spend cap reached before paraphrasing")
+            raise BudgetExceeded(f"spend cap reached before the {self.role} ran")
         try:
             with activate(TrialScope(identity, budget, self.cache)):
-                return list(self.inner(text, n, rng))
+                return self.inner(*args)
         finally:
             budget.close()
 
@@ -779,8 +779,11 @@ def open_study(config: StudyConfig, tasks: Sequence[ReplayTask], adapter: Any) -
     cache = ResponseCache(state / "responses.jsonl", config.cache_mode) if state and config.cache_mode != "off" else None
     planning = config
     if config.options.paraphraser is not None:
-        scoped = _ScopedParaphraser(config.options.paraphraser, config.study, cap, cache)
-        planning = replace(config, options=replace(config.options, paraphraser=scoped))
+        scoped = _Scoped(config.options.paraphraser, "paraphrase-generator", config.study, cap, cache)
+        planning = replace(planning, options=replace(planning.options, paraphraser=scoped))
+    if config.options.equivalence is not None:
+        check = _Scoped(config.options.equivalence, "equivalence-check", config.study, cap, cache)
+        planning = replace(planning, options=replace(planning.options, equivalence=check))
     plan = plan_study(planning, tasks, adapter, instance)
     if state:
         write_jsonl(state / "variants.jsonl", [v.as_dict() for v in plan.variants])
