@@ -37,7 +37,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import orjson
 from opentelemetry import baggage, context, trace
@@ -51,7 +51,7 @@ from plumbline_otel.replay.export import RecordWriter, SpanSink, trial_span_cont
 from plumbline_otel.replay.identity import TrialIdentity, trial_id_for
 from plumbline_otel.replay.ledger import Ledger, write_jsonl
 from plumbline_otel.replay.lock import StudyLock
-from plumbline_otel.replay.perturb import PerturbOptions, Variant, build_variants
+from plumbline_otel.replay.perturb import Paraphraser, PerturbOptions, Variant, build_variants
 from plumbline_otel.replay.scope import FaultInjector, TrialScope, activate
 from plumbline_otel.replay.sequential import SequentialStop
 from plumbline_otel.replay.tasks import ReplayTask
@@ -780,7 +780,8 @@ def open_study(config: StudyConfig, tasks: Sequence[ReplayTask], adapter: Any) -
     planning = config
     if config.options.paraphraser is not None:
         scoped = _Scoped(config.options.paraphraser, "paraphrase-generator", config.study, cap, cache)
-        planning = replace(planning, options=replace(planning.options, paraphraser=scoped))
+        # A Paraphraser called positionally, as build_variants calls it; its name is the inner one's.
+        planning = replace(planning, options=replace(planning.options, paraphraser=cast("Paraphraser", scoped)))
     if config.options.equivalence is not None:
         check = _Scoped(config.options.equivalence, "equivalence-check", config.study, cap, cache)
         planning = replace(planning, options=replace(planning.options, equivalence=check))
