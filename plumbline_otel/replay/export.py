@@ -296,12 +296,39 @@ def trial_span_context(identity: TrialIdentity) -> SpanContext:
                        trace_flags=TraceFlags(TraceFlags.SAMPLED))
 
 
+class _Collected(SpanProcessor):
+    """Keeps ended spans until `take`, so the driver's records are exported as one batch."""
+
+    def __init__(self) -> None:
+        self.spans: list[ReadableSpan] = []
+        self._lock = threading.Lock()
+
+    def on_start(self, span: Any, parent_context: Any = None) -> None:
+        pass
+
+    def on_end(self, span: ReadableSpan) -> None:
+        with self._lock:
+            self.spans.append(span)
+
+    def take(self) -> list[ReadableSpan]:
+        with self._lock:
+            spans, self.spans = self.spans, []
+            return spans
+
+    def shutdown(self) -> None:
+        pass
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return True
+
+
 class RecordWriter:
     """Writes the driver's records, one provider per agent label (the records' service is the agent's)."""
 
     def __init__(self, sink: SpanSink) -> None:
         self.sink = sink
         self._providers: dict[tuple[str | None, str | None], TracerProvider] = {}
+        self._collected = _Collected()
         self._lock = threading.Lock()
         self.written = 0
 
@@ -313,13 +340,13 @@ class RecordWriter:
                 if version:
                     attrs["service.version"] = version
                 provider = TracerProvider(resource=Resource.create(attrs))
-                provider.add_span_processor(SimpleSpanProcessor(self.sink.exporter()))
+                provider.add_span_processor(self._collected)
                 self._providers[key] = provider
             return self._providers[key]
 
-    def write(self, identity: TrialIdentity, attributes: Mapping[str, Any], *, plan: bool, service: str | None,
-              version: str | None = None) -> None:
-        """One root span in the record's own trace (`TrialIdentity.record_trace_id`), exported at once."""
+    def add(self, identity: TrialIdentity, attributes: Mapping[str, Any], *, plan: bool, service: str | None,
+            version: str | None = None) -> None:
+        """One root span in the record's own trace (`TrialIdentity.record_trace_id`), sent at the next `flush`."""
         tracer = self._provider(service, version).get_tracer(SCOPE_NAME)
         trace_id = int(identity.record_trace_id(plan), 16)
         parent = trace.set_span_in_context(NonRecordingSpan(SpanContext(trace_id, int(identity.parent_span_id, 16), is_remote=True,
@@ -329,8 +356,20 @@ class RecordWriter:
         span = tracer.start_span(RECORD_SPAN, context=parent, attributes={k: v for k, v in values.items() if v is not None},
                                  start_time=now)
         span.end(end_time=now)
-        with self._lock:
-            self.written += 1
+
+    def flush(self) -> None:
+        """Export the records added so far, in one call: a plan of thousands of trials is one export."""
+        spans = self._collected.take()
+        if spans:
+            self.sink.exporter().export(spans)
+            with self._lock:
+                self.written += len(spans)
+
+    def write(self, identity: TrialIdentity, attributes: Mapping[str, Any], *, plan: bool, service: str | None,
+              version: str | None = None) -> None:
+        """`add` one record and export it at once (an attempt's record survives the runner's crash)."""
+        self.add(identity, attributes, plan=plan, service=service, version=version)
+        self.flush()
 
     def close(self) -> None:
         with self._lock:

@@ -384,9 +384,10 @@ class _Runner:
             return
         for trial in trials:
             service, version = self._label(trial)
-            self.records.write(trial.identity, {RECORD_KIND: "plan", FAULT_PLANNED: planned_fault(trial),
-                                                SEQUENTIAL: self.sequential is not None},
-                               plan=True, service=service, version=version)
+            self.records.add(trial.identity, {RECORD_KIND: "plan", FAULT_PLANNED: planned_fault(trial),
+                                              SEQUENTIAL: self.sequential is not None},
+                             plan=True, service=service, version=version)
+        self.records.flush()
 
     def run(self, trial: Trial) -> TrialRecord:
         """Attempt the trial until an attempt reaches the agent (or retries run out); every attempt is recorded."""
