@@ -15,6 +15,11 @@ can say so.
 
 Files are opened one at a time per reader call and closed after; a served file cannot be opened
 (DuckDB allows one writing process), so a running instance is read through its gRPC API.
+
+Past a few instances, fanning out is the bottleneck: each instance commits to one lake instead
+(`plumbline_otel.lake`, Apache Iceberg tables), and `lake` reads that as one more store: its runs
+merged with the rest, its coverage counts summed, each instance in it a store of its own for the
+misrouting rule (named `<lake>#<instance>`).
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ from plumbline_otel.store import Store, open_assembled
 
 if TYPE_CHECKING:
     from plumbline_otel.api.client import PlumblineClient
+    from plumbline_otel.lake import LakeReader
 
 _GLOB = set("*?[")
 _SAME = frozenset({"version", "form"})  # keys of a counts document that name its shape: equal, never added
@@ -107,23 +113,29 @@ class Sources:
         assemble: rebuild the trajectories of spans received since the last assembly first, and
             fail on a file that cannot be written (as `check` and `certify` do on one file);
             otherwise a file is read as `open_assembled` reads one, its pending traces counted.
+        lake: a lake's catalog URI (`plumbline_otel.lake`): every instance's committed runs, read as one store.
     """
 
-    def __init__(self, dbs: Iterable[str] = (), servers: Iterable[str] = (), assemble: bool = False) -> None:
+    def __init__(self, dbs: Iterable[str] = (), servers: Iterable[str] = (), assemble: bool = False, lake: str | None = None) -> None:
         self.dbs = expand_dbs(dbs)
         self.servers = tuple(dict.fromkeys(servers))
         self.assemble = assemble
         self._pending: dict[str, int] = {}
-        if not self.dbs and not self.servers:
-            raise ConfigError("no store given: --db FILE (repeatable, or a glob) or --server HOST:PORT (repeatable)")
+        self.lake: LakeReader | None = None
+        if lake:
+            from plumbline_otel.lake import Lake, LakeReader  # pyiceberg, only when a lake is read
+
+            self.lake = LakeReader(Lake(lake))
+        if not self.dbs and not self.servers and self.lake is None:
+            raise ConfigError("no store given: --db FILE (repeatable, or a glob), --server HOST:PORT (repeatable) or --lake CATALOG_URI")
         absent = [path for path in self.dbs if not Path(path).is_file()]
         if absent and len(self.names) > 1:  # one file keeps the one-store rules (check may create it)
             raise ConfigError(f"--db {absent[0]}: no such store file")
 
     @property
     def names(self) -> tuple[str, ...]:
-        """How each store is named in messages: its file path or its server address."""
-        return (*self.dbs, *self.servers)
+        """How each store is named in messages: its file path, its server address, the lake's URI."""
+        return (*self.dbs, *self.servers, *((self.lake.lake.label,) if self.lake else ()))
 
     @property
     def single_db(self) -> str | None:
@@ -151,7 +163,7 @@ class Sources:
     @cached_property
     def misrouted(self) -> list[Misrouted]:
         """Traces stored in more than one of the stores (none when there is one store)."""
-        if len(self.names) < 2:
+        if len(self.names) < 2 and self.lake is None:
             return []
         ids: dict[str, Iterable[str]] = {}
         for path in self.dbs:
@@ -160,6 +172,8 @@ class Sources:
         for address in self.servers:
             with self._client(address) as client:
                 ids[address] = list(client.trace_ids())
+        if self.lake is not None:  # each instance that committed to the lake is a store of its own
+            ids.update(self.lake.trace_ids_by_instance())
         return find_misrouted(ids)
 
     def trajectories(self, service: str | None = None, task: str | None = None, since_ns: int | None = None,
@@ -178,6 +192,8 @@ class Sources:
                 streams.append(store.trajectories(service=service, task=task, since_ns=since_ns, where=where))
             for address in self.servers:
                 streams.append(self._served(stack.enter_context(self._client(address)), service, task, since_ns))
+            if self.lake is not None:
+                streams.append(self.lake.trajectories(service=service, task=task, since_ns=since_ns, where=where))
             for t in heapq.merge(*streams, key=_order):
                 if t.trace_id not in left_out:
                     yield t
@@ -201,8 +217,11 @@ class Sources:
         for address in self.servers:
             with self._client(address) as client:
                 parts.append(client.coverage(since_ns=since_ns, counts=True, exclude_trace_ids=left_out))
+        if self.lake is not None:
+            with self.lake.memory_store() as store:
+                parts.append(coverage_counts(store, since_ns=since_ns, exclude_traces=left_out))
         report = report_from_counts(sum_counts(parts))
-        if len(self.names) > 1:
+        if len(self.names) > 1 or self.misrouted:  # (a lake's instances are stores of their own)
             report["stores"] = list(self.names)
             report["misrouted_traces"] = [{"trace_id": m.trace_id, "stores": list(m.stores)} for m in self.misrouted]
         return report

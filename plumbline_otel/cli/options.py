@@ -17,8 +17,22 @@ from plumbline_otel.store import DEFAULT_DB
 db_option = click.option("--db", "db", default=DEFAULT_DB, show_default=True, help="DuckDB file of the store.")
 
 
+_LAKE = "plumbline.lake"
+
+
+def _keep_lake(ctx: click.Context, _param: click.Parameter, value: str | None) -> None:
+    ctx.meta[_LAKE] = value
+
+
 def stores_option(command: Callable[..., Any]) -> Callable[..., Any]:
-    """--db (repeatable, globs) and --server (repeatable): the stores a reader reads as one."""
+    """--db (repeatable, globs), --server (repeatable) and --lake: the stores a reader reads as one.
+
+    --lake is kept in the command's context (`sources` reads it), so every reader takes it without
+    a parameter of its own.
+    """
+    command = click.option("--lake", "lake", default=None, metavar="CATALOG_URI", expose_value=False, callback=_keep_lake,
+                           help="a lake every instance commits to (a directory, sqlite:///FILE or postgresql://…?warehouse=URI): "
+                                "read its runs as one store")(command)
     command = click.option("--server", "server", multiple=True, metavar="HOST:PORT",
                            help="a running `plumbline serve` (its gRPC API); repeat to read several instances as one")(command)
     return click.option("--db", "db", multiple=True, metavar="FILE|GLOB",
@@ -26,8 +40,10 @@ def stores_option(command: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def sources(db: tuple[str, ...], server: tuple[str, ...], assemble: bool = False) -> Sources:
-    """The stores a reader was given; the default file when it was given none."""
-    return Sources(db or (() if server else (DEFAULT_DB,)), server, assemble=assemble)
+    """The stores a reader was given (with the command's --lake); the default file when it was given none."""
+    ctx = click.get_current_context(silent=True)
+    lake = ctx.meta.get(_LAKE) if ctx is not None else None
+    return Sources(db or (() if server or lake else (DEFAULT_DB,)), server, assemble=assemble, lake=lake)
 
 
 def warn_misrouted(stores: Sources) -> None:
