@@ -237,3 +237,12 @@ def test_maintenance_compacts_and_expires_without_changing_an_answer(corpus: Pat
     shown = CliRunner().invoke(cli, ["lake", "tables", "--lake", lake])
     assert shown.exit_code == 0 and '"i0"' in shown.stdout
     assert maintain(Lake(lake), older_than_s=3600)["runs"]["snapshots_expired"] == 0
+
+
+def test_a_postgres_catalog_serves_several_instances_as_one_store(corpus: Path, tmp_path: Path, postgres_db: str) -> None:
+    lake = f"{postgres_db}?warehouse={tmp_path / 'warehouse'}"
+    for shard in range(SHARDS):
+        _sync(corpus / f"i{shard}.duckdb", lake, f"i{shard}")
+    assert not any(_sync(corpus / "i2.duckdb", lake, "i2")["groups"].values())
+    _same(_answers(["--db", str(corpus / "whole.duckdb")], corpus / "spec.yaml", tmp_path),
+          _answers(["--lake", lake], corpus / "spec.yaml", tmp_path))
