@@ -105,7 +105,8 @@ class Server:
     def _console(self) -> Console:
         """The console, reading through its own cursor of the store: pages never wait on ingest, nor it on them."""
         cursor = self.queue.call(lambda store: store.connection.cursor())
-        return Console(cursor, self.config.db_path, self.config.console_certificate)
+        return Console(cursor, self.config.db_path, self.config.console_certificate, api=self.config.grpc_endpoint or None,
+                       token=bool(self.config.auth_token), check_spec=self.config.check_spec)
 
     def _start_http(self) -> None:
         cfg = self.config

@@ -91,6 +91,33 @@ class PlumblineClient:
                 raise StoreError(f"plumbline server at {self.address} is too old to list trace ids; upgrade it to read several stores as one") from None
             raise self._error(exc) from None
 
+    def store_check(self, spec_hash: str, spec_name: str, spec_path: str, checked: Sequence[str],
+                    rows: Sequence[tuple[Any, ...]]) -> int:
+        """Keep on the server that `checked` runs were judged against the spec, with their violations (rows in
+        `store.VIOLATION_COLUMNS` order), replacing what it held for those runs under that spec; returns the rows written."""
+        violations = [pb.Violation(invariant_id=r[0], trajectory_id=r[1], severity=r[2], task_key=r[3], step_index=r[4],
+                                   step_name=r[5], detail="" if r[6] is None else str(r[6])) for r in rows]
+        request = pb.StoreCheckRequest(spec_hash=spec_hash, spec_name=spec_name, spec_path=spec_path,
+                                       checked_trajectory_ids=list(checked), violations=violations)
+        try:
+            response = self._stub.StoreCheck(request, timeout=self.timeout, metadata=self._metadata)
+        except grpc.RpcError as exc:
+            if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
+                raise StoreError(f"plumbline server at {self.address} is too old to keep violations; upgrade it") from None
+            raise self._error(exc) from None
+        return int(response.violations_written)
+
+    def store_certificate(self, cert: dict[str, Any]) -> int:
+        """Keep a certificate on the server (its console shows the latest); returns how many it keeps."""
+        try:
+            response = self._stub.StoreCertificate(pb.StoreCertificateRequest(certificate_json=orjson.dumps(cert).decode()),
+                                                   timeout=self.timeout, metadata=self._metadata)
+        except grpc.RpcError as exc:
+            if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
+                raise StoreError(f"plumbline server at {self.address} is too old to keep certificates; upgrade it") from None
+            raise self._error(exc) from None
+        return int(response.certificates)
+
     def health(self) -> dict[str, Any]:
         """Status, version, ingest counters and queue depth."""
         try:

@@ -1,8 +1,8 @@
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
-from collections.abc import Iterable as _Iterable
-from typing import ClassVar as _ClassVar, Optional as _Optional
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
@@ -83,3 +83,55 @@ class HealthResponse(_message.Message):
     queue_bytes: int
     db_path: str
     def __init__(self, status: _Optional[str] = ..., version: _Optional[str] = ..., spans_received: _Optional[int] = ..., spans_stored: _Optional[int] = ..., spans_duplicate: _Optional[int] = ..., spans_rejected: _Optional[int] = ..., queue_spans: _Optional[int] = ..., queue_bytes: _Optional[int] = ..., db_path: _Optional[str] = ...) -> None: ...
+
+class Violation(_message.Message):
+    __slots__ = ("invariant_id", "trajectory_id", "severity", "task_key", "step_index", "step_name", "detail")
+    INVARIANT_ID_FIELD_NUMBER: _ClassVar[int]
+    TRAJECTORY_ID_FIELD_NUMBER: _ClassVar[int]
+    SEVERITY_FIELD_NUMBER: _ClassVar[int]
+    TASK_KEY_FIELD_NUMBER: _ClassVar[int]
+    STEP_INDEX_FIELD_NUMBER: _ClassVar[int]
+    STEP_NAME_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    invariant_id: str
+    trajectory_id: str
+    severity: str
+    task_key: str
+    step_index: int
+    step_name: str
+    detail: str
+    def __init__(self, invariant_id: _Optional[str] = ..., trajectory_id: _Optional[str] = ..., severity: _Optional[str] = ..., task_key: _Optional[str] = ..., step_index: _Optional[int] = ..., step_name: _Optional[str] = ..., detail: _Optional[str] = ...) -> None: ...
+
+class StoreCheckRequest(_message.Message):
+    __slots__ = ("spec_hash", "spec_name", "spec_path", "checked_trajectory_ids", "violations")
+    SPEC_HASH_FIELD_NUMBER: _ClassVar[int]
+    SPEC_NAME_FIELD_NUMBER: _ClassVar[int]
+    SPEC_PATH_FIELD_NUMBER: _ClassVar[int]
+    CHECKED_TRAJECTORY_IDS_FIELD_NUMBER: _ClassVar[int]
+    VIOLATIONS_FIELD_NUMBER: _ClassVar[int]
+    spec_hash: str
+    spec_name: str
+    spec_path: str
+    checked_trajectory_ids: _containers.RepeatedScalarFieldContainer[str]
+    violations: _containers.RepeatedCompositeFieldContainer[Violation]
+    def __init__(self, spec_hash: _Optional[str] = ..., spec_name: _Optional[str] = ..., spec_path: _Optional[str] = ..., checked_trajectory_ids: _Optional[_Iterable[str]] = ..., violations: _Optional[_Iterable[_Union[Violation, _Mapping]]] = ...) -> None: ...
+
+class StoreCheckResponse(_message.Message):
+    __slots__ = ("violations_written", "runs_checked")
+    VIOLATIONS_WRITTEN_FIELD_NUMBER: _ClassVar[int]
+    RUNS_CHECKED_FIELD_NUMBER: _ClassVar[int]
+    violations_written: int
+    runs_checked: int
+    def __init__(self, violations_written: _Optional[int] = ..., runs_checked: _Optional[int] = ...) -> None: ...
+
+class StoreCertificateRequest(_message.Message):
+    __slots__ = ("certificate_json",)
+    CERTIFICATE_JSON_FIELD_NUMBER: _ClassVar[int]
+    certificate_json: str
+    def __init__(self, certificate_json: _Optional[str] = ...) -> None: ...
+
+class StoreCertificateResponse(_message.Message):
+    __slots__ = ("certificates",)
+    CERTIFICATES_FIELD_NUMBER: _ClassVar[int]
+    certificates: int
+    def __init__(self, certificates: _Optional[int] = ...) -> None: ...

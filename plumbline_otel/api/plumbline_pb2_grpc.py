@@ -54,6 +54,16 @@ class PlumblineStub:
                 request_serializer=plumbline__otel_dot_api_dot_plumbline__pb2.HealthRequest.SerializeToString,
                 response_deserializer=plumbline__otel_dot_api_dot_plumbline__pb2.HealthResponse.FromString,
                 _registered_method=True)
+        self.StoreCheck = channel.unary_unary(
+                '/plumbline.v1.Plumbline/StoreCheck',
+                request_serializer=plumbline__otel_dot_api_dot_plumbline__pb2.StoreCheckRequest.SerializeToString,
+                response_deserializer=plumbline__otel_dot_api_dot_plumbline__pb2.StoreCheckResponse.FromString,
+                _registered_method=True)
+        self.StoreCertificate = channel.unary_unary(
+                '/plumbline.v1.Plumbline/StoreCertificate',
+                request_serializer=plumbline__otel_dot_api_dot_plumbline__pb2.StoreCertificateRequest.SerializeToString,
+                response_deserializer=plumbline__otel_dot_api_dot_plumbline__pb2.StoreCertificateResponse.FromString,
+                _registered_method=True)
 
 
 class PlumblineServicer:
@@ -88,6 +98,21 @@ class PlumblineServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def StoreCheck(self, request, context):
+        """Keep what a client judged (`plumbline check --server`): the runs it checked against one spec and
+        their violations, replacing what was stored for those runs under that spec. The console shows them.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def StoreCertificate(self, request, context):
+        """Keep a certificate (`plumbline certify --server`): the console's overview shows the latest one.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_PlumblineServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -110,6 +135,16 @@ def add_PlumblineServicer_to_server(servicer, server):
                     servicer.Health,
                     request_deserializer=plumbline__otel_dot_api_dot_plumbline__pb2.HealthRequest.FromString,
                     response_serializer=plumbline__otel_dot_api_dot_plumbline__pb2.HealthResponse.SerializeToString,
+            ),
+            'StoreCheck': grpc.unary_unary_rpc_method_handler(
+                    servicer.StoreCheck,
+                    request_deserializer=plumbline__otel_dot_api_dot_plumbline__pb2.StoreCheckRequest.FromString,
+                    response_serializer=plumbline__otel_dot_api_dot_plumbline__pb2.StoreCheckResponse.SerializeToString,
+            ),
+            'StoreCertificate': grpc.unary_unary_rpc_method_handler(
+                    servicer.StoreCertificate,
+                    request_deserializer=plumbline__otel_dot_api_dot_plumbline__pb2.StoreCertificateRequest.FromString,
+                    response_serializer=plumbline__otel_dot_api_dot_plumbline__pb2.StoreCertificateResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -220,6 +255,60 @@ class Plumbline:
             '/plumbline.v1.Plumbline/Health',
             plumbline__otel_dot_api_dot_plumbline__pb2.HealthRequest.SerializeToString,
             plumbline__otel_dot_api_dot_plumbline__pb2.HealthResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def StoreCheck(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/plumbline.v1.Plumbline/StoreCheck',
+            plumbline__otel_dot_api_dot_plumbline__pb2.StoreCheckRequest.SerializeToString,
+            plumbline__otel_dot_api_dot_plumbline__pb2.StoreCheckResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def StoreCertificate(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/plumbline.v1.Plumbline/StoreCertificate',
+            plumbline__otel_dot_api_dot_plumbline__pb2.StoreCertificateRequest.SerializeToString,
+            plumbline__otel_dot_api_dot_plumbline__pb2.StoreCertificateResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -51,6 +51,19 @@ def _coverage(store: Store, request: pb.CoverageRequest) -> str:
     return orjson.dumps(report, default=str).decode()
 
 
+def _store_check(store: Store, request: pb.StoreCheckRequest) -> int:
+    """Replace the violations of the checked runs under the spec, and keep that they were checked (one writer-thread call)."""
+    from plumbline_otel.report.data import record_check
+
+    rows = [(v.invariant_id, v.trajectory_id, v.severity, v.task_key if v.HasField("task_key") else None,
+             v.step_index if v.HasField("step_index") else None, v.step_name if v.HasField("step_name") else None, v.detail)
+            for v in request.violations]
+    checked = list(request.checked_trajectory_ids)
+    written = store.write_violations(request.spec_hash, checked, rows)
+    record_check(store.connection, request.spec_hash, request.spec_name, request.spec_path, checked)
+    return written
+
+
 def _trace_ids(store: Store) -> list[str]:
     return [row[0] for row in store.connection.execute("SELECT DISTINCT trace_id FROM spans ORDER BY 1").fetchall()]
 
@@ -101,6 +114,30 @@ class PlumblineServicer(pb_grpc.PlumblineServicer):
         size = min(request.page_size or 10 * _MAX_PAGE, 100 * _MAX_PAGE)
         for start in range(0, len(ids), size):
             yield pb.TraceIdPage(trace_id=ids[start:start + size])
+
+    def StoreCheck(self, request: pb.StoreCheckRequest, context: grpc.ServicerContext) -> pb.StoreCheckResponse:
+        if not request.spec_hash:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "spec_hash is required")
+        checked = set(request.checked_trajectory_ids)
+        stray = next((v.trajectory_id for v in request.violations if v.trajectory_id not in checked), None)
+        if stray is not None:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"violation of run {stray[:64]!r}, which is not among the checked runs")
+        written = self._read(lambda store: _store_check(store, request), context)
+        return pb.StoreCheckResponse(violations_written=written, runs_checked=len(checked))
+
+    def StoreCertificate(self, request: pb.StoreCertificateRequest, context: grpc.ServicerContext) -> pb.StoreCertificateResponse:
+        from plumbline_otel.report.data import store_certificate
+        from plumbline_otel.report.render import validate
+
+        try:
+            cert = orjson.loads(request.certificate_json)
+        except orjson.JSONDecodeError as exc:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"certificate_json is not JSON: {exc}")
+        problem = validate(cert)
+        if problem:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"not a usable certificate: {problem}")
+        kept = self._read(lambda store: store_certificate(store.connection, cert), context)
+        return pb.StoreCertificateResponse(certificates=kept)
 
     def Health(self, request: pb.HealthRequest, context: grpc.ServicerContext) -> pb.HealthResponse:
         spans, nbytes = self._queue.depth

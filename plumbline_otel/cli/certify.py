@@ -1,4 +1,8 @@
-"""`plumbline certify`: a certificate for an agent's stored runs against a spec."""
+"""`plumbline certify`: a certificate for an agent's stored runs against a spec.
+
+Besides `--out`, the certificate is kept in the store it was read from (the file, or the one server
+through its API), where the console shows the latest one; `--no-store` keeps it only in `--out`.
+"""
 
 from __future__ import annotations
 
@@ -25,8 +29,10 @@ from plumbline_otel.cli.options import sources, stores_option, warn_misrouted
               help="what to print besides writing --out")
 @click.option("--emit", "emit_url", default=None, metavar="URL",
               help="also send each cell and scored run as an OTel gen_ai.evaluation.result log event (grpc://HOST:PORT or http://HOST:PORT)")
+@click.option("--store/--no-store", "keep", default=True, show_default=True,
+              help="also keep the certificate in the store read (with one --server, the served store): the console shows it")
 def certify(spec_path: str, db: tuple[str, ...], server: tuple[str, ...], agent: str | None, study: str | None, target: float,
-            out: str, fmt: str, emit_url: str | None = None) -> None:
+            out: str, fmt: str, emit_url: str | None = None, keep: bool = True) -> None:
     """Certify critical conformance per agent and perturbation; headline = min lower 95% bound."""
     from plumbline_otel.report import build_certificate, render_text
     from plumbline_otel.spec import load_spec
@@ -34,7 +40,7 @@ def certify(spec_path: str, db: tuple[str, ...], server: tuple[str, ...], agent:
     spec = load_spec(spec_path)
     runs: list[Any] = []  # kept for --emit, which sends one event per scored run
 
-    def keep(trajectories: Iterable[Any]) -> Iterator[Any]:
+    def kept(trajectories: Iterable[Any]) -> Iterator[Any]:
         for t in trajectories:
             if emit_url:
                 runs.append(t)
@@ -43,12 +49,22 @@ def certify(spec_path: str, db: tuple[str, ...], server: tuple[str, ...], agent:
     # Read every service: a replay study's records carry the driver's agent label, which decides a trial with no run.
     stores = sources(db, server, assemble=True)
     if stores.single_db is None:  # per-(agent, perturbation, task) runs from every store, as one store would hold them
-        cert = build_certificate(spec, keep(stores.trajectories()), agent=agent, study=study, target=target)
+        cert = build_certificate(spec, kept(stores.trajectories()), agent=agent, study=study, target=target)
         warn_misrouted(stores)
+        if keep and len(stores.servers) == 1 and not stores.dbs:
+            from plumbline_otel.api.client import PlumblineClient
+
+            with PlumblineClient(stores.servers[0]) as client:
+                client.store_certificate(cert)
+            click.echo(f"(certificate kept by the server at {stores.servers[0]}: its console shows it)", err=True)
     else:
         with open_store(stores.single_db) as store:
             store.assemble()
-            cert = build_certificate(spec, keep(store.trajectories()), agent=agent, study=study, target=target)
+            cert = build_certificate(spec, kept(store.trajectories()), agent=agent, study=study, target=target)
+            if keep:
+                from plumbline_otel.report.data import store_certificate
+
+                store_certificate(store.connection, cert)
     Path(out).write_text(json.dumps(cert, indent=2) + "\n", encoding="utf-8")
     if fmt == "text":
         click.echo(render_text(cert))

@@ -1,8 +1,10 @@
 """The live console: the report's pages served read-only by `plumbline serve` under `/`.
 
     /                       overview: certificate (when one is configured), violations, coverage, diffable tasks
-    /runs?page=&agent=&task= runs, newest first, paged
-    /runs/<id>              one run, step by step
+    /runs?page=&agent=&task=&perturbation=&study=&status=&invariant=&q=&sort=&order=
+                            runs (never the replay driver's records): status, request, agent, task,
+                            perturbation, study, duration, tokens, cost; filtered, sorted, paged
+    /runs/<id>              one run: span waterfall, messages, steps, violations where they broke, a diff link
     /diff?a=<id>&b=<id>     two runs side by side
     /diff?task=K&vs=AGENT[&agent=A][&perturbation=P]   the same, chosen by task
 
@@ -26,7 +28,7 @@ import duckdb
 from plumbline_otel.errors import PlumblineError
 from plumbline_otel.report import data
 from plumbline_otel.report.html import chart_rows, render
-from plumbline_otel.report.pages import diff_page, run_page, spec_violations
+from plumbline_otel.report.pages import advice, diff_page, run_page, spec_violations
 
 log = logging.getLogger("plumbline.console")
 PREFIXES = ("/runs", "/diff")
@@ -51,8 +53,9 @@ class Console:
     """Renders console pages from `connection`; `handle(path, query)` gives (HTTP status, HTML)."""
 
     def __init__(self, connection: Any, source: str, certificate: str | Path | None = None, slow_ttl: float = 60.0,
-                 slow_wait: float = 3.0) -> None:
+                 slow_wait: float = 3.0, api: str | None = None, token: bool = False, check_spec: str | None = None) -> None:
         self._connection, self._source, self._certificate = connection, source, certificate
+        self._api, self._token, self._check_spec = api, token, check_spec
         self._lock = threading.Lock()
         self._ttl, self._wait = slow_ttl, slow_wait
         self._slow: tuple[float, dict[str, Any]] | None = None  # (when, {"coverage": ..., "candidates": ...})
@@ -83,13 +86,15 @@ class Console:
             return 200, self._overview_page()
         if path == "/runs":
             number = max(0, int(params.get("page", 0) or 0))
-            page = data.runs_page(self._connection, number, agent=params.get("agent"), task=params.get("task"))
-            return 200, render("runs.html", console_href, page=page, agent=params.get("agent"), task=params.get("task"))
+            filters = data.RunFilters.of(params)
+            page = data.runs_page(self._connection, number, filters=filters)
+            return 200, render("runs.html", console_href, page=page, filters=filters, kept=filters.params(),
+                               choices=data.filter_choices(self._connection), how=self._advice())
         if path.startswith("/runs/"):
             run = data.load_run(self._connection, unquote(path[len("/runs/"):]))
             if run is None:
                 return self._error(404, "no stored run with that id")
-            return 200, run_page(self._connection, run, console_href)
+            return 200, run_page(self._connection, run, console_href, how=self._advice())
         if path == "/diff":
             return self._diff(params)
         return self._error(404, f"no such page {path}")
@@ -107,11 +112,17 @@ class Console:
             return 200, diff_page(self._connection, a, b, console_href)
         return self._error(400, "a diff takes ?a=RUN&b=RUN or ?task=K&vs=AGENT")
 
+    def _advice(self) -> dict[str, Any]:
+        return advice(self._connection, self._source, api=self._api, served=True, token=self._token, check_spec=self._check_spec)
+
     def _overview_page(self) -> str:
-        cert = self._load_certificate()
+        cert, stored = self._load_certificate(), False
+        if cert is None:
+            cert, stored = data.latest_certificate(self._connection), True
         slow = self._slow_figures()
         return render("console.html", console_href, source=self._source, totals=data.store_totals(self._connection),
-                      cert=cert, chart=chart_rows(cert) if cert else [], violations=spec_violations(self._connection, cert),
+                      cert=cert, stored_cert=stored and cert is not None, chart=chart_rows(cert) if cert else [],
+                      violations=spec_violations(self._connection, cert), how=self._advice(),
                       coverage=slow.get("coverage"), candidates=slow.get("candidates"))
 
     def _slow_figures(self) -> dict[str, Any]:

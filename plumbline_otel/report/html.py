@@ -26,6 +26,33 @@ from plumbline_otel.report.render import headline_sentence
 
 CHART_WIDTH = 420  # px of the [0, 1] axis
 
+# One line per term a page shows: on hover (title) where the term appears, and in the glossary section.
+GLOSSARY: dict[str, str] = {
+    "verdict": "PASS: every cell's lower bound reaches the target; FAIL: some cell's upper bound is below it; "
+               "INCONCLUSIVE: the evidence does neither yet (more distinct tasks would settle it).",
+    "bound": "The gate's 95% lower bound: with 95% confidence, at least this share of runs of tasks like these break no "
+             "critical invariant, in the worst agent x perturbation cell.",
+    "wilson_tasks": "The gate's method: a Wilson score bound on the mean of per-task conformance rates, counting tasks (not runs) as n.",
+    "betting_cs": "The gate's method for a study that stopped when its answer was known: an anytime-valid betting confidence "
+                  "sequence on the mean of per-task rates.",
+    "wilson": "Wilson 95% interval over runs, as if every run were independent (repeats of one task are not): shown for comparison.",
+    "cell": "One agent under one perturbation: the unit the bound is computed for.",
+    "n": "Runs scored: exposed runs judged against the spec plus errored trials (which count as failures).",
+    "exposed": "Runs that met their perturbation (a faulted trial only when the fault was seen to reach the agent).",
+    "unexposed": "Faulted trials whose fault never reached the agent: listed, never scored.",
+    "errored": "Trials where the agent crashed, hung, exited non-zero or left no trace: in n, scored as failures.",
+    "missing": "Trials that never reached the agent (spend cap, interrupted, refused): beside n, never in it.",
+    "tasks": "Distinct tasks in the cell: the bound counts tasks, so more repeats of the same task add little.",
+    "tasks_needed": "About how many more distinct tasks, all conforming, the cell needs for its bound to reach the target.",
+    "pass_k": "pass^k: the chance that all k repeats of a task conform (k = the fewest repeats of any task), averaged over tasks.",
+    "pass_k_curve": "pass^k for every k from 1 to the most repeats: how fast reliability falls when a task must succeed every time.",
+    "flip_rate": "Flip rate: the share of repeated tasks whose repeats disagree (some conform, some do not).",
+    "conforming": "Judged against the spec and broke no invariant.",
+    "violating": "Judged against the spec and broke the invariants named.",
+    "not_checked": "Not judged against any spec yet.",
+    "unwitnessed": "Claims a trial of a recorded study that no driver record stands for: never scored.",
+}
+
 
 @dataclass(frozen=True)
 class ChartRow:
@@ -39,6 +66,7 @@ class ChartRow:
     gate_method: str
     sets_headline: bool
     tip: str  # the hover text: rate, both intervals, every count
+    label: str = ""  # shown beside the row: verdict, conforming/n, tasks
 
 
 def _x(value: float | None) -> float:
@@ -71,12 +99,58 @@ def chart_rows(cert: dict[str, Any]) -> list[ChartRow]:
                    f"{method} [{_pct(lo)}, {_pct(hi)}]; {counts_text(cell)}")
             rows.append(ChartRow(cell["agent"], cell["perturbation"], None if rate is None else _x(rate),
                                  (_x(cell["lower"]), _x(cell["upper"])), (_x(lo), _x(hi)), method,
-                                 (cell["agent"], cell["perturbation"]) in setters, tip))
+                                 (cell["agent"], cell["perturbation"]) in setters, tip,
+                                 f"{cell.get('verdict', '')} {cell['conforming']}/{cell['n']}, {cell.get('tasks', '?')} tasks".strip()))
     return sorted(rows, key=lambda r: (r.gate[0], r.agent, r.perturbation))
 
 
 def _pct(value: float | None) -> str:
     return "n/a" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{100 * value:.1f}%"
+
+
+def _duration(ns: int | None) -> str:
+    if ns is None or ns < 0:
+        return ""
+    if ns < 1_000_000:
+        return f"{ns / 1000:.0f} µs"
+    if ns < 1_000_000_000:
+        return f"{ns / 1e6:.1f} ms"
+    return f"{ns / 1e9:.2f} s"
+
+
+def _money(value: float | None) -> str:
+    return "" if value is None else (f"${value:.4f}" if value < 1 else f"${value:.2f}")
+
+
+@dataclass(frozen=True)
+class CurvePoint:
+    """One k of a pass^k curve, as pixel positions."""
+
+    k: int
+    x: float
+    y: float
+    lower_y: float
+    upper_y: float
+    tip: str
+
+
+def pass_k_points(curve: list[dict[str, Any]], width: int = 220, height: int = 90) -> list[CurvePoint]:
+    """A cell's `pass_k_curve` as points of a small chart: k across, pass^k up (0 at the bottom, 1 at the top)."""
+    points = [p for p in curve if isinstance(p.get("k"), int) and p.get("estimate") is not None]
+    if not points:
+        return []
+    most = max(p["k"] for p in points)
+
+    def y(v: float | None) -> float:
+        return round(height * (1 - min(1.0, max(0.0, v or 0.0))), 1)
+
+    out = []
+    for p in points:
+        x = round(width * ((p["k"] - 1) / (most - 1) if most > 1 else 0.5), 1)
+        tip = (f"pass^{p['k']} {_pct(p['estimate'])}, 95% [{_pct(p.get('lower'))}, {_pct(p.get('upper'))}] "
+               f"over {p.get('tasks', '?')} task(s)")
+        out.append(CurvePoint(p["k"], x, y(p["estimate"]), y(p.get("lower")), y(p.get("upper")), tip))
+    return out
 
 
 def _when(ns: int | None) -> str:
@@ -107,8 +181,9 @@ def _environment() -> jinja2.Environment:
         trim_blocks=True,
         lstrip_blocks=True,
     )
-    env.filters.update(pct=_pct, when=_when, value=show_value, counts=counts_text, anchor=anchor, by_step=by_step)
-    env.globals.update(version=__version__, chart_width=CHART_WIDTH, headline_sentence=headline_sentence)
+    env.filters.update(pct=_pct, when=_when, value=show_value, counts=counts_text, anchor=anchor, by_step=by_step, duration=_duration,
+                       money=_money, curve=pass_k_points)
+    env.globals.update(version=__version__, chart_width=CHART_WIDTH, headline_sentence=headline_sentence, gloss=GLOSSARY)
     return env
 
 
@@ -120,4 +195,4 @@ def render(template: str, href: Callable[..., str], **context: Any) -> str:
     return _ENV.get_template(template).render(href=href, **context)
 
 
-__all__ = ["CHART_WIDTH", "ChartRow", "anchor", "by_step", "chart_rows", "counts_text", "render"]
+__all__ = ["CHART_WIDTH", "GLOSSARY", "ChartRow", "CurvePoint", "pass_k_points", "anchor", "by_step", "chart_rows", "counts_text", "render"]

@@ -29,6 +29,41 @@ _DIFFS = 3
 _RUNS_SHOWN = 40
 
 
+def advice(connection: Any, source: str, api: str | None = None, served: bool = False, token: bool = False,
+           check_spec: str | None = None) -> dict[str, Any]:
+    """What has been checked, and the exact commands that fill an empty page from where the reader is.
+
+    A served console names its own gRPC address (`--server`, which keeps the results in the served
+    store); a report file names its store file (`--db`) and says to write the report again. A server
+    with no gRPC port cannot be reached by a command: the advice says so (no circular advice).
+    """
+    checks = data.checks_done(connection)
+    spec = checks[0]["spec_path"] if checks and checks[0]["spec_path"] else (check_spec or "SPEC.yaml")
+    note = None
+    if served and api:
+        host, _, port = api.rpartition(":")
+        where = f"--server {'127.0.0.1' if host in ('', '0.0.0.0', '[::]', '::') else host}:{port}"
+        if token:
+            note = "with PLUMBLINE_AUTH_TOKEN set to this server's bearer token"
+        then = None
+    elif served:
+        where, then = None, None
+        note = ("this server has no gRPC port, so no command can reach its store: restart it with "
+                "receivers.otlp.protocols.grpc.endpoint set (default 127.0.0.1:4317), or with --check-spec SPEC.yaml")
+    else:
+        where, then = f"--db {source}", f"plumbline report --db {source} --cert cert.json --out report.html"
+    return {
+        "checks": checks, "note": note, "then": then, "standing": check_spec if served else None,
+        "check": f"plumbline check --spec {spec} {where}" if where else None,
+        "certify": f"plumbline certify --spec {spec} {where} --out cert.json" if where else None,
+    }
+
+
+def timeline_view(connection: Any, run: Trajectory) -> dict[str, Any]:
+    """The run page's extras: the span waterfall with messages, tokens and cost, and another run of its task to diff against."""
+    return {"timeline": data.run_timeline(connection, run), "other": data.other_run(connection, run)}
+
+
 def file_href(embedded: dict[str, str]) -> Callable[..., str]:
     """Links inside a report file: to the embedded run (`embedded` maps any id used for it to its
     trajectory id), to the list of runs for one that is not embedded, to the diffs otherwise."""
@@ -115,13 +150,17 @@ def report_html(connection: Any, cert: dict[str, Any] | None, source: str, cover
         cert=cert, chart=chart_rows(cert) if cert else [], source=source, totals=data.store_totals(connection),
         generated=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), violations=violations,
         coverage=coverage or data.coverage(connection), consistency=summary, equivalences=equivalences,
-        window=f"the {len(recent)} most recent runs with a task", diffs=diffs, runs=runs,
+        window=f"the {len(recent)} most recent runs with a task", diffs=diffs, runs=runs, how=advice(connection, source),
     )
 
 
-def run_page(connection: Any, run: Trajectory, href: Callable[..., str]) -> str:
-    """One run, step by step, violations marked at the step that broke them."""
-    return render("run.html", href, run=run, marks=data.run_violations(connection, run.trajectory_id))
+def run_page(connection: Any, run: Trajectory, href: Callable[..., str], how: dict[str, Any] | None = None) -> str:
+    """One run: its status, the span waterfall (durations, messages, tokens, cost), the steps with the
+    violations at the step that broke them, and a link to the aligned diff against another run of its task."""
+    marks = data.run_violations(connection, run.trajectory_id)
+    status = data.runs_page(connection, filters=data.RunFilters(), size=1, only=run.trajectory_id).rows
+    return render("run.html", href, run=run, marks=marks, extra=timeline_view(connection, run), how=how,
+                  status=status[0] if status else None)
 
 
 def diff_page(connection: Any, a: Trajectory, b: Trajectory, href: Callable[..., str]) -> str:
@@ -145,5 +184,5 @@ def write_report(db_path: str | Path, cert_path: str | Path | None, out_path: st
     return out
 
 
-__all__ = ["WINDOW_RUNS", "agreement", "diff_page", "example_diffs", "file_href", "recent_runs", "report_html", "run_page", "spec_violations",
+__all__ = ["WINDOW_RUNS", "advice", "agreement", "timeline_view", "diff_page", "example_diffs", "file_href", "recent_runs", "report_html", "run_page", "spec_violations",
            "write_report"]

@@ -74,13 +74,14 @@ def test_overview_shows_certificate_violations_coverage_and_links_a_diff(served:
 def test_runs_are_paged_and_each_opens(served: Served) -> None:
     page = served.get("/runs")
     doc = parse(page.text)
-    links = [a.get("href") for a in doc.findall(".//h:table//h:a", _NS)]
+    links = [a.get("href") for a in doc.findall(".//h:td[@class='request']/h:a", _NS)]
     assert len(links) == 4
     run = served.get(links[0])
     assert run.status_code == 200 and "<table class=\"steps\">" in run.text
     assert served.get("/runs?page=9").status_code == 200
     assert served.get("/runs/does-not-exist").status_code == 404
     assert served.get("/runs?page=x").status_code == 400
+    assert served.get("/runs?sort=nonsense").status_code == 400 and served.get("/runs?status=nonsense").status_code == 400
     assert served.get("/runs?page=-3").status_code == 200
     assert served.get("/nowhere").status_code == 404
 
@@ -88,7 +89,7 @@ def test_runs_are_paged_and_each_opens(served: Served) -> None:
 def test_hostile_values_are_text_in_served_pages(served: Served) -> None:
     doc = parse(served.get("/runs").text)
     rows = doc.findall(".//h:tbody/h:tr", _NS)
-    hostile = next(row.find(".//h:a", _NS).get("href") for row in rows if "<script>agent-a</script>" in text_of(row))
+    hostile = next(row.find(".//h:td[@class='request']/h:a", _NS).get("href") for row in rows if "<script>agent-a</script>" in text_of(row))
     page = served.get(hostile)
     assert SCRIPT in text_of(parse(page.text)) and "<script>" not in page.text
 

@@ -191,12 +191,16 @@ def test_cells_table_renders_the_new_certificate_fields_when_present(built: Buil
         run_id = data.runs_page(store.connection, agent=NO_RETRY).rows[0]["trajectory_id"]
         cell = next(c for a in cert["agents"] for c in a["perturbations"] if c["agent"].startswith(NO_RETRY + "@"))
         cell.update(gate_lower=0.0, gate_upper=0.8, gate_method="cluster_kg", exposed=1, errored=1, tasks=1,
-                    pass_k={"k": 3, "value": 0.25}, flip_rate=0.5, errored_runs=[{"run": run_id, "reason": SCRIPT}])
+                    pass_k={"k": 3, "value": 0.25}, flip_rate=0.5, errored_runs=[{"run": run_id, "reason": SCRIPT}],
+                    pass_k_curve=[{"k": 1, "estimate": 0.6, "lower": 0.3, "upper": 0.8, "tasks": 4},
+                                  {"k": 3, "estimate": 0.25, "lower": 0.05, "upper": 0.6, "tasks": 4}])
         doc = parse(report_html(store.connection, cert, "test"))
     headline = text_of(doc.find(".//h:section[@id='headline']", _NS))
-    assert "(cluster_kg)" in headline and "Wilson 95% lower bound over the same cells, for comparison: 10.0%" in headline
+    assert "(cluster_kg)" in headline and "lower bound over runs (as if independent), for comparison: 10.0%" in headline
     cells = text_of(doc.find(".//h:section[@id='cells']", _NS))
-    assert "pass^3 25.0%" in cells and "50.0%" in cells and "[0.0%, 80.0%] cluster_kg" in cells
+    assert "pass^1 60.0% → pass^3 25.0%" in cells, "pass^k as a curve, its ends in words"
+    curves = doc.findall(".//h:section[@id='cells']//{http://www.w3.org/2000/svg}svg[@class='passk']", _NS)
+    assert sorted(len(c.findall(".//{http://www.w3.org/2000/svg}circle")) for c in curves)[-1] == 2, "a point per k" and "50.0%" in cells and "[0.0%, 80.0%] cluster_kg" in cells
     assert f"({SCRIPT})" in cells, "an errored run's reason is shown, as text"
     link = next(a for a in doc.find(".//h:section[@id='cells']", _NS).iter("{http://www.w3.org/1999/xhtml}a"))
     target = doc.find(f".//*[@id='{link.get('href')[1:]}']", _NS)
