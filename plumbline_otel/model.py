@@ -234,7 +234,7 @@ class Step(Frozen):
         return self.error is not None
 
     def export(self) -> dict[str, Any]:
-        """The stable export shape of DESIGN.md section 4."""
+        """The stable export shape of docs/architecture.md, "The model"."""
         return {
             "kind": self.kind,
             "name": self.name,

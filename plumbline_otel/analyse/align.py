@@ -1,4 +1,4 @@
-"""Divergence localisation: where do two step sequences part ways (DESIGN.md section 7).
+"""Divergence localisation: where do two step sequences part ways (docs/statistics.md).
 
 Comparing two runs position by position turns one omitted step into a mismatch at every later
 position. A global (Needleman–Wunsch) alignment with match +2, mismatch −1, gap −2 makes an

@@ -1,4 +1,4 @@
-"""Conformance: which declared invariants each stored run obeyed (DESIGN.md sections 6-7).
+"""Conformance: which declared invariants each stored run obeyed (docs/statistics.md).
 
 `evaluate` judges one trajectory; `check` streams a store (or any iterable of trajectories)
 through a spec, keeps the violations in the store's ``violations`` table and returns a

@@ -1,7 +1,7 @@
 """Simulated clustered runs, to measure how often an interval's lower bound covers the true rate.
 
-Used by the coverage tests (tests/analyse/test_cluster_coverage.py, test_bound_coverage.py) and
-bench/cluster_coverage.py, bench/bound_coverage.py and bench/sequential_stopping.py. The first part
+Used by the coverage tests (tests/analyse/test_cluster_coverage.py, test_bound_coverage.py),
+bench/bound_coverage.py and bench/sequential_stopping.py. The first part
 (`coverage`) is the cluster_kg-era grid; the second (`Population`, `cell`, `METHODS`) is issue 28's:
 beta-binomial populations and two-point mixtures, unequal repeats, every candidate bound scored on
 the same studies, and random (study, one more run) pairs for monotonicity.

@@ -1,4 +1,4 @@
-"""Intervals, tests and planning numbers for conformance rates (DESIGN.md section 7).
+"""Intervals, tests and planning numbers for conformance rates (docs/statistics.md).
 
 Rates here come from small samples (tens of runs per cell) that often sit at or near 100%, so the
 Wald interval (p +/- z*se) is useless: it collapses to a point at 0% and 100%. Wilson's score

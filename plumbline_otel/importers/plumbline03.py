@@ -14,7 +14,7 @@ Identity: a trial id reads ``arm/task/perturbation/variant/repeat``; the arm is 
 span times are a fixed nominal time (the seed recorded none), so importing a directory again
 changes nothing.
 
-Exposure (DESIGN.md section 7): the seed never recorded whether a trial's fault fired (its
+Exposure (docs/statistics.md): the seed never recorded whether a trial's fault fired (its
 injector fired once per variant, not per trial). A ``tool_fault`` trial gets
 ``plumbline.fault.tool`` and ``plumbline.fault.error`` (from ``variants.json``, else the seed's
 fixed fault cycle), never ``plumbline.fault.fired``: the certificate decides exposure from the

@@ -1,4 +1,4 @@
-"""The layout DESIGN.md draws holds in the code: no package loops, the store owns its tables, public names are listed."""
+"""The layout docs/architecture.md draws holds in the code: no package loops, the store owns its tables, public names are listed."""
 
 from __future__ import annotations
 
