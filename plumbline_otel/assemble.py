@@ -277,7 +277,9 @@ def _root(records: list[SpanRecord]) -> SpanRecord:
     ids = {r.span_id for r in records}
     roots = [r for r in records if r.parent_span_id not in ids]
     agents = [r for r in records if r.step_kind == "agent"]
-    top_agents = [a for a in agents if a in roots] or sorted(agents, key=lambda r: r.start_ns)[:1]
+    # A root chain or workflow span that records the run's request is the run, before any agent beneath it.
+    top_agents = [a for a in agents if a in roots] or [r for r in roots if "step:run_root" in r.shapes][:1] \
+        or sorted(agents, key=lambda r: r.start_ns)[:1]
     return (top_agents or sorted(roots, key=lambda r: (r.start_ns, r.span_id)))[0]
 
 
@@ -437,7 +439,8 @@ def assemble(records: list[SpanRecord], task_keys: Iterable[str] = DEFAULT_TASK_
 
 
 def _run_roots(records: list[SpanRecord]) -> list[SpanRecord]:
-    """The spans that each start one run: a conversation's turns, else several root agent spans; [] for one run."""
+    """The spans that each start one run: a conversation's turns, else several root agent spans, else several
+    top-level agent spans beneath a span that holds no run's request; [] for one run."""
     by_id = {r.span_id: r for r in records}
 
     def under(rec: SpanRecord, roots: set[str]) -> bool:
@@ -456,7 +459,15 @@ def _run_roots(records: list[SpanRecord]) -> list[SpanRecord]:
     if len(top_turns) > 1:
         return top_turns
     root_agents = [r for r in records if r.step_kind == "agent" and r.parent_span_id not in by_id and not r.handoff_to]
-    return root_agents if len(root_agents) > 1 else []
+    if len(root_agents) > 1:
+        return root_agents
+    if any("step:run_root" in r.shapes for r in records):  # a root that holds the run's request is one run
+        return []
+    # Several agent runs beneath one span that is no run itself: a conversation's turns, an MCP client's
+    # connection-lifetime session, a web request's span. Agents inside an agent are its sub-agents.
+    agents = {r.span_id for r in records if r.step_kind == "agent" and not r.handoff_to}
+    top = [r for r in records if r.span_id in agents and not under(r, agents)]
+    return top if len(top) > 1 else []
 
 
 def _owner(rec: SpanRecord, by_id: dict[str, SpanRecord], roots: list[SpanRecord], root_ids: set[str],

@@ -481,6 +481,8 @@ def extract(rec: SpanRecord, attrs: dict[str, Any], events: list[tuple[str, dict
         _agent(rec, attrs, events)
     elif rec.parent_span_id is None:  # a root chain or workflow span: the run's request and answer
         _run_texts(rec, _first(attrs, "input.value", "traceloop.entity.input"), _first(attrs, "output.value", "traceloop.entity.output"))
+        if rec.input_text is not None:  # it holds one run, whatever agents run beneath it (assembly does not split it)
+            _note(rec, "step", "run_root")
     rec.error = _error(rec, attrs, events)
     decisions = [(name, eattrs) for name, eattrs in events if name == DECISION_EVENT]
     if decisions:  # the same event as a span event
