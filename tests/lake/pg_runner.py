@@ -1,0 +1,65 @@
+"""A replay runner's use of the Postgres study state, as a process of its own (tests/lake/test_pgstate.py).
+
+    python pg_runner.py URL STUDY TRIALS CAP SEED [die-after-reserving]
+Claims trials until none is left (or the cap refuses one), spends on each through the shared cap in
+several metered calls, records each outcome in the shared ledger, and prints one JSON summary line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import sys
+import time
+
+from plumbline_otel.replay.budget import BudgetExceeded, TrialBudget
+from plumbline_otel.replay.pgstate import PgLedger, PgSpendCap, StudyClaims
+
+
+def main() -> None:
+    url, study, trials, cap_usd, seed = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4]), int(sys.argv[5])
+    die = len(sys.argv) > 6
+    claims = StudyClaims(url, study, lease_s=float(os.environ.get("LEASE_S", "5")))
+    cap = PgSpendCap(url, study, cap_usd, runner=claims.runner)
+    ledger = PgLedger(url, study)
+    claims.plan([f"trial-{i:03d}" for i in range(trials)])
+    claims.start_heartbeat()
+    rng = random.Random(seed)
+    ran: list[str] = []
+    if die:  # claim one trial, reserve and meter part of it, then die without a word
+        tid = claims.claim_next()
+        assert tid is not None
+        budget = TrialBudget.open(cap, 0.4)
+        assert budget is not None
+        budget.add(0.1)
+        ledger.begin_attempt(tid)
+        print(json.dumps({"claimed": tid}), flush=True)
+        os._exit(9)
+    released = sum(r.used for r in cap.release_dead())
+    while (tid := claims.claim_next()) is not None:
+        attempt = ledger.begin_attempt(tid)
+        budget = TrialBudget.open(cap, 0.05)
+        if budget is None:
+            ledger.append({"trial_id": tid, "attempt": attempt, "status": "missing", "reason": "budget"})
+            claims.finish(tid, decided=False)
+            break
+        try:
+            for _ in range(rng.randint(1, 4)):
+                cost = rng.uniform(0.005, 0.04)
+                budget.ensure(cost)
+                time.sleep(0)
+                budget.add(cost)
+            status = "ok"
+        except BudgetExceeded:
+            status = "ok"  # the agent ran; its refused call cost nothing
+        spent = budget.close()
+        ledger.append({"trial_id": tid, "attempt": attempt, "status": status, "attempt_cost_usd": spent, "runner": claims.runner})
+        claims.finish(tid, decided=True)
+        ran.append(tid)
+    claims.close()
+    print(json.dumps({"runner": claims.runner, "ran": ran, "high_water": cap.high_water, "spent": cap.spent, "released": released}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
