@@ -228,6 +228,19 @@ def headline_sentence(cert: dict[str, Any]) -> str:
     return f"INCONCLUSIVE: the evidence neither reaches nor rules out the target {target:.0%}; {claim}; {more}."
 
 
+def _why_not(c: dict[str, Any], target: float) -> str:
+    """Why one cell is not PASS, in words: what its tasks cannot show, and about how many more would."""
+    where = f"{c['agent']} / {c['perturbation']}: {c['verdict']}, {c['conforming']}/{c['n']} conforming over {c['tasks']} task(s)"
+    if c["n"] == 0:
+        return f"{where}: no scored runs, it certifies nothing"
+    if c["verdict"] == "FAIL":
+        return f"{where}: even its upper bound {c['gate_upper']:.4f} is below {target:.0%}"
+    if c.get("tasks_needed") is None:
+        return f"{where}, bound {c['gate_lower']:.4f}: no number of clean tasks would reach {target:.0%}"
+    return (f"{where}, bound {c['gate_lower']:.4f}: {c['tasks']} task(s) cannot show {target:.0%}; "
+            f"about {c['tasks_needed']} more distinct task(s), all conforming, would")
+
+
 def _headline_lines(cert: dict[str, Any]) -> list[str]:
     head = cert["headline"]
     lines = [
@@ -244,8 +257,11 @@ def _headline_lines(cert: dict[str, Any]) -> list[str]:
             f"unexposed {c['unexposed']}, missing {c['missing']}" + ("  -- no evidence: certifies nothing" if c["n"] == 0 else "")
         )
     lines.append(f"  {N_COUNTS}")
-    if head.get("note"):
-        lines += [f"  not PASS: {note}" for note in head["note"].split("; ")]
+    target = cert.get("target_bound", 0.95)
+    for c in head.get("short_cells") or []:
+        lines.append(f"  not PASS: {_why_not(c, target)}")
+    if head.get("note") and not head.get("short_cells"):
+        lines.append(f"  not PASS: {head['note']}")
     for key, words in (("errored", "errored runs (in n, scored as failures)"), ("unexposed", "runs whose fault never fired (not counted in n, not scored)"),
                        ("missing", "missing trials (never started; not counted in n, never as passes)")):
         if head.get(key):
@@ -294,8 +310,39 @@ def _violation_lines(cells: list[dict[str, Any]]) -> list[str]:
     return ["  violations (runs violating / runs it applied to):", *(f"    {inv:<28} {k}/{n}" for k, inv, n in worst)]
 
 
+TEXT_WIDTH = 160  # no line of the text certificate is longer: it fits a terminal
+
+
+def wrap_lines(lines: list[str], width: int = TEXT_WIDTH) -> list[str]:
+    """Each line wrapped to `width`, continuation lines indented two more than the line's own indent; a line
+    with no space to break at (a long id) is cut into pieces of `width`."""
+    import textwrap
+
+    out: list[str] = []
+    for line in lines:
+        if len(line) <= width:
+            out.append(line)
+            continue
+        indent = " " * (len(line) - len(line.lstrip(" ")))
+        out += textwrap.wrap(line, width=width, subsequent_indent=indent + "  ", break_long_words=True, break_on_hyphens=False)
+    return out
+
+
+def _curve_line(c: dict[str, Any]) -> str | None:
+    """The cell's pass^k curve in words: each k's estimate and 95% interval."""
+    curve = c.get("pass_k_curve") or []
+    if len(curve) < 2:
+        return None
+    points = "  ".join(f"k={p['k']} {p['estimate']:.2f} [{p['lower']:.2f}, {p['upper']:.2f}]" for p in curve[:8]
+                       if p.get("estimate") is not None and p.get("lower") is not None and p.get("upper") is not None)
+    more = f"  … k up to {curve[-1]['k']}" if len(curve) > 8 else ""
+    return f"  {c['perturbation']}: pass^k curve {points}{more}"
+
+
 def render_text(cert: dict[str, Any]) -> str:
-    """A fixed-width text certificate: headline, one table per agent, notes per cell, violations, provenance."""
+    """A fixed-width text certificate: headline, one table per agent, notes per cell, violations, provenance.
+
+    No line is longer than `TEXT_WIDTH`: long sentences wrap, indented under their first line."""
     lines = _headline_lines(cert)
     for agent in cert["agents"]:
         lines += ["", f"agent {agent['agent']}",
@@ -311,6 +358,8 @@ def render_text(cert: dict[str, Any]) -> str:
             )
         for c in sorted(cells, key=lambda c: c["perturbation"]):
             lines += _cell_notes(c)
+            if (curve := _curve_line(c)) is not None:
+                lines.append(curve)
         lines += _violation_lines(cells)
     prov = cert["provenance"]
     win = prov["data_window"]
@@ -318,11 +367,12 @@ def render_text(cert: dict[str, Any]) -> str:
     lines += [
         "",
         "gate bound: on the mean conformance over tasks (a task drawn like these, run once); tasks count, repeats "
-        "sharpen each task's rate. pass^k: the chance all k repeats of a task conform (k = fewest repeats of any task), "
-        "averaged over tasks (the certificate's pass_k_curve has every k with its bounds); flip: share of repeated tasks "
-        "whose repeats disagree",
+        "sharpen each task's rate.",
+        "pass^k: the chance all k repeats of a task conform (k = fewest repeats of any task), averaged over tasks "
+        "(the pass^k curve lines give every k with its bounds).",
+        "flip: share of repeated tasks whose repeats disagree.",
         f"runs: {prov['runs']}{scored}   window: {win['start']} .. {win['end']}",
         f"evidence sha256: {prov['evidence_sha256']}",
         f"spec sha256: {cert['spec']['hash']}   plumbline {prov['plumbline_version']}",
     ]
-    return "\n".join(lines)
+    return "\n".join(wrap_lines(lines))

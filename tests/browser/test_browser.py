@@ -71,7 +71,14 @@ def watch(page: Any) -> dict[str, list[str]]:
 
 def assert_visible_essentials(page: Any, cert: dict[str, Any]) -> None:
     headline = page.get_by_test_id("headline")
-    assert headline.is_visible() and headline.inner_text() == f"{100 * cert['headline']['lower_bound']:.1f}%"
+    assert headline.is_visible()
+    assert headline.inner_text() == f"{cert['headline']['verdict']} at least {100 * cert['headline']['lower_bound']:.1f}%"
+    sentence = page.get_by_test_id("headline-sentence")
+    assert sentence.is_visible() and sentence.inner_text().startswith(cert["headline"]["verdict"] + ":")
+    assert "with 95% confidence" in sentence.inner_text(), "the headline says in words what the number is"
+    if cert["headline"]["verdict"] != "PASS":
+        assert page.get_by_test_id("why-not-pass").is_visible(), "and why the gate is not passed"
+    assert page.locator("#headline .term").first.get_attribute("title"), "terms carry their gloss on hover"
     bars = page.locator("svg rect.bar")
     cells = sum(len(a["perturbations"]) for a in cert["agents"])
     assert bars.count() == 2 * cells
@@ -141,9 +148,72 @@ def test_served_console_in_chromium(browser: Any, built: Built, shots: Path, tmp
         assert_divergence_highlighted(page)
         save(page, shots, "console-diff.png")
         page.get_by_role("link", name="runs").first.click()
-        assert page.locator("table tbody tr").count() == 4
+        assert page.locator("table.runs tbody tr").count() == 4
         assert all(url.startswith(served.url) for url in seen["requests"]) and seen["errors"] == []
         assert page.evaluate("window.__pwned") is None
+    finally:
+        served.server.stop()
+
+
+def test_console_runs_filters_run_page_and_check_through_the_server(browser: Any, built: Built, shots: Path, tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a user clicks: the advice, a check --server run from it, filters, a run's waterfall and messages, the diff link."""
+    import shlex
+
+    from click.testing import CliRunner
+    from pages_support import SPEC, free_port
+
+    from plumbline_otel.cli.main import cli
+    from plumbline_otel.ingest import ingest_files
+    from plumbline_otel.store import Store
+
+    db = tmp_path / "fresh.duckdb"
+    with Store(db) as store:
+        ingest_files(store, [str(Path(__file__).resolve().parents[1] / "report" / "retry_fault")])
+    port = free_port()
+    served = serve(db, grpc_port=port)
+    monkeypatch.setenv("PLUMBLINE_AUTH_TOKEN", TOKEN)
+    try:
+        context = browser.new_context(viewport={"width": 1280, "height": 1000},
+                                      extra_http_headers={"Authorization": f"Bearer {TOKEN}"})
+        page = context.new_page()
+        seen = watch(page)
+        page.goto(served.url + "/")
+        command = page.get_by_test_id("check-command")
+        assert command.is_visible() and command.inner_text().endswith(f"--server 127.0.0.1:{port}")
+        ran = CliRunner().invoke(cli, shlex.split(command.inner_text().replace("SPEC.yaml", str(SPEC)))[1:])
+        assert ran.exit_code == 0, ran.output
+        page.reload()
+        assert page.locator("#violations tr.violation").count() >= 2, "violations show after check --server"
+        save(page, shots, "console-checked.png")
+
+        page.get_by_role("link", name="runs").first.click()
+        page.get_by_test_id("filter-status").select_option("violating")
+        page.get_by_test_id("apply-filters").click()
+        page.wait_for_load_state()
+        rows = page.locator("table.runs tbody tr")
+        assert rows.count() == 1 and rows.first.get_attribute("data-status") == "violating"
+        assert "AP-PAY-CLEAN" in rows.first.inner_text() and "Northwind" in rows.first.inner_text()
+        save(page, shots, "console-runs.png")
+        rows.first.locator("td.request a").click()
+        page.wait_for_load_state()
+        assert page.get_by_test_id("run-status").inner_text().startswith("violating")
+        bars = page.locator("table.waterfall .wf-bar")
+        assert bars.count() == 12
+        widths = [bars.nth(i).bounding_box()["width"] for i in range(bars.count())]
+        assert max(widths) > 200 and min(widths) >= 1, "the waterfall draws every span by its duration"
+        llm = page.locator("table.waterfall tr.kind-llm_call").first
+        llm.locator("summary").click()
+        messages = llm.get_by_test_id("messages-in")
+        assert messages.is_visible() and "Northwind" in messages.inner_text()
+        broke = page.locator("table.waterfall tr.violated .violation-note").first
+        broke.scroll_into_view_if_needed()
+        assert broke.is_visible() and "broke here" in broke.inner_text()
+        save(page, shots, "console-run.png", full_page=True)
+        page.get_by_test_id("diff-link").click()
+        page.wait_for_load_state()
+        assert_divergence_highlighted(page)
+        assert all(url.startswith(served.url) for url in seen["requests"]) and seen["errors"] == []
     finally:
         served.server.stop()
 
