@@ -78,9 +78,12 @@ def _combine(members: list[SpanRecord]) -> SpanRecord:
     ordered = sorted(members, key=_richness, reverse=True)
     lead = replace(ordered[0])
     for other in ordered[1:]:
-        for name in ("model", "input_tokens", "output_tokens", "input_text", "output_text", "response_id", "error"):
+        for name in ("model", "input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens", "input_text",
+                     "output_text", "response_id", "error"):
             if getattr(lead, name) is None:
                 setattr(lead, name, getattr(other, name))
+        if not lead.finish_reasons:
+            lead.finish_reasons = list(other.finish_reasons)
     lead.start_ns = min(m.start_ns for m in members)
     return lead
 
@@ -168,11 +171,15 @@ def _llm_step(rec: SpanRecord, content_seen: bool) -> Step:
     )
 
 
-def _turn_of(start_ns: int, llm_ends: list[tuple[int, SpanRecord]]) -> SpanRecord | None:
-    """The LLM call whose turn a tool span belongs to: the last one that ended before it started."""
+def _turn_of(start_ns: int, llm_starts: list[tuple[int, SpanRecord]]) -> SpanRecord | None:
+    """The LLM call whose turn a tool span belongs to: the last one that started before it did.
+
+    Usually that call has ended by then; a tool run while its response still streams (the AI SDK), or
+    traced inside the model step that proposed it (Mastra, AI SDK 7), starts before its call ends.
+    """
     owner = None
-    for end_ns, rec in llm_ends:
-        if end_ns <= start_ns:
+    for begin_ns, rec in llm_starts:
+        if begin_ns <= start_ns:
             owner = rec
     return owner
 
@@ -180,13 +187,13 @@ def _turn_of(start_ns: int, llm_ends: list[tuple[int, SpanRecord]]) -> SpanRecor
 def _match_proposals(tools: list[SpanRecord], llm: list[SpanRecord]) -> dict[str, ToolCallRef]:
     """Tool span id -> the model-proposed call it carried out."""
     by_call_id = {c.call_id: c for rec in llm for c in rec.proposed_calls if c.call_id}
-    llm_ends = sorted(((r.end_ns, r) for r in llm), key=lambda pair: pair[0])
+    llm_starts = sorted(((r.start_ns, r) for r in llm), key=lambda pair: pair[0])
     used: set[int] = set()
     matches: dict[str, ToolCallRef] = {}
     for tool in tools:
         call = by_call_id.get(tool.call_id) if tool.call_id else None
         if call is None:
-            owner = _turn_of(tool.start_ns, llm_ends)
+            owner = _turn_of(tool.start_ns, llm_starts)
             candidates = owner.proposed_calls if owner else []
             call = next(
                 (c for c in candidates if id(c) not in used and c.name == tool.tool_name
@@ -353,7 +360,7 @@ def _answer(root: SpanRecord, records: list[SpanRecord], llm: list[SpanRecord]) 
     return kept_as_is
 
 
-_TOOL_FINISH = {"tool_calls", "tool_call", "tool_use", "function_call"}
+_TOOL_FINISH = {"tool_calls", "tool_call", "tool_use", "function_call", "tool-calls"}  # the last: the AI SDK's
 
 
 def _has_evidence(rec: SpanRecord) -> bool:

@@ -30,7 +30,7 @@ __all__ = ["VENDOR_ARGS_KEYS", "VENDOR_RESULT_KEYS", "Limits", "LogRows", "Value
            "log_event_attributes", "log_rows", "maybe_json", "normalise_request", "normalise_span", "unwrap_scoped_result"]
 
 # Attribute namespaces we read; a key in them that we do not know is reported by coverage.
-_NAMESPACES = ("gen_ai.", "llm.", "tool.", "openinference.", "traceloop.", "ai.")
+_NAMESPACES = ("gen_ai.", "llm.", "tool.", "openinference.", "traceloop.", "ai.", "mastra.")
 _KNOWN_PREFIXES = (
     "gen_ai.operation.", "gen_ai.provider.", "gen_ai.system", "gen_ai.request.", "gen_ai.response.",
     "gen_ai.usage.", "gen_ai.tool.", "gen_ai.input.messages", "gen_ai.output.messages",
@@ -45,6 +45,9 @@ _KNOWN_PREFIXES = (
     # The Vercel AI SDK's own keys (read: operationId, prompt, response text and tool calls, usage, toolCall.*).
     "ai.operationId", "ai.telemetry.", "ai.model.", "ai.settings.", "ai.request.", "ai.prompt", "ai.response.",
     "ai.usage.", "ai.toolCall.", "ai.stream.", "ai.schema", "ai.value", "ai.embedding", "ai.values",
+    # Mastra's exporter (read: agent_run and model_step input/output; the rest is its bookkeeping).
+    "mastra.span.type", "mastra.agent_run.", "mastra.workflow_run.", "mastra.model_step.", "mastra.model_generation.",
+    "mastra.model_chunk.", "mastra.metadata.", "mastra.tags", "mastra.completion_start_time",
 )
 
 

@@ -87,6 +87,10 @@ def detect(attrs: dict[str, Any]) -> tuple[Convention, StepKind]:
             operation = "execute_tool"
         elif operation is None and ("gen_ai.input.messages" in attrs or "gen_ai.output.messages" in attrs):
             operation = "chat"
+        if operation == "agent_step" and ("mastra.model_step.input" in attrs or "mastra.model_step.output" in attrs):
+            # Mastra's model step: the request and response (with the proposed calls) of the chat span inside
+            # it, whose own output messages lose the tool calls; assembly merges the two into one model call.
+            return "genai", "llm_call"
         if operation is not None:
             return "genai", _GENAI_KINDS.get(str(operation), "other")
         if not isinstance(tl_kind, str):  # a provider name alone says nothing about what the span did
@@ -349,11 +353,15 @@ def _raw_request_errors(rec: SpanRecord, attrs: dict[str, Any]) -> None:
 
 def _vercel_outputs(attrs: dict[str, Any]) -> list[Message]:
     """A Vercel AI SDK response: `ai.response.text` and `ai.response.toolCalls` (`input` a JSON string or an object)."""
+    return _text_and_calls(attrs.get("ai.response.text"), attrs.get("ai.response.toolCalls"))
+
+
+def _text_and_calls(text: Any, raw_calls: Any) -> list[Message]:
+    """A response given as its text and its tool calls (AI SDK tool-call objects: toolCallId, toolName, input or args)."""
     content: list[Any] = []
-    text = attrs.get("ai.response.text")
     if isinstance(text, str) and text:
         content.append({"type": "text", "text": text})
-    calls = maybe_json(attrs.get("ai.response.toolCalls"))
+    calls = maybe_json(raw_calls)
     if isinstance(calls, list):
         content += [{**c, "type": "tool-call"} for c in calls if isinstance(c, dict)]
     return parse_messages({"role": "assistant", "content": content}) if content else []
@@ -376,6 +384,11 @@ def _llm(rec: SpanRecord, attrs: dict[str, Any], events: list[tuple[str, dict[st
     _llm_fields(rec, attrs)
     if rec.convention == "vercel_ai":
         _apply_messages(rec, parse_messages(attrs.get("ai.prompt.messages")), _vercel_outputs(attrs))
+    if "mastra.model_step.input" in attrs or "mastra.model_step.output" in attrs:  # Mastra: `{text, toolCalls}`
+        step = maybe_json(attrs.get("mastra.model_step.output"))
+        outputs = _text_and_calls(step.get("text"), step.get("toolCalls")) if isinstance(step, dict) else []
+        _apply_messages(rec, parse_messages(attrs.get("mastra.model_step.input")), outputs)
+        _note(rec, "content", "mastra_model_step")
     if rec.convention == "openinference":
         _apply_messages(rec, *_messages_flat(attrs, "llm.input_messages", "llm.output_messages"))
         if rec.output_text is None and not rec.proposed_calls:  # a streamed response: only the Responses dump
@@ -412,6 +425,9 @@ def _agent(rec: SpanRecord, attrs: dict[str, Any], events: list[tuple[str, dict[
         answer = attrs.get("ai.response.text")
         rec.output_text = rec.output_text or (answer if isinstance(answer, str) and answer else None)
     _run_texts(rec, attrs.get("input.value"), attrs.get("output.value"))
+    # Mastra's exporter puts the run's request and answer only under its own keys.
+    _run_texts(rec, _first(attrs, "mastra.agent_run.input", "mastra.workflow_run.input"),
+               _first(attrs, "mastra.agent_run.output", "mastra.workflow_run.output"))
     if rec.convention == "traceloop" or "traceloop.entity.input" in attrs:
         rec.agent_name = _or_text(rec.agent_name, attrs.get("traceloop.entity.name"))
         _run_texts(rec, attrs.get("traceloop.entity.input"), attrs.get("traceloop.entity.output"))

@@ -203,6 +203,8 @@ def answer_text(raw: Any) -> tuple[str | None, str | None]:
                 return text, "agent_output"
         if isinstance(value.get("final_output"), str):
             return value["final_output"], "run_result"
+        if isinstance(value.get("text"), str) and "messages" not in value:  # Mastra's `{text, files, …}` result
+            return value["text"], "run_result"
     if isinstance(value, list) and value:
         text = _last_text(value, "assistant") if all(isinstance(m, dict) for m in value) else None
         if text is None:

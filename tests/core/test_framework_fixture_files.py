@@ -25,7 +25,7 @@ SETUPS = ["adk_content", "adk_content_events", "adk_nocontent", "langchain_openi
           "openai_agents_openinference_chat", "openai_agents_openinference_responses",
           "openai_agents_traceloop_chat", "openai_agents_traceloop_responses",
           # generate_js.py: Node set-ups, pinned by their npm lock file (package-lock-<set-up>.json)
-          "aisdk6_chat", "aisdk7_legacy_chat", "aisdk7_otel_chat"]
+          "aisdk6_chat", "aisdk7_legacy_chat", "aisdk7_otel_chat", "mastra"]
 
 _spec = importlib.util.spec_from_file_location("producers_generate", FIXTURES / "producers" / "generate.py")
 assert _spec is not None and _spec.loader is not None
@@ -106,7 +106,7 @@ def test_langchain_openinference_has_a_streamed_run_and_two_parallel_tool_calls(
     assert sorted(set(first_turn)) == ["call_tool_called_twice_0_0", "call_tool_called_twice_0_1"]
 
 
-@pytest.mark.parametrize("setup", [s for s in SETUPS if s.startswith(("openai_agents_", "strands_", "pydantic_ai", "aisdk"))])
+@pytest.mark.parametrize("setup", [s for s in SETUPS if s.startswith(("openai_agents_", "strands_", "pydantic_ai", "aisdk", "mastra"))])
 def test_streamed_runs_and_parallel_calls_are_in_the_trace(setup: str) -> None:
     """A streamed model response and two parallel calls in one response, each with the id the stand-in gave it."""
     expected = json.loads((FRAMEWORKS / setup / "expected.json").read_text())

@@ -97,3 +97,35 @@ def test_ai_sdk_tool_span_status_error_is_the_failure() -> None:
 
     (step,) = _run(build).tool_steps
     assert step.failed and "declined" in (step.error or "")
+
+
+# --- Mastra's exporter ----------------------------------------------------------------------------
+
+
+def test_mastra_run_text_under_its_own_keys_and_a_json_string_finish_reason() -> None:
+    """`mastra.agent_run.input` (here a message list) and `.output` (`{text, files}`); the chat span's finish
+    reasons as a JSON-encoded string; the model step's `{text, toolCalls}` fills the chat span it holds."""
+    def build(tracer: Tracer) -> None:
+        with tracer.start_as_current_span("invoke_agent payer", attributes={
+                "gen_ai.operation.name": "invoke_agent", "mastra.span.type": "agent_run",
+                "mastra.agent_run.input": json.dumps([{"role": "user", "content": "Pay INV-9"}]),
+                "mastra.agent_run.output": json.dumps({"text": "Paid INV-9.", "files": []})}):
+            with tracer.start_as_current_span("agent_step payer", attributes={
+                    "gen_ai.operation.name": "agent_step", "mastra.model_step.input": json.dumps([{"role": "user", "content": "Pay INV-9"}]),
+                    "mastra.model_step.output": json.dumps({"text": "", "toolCalls": [
+                        {"toolCallId": "c9", "toolName": "pay", "args": {"invoice_id": "INV-9"}}]})}):
+                with tracer.start_as_current_span("chat m", attributes={
+                        "gen_ai.operation.name": "chat", "gen_ai.request.model": "m", "gen_ai.usage.input_tokens": 9,
+                        "gen_ai.response.finish_reasons": '["tool-calls"]',
+                        "gen_ai.output.messages": json.dumps([{"role": "assistant", "parts": [{"type": "text", "content": ""}]}])}):
+                    pass
+                with tracer.start_as_current_span("execute_tool pay", attributes={
+                        "gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "pay", "gen_ai.tool.call.arguments": '{"invoice_id": "INV-9"}',
+                        "gen_ai.tool.call.result": '"done"'}):
+                    pass
+
+    run = _run(build)
+    assert (run.input, run.final_output) == ("Pay INV-9", "Paid INV-9.")
+    (llm,) = [s for s in run.steps if s.kind == "llm_call"]
+    assert (llm.model, llm.input_tokens, llm.finish_reasons, llm.evidence) == ("m", 9, ("tool-calls",), "span")
+    assert [(s.name, s.call_id, s.source) for s in run.tool_steps] == [("pay", "c9", "tool_span+llm_output")]
