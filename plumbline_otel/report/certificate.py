@@ -1,5 +1,9 @@
 """Certificates: how far an agent can be trusted to hold its critical invariants, with the evidence pinned.
 
+The certificate's format is the typed model in `report.model` (its JSON schema ships beside it);
+this module computes one (`certificate_model`) and `build_certificate` gives it as the JSON-ready dict
+a file holds.
+
 A certificate is built from runs (stored traffic or replay trials) and a spec. Runs are grouped
 into cells by agent (service name and version) and perturbation (``plumbline.perturbation``,
 "baseline" when absent). For a replay study the unit is the *trial*: each planned trial counts
@@ -33,8 +37,7 @@ Per cell: Wilson 95% (``lower``/``upper``: runs as if independent), the gate's b
 ``cluster_kg``, valid when runs cluster by task and for few tasks; it equals Wilson when every
 task ran once and is 0 for a single task), the distinct ``tasks``, pass^k over each task's repeats
 and the flip rate (tasks whose repeats disagree), and the violations per invariant with the runs
-it applied to. ``clustered_lower``/``clustered_upper`` repeat the gate's bound for readers of
-version-1 fields.
+it applied to.
 
 The headline is exactly ``min`` over cells of ``gate_lower``. Every cell attaining it is reported
 (no order-dependent tie-breaking), and it is never replaced by the cell with the worst point
@@ -56,7 +59,7 @@ import hashlib
 import math
 from collections import defaultdict
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
@@ -68,7 +71,6 @@ from plumbline_otel.analyse.stats import (
     FAIL,
     INCONCLUSIVE,
     PASS,
-    SEQUENTIAL_METHOD,
     TASK_METHOD,
     Interval,
     gate_decision,
@@ -80,63 +82,32 @@ from plumbline_otel.analyse.stats import (
     wilson_interval,
 )
 from plumbline_otel.model import Trajectory
+from plumbline_otel.report.model import (
+    CERTIFICATE_KIND,
+    CERTIFICATE_VERSION,
+    GATE_METHODS,
+    Agent,
+    AgentHeadline,
+    Cell,
+    CellRef,
+    Certificate,
+    DataWindow,
+    Filters,
+    Headline,
+    InvariantRef,
+    PassK,
+    PassKPoint,
+    Provenance,
+    RunNote,
+    RunReason,
+    SpecRef,
+)
 from plumbline_otel.runs import STUDY, agent_label, errored_reason, is_record, perturbation_of, run_label, run_status
 from plumbline_otel.spec import Spec
 from plumbline_otel.trials import RAN, TrialResult, account, record_of
 
-CERTIFICATE_VERSION = 3  # 3: trials from the driver's records, the task-level bound, three-valued verdicts
-CERTIFICATE_KIND = "plumbline.certificate"
 GATE_METHOD = TASK_METHOD
-GATE_METHODS = {
-    TASK_METHOD: "Wilson score bounds on the mean of per-task conformance rates, n = tasks (each one-sided >= 95%)",
-    SEQUENTIAL_METHOD: "anytime-valid betting confidence sequence on the mean of per-task rates (the study stopped "
-                       "when its answer was known; each bound one-sided >= 95% at every look)",
-}
 _TIE = 1e-12  # lower bounds within this are the same bound (float noise, not a difference)
-
-
-@dataclass
-class Cell:
-    """One (agent, perturbation): the counts and intervals of critical conformance (module docstring)."""
-
-    agent: str
-    perturbation: str
-    n: int  # exposed + errored
-    conforming: int
-    rate: float | None
-    lower: float  # Wilson
-    upper: float
-    gate_lower: float  # the bound the headline and the gate use: on the mean conformance over tasks
-    gate_upper: float
-    gate_method: str  # wilson_tasks, or betting_cs for a study that stopped when its answer was known
-    task_rate: float | None  # the estimand's point estimate: the mean of per-task rates
-    verdict: str  # PASS (gate_lower >= target), FAIL (gate_upper < target) or INCONCLUSIVE
-    tasks: int
-    exposed: int
-    unexposed: int
-    errored: int
-    missing: int
-    lower_if_missing_failed: float  # Wilson
-    gate_lower_if_missing_failed: float
-    pass_k: dict[str, Any]  # pass^k at k = the fewest repeats of any task
-    pass_k_curve: list[dict[str, Any]]  # {k, estimate, lower, upper, tasks} for k = 1 … the most repeats
-    flip_rate: float | None
-    tasks_needed: int | None  # more distinct clean tasks the gate's method needs for the target (None: no number will do)
-    per_task: list[list[Any]]  # [task, conforming, runs] by task: what every figure here is computed from
-    violations: dict[str, int] = field(default_factory=dict)  # invariant id -> runs violating
-    applicable: dict[str, int] = field(default_factory=dict)  # invariant id -> runs it applied to
-    errored_runs: list[dict[str, str]] = field(default_factory=list)  # {"run", "reason"}, sorted by run
-    unexposed_runs: list[str] = field(default_factory=list)  # trial ids (trajectory id without one), sorted
-    missing_runs: list[dict[str, str]] = field(default_factory=list)  # {"run", "reason"}: recorded trials no attempt ran
-    unwitnessed: int = 0  # runs claiming a trial of a recorded study that no driver record stands for
-    unwitnessed_runs: list[str] = field(default_factory=list)
-    witnessed: int = 0  # trials counted from the driver's records
-    trace_judged: int = 0  # runs counted by their own trace (no driver record: traffic, older exports)
-    evidence_from: dict[str, int] = field(default_factory=dict)  # exposed trials by who saw their perturbation reach the agent
-    notes: list[dict[str, str]] = field(default_factory=list)  # {"run", "note"}: conflicts, unconfirmed evidence
-    cost_usd: float = 0.0  # the driver's records: what the cell's trials cost
-    unmetered: int = 0  # trials whose cost no plumbline meter saw
-    stopped: int = 0  # planned trials never run because the study decided the cell first (replay --target)
 
 
 @dataclass
@@ -209,7 +180,19 @@ def build_certificate(
     study: str | None = None,
     target: float = 0.95,
 ) -> dict[str, Any]:
-    """The certificate (a JSON-ready dict, ``version`` first) for the runs that match `agent` and `study`.
+    """The certificate as a JSON-ready dict (``version`` first): `certificate_model`'s, as written to a file."""
+    return certificate_model(spec, trajectories, agent=agent, study=study, target=target).to_dict()
+
+
+def certificate_model(
+    spec: Spec,
+    trajectories: Iterable[Trajectory],
+    *,
+    agent: str | None = None,
+    study: str | None = None,
+    target: float = 0.95,
+) -> Certificate:
+    """The certificate (`report.model.Certificate`) for the runs that match `agent` and `study`.
 
     `agent` selects a service name (or ``service@version``); `study` the ``plumbline.study`` attribute. `target` is the
     lower bound a gate will ask for; it sets each cell's ``verdict`` and ``tasks_needed``. Trials of a replay study are counted from
@@ -249,30 +232,30 @@ def build_certificate(
             pin(t)
             tallies[(label, perturbation_of(t))].unwitnessed.append(run_label(t))
     cells = [_cell(a, p, tallies[(a, p)], target) for a, p in sorted(tallies)]
-    return {
-        "version": CERTIFICATE_VERSION,
-        "kind": CERTIFICATE_KIND,
-        "target_bound": target,
-        "confidence": 0.95,
-        "measure": "critical conformance: runs with no violation of a critical invariant",
-        "n_counts": "planned trials the agent ran, by the replay driver's records: exposed runs judged against the spec "
-                    "plus errored trials (failures); unexposed, unwitnessed and missing trials are listed beside n",
-        "headline": _headline(cells, target),
-        "agents": _agents(cells, target),
-        "spec": {"name": spec.name, "hash": spec.hash, "source": spec.source,
-                 "invariants": [{"id": i.id, "severity": i.severity, "kind": i.kind} for i in spec.invariants]},
-        "provenance": {
-            "plumbline_version": __version__,
-            "generated_at": datetime.now(timezone.utc).isoformat().replace("+00:00", "Z"),
-            "filters": {"agent": agent, "study": study},
-            "data_window": {"start_ns": window[0], "end_ns": window[1], "start": _iso(window[0]), "end": _iso(window[1])},
-            "runs": len(digests),
-            "scored_runs": sum(c.n for c in cells),
-            "trials": sum(c.witnessed for c in cells),
-            "evidence_sha256": evidence_hash(digests),
-            "evidence_method": "sha256 over sorted 'trajectory_id:sha256(canonical run JSON)' lines, the driver's records included",
-        },
-    }
+    return Certificate(
+        version=CERTIFICATE_VERSION,
+        kind=CERTIFICATE_KIND,
+        target_bound=target,
+        confidence=0.95,
+        measure="critical conformance: runs with no violation of a critical invariant",
+        n_counts="planned trials the agent ran, by the replay driver's records: exposed runs judged against the spec "
+                 "plus errored trials (failures); unexposed, unwitnessed and missing trials are listed beside n",
+        headline=_headline(cells, target),
+        agents=_agents(cells, target),
+        spec=SpecRef(name=spec.name, hash=spec.hash, source=spec.source,
+                     invariants=tuple(InvariantRef(id=i.id, severity=i.severity, kind=i.kind) for i in spec.invariants)),
+        provenance=Provenance(
+            plumbline_version=__version__,
+            generated_at=datetime.now(timezone.utc).isoformat().replace("+00:00", "Z"),
+            filters=Filters(agent=agent, study=study),
+            data_window=DataWindow(start_ns=window[0], end_ns=window[1], start=_iso(window[0]), end=_iso(window[1])),
+            runs=len(digests),
+            scored_runs=sum(c.n for c in cells),
+            trials=sum(c.witnessed for c in cells),
+            evidence_sha256=evidence_hash(digests),
+            evidence_method="sha256 over sorted 'trajectory_id:sha256(canonical run JSON)' lines, the driver's records included",
+        ),
+    )
 
 
 def _task(t: Trajectory) -> str:
@@ -383,23 +366,23 @@ def _cell(agent: str, perturbation: str, tally: _Tally, target: float) -> Cell:
         missing=tally.missing,
         lower_if_missing_failed=wilson_interval(tally.conforming, tally.runs + tally.missing).lower,
         gate_lower_if_missing_failed=_gate_interval(_if_missing_failed(tally), tally.sequential).lower,
-        pass_k={"k": agreement.k, "value": agreement.pass_k},
-        pass_k_curve=[{"k": p.k, "estimate": p.estimate, "lower": p.lower, "upper": p.upper, "tasks": p.tasks_used}
-                      for p in (pass_k_curve(counts, most) if most else [])],
+        pass_k=PassK(k=agreement.k, value=agreement.pass_k),
+        pass_k_curve=tuple(PassKPoint(k=p.k, estimate=p.estimate, lower=p.lower, upper=p.upper, tasks=p.tasks_used)
+                           for p in (pass_k_curve(counts, most) if most else [])),
         flip_rate=agreement.flip_rate,
         tasks_needed=tasks_needed(target, counts, method=gate.method),
-        per_task=[[task, k, n] for task, (k, n) in tasks],
+        per_task=tuple((task, k, n) for task, (k, n) in tasks),
         violations=dict(sorted(tally.violations.items())),
         applicable=dict(sorted(tally.applicable.items())),
-        errored_runs=sorted(tally.errored, key=lambda r: (r["run"], r["reason"])),
-        unexposed_runs=sorted(tally.unexposed),
-        missing_runs=sorted(tally.missing_runs, key=lambda r: (r["run"], r["reason"])),
+        errored_runs=tuple(RunReason(r["run"], r["reason"]) for r in sorted(tally.errored, key=lambda r: (r["run"], r["reason"]))),
+        unexposed_runs=tuple(sorted(tally.unexposed)),
+        missing_runs=tuple(RunReason(r["run"], r["reason"]) for r in sorted(tally.missing_runs, key=lambda r: (r["run"], r["reason"]))),
         unwitnessed=len(tally.unwitnessed),
-        unwitnessed_runs=sorted(tally.unwitnessed),
+        unwitnessed_runs=tuple(sorted(tally.unwitnessed)),
         witnessed=tally.witnessed,
         trace_judged=tally.trace_judged,
         evidence_from=dict(sorted(tally.evidence_from.items())),
-        notes=sorted(tally.notes, key=lambda r: (r["run"], r["note"])),
+        notes=tuple(RunNote(r["run"], r["note"]) for r in sorted(tally.notes, key=lambda r: (r["run"], r["note"]))),
         cost_usd=round(tally.cost_usd, 8),
         unmetered=tally.unmetered,
         stopped=tally.stopped,
@@ -413,33 +396,32 @@ def overall(verdicts: list[str]) -> str:
     return PASS if verdicts and all(v == PASS for v in verdicts) else INCONCLUSIVE
 
 
-def _headline(cells: list[Cell], target: float) -> dict[str, Any]:
+def _headline(cells: list[Cell], target: float) -> Headline:
     """min over cells of the gate's bound; every cell attaining it; the verdict; what holds the others back."""
     methods = sorted({c.gate_method for c in cells}) or [GATE_METHOD]
     method = methods[0] if len(methods) == 1 else "mixed"
     if not cells:
-        return {"lower_bound": 0.0, "method": method, "method_description": GATE_METHODS[GATE_METHOD], "cells": [],
-                "meets_target": False, "verdict": INCONCLUSIVE, "tasks_needed": None, "short_cells": [],
-                "note": "no runs matched: nothing is certified"}
+        return Headline(lower_bound=0.0, method=method, method_description=GATE_METHODS[GATE_METHOD], cells=(),
+                        meets_target=False, verdict=INCONCLUSIVE, tasks_needed=None, short_cells=(),
+                        note="no runs matched: nothing is certified")
     bound = min(c.gate_lower for c in cells)
     tied = [c for c in cells if math.isclose(c.gate_lower, bound, rel_tol=0.0, abs_tol=_TIE)]
-    short = [c for c in cells if c.verdict != PASS]
     needs = [c.tasks_needed for c in cells if c.verdict == INCONCLUSIVE]
-    return {
-        "lower_bound": bound,
-        "method": method,
-        "method_description": "; ".join(GATE_METHODS.get(m, m) for m in methods),
-        "cells": [_ref(c) for c in tied],
-        "meets_target": bound >= target,
-        "verdict": overall([c.verdict for c in cells]),
-        "tasks_needed": None if None in needs else max((n for n in needs if n is not None), default=0),
-        "wilson_lower_bound": min(c.lower for c in cells),
-        "missing": sum(c.missing for c in cells),
-        "errored": sum(c.errored for c in cells),
-        "unexposed": sum(c.unexposed for c in cells),
-        "short_cells": [_ref(c) for c in short],
-        "note": "; ".join(note for c in cells if (note := _shortfall(c, target))),
-    }
+    return Headline(
+        lower_bound=bound,
+        method=method,
+        method_description="; ".join(GATE_METHODS.get(m, m) for m in methods),
+        cells=tuple(CellRef.of(c) for c in tied),
+        meets_target=bound >= target,
+        verdict=overall([c.verdict for c in cells]),
+        tasks_needed=None if None in needs else max((n for n in needs if n is not None), default=0),
+        wilson_lower_bound=min(c.lower for c in cells),
+        missing=sum(c.missing for c in cells),
+        errored=sum(c.errored for c in cells),
+        unexposed=sum(c.unexposed for c in cells),
+        short_cells=tuple(CellRef.of(c) for c in cells if c.verdict != PASS),
+        note="; ".join(note for c in cells if (note := _shortfall(c, target))),
+    )
 
 
 def _shortfall(c: Cell, target: float) -> str:
@@ -455,14 +437,7 @@ def _shortfall(c: Cell, target: float) -> str:
     return ""
 
 
-def _ref(c: Cell) -> dict[str, Any]:
-    return {"agent": c.agent, "perturbation": c.perturbation, "n": c.n, "conforming": c.conforming,
-            "lower": c.lower, "gate_lower": c.gate_lower, "gate_upper": c.gate_upper, "tasks": c.tasks, "exposed": c.exposed,
-            "errored": c.errored, "missing": c.missing, "unexposed": c.unexposed, "verdict": c.verdict,
-            "tasks_needed": c.tasks_needed}
-
-
-def _agents(cells: list[Cell], target: float) -> list[dict[str, Any]]:
+def _agents(cells: list[Cell], target: float) -> tuple[Agent, ...]:
     by_agent: dict[str, list[Cell]] = defaultdict(list)
     for c in cells:
         by_agent[c.agent].append(c)
@@ -470,10 +445,17 @@ def _agents(cells: list[Cell], target: float) -> list[dict[str, Any]]:
     for name in sorted(by_agent):
         mine = by_agent[name]
         head = _headline(mine, target)
-        out.append({
-            "agent": name,
-            "headline": {k: head[k] for k in ("lower_bound", "method", "cells", "meets_target", "verdict", "tasks_needed",
-                                              "wilson_lower_bound")},
-            "perturbations": [asdict(c) for c in mine],
-        })
-    return out
+        assert head.wilson_lower_bound is not None  # an agent has cells
+        out.append(Agent(
+            agent=name,
+            headline=AgentHeadline(lower_bound=head.lower_bound, method=head.method, cells=head.cells, meets_target=head.meets_target,
+                                   verdict=head.verdict, tasks_needed=head.tasks_needed, wilson_lower_bound=head.wilson_lower_bound),
+            perturbations=tuple(mine),
+        ))
+    return tuple(out)
+
+
+__all__ = [
+    "CERTIFICATE_KIND", "CERTIFICATE_VERSION", "GATE_METHOD", "GATE_METHODS", "Cell", "build_certificate", "certificate_model",
+    "evidence_digest", "evidence_hash", "fault_unexposed", "overall",
+]

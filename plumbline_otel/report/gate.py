@@ -18,7 +18,7 @@ without what it left out.
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass
+from collections.abc import Mapping
 from typing import Any
 
 from plumbline_otel.analyse.stats import (
@@ -31,106 +31,85 @@ from plumbline_otel.analyse.stats import (
     tasks_needed,
 )
 from plumbline_otel.report.certificate import overall
+from plumbline_otel.report.model import EXIT_CODES, Cell, CellVerdict, Certificate, GateVerdict
 
-EXIT_CODES = {PASS: 0, FAIL: 1, INCONCLUSIVE: 3}  # 2: the certificate is unusable
-
-
-@dataclass(frozen=True)
-class GateVerdict:
-    """The verdict at `min_bound`, with the lines that say why."""
-
-    verdict: str  # PASS, FAIL or INCONCLUSIVE
-    bound: float
-    min_bound: float
-    lines: tuple[str, ...]
-
-    @property
-    def passed(self) -> bool:
-        return self.verdict == PASS
-
-    @property
-    def exit_code(self) -> int:
-        return EXIT_CODES[self.verdict]
-
-    def text(self) -> str:
-        return "\n".join(self.lines)
+CertificateLike = Certificate | Mapping[str, Any]  # the model, or a certificate's dict (built, or loaded by load_certificate)
 
 
-def _cells(cert: dict[str, Any]) -> list[dict[str, Any]]:
-    return [c for a in cert["agents"] for c in a["perturbations"]]
+def _counts(c: Cell) -> str:
+    pass_k = "n/a" if c.pass_k.value is None else f"{c.pass_k.value:.3f}"
+    flip = "n/a" if c.flip_rate is None else f"{c.flip_rate:.3f}"
+    return (f"n={c.n} ({c.exposed} exposed + {c.errored} errored) from {c.tasks} task(s), "
+            f"{c.missing} missing, {c.unexposed} unexposed; pass^{c.pass_k.k} {pass_k}, flip rate {flip}")
 
 
-def _counts(c: dict[str, Any]) -> str:
-    pass_k = "n/a" if c["pass_k"]["value"] is None else f"{c['pass_k']['value']:.3f}"
-    flip = "n/a" if c["flip_rate"] is None else f"{c['flip_rate']:.3f}"
-    return (f"n={c['n']} ({c['exposed']} exposed + {c['errored']} errored) from {c['tasks']} task(s), "
-            f"{c['missing']} missing, {c['unexposed']} unexposed; pass^{c['pass_k']['k']} {pass_k}, flip rate {flip}")
-
-
-def _totals(cells: list[dict[str, Any]]) -> str:
-    return (f"errored runs {sum(c['errored'] for c in cells)} (in n, failures), "
-            f"missing trials {sum(c['missing'] for c in cells)} and unexposed runs {sum(c['unexposed'] for c in cells)} "
+def _totals(cells: list[Cell]) -> str:
+    return (f"errored runs {sum(c.errored for c in cells)} (in n, failures), "
+            f"missing trials {sum(c.missing for c in cells)} and unexposed runs {sum(c.unexposed for c in cells)} "
             "(not in n)")
 
 
-def cell_verdict(c: dict[str, Any], min_bound: float) -> tuple[str, int | None]:
+def cell_verdict(c: Cell | Mapping[str, Any], min_bound: float) -> tuple[str, int | None]:
     """A cell's verdict at `min_bound`, and the more distinct clean tasks its method needs (None: no number will do)."""
-    if c["n"] == 0:
-        return INCONCLUSIVE, tasks_needed(min_bound, [], method=c["gate_method"])
-    verdict = gate_decision(c["gate_lower"], c["gate_upper"], min_bound)
-    counts = [(k, n) for _, k, n in c["per_task"]]
-    return verdict, (tasks_needed(min_bound, counts, method=c["gate_method"]) if verdict == INCONCLUSIVE else 0)
+    c = c if isinstance(c, Cell) else Cell.from_dict(c)
+    if c.n == 0:
+        return INCONCLUSIVE, tasks_needed(min_bound, [], method=c.gate_method)
+    verdict = gate_decision(c.gate_lower, c.gate_upper, min_bound)
+    counts = [(k, n) for _, k, n in c.per_task]
+    return verdict, (tasks_needed(min_bound, counts, method=c.gate_method) if verdict == INCONCLUSIVE else 0)
 
 
-def _why(c: dict[str, Any], verdict: str, more: int | None, min_bound: float) -> str:
-    if c["n"] == 0:
+def _why(c: Cell, verdict: str, more: int | None, min_bound: float) -> str:
+    if c.n == 0:
         return "no evidence: no scored run, it certifies nothing"
     if verdict == FAIL:
-        why = f"its upper bound {c['gate_upper']:.4f} is below {min_bound}: it is shown not to meet the target"
+        why = f"its upper bound {c.gate_upper:.4f} is below {min_bound}: it is shown not to meet the target"
     else:
         why = ("no number of clean tasks can reach it" if more is None
-               else f"needs {more} more distinct clean task(s) ({c['gate_method']}; repeats of the same tasks do not count)")
-    if c["missing"]:
-        why += f"; if the {c['missing']} missing trial(s) had failed the bound would be {c['gate_lower_if_missing_failed']:.4f}"
+               else f"needs {more} more distinct clean task(s) ({c.gate_method}; repeats of the same tasks do not count)")
+    if c.missing:
+        why += f"; if the {c.missing} missing trial(s) had failed the bound would be {c.gate_lower_if_missing_failed:.4f}"
     return why
 
 
-def gate_verdict(cert: dict[str, Any], min_bound: float) -> GateVerdict:
-    """The verdict on a certificate `load_certificate` accepted (so every field read here is there)."""
-    head = cert["headline"]
-    bound = head["lower_bound"]
-    cells = sorted(_cells(cert), key=lambda c: (c["gate_lower"], c["agent"], c["perturbation"]))
+def gate_verdict(cert: CertificateLike, min_bound: float) -> GateVerdict:
+    """The verdict on a certificate (the model, or a dict `load_certificate` accepted)."""
+    model = Certificate.of(cert)
+    bound = model.headline.lower_bound
+    cells = sorted(model.cells, key=lambda c: (c.gate_lower, c.agent, c.perturbation))
     judged = [(c, *cell_verdict(c, min_bound)) for c in cells]
     verdict = overall([v for _, v, _ in judged])
     lines = [f"{verdict}: headline bound {bound:.4f} against {min_bound} (lower bound on the mean conformance over tasks, "
-             f"{head['method']}); {_totals(cells)}"]
+             f"{model.headline.method}); {_totals(cells)}"]
     if not cells:
         lines.append("  no runs were certified")
     for c, v, more in judged:
-        text = (f"  {v:<12} {c['agent']} / {c['perturbation']}: {c['conforming']}/{c['n']} conforming, "
-                f"bounds [{c['gate_lower']:.4f}, {c['gate_upper']:.4f}] (Wilson {c['lower']:.4f}); {_counts(c)}")
+        text = (f"  {v:<12} {c.agent} / {c.perturbation}: {c.conforming}/{c.n} conforming, "
+                f"bounds [{c.gate_lower:.4f}, {c.gate_upper:.4f}] (Wilson {c.lower:.4f}); {_counts(c)}")
         lines.append(text if v == PASS else f"{text}; {_why(c, v, more, min_bound)}")
     if verdict == INCONCLUSIVE:
         needs = [more for _, v, more in judged if v == INCONCLUSIVE]
         most = None if None in needs else max((m for m in needs if m is not None), default=0)
         lines.append("  run more distinct tasks: " + ("no number of clean tasks settles it" if most is None
                                                         else f"{most} more clean task(s) in the cell that needs the most"))
-    return GateVerdict(verdict, bound, min_bound, tuple(lines))
+    return GateVerdict(verdict, bound, min_bound, tuple(lines),
+                       cells=tuple(CellVerdict(c.agent, c.perturbation, v, more) for c, v, more in judged))
 
 
-def _per_task(cert: dict[str, Any]) -> dict[str, dict[str, tuple[int, int]]]:
+def _per_task(cert: Certificate) -> dict[str, dict[str, tuple[int, int]]]:
     """perturbation -> task -> (conforming, runs), summed over the certificate's agents."""
     out: dict[str, dict[str, tuple[int, int]]] = defaultdict(dict)
-    for c in _cells(cert):
-        for task, k, n in c["per_task"]:
-            old = out[c["perturbation"]].get(task, (0, 0))
-            out[c["perturbation"]][task] = (old[0] + k, old[1] + n)
+    for c in cert.cells:
+        for task, k, n in c.per_task:
+            old = out[c.perturbation].get(task, (0, 0))
+            out[c.perturbation][task] = (old[0] + k, old[1] + n)
     return out
 
 
-def regression_verdict(candidate: dict[str, Any], baseline: dict[str, Any], margin: float) -> GateVerdict:
+def regression_verdict(candidate: CertificateLike, baseline: CertificateLike, margin: float) -> GateVerdict:
     """The candidate against the baseline on shared tasks, per perturbation (module docstring)."""
-    cand, base = _per_task(candidate), _per_task(baseline)
+    cand_model = Certificate.of(candidate)
+    cand, base = _per_task(cand_model), _per_task(Certificate.of(baseline))
     shared = sorted(set(cand) & set(base))
     results = {p: paired_task_regression(cand[p], base[p], margin=margin) for p in shared}
     verdicts = regression_verdicts(results)
@@ -145,7 +124,7 @@ def regression_verdict(candidate: dict[str, Any], baseline: dict[str, Any], marg
                      f"bounds [{r.lower:+.4f}, {r.upper:+.4f}], p(worse) {r.p_worse:.4f}, p(not worse) {r.p_not_worse:.4f}")
     for p in sorted(set(cand) ^ set(base)):
         lines.append(f"  not compared {p}: only the {'candidate' if p in cand else 'baseline'} has it")
-    return GateVerdict(verdict, candidate["headline"]["lower_bound"], margin, tuple(lines))
+    return GateVerdict(verdict, cand_model.headline.lower_bound, margin, tuple(lines))
 
 
-__all__ = ["EXIT_CODES", "GateVerdict", "cell_verdict", "gate_verdict", "regression_verdict"]
+__all__ = ["EXIT_CODES", "CellVerdict", "GateVerdict", "cell_verdict", "gate_verdict", "regression_verdict"]

@@ -1,11 +1,11 @@
 """Reading a certificate back (validated) and rendering it as text.
 
-`load_certificate` is what a gate trusts: it rejects a file that is missing, is not JSON, has
-another kind or version, lacks or mistypes any per-cell field the gate or the text reads, names a
-gate method this version does not compute, whose
-counts do not add up (n = exposed + errored; one listed run per errored or unexposed count), or
-whose headline is not the minimum of its own cells' gate bounds (a hand-edited headline). It
-raises `CertificateError`.
+`load_certificate` is what a gate trusts: it reads the file into the typed model
+(`report.model.read_certificate`) and rejects a file that is missing, is not JSON, has another
+kind or version, lacks or mistypes any field, names a gate method this version does not compute,
+whose counts do not add up (n = exposed + errored; one listed run per errored, unexposed or
+unwitnessed count; ``per_task`` sums to conforming, n and tasks), or whose headline is not the
+minimum of its own cells' gate bounds (a hand-edited headline). It raises `CertificateError`.
 
 Older certificates are rejected with a message saying to re-run ``plumbline certify``: version 1
 had no exposure evidence and a plain Wilson headline; version 2 took a replayed trial's status,
@@ -16,25 +16,19 @@ gate cannot trust either.
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 from typing import Any
 
-from plumbline_otel.analyse.stats import VERDICTS
 from plumbline_otel.errors import InputError
-from plumbline_otel.report.certificate import CERTIFICATE_KIND, CERTIFICATE_VERSION, GATE_METHODS
-
-_COUNTS = ("n", "conforming", "exposed", "unexposed", "errored", "missing", "tasks")
-_BOUNDS = ("lower", "upper", "gate_lower", "gate_upper")
-_REF_COUNTS = ("n", "conforming", "exposed", "unexposed", "errored", "missing", "tasks")
+from plumbline_otel.report.model import Certificate, CertificateFormatError, read_certificate
 
 
 class CertificateError(InputError):
     """A certificate file that cannot be used: names the file and what is wrong."""
 
 
-def load_certificate(path: str | Path) -> dict[str, Any]:
-    """Read and validate a certificate; raises CertificateError."""
+def load_certificate_model(path: str | Path) -> Certificate:
+    """Read a certificate file into the typed model; raises CertificateError naming the file and the first thing wrong."""
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
@@ -44,142 +38,23 @@ def load_certificate(path: str | Path) -> dict[str, Any]:
         data = json.loads(text)
     except ValueError as exc:
         raise CertificateError(f"{path}: not JSON ({exc})") from None
-    problem = validate(data)
-    if problem:
-        raise CertificateError(f"{path}: {problem}")
-    certificate: dict[str, Any] = data
-    return certificate
+    try:
+        return read_certificate(data)
+    except CertificateFormatError as exc:
+        raise CertificateError(f"{path}: {exc}") from None
 
 
-def _number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def _count(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
-
-
-def _bad_fields(cell: dict[str, Any], where: str, counts: tuple[str, ...], bounds: tuple[str, ...]) -> str | None:
-    for name in ("agent", "perturbation"):
-        if not isinstance(cell.get(name), str):
-            return f"{where}.{name} missing or not a string"
-    for name in counts:
-        if not _count(cell.get(name)):
-            return f"{where}.{name} missing or not a non-negative int"
-    for name in bounds:
-        if not _number(cell.get(name)) or not 0 <= cell[name] <= 1:
-            return f"{where}.{name} missing or not a number in [0, 1]"
-    return None
-
-
-def _bad_lists(cell: dict[str, Any], where: str) -> str | None:
-    runs = cell.get("errored_runs")
-    if not isinstance(runs, list) or not all(
-        isinstance(r, dict) and isinstance(r.get("run"), str) and isinstance(r.get("reason"), str) for r in runs
-    ):
-        return f"{where}.errored_runs missing or not a list of {{run, reason}}"
-    unexposed = cell.get("unexposed_runs")
-    if not isinstance(unexposed, list) or not all(isinstance(r, str) for r in unexposed):
-        return f"{where}.unexposed_runs missing or not a list of run ids"
-    if len(runs) != cell["errored"] or len(unexposed) != cell["unexposed"]:
-        return f"{where}: errored/unexposed counts do not match the runs listed"
-    for name in ("missing_runs", "notes"):
-        listed = cell.get(name)
-        if not isinstance(listed, list) or not all(isinstance(r, dict) and all(isinstance(v, str) for v in r.values()) for r in listed):
-            return f"{where}.{name} missing or not a list of objects of strings"
-    if not isinstance(cell.get("unwitnessed_runs"), list) or len(cell["unwitnessed_runs"]) != cell.get("unwitnessed"):
-        return f"{where}.unwitnessed_runs missing or not matching its count"
-    pass_k = cell.get("pass_k")
-    if not isinstance(pass_k, dict) or not _count(pass_k.get("k")) or "value" not in pass_k or not (
-        pass_k["value"] is None or _number(pass_k["value"])
-    ):
-        return f"{where}.pass_k missing or not {{k: int, value: number or null}}"
-    if not (cell.get("flip_rate") is None or _number(cell["flip_rate"])):
-        return f"{where}.flip_rate not a number or null"
-    return None
-
-
-def _bad_cell(cell: Any, where: str) -> str | None:
-    if not isinstance(cell, dict):
-        return f"{where} is not an object"
-    if (bad := _bad_fields(cell, where, _COUNTS, _BOUNDS)) is not None:
-        return bad
-    if cell.get("gate_method") not in GATE_METHODS:
-        return f"{where}.gate_method {cell.get('gate_method')!r} is not a bound this plumbline gates on ({', '.join(GATE_METHODS)})"
-    if cell.get("verdict") not in VERDICTS:
-        return f"{where}.verdict {cell.get('verdict')!r} is not one of {', '.join(VERDICTS)}"
-    if not (cell.get("tasks_needed") is None or _count(cell["tasks_needed"])):
-        return f"{where}.tasks_needed not a non-negative int or null"
-    if (bad := _bad_lists(cell, where)) is not None:
-        return bad
-    if cell["n"] != cell["exposed"] + cell["errored"] or cell["conforming"] > cell["exposed"]:
-        return f"{where}: n must be exposed + errored and conforming at most exposed"
-    per_task = cell.get("per_task")
-    if not isinstance(per_task, list) or not all(
-            isinstance(t, list) and len(t) == 3 and isinstance(t[0], str) and _count(t[1]) and _count(t[2]) and t[1] <= t[2]
-            for t in per_task):
-        return f"{where}.per_task missing or not a list of [task, conforming, runs]"
-    if (sum(t[1] for t in per_task), sum(t[2] for t in per_task), len(per_task)) != (cell["conforming"], cell["n"], cell["tasks"]):
-        return f"{where}: per_task does not add up to conforming, n and tasks"
-    return None
-
-
-def _bad_version(data: dict[str, Any]) -> str | None:
-    version = data.get("version")
-    if version == CERTIFICATE_VERSION:
-        return None
-    if isinstance(version, int) and not isinstance(version, bool) and version < CERTIFICATE_VERSION:
-        return (f"certificate version {version} was written by an older plumbline, which took trial status and fault "
-                "exposure from the agent's own spans; it cannot be gated: re-run plumbline certify")
-    newer = isinstance(version, int) and version > CERTIFICATE_VERSION
-    return f"certificate version {version!r} is not supported (this reads {CERTIFICATE_VERSION})" + (
-        "; it was written by a newer plumbline" if newer else ""
-    )
-
-
-def _bad_headline(head: Any) -> str | None:
-    if not isinstance(head, dict) or not _number(head.get("lower_bound")) or not 0 <= head["lower_bound"] <= 1:
-        return "headline.lower_bound missing or not a number in [0, 1]"
-    if head.get("method") not in (*GATE_METHODS, "mixed"):
-        return f"headline.method {head.get('method')!r} is not a bound this plumbline gates on ({', '.join(GATE_METHODS)})"
-    if head.get("verdict") not in VERDICTS:
-        return f"headline.verdict {head.get('verdict')!r} is not one of {', '.join(VERDICTS)}"
-    if not isinstance(head.get("cells"), list):
-        return "headline.cells missing"
-    for i, ref in enumerate(head["cells"]):
-        if not isinstance(ref, dict):
-            return f"headline.cells[{i}] is not an object"
-        if (bad := _bad_fields(ref, f"headline.cells[{i}]", _REF_COUNTS, ("lower", "gate_lower"))) is not None:
-            return bad
-    return None
+def load_certificate(path: str | Path) -> dict[str, Any]:
+    """Read and validate a certificate; its JSON-ready dict, as the model writes it (keys it does not know dropped)."""
+    return load_certificate_model(path).to_dict()
 
 
 def validate(data: Any) -> str | None:
     """The first reason `data` is not a usable certificate, or None."""
-    if not isinstance(data, dict):
-        return "not a certificate (a JSON object is expected)"
-    if data.get("kind") != CERTIFICATE_KIND:
-        return f"not a certificate (kind {data.get('kind')!r}, expected {CERTIFICATE_KIND!r})"
-    if (bad := _bad_version(data) or _bad_headline(data.get("headline"))) is not None:
-        return bad
-    head = data["headline"]
-    agents = data.get("agents")
-    if not isinstance(agents, list):
-        return "agents missing"
-    lowers = []
-    for a, agent in enumerate(agents):
-        cells = agent.get("perturbations") if isinstance(agent, dict) else None
-        if not isinstance(cells, list):
-            return f"agents[{a}].perturbations missing"
-        for c, cell in enumerate(cells):
-            if (bad := _bad_cell(cell, f"agents[{a}].perturbations[{c}]")) is not None:
-                return bad
-            lowers.append(cell["gate_lower"])
-    expected = min(lowers) if lowers else 0.0
-    if not math.isclose(expected, head["lower_bound"], rel_tol=0.0, abs_tol=1e-9):
-        return f"headline.lower_bound {head['lower_bound']} is not the minimum of its cells' gate bounds ({expected})"
-    if lowers and not head["cells"]:
-        return "headline.cells is empty although there are cells"
+    try:
+        read_certificate(data)
+    except CertificateFormatError as exc:
+        return str(exc)
     return None
 
 
