@@ -229,7 +229,7 @@ class Lake:
 
     def table(self, name: str, create: bool = True) -> Any:
         """The Iceberg table `name` (created, partitioned by instance, when absent and `create`); None when absent."""
-        from pyiceberg.exceptions import NamespaceAlreadyExistsError, NoSuchTableError, TableAlreadyExistsError
+        from pyiceberg.exceptions import NoSuchTableError
 
         if name in self._tables:
             return self._tables[name]
@@ -239,16 +239,21 @@ class Lake:
         except NoSuchTableError:
             if not create:
                 return None
+            # Another instance may make either meanwhile: pyiceberg says so, or (Postgres) the catalog's unique key does.
             try:
                 self.catalog.create_namespace(NAMESPACE)
-            except NamespaceAlreadyExistsError:
-                pass
+            except Exception:  # noqa: BLE001 - NamespaceAlreadyExistsError or the driver's IntegrityError
+                if NAMESPACE not in {n[0] for n in self.catalog.list_namespaces()}:
+                    raise
             schema = _fresh_schema(SCHEMAS[name])
             try:
                 table = self.catalog.create_table(identifier, schema=schema, partition_spec=_identity_spec(schema),
                                                   properties=_TABLE_PROPERTIES)
-            except TableAlreadyExistsError:  # another instance made it meanwhile
-                table = self.catalog.load_table(identifier)
+            except Exception as exc:  # noqa: BLE001 - TableAlreadyExistsError or the driver's IntegrityError
+                try:
+                    table = self.catalog.load_table(identifier)
+                except NoSuchTableError:
+                    raise exc from None
         self._tables[name] = table
         return table
 

@@ -21,6 +21,7 @@ from plumbline_otel.api.servicer import PlumblineServicer, add_to_server
 from plumbline_otel.config import ServeConfig
 from plumbline_otel.content import ContentFilter
 from plumbline_otel.errors import ConfigError
+from plumbline_otel.lake import LakeSync
 from plumbline_otel.pipeline import ShardSettings, default_workers
 from plumbline_otel.receive import GrpcReceiver, HttpServer, Intake, Metrics, StandingCheck, WriteQueue, make_ssl_context
 from plumbline_otel.receive._budget import Deadlines
@@ -61,6 +62,7 @@ class Server:
         self.intake = Intake(self.queue, self.metrics, content)
         self.deadlines = Deadlines()  # slow peers' deadlines on both transports
         self.standing = self._standing_check()
+        self.lake = LakeSync.from_env(self.queue, config.db_path)  # PLUMBLINE_LAKE: commit to the shared lake (lake.py)
         self.grpc: GrpcReceiver | None = None
         self.http: HttpServer | None = None
         self._http_thread: threading.Thread | None = None
@@ -136,6 +138,8 @@ class Server:
             raise
         if self.standing is not None:
             self.standing.start()
+        if self.lake is not None:
+            self.lake.start()
         self.status = "SERVING"
 
     def describe(self) -> str:
@@ -176,6 +180,8 @@ class Server:
             self.standing.stop()
         if self.http is not None and self.http.console is not None:
             self.http.console.close()
+        if self.lake is not None:
+            self.lake.stop()  # a last sync, while the store is open
         self.queue.close(assemble_budget=grace)
         self.status = "STOPPED"
 

@@ -210,7 +210,7 @@ def test_concurrent_syncs_are_retried_and_a_killed_one_leaves_nothing_half_done(
               for s in range(SHARDS)]
     outs = [json.loads(r.communicate(timeout=120)[0]) for r in racers]
     assert all(r.returncode == 0 for r in racers)
-    assert sum(o["retries"] for o in outs) > 0  # they did collide, and were retried
+    assert all(o["retries"] >= 0 for o in outs)  # whether they collided depends on timing (see the next test for one that must)
     with Store(corpus / "whole.duckdb", read_only=True) as store:
         expected = sorted(t.trajectory_id for t in store.trajectories())
     assert sorted(Lake(lake).scan("runs", fields=("trajectory_id",))["trajectory_id"].to_pylist()) == expected
@@ -246,3 +246,23 @@ def test_a_postgres_catalog_serves_several_instances_as_one_store(corpus: Path, 
     assert not any(_sync(corpus / "i2.duckdb", lake, "i2")["groups"].values())
     _same(_answers(["--db", str(corpus / "whole.duckdb")], corpus / "spec.yaml", tmp_path),
           _answers(["--lake", lake], corpus / "spec.yaml", tmp_path))
+
+
+def test_a_commit_refused_for_a_concurrent_one_is_redone_on_the_new_table(corpus: Path, tmp_path: Path) -> None:
+    lake = str(tmp_path / "lake")
+    other = LakeSink(Lake(lake), "i1")
+    cut_in: list[int] = []
+
+    def meanwhile(table: str) -> None:  # another instance commits between this one's transaction and its commit
+        if table == "runs" and not cut_in:
+            cut_in.append(1)
+            with Store(corpus / "i1.duckdb", read_only=True) as store:
+                other.sync(store.connection)
+
+    with Store(corpus / "i0.duckdb", read_only=True) as store:
+        Lake(lake).table("runs")
+        result = LakeSink(Lake(lake), "i0", before_commit=meanwhile).sync(store.connection)
+    assert result.retries == 1
+    with Store(corpus / "i0.duckdb", read_only=True) as a, Store(corpus / "i1.duckdb", read_only=True) as b:
+        expected = sorted(t.trajectory_id for s in (a, b) for t in s.trajectories())
+    assert sorted(Lake(lake).scan("runs", fields=("trajectory_id",))["trajectory_id"].to_pylist()) == expected
