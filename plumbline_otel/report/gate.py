@@ -13,6 +13,9 @@ one is shown not worse, INCONCLUSIVE otherwise.
 
 Every verdict names the errored, missing and unexposed counts beside n, so a pass is never read
 without what it left out.
+
+Both take the typed certificate (`report.model.Certificate`) or its dict, and read the typed cells;
+the verdict is `report.model.GateVerdict` (its schema ships as ``gate_verdict.schema.json``).
 """
 
 from __future__ import annotations

@@ -365,6 +365,8 @@ def test_validate_rejects_version_1_and_any_field_it_cannot_fully_read():
     old = json.loads(json.dumps(cert))
     old["version"] = 1
     assert "older plumbline" in (validate(old) or "") and "re-run plumbline certify" in (validate(old) or "")
+    old["version"] = 2
+    assert "from the agent's own spans" in (validate(old) or "") and "re-run plumbline certify" in (validate(old) or "")
     cases = [
         (("unexposed",), -1, "agents[0].perturbations[0].unexposed missing or not a non-negative int"),
         (("errored",), None, "agents[0].perturbations[0].errored missing or not a non-negative int"),
