@@ -17,6 +17,7 @@ from plumbline_otel.normalise._messages import Message, parse_args, parse_messag
 from plumbline_otel.normalise._shapes import (
     TOOL_ERROR_SHAPE,
     answer_text,
+    repr_messages,
     request_text,
     unwrap_args,
     unwrap_result,
@@ -342,12 +343,35 @@ def _apply_messages(rec: SpanRecord, inputs: list[Message], outputs: list[Messag
         rec.output_text = "\n".join(texts)
 
 
-def _raw_request_errors(rec: SpanRecord, attrs: dict[str, Any]) -> None:
-    """OpenInference flattening drops `is_error` from tool results; its raw request in `input.value` keeps it."""
-    request = maybe_json(attrs.get("input.value"))
-    if not (isinstance(request, dict) and isinstance(request.get("messages"), list) and rec.tool_results):
+def _raw_reply_ids(rec: SpanRecord, attrs: dict[str, Any]) -> None:
+    """Haystack's flattened output messages drop the tool calls' ids; its raw replies (message reprs) keep them."""
+    if not rec.proposed_calls or all(c.call_id for c in rec.proposed_calls):
         return
-    failed = {r.call_id for m in parse_messages(request["messages"]) for r in m.results if r.error}
+    reply = maybe_json(attrs.get("output.value"))
+    if not (isinstance(reply, dict) and isinstance(reply.get("replies"), list)):
+        return
+    raw, reprs = repr_messages(reply["replies"])
+    calls = [c for m in parse_messages(raw) for c in m.calls] if reprs else []
+    if [c.name for c in calls] == [c.name for c in rec.proposed_calls]:
+        rec.proposed_calls = [ToolCallRef(c.name, c.args, c.call_id or mine.call_id, i) for i, (c, mine) in enumerate(zip(calls, rec.proposed_calls))]
+        _note(rec, "output", "message_reprs")
+
+
+def _raw_request_results(rec: SpanRecord, attrs: dict[str, Any]) -> None:
+    """OpenInference flattening drops `is_error` from tool results, or the results themselves (Haystack's flattened
+    messages keep only their roles); the raw request in `input.value` keeps them (Haystack's as message reprs)."""
+    request = maybe_json(attrs.get("input.value"))
+    if not (isinstance(request, dict) and isinstance(request.get("messages"), list)):
+        return
+    raw, reprs = repr_messages(request["messages"])
+    if not (rec.tool_results or reprs):
+        return
+    results = [r for m in parse_messages(raw) for r in m.results]
+    if not rec.tool_results:
+        rec.tool_results = results
+        _note(rec, "input", "message_reprs" if results else None)
+        return
+    failed = {r.call_id for r in results if r.error}
     rec.tool_results = [replace(r, error=True) if r.call_id in failed else r for r in rec.tool_results]
 
 
@@ -395,7 +419,8 @@ def _llm(rec: SpanRecord, attrs: dict[str, Any], events: list[tuple[str, dict[st
             outputs = response_messages(attrs.get("output.value"))
             _apply_messages(rec, [], outputs)
             _note(rec, "output", "responses_dump" if outputs else None)
-        _raw_request_errors(rec, attrs)
+        _raw_request_results(rec, attrs)
+        _raw_reply_ids(rec, attrs)
         if rec.content_captured:
             return  # GenAI keys on an OpenInference span only fill gaps
         if rec.input_tokens is None and rec.output_tokens is None and "input.value" in attrs:

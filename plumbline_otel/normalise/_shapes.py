@@ -11,6 +11,7 @@ kept as it came.
 
 from __future__ import annotations
 
+import ast
 import re
 from typing import Any
 
@@ -25,6 +26,73 @@ _PYTHON_REPR = re.compile(r"^[A-Za-z_][\w.]*\(\w+=")  # often cut short by the t
 # A ToolMessage whose status says the tool raised: the call failed, whatever its text says.
 TOOL_ERROR_SHAPE = "langchain_tool_message_error"
 _RUN_KWARGS = {"stream", "reset", "images", "additional_args", "max_steps", "return_full_result"}
+
+
+# --- Python reprs of framework messages (Haystack's OpenInference tracing dumps them with `str()`) ---------------
+
+# An enum's repr, `<ChatRole.USER: 'user'>`: its value stands in for it, so the rest parses as a Python expression.
+_ENUM_REPR = re.compile(r"<[A-Za-z_][\w.]*: ('(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"|-?\d+)>")
+_REPR_MESSAGE = re.compile(r"^\s*[A-Za-z_]\w*Message\(")
+
+
+def _repr_value(node: ast.AST) -> Any:
+    """A parsed repr as data: constants, lists, dicts, and calls `Cls(k=v, …)` as `{"__class__": "Cls", "k": v}`."""
+    if isinstance(node, ast.Constant):
+        return node.value
+    if isinstance(node, (ast.List, ast.Tuple)):
+        return [_repr_value(e) for e in node.elts]
+    if isinstance(node, ast.Dict):
+        return {_repr_value(k) if k is not None else None: _repr_value(v) for k, v in zip(node.keys, node.values)}
+    if isinstance(node, ast.Call) and isinstance(node.func, (ast.Name, ast.Attribute)):
+        name = node.func.id if isinstance(node.func, ast.Name) else node.func.attr
+        out: dict[str, Any] = {"__class__": name}
+        for kw in node.keywords:
+            if kw.arg is not None:
+                out[kw.arg] = _repr_value(kw.value)
+        if node.args:
+            out["args"] = [_repr_value(a) for a in node.args]
+        return out
+    return None
+
+
+def _repr_part(part: Any) -> Any:
+    """A Haystack content part (`TextContent`, `ToolCall`, `ToolCallResult`, `ReasoningContent`) as a message part."""
+    if not isinstance(part, dict):
+        return part
+    kind = part.get("__class__")
+    if kind == "TextContent":
+        return {"type": "text", "text": part.get("text")}
+    if kind == "ToolCall":
+        return {"type": "tool_call", "id": part.get("id"), "name": part.get("tool_name"), "arguments": part.get("arguments")}
+    if kind == "ToolCallResult":
+        origin: dict[str, Any] = part["origin"] if isinstance(part.get("origin"), dict) else {}
+        return {"type": "tool_call_response", "id": origin.get("id"), "response": part.get("result"), "is_error": bool(part.get("error"))}
+    if kind == "ReasoningContent":
+        return {"type": "reasoning", "content": part.get("reasoning_text")}
+    return part
+
+
+def repr_message(value: Any) -> Any:
+    """A framework message recorded as its Python repr (Haystack's `ChatMessage(_role=<ChatRole.USER: 'user'>,
+    _content=[TextContent(text='…')], …)`) as a message dict; anything else unchanged."""
+    if not (isinstance(value, str) and _REPR_MESSAGE.match(value)):
+        return value
+    try:
+        parsed = _repr_value(ast.parse(_ENUM_REPR.sub(r"\1", value.strip()), mode="eval").body)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return value
+    if not isinstance(parsed, dict):
+        return value
+    role = parsed.get("_role", parsed.get("role"))
+    content = parsed.get("_content", parsed.get("content"))
+    parts = [_repr_part(p) for p in content] if isinstance(content, list) else content
+    return {"role": role, "content": parts, "name": parsed.get("_name")}
+
+
+def repr_messages(values: list[Any]) -> tuple[list[Any], bool]:
+    """Each message that is a Python repr as a message dict; and whether any was."""
+    out = [repr_message(v) for v in values]
+    return out, any(isinstance(v, str) and not isinstance(o, str) for v, o in zip(values, out))
 
 
 def _lc_object(value: Any) -> tuple[str | None, dict[str, Any]] | None:
@@ -160,7 +228,7 @@ def _message_text(message: dict[str, Any]) -> str | None:
 
 
 def _last_text(messages: list[Any], role: str) -> str | None:
-    for message in messages[::-1]:  # not reversed(): mypyc cannot type it over list[Any]
+    for message in repr_messages(messages)[0][::-1]:  # not reversed(): mypyc cannot type it over list[Any]
         if isinstance(message, dict) and _role(message) == role:
             text = _message_text(message)
             if text is not None:
@@ -173,9 +241,14 @@ def request_text(raw: Any) -> tuple[str | None, str | None]:
     value = maybe_json(raw)
     if isinstance(value, str):
         return (None, "unrecognised") if _PYTHON_REPR.match(value) else (value, None)
+    if isinstance(value, dict) and set(value) == {"data"} and isinstance(value["data"], dict) and len(value["data"]) == 1:
+        inner, _ = request_text(next(iter(value["data"].values())))  # Haystack's `Pipeline.run` data: {component: inputs}
+        if inner is not None:
+            return inner, "pipeline_data"
     if isinstance(value, dict):
         if isinstance(value.get("messages"), list):
-            return _last_text(value["messages"], "user"), "graph_state"
+            shape = "message_reprs" if repr_messages(value["messages"])[1] else "graph_state"
+            return _last_text(value["messages"], "user"), shape
         if isinstance(value.get("task"), str) and set(value) - {"task"} <= _RUN_KWARGS:
             return value["task"], "run_kwargs"
         for key in ("user_msg", "input", "query", "prompt"):

@@ -1,0 +1,34 @@
+"""The run's input is the user's request, not a framework's prompt template or message dump (issue 29 item 3).
+
+Recorded cases are in tests/fixtures/frameworks/ (haystack_openinference: Haystack's OpenInference spans
+record messages as Python reprs inside JSON). These tests hold the readers to the shapes' edges.
+"""
+
+from __future__ import annotations
+
+import json
+
+from plumbline_otel.normalise._shapes import repr_message, request_text
+
+_USER = "ChatMessage(_role=<ChatRole.USER: 'user'>, _content=[TextContent(text=\"Pay INV-1 (it's due)\")], _name=None, _meta={})"
+
+
+def test_haystack_message_reprs_are_read_as_messages() -> None:
+    tool = ("ChatMessage(_role=<ChatRole.TOOL: 'tool'>, _content=[ToolCallResult(result='Failed to invoke Tool `pay`. Error: "
+            "GatewayDown', origin=ToolCall(tool_name='pay', arguments={'invoice_id': 'INV-1'}, id='c1', extra=None), error=True)], "
+            "_name=None, _meta={})")
+    assert repr_message(_USER) == {"role": "user", "content": [{"type": "text", "text": "Pay INV-1 (it's due)"}], "name": None}
+    assert repr_message(tool)["content"] == [{"type": "tool_call_response", "id": "c1", "is_error": True,
+                                              "response": "Failed to invoke Tool `pay`. Error: GatewayDown"}]
+
+
+def test_a_repr_that_does_not_parse_stays_as_it_came() -> None:
+    cut = _USER[:60]  # a tracer's length limit cuts reprs short
+    assert repr_message(cut) == cut and repr_message("plain text") == "plain text"
+    assert repr_message("ChatMessage(__import__('os').system('x'))") == {"role": None, "content": None, "name": None}
+
+
+def test_pipeline_data_and_agent_inputs_give_the_users_request() -> None:
+    system = "ChatMessage(_role=<ChatRole.SYSTEM: 'system'>, _content=[TextContent(text='You pay.')], _name=None, _meta={})"
+    assert request_text(json.dumps({"data": {"agent": {"messages": [_USER]}}})) == ("Pay INV-1 (it's due)", "pipeline_data")
+    assert request_text(json.dumps({"messages": [system, _USER], "streaming_callback": None})) == ("Pay INV-1 (it's due)", "message_reprs")
