@@ -205,6 +205,28 @@ def _run_text(rec: SpanRecord, field: str, raw: Any, read: Callable[[Any], tuple
     return text if text is not None else text_of(value)
 
 
+def _crew_request(raw_tasks: Any, raw_inputs: Any) -> str | None:
+    """A CrewAI kickoff's request: its first task's description, with the kickoff inputs put into its `{placeholders}`."""
+    tasks = maybe_json(raw_tasks)
+    first = tasks[0] if isinstance(tasks, list) and tasks and isinstance(tasks[0], dict) else {}
+    description = first.get("description")
+    if not isinstance(description, str):
+        return None
+    inputs = maybe_json(raw_inputs)
+    if isinstance(inputs, dict):
+        for key, value in inputs.items():
+            description = description.replace("{" + str(key) + "}", value if isinstance(value, str) else str(value))
+    return description
+
+
+def _task_output_request(rec: SpanRecord, raw_output: Any) -> None:
+    """A CrewAI agent span (it records no task in its input): the task's description from the TaskOutput it returned."""
+    task = maybe_json(raw_output)
+    if rec.input_text is None and isinstance(task, dict) and isinstance(task.get("description"), str) and "expected_output" in task:
+        rec.input_text = str(task["description"])
+        _note(rec, "input", "crewai_task_output")
+
+
 # --- tool spans -------------------------------------------------------------------------------
 
 
@@ -444,6 +466,8 @@ def _agent(rec: SpanRecord, attrs: dict[str, Any], events: list[tuple[str, dict[
     if attrs.get("gen_ai.operation.name") == "handle_conversation_turn":  # one turn is one run
         _note(rec, "step", "conversation_turn")
     rec.agent_name = _or_text(rec.agent_name, _first(attrs, "gen_ai.agent.name", "agent.name", "graph.node.id"))
+    if "task_id" in attrs and "crew_id" in attrs:
+        _task_output_request(rec, attrs.get("output.value"))
     if rec.convention == "vercel_ai":
         rec.agent_name = _or_text(rec.agent_name, attrs.get("ai.telemetry.functionId"))
         rec.input_text = rec.input_text or _vercel_request(rec, attrs.get("ai.prompt"))
@@ -522,6 +546,9 @@ def extract(rec: SpanRecord, attrs: dict[str, Any], events: list[tuple[str, dict
         _agent(rec, attrs, events)
     elif rec.parent_span_id is None:  # a root chain or workflow span: the run's request and answer
         _run_texts(rec, _first(attrs, "input.value", "traceloop.entity.input"), _first(attrs, "output.value", "traceloop.entity.output"))
+        if rec.input_text is None and "crew_tasks" in attrs:  # a CrewAI kickoff: the request is its tasks' description
+            rec.input_text = _crew_request(attrs.get("crew_tasks"), attrs.get("crew_inputs"))
+            _note(rec, "input", "crewai_tasks" if rec.input_text else None)
         if rec.input_text is not None:  # it holds one run, whatever agents run beneath it (assembly does not split it)
             _note(rec, "step", "run_root")
     rec.error = _error(rec, attrs, events)

@@ -276,6 +276,8 @@ def answer_text(raw: Any) -> tuple[str | None, str | None]:
                 return text, "agent_output"
         if isinstance(value.get("final_output"), str):
             return value["final_output"], "run_result"
+        if isinstance(value.get("raw"), str) and ("tasks_output" in value or "expected_output" in value):
+            return value["raw"], "crewai_output"  # a CrewOutput or TaskOutput: `raw` is the answer
         if isinstance(value.get("text"), str) and "messages" not in value:  # Mastra's `{text, files, …}` result
             return value["text"], "run_result"
     if isinstance(value, list) and value:

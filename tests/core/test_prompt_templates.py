@@ -32,3 +32,32 @@ def test_pipeline_data_and_agent_inputs_give_the_users_request() -> None:
     system = "ChatMessage(_role=<ChatRole.SYSTEM: 'system'>, _content=[TextContent(text='You pay.')], _name=None, _meta={})"
     assert request_text(json.dumps({"data": {"agent": {"messages": [_USER]}}})) == ("Pay INV-1 (it's due)", "pipeline_data")
     assert request_text(json.dumps({"messages": [system, _USER], "streaming_callback": None})) == ("Pay INV-1 (it's due)", "message_reprs")
+
+
+def test_a_crewai_kickoff_gives_its_tasks_description_with_the_inputs_put_in() -> None:
+    from opentelemetry.trace import Tracer
+    from otlp import record
+
+    from plumbline_otel.assemble import assemble_runs
+    from plumbline_otel.normalise import normalise_request
+
+    def build(tracer: Tracer) -> None:
+        tasks = [{"description": "Pay invoice {invoice} now.", "expected_output": "One sentence."},
+                 {"description": "Report on {invoice}.", "expected_output": "A report."}]
+        output = {"raw": "Paid and reported.", "tasks_output": [], "token_usage": {}}
+        with tracer.start_as_current_span("Crew_1.kickoff", attributes={
+                "openinference.span.kind": "CHAIN", "crew_id": "1", "crew_tasks": json.dumps(tasks),
+                "crew_inputs": json.dumps({"invoice": "INV-7"}), "output.value": json.dumps(output)}):
+            for task, answer in zip(tasks, ["Paid.", "Reported."]):  # two agents in turn: one run, not two
+                done = {**task, "description": task["description"].replace("{invoice}", "INV-7"), "raw": answer}
+                with tracer.start_as_current_span("agent._execute_core", attributes={
+                        "openinference.span.kind": "AGENT", "crew_id": "1", "task_id": task["description"],
+                        "input.value": json.dumps({"agent": "{'role': 'payer'}", "context": ""}), "output.value": json.dumps(done)}):
+                    with tracer.start_as_current_span("ChatCompletion", attributes={
+                            "openinference.span.kind": "LLM", "llm.input_messages.0.message.role": "user",
+                            "llm.input_messages.0.message.content": "\\nCurrent Task: " + done["description"]}):
+                        pass
+
+    records, problems = normalise_request(record(build))
+    (run,) = assemble_runs(records)
+    assert (run.input, run.final_output) == ("Pay invoice INV-7 now.", "Paid and reported.")
