@@ -55,8 +55,12 @@ _VERCEL_KINDS: dict[str, StepKind] = {
     "ai.generateObject.doGenerate": "llm_call", "ai.streamObject.doStream": "llm_call",
 }
 _TRACELOOP_KINDS: dict[str, StepKind] = {"tool": "tool_call", "workflow": "agent", "agent": "agent"}
-# Tools a framework calls to end a run, not tools of the user's: their argument is the answer.
-_ANSWER_TOOLS = {("openinference.instrumentation.smolagents", "final_answer")}
+# Tools a framework calls to end a run, not tools of the user's: their argument is the answer (smolagents'
+# `final_answer`; DSPy ReAct's `finish` and ReActV2's `submit`). They are no tool step; the answer is the run's.
+_ANSWER_TOOLS = {("openinference.instrumentation.smolagents", "final_answer"), ("openinference.instrumentation.dspy", "finish"),
+                 ("openinference.instrumentation.dspy", "submit")}
+# A tool span named after the method that ran it (DSPy's `lookup_order.__call__`): the tool is the part before it.
+_METHOD_SUFFIXES = (".__call__", ".acall", ".__acall__")
 # Tool spans that summarise other tool spans: Google ADK's span over parallel calls' merged responses.
 _SUMMARY_TOOLS = {("gcp.vertex.agent", "(merged tools)")}
 _GENAI_MARKERS = ("gen_ai.operation.name", "gen_ai.input.messages", "gen_ai.output.messages", "gen_ai.tool.name", "gen_ai.provider.name")
@@ -531,11 +535,14 @@ def extract(rec: SpanRecord, attrs: dict[str, Any], events: list[tuple[str, dict
         if events:
             _tool_from_events(rec, events)
         if rec.tool_name is None:
-            rec.tool_name = rec.name.removeprefix("execute_tool ").removeprefix("tools/call ").strip() or rec.name
+            name = rec.name.removeprefix("execute_tool ").removeprefix("tools/call ").strip()
+            for suffix in _METHOD_SUFFIXES:
+                name = name.removesuffix(suffix)
+            rec.tool_name = name or rec.name
         if is_redacted(rec.result):
             rec.result = None
         if (rec.scope_name, rec.tool_name) in _ANSWER_TOOLS:  # the run's answer, not a tool call
-            rec.step_kind, rec.output_text = "other", text_of(rec.result)
+            rec.step_kind, rec.output_text = "other", answer_text(rec.result)[0] or text_of(rec.result)
             _note(rec, "step", "answer_tool")
         elif (rec.scope_name, rec.tool_name) in _SUMMARY_TOOLS:  # the calls it merges have their own spans
             rec.step_kind = "other"

@@ -245,6 +245,10 @@ def request_text(raw: Any) -> tuple[str | None, str | None]:
         inner, _ = request_text(next(iter(value["data"].values())))  # Haystack's `Pipeline.run` data: {component: inputs}
         if inner is not None:
             return inner, "pipeline_data"
+    if isinstance(value, dict) and set(value) == {"input_args"} and isinstance(value["input_args"], dict):
+        texts = [v for v in value["input_args"].values() if isinstance(v, str)]  # a DSPy program's input fields
+        if len(texts) == 1:
+            return texts[0], "dspy_input_args"
     if isinstance(value, dict):
         if isinstance(value.get("messages"), list):
             shape = "message_reprs" if repr_messages(value["messages"])[1] else "graph_state"
@@ -276,6 +280,8 @@ def answer_text(raw: Any) -> tuple[str | None, str | None]:
                 return text, "agent_output"
         if isinstance(value.get("final_output"), str):
             return value["final_output"], "run_result"
+        if isinstance(value.get("answer"), str):  # a DSPy Prediction with an `answer` field (and its `history`)
+            return value["answer"], "prediction"
         if isinstance(value.get("raw"), str) and ("tasks_output" in value or "expected_output" in value):
             return value["raw"], "crewai_output"  # a CrewOutput or TaskOutput: `raw` is the answer
         if isinstance(value.get("text"), str) and "messages" not in value:  # Mastra's `{text, files, …}` result

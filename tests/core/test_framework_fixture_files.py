@@ -26,7 +26,7 @@ SETUPS = ["adk_content", "adk_content_events", "adk_nocontent", "langchain_openi
           "openai_agents_traceloop_chat", "openai_agents_traceloop_responses",
           # generate_js.py: Node set-ups, pinned by their npm lock file (package-lock-<set-up>.json)
           "aisdk6_chat", "aisdk7_legacy_chat", "aisdk7_otel_chat", "mastra",
-          "haystack_openinference", "crewai_openinference"]
+          "haystack_openinference", "crewai_openinference", "dspy_openinference"]
 
 _spec = importlib.util.spec_from_file_location("producers_generate", FIXTURES / "producers" / "generate.py")
 assert _spec is not None and _spec.loader is not None

@@ -61,3 +61,31 @@ def test_a_crewai_kickoff_gives_its_tasks_description_with_the_inputs_put_in() -
     records, problems = normalise_request(record(build))
     (run,) = assemble_runs(records)
     assert (run.input, run.final_output) == ("Pay invoice INV-7 now.", "Paid and reported.")
+
+
+def test_dspy_input_args_and_prediction_and_terminal_tools() -> None:
+    """DSPy records a program's inputs as `{"input_args": {...}}` and its Prediction as a dict; ReAct's `finish` and
+    ReActV2's `submit` end a run (its answer), and a tool span named `<tool>.__call__` is the tool `<tool>`."""
+    from opentelemetry.trace import Tracer
+    from otlp import record
+
+    from plumbline_otel.assemble import assemble_runs
+    from plumbline_otel.normalise import normalise_request
+
+    def build(tracer: Tracer) -> None:
+        with tracer.start_as_current_span("ReAct.forward", attributes={
+                "openinference.span.kind": "CHAIN", "input.value": json.dumps({"input_args": {"request": "Pay INV-3"}}),
+                "output.value": json.dumps({"answer": "Paid INV-3.", "trajectory": {}})}):
+            with tracer.start_as_current_span("LM.__call__", attributes={
+                    "openinference.span.kind": "LLM", "llm.input_messages.0.message.role": "user",
+                    "llm.input_messages.0.message.content": "[[ ## request ## ]]\nPay INV-3"}):
+                pass
+            for name, args in (("pay", {"invoice_id": "INV-3"}), ("finish", {})):
+                with tracer.start_as_current_span(f"{name}.__call__", attributes={
+                        "openinference.span.kind": "TOOL", "input.value": json.dumps({"kwargs": args}), "output.value": '"ok"'}):
+                    pass
+
+    records, _ = normalise_request(record(build, scope="openinference.instrumentation.dspy"))
+    (run,) = assemble_runs(records)
+    assert (run.input, run.final_output) == ("Pay INV-3", "Paid INV-3.")
+    assert [(s.name, s.args) for s in run.tool_steps] == [("pay", {"invoice_id": "INV-3"})]  # `finish` is no call
