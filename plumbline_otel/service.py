@@ -23,9 +23,17 @@ from plumbline_otel.content import ContentFilter
 from plumbline_otel.errors import ConfigError
 from plumbline_otel.lake import LakeSync
 from plumbline_otel.pipeline import ShardSettings, default_workers
-from plumbline_otel.receive import GrpcReceiver, HttpServer, Intake, Metrics, StandingCheck, WriteQueue, make_ssl_context
-from plumbline_otel.receive._budget import Deadlines
-from plumbline_otel.receive._grpc import GrpcLimits
+from plumbline_otel.receive import (
+    Deadlines,
+    GrpcLimits,
+    GrpcReceiver,
+    HttpServer,
+    Intake,
+    Metrics,
+    StandingCheck,
+    WriteQueue,
+    make_ssl_context,
+)
 from plumbline_otel.report.console import Console
 from plumbline_otel.spec import load_spec
 from plumbline_otel.store import Store

@@ -41,7 +41,7 @@ from plumbline_otel.rows import (
     trajectory_table,
 )
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 DEFAULT_DB = "plumbline.duckdb"
 # DuckDB checkpoints (folds its write-ahead log into the file) when the log passes this size, and
 # until then keeps the logged rows in memory. Each checkpoint recompresses the unfilled row group
@@ -137,6 +137,14 @@ _MIGRATIONS: dict[int, list[str]] = {
     # Long text columns stored with zstd (`_ZSTD_COLUMNS`); the rows are copied as they are.
     6: [*_rebuilt_table("spans", SPAN_COLUMNS), *_rebuilt_table("trajectories", _TRAJECTORY_COLUMNS),
         *_rebuilt_table("logs", _LOG_COLUMNS)],
+    # What `check` and `certify` keep for the console beside the violations: which runs were judged under which
+    # spec (a run with no violation is "conforming" only if it was judged), each check, and the certificates.
+    7: ["CREATE TABLE IF NOT EXISTS checked_runs (spec_hash VARCHAR NOT NULL, trajectory_id VARCHAR NOT NULL, checked_ns BIGINT, "
+        "PRIMARY KEY (spec_hash, trajectory_id))",
+        "CREATE TABLE IF NOT EXISTS checks (spec_hash VARCHAR PRIMARY KEY, spec_name VARCHAR, spec_path VARCHAR, checked_ns BIGINT, "
+        "runs BIGINT)",
+        "CREATE TABLE IF NOT EXISTS certificates (stored_ns BIGINT, spec_hash VARCHAR, study VARCHAR, agent VARCHAR, verdict VARCHAR, "
+        "lower_bound DOUBLE, doc VARCHAR)"],
 }
 
 
@@ -480,6 +488,26 @@ class Store:
                                     [spec_hash, checked])
             self.connection.execute(f"INSERT INTO violations SELECT ?, {', '.join(VIOLATION_COLUMNS)} FROM violation_batch", [spec_hash])
         return len(rows)
+
+    def record_check(self, spec_hash: str, spec_name: str, spec_path: str, checked: list[str], now_ns: int | None = None) -> None:
+        """Keep that `checked` runs were judged against the spec (their violations: `write_violations`)."""
+        now = time.time_ns() if now_ns is None else now_ns
+        with self._transaction():
+            if checked:
+                self.connection.execute("INSERT OR REPLACE INTO checked_runs SELECT ?, unnest(?), ?", [spec_hash, checked, now])
+            self.connection.execute("INSERT OR REPLACE INTO checks SELECT ?, ?, ?, ?, (SELECT count(*) FROM checked_runs WHERE spec_hash = ?)",
+                                    [spec_hash, spec_name, spec_path, now, spec_hash])
+
+    def store_certificate(self, cert: dict[str, Any], now_ns: int | None = None) -> int:
+        """Keep a certificate for the console; returns how many are kept."""
+        filters = cert.get("provenance", {}).get("filters", {})
+        head = cert["headline"]
+        with self._transaction():
+            self.connection.execute("INSERT INTO certificates VALUES (?, ?, ?, ?, ?, ?, ?)",
+                                    [time.time_ns() if now_ns is None else now_ns, cert["spec"]["hash"], filters.get("study"),
+                                     filters.get("agent"), head.get("verdict"), head["lower_bound"], orjson.dumps(cert).decode()])
+        row = self.connection.execute("SELECT count(*) FROM certificates").fetchone()
+        return int(row[0]) if row else 0
 
     def stored_violations(self, spec_hash: str, run_ids: list[str]) -> set[tuple[str, str]]:
         """(trajectory_id, invariant_id) of the stored violations of these runs under `spec_hash`."""

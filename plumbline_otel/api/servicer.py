@@ -53,14 +53,12 @@ def _coverage(store: Store, request: pb.CoverageRequest) -> str:
 
 def _store_check(store: Store, request: pb.StoreCheckRequest) -> int:
     """Replace the violations of the checked runs under the spec, and keep that they were checked (one writer-thread call)."""
-    from plumbline_otel.report.data import record_check
-
     rows = [(v.invariant_id, v.trajectory_id, v.severity, v.task_key if v.HasField("task_key") else None,
              v.step_index if v.HasField("step_index") else None, v.step_name if v.HasField("step_name") else None, v.detail)
             for v in request.violations]
     checked = list(request.checked_trajectory_ids)
     written = store.write_violations(request.spec_hash, checked, rows)
-    record_check(store.connection, request.spec_hash, request.spec_name, request.spec_path, checked)
+    store.record_check(request.spec_hash, request.spec_name, request.spec_path, checked)
     return written
 
 
@@ -126,7 +124,6 @@ class PlumblineServicer(pb_grpc.PlumblineServicer):
         return pb.StoreCheckResponse(violations_written=written, runs_checked=len(checked))
 
     def StoreCertificate(self, request: pb.StoreCertificateRequest, context: grpc.ServicerContext) -> pb.StoreCertificateResponse:
-        from plumbline_otel.report.data import store_certificate
         from plumbline_otel.report.render import validate
 
         try:
@@ -136,7 +133,7 @@ class PlumblineServicer(pb_grpc.PlumblineServicer):
         problem = validate(cert)
         if problem:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"not a usable certificate: {problem}")
-        kept = self._read(lambda store: store_certificate(store.connection, cert), context)
+        kept = self._read(lambda store: store.store_certificate(cert), context)
         return pb.StoreCertificateResponse(certificates=kept)
 
     def Health(self, request: pb.HealthRequest, context: grpc.ServicerContext) -> pb.HealthResponse:

@@ -62,9 +62,7 @@ def certify(spec_path: str, db: tuple[str, ...], server: tuple[str, ...], agent:
             store.assemble()
             cert = build_certificate(spec, kept(store.trajectories()), agent=agent, study=study, target=target)
             if keep:
-                from plumbline_otel.report.data import store_certificate
-
-                store_certificate(store.connection, cert)
+                store.store_certificate(cert)
     Path(out).write_text(json.dumps(cert, indent=2) + "\n", encoding="utf-8")
     if fmt == "text":
         click.echo(render_text(cert))

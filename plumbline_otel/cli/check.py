@@ -78,16 +78,14 @@ def check(spec_path: str, db: tuple[str, ...], server: tuple[str, ...], since: s
         click.echo(f"(runs read from {', '.join(stores.names)}; violations are reported, not stored: {why})", err=True)
         warn_misrouted(stores)
     else:
-        from plumbline_otel.report.data import record_check
-
         with open_store(stores.single_db) as store:
             store.assemble()
             if keep:
                 keeper = _Keeper(store.write_violations,
-                                 lambda ids: record_check(store.connection, spec.hash, spec.name, spec_path, ids))
+                                 lambda ids: store.record_check(spec.hash, spec.name, spec_path, ids))
                 summary = run_check(spec, store.trajectories(service=service, since_ns=since_ns), keeper)
                 if summary.runs == 0:
-                    record_check(store.connection, spec.hash, spec.name, spec_path, [])
+                    store.record_check(spec.hash, spec.name, spec_path, [])
             else:
                 summary = run_check(spec, store.trajectories(service=service, since_ns=since_ns))
     if fmt == "json":

@@ -31,18 +31,8 @@ from plumbline_otel.runs import (
 )
 
 PAGE_SIZE = 50
-# What `check` and `certify` keep for the pages beside the violations (created when first written, by
-# whichever writes: `plumbline check`/`certify` on a file, or the server for `--server`): which runs were
-# judged under which spec (a run with no violation is "conforming" only if it was judged), each check,
-# and the certificates.
-CHECK_TABLES = (
-    "CREATE TABLE IF NOT EXISTS checked_runs (spec_hash VARCHAR NOT NULL, trajectory_id VARCHAR NOT NULL, checked_ns BIGINT, "
-    "PRIMARY KEY (spec_hash, trajectory_id))",
-    "CREATE TABLE IF NOT EXISTS checks (spec_hash VARCHAR PRIMARY KEY, spec_name VARCHAR, spec_path VARCHAR, checked_ns BIGINT, "
-    "runs BIGINT)",
-    "CREATE TABLE IF NOT EXISTS certificates (stored_ns BIGINT, spec_hash VARCHAR, study VARCHAR, agent VARCHAR, verdict VARCHAR, "
-    "lower_bound DOUBLE, doc VARCHAR)",
-)
+# What `check` and `certify` keep for the pages beside the violations (tables `checked_runs`, `checks`, `certificates`:
+# `Store.record_check`, `Store.store_certificate`).
 _CTX = "json_extract_string(doc, '$.context.\"{}\"')"
 _PERT_SQL = f"coalesce({_CTX.format(PERTURBATION)}, 'baseline')"
 _VARIANT_SQL = f"coalesce({_CTX.format(VARIANT)}, '')"
@@ -343,34 +333,6 @@ def other_run(connection: Any, run: Trajectory) -> str | None:
     return best[1] if best else None
 
 
-def record_check(connection: Any, spec_hash: str, spec_name: str, spec_path: str, checked: list[str],
-                 now_ns: int | None = None) -> None:
-    """Keep that `checked` runs were judged against the spec (their violations are written by `Store.write_violations`)."""
-    import time
-
-    now = time.time_ns() if now_ns is None else now_ns
-    for sql in CHECK_TABLES:
-        connection.execute(sql)
-    if checked:
-        connection.execute("INSERT OR REPLACE INTO checked_runs SELECT ?, unnest(?), ?", [spec_hash, checked, now])
-    connection.execute("INSERT OR REPLACE INTO checks SELECT ?, ?, ?, ?, (SELECT count(*) FROM checked_runs WHERE spec_hash = ?)",
-                       [spec_hash, spec_name, spec_path, now, spec_hash])
-
-
-def store_certificate(connection: Any, cert: dict[str, Any], now_ns: int | None = None) -> int:
-    """Keep a certificate for the console; returns how many are kept."""
-    import time
-
-    for sql in CHECK_TABLES:
-        connection.execute(sql)
-    filters = cert.get("provenance", {}).get("filters", {})
-    head = cert["headline"]
-    connection.execute("INSERT INTO certificates VALUES (?, ?, ?, ?, ?, ?, ?)",
-                       [time.time_ns() if now_ns is None else now_ns, cert["spec"]["hash"], filters.get("study"), filters.get("agent"),
-                        head.get("verdict"), head["lower_bound"], orjson.dumps(cert).decode()])
-    return int(connection.execute("SELECT count(*) FROM certificates").fetchone()[0])
-
-
 def latest_certificate(connection: Any) -> dict[str, Any] | None:
     """The certificate stored last (`certify --server`, or `certify` on the file), or None."""
     if not has_table(connection, "certificates"):
@@ -503,7 +465,6 @@ def store_totals(connection: Any) -> dict[str, Any]:
     return {**spans, **runs}
 
 
-__all__ = ["CHECK_TABLES", "PAGE_SIZE", "SORTS", "STATUSES", "OneCursor", "Page", "RunFilters", "checks_done", "coverage", "filter_choices",
-           "other_run", "run_timeline", "latest_certificate", "record_check",
-           "store_certificate", "diff_candidates", "has_table", "load_run", "pair_on_task", "pick_pair",
+__all__ = ["PAGE_SIZE", "SORTS", "STATUSES", "OneCursor", "Page", "RunFilters", "checks_done", "coverage", "filter_choices",
+           "other_run", "run_timeline", "latest_certificate", "diff_candidates", "has_table", "load_run", "pair_on_task", "pick_pair",
            "run_violations", "runs_page", "store_totals", "task_runs", "violations_summary"]

@@ -120,14 +120,24 @@ _WRITES = re.compile(r"\b(INSERT\s+(OR\s+\w+\s+)?INTO|UPDATE\s+\w+\s+SET|DELETE\
                      r"(TEMP\s+)?(TABLE|VIEW|INDEX|SEQUENCE)|BEGIN|COMMIT|ROLLBACK|CHECKPOINT)\b")
 
 
+# Statements outside store.py that are not writes to the store, each with why.
+_NOT_STORE_WRITES = {
+    ("lake.py", "BEGIN TRANSACTION"): "a read snapshot of the store while the lake copies it",
+    ("lake.py", "COMMIT"): "the end of that read snapshot",
+}
+_OTHER_DATABASES = {"replay/pgstate.py": "the shared study state, in Postgres"}
+
+
 def test_only_the_store_writes_to_the_database() -> None:
     writers = []
     for path in _sources():
-        if path.name == "store.py":
+        where = str(path.relative_to(PACKAGE))
+        if path.name == "store.py" or where in _OTHER_DATABASES:
             continue
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Constant) and isinstance(node.value, str) and _WRITES.search(node.value):
-                writers.append(f"{path.relative_to(PACKAGE)}:{node.lineno}: {node.value.strip()[:60]!r}")
+            if (isinstance(node, ast.Constant) and isinstance(node.value, str) and _WRITES.search(node.value)
+                    and (where, node.value.strip()) not in _NOT_STORE_WRITES):
+                writers.append(f"{where}:{node.lineno}: {node.value.strip()[:60]!r}")
     assert writers == []
 
 
