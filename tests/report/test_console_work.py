@@ -96,7 +96,7 @@ def test_check_on_a_file_keeps_which_runs_were_judged_and_the_report_says_what_t
     assert f"plumbline check --spec SPEC.yaml --db {db}" in advice and "write the report again" in advice
     assert CliRunner().invoke(cli, ["check", "--spec", str(SPEC), "--db", str(db)]).exit_code == 0
     with duckdb.connect(str(db), read_only=True) as connection:
-        assert connection.execute("SELECT count(*) FROM checked_runs").fetchone()[0] == 2
+        assert connection.execute("SELECT count(*) FROM checked_runs").fetchall() == [(2,)]
         statuses = sorted(r["status"] for r in data.runs_page(connection).rows)
     assert statuses == ["conforming", "violating"]
 
@@ -170,7 +170,7 @@ def test_the_run_page_has_a_waterfall_with_messages_and_a_diff_link(built: Built
 def test_the_runs_list_takes_a_trial_s_status_from_the_driver_s_records_and_never_lists_them(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.syspath_prepend(str(ROOT))  # the adapter imports tests.replay.toy
-    from tests.replay.toy import CrashAfterExport, ToyAgent, tasks
+    from replay.toy import CrashAfterExport, ToyAgent, tasks
 
     sink = SpanSink(otlp_file=str(tmp_path / "traffic.jsonl"))
     run_study(StudyConfig("traffic", sink=sink), tasks(2), ToyAgent())
@@ -185,7 +185,7 @@ def test_the_runs_list_takes_a_trial_s_status_from_the_driver_s_records_and_neve
     assert replayed.exception is None or isinstance(replayed.exception, SystemExit), replayed.output
     assert CliRunner().invoke(cli, ["ingest", str(spans), "--db", str(db), "--quiet"]).exit_code in (0, 3)
     with duckdb.connect(str(db), read_only=True) as connection:
-        records = connection.execute("SELECT count(*) FROM trajectories WHERE n_steps = 0").fetchone()[0]
+        ((records,),) = connection.execute("SELECT count(*) FROM trajectories WHERE n_steps = 0").fetchall()
         assert records >= 4, "plan and attempt records are stored as trajectories"
         page = data.runs_page(connection, filters=data.RunFilters(study="s"))
         assert page.total == 2 and len(page.rows) == 2, "two trials' runs; none of the records"

@@ -29,14 +29,14 @@ def _runs(agent: str, tasks: int, repeats: int) -> list[Trajectory]:
             for t in range(tasks) for r in range(repeats)]
 
 
-def _text(node) -> str:  # type: ignore[no-untyped-def]
+def _text(node) -> str:
     return " ".join("".join(node.itertext()).split())
 
 
 def test_a_clean_agent_that_is_not_certified_says_why_in_words() -> None:
     cert = build_certificate(SPEC, _runs("clean-agent", 22, 2))
     assert validate(cert) is None and cert["headline"]["verdict"] == "INCONCLUSIVE"
-    how = {"checks": [], "note": None, "then": None, "standing": None, "check": None, "certify": None}
+    how: dict[str, object] = {"checks": [], "note": None, "then": None, "standing": None, "check": None, "certify": None}
     page = render("console.html", lambda kind, **p: "/", cert=cert, stored_cert=False, chart=[], source="s", how=how,
                   totals={"spans": 0, "runs": 44, "agents": 1, "tasks": 22}, violations=[], coverage=None, candidates=None)
     doc = html5lib.HTMLParser(strict=True, namespaceHTMLElements=True).parse(page)
