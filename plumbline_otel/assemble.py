@@ -244,17 +244,35 @@ def _blocked_calls(records: list[SpanRecord]) -> dict[str, str]:
     return {call_id: reasons[o] for call_id, o in outcome.items() if o in reasons}
 
 
-def _merge_tool_layers(tools: list[SpanRecord]) -> list[SpanRecord]:
-    """A tool span inside a tool span of the same tool (framework → MCP client → MCP server) is the same call.
+def _merge_tool_layers(tools: list[SpanRecord], records: list[SpanRecord]) -> list[SpanRecord]:
+    """One call traced at several layers (framework → MCP client → MCP server) is one call.
 
-    The outermost span is the step (what the agent did); the inner ones fill what it lacks
-    (arguments, result, call id, evidence), and an error anywhere is the call's error.
+    A tool span's layer above is its nearest tool-span ancestor, past spans that are neither (a session's or
+    transport's spans) but not past an agent or a model call (a sub-agent's tools are its own calls); it is
+    the same call when it is the same tool, or when the inner span is an MCP `tools/call` span (the framework
+    may name the tool otherwise). The outermost span is the step (what the agent did); the inner ones fill
+    what it lacks (arguments, result, call id, evidence), and an error anywhere is the call's error.
     """
     by_id = {t.span_id: t for t in tools}
+    spans = {r.span_id: r for r in records}
+
+    def above(rec: SpanRecord) -> SpanRecord | None:
+        parent, seen = rec.parent_span_id, set()
+        while parent in spans and parent not in seen:
+            seen.add(parent)
+            if parent in by_id:
+                return by_id[parent]
+            if spans[parent].step_kind in ("agent", "llm_call"):
+                return None
+            parent = spans[parent].parent_span_id
+        return None
 
     def outer(rec: SpanRecord) -> SpanRecord:
-        while rec.parent_span_id in by_id and by_id[rec.parent_span_id].tool_name == rec.tool_name:
-            rec = by_id[rec.parent_span_id]
+        seen = {rec.span_id}
+        layer = above(rec)
+        while layer is not None and layer.span_id not in seen and (layer.tool_name == rec.tool_name or "step:mcp_tools_call" in rec.shapes):
+            seen.add(layer.span_id)
+            rec, layer = layer, above(layer)
         return rec
 
     groups: dict[str, list[SpanRecord]] = {}
@@ -378,24 +396,69 @@ def _without_preparation(llm: list[SpanRecord]) -> list[SpanRecord]:
     return [r for r in llm if not ("step:no_model_request" in r.shapes and not _has_evidence(r) and r.parent_span_id in real_parents)]
 
 
-def _tool_steps(records: list[SpanRecord], llm: list[SpanRecord]) -> list[Step]:
+def _slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "_", text.lower()).strip("_")
+
+
+def _handoff_calls(records: list[SpanRecord], llm: list[SpanRecord], tool_names: set[str | None]) -> dict[str, ToolCallRef]:
+    """Hand-off span id -> the call the model made to hand off (the OpenAI Agents SDK's `transfer_to_billing_agent`):
+    a call proposed in the hand-off's turn that no tool span carried out and that names the target, or a transfer."""
+    llm_starts = sorted(((r.start_ns, r) for r in llm), key=lambda pair: pair[0])
+    out: dict[str, ToolCallRef] = {}
+    used: set[int] = set()
+    for rec in records:
+        if not rec.handoff_to:
+            continue
+        owner = _turn_of(rec.start_ns, llm_starts)
+        target = _slug(rec.handoff_to)
+        for call in owner.proposed_calls if owner else []:
+            if id(call) not in used and call.name not in tool_names and (
+                    (target and target in _slug(call.name)) or call.name.startswith(("transfer_to", "handoff"))):
+                out[rec.span_id] = call
+                used.add(id(call))
+                break
+    return out
+
+
+def _tool_steps(records: list[SpanRecord], llm: list[SpanRecord], handoffs: dict[str, ToolCallRef]) -> list[Step]:
     blocked = _blocked_calls(records)
-    tools = _merge_tool_layers([r for r in records if r.step_kind == "tool_call"])
+    tools = _merge_tool_layers([r for r in records if r.step_kind == "tool_call"], records)
     if not tools:
-        return _proposed_steps(llm, blocked)
+        handed = {id(c) for c in handoffs.values()}
+        return _proposed_steps([replace(r, proposed_calls=[c for c in r.proposed_calls if id(c) not in handed])
+                                if any(id(c) in handed for c in r.proposed_calls) else r for r in llm], blocked)
     matches = _match_proposals(tools, llm)
     results = {r.call_id: r for rec in llm for r in rec.tool_results}
     content_seen = any(r.content_captured for r in llm) or any(r.args_state == "structured" for r in tools)
     steps = [_tool_step(t, matches.get(t.span_id), results, content_seen) for t in tools]
     ran = {s.call_id for s in steps if s.call_id}
-    for rec in llm:  # a call stopped before it ran has no tool span: its proposal is the (failed) step
+    carried = {id(c) for c in matches.values()} | {id(c) for c in handoffs.values()}
+    unmatched_tools = {t.tool_name for t in tools if t.span_id not in matches}
+    answered_at: dict[str, int] = {}  # call id -> start of the first model request that carries its result
+    for rec in sorted(llm, key=lambda r: r.start_ns):
+        for result in rec.tool_results:
+            answered_at.setdefault(result.call_id, rec.start_ns)
+    for rec in llm:
         for call in rec.proposed_calls:
-            if call.call_id in blocked and call.call_id not in ran:
+            if id(call) in carried or (call.call_id and call.call_id in ran):
+                continue
+            if call.call_id in blocked:  # a call stopped before it ran has no tool span: its proposal is the (failed) step
                 steps.append(_proposed_step(rec, call, None, blocked[call.call_id]))
+            elif call.call_id in results and call.name not in unmatched_tools:
+                # Proposed and answered, but no tool span carried it out (a tool the instrumentation does not
+                # trace, an MCP tool run by the provider's client): the proposal and its answer are the step.
+                step = _proposed_step(rec, call, results[call.call_id], None)
+                # It ran after the traced calls of its turn began and before the request that carries its answer.
+                before = answered_at.get(call.call_id or "", step.start_ns) - len(rec.proposed_calls) + call.index
+                steps.append(replace(step, start_ns=max(step.start_ns, before)))
     return steps
 
 
-def _agent_step(rec: SpanRecord) -> Step:
+def _agent_step(rec: SpanRecord, call: ToolCallRef | None = None) -> Step:
+    """An agent's step; a hand-off is named by the function the model called to hand off, when the trace has it."""
+    if call is not None:
+        return Step(kind="agent", name=call.name, args=call.args, call_id=call.call_id, error=rec.error, span_id=rec.span_id,
+                    start_ns=rec.start_ns, source="tool_span+llm_output")
     name = f"handoff to {rec.handoff_to}" if rec.handoff_to else rec.agent_name or rec.name
     return Step(kind="agent", name=name, error=rec.error, span_id=rec.span_id, start_ns=rec.start_ns)
 
@@ -410,8 +473,9 @@ def assemble(records: list[SpanRecord], task_keys: Iterable[str] = DEFAULT_TASK_
     records = sorted(records, key=lambda r: (r.start_ns, r.span_id))
     root = _root(records)
     llm = _merge_llm_calls(_without_preparation([r for r in records if r.step_kind == "llm_call"]))
-    tool_steps = _tool_steps(records, llm)
-    agents = [_agent_step(a) for a in records if a.step_kind == "agent" and a is not root]
+    handoffs = _handoff_calls(records, llm, {r.tool_name for r in records if r.step_kind == "tool_call"})
+    tool_steps = _tool_steps(records, llm, handoffs)
+    agents = [_agent_step(a, handoffs.get(a.span_id)) for a in records if a.step_kind == "agent" and a is not root]
     order = {r.span_id: i for i, r in enumerate(records)}
     content_seen = any(r.content_captured for r in llm)
     # Parallel calls may start in the same instant (the JS SDK stamps starts to the millisecond): then the

@@ -529,6 +529,8 @@ _READER_KEYS: dict[Callable[[SpanRecord, dict[str, Any]], None], frozenset[str]]
 def extract(rec: SpanRecord, attrs: dict[str, Any], events: list[tuple[str, dict[str, Any]]]) -> None:
     """Fill the step fields of `rec` from its attributes and events."""
     if rec.step_kind == "tool_call":
+        if attrs.get("mcp.method.name") == "tools/call":  # an MCP client's or server's span of a call: one layer of it
+            _note(rec, "step", "mcp_tools_call")
         for reader in _TOOL_READERS.get(rec.convention, [_tool_genai]):
             if not _READER_KEYS[reader].isdisjoint(attrs):
                 reader(rec, attrs)

@@ -1,0 +1,100 @@
+"""One MCP call at every layer is one step; answered proposals without a tool span are steps; hand-offs are named
+by the function the model called (issue 29 items 5, 6 and 7)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from opentelemetry.trace import SpanKind, Status, StatusCode, Tracer
+from otlp import record
+
+from plumbline_otel.assemble import assemble_runs
+from plumbline_otel.model import Trajectory
+from plumbline_otel.normalise import normalise_request
+
+
+def _run(build: Any) -> Trajectory:
+    records, problems = normalise_request(record(build))
+    assert problems == []
+    (run,) = assemble_runs(records)
+    return run
+
+
+def _llm(tracer: Tracer, calls: list[dict[str, Any]], inputs: list[dict[str, Any]] | None = None) -> None:
+    parts = [{"type": "tool_call", "id": c["id"], "name": c["name"], "arguments": c.get("args", {})} for c in calls]
+    with tracer.start_as_current_span("chat m", attributes={
+            "gen_ai.operation.name": "chat", "gen_ai.request.model": "m",
+            "gen_ai.input.messages": json.dumps(inputs or [{"role": "user", "parts": [{"type": "text", "content": "Pay INV-1"}]}]),
+            "gen_ai.output.messages": json.dumps([{"role": "assistant", "parts": parts or [{"type": "text", "content": "Done."}]}])}):
+        pass
+
+
+def test_a_framework_tool_an_mcp_client_span_and_the_mcp_server_span_are_one_call() -> None:
+    """The framework names the tool otherwise, a session span sits between, and the failure is on the server span."""
+    def build(tracer: Tracer) -> None:
+        with tracer.start_as_current_span("invoke_agent a", attributes={"gen_ai.operation.name": "invoke_agent"}):
+            with tracer.start_as_current_span("execute_tool billing_pay", attributes={
+                    "gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "billing_pay", "gen_ai.tool.call.id": "c1"}):
+                with tracer.start_as_current_span("mcp session send"):
+                    with tracer.start_as_current_span("tools/call pay", kind=SpanKind.CLIENT, attributes={
+                            "mcp.method.name": "tools/call", "gen_ai.tool.name": "pay"}):
+                        with tracer.start_as_current_span("tools/call pay", kind=SpanKind.SERVER, attributes={
+                                "mcp.method.name": "tools/call", "gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "pay",
+                                "gen_ai.tool.call.arguments": '{"invoice_id": "INV-1"}'}) as server:
+                            server.set_status(Status(StatusCode.ERROR, "declined"))
+
+    (step,) = _run(build).tool_steps
+    assert (step.name, step.args, step.call_id, step.error) == ("billing_pay", {"invoice_id": "INV-1"}, "c1", "declined")
+
+
+def test_tool_spans_of_a_sub_agent_are_not_merged_into_the_tool_that_started_it() -> None:
+    def build(tracer: Tracer) -> None:
+        with tracer.start_as_current_span("invoke_agent a", attributes={"gen_ai.operation.name": "invoke_agent"}):
+            with tracer.start_as_current_span("execute_tool ask_expert", attributes={"gen_ai.operation.name": "execute_tool",
+                                                                                    "gen_ai.tool.name": "ask_expert"}):
+                with tracer.start_as_current_span("invoke_agent expert", attributes={"gen_ai.operation.name": "invoke_agent"}):
+                    with tracer.start_as_current_span("tools/call lookup", attributes={"mcp.method.name": "tools/call",
+                                                                                      "gen_ai.tool.name": "lookup"}):
+                        pass
+
+    assert [s.name for s in _run(build).tool_steps] == ["ask_expert", "lookup"]
+
+
+def test_a_proposed_and_answered_call_without_a_tool_span_is_a_step_beside_traced_ones() -> None:
+    def build(tracer: Tracer) -> None:
+        with tracer.start_as_current_span("invoke_agent a", attributes={"gen_ai.operation.name": "invoke_agent"}):
+            _llm(tracer, [{"id": "c1", "name": "lookup", "args": {"invoice_id": "INV-1"}}, {"id": "c2", "name": "web_search", "args": {"q": "x"}}])
+            with tracer.start_as_current_span("execute_tool lookup", attributes={
+                    "gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "lookup", "gen_ai.tool.call.id": "c1"}):
+                pass
+            _llm(tracer, [], [{"role": "tool", "parts": [{"type": "tool_call_response", "id": "c1", "response": "ok"},
+                                                         {"type": "tool_call_response", "id": "c2", "response": "found"}]}])
+
+    steps = _run(build).tool_steps
+    assert [(s.name, s.source, s.result) for s in steps] == [("lookup", "tool_span+llm_output", "ok"), ("web_search", "llm_output", "found")]
+
+
+def test_a_handoff_is_named_by_the_function_the_model_called() -> None:
+    def build(tracer: Tracer) -> None:
+        with tracer.start_as_current_span("Agent workflow", attributes={"openinference.span.kind": "AGENT", "input.value": "Refund me"}):
+            with tracer.start_as_current_span("response", attributes={
+                    "openinference.span.kind": "LLM",
+                    "llm.output_messages.0.message.role": "assistant",
+                    "llm.output_messages.0.message.tool_calls.0.tool_call.id": "h1",
+                    "llm.output_messages.0.message.tool_calls.0.tool_call.function.name": "transfer_to_billing_agent",
+                    "llm.output_messages.0.message.tool_calls.0.tool_call.function.arguments": "{}"}):
+                pass
+            with tracer.start_as_current_span("handoff to Billing agent", attributes={
+                    "openinference.span.kind": "TOOL", "tool.name": "handoff to Billing agent"}):
+                pass
+            with tracer.start_as_current_span("response", attributes={
+                    "openinference.span.kind": "LLM", "llm.input_messages.0.message.role": "tool",
+                    "llm.input_messages.0.message.tool_call_id": "h1",
+                    "llm.input_messages.0.message.content": '{"assistant": "Billing agent"}',
+                    "llm.output_messages.0.message.role": "assistant", "llm.output_messages.0.message.content": "Refunded."}):
+                pass
+
+    run = _run(build)
+    assert [(s.kind, s.name, s.call_id) for s in run.steps if s.kind != "llm_call"] == [("agent", "transfer_to_billing_agent", "h1")]
+    assert run.tool_steps == ()
