@@ -398,6 +398,7 @@ def coverage(connection: Any) -> dict[str, Any]:
 def task_runs(connection: Any, task: str, perturbation: str | None = None, per_cell: int = 2) -> list[dict[str, Any]]:
     """The first `per_cell` runs of each agent in each (perturbation, variant) of one task: what a pairing chooses from."""
     where, params = ("task_key = ?", [task]) if perturbation is None else (f"task_key = ? AND {_PERT_SQL} = ?", [task, perturbation])
+    where += f" AND NOT {_RECORD_SQL}"  # the driver's records stand for trials, not runs: nothing to diff
     return _rows(connection, f"""
         SELECT * FROM (
             SELECT trajectory_id, service, {_AGENT_SQL} AS agent, {_PERT_SQL} AS perturbation, {_VARIANT_SQL} AS variant, start_ns
@@ -451,7 +452,7 @@ def diff_candidates(connection: Any, limit: int = 20, window: int = 20_000) -> l
         SELECT task_key, perturbation, variant, list(DISTINCT agent ORDER BY agent) AS agents,
                list(DISTINCT service ORDER BY service) AS services, count(*) AS runs
         FROM (SELECT task_key, service, {_AGENT_SQL} AS agent, {_PERT_SQL} AS perturbation, {_VARIANT_SQL} AS variant
-              FROM trajectories WHERE task_key IS NOT NULL AND trajectory_id IN (
+              FROM trajectories WHERE task_key IS NOT NULL AND NOT {_RECORD_SQL} AND trajectory_id IN (
                   SELECT trajectory_id FROM trajectories ORDER BY start_ns DESC LIMIT {int(window)}))
         GROUP BY task_key, perturbation, variant HAVING count(DISTINCT agent) > 1
         ORDER BY perturbation = 'baseline', task_key, perturbation LIMIT ?""", [limit])
@@ -461,7 +462,7 @@ def store_totals(connection: Any) -> dict[str, Any]:
     """Spans, runs, agents and tasks in the store: the console's first line."""
     spans = _rows(connection, "SELECT count(*) AS spans FROM spans")[0]
     runs = _rows(connection, f"""SELECT count(*) AS runs, count(DISTINCT {_AGENT_SQL}) AS agents,
-                                 count(DISTINCT task_key) AS tasks FROM trajectories""")[0]
+                                 count(DISTINCT task_key) AS tasks FROM trajectories WHERE NOT {_RECORD_SQL}""")[0]
     return {**spans, **runs}
 
 
