@@ -126,6 +126,8 @@ class _ServerTraces:
 @click.option("--trace-wait", type=click.FloatRange(0), default=5.0, show_default=True,
               help="seconds a finished trial's trace may take to reach the sink before the trial is errored")
 @click.option("--state-dir", default=None, help="ledger, variants and response cache (default: <db>.replay/<study>)")
+@click.option("--state-url", default=None, metavar="postgresql://…",
+              help="share the study with runners on other machines: its ledger, exact spend cap and trial claims in Postgres")
 @click.option("--cache", "cache_mode", type=click.Choice(["record", "replay", "off"]), default="record", show_default=True,
               help="model-response cache: record, replay only (offline), off")
 @click.option("--service", default=None, help="label (service[@version]) the agent's runs carry, for missing markers")
@@ -175,6 +177,7 @@ class ReplayOptions:
     rerun: bool
     trace_wait: float
     state_dir: str | None
+    state_url: str | None
     cache_mode: str
     service: str | None
     spec: str | None
@@ -210,6 +213,7 @@ class ReplayOptions:
             sink=SpanSink(otlp_file=self.otlp_file, endpoint=self.endpoint) if (self.otlp_file or self.endpoint) else None,
             trace_stored=_ServerTraces(self.server) if self.server and self.endpoint and not self.dry_run else None,
             service=label or None, service_version=version or None, target=self.target, min_tasks=self.min_tasks,
+            state_url=self.state_url,
             judge=self.judge())
 
     def judge(self) -> Any:

@@ -75,7 +75,7 @@ from plumbline_otel.runs import (
     TRIAL_REASON,
     TRIAL_STATUS,
 )
-from plumbline_otel.trials import RAN
+from plumbline_otel.trials import DECIDED, RAN
 
 RESERVATION_WAIT_S = 3600.0  # longest a reservation waits for running trials to free room
 
@@ -133,6 +133,9 @@ class StudyConfig:
     target: float | None = None
     min_tasks: int = 5
     judge: Callable[[str], bool | None] | None = None
+    # Shared study state (`replay.pgstate`): runners on several machines share one ledger, one exact
+    # spend cap and the trials, each claimed by one runner at a time.
+    state_url: str | None = None
 
     def __post_init__(self) -> None:
         if not self.study or "/" in self.study:
@@ -257,6 +260,7 @@ class StudySummary:
     rerun_as: int = 0  # trials run again as new trials (--rerun)
     released_usd: float = 0.0  # reservations of dead runners released on resume
     stopped: int = 0  # trials a sequential study did not run: their cell was decided first
+    elsewhere: int = 0  # trials of a shared study another runner held or had decided
     decided_cells: dict[str, str] = field(default_factory=dict)  # perturbation -> how the study decided it
     recovered: list[TrialRecord] = field(default_factory=list)  # attempts a dead runner left unfinished
 
@@ -296,6 +300,8 @@ class StudySummary:
         lines = [f"study {self.study}: {self.planned} trials planned; ran {self.ran} ({self.ok} ok, "
                  f"{self.missing} missing, {self.errored} errored{stopped}), {self.skipped} skipped by resume; "
                  f"{len(self.rejected)} variant(s) rejected by the guard; {self.seconds:.1f}s"]
+        if self.elsewhere:
+            lines.append(f"  shared study: {self.elsewhere} trial(s) were held or decided by other runners")
         for how in sorted(self.decided_cells.values()):
             lines.append(f"  sequential: {how.removeprefix('not run: ')}; its remaining trials were not run")
         if self.rerun_as:
@@ -351,10 +357,10 @@ def otel_trial_context(trial: Trial) -> Iterator[None]:
 class _Runner:
     def __init__(self, config: StudyConfig, adapter: Any, cap: SpendCap, cache: ResponseCache | None,
                  ledger: Ledger | None, records: RecordWriter | None, reservations: dict[str, float],
-                 sequential: SequentialStop | None = None) -> None:
+                 sequential: SequentialStop | None = None, claims: Any = None) -> None:
         self.config, self.adapter, self.cap, self.cache = config, adapter, cap, cache
         self.ledger, self.records, self.reservations = ledger, records, reservations
-        self.sequential = sequential
+        self.sequential, self.claims = sequential, claims
         self.stop = threading.Event()
         self.stop_reason: str | None = None
         self._attempts: dict[str, int] = {}  # without a ledger: attempt numbers of this process
@@ -395,18 +401,28 @@ class _Runner:
         ident = trial.identity
         record = TrialRecord(ident.trial_id, ident.task_key, ident.perturbation, ident.variant, ident.repeat,
                              status="missing", fault=planned_fault(trial))
+        if self.claims is not None and not self.claims.claim(ident.trial_id):
+            record.status, record.reason = "elsewhere", "held or decided by another runner of the study"
+            return record
         stopped = self.sequential.stopped(trial) if self.sequential is not None else None
         if stopped is not None:
             attempt = self._begin(trial)
             record.status, record.reason, record.attempt, record.trace_id = "stopped", stopped, attempt.identity.attempt, attempt.trace_id
             self._write(attempt, record, 0.0)
+            self._release(record)
             return record
         while (delay := self._attempt(trial, record)) is not None:
             time.sleep(delay)
+        self._release(record)
         if self.sequential is not None:
             self.sequential.finish(trial, self._score(record))
         record.seconds = round(time.perf_counter() - started, 4)
         return record
+
+    def _release(self, record: TrialRecord) -> None:
+        """Let another runner of a shared study have the trial (free again when it is still missing)."""
+        if self.claims is not None:
+            self.claims.finish(record.trial_id, decided=record.status in DECIDED)
 
     def _score(self, record: TrialRecord) -> bool | None:
         """For a sequential study: conforming, failing, or not scored, by the certificate's rules (`trials.py`)."""
@@ -647,7 +663,7 @@ class Study:
 
         Holds the study's lock throughout: a second runner is refused (``StudyLocked``).
         """
-        if self.config.state_dir is None:
+        if self.config.state_dir is None or self.config.state_url is not None:  # a shared study: claims, not a lock
             return self._run(completed, on_record)
         with StudyLock(self.config.state_dir, self.config.study):
             if self.ledger is not None:
@@ -671,7 +687,8 @@ class Study:
         reservations = reservations_for(config, todo)
         records_out = RecordWriter(config.sink) if config.sink is not None else None
         sequential = SequentialStop(todo, config.target, config.min_tasks) if config.target is not None else None
-        runner = _Runner(config, self.adapter, cap, cache, ledger, records_out, reservations, sequential)
+        claims = _claims(config, todo)
+        runner = _Runner(config, self.adapter, cap, cache, ledger, records_out, reservations, sequential, claims)
         summary = StudySummary(config.study, planned=len(plan.trials), skipped=len(plan.trials) - len(todo),
                                rejected=plan.rejected, budget_usd=config.budget_usd, instance=self.instance,
                                rerun_as=len(already) if config.rerun else 0)
@@ -699,6 +716,8 @@ class Study:
                 records.extend(f.result() for f in futures if f not in collected)
         finally:
             pool.shutdown(wait=True)
+            if claims is not None:
+                claims.close()
             if records_out is not None:
                 summary.written = records_out.written
                 records_out.close()
@@ -708,6 +727,8 @@ class Study:
         summary.missing = sum(r.status == "missing" for r in records)
         summary.errored = sum(r.status == "errored" for r in records)
         summary.stopped = sum(r.status == "stopped" for r in records)
+        summary.elsewhere = sum(r.status == "elsewhere" for r in records)
+        summary.records = [r for r in records if r.status != "elsewhere"]
         summary.decided_cells = dict(sequential.decided) if sequential is not None else {}
         summary.spent_usd, summary.session_usd, summary.budget_high_water_usd = cap.spent, cap.session_usd, cap.high_water
         summary.cache_hits = sum(r.cache_hits for r in records)
@@ -747,6 +768,18 @@ def _fresh(trial: Trial, done: set[str], repeats: int) -> Trial:
     return replace(trial, identity=replace(ident, trial_id=tid, repeat=repeat))
 
 
+def _claims(config: StudyConfig, trials: Sequence[Trial]) -> Any:
+    """A shared study's trial claims (`replay.pgstate.StudyClaims`), heartbeat started; None for a study of one runner."""
+    if config.state_url is None:
+        return None
+    from plumbline_otel.replay.pgstate import StudyClaims
+
+    claims = StudyClaims(config.state_url, config.study)
+    claims.plan([t.trial_id for t in trials])
+    claims.start_heartbeat()
+    return claims
+
+
 def study_instance(state: Path | None) -> str:
     """The study state's random instance id (``study.json``), made with the state; a fresh one without a state directory."""
     if state is None:
@@ -775,8 +808,12 @@ def open_study(config: StudyConfig, tasks: Sequence[ReplayTask], adapter: Any) -
         adapter = PythonAdapter(adapter)
     state = Path(config.state_dir) if config.state_dir is not None else None
     instance = study_instance(state)
-    ledger = Ledger(state / "ledger.jsonl") if state else None
+    ledger: Ledger | None = Ledger(state / "ledger.jsonl") if state else None
     cap = SpendCap(config.budget_usd, journal=ledger.path if ledger else None)
+    if config.state_url is not None:
+        from plumbline_otel.replay.pgstate import PgLedger, PgSpendCap
+
+        ledger, cap = PgLedger(config.state_url, config.study), PgSpendCap(config.state_url, config.study, config.budget_usd)
     cache = ResponseCache(state / "responses.jsonl", config.cache_mode) if state and config.cache_mode != "off" else None
     planning = config
     if config.options.paraphraser is not None:
