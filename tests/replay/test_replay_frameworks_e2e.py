@@ -182,3 +182,18 @@ def test_plumbline_proxy_meters_and_records_an_agent_outside_a_study(tmp_path: P
     out, _ = proc.communicate(timeout=30)
     assert "witnessed 3 model call(s): 3 to the provider, 0 from the cassette" in out
     assert len(cassette.read_text().splitlines()) == 3
+
+
+NODE_AGENT = ROOT / "tests" / "replay" / "agents" / "node"
+
+
+@pytest.mark.slow
+@pytest.mark.e2e
+def test_a_node_agent_is_replayed_through_the_proxy_with_no_code_change(tmp_path: Path, db: Path, provider: Any) -> None:
+    # .ci/run installs the agent's one dependency (the openai npm package) from its package-lock.json.
+    assert (NODE_AGENT / "node_modules" / "openai").exists(), "run `npm ci` in tests/replay/agents/node (.ci/run does)"
+    result, cells = replay(tmp_path, db, provider, "node", f"command:node {NODE_AGENT / 'ap_agent.mjs'}",
+                           "baseline,decoy_tools,sampling,model_fault,tool_result_fault")
+    assert "ran 10 (10 ok, 0 missing, 0 errored)" in result.output, result.output
+    assert all((c["n"], c["conforming"]) == (2, 2) for c in cells.values())
+    assert all(cells[p]["evidence_from"] == {"model_proxy": 2} for p in ("decoy_tools", "sampling", "model_fault", "tool_result_fault"))
