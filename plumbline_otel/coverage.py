@@ -60,7 +60,23 @@ def _spans(store: Store, where: str, params: list[Any]) -> dict[str, Any]:
                count(*) FILTER (dropped_attributes_count > 0) AS spans_with_dropped_attributes
         FROM spans WHERE {where}""", params)
     totals["by_convention"] = {c: {"spans": n, "traces": t} for c, n, t in by_convention}
+    totals["by_scope"] = dict(store.connection.execute(
+        f"SELECT coalesce(scope_name, ''), count(*) FROM spans WHERE {where} GROUP BY 1", params).fetchall())
+    totals.update(_bug_signatures(store, where, params))
     return totals
+
+
+def _bug_signatures(store: Store, where: str, params: list[Any]) -> dict[str, int]:
+    """Signatures of instrumentation bugs: a tool or model span alone in its trace with no agent (the parent context
+    was lost: every span its own trace), and spans whose parent never arrived (a span never ended is never exported)."""
+    return _one(store, f"""
+        WITH s AS (SELECT trace_id, span_id, parent_span_id, step_kind FROM spans WHERE {where}),
+             per_trace AS (SELECT trace_id, count(*) AS n, bool_or(step_kind IN ('tool_call', 'llm_call')) AS has_step,
+                                  bool_or(step_kind = 'agent') AS has_agent FROM s GROUP BY 1)
+        SELECT (SELECT count(*) FROM per_trace WHERE n = 1 AND has_step AND NOT has_agent) AS lone_step_traces,
+               (SELECT count(*) FROM s WHERE parent_span_id IS NOT NULL AND NOT EXISTS (
+                    SELECT 1 FROM s p WHERE p.trace_id = s.trace_id AND p.span_id = s.parent_span_id)) AS spans_without_parent
+        """, params)
 
 
 def _tool_calls(store: Store, where: str, params: list[Any]) -> dict[str, Any]:
@@ -264,7 +280,14 @@ def findings(section: dict[str, Any]) -> list[str]:
     if spans["llm_spans"] > llm:
         out.append(f"{spans['llm_spans'] - llm} LLM spans describe a call another span already records (a provider SDK's own span beside an instrumentation's) or made no request (no content and no tokens beside a sibling that has them, e.g. LlamaIndex's _prepare_chat_with_tools); each call counts once.")
     if llm and content < llm:
-        out.append(f"{_pct(llm - content, llm)} of LLM calls ({llm - content} of {llm}) have no message content: content capture is off by default in most instrumentations (OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT for the OpenTelemetry GenAI ones and Google ADK: SPAN_ONLY puts it on spans); without it, tool calls inside LLM spans and the run's input are invisible.")
+        text = (f"{_pct(llm - content, llm)} of LLM calls ({llm - content} of {llm}) have no message content: content capture is off by default in most instrumentations (OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT for the OpenTelemetry GenAI ones and Google ADK: SPAN_ONLY puts it on spans); without it, tool calls inside LLM spans and the run's input are invisible.")
+        switches = _content_switches(spans.get("by_scope", {}))
+        if switches:
+            text += " For the instrumentations seen here: " + "; ".join(switches) + "."
+        if section["unrecognised_keys"]:
+            text += (" Check the unrecognised keys listed below first: content may be there, under keys plumbline does not read"
+                     " (then no switch is needed, only a mapping).")
+        out.append(text)
     if llm and llm_calls["with_tokens"] < llm:
         out.append(f"{llm - llm_calls['with_tokens']} of {llm} LLM calls report no token usage, so cost figures undercount.")
     n = trajs["trajectories"]
@@ -288,11 +311,55 @@ def findings(section: dict[str, Any]) -> list[str]:
         out.append(_task_key_sentence(section["task_key_sources"], trajs))
     if n and trajs["tasks_seen_more_than_once"] == 0:
         out.append("No task was seen more than once, so consistency (agreement across runs of one task) cannot be measured yet.")
+    out += _bug_sentences(spans)
     if spans["spans_with_dropped_attributes"]:
         out.append(f"{spans['spans_with_dropped_attributes']} spans lost attributes (dropped_attributes_count > 0): an SDK attribute limit or a rejected value; long message lists may be cut.")
     if section["unrecognised_keys"]:
         keys = ", ".join(list(section["unrecognised_keys"])[:5])
-        out.append(f"Unrecognised keys on GenAI-looking spans (kept raw, not interpreted): {keys}.")
+        more = len(section["unrecognised_keys"]) - 5
+        out.append(f"Unrecognised keys on GenAI-looking spans (kept raw, not interpreted): {keys}"
+                   + (f" and {more} more (see unrecognised_keys)" if more > 0 else "") + ".")
+    return out
+
+
+# Each instrumentation's own content switch, by the scope its spans carry (a prefix of it).
+_CONTENT_SWITCHES = (
+    ("openinference.", "OpenInference captures content by default: check OPENINFERENCE_HIDE_INPUTS / OPENINFERENCE_HIDE_OUTPUTS"
+                       " (and …_HIDE_INPUT_MESSAGES / …_HIDE_OUTPUT_MESSAGES) are not set"),
+    ("opentelemetry.instrumentation.", "Traceloop/OpenLLMetry: TRACELOOP_TRACE_CONTENT=true (its default)"),
+    ("ai", "Vercel AI SDK: recordInputs / recordOutputs in experimental_telemetry (AI SDK 6) or telemetry (AI SDK 7) must"
+           " not be false"),
+    ("@mastra/", "Mastra: span input and output are exported unless a sensitive-data filter or span processor removes them"),
+    ("pydantic-ai", "pydantic-ai: InstrumentationSettings(include_content=True) (its default)"),
+    ("strands", "strands: content is in span events (or in gen_ai.client.inference.operation.details with"
+                " OTEL_SEMCONV_STABILITY_OPT_IN=gen_ai_latest_experimental)"),
+)
+
+
+def _content_switches(by_scope: dict[str, int]) -> list[str]:
+    out: list[str] = []
+    for prefix, advice in _CONTENT_SWITCHES:
+        if any(scope == prefix or (prefix.endswith((".", "/")) and scope.startswith(prefix)) or
+               (prefix in ("pydantic-ai", "strands") and scope.startswith(prefix)) for scope in by_scope) and advice not in out:
+            out.append(advice)
+    return out
+
+
+def _bug_sentences(spans: dict[str, Any]) -> list[str]:
+    """Known instrumentation bugs, named when their signature is in the stored spans."""
+    out = []
+    lone = spans.get("lone_step_traces", 0)
+    if lone >= 2:
+        out.append(f"{lone} traces hold a single tool or model span and no agent span: the instrumentation lost the parent"
+                   " context, so every span became its own trace and a run's steps are split across traces (in Node,"
+                   " register a context manager: NodeTracerProvider.register(), or AsyncLocalStorageContextManager from"
+                   " @opentelemetry/context-async-hooks; in Python, spans started on another thread or task without the"
+                   " context attached).")
+    orphans = spans.get("spans_without_parent", 0)
+    if orphans:
+        out.append(f"{orphans} spans name a parent span that is not stored: a span that was never ended is never exported"
+                   " (an instrumentation that does not end its tool or agent span, often on an exception or a cancelled"
+                   " stream), or the parent is still in flight or was dropped; the run is assembled without it.")
     return out
 
 

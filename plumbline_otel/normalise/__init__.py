@@ -29,8 +29,9 @@ from plumbline_otel.normalise._values import Limits, ValueRejected, any_value, a
 __all__ = ["VENDOR_ARGS_KEYS", "VENDOR_RESULT_KEYS", "Limits", "LogRows", "ValueRejected", "any_value", "as_text", "fold_logs",
            "log_event_attributes", "log_rows", "maybe_json", "normalise_request", "normalise_span", "unwrap_scoped_result"]
 
-# Attribute namespaces we read; a key in them that we do not know is reported by coverage.
-_NAMESPACES = ("gen_ai.", "llm.", "tool.", "openinference.", "traceloop.", "ai.", "mastra.")
+# Attribute namespaces we read, and frameworks' own namespaces where content may sit: a key in them that we do
+# not know is reported by coverage, on any span (a framework's span in no convention we read included).
+_NAMESPACES = ("gen_ai.", "llm.", "tool.", "openinference.", "traceloop.", "ai.", "mastra.", "crewai.", "haystack.", "dspy.")
 _KNOWN_PREFIXES = (
     "gen_ai.operation.", "gen_ai.provider.", "gen_ai.system", "gen_ai.request.", "gen_ai.response.",
     "gen_ai.usage.", "gen_ai.tool.", "gen_ai.input.messages", "gen_ai.output.messages",
@@ -109,8 +110,7 @@ def normalise_span(span: Span, resource: dict[str, Any], scope_name: str, limits
         resource=resource,
     )
     _extract.extract(rec, attrs, events)
-    if convention != "unknown":
-        rec.unknown_keys = _unknown_keys(attrs)
+    rec.unknown_keys = _unknown_keys(attrs)
     return rec
 
 

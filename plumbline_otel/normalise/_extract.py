@@ -63,7 +63,8 @@ _ANSWER_TOOLS = {("openinference.instrumentation.smolagents", "final_answer"), (
 _METHOD_SUFFIXES = (".__call__", ".acall", ".__acall__")
 # Tool spans that summarise other tool spans: Google ADK's span over parallel calls' merged responses.
 _SUMMARY_TOOLS = {("gcp.vertex.agent", "(merged tools)")}
-_GENAI_MARKERS = ("gen_ai.operation.name", "gen_ai.input.messages", "gen_ai.output.messages", "gen_ai.tool.name", "gen_ai.provider.name")
+_GENAI_MARKERS = ("gen_ai.operation.name", "gen_ai.input.messages", "gen_ai.output.messages", "gen_ai.tool.name", "gen_ai.provider.name",
+                  "gen_ai.input.messages_delta")
 _EVENT_MESSAGES = {
     "gen_ai.system.message": "system",
     "gen_ai.user.message": "user",
@@ -79,6 +80,8 @@ def detect(attrs: dict[str, Any]) -> tuple[Convention, StepKind]:
         handoff = str(attrs.get("tool.name", "")).startswith(_HANDOFF_PREFIX) or any(key in attrs for key in HANDOFF_KEYS)
         return "openinference", "agent" if handoff else _OI_KINDS.get(oi_kind.upper(), "other")
     operation = attrs.get("gen_ai.operation.name")
+    if "a2a.method.name" in attrs and operation is None:  # an A2A client or server span: a call of a (remote) agent
+        return "genai", "agent"
     vercel = attrs.get("ai.operationId")
     if isinstance(vercel, str) and operation is None:
         return "vercel_ai", _VERCEL_KINDS.get(vercel, "other")
@@ -90,7 +93,7 @@ def detect(attrs: dict[str, Any]) -> tuple[Convention, StepKind]:
     if any(key in attrs for key in _GENAI_MARKERS):
         if operation is None and "gen_ai.tool.name" in attrs:
             operation = "execute_tool"
-        elif operation is None and ("gen_ai.input.messages" in attrs or "gen_ai.output.messages" in attrs):
+        elif operation is None and ("gen_ai.input.messages" in attrs or "gen_ai.output.messages" in attrs or "gen_ai.input.messages_delta" in attrs):
             operation = "chat"
         if operation == "agent_step" and ("mastra.model_step.input" in attrs or "mastra.model_step.output" in attrs):
             # Mastra's model step: the request and response (with the proposed calls) of the chat span inside
@@ -300,7 +303,9 @@ def _tool_from_events(rec: SpanRecord, events: list[tuple[str, dict[str, Any]]],
 
 
 def _messages_genai(attrs: dict[str, Any], events: list[tuple[str, dict[str, Any]]]) -> tuple[list[Message], list[Message]]:
-    inputs = parse_messages(attrs.get("gen_ai.input.messages"))
+    # `gen_ai.input.messages_delta` (semantic-conventions-genai #365): only what this request appended to the
+    # conversation; the new tool results and user message are in it, which is what a step needs.
+    inputs = parse_messages(_first(attrs, "gen_ai.input.messages", "gen_ai.input.messages_delta"))
     outputs = parse_messages(attrs.get("gen_ai.output.messages"))
     for name, eattrs in events:
         if name == "gen_ai.client.inference.operation.details":
