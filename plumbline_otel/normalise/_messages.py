@@ -17,7 +17,9 @@ from plumbline_otel.model import ArgsState, ToolCallRef, ToolResultRef
 from plumbline_otel.normalise._shapes import unwrap_result
 from plumbline_otel.normalise._values import is_redacted, maybe_json
 
-_ERROR_TEXT = re.compile(r"\s*[A-Za-z_.]*(Error|Exception)\s*:")
+# `Error: …` / `ValueError: …`, and frameworks' own wording for a failed tool (CrewAI's "Error executing tool",
+# Haystack's "Failed to invoke Tool `…`"): all a model (and a trace without tool spans) sees of a failure.
+_ERROR_TEXT = re.compile(r"\s*(?:[A-Za-z_.]*(Error|Exception)\s*:|Error executing tool\b|Failed to invoke Tool\b)")
 # `tool-call` / `tool-result`: the Vercel AI SDK's prompt parts (`toolCallId`, `toolName`, `input` or `args`,
 # `output` as `{type, value}` or `result` before AI SDK 5).
 _CALL_TYPES = {"tool_call", "tool_use", "function_call", "tool-call"}

@@ -89,3 +89,12 @@ def test_dspy_input_args_and_prediction_and_terminal_tools() -> None:
     (run,) = assemble_runs(records)
     assert (run.input, run.final_output) == ("Pay INV-3", "Paid INV-3.")
     assert [(s.name, s.args) for s in run.tool_steps] == [("pay", {"invoice_id": "INV-3"})]  # `finish` is no call
+
+
+def test_frameworks_failure_wording_marks_a_result_failed() -> None:
+    """Where only the framework's text says a tool failed (no tool span, no error flag): CrewAI, Haystack."""
+    from plumbline_otel.normalise._messages import result_is_error
+
+    assert result_is_error("Error executing tool: PaymentGatewayError: declined")
+    assert result_is_error("Failed to invoke Tool `pay` with parameters {'a': 1}. Error: declined")
+    assert not result_is_error("Errors were corrected in the invoice") and not result_is_error("Executed the tool")
