@@ -244,6 +244,30 @@ def _blocked_calls(records: list[SpanRecord]) -> dict[str, str]:
     return {call_id: reasons[o] for call_id, o in outcome.items() if o in reasons}
 
 
+# Module functions, not closures: a compiled closure's environment makes a reference cycle, and shard workers
+# leave the cycle collector off (tests/core/test_pipeline.py).
+def _layer_above(rec: SpanRecord, tools: dict[str, SpanRecord], spans: dict[str, SpanRecord]) -> SpanRecord | None:
+    """The nearest tool-span ancestor, past spans that are neither, not past an agent or a model call."""
+    parent, seen = rec.parent_span_id, set()
+    while parent is not None and parent in spans and parent not in seen:
+        seen.add(parent)
+        if parent in tools:
+            return tools[parent]
+        if spans[parent].step_kind in ("agent", "llm_call"):
+            return None
+        parent = spans[parent].parent_span_id
+    return None
+
+
+def _outermost_layer(rec: SpanRecord, tools: dict[str, SpanRecord], spans: dict[str, SpanRecord]) -> SpanRecord:
+    seen = {rec.span_id}
+    layer = _layer_above(rec, tools, spans)
+    while layer is not None and layer.span_id not in seen and (layer.tool_name == rec.tool_name or "step:mcp_tools_call" in rec.shapes):
+        seen.add(layer.span_id)
+        rec, layer = layer, _layer_above(layer, tools, spans)
+    return rec
+
+
 def _merge_tool_layers(tools: list[SpanRecord], records: list[SpanRecord]) -> list[SpanRecord]:
     """One call traced at several layers (framework → MCP client → MCP server) is one call.
 
@@ -256,28 +280,9 @@ def _merge_tool_layers(tools: list[SpanRecord], records: list[SpanRecord]) -> li
     by_id = {t.span_id: t for t in tools}
     spans = {r.span_id: r for r in records}
 
-    def above(rec: SpanRecord) -> SpanRecord | None:
-        parent, seen = rec.parent_span_id, set()
-        while parent in spans and parent not in seen:
-            seen.add(parent)
-            if parent in by_id:
-                return by_id[parent]
-            if spans[parent].step_kind in ("agent", "llm_call"):
-                return None
-            parent = spans[parent].parent_span_id
-        return None
-
-    def outer(rec: SpanRecord) -> SpanRecord:
-        seen = {rec.span_id}
-        layer = above(rec)
-        while layer is not None and layer.span_id not in seen and (layer.tool_name == rec.tool_name or "step:mcp_tools_call" in rec.shapes):
-            seen.add(layer.span_id)
-            rec, layer = layer, above(layer)
-        return rec
-
     groups: dict[str, list[SpanRecord]] = {}
     for rec in tools:
-        groups.setdefault(outer(rec).span_id, []).append(rec)
+        groups.setdefault(_outermost_layer(rec, by_id, spans).span_id, []).append(rec)
     merged = []
     for span_id, members in groups.items():
         lead = by_id[span_id]
