@@ -133,9 +133,11 @@ def _tool_step(rec: SpanRecord, proposed: ToolCallRef | None, results: dict[str,
             error = "error result"
     gaps = tuple(g for g, missing in ((_gap(rec, "args", content_seen), args is None),
                                       (_gap(rec, "result", content_seen), result is None and error is None)) if missing)
+    # The name the model called the tool by, where the span shows a display name of it (see `_same_tool`).
+    name = proposed.name if proposed is not None and _same_tool(proposed.name, rec.tool_name) else rec.tool_name or rec.name
     return Step(
         kind="tool_call",
-        name=rec.tool_name or rec.name,
+        name=name,
         args=args,
         result=result,
         error=error,
@@ -196,7 +198,7 @@ def _match_proposals(tools: list[SpanRecord], llm: list[SpanRecord]) -> dict[str
             owner = _turn_of(tool.start_ns, llm_starts)
             candidates = owner.proposed_calls if owner else []
             call = next(
-                (c for c in candidates if id(c) not in used and c.name == tool.tool_name
+                (c for c in candidates if id(c) not in used and _same_tool(c.name, tool.tool_name)
                  and (tool.args_state != "structured" or _canonical(c.args) == _canonical(tool.args))),
                 None,
             )
@@ -204,6 +206,12 @@ def _match_proposals(tools: list[SpanRecord], llm: list[SpanRecord]) -> dict[str
             used.add(id(call))
             matches[tool.span_id] = call
     return matches
+
+
+def _same_tool(model_name: str, span_name: str | None) -> bool:
+    """The model's name for a tool and a span's: equal, or the span's a display name of it ("Delegate work to
+    coworker" for `delegate_work_to_coworker`, CrewAI's tool spans)."""
+    return model_name == span_name or (span_name is not None and _slug(model_name) == _slug(span_name))
 
 
 def _proposed_step(rec: SpanRecord, call: ToolCallRef, result: ToolResultRef | None, blocked: str | None) -> Step:

@@ -98,3 +98,14 @@ def test_a_handoff_is_named_by_the_function_the_model_called() -> None:
     run = _run(build)
     assert [(s.kind, s.name, s.call_id) for s in run.steps if s.kind != "llm_call"] == [("agent", "transfer_to_billing_agent", "h1")]
     assert run.tool_steps == ()
+
+
+def test_a_tool_span_with_a_display_name_takes_the_name_the_model_called() -> None:
+    def build(tracer: Tracer) -> None:
+        with tracer.start_as_current_span("invoke_agent a", attributes={"gen_ai.operation.name": "invoke_agent"}):
+            _llm(tracer, [{"id": "d1", "name": "delegate_work_to_coworker", "args": {"task": "check"}}])
+            with tracer.start_as_current_span("Delegate work to coworker", attributes={
+                    "openinference.span.kind": "TOOL", "tool.name": "Delegate work to coworker", "input.value": '{"task": "check"}'}):
+                pass
+
+    assert [(s.name, s.source) for s in _run(build).tool_steps] == [("delegate_work_to_coworker", "tool_span+llm_output")]
