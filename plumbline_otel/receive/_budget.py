@@ -8,6 +8,11 @@ queued until its commit. Past the limit a request is pushed back (HTTP 503 + Ret
 RESOURCE_EXHAUSTED + RetryInfo) instead of growing memory. One request alone may hold more than the
 limit (nothing else is in flight then), so the bound is max(limit, one request's charge).
 
+A request that finds no room first asks the budget's reclaimers (the HTTP server's: it cuts body
+reads that have stopped making progress, `_http.py`) to free what it needs, and waits up to
+`RECLAIM_WAIT` for what they free: a peer holding its reservation without sending cannot keep
+others out.
+
 `Deadlines` is one thread that runs an action (close a socket, cancel a call) for each armed key
 whose absolute deadline passed: a peer that trickles a byte at a time cannot extend it.
 """
@@ -23,6 +28,9 @@ from collections.abc import Callable, Hashable
 
 log = logging.getLogger("plumbline.receive")
 
+RECLAIM_WAIT = 1.0  # longest a request waits for the bytes reclaimers said they freed
+Reclaimer = Callable[[int], int]  # asked to free `needed` bytes; returns the bytes it will give back
+
 
 class MemoryBudget:
     """Bytes in flight across all connections and both transports; thread-safe."""
@@ -32,7 +40,18 @@ class MemoryBudget:
         self._used = 0
         self.peak = 0
         self.refused = 0
+        self.reclaimed = 0  # bytes freed by reclaimers for requests that found no room
         self._changed = threading.Condition()
+        self._reclaimers: list[Reclaimer] = []
+
+    def add_reclaimer(self, reclaim: Reclaimer) -> None:
+        with self._changed:
+            self._reclaimers.append(reclaim)
+
+    def remove_reclaimer(self, reclaim: Reclaimer) -> None:
+        with self._changed:
+            if reclaim in self._reclaimers:
+                self._reclaimers.remove(reclaim)
 
     @property
     def used(self) -> int:
@@ -42,11 +61,26 @@ class MemoryBudget:
         """Reserve `nbytes` more for a request already holding `held`; False (nothing taken) when they do not fit.
 
         They fit under the limit, or when that request would be alone (it holds all that is in
-        flight), so one request larger than the limit still gets through by itself. With a
-        `timeout`, wait that long for room before giving up.
+        flight), so one request larger than the limit still gets through by itself. Without room,
+        the reclaimers are asked for it first (and what they free is waited for, up to
+        `RECLAIM_WAIT`); with a `timeout`, wait that long for room before giving up.
         """
         if nbytes <= 0:
             return True
+        with self._changed:
+            if self._used + nbytes <= self.limit or self._used <= held:
+                self._used += nbytes
+                self.peak = max(self.peak, self._used)
+                return True
+            needed, reclaimers = self._used + nbytes - self.limit, list(self._reclaimers)
+        freed = 0
+        for reclaim in reclaimers:  # outside the lock: they close sockets, whose threads give bytes back
+            if freed >= needed:
+                break
+            freed += reclaim(needed - freed)
+        if freed:
+            self.reclaimed += freed
+            timeout = max(timeout, RECLAIM_WAIT)
         deadline = time.monotonic() + timeout
         with self._changed:
             while self._used + nbytes > self.limit and self._used > held:
@@ -123,4 +157,4 @@ class Deadlines:
                     log.debug("a deadline's action failed", exc_info=True)
 
 
-__all__ = ["Deadlines", "MemoryBudget"]
+__all__ = ["RECLAIM_WAIT", "Deadlines", "MemoryBudget", "Reclaimer"]

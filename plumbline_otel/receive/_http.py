@@ -12,6 +12,12 @@ Hostile peers (`_budget.py` holds the shared pieces):
   declared length is reserved before it is read, each chunk before it is read; past the budget the
   answer is 503 + Retry-After. Malformed framing (a chunk size that is not hex, a negative or
   doubled Content-Length, Transfer-Encoding with Content-Length) is a 400 at once.
+- A body must keep arriving: fewer than `BODY_MIN_RATE` bytes a second over the last
+  `RATE_WINDOW` seconds (nothing at all for that long included) and it is cut with 408. When a
+  request finds the budget spent, the server reclaims it from body reads that received less than
+  `BODY_MIN_RATE` bytes in the last `PRESSURE_WINDOW` seconds, slowest first: they are cut with
+  503 + Retry-After and their reservations go to the requests waiting. Bodies held short of
+  complete thus hold the budget for about a second while others need it, not until their deadline.
 - Every phase of a connection has an absolute deadline that a trickle cannot extend: waiting for a
   request (`idle_timeout`), the TLS handshake and the request head (`header_timeout`, a head at most
   `MAX_HEAD_BYTES`), the body (`body_timeout`).
@@ -33,6 +39,7 @@ import socket
 import ssl
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -53,7 +60,7 @@ log = logging.getLogger("plumbline.receive")
 _PROTOBUF, _JSON = "application/x-protobuf", "application/json"
 _SIGNALS = {"/v1/traces": "traces", "/v1/logs": "logs"}
 _OPEN_PATHS = ("/healthz",)
-_GRPC_CODES = {400: 3, 401: 16, 404: 5, 405: 12, 413: 8, 415: 3, 503: 14}
+_GRPC_CODES = {400: 3, 401: 16, 404: 5, 405: 12, 408: 4, 413: 8, 415: 3, 503: 14}
 _STATUS = {"ok": 200, "partial": 200, "invalid": 400, "too_large": 413, "overloaded": 503, "exhausted": 503, "unavailable": 503}
 # Console pages: no script, no request anywhere else, never cached (they show live data).
 _PAGE_HEADERS = {"Content-Security-Policy": "default-src 'none'; style-src 'unsafe-inline'; img-src data:; base-uri 'none'",
@@ -66,6 +73,11 @@ _MAX_TRAILER_BYTES = 8 << 10
 _OVERFLOW_THREADS = 16  # past the connection caps: threads that answer /healthz (and 503 to the rest)
 _OVERFLOW_TIMEOUT = 2.0
 _EVICTABLE = ("setup", "idle", "headers")
+BODY_MIN_RATE = 1024  # bytes a second a body must keep arriving at (0: no floor)
+RATE_WINDOW = 5.0  # ... measured over this many seconds
+PRESSURE_WINDOW = 1.0  # while others wait for the budget: over this many
+_SAMPLE_EVERY = 0.25  # a body's progress is sampled this often
+_PIECE = 1 << 18  # a body is read at most this much at a time
 
 
 class _BodyTooLarge(Exception):
@@ -84,6 +96,46 @@ class _Gone(Exception):
     """The peer closed (or its deadline closed it) before the body was complete: no answer."""
 
 
+class _Slow(Exception):
+    """The body arrived slower than the floor (408), or was cut to reclaim its reservation (503)."""
+
+    def __init__(self, reclaimed: bool) -> None:
+        super().__init__("reclaimed" if reclaimed else "slow")
+        self.reclaimed = reclaimed
+
+
+class _Progress:
+    """A body being read: bytes so far, when they came (sampled), the memory budget its read holds."""
+
+    def __init__(self) -> None:
+        self.began = time.monotonic()
+        self.got = self.held = 0
+        self.cut = False  # reclaimed: the reading thread answers 503 when its read ends
+        self._samples: deque[tuple[float, int]] = deque([(self.began, 0)])  # (when, bytes so far), _SAMPLE_EVERY apart
+
+    def advance(self, nbytes: int) -> None:
+        now = time.monotonic()
+        self.got += nbytes
+        samples = self._samples
+        if len(samples) > 1 and now - samples[-2][0] < _SAMPLE_EVERY:
+            samples[-1] = (now, self.got)  # the latest sample always says when the last bytes came
+        else:
+            samples.append((now, self.got))
+            while len(samples) > 2 and samples[1][0] <= now - RATE_WINDOW:
+                samples.popleft()
+
+    def arrived(self, window: float, now: float) -> int | None:
+        """Bytes that arrived in the last `window` seconds; None for a body read for less than that."""
+        if now - self.began < window:
+            return None
+        since, base = now - window, 0
+        for when, got in tuple(self._samples):  # a copy: the reading thread appends
+            if when > since:
+                break
+            base = got
+        return self.got - base
+
+
 @dataclass(eq=False)
 class _Conn:
     """One accepted connection: where it is, since when (for the deadline and for eviction)."""
@@ -94,6 +146,8 @@ class _Conn:
     since: float = field(default_factory=time.monotonic)
     evicted: bool = False
     overflow: bool = False
+    thread: int = 0
+    body: _Progress | None = None  # while its body is read
 
     def close(self) -> None:
         """Wake the connection's thread from any read or write: the socket is shut, the thread ends."""
@@ -162,6 +216,7 @@ class _Handler(BaseHTTPRequestHandler):
     def setup(self) -> None:
         super().setup()
         self.conn = self.server.connection_of(self.request)
+        self.conn.thread = threading.get_ident()
         self._raw_rfile: Any = self.rfile
         self._served = 0
         if self.conn.overflow:
@@ -253,26 +308,65 @@ class _Handler(BaseHTTPRequestHandler):
         return int(values.pop())
 
     def _read_body(self, limit: int) -> tuple[bytes, int]:
-        """The body and the bytes of the memory budget it holds (the caller's to pass on or give back)."""
-        length = self._declared_length()
-        if length is None:
-            return self._read_chunked(limit)
-        if length > limit:
-            raise _BodyTooLarge
-        budget = self.server.budget
-        if not budget.take(length):
-            raise _NoRoom
-        try:
-            body = self.rfile.read(length)
-        except BaseException:
-            budget.give(length)
-            raise
-        if len(body) != length:
-            budget.give(length)
-            raise _Gone
-        return body, length
+        """The body and the bytes of the memory budget it holds (the caller's to pass on or give back).
 
-    def _read_chunked(self, limit: int) -> tuple[bytes, int]:
+        `_Slow` when it arrives slower than the floor or its read was cut to reclaim the budget.
+        """
+        length = self._declared_length()
+        progress = _Progress()
+        floor = self.server.body_min_rate > 0
+        self.server.body_started(self.conn, progress)
+        try:
+            if floor:  # a read waits at most a window: nothing in that long is below any floor
+                self.connection.settimeout(RATE_WINDOW)
+            if length is None:
+                return self._read_chunked(limit, progress)
+            if length > limit:
+                raise _BodyTooLarge
+            budget = self.server.budget
+            if not budget.take(length):
+                raise _NoRoom
+            progress.held = length
+            try:
+                body = b"".join(self._receive(length, progress))
+            except BaseException:
+                budget.give(length)
+                raise
+            return body, length
+        except TimeoutError:
+            raise _Slow(False) from None
+        except (_Gone, OSError, ValueError):
+            if progress.cut:
+                raise _Slow(True) from None
+            raise
+        finally:
+            self.server.body_ended(self.conn)
+            if floor:
+                with contextlib.suppress(OSError):
+                    self.connection.settimeout(self.timeout)
+
+    def _receive(self, size: int, progress: _Progress) -> list[bytes]:
+        """The next `size` bytes of the body in pieces as they arrive; `_Slow` below the rate floor."""
+        pieces: list[bytes] = []
+        rate = self.server.body_min_rate
+        try:
+            while size > 0:
+                piece = self.rfile.read1(min(size, _PIECE))
+                if not piece:
+                    raise _Gone
+                pieces.append(piece)
+                size -= len(piece)
+                progress.advance(len(piece))
+                if rate and size > 0:
+                    arrived = progress.arrived(RATE_WINDOW, time.monotonic())
+                    if arrived is not None and arrived < rate * RATE_WINDOW:
+                        raise _Slow(False)
+        except BaseException:
+            pieces.clear()  # now, before the reservation is given back (the traceback keeps this frame)
+            raise
+        return pieces
+
+    def _read_chunked(self, limit: int, progress: _Progress) -> tuple[bytes, int]:
         """A chunked body, each chunk's size checked, counted against `limit` and reserved before it is read."""
         budget = self.server.budget
         parts: list[bytes] = []
@@ -293,10 +387,8 @@ class _Handler(BaseHTTPRequestHandler):
                 if not budget.take(size, held):
                     raise _NoRoom
                 held += size
-                chunk = self.rfile.read(size)
-                if len(chunk) != size:
-                    raise _Gone
-                parts.append(chunk)
+                progress.held = held
+                parts += self._receive(size, progress)
                 total += size
                 if self.rfile.readline(3) not in (b"\r\n", b"\n"):
                     raise _BadBody("chunk data not followed by CRLF")
@@ -316,6 +408,7 @@ class _Handler(BaseHTTPRequestHandler):
             held -= total
             return body, held
         except BaseException:
+            parts.clear()
             budget.give(held)
             raise
 
@@ -353,6 +446,17 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True
             self._answer(signal, Outcome("exhausted", "the memory budget for requests in flight is spent"), media)
             self._discard_body(limit)
+            return
+        except _Slow as exc:
+            self.close_connection = True
+            self.server.intake.metrics.inc("plumbline_http_bodies_cut_total", reason=str(exc))
+            with contextlib.suppress(OSError):
+                if exc.reclaimed:
+                    self._answer(signal, Outcome("exhausted", "the body stopped arriving while others waited for the memory budget; "
+                                                             "its reservation went to them"), media)
+                else:
+                    rate = self.server.body_min_rate
+                    self._error(408, f"the body arrived slower than {rate} bytes a second over {RATE_WINDOW:g} s", media)
             return
         except (_Gone, OSError, ValueError):
             self.close_connection = True
@@ -432,7 +536,7 @@ class HttpServer(ThreadingHTTPServer):
                  retry_after: float, render_metrics: Callable[[], str], token: str | None = None,
                  ssl_context: ssl.SSLContext | None = None, console: Any | None = None, budget: MemoryBudget | None = None,
                  deadlines: Deadlines | None = None, max_per_address: int | None = None, idle_timeout: float = 60.0,
-                 header_timeout: float = 10.0, body_timeout: float = 30.0) -> None:
+                 header_timeout: float = 10.0, body_timeout: float = 30.0, body_min_rate: int = BODY_MIN_RATE) -> None:
         self.address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self.intake, self.max_body_bytes, self.render_metrics = intake, max_body_bytes, render_metrics
         self.budget = budget or intake.queue.budget
@@ -444,16 +548,56 @@ class HttpServer(ThreadingHTTPServer):
         self.draining = False
         self.max_connections = max_connections
         self.max_per_address = max_per_address or max_connections
+        self.body_min_rate = body_min_rate
         self._timeouts = {"setup": header_timeout, "idle": idle_timeout, "headers": header_timeout, "body": body_timeout}
         self._conns: dict[socket.socket, _Conn] = {}
         self._held = 0  # connections holding a slot (not evicted, not overflow)
         self._by_address: dict[str, int] = {}
         self._overflow = 0
         self._lock = threading.Lock()
-        self.shed = self.evicted = 0
+        self.shed = self.evicted = self.reclaimed = 0
         self._active = 0
         self._idle = threading.Condition()
         super().__init__((host, port), _Handler)
+        self.budget.add_reclaimer(self.reclaim)
+
+    # --- bodies being read: the budget reclaimed from those that stopped arriving ---------------
+
+    def body_started(self, conn: _Conn, progress: _Progress) -> None:
+        with self._lock:
+            conn.body = progress
+
+    def body_ended(self, conn: _Conn) -> None:
+        with self._lock:
+            conn.body = None
+
+    def reclaim(self, needed: int) -> int:
+        """Cut body reads that received less than the rate floor's worth in the last `PRESSURE_WINDOW`
+        seconds (nothing, with no floor), least arrived first, until `needed` bytes are freed; the bytes freed."""
+        now, me = time.monotonic(), threading.get_ident()
+        floor = max(1.0, self.body_min_rate * PRESSURE_WINDOW)
+        freed = 0
+        with self._lock:
+            slow: list[tuple[int, int, _Conn, _Progress]] = []
+            for conn in self._conns.values():
+                body = conn.body
+                if body is None or body.cut or body.held <= 0 or conn.thread == me:
+                    continue
+                arrived = body.arrived(PRESSURE_WINDOW, now)
+                if arrived is not None and arrived < floor:
+                    slow.append((arrived, -body.held, conn, body))
+            slow.sort(key=lambda entry: entry[:2])
+            for _, _, conn, body in slow:
+                if freed >= needed:
+                    break
+                log.debug("body from %s (%d bytes in %.1f s) cut to reclaim %d bytes of the memory budget",
+                          conn.address, body.got, now - body.began, body.held)
+                body.cut = True
+                freed += body.held
+                self.reclaimed += 1
+                with contextlib.suppress(OSError):  # its read ends at once; the answer can still be written
+                    socket.socket.shutdown(conn.sock, socket.SHUT_RD)
+        return freed
 
     # --- connections: caps, eviction, deadlines -------------------------------------------------
 
@@ -585,6 +729,7 @@ class HttpServer(ThreadingHTTPServer):
     def drain(self, grace: float) -> None:
         """Stop accepting, answer 503 to new requests on open connections, wait for those being processed."""
         self.draining = True
+        self.budget.remove_reclaimer(self.reclaim)
         self.shutdown()
         with self._idle:
             self._idle.wait_for(lambda: self._active == 0, timeout=grace)

@@ -9,6 +9,7 @@ from collections.abc import Callable
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 _HELP = {
+    "plumbline_http_bodies_cut_total": "HTTP bodies cut before complete: slower than the rate floor (408), or reclaimed for requests waiting for the memory budget (503).",
     "plumbline_spans_received_total": "Spans decoded from export requests (before storage).",
     "plumbline_spans_stored_total": "Spans committed to the store for the first time.",
     "plumbline_spans_duplicate_total": "Spans committed that were already stored (exporter retries).",
