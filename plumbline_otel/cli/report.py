@@ -43,25 +43,28 @@ def reading(stores: Sources, task: str | None = None) -> Iterator[Store]:
 @click.option("--cert", "cert_path", type=click.Path(exists=True, dir_okay=False), help="certificate JSON (`plumbline certify`) for the headline and chart")
 @click.option("--spec", "spec_path", type=click.Path(exists=True, dir_okay=False),
               help="invariant spec: judge the runs (violations) and, without --cert, certify them")
-@click.option("--study", default=None, help="with --spec and no --cert: certify only runs whose plumbline.study is this")
+@click.option("--study", default=None,
+              help="only runs whose plumbline.study is this, in every section (default: the certificate's study, if it has one)")
 @click.option("--out", "out", required=True, type=click.Path(dir_okay=False), help="where to write the HTML file")
 def report(db: tuple[str, ...], server: tuple[str, ...], cert_path: str | None, spec_path: str | None, study: str | None, out: str) -> None:
     """Write one HTML file that opens offline: the bound, the chart, violations, coverage and run diffs."""
     from plumbline_otel.analyse.conformance import check
     from plumbline_otel.report import build_certificate, load_certificate
-    from plumbline_otel.report.pages import report_html
+    from plumbline_otel.report.pages import report_html, report_study
+    from plumbline_otel.runs import STUDY
     from plumbline_otel.spec import load_spec
 
     cert: dict[str, Any] | None = load_certificate(cert_path) if cert_path else None
+    study = report_study(cert, study)  # one study's report: every section holds its runs, and only they are judged
     stores = sources(db, server, assemble=True)
     coverage = stores.coverage() if stores.single_db is None else None
     with reading(stores) as store:
         if spec_path:
             spec = load_spec(spec_path)
-            check(spec, store.trajectories(), store)
+            check(spec, (t for t in store.trajectories() if study is None or t.context.get(STUDY) == study), store)
             if cert is None:
                 cert = build_certificate(spec, store.trajectories(), study=study)
-        html = report_html(store.connection, cert, ", ".join(stores.names), coverage)
+        html = report_html(store.connection, cert, ", ".join(stores.names), coverage, study=study)
     path = Path(out)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(html, encoding="utf-8")

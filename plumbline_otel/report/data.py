@@ -103,6 +103,19 @@ _RECORD_SQL = (f"(n_steps = 0 AND coalesce({_CTX.format(RECORD_KIND)}, '') IN ('
 _STUDY_SQL = _CTX.format(STUDY)
 _COST_SQL = ("try_cast(coalesce(json_extract_string(attributes, '$.\"llm.cost.total\"'), "
              "json_extract_string(attributes, '$.\"gen_ai.usage.cost\"')) AS DOUBLE)")
+# The project's recorded producer and framework traces (runs/samples, tests/fixtures) name their service so: the demo loads
+# them to show what the instrumentations send, and they are sample traffic, not agents under test.
+FIXTURE_PREFIX = "plumbline-fixture-"
+_FIXTURE_SQL = f"starts_with(coalesce(service, ''), '{FIXTURE_PREFIX}')"
+
+
+def _scope(study: str | None, column: str = "trajectory_id") -> tuple[str, list[Any]]:
+    """SQL (and its parameters) keeping rows of one study's runs and records by `column`; TRUE for no study."""
+    if study is None:
+        return "TRUE", []
+    return f"{column} IN (SELECT {column} FROM trajectories WHERE {_STUDY_SQL} = ?)", [study]
+
+
 STATUSES = ("conforming", "violating", "not_checked", "errored", "unexposed", "missing")
 SORTS = {"started": "start_ns", "duration": "(end_ns - start_ns)", "steps": "n_steps", "agent": _AGENT_SQL, "task": "task_key",
          "tokens": "coalesce(tok.tokens, 0)"}
@@ -207,7 +220,8 @@ def runs_page(connection: Any, page: int = 0, size: int = PAGE_SIZE, agent: str 
     where, params = _where(connection, f)
     if only is not None:  # one run's row (its page's status line)
         where, params = f"{where} AND trajectory_id = ?", [*params, only]
-    total = _rows(connection, f"SELECT count(*) AS n FROM trajectories WHERE {where}", params)[0]["n"]
+    total = int(_rows(connection, f"SELECT count(*) AS n FROM trajectories WHERE {where}", params)[0]["n"])
+    page = max(0, min(page, -(-total // size) - 1))  # past the last page (?page=999999999999): the last page
     order = f"{SORTS[f.sort]} {f.order.upper()} NULLS LAST, trajectory_id"
     join = (f"LEFT JOIN ({_TOKENS.format(cost=_COST_SQL, where='step_kind = ' + repr('llm_call'))}) tok USING (trace_id)"
             if f.sort == "tokens" else "")
@@ -219,7 +233,7 @@ def runs_page(connection: Any, page: int = 0, size: int = PAGE_SIZE, agent: str 
         FROM trajectories {join} SEMI JOIN page USING (trajectory_id)
         ORDER BY {order}""", [*params, size, page * size])  # JSON is read for the page's rows only
     _annotate(connection, rows)
-    return Page(rows, page, size, int(total))
+    return Page(rows, page, size, total)
 
 
 def _annotate(connection: Any, rows: list[dict[str, Any]]) -> None:
@@ -371,20 +385,25 @@ def run_violations(connection: Any, trajectory_id: str) -> list[dict[str, Any]]:
         ORDER BY CASE severity WHEN 'critical' THEN 0 WHEN 'major' THEN 1 ELSE 2 END, invariant_id""", [trajectory_id])
 
 
-def violations_summary(connection: Any, spec_hash: str | None = None, examples: int = 3) -> list[dict[str, Any]]:
-    """Per invariant: severity, runs violating, tasks affected and a few example runs (with the step)."""
+def violations_summary(connection: Any, spec_hash: str | None = None, examples: int = 3, study: str | None = None) -> list[dict[str, Any]]:
+    """Per invariant: severity, runs violating, tasks affected and a few example runs (with the step and the run's
+    request text); of one study's runs when `study` is given."""
     if not has_table(connection, "violations"):
         return []
     where, params = ("spec_hash = ?", [spec_hash]) if spec_hash else ("TRUE", [])
+    scope, scoped = _scope(study)
     rows = _rows(connection, f"""
         WITH v AS (SELECT *, row_number() OVER (PARTITION BY invariant_id ORDER BY trajectory_id) AS k
-                   FROM violations WHERE {where})
+                   FROM violations WHERE {where} AND {scope}),
+             e AS (SELECT v.*, left(t.input, 160) AS request, t.task_key_source
+                   FROM (SELECT * FROM v WHERE k <= ?) v LEFT JOIN trajectories t USING (trajectory_id))
         SELECT invariant_id, any_value(severity) AS severity, count(*) AS runs, count(DISTINCT task_key) AS tasks,
-               list({{'trajectory_id': trajectory_id, 'task_key': task_key, 'step_index': step_index,
-                     'step_name': step_name, 'detail': detail}} ORDER BY trajectory_id) FILTER (WHERE k <= ?) AS examples
+               (SELECT list({{'trajectory_id': e.trajectory_id, 'task_key': e.task_key, 'task_key_source': e.task_key_source,
+                             'request': e.request, 'step_index': e.step_index, 'step_name': e.step_name, 'detail': e.detail}}
+                            ORDER BY e.trajectory_id) FROM e WHERE e.invariant_id = v.invariant_id) AS examples
         FROM v GROUP BY invariant_id
         ORDER BY CASE any_value(severity) WHEN 'critical' THEN 0 WHEN 'major' THEN 1 ELSE 2 END, runs DESC, invariant_id""",
-                 [*params, examples])
+                 [*params, *scoped, examples])
     return rows
 
 
@@ -395,10 +414,14 @@ def coverage(connection: Any) -> dict[str, Any]:
     return coverage_report(_StoreView(connection))  # type: ignore[arg-type]
 
 
-def task_runs(connection: Any, task: str, perturbation: str | None = None, per_cell: int = 2) -> list[dict[str, Any]]:
-    """The first `per_cell` runs of each agent in each (perturbation, variant) of one task: what a pairing chooses from."""
+def task_runs(connection: Any, task: str, perturbation: str | None = None, per_cell: int = 2, study: str | None = None) -> list[dict[str, Any]]:
+    """The first `per_cell` runs of each agent in each (perturbation, variant) of one task (of one study's runs when
+    `study` is given): what a pairing chooses from."""
     where, params = ("task_key = ?", [task]) if perturbation is None else (f"task_key = ? AND {_PERT_SQL} = ?", [task, perturbation])
     where += f" AND NOT {_RECORD_SQL}"  # the driver's records stand for trials, not runs: nothing to diff
+    if study is not None:
+        where += f" AND {_STUDY_SQL} = ?"
+        params.append(study)
     return _rows(connection, f"""
         SELECT * FROM (
             SELECT trajectory_id, service, {_AGENT_SQL} AS agent, {_PERT_SQL} AS perturbation, {_VARIANT_SQL} AS variant, start_ns
@@ -436,36 +459,50 @@ def pick_pair(runs: list[dict[str, Any]], vs: str, agent: str | None = None,
 
 
 def pair_on_task(connection: Any, task: str, vs: str, agent: str | None = None,
-                 perturbation: str | None = None) -> tuple[Trajectory, Trajectory] | None:
-    """Two stored runs on `task` and the same perturbation and variant: A (`agent`) and B (`vs`)."""
-    ids = pick_pair(task_runs(connection, task, perturbation), vs, agent, perturbation)
+                 perturbation: str | None = None, study: str | None = None) -> tuple[Trajectory, Trajectory] | None:
+    """Two stored runs on `task` and the same perturbation and variant: A (`agent`) and B (`vs`) (of one study's runs
+    when `study` is given)."""
+    ids = pick_pair(task_runs(connection, task, perturbation, study=study), vs, agent, perturbation)
     if ids is None:
         return None
     a, b = load_run(connection, ids[0]), load_run(connection, ids[1])
     return (a, b) if a is not None and b is not None else None
 
 
-def diff_candidates(connection: Any, limit: int = 20, window: int = 20_000) -> list[dict[str, Any]]:
+def diff_candidates(connection: Any, limit: int = 20, window: int = 20_000, study: str | None = None) -> list[dict[str, Any]]:
     """Tasks run by two or more agents under the same perturbation and variant, among the `window`
-    most recent runs: the diffs worth a link."""
+    most recent runs (of one study when `study` is given): the diffs worth a link, each with a request of the task."""
+    scope, params = ("TRUE", []) if study is None else (f"{_STUDY_SQL} = ?", [study])
     return _rows(connection, f"""
-        SELECT task_key, perturbation, variant, list(DISTINCT agent ORDER BY agent) AS agents,
-               list(DISTINCT service ORDER BY service) AS services, count(*) AS runs
-        FROM (SELECT task_key, service, {_AGENT_SQL} AS agent, {_PERT_SQL} AS perturbation, {_VARIANT_SQL} AS variant
+        SELECT task_key, any_value(task_key_source) AS task_key_source, min(request) AS request, perturbation, variant,
+               list(DISTINCT agent ORDER BY agent) AS agents, list(DISTINCT service ORDER BY service) AS services, count(*) AS runs
+        FROM (SELECT task_key, task_key_source, left(input, 160) AS request, service, {_AGENT_SQL} AS agent,
+                     {_PERT_SQL} AS perturbation, {_VARIANT_SQL} AS variant
               FROM trajectories WHERE task_key IS NOT NULL AND NOT {_RECORD_SQL} AND trajectory_id IN (
-                  SELECT trajectory_id FROM trajectories ORDER BY start_ns DESC LIMIT {int(window)}))
+                  SELECT trajectory_id FROM trajectories WHERE {scope} ORDER BY start_ns DESC LIMIT {int(window)}))
         GROUP BY task_key, perturbation, variant HAVING count(DISTINCT agent) > 1
-        ORDER BY perturbation = 'baseline', task_key, perturbation LIMIT ?""", [limit])
+        ORDER BY perturbation = 'baseline', task_key, perturbation LIMIT ?""", [*params, limit])
 
 
-def store_totals(connection: Any) -> dict[str, Any]:
-    """Spans, runs, agents and tasks in the store: the console's first line."""
-    spans = _rows(connection, "SELECT count(*) AS spans FROM spans")[0]
-    runs = _rows(connection, f"""SELECT count(*) AS runs, count(DISTINCT {_AGENT_SQL}) AS agents,
-                                 count(DISTINCT task_key) AS tasks FROM trajectories WHERE NOT {_RECORD_SQL}""")[0]
-    return {**spans, **runs}
+def store_totals(connection: Any, study: str | None = None) -> dict[str, Any]:
+    """Spans, runs, agents and tasks in the store (of one study's runs when `study` is given): the first line of a page.
+
+    The driver's records are no runs; the project's recorded sample traces (services named `FIXTURE_PREFIX`…)
+    are no agents: their runs are counted apart (`samples`, `sample_services`)."""
+    scope, params = _scope(study, "trace_id")
+    spans = _rows(connection, f"SELECT count(*) AS spans FROM spans WHERE {scope}", params)[0]
+    scope, params = _scope(study)
+    runs = _rows(connection, f"""SELECT count(*) FILTER (WHERE NOT {_FIXTURE_SQL}) AS runs,
+                                 count(DISTINCT {_AGENT_SQL}) FILTER (WHERE NOT {_FIXTURE_SQL}) AS agents,
+                                 count(DISTINCT task_key) FILTER (WHERE NOT {_FIXTURE_SQL}) AS tasks,
+                                 count(*) FILTER (WHERE {_FIXTURE_SQL}) AS samples,
+                                 count(DISTINCT service) FILTER (WHERE {_FIXTURE_SQL}) AS sample_services
+                                 FROM trajectories WHERE NOT {_RECORD_SQL} AND {scope}""", params)[0]
+    return {**spans, **runs, "study": study}
 
 
-__all__ = ["PAGE_SIZE", "SORTS", "STATUSES", "OneCursor", "Page", "RunFilters", "checks_done", "coverage", "filter_choices",
+RECORD_SQL, STUDY_SQL = _RECORD_SQL, _STUDY_SQL  # for the pages' own queries
+
+__all__ = ["FIXTURE_PREFIX", "PAGE_SIZE", "RECORD_SQL", "SORTS", "STUDY_SQL", "STATUSES", "OneCursor", "Page", "RunFilters", "checks_done", "coverage", "filter_choices",
            "other_run", "run_timeline", "latest_certificate", "diff_candidates", "has_table", "load_run", "pair_on_task", "pick_pair",
            "run_violations", "runs_page", "store_totals", "task_runs", "violations_summary"]

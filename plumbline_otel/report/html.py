@@ -153,6 +153,26 @@ def pass_k_points(curve: list[dict[str, Any]], width: int = 220, height: int = 9
     return out
 
 
+HASHED_TASK = "input:"  # a task key made from the request (no task key was set): a hash a reader cannot read
+
+
+def task_is_hashed(key: str | None, source: str | None = None) -> bool:
+    """True when the task key is only a hash of the request (`input:…`), so the request is the task's name."""
+    return source == "input_hash" or (source is None and bool(key) and str(key).startswith(HASHED_TASK))
+
+
+def task_label(key: str | None, source: str | None, request: str | None, limit: int = 80) -> str:
+    """A task as a reader knows it: its request text (cut at `limit`), with its key when one was set; the hash of the
+    request only when there is no request text to show."""
+    text = " ".join(str(request).split()) if request else ""
+    text = text if len(text) <= limit else text[: limit - 1] + "…"
+    if not key:
+        return f"“{text}”" if text else "(no task)"
+    if task_is_hashed(key, source):
+        return f"“{text}”" if text else str(key)
+    return f"“{text}” ({key})" if text else str(key)
+
+
 def _when(ns: int | None) -> str:
     if not ns:
         return ""
@@ -182,8 +202,8 @@ def _environment() -> jinja2.Environment:
         lstrip_blocks=True,
     )
     env.filters.update(pct=_pct, when=_when, value=show_value, counts=counts_text, anchor=anchor, by_step=by_step, duration=_duration,
-                       money=_money, curve=pass_k_points)
-    env.globals.update(version=__version__, chart_width=CHART_WIDTH, headline_sentence=headline_sentence, gloss=GLOSSARY)
+                       money=_money, curve=pass_k_points, hashed_task=task_is_hashed)
+    env.globals.update(task_label=task_label, version=__version__, chart_width=CHART_WIDTH, headline_sentence=headline_sentence, gloss=GLOSSARY)
     return env
 
 
@@ -195,4 +215,5 @@ def render(template: str, href: Callable[..., str], **context: Any) -> str:
     return _ENV.get_template(template).render(href=href, **context)
 
 
-__all__ = ["CHART_WIDTH", "GLOSSARY", "ChartRow", "CurvePoint", "pass_k_points", "anchor", "by_step", "chart_rows", "counts_text", "render"]
+__all__ = ["CHART_WIDTH", "GLOSSARY", "ChartRow", "CurvePoint", "pass_k_points", "anchor", "by_step", "chart_rows", "counts_text", "render", "task_is_hashed",
+           "task_label"]

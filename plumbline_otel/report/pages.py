@@ -76,12 +76,14 @@ def file_href(embedded: dict[str, str]) -> Callable[..., str]:
     return href
 
 
-def recent_runs(connection: Any, limit: int = WINDOW_RUNS) -> list[Trajectory]:
-    """The `limit` most recent runs that have a task (consistency needs tasks), oldest first."""
+def recent_runs(connection: Any, limit: int = WINDOW_RUNS, study: str | None = None) -> list[Trajectory]:
+    """The `limit` most recent runs that have a task (consistency needs tasks), oldest first; of one study when given."""
+    scope, params = ("TRUE", []) if study is None else (f"{data.STUDY_SQL} = ?", [study])
     cursor = connection.cursor()
     try:
         cursor.execute("SELECT doc FROM (SELECT doc, start_ns, trajectory_id FROM trajectories WHERE task_key IS NOT NULL "
-                       "ORDER BY start_ns DESC LIMIT ?) ORDER BY start_ns, trajectory_id", [limit])
+                       f"AND NOT {data.RECORD_SQL} AND {scope} ORDER BY start_ns DESC LIMIT ?) ORDER BY start_ns, trajectory_id",
+                       [*params, limit])
         return [trajectory_from_doc(orjson.loads(doc)) for (doc,) in cursor.fetchall()]
     finally:
         cursor.close()
@@ -95,15 +97,15 @@ def agreement(runs: list[Trajectory]) -> tuple[dict[str, Any], list[dict[str, An
     return summary, [r for r in reports if r["runs"]]
 
 
-def example_diffs(connection: Any, limit: int = _DIFFS) -> list[RunDiff]:
-    """Up to `limit` diffs of two agents on one task and variant: divergent ones first, and among
-    those the ones that part ways right after a failed call (a retry against no retry)."""
+def example_diffs(connection: Any, limit: int = _DIFFS, study: str | None = None) -> list[RunDiff]:
+    """Up to `limit` diffs of two agents on one task and variant (of one study's runs when given): divergent ones
+    first, and among those the ones that part ways right after a failed call (a retry against no retry)."""
     found: list[RunDiff] = []
-    for c in data.diff_candidates(connection, limit=4 * limit):
+    for c in data.diff_candidates(connection, limit=4 * limit, study=study):
         services = [s for s in c["services"] if s]
         if len(services) < 2:
             continue
-        pair = data.pair_on_task(connection, c["task_key"], services[1], services[0], c["perturbation"])
+        pair = data.pair_on_task(connection, c["task_key"], services[1], services[0], c["perturbation"], study=study)
         if pair is not None:
             found.append(diff_runs(*pair))
     found.sort(key=lambda d: (d.identical, not _after_a_failure(d)))  # stable: candidate order kept within
@@ -118,19 +120,53 @@ def _after_a_failure(d: RunDiff) -> bool:
     return any(s is not None and s.error is not None for s in (before.a, before.b))
 
 
-def spec_violations(connection: Any, cert: dict[str, Any] | None) -> list[dict[str, Any]]:
-    """Violations stored under the certificate's spec; all stored ones when none match (or no certificate)."""
+def spec_violations(connection: Any, cert: dict[str, Any] | None, study: str | None = None) -> list[dict[str, Any]]:
+    """Violations stored under the certificate's spec; all stored ones when none match (or no certificate); of one
+    study's runs when `study` is given."""
     if cert is not None:
-        mine = data.violations_summary(connection, cert["spec"]["hash"])
+        mine = data.violations_summary(connection, cert["spec"]["hash"], study=study)
         if mine:
             return mine
-    return data.violations_summary(connection)
+    return data.violations_summary(connection, study=study)
 
 
-def report_html(connection: Any, cert: dict[str, Any] | None, source: str, coverage: dict[str, Any] | None = None) -> str:
-    """The whole report as one HTML document; `coverage` replaces the store's own (a served store's, read over the API)."""
-    violations = spec_violations(connection, cert)
-    diffs = example_diffs(connection)
+def report_study(cert: dict[str, Any] | None, study: str | None) -> str | None:
+    """The study a report is of: the one asked for, else the certificate's (a certificate of one study's runs makes
+    a report of those runs, so no section counts runs the headline did not). Two different ones are an InputError."""
+    from plumbline_otel.errors import InputError
+
+    certified = ((cert or {}).get("provenance") or {}).get("filters", {}).get("study")
+    if study is not None and certified is not None and certified != study:
+        raise InputError(f"the certificate is of study {certified!r}, not {study!r}: certify study {study!r} or leave --study out")
+    return study if study is not None else certified
+
+
+def study_coverage(connection: Any, study: str) -> dict[str, Any]:
+    """Coverage over one study's runs and records and their spans: copied into a store in memory (through the store's
+    own writes) so the coverage report reads exactly them."""
+    from plumbline_otel.store import Store
+
+    cursor = connection.cursor()
+    try:
+        spans = cursor.sql("SELECT * FROM spans WHERE trace_id IN (SELECT trace_id FROM trajectories WHERE "
+                           f"{data.STUDY_SQL} = ?)", params=[study]).to_arrow_table()
+        cursor.execute(f"SELECT doc FROM trajectories WHERE {data.STUDY_SQL} = ? ORDER BY start_ns, trajectory_id", [study])
+        runs = [trajectory_from_doc(orjson.loads(doc)) for (doc,) in cursor.fetchall()]
+    finally:
+        cursor.close()
+    with Store(":memory:") as scoped:
+        scoped.write_span_table(spans)
+        scoped.add_trajectories(runs)
+        return data.coverage(scoped.connection)
+
+
+def report_html(connection: Any, cert: dict[str, Any] | None, source: str, coverage: dict[str, Any] | None = None,
+                study: str | None = None) -> str:
+    """The whole report as one HTML document; `coverage` replaces the store's own (a served store's, read over the API,
+    or one study's). With `study` (or a certificate of one study), every section holds that study's runs only."""
+    study = report_study(cert, study)
+    violations = spec_violations(connection, cert, study)
+    diffs = example_diffs(connection, study=study)
     shown: dict[str, None] = {}
     for d in diffs:
         shown.update({d.a.trajectory_id: None, d.b.trajectory_id: None})
@@ -143,14 +179,22 @@ def report_html(connection: Any, cert: dict[str, Any] | None, source: str, cover
     loaded = {i: data.load_run(connection, i) for i in itertools.islice(shown, _RUNS_SHOWN)}
     runs = [(r, data.run_violations(connection, r.trajectory_id)) for r in loaded.values() if r is not None]
     embedded = {i: r.trajectory_id for i, r in loaded.items() if r is not None}
-    recent = recent_runs(connection)
+    recent = recent_runs(connection, study=study)
     summary, equivalences = agreement(recent)
+    totals = data.store_totals(connection, study)
+    coverage_note = None
+    if coverage is not None:  # runs read from servers (copied into memory without their spans): the servers' figures
+        coverage_note = "every server's traffic, not only this study's" if study else None
+        totals["spans"] = None if study else coverage.get("overall", {}).get("spans", {}).get("spans", totals["spans"])
+    else:
+        coverage = study_coverage(connection, study) if study else data.coverage(connection)
     return render(
         "report.html", file_href(embedded),
-        cert=cert, chart=chart_rows(cert) if cert else [], source=source, totals=data.store_totals(connection),
+        cert=cert, chart=chart_rows(cert) if cert else [], source=source, totals=totals,
         generated=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), violations=violations,
-        coverage=coverage or data.coverage(connection), consistency=summary, equivalences=equivalences,
-        window=f"the {len(recent)} most recent runs with a task", diffs=diffs, runs=runs, how=advice(connection, source),
+        coverage=coverage, coverage_note=coverage_note, study=study, consistency=summary, equivalences=equivalences,
+        window=f"the {len(recent)} most recent runs with a task" + (f" of study {study}" if study else ""), diffs=diffs,
+        runs=runs, how=advice(connection, source),
     )
 
 
@@ -184,5 +228,5 @@ def write_report(db_path: str | Path, cert_path: str | Path | None, out_path: st
     return out
 
 
-__all__ = ["WINDOW_RUNS", "advice", "agreement", "timeline_view", "diff_page", "example_diffs", "file_href", "recent_runs", "report_html", "run_page", "spec_violations",
+__all__ = ["WINDOW_RUNS", "advice", "agreement", "timeline_view", "diff_page", "example_diffs", "file_href", "recent_runs", "report_html", "report_study", "run_page", "study_coverage", "spec_violations",
            "write_report"]
