@@ -22,7 +22,7 @@ from typing import IO, Literal
 import orjson
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from plumbline_otel.decode._json import SpanFilter, cap_depth, request_from_json
+from plumbline_otel.decode._json import SpanFilter, parse_json, request_from_json
 from plumbline_otel.decode._logs import is_logs_document, logs_from_json, logs_from_protobuf
 from plumbline_otel.decode._problems import Decoded, Problem
 from plumbline_otel.decode._proto import request_from_protobuf
@@ -56,18 +56,12 @@ def _open(path: Path) -> IO[bytes]:
 
 def _parse_json_line(line: bytes, where: str, keep: SpanFilter | None = None) -> Decoded:
     try:
-        doc = orjson.loads(line)
-    except orjson.JSONDecodeError as exc:
-        if "depth limit" in str(exc):  # one runaway value: cut it, keep the rest (the value is dropped with a problem)
-            return _parse_json_line(cap_depth(line), where, keep)
-        try:  # invalid UTF-8 is a common corruption: keep the line, mark what was replaced
-            doc = orjson.loads(line.decode("utf-8", errors="replace"))
-        except orjson.JSONDecodeError:
-            return Decoded(ExportTraceServiceRequest(), where, [Problem(where, f"invalid JSON: {exc}")])
-        decoded = _from_json(doc, where, keep)
-        decoded.problems.append(Problem(where, "invalid UTF-8 replaced with U+FFFD"))
-        return decoded
-    return _from_json(doc, where, keep)
+        doc, repaired = parse_json(line, where)  # invalid UTF-8, runaway nesting, numbers out of range: only what they touch is lost
+    except MalformedRequest as exc:
+        return Decoded(ExportTraceServiceRequest(), where, [Problem(where, str(exc).removeprefix(f"{where}: "))])
+    decoded = _from_json(doc, where, keep)
+    decoded.problems.extend(repaired)
+    return decoded
 
 
 def _from_json(doc: object, where: str, keep: SpanFilter | None) -> Decoded:
@@ -117,8 +111,8 @@ def _json_units(stream: IO[bytes], path: Path) -> Iterator[Unit]:
     while first and not first.strip():
         first = stream.readline()
     try:
-        orjson.loads(first)
-    except orjson.JSONDecodeError:  # a single (pretty-printed) JSON document
+        parse_json(first, "")  # a damaged first line is still a line (its damage costs what it touches)
+    except MalformedRequest:  # a single (pretty-printed) JSON document
         yield Unit("json", first + stream.read(), str(path))
         return
     yield Unit("json", first, f"{path}:1")

@@ -4,6 +4,12 @@
 decodes a 32-hex trace id as base64 into 24 bytes, so the mapping is written out here, following
 the OTLP JSON rules: hex ids, integer enums (names accepted), 64-bit integers as strings or
 numbers, lowerCamelCase keys (snake_case accepted, as the Collector does), unknown fields ignored.
+
+`parse_json` reads the text so that damage costs only what it touches: invalid UTF-8 is replaced
+(and said so), a value nested past the parser's limit is cut (its attribute is dropped), and a
+number past a double's range (`1e400`) becomes a marker that costs the span (or the resource's
+attributes) it is in, instead of the whole request. Spans whose trace or span id is all zeros are
+rejected (OTLP calls them invalid); an all-zero parent id means no parent, as in the Collector.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span, Status
 
 from plumbline_otel.decode._problems import Decoded, Problem
+from plumbline_otel.errors import MalformedRequest
 
 SpanFilter = Callable[[Any], bool]  # given a span's raw JSON trace id: decode this span?
 _SPAN_KINDS = {name: value for name, value in Span.SpanKind.items()}
@@ -43,6 +50,12 @@ TOO_DEEP = "\u0000plumbline: nested too deeply"
 _MAX_VALUE_DEPTH = 30
 _MARKER = orjson.dumps(TOO_DEEP)
 _OPEN, _CLOSE, _QUOTE, _ESCAPE = frozenset(b"[{"), frozenset(b"]}"), ord('"'), ord("\\")
+# What `parse_json` puts where a number past a double's range was: a string no field accepts.
+OUT_OF_RANGE = "\u0000plumbline: number out of range"
+_OUT_OF_RANGE_JSON = orjson.dumps(OUT_OF_RANGE)
+_NUMBER = frozenset(b"+-.0123456789eE")
+_MAX_REPAIRS = 64  # numbers out of range replaced in one document before it is refused whole
+_ZERO_TRACE, _ZERO_SPAN = bytes(16), bytes(8)
 
 
 def _string_end(text: bytes, i: int) -> int:
@@ -92,6 +105,46 @@ def cap_depth(text: bytes, limit: int = 200) -> bytes:
     return bytes(out + text[start:])
 
 
+def _byte_offset(text: bytes, chars: int) -> int:
+    """Where character `chars` of UTF-8 `text` starts (orjson reports positions in characters)."""
+    if text.isascii():
+        return chars
+    return len(text.decode("utf-8")[:chars].encode("utf-8"))
+
+
+def parse_json(text: bytes, where: str) -> tuple[Any, list[Problem]]:
+    """An OTLP JSON document parsed, with the problems repaired on the way; `MalformedRequest` when it is no JSON.
+
+    Invalid UTF-8 is replaced with U+FFFD (one problem says so); values nested past the parser's
+    limit are cut (`cap_depth`); each number past a double's range is replaced by `OUT_OF_RANGE`,
+    which the mapping rejects with the span (or resource attributes) holding it.
+    """
+    problems: list[Problem] = []
+    repairs = 0
+    while True:
+        try:
+            return orjson.loads(text), problems
+        except orjson.JSONDecodeError as exc:
+            message = str(exc)
+            if "not valid UTF-8" in message and not problems:
+                text = text.decode("utf-8", errors="replace").encode("utf-8")
+                problems.append(Problem(where, "invalid UTF-8 replaced with U+FFFD"))
+            elif "depth limit" in message and repairs < _MAX_REPAIRS:
+                text = cap_depth(text)
+                repairs = _MAX_REPAIRS  # once is enough: nothing is left deeper than its limit
+            elif "number is infinity" in message and repairs < _MAX_REPAIRS:
+                start = _byte_offset(text, exc.pos)
+                end = start
+                while end < len(text) and text[end] in _NUMBER:
+                    end += 1
+                if end == start:
+                    raise MalformedRequest(f"{where}: invalid JSON: {message}") from None
+                text = text[:start] + _OUT_OF_RANGE_JSON + text[end:]
+                repairs += 1
+            else:
+                raise MalformedRequest(f"{where}: invalid JSON: {message}") from None
+
+
 def _get(obj: dict[str, Any], camel: str, snake: str, default: Any = None) -> Any:
     value = obj.get(camel)
     if value is None:
@@ -132,6 +185,8 @@ def _int(value: Any, field: str) -> int:
             pass
     if isinstance(value, float) and value.is_integer():
         return int(value)
+    if value == OUT_OF_RANGE:
+        raise _Bad(f"{field} is a number out of range")
     raise _Bad(f"{field} must be an integer (or a decimal string), got {str(value)[:40]!r}")
 
 
@@ -164,6 +219,8 @@ def _fill_any(out: AnyValue, value: Any, field: str, depth: int = 0) -> None:
         d = _get(value, "doubleValue", "double_value")
         if isinstance(d, str) and d in _FLOAT_WORDS:
             d = _FLOAT_WORDS[d]
+        elif d == OUT_OF_RANGE:
+            raise _Bad(f"{field}.doubleValue is a number out of the range of a double")
         if isinstance(d, bool) or not isinstance(d, (int, float)):
             raise _Bad(f"{field}.doubleValue must be a number")
         out.double_value = float(d)
@@ -247,8 +304,11 @@ def _fill_span(span: Span, obj: Any, dropped: list[str]) -> None:
     span.span_id = _id(_get(obj, "spanId", "span_id"), 8, "spanId")
     if not span.trace_id or not span.span_id:
         raise _Bad("span has no traceId or spanId")
+    if span.trace_id == _ZERO_TRACE or span.span_id == _ZERO_SPAN:
+        raise _Bad(f"{'traceId' if span.trace_id == _ZERO_TRACE else 'spanId'} is all zeros (an invalid id in OTLP)")
     status = obj.get("status") or {}
-    span.parent_span_id = _id(_get(obj, "parentSpanId", "parent_span_id"), 8, "parentSpanId")
+    parent = _id(_get(obj, "parentSpanId", "parent_span_id"), 8, "parentSpanId")
+    span.parent_span_id = b"" if parent == _ZERO_SPAN else parent
     span.trace_state = _get(obj, "traceState", "trace_state", "")
     span.flags = _int(obj.get("flags", 0), "flags")
     span.name = obj.get("name", "")

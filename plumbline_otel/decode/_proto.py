@@ -4,6 +4,10 @@ The fast path is one `FromString`. When that fails (a truncated body, invalid UT
 string, nesting past protobuf's recursion limit), the body is walked at the wire level: resource
 and scope envelopes are split by hand and each span is decoded on its own, so one bad span costs
 one span, not the request.
+
+Ids are checked as OTLP defines them: a span whose trace id is not 16 bytes or all zeros, whose
+span id is not 8 bytes or all zeros, or whose parent id is neither empty nor 8 bytes is rejected
+alone (a problem says which); an all-zero parent id means no parent, as in the Collector.
 """
 
 from __future__ import annotations
@@ -19,6 +23,45 @@ from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Sp
 from plumbline_otel.decode._problems import Decoded, Problem
 
 _LEN = 2  # wire type of length-delimited fields
+_ZERO_TRACE, _ZERO_SPAN = bytes(16), bytes(8)
+
+
+def _id_problem(span: Span) -> str | None:
+    """Why `span`'s ids are invalid in OTLP, or None (an all-zero parent id is cleared: no parent)."""
+    trace_id, span_id, parent = span.trace_id, span.span_id, span.parent_span_id
+    if len(trace_id) != 16 or trace_id == _ZERO_TRACE:
+        return f"trace id {trace_id.hex()[:40]} is invalid ({'all zeros' if trace_id == _ZERO_TRACE else f'{len(trace_id)} bytes, not 16'})"
+    if len(span_id) != 8 or span_id == _ZERO_SPAN:
+        return f"span id {span_id.hex()[:40]} is invalid ({'all zeros' if span_id == _ZERO_SPAN else f'{len(span_id)} bytes, not 8'})"
+    if parent and len(parent) != 8:
+        return f"parent span id {parent.hex()[:40]} is invalid ({len(parent)} bytes, not 8)"
+    if parent == _ZERO_SPAN:
+        span.parent_span_id = b""
+    return None
+
+
+def _drop_invalid_ids(request: ExportTraceServiceRequest, where: str, problems: list[Problem]) -> bool:
+    """Remove the spans whose ids OTLP calls invalid (one problem each); True when `request` changed."""
+    changed = False
+    for i, resource_spans in enumerate(request.resource_spans):
+        for j, scope_spans in enumerate(resource_spans.scope_spans):
+            spans = scope_spans.spans
+            bad: list[int] = []
+            for k, span in enumerate(spans):
+                trace_id, span_id, parent = span.trace_id, span.span_id, span.parent_span_id
+                if len(trace_id) == 16 and len(span_id) == 8 and (len(parent) == 8 or not parent) and trace_id != _ZERO_TRACE \
+                        and span_id != _ZERO_SPAN and parent != _ZERO_SPAN:
+                    continue  # the common case, checked without a call
+                reason = _id_problem(span)
+                if reason is not None:
+                    bad.append(k)
+                    problems.append(Problem(f"{where} resourceSpans[{i}].scopeSpans[{j}].spans[{k}]", reason, spans=1))
+                elif parent and not span.parent_span_id:
+                    changed = True
+            for k in reversed(bad):
+                del spans[k]
+            changed = changed or bool(bad)
+    return changed
 
 
 def _varint(data: bytes, pos: int) -> tuple[int, int]:
@@ -96,12 +139,17 @@ def _salvage(data: bytes, where: str, first_error: Exception) -> Decoded:
         problems.append(Problem(where, f"not an OTLP protobuf request past this point: {exc}"))
     if not problems:  # the walker found nothing wrong, so report what protobuf said
         problems.append(Problem(where, f"protobuf decode failed: {first_error}"))
+    _drop_invalid_ids(request, where, problems)
     return Decoded(request, where, problems)
 
 
 def request_from_protobuf(data: bytes, where: str) -> Decoded:
     """Decode one binary `ExportTraceServiceRequest`, salvaging good spans from a damaged body."""
     try:
-        return Decoded(ExportTraceServiceRequest.FromString(data), where, raw=data)
+        request = ExportTraceServiceRequest.FromString(data)
     except DecodeError as exc:
         return _salvage(data, where, exc)
+    problems: list[Problem] = []
+    if _drop_invalid_ids(request, where, problems):
+        return Decoded(request, where, problems)  # encoded again from what is left
+    return Decoded(request, where, raw=data)

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import zlib
 
-import orjson
-
-from plumbline_otel.decode._json import request_from_json
+from plumbline_otel.decode._json import parse_json, request_from_json
 from plumbline_otel.decode._problems import Decoded
 from plumbline_otel.decode._proto import request_from_protobuf
 from plumbline_otel.errors import InputError, MalformedRequest
@@ -44,11 +42,10 @@ def decode_request_body(body: bytes, content_type: str, encoding: str = "", limi
     """Decode one export request body; raise MalformedRequest when nothing in it is usable."""
     data = inflate(body, encoding, limit)
     if is_json(content_type):
-        try:
-            doc = orjson.loads(data)
-        except orjson.JSONDecodeError as exc:
-            raise MalformedRequest(f"{where}: invalid JSON: {exc}") from None
+        doc, repaired = parse_json(data, where)  # as a file's line: damage costs what it touches, not the request
         decoded = request_from_json(doc, where)
+        del doc
+        decoded.problems.extend(repaired)
     else:
         decoded = request_from_protobuf(data, where)
     if decoded.problems and not decoded.request.resource_spans:

@@ -150,3 +150,104 @@ def test_deeply_nested_json_value_drops_its_attribute_only(request_pb: ExportTra
     assert "deep" not in deep.attributes and len(deep.attributes) == len(span["attributes"]) - 1
     assert deep.dropped_attributes_count == 1
     assert problems == [] and [p.reason for p in request_from_json(doc, "x").problems] == ["dropped: nested too deeply to read"]
+
+
+# --- damage costs what it touches, over HTTP as in a file (issue 30 item 8) -----------------------
+
+
+def _json_with_one_marked_span(request_pb: ExportTraceServiceRequest) -> tuple[bytes, int]:
+    """The request as OTLP JSON with its second span's name "QQQQ-marker"; and its span count."""
+    marked = ExportTraceServiceRequest()
+    marked.CopyFrom(request_pb)
+    spans = marked.resource_spans[0].scope_spans[0].spans
+    spans[1].name = "QQQQ-marker"
+    spans[1].attributes.add(key="x.ratio").value.double_value = 0.5
+    return json.dumps(to_otlp_json(marked)).encode(), len(spans)
+
+
+def _kept(decoded: object) -> list[str]:
+    return [s.name for rs in decoded.request.resource_spans for ss in rs.scope_spans for s in ss.spans]  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("number", [b"1e400", b"-1e999", b"1E+400"])
+def test_a_number_out_of_range_costs_its_span_over_http_and_in_a_file(tmp_path: Path, request_pb: ExportTraceServiceRequest,
+                                                                       number: bytes) -> None:
+    # It used to reject the whole request (HTTP 400) and the whole file line.
+    body, count = _json_with_one_marked_span(request_pb)
+    body = body.replace(b'"doubleValue": 0.5', b'"doubleValue": ' + number, 1)
+    assert number in body
+    decoded = decode_request_body(body, "application/json")
+    assert len(_kept(decoded)) == count - 1 and "QQQQ-marker" not in _kept(decoded)
+    [problem] = decoded.problems
+    assert problem.spans == 1 and "spans[1]" in problem.where and "out of the range" in problem.reason
+    path = tmp_path / "big-number.jsonl"
+    path.write_bytes(body + b"\n" + body + b"\n")
+    assert _spans(path) == 2 * (count - 1)
+
+
+def test_a_number_out_of_range_after_multibyte_text_is_found_where_it_is(request_pb: ExportTraceServiceRequest) -> None:
+    body, count = _json_with_one_marked_span(request_pb)
+    body = body.replace(b"QQQQ-marker", "QQQQ-\u00e9\u00e9\u2603".encode(), 1).replace(b'"doubleValue": 0.5', b'"doubleValue": 1e400', 1)
+    decoded = decode_request_body(body, "application/json")
+    assert len(_kept(decoded)) == count - 1
+
+
+def test_an_out_of_range_time_costs_its_span() -> None:
+    doc = {"resourceSpans": [{"scopeSpans": [{"spans": [
+        {"traceId": "ab" * 16, "spanId": "cd" * 8, "name": "good", "startTimeUnixNano": "1", "endTimeUnixNano": "2"},
+        {"traceId": "ab" * 16, "spanId": "ce" * 8, "name": "bad", "startTimeUnixNano": 0, "endTimeUnixNano": "2"}]}]}]}
+    body = json.dumps(doc).encode().replace(b'"startTimeUnixNano": 0', b'"startTimeUnixNano": 9e999')
+    decoded = decode_request_body(body, "application/json")
+    assert _kept(decoded) == ["good"]
+    assert "startTimeUnixNano is a number out of range" in decoded.problems[0].reason
+
+
+def test_invalid_utf8_over_http_keeps_the_request_and_says_so(request_pb: ExportTraceServiceRequest) -> None:
+    # It used to be a 400 for the whole request while the file path kept the spans.
+    body, count = _json_with_one_marked_span(request_pb)
+    decoded = decode_request_body(body.replace(b"QQQQ-marker", b"QQQQ-\xff\xferker"), "application/json")
+    assert len(_kept(decoded)) == count and "QQQQ-\ufffd\ufffdrker" in _kept(decoded)
+    assert [p.reason for p in decoded.problems] == ["invalid UTF-8 replaced with U+FFFD"]
+
+
+def test_json_nested_past_the_parser_limit_over_http_costs_one_attribute(request_pb: ExportTraceServiceRequest) -> None:
+    body, count = _json_with_one_marked_span(request_pb)
+    deep = b'{"kvlistValue": {"values": [{"key": "k", "value": ' * 600 + b"{}" + b"}]}}" * 600
+    body = body.replace(b'{"doubleValue": 0.5}', deep, 1)
+    decoded = decode_request_body(body, "application/json")
+    assert len(_kept(decoded)) == count
+    assert any("x.ratio" in p.where and "nested too deeply" in p.reason for p in decoded.problems)
+
+
+def _one_span_request(trace_id: bytes, span_id: bytes, parent: bytes = b"") -> ExportTraceServiceRequest:
+    request = ExportTraceServiceRequest()
+    spans = request.resource_spans.add().scope_spans.add().spans
+    spans.add(trace_id=b"\x01" * 16, span_id=b"\x02" * 8, name="good", start_time_unix_nano=1, end_time_unix_nano=2)
+    spans.add(trace_id=trace_id, span_id=span_id, parent_span_id=parent, name="odd", start_time_unix_nano=1, end_time_unix_nano=2)
+    return request
+
+
+@pytest.mark.parametrize(("trace_id", "span_id", "parent", "why"), [
+    (bytes(16), b"\x03" * 8, b"", "trace id 000000"),
+    (b"\x01" * 16, bytes(8), b"", "span id 000000"),
+    (b"\x01" * 16, b"\x03" * 8, b"\x04\x05\x06", "parent span id 040506 is invalid (3 bytes, not 8)"),
+    (b"\x01" * 15, b"\x03" * 8, b"", "15 bytes, not 16"),
+])
+def test_invalid_ids_cost_their_span_in_protobuf_and_json(trace_id: bytes, span_id: bytes, parent: bytes, why: str) -> None:
+    # All-zero ids and a 3-byte parent id used to be accepted silently.
+    request = _one_span_request(trace_id, span_id, parent)
+    decoded = decode_request_body(request.SerializeToString(), "application/x-protobuf")
+    assert _kept(decoded) == ["good"] and decoded.raw is None
+    [problem] = decoded.problems
+    assert problem.spans == 1 and "spans[1]" in problem.where and why in problem.reason
+    decoded = decode_request_body(json.dumps(to_otlp_json(request)).encode(), "application/json")
+    assert _kept(decoded) == ["good"]
+    assert decoded.problems[0].spans == 1 and "spans[1]" in decoded.problems[0].where
+
+
+def test_an_all_zero_parent_id_means_no_parent() -> None:
+    request = _one_span_request(b"\x01" * 16, b"\x03" * 8, bytes(8))
+    for decoded in (decode_request_body(request.SerializeToString(), "application/x-protobuf"),
+                    decode_request_body(json.dumps(to_otlp_json(request)).encode(), "application/json")):
+        assert decoded.problems == [] and _kept(decoded) == ["good", "odd"]
+        assert decoded.request.resource_spans[0].scope_spans[0].spans[1].parent_span_id == b""

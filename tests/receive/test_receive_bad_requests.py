@@ -152,10 +152,28 @@ def test_grpc_message_over_the_limit_is_resource_exhausted(server: ServeProcess)
     assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
 
 
+def test_http_json_damage_costs_only_what_it_touches(server: ServeProcess) -> None:
+    """A number past a double's range costs its span, invalid UTF-8 a replaced character: the request
+    is a partial success, not a 400 (issue 30 item 8)."""
+    doc = {"resourceSpans": [{"resource": {"attributes": [{"key": "service.name", "value": {"stringValue": "damaged-json"}}]},
+                              "scopeSpans": [{"spans": [
+                                  {"traceId": "ab" * 16, "spanId": "c1" * 8, "name": "good NAME", "startTimeUnixNano": "1", "endTimeUnixNano": "2"},
+                                  {"traceId": "ab" * 16, "spanId": "c2" * 8, "name": "huge", "startTimeUnixNano": "1", "endTimeUnixNano": "2",
+                                   "attributes": [{"key": "ratio", "value": {"doubleValue": 0.5}}]},
+                                  {"traceId": "00" * 16, "spanId": "c3" * 8, "name": "zero trace id"}]}]}]}
+    body = json.dumps(doc).encode().replace(b'"doubleValue": 0.5', b'"doubleValue": 1e400').replace(b"NAME", b"\xff")
+    status, _, answer = _http(server, "POST", "/v1/traces", body, {"Content-Type": "application/json"})
+    assert status == 200, answer
+    partial = json.loads(answer)["partialSuccess"]
+    assert partial["rejectedSpans"] == "2"
+    assert "out of the range" in partial["errorMessage"] and "all zeros" in partial["errorMessage"] and "UTF-8" in partial["errorMessage"]
+
+
 def test_server_is_still_healthy_after_every_bad_request_and_kept_the_good_spans(server: ServeProcess) -> None:
     status, _, body = _http(server, "GET", "/healthz")
     assert status == 200 and json.loads(body) == {"status": "ok"}
     assert server.stop() == 0
     counts = dict(query(server.db, "SELECT service_name, count(*) FROM spans GROUP BY 1"))
-    assert counts == {"partial-http": 2, "partial-json": 1, "truncated": 2, "partial-grpc": 2}
+    assert counts == {"partial-http": 2, "partial-json": 1, "truncated": 2, "partial-grpc": 2, "damaged-json": 1}
+    assert query(server.db, "SELECT name FROM spans WHERE service_name = 'damaged-json'") == [("good \ufffd",)]
     assert query(server.db, "SELECT count(*) FROM problems WHERE spans > 0")[0][0] >= 4

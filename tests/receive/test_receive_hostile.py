@@ -190,7 +190,8 @@ class _Normal:
     """A normal client while an attack runs: a 2-span export every 0.2 s on a fresh connection."""
 
     def __init__(self, port: int) -> None:
-        self.port, self.statuses, self._stop = port, [], threading.Event()
+        self.port, self._stop = port, threading.Event()
+        self.statuses: list[int] = []
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
