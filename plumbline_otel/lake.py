@@ -76,7 +76,7 @@ SCHEMAS: dict[str, pa.Schema] = {
     "steps": pa.schema([("instance", _S), ("trajectory_id", _S), ("trace_id", _S), ("assembled_ns", _I64), ("service", _S),
                         ("task_key", _S), ("step_index", _I32), ("kind", _S), ("name", _S), ("span_id", _S), ("call_id", _S),
                         ("error", _S), ("step", _S)]),
-    "spans": pa.schema([("instance", _S), ("trace_id", _S), ("span_id", _S), ("parent_span_id", _S), ("name", _S),
+    "spans": pa.schema([("instance", _S), ("trace_id", _S), ("span_id", _S), ("parent_span_id", _S), ("name", _S), ("scope_name", _S),
                         ("start_ns", _I64), ("end_ns", _I64), ("service_name", _S), ("service_version", _S), ("convention", _S),
                         ("step_kind", _S), ("tool_name", _S), ("model", _S), ("args_state", _S), ("content_captured", _B),
                         ("input_tokens", _I64), ("output_tokens", _I64), ("dropped_attributes_count", _I32), ("shapes", _LIST),
@@ -135,7 +135,7 @@ _KINDS: dict[str, _Kind] = {
                 "(SELECT trace_id, trajectory_id, assembled_ns, count(*) AS c FROM lake_rows GROUP BY ALL) GROUP BY 1",
         lake_fields=("trace_id", "trajectory_id", "assembled_ns")),
     "spans": _Kind(
-        rows="SELECT trace_id, span_id, parent_span_id, name, start_ns, end_ns, service_name, service_version, convention, step_kind, "
+        rows="SELECT trace_id, span_id, parent_span_id, name, scope_name, start_ns, end_ns, service_name, service_version, convention, step_kind, "
              "tool_name, model, args_state, content_captured, input_tokens, output_tokens, dropped_attributes_count, shapes, "
              "unknown_keys, status_code, received_ns FROM spans WHERE " + _CHANGED.format(key="trace_id"),
         key="trace_id",
