@@ -227,9 +227,18 @@ def test_demo_report_in_chromium(browser: Any, shots: Path, demo_run: DemoRun) -
     page.goto(demo_run.report.as_uri())
     assert_visible_essentials(page, cert)
     assert page.locator("svg g.cell.sets").count() >= 1, "the cell that sets the headline is marked"
+    assert page.locator("svg text.tick-top").count() == 5, "the chart's axis is above its first row too"
+    height = page.evaluate("document.documentElement.scrollHeight")
+    assert height < 12_000, f"long sections are folded (issue 31: 18,000 px and more): {height} px"
+    assert page.locator("details.run-fold:not([open])").count() > 3, "the example runs are folded, each a line"
     save(page, shots, "report.png")
     first = page.locator("section.diff-view").first
     assert NO_RETRY in first.inner_text() and WITH_RETRY in first.inner_text() and "tool_fault" in first.inner_text()
     first.evaluate("s => s.scrollIntoView()")
     assert_divergence_highlighted(page)
     save(page, shots, "report-diff.png")
+    page.locator("#violations .example a").first.click()  # a folded run is the link's target: its summary is in view
+    target = page.evaluate("location.hash")
+    assert target.startswith("#run-") and page.locator(target).is_visible()
+    page.locator(f"{target} > summary").click()
+    assert page.locator(f"{target} table.steps").is_visible(), "opened, the run's steps show"
