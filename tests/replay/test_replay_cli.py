@@ -8,20 +8,13 @@ from click.testing import CliRunner
 
 from plumbline_otel.cli.main import cli
 from plumbline_otel.ingest import ingest_files
-from plumbline_otel.replay import SpanSink, StudyConfig, run_study
 from plumbline_otel.store import Store
 
-from .toy import ToyAgent, agent_runs, tasks
+from .toy import agent_runs, traffic_store
 
 
 def _store(tmp_path: Path) -> Path:
-    sink = SpanSink(otlp_file=str(tmp_path / "traffic.jsonl"))
-    run_study(StudyConfig("traffic", sink=sink), tasks(2), ToyAgent())
-    sink.close()
-    db = tmp_path / "p.duckdb"
-    with Store(db) as store:
-        ingest_files(store, [str(tmp_path / "traffic.jsonl")])
-    return db
+    return traffic_store(tmp_path)
 
 
 def test_replay_cli_refuses_a_cap_without_a_reservation_and_a_rerun_without_the_flag(tmp_path: Path) -> None:

@@ -20,14 +20,12 @@ import pytest
 from click.testing import CliRunner
 
 from plumbline_otel.cli.main import cli
-from plumbline_otel.ingest import ingest_files
-from plumbline_otel.replay import SpanSink, StudyConfig, run_study
 from plumbline_otel.replay.proxy.simulated import SimReply, SimulatedProvider
 from plumbline_otel.replay.proxy.wire import Api, request_tool_calls, tool_name
 from plumbline_otel.runs import is_record
 from plumbline_otel.store import Store
 
-from .toy import ToyAgent, tasks
+from .toy import traffic_store
 
 ROOT = Path(__file__).resolve().parents[2]
 SPEC = """version: 1
@@ -60,14 +58,8 @@ def provider() -> Any:
 @pytest.fixture
 def db(tmp_path: Path) -> Path:
     """Production traffic to take the tasks from (the toy agent's clean runs of two invoices)."""
-    sink = SpanSink(otlp_file=str(tmp_path / "traffic.jsonl"))
-    run_study(StudyConfig("traffic", sink=sink), tasks(2), ToyAgent())
-    sink.close()
-    path = tmp_path / "p.duckdb"
-    with Store(path) as store:
-        ingest_files(store, [str(tmp_path / "traffic.jsonl")])
     (tmp_path / "spec.yaml").write_text(SPEC)
-    return path
+    return traffic_store(tmp_path)
 
 
 ENV = {"OPENAI_API_KEY": "sk-not-a-real-key", "OPENAI_AGENTS_DISABLE_TRACING": "1", "OPENAI_BASE_URL": None}

@@ -8,12 +8,11 @@ from pathlib import Path
 from click.testing import CliRunner
 
 from plumbline_otel.cli.main import cli
-from plumbline_otel.ingest import ingest_files
-from plumbline_otel.replay import SpanSink, StudyConfig, run_study
+from plumbline_otel.replay import StudyConfig
 from plumbline_otel.replay.sequential import SequentialStop
 from plumbline_otel.store import Store
 
-from .toy import ToyAgent, agent_runs, tasks
+from .toy import ToyAgent, agent_runs, tasks, traffic_store
 
 SPEC = """version: 1
 name: toy
@@ -31,14 +30,8 @@ class PaysUnlessDistracted(ToyAgent):
 
 
 def _traffic(tmp_path: Path, n: int) -> Path:
-    sink = SpanSink(otlp_file=str(tmp_path / "traffic.jsonl"))
-    run_study(StudyConfig("traffic", sink=sink), tasks(n), ToyAgent())
-    sink.close()
-    db = tmp_path / "p.duckdb"
-    with Store(db) as store:
-        ingest_files(store, [str(tmp_path / "traffic.jsonl")])
     (tmp_path / "spec.yaml").write_text(SPEC)
-    return db
+    return traffic_store(tmp_path, n)
 
 
 def test_a_failing_cell_stops_early_and_its_certificate_uses_the_anytime_bound(tmp_path: Path) -> None:

@@ -17,8 +17,6 @@ import pytest
 from click.testing import CliRunner
 
 from plumbline_otel.cli.main import cli
-from plumbline_otel.ingest import ingest_files
-from plumbline_otel.replay import SpanSink, StudyConfig, run_study
 from plumbline_otel.report import build_certificate
 from plumbline_otel.runs import (
     COST_METERED,
@@ -33,7 +31,7 @@ from plumbline_otel.runs import (
 from plumbline_otel.spec import load_spec
 from plumbline_otel.store import Store
 
-from .toy import ToyAgent, tasks
+from .toy import traffic_store
 
 ROOT = Path(__file__).resolve().parents[2]
 SPEC = """version: 1
@@ -46,14 +44,8 @@ invariants:
 @pytest.fixture
 def db(tmp_path: Path) -> Path:
     """A store of the toy agent's clean traffic on two tasks."""
-    sink = SpanSink(otlp_file=str(tmp_path / "traffic.jsonl"))
-    run_study(StudyConfig("traffic", sink=sink), tasks(2), ToyAgent())
-    sink.close()
-    path = tmp_path / "p.duckdb"
-    with Store(path) as store:
-        ingest_files(store, [str(tmp_path / "traffic.jsonl")])
     (tmp_path / "spec.yaml").write_text(SPEC)
-    return path
+    return traffic_store(tmp_path)
 
 
 def study(tmp_path: Path, db: Path, adapter: str, *extra: str, perturbations: str = "baseline", repeats: int = 2,

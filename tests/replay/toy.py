@@ -153,3 +153,18 @@ class DiesAfterExport(ToyAgent):
         if trial.identity.task_key == "INV-1000":
             os._exit(1)
         return outcome
+
+
+def traffic_store(tmp_path: Path, n: int = 2) -> Path:
+    """A store holding the toy agent's clean traffic on `n` tasks: what a study takes its tasks from."""
+    from plumbline_otel.ingest import ingest_files
+    from plumbline_otel.replay import SpanSink, StudyConfig, run_study
+    from plumbline_otel.store import Store
+
+    sink = SpanSink(otlp_file=str(tmp_path / "traffic.jsonl"))
+    run_study(StudyConfig("traffic", sink=sink), tasks(n), ToyAgent())
+    sink.close()
+    path = tmp_path / "p.duckdb"
+    with Store(path) as store:
+        ingest_files(store, [str(tmp_path / "traffic.jsonl")])
+    return path

@@ -28,7 +28,6 @@ from collections.abc import Mapping, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TextIO, cast
-from urllib.parse import unquote
 
 import mcp.types as types
 import orjson
@@ -42,6 +41,7 @@ from mcp.server.transport_security import TransportSecuritySettings
 from mcp.shared.exceptions import MCPError
 
 from plumbline_otel.errors import ConfigError
+from plumbline_otel.replay.loopback import LoopbackService, loopback_only, parse_baggage
 from plumbline_otel.replay.mcp_proxy.evidence import McpEvidence, McpTrialState
 from plumbline_otel.replay.mcp_proxy.spans import ToolCallRecord, emit
 from plumbline_otel.runs import TRIAL_ATTEMPT, TRIAL_ID
@@ -53,7 +53,6 @@ if TYPE_CHECKING:
     from plumbline_otel.replay.adapters import Trial
     from plumbline_otel.replay.budget import TrialBudget
 
-LOOPBACK = ("127.0.0.1", "::1", "localhost")
 MCP_PATH = "/mcp"
 ENV_URL = "PLUMBLINE_MCP_URL"
 _STATE = "plumbline.mcp_proxy.trial"  # the ASGI scope key the router leaves for the handlers
@@ -79,22 +78,13 @@ class McpRoute:
         return {ENV_URL: self.url}
 
 
-def _baggage(header: str | None) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for member in (header or "").split(","):
-        key, sep, value = member.split(";", 1)[0].partition("=")
-        if sep:
-            out[key.strip()] = unquote(value.strip())
-    return out
-
-
 def decoy_tool(spec: Mapping[str, Any]) -> types.Tool:
     """An MCP tool from a decoy spec (``perturb.DECOY_TOOLS`` shape: name, description, input_schema)."""
     schema = spec.get("input_schema") or spec.get("inputSchema") or spec.get("parameters") or {"type": "object", "properties": {}}
     return types.Tool(name=str(spec["name"]), description=spec.get("description"), input_schema=dict(schema))
 
 
-class McpProxy:
+class McpProxy(LoopbackService):
     """An MCP proxy on 127.0.0.1 for the trials of one study (see the module docstring).
 
         proxy = McpProxy(["python", "-m", "my_tools_server"], tracer_provider=provider)
@@ -112,8 +102,7 @@ class McpProxy:
         """``upstream``: a Streamable HTTP MCP server URL, or a stdio server's argv, which the proxy
         launches at ``start`` (with ``env`` over the SDK's safe default environment, in ``cwd``, its
         stderr to ``errlog``) and stops at ``stop``. ``timeout_s`` bounds one upstream call."""
-        if host not in LOOPBACK:
-            raise ConfigError(f"MCP proxy host {host!r}: it listens on loopback only ({', '.join(LOOPBACK)})")
+        loopback_only(host, "MCP proxy")
         if isinstance(upstream, str):
             if not upstream.startswith(("http://", "https://")):
                 raise ConfigError(f"MCP upstream {upstream!r}: a Streamable HTTP URL, or a stdio server command as a list of arguments")
@@ -192,18 +181,6 @@ class McpProxy:
         self._thread = None
         self._uvicorn = None
 
-    def __enter__(self) -> McpProxy:
-        self.start()
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self.stop()
-
-    @property
-    def url(self) -> str:
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}"
-
     @property
     def bare_url(self) -> str:
         """The endpoint without a route, for agents that propagate the trial in ``baggage``."""
@@ -254,7 +231,7 @@ class McpProxy:
             if token is not None:
                 state = self._routes.get(token)
                 return (state, "") if state else (None, f"path token {token[:6]}… is not an open trial route")
-            bag = _baggage(headers.get("baggage"))
+            bag = parse_baggage(headers.get("baggage"))
             if TRIAL_ID in bag:
                 try:
                     key = (bag[TRIAL_ID], int(bag.get(TRIAL_ATTEMPT, "")))

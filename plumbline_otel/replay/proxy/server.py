@@ -25,12 +25,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
-from urllib.parse import unquote
 
 import httpx
 
 from plumbline_otel.errors import ConfigError
 from plumbline_otel.replay.cache import ResponseCache
+from plumbline_otel.replay.loopback import LoopbackService, loopback_only, parse_baggage
 from plumbline_otel.replay.perturb import ModelFaultPlan, ToolResultFaultPlan
 from plumbline_otel.replay.proxy.evidence import ProxyEvidence, TrialState
 from plumbline_otel.replay.proxy.exchange import _HOP, Responder, handle_call, refuse
@@ -43,7 +43,6 @@ if TYPE_CHECKING:
     from plumbline_otel.replay.adapters import Trial
     from plumbline_otel.replay.budget import TrialBudget
 
-LOOPBACK = ("127.0.0.1", "::1", "localhost")
 DEFAULT_UPSTREAMS = {"openai": "https://api.openai.com/v1", "anthropic": "https://api.anthropic.com"}
 _FREE_PATHS = ("/v1/models", "/v1/messages/count_tokens")  # endpoints that cost nothing, passed through under a cap
 
@@ -76,17 +75,7 @@ class ProxyRoute:
         return {"OPENAI_BASE_URL": self.openai_base_url, "ANTHROPIC_BASE_URL": self.anthropic_base_url}
 
 
-def _baggage(values: list[str]) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for header in values:
-        for member in header.split(","):
-            key, sep, value = member.split(";", 1)[0].partition("=")
-            if sep:
-                out[key.strip()] = unquote(value.strip())
-    return out
-
-
-class ModelProxy:
+class ModelProxy(LoopbackService):
     """A model-API proxy on 127.0.0.1 for the trials of one study (see the package docstring)."""
 
     def __init__(self, upstreams: Mapping[str, str] | None = None, cache: ResponseCache | None = None, *,
@@ -98,8 +87,7 @@ class ModelProxy:
         ``api_keys`` likewise from ``OPENAI_API_KEY`` / ``ANTHROPIC_API_KEY``; a provider with a key
         gets it on every forwarded call (the agent may hold a dummy), one without gets the agent's
         own auth header, as does every provider when ``pass_agent_auth``."""
-        if host not in LOOPBACK:
-            raise ConfigError(f"model proxy host {host!r}: it listens on loopback only ({', '.join(LOOPBACK)})")
+        loopback_only(host, "model proxy")
         env = os.environ if env is None else env
         self.upstreams = {"openai": env.get("OPENAI_BASE_URL") or DEFAULT_UPSTREAMS["openai"],
                           "anthropic": env.get("ANTHROPIC_BASE_URL") or DEFAULT_UPSTREAMS["anthropic"],
@@ -145,18 +133,6 @@ class ModelProxy:
             self._server.server_close()
             self._server = None
         self.http.close()
-
-    def __enter__(self) -> ModelProxy:
-        self.start()
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self.stop()
-
-    @property
-    def url(self) -> str:
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}"
 
     # --- trials -----------------------------------------------------------------------------------
 
@@ -211,7 +187,7 @@ class ModelProxy:
         if token is not None:
             state = self._routes.get(token)
             return (state, "") if state else (None, f"path token {token[:6]}… is not an open trial route")
-        bag = _baggage(headers.get_all("baggage") or [])
+        bag = parse_baggage(headers.get_all("baggage") or [])
         if TRIAL_ID in bag:
             try:
                 key = (bag[TRIAL_ID], int(bag.get(TRIAL_ATTEMPT, "")))
