@@ -23,9 +23,12 @@ def _kv(key: str, value: object) -> KeyValue:
     return KeyValue(key=key, value=AnyValue(string_value=str(value)))
 
 
+_ZERO_STANDIN = 1 << 127  # trace 0's id: the corpus numbers traces from 0, and an all-zero trace id is invalid OTLP
+
+
 def _span(trace: int, n: int, parent: int | None, name: str, attrs: dict[str, object]) -> Span:
     start = 1_790_000_000_000_000_000 + trace * 10_000_000 + n * 1_000_000
-    return Span(trace_id=trace.to_bytes(16, "big"), span_id=(trace * 16 + n + 1).to_bytes(8, "big"),
+    return Span(trace_id=(trace or _ZERO_STANDIN).to_bytes(16, "big"), span_id=(trace * 16 + n + 1).to_bytes(8, "big"),
                 parent_span_id=(trace * 16 + parent + 1).to_bytes(8, "big") if parent is not None else b"",
                 name=name, kind=Span.SPAN_KIND_INTERNAL, start_time_unix_nano=start, end_time_unix_nano=start + 900_000,
                 attributes=[_kv(k, v) for k, v in attrs.items()])

@@ -731,7 +731,7 @@ def test_the_first_spans_of_an_input_say_whether_it_is_one_trace() -> None:
     head, traces = first_traces(iter(long))
     assert traces == 1 and head == long[:4]  # read up to 1,000 spans, then stopped
     # a trace a request (an exporter that sends a span or a trace at a time, a directory of a trace a file): many
-    single = [u for trace in range(100) for u in _one_trace_units(trace, 1, 1)]
+    single = [u for trace in range(1, 101) for u in _one_trace_units(trace, 1, 1)]
     rest = iter(single)
     head, traces = first_traces(rest)
     assert traces == 64 and head == single[:64] and next(rest) == single[64]
