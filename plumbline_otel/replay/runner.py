@@ -676,7 +676,7 @@ class Study:
         started = time.perf_counter()
         done = set(completed) | (ledger.decided() if ledger else set())
         already = [t for t in self.plan.trials if t.trial_id in done]
-        if already and not (config.resume or config.rerun):
+        if already and not (config.resume or config.rerun or config.state_url):  # a shared study is joined, not refused
             raise ReplayError(f"study {config.study!r} already has {len(already)} of its {len(self.plan.trials)} trials decided "
                               f"(e.g. {already[0].trial_id}); pass --resume to run only the rest, --rerun to run them "
                               "all again as new trials, or choose a new --study")
