@@ -2,7 +2,7 @@
 
 Past one machine, each `plumbline serve` instance keeps its own DuckDB file for the hot path (the
 Collector's `loadbalancing` exporter routes each trace to one instance) and commits what readers
-need into six Iceberg tables in the namespace `plumbline`, each partitioned by the committing
+need into seven Iceberg tables in the namespace `plumbline`, each partitioned by the committing
 instance:
 
     runs        one row per trajectory (the driver's records of a replay study included): the
@@ -13,6 +13,9 @@ instance:
     logs        GenAI log records: ids, trace, span, service (no bodies)
     problems    input rejected on the way in
     violations  the store's violations (`plumbline check`, the standing check)
+    certificate_cells
+                every cell of every certificate the instance kept (`plumbline certify`), as JSON,
+                with its agent, perturbation, verdict, n and bounds as columns
 
 A catalog URI names the lake: a directory (an embedded SQLite catalog `catalog.db` and the data
 files under `data/` in it), `sqlite:///FILE` or `postgresql://…` (SQLAlchemy's; the data files at
@@ -66,7 +69,7 @@ BATCH_ROWS = 50_000
 # Commit attempts before giving up (a sync that gives up is retried whole by the next one).
 COMMIT_ATTEMPTS = 30
 
-_S, _I64, _I32, _B = pa.string(), pa.int64(), pa.int32(), pa.bool_()
+_S, _I64, _I32, _B, _F64 = pa.string(), pa.int64(), pa.int32(), pa.bool_(), pa.float64()
 _LIST = pa.list_(pa.string())
 SCHEMAS: dict[str, pa.Schema] = {
     "runs": pa.schema([("instance", _S), ("trajectory_id", _S), ("trace_id", _S), ("task_key", _S), ("task_key_source", _S),
@@ -86,6 +89,11 @@ SCHEMAS: dict[str, pa.Schema] = {
     "problems": pa.schema([("instance", _S), ("received_ns", _I64), ("source", _S), ("location", _S), ("reason", _S), ("spans", _I32)]),
     "violations": pa.schema([("instance", _S), ("spec_hash", _S), ("invariant_id", _S), ("trajectory_id", _S), ("severity", _S),
                              ("task_key", _S), ("step_index", _I32), ("step_name", _S), ("detail", _S)]),
+    # Each cell of every certificate the instance kept (`certify` on its store, or `certify --server`): the cell as JSON
+    # beside the columns a dashboard groups and filters by.
+    "certificate_cells": pa.schema([("instance", _S), ("stored_ns", _I64), ("spec_hash", _S), ("study", _S), ("agent", _S),
+                                    ("perturbation", _S), ("verdict", _S), ("gate_method", _S), ("n", _I64), ("conforming", _I64),
+                                    ("tasks", _I64), ("gate_lower", _F64), ("gate_upper", _F64), ("cell", _S)]),
 }
 TABLES = tuple(SCHEMAS)
 # pyiceberg's own retry re-applies a transaction's snapshot to the new table without reading it
@@ -117,6 +125,16 @@ _STEPS_SQL = """
     FROM (SELECT *, from_json(json_extract(doc, '$.steps'), '["json"]') AS steps FROM trajectories
           WHERE n_steps > 0 AND trace_id IN (SELECT key FROM changed)) t,
          unnest(t.steps) WITH ORDINALITY AS x(step, idx)"""
+_CELLS_SQL = """
+    SELECT stored_ns, spec_hash, study, json_extract_string(cell, '$.agent') AS agent,
+           json_extract_string(cell, '$.perturbation') AS perturbation, json_extract_string(cell, '$.verdict') AS verdict,
+           json_extract_string(cell, '$.gate_method') AS gate_method, json_extract(cell, '$.n')::BIGINT AS n,
+           json_extract(cell, '$.conforming')::BIGINT AS conforming, json_extract(cell, '$.tasks')::BIGINT AS tasks,
+           json_extract(cell, '$.gate_lower')::DOUBLE AS gate_lower, json_extract(cell, '$.gate_upper')::DOUBLE AS gate_upper,
+           cell::VARCHAR AS cell
+    FROM (SELECT stored_ns, spec_hash, study, unnest(from_json(json_extract(agent, '$.perturbations'), '["json"]')) AS cell
+          FROM (SELECT stored_ns, spec_hash, study, unnest(from_json(json_extract(doc::JSON, '$.agents'), '["json"]')) AS agent
+                FROM certificates))"""
 _KINDS: dict[str, _Kind] = {
     "runs": _Kind(
         rows="SELECT trajectory_id, trace_id, task_key, task_key_source, service, service_version, agent_name, input, final_output, "
@@ -161,6 +179,12 @@ _KINDS: dict[str, _Kind] = {
         store_fp=_fp("violations", "''", "spec_hash, invariant_id, trajectory_id, severity, task_key, step_index, step_name, detail"),
         lake_fp=_fp("lake_rows", "''", "spec_hash, invariant_id, trajectory_id, severity, task_key, step_index, step_name, detail"),
         lake_fields=("spec_hash", "invariant_id", "trajectory_id", "severity", "task_key", "step_index", "step_name", "detail")),
+    "certificate_cells": _Kind(
+        rows=_CELLS_SQL + " WHERE " + _CHANGED.format(key="''"),
+        key="",
+        store_fp=f"SELECT '' AS key, count(*) AS n, sum(hash(stored_ns, spec_hash, cell)::HUGEINT) AS fp FROM ({_CELLS_SQL}) GROUP BY 1",
+        lake_fp=_fp("lake_rows", "''", "stored_ns, spec_hash, cell"),
+        lake_fields=("stored_ns", "spec_hash", "cell")),
 }
 
 
@@ -273,9 +297,9 @@ class Lake:
 def _fresh_schema(arrow: pa.Schema) -> Any:
     """An Iceberg schema of `arrow` with ids 1.. in column order (lists' elements after)."""
     from pyiceberg.schema import Schema
-    from pyiceberg.types import BooleanType, IntegerType, ListType, LongType, NestedField, StringType
+    from pyiceberg.types import BooleanType, DoubleType, IntegerType, ListType, LongType, NestedField, StringType
 
-    kinds = {_S: StringType(), _I64: LongType(), _I32: IntegerType(), _B: BooleanType()}
+    kinds = {_S: StringType(), _I64: LongType(), _I32: IntegerType(), _B: BooleanType(), _F64: DoubleType()}
     fields, next_id = [], len(arrow) + 1
     for i, f in enumerate(arrow, start=1):
         if f.type == _LIST:
@@ -457,8 +481,8 @@ class LakeReader:
         store = Store(":memory:")
         try:
             for name in tables:
-                if name == "steps":
-                    continue  # steps are in the runs' documents
+                if name in ("steps", "certificate_cells"):
+                    continue  # steps are in the runs' documents; certificate cells are for engines reading the lake
                 target = {"runs": "trajectories"}.get(name, name)
                 with _registered(store.connection, lake_rows=self.lake.scan(name, (row_filter or {}).get(name)).drop_columns(["instance"])):
                     # a misrouted trace's run is under two instances: one copy is kept (readers leave it out anyway)

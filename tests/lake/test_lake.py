@@ -266,3 +266,22 @@ def test_a_commit_refused_for_a_concurrent_one_is_redone_on_the_new_table(corpus
     with Store(corpus / "i0.duckdb", read_only=True) as a, Store(corpus / "i1.duckdb", read_only=True) as b:
         expected = sorted(t.trajectory_id for s in (a, b) for t in s.trajectories())
     assert sorted(Lake(lake).scan("runs", fields=("trajectory_id",))["trajectory_id"].to_pylist()) == expected
+
+
+def test_each_kept_certificate_s_cells_reach_the_lake_once(tmp_path: Path) -> None:
+    from replay.toy import traffic_store
+
+    db = traffic_store(tmp_path, 3)
+    spec = tmp_path / "spec.yaml"
+    spec.write_text("version: 1\nname: toy\ninvariants:\n  - {id: PAY, severity: critical, must_call: pay}\n")
+    runner = CliRunner()
+    for target in ("0.3", "0.95"):  # two certificates kept in the store
+        done = runner.invoke(cli, ["certify", "--spec", str(spec), "--db", str(db), "--target", target, "--out", str(tmp_path / "c.json"),
+                                   "--format", "none"])
+        assert done.exit_code == 0, done.output
+    lake = str(tmp_path / "lake")
+    first, again = _sync(db, lake, "one"), _sync(db, lake, "one")
+    cells = Lake(lake).scan("certificate_cells").to_pylist()
+    assert sorted((c["agent"], c["perturbation"], c["n"], c["verdict"]) for c in cells) == [
+        ("toy-agent@1", "baseline", 3, "INCONCLUSIVE"), ("toy-agent@1", "baseline", 3, "PASS")]
+    assert all(json.loads(c["cell"])["per_task"] for c in cells) and first != again  # the second sync commits nothing new
