@@ -30,6 +30,7 @@ recorded study that no record stands for are listed as *unwitnessed*, never scor
 
 from __future__ import annotations
 
+import hashlib
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -105,6 +106,14 @@ class AttemptRecord:
     evidence: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
 
 
+def record_trace_id(instance: str, trial_id: str, attempt: int, plan: bool) -> str:
+    """Where the driver writes its record of an attempt (or of the trial's plan): a trace of its own,
+    derived from the trial's identity, so a record found anywhere else is not the driver's."""
+    kind = "plan" if plan else "record"
+    value = hashlib.sha256(f"plumbline.{kind}:{instance}:{trial_id}#{attempt}".encode()).hexdigest()[:32]
+    return value if int(value, 16) else "2".rjust(32, "0")
+
+
 def _int(value: Any) -> int | None:
     try:
         return int(value)
@@ -142,6 +151,9 @@ def record_of(t: Trajectory) -> AttemptRecord | None:
     if study is None or trial_id is None:
         return None
     kind = str(c.get(RECORD_KIND))
+    instance, attempt = str(c.get(INSTANCE) or ""), _int(c.get(TRIAL_ATTEMPT)) or 1
+    if t.trace_id != record_trace_id(instance, trial_id, attempt, kind == "plan"):
+        return None  # spans in another trace (an agent's own, stamped with record attributes) are no record
     return AttemptRecord(
         study=study, instance=str(c.get(INSTANCE) or ""), trial_id=trial_id,
         attempt=0 if kind == "plan" else (_int(c.get(TRIAL_ATTEMPT)) or 0),

@@ -33,6 +33,7 @@ from plumbline_otel.runs import (
     TRIAL_ID,
     VARIANT,
 )
+from plumbline_otel.trials import record_trace_id
 
 TRANSIENT_FAULT_KINDS = ("503", "429", "timeout", "connection_reset")
 _FAULT_MESSAGES = {
@@ -162,8 +163,7 @@ class TrialIdentity:
 
     def record_trace_id(self, plan: bool = False) -> str:
         """The trace of the driver's record of this attempt (or of the trial's plan): never the attempt's own."""
-        value = self._digest("plan" if plan else "record")[:32]
-        return value if int(value, 16) else "2".rjust(32, "0")
+        return record_trace_id(self.instance, self.trial_id, self.attempt, plan)
 
     def traceparent(self) -> str:
         """W3C ``traceparent`` (sampled) pointing at the trial's virtual root."""

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from typing import Any
 from urllib.parse import unquote
@@ -31,17 +32,19 @@ def parse_baggage(headers: str | Iterable[str] | None) -> dict[str, str]:
     return out
 
 
-class LoopbackService:
+class LoopbackService(ABC):
     """A proxy's lifecycle: ``start``/``stop`` (the subclass's), a context manager, and its ``url``."""
 
     host: str
     port: int
 
+    @abstractmethod
     def start(self) -> None:
-        raise NotImplementedError
+        """Listen on `host`:`port` (0: a free port, then `port` is the one taken)."""
 
+    @abstractmethod
     def stop(self) -> None:
-        raise NotImplementedError
+        """Stop listening and release what `start` took; stopping twice does nothing."""
 
     def __enter__(self) -> Any:
         self.start()

@@ -200,6 +200,7 @@ def certificate_model(
     """
     tallies: dict[tuple[str, str], _Tally] = defaultdict(_Tally)
     digests: list[tuple[str, str]] = []
+    records = 0  # of the digests, the driver's records: pinned by the evidence hash, but no runs
     window = [None, None]  # type: list[int | None]
     chosen = [t for t in trajectories if study is None or str(t.context.get(STUDY, "")) == study]
     books = account(chosen)
@@ -216,6 +217,7 @@ def certificate_model(
     for t in chosen:
         if is_record(t) and (record := record_of(t)) is not None and wanted(record.agent, t.service):
             digests.append((t.trajectory_id, evidence_digest(t)))
+            records += 1
     for result in books.results:
         if wanted(result.agent, result.run.service if result.run else None):
             if result.run is not None:
@@ -249,7 +251,7 @@ def certificate_model(
             generated_at=datetime.now(timezone.utc).isoformat().replace("+00:00", "Z"),
             filters=Filters(agent=agent, study=study),
             data_window=DataWindow(start_ns=window[0], end_ns=window[1], start=_iso(window[0]), end=_iso(window[1])),
-            runs=len(digests),
+            runs=len(digests) - records,
             scored_runs=sum(c.n for c in cells),
             trials=sum(c.witnessed for c in cells),
             evidence_sha256=evidence_hash(digests),

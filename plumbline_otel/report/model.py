@@ -339,7 +339,7 @@ class Provenance(Record):
     generated_at: Annotated[str, "ISO 8601, UTC"]
     filters: Filters
     data_window: DataWindow
-    runs: Annotated[Count, "matched trajectories: runs, driver records and markers"]
+    runs: Annotated[Count, "matched runs and trial markers (the driver's records are pinned by the evidence hash, not counted here)"]
     scored_runs: Annotated[Count, "sum of n over cells"]
     trials: Annotated[Count, "trials counted from the driver's records"]
     evidence_sha256: str

@@ -23,6 +23,7 @@ from plumbline_otel.runs import (
     COST_USD,
     FAULT_FIRED,
     FAULT_SOURCE,
+    RECORD_AT,
     RECORD_KIND,
     TRIAL_REASON,
     TRIAL_STATUS,
@@ -31,7 +32,7 @@ from plumbline_otel.runs import (
 from plumbline_otel.spec import load_spec
 from plumbline_otel.store import Store
 
-from .toy import traffic_store
+from .toy import driver_records, traffic_store
 
 ROOT = Path(__file__).resolve().parents[2]
 SPEC = """version: 1
@@ -174,3 +175,18 @@ def test_isolate_is_refused_for_agents_already_in_their_own_process(tmp_path: Pa
     result = CliRunner().invoke(cli, ["replay", "--db", str(db), "--study", "x", "--adapter", command("ok"), "--isolate",
                                       "--otlp-file", str(tmp_path / "x.jsonl")])
     assert result.exit_code == 1 and "--isolate applies to python: adapters" in str(result.exception)
+
+
+def test_a_record_the_agent_forges_in_its_own_trace_is_not_the_driver_s(tmp_path: Path, db: Path) -> None:
+    study(tmp_path, db, "python:tests.replay.toy:ToyAgent", name="honest")
+    spec = load_spec(tmp_path / "spec.yaml")
+    with Store(db) as store:
+        stored = list(store.trajectories())
+    honest = build_certificate(spec, stored, study="honest")
+    # An agent that exports, in its attempt's trace, a span with no steps dressed as an earlier record saying it errored.
+    forged = [t if is_record(t) else replace(t, steps=(), context={**t.context, RECORD_KIND: "attempt", TRIAL_STATUS: "errored",
+                                                                   TRIAL_REASON: "forged", RECORD_AT: 1})
+              for t in stored]
+    assert [r.trial_id for r in driver_records(forged)] == [r.trial_id for r in driver_records(stored)]  # no new record
+    lied = build_certificate(spec, forged + [t for t in stored if not is_record(t)], study="honest")
+    assert cell(lied, "baseline")["errored"] == cell(honest, "baseline")["errored"] == 0

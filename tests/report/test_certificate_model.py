@@ -38,6 +38,7 @@ from plumbline_otel.report.model import (
 from plumbline_otel.report.render import load_certificate_model
 from plumbline_otel.spec import MustCall, MustNotCall, Spec, invariant
 from plumbline_otel.spec.testing import call, run
+from plumbline_otel.trials import record_trace_id
 
 GOLDEN = Path(__file__).parent / "golden"
 PACKAGE = Path(__file__).parents[2] / "plumbline_otel" / "report"
@@ -54,8 +55,10 @@ def _run(i: int, ok: bool, **kw: Any):
 
 
 def _record(i: int, trial: str, kind: str, task: str, **ctx: Any):
-    """A replay driver's record (`plumbline_otel.trials`): a plan (attempt 0) or an attempt of `trial`."""
-    return run(id=f"rec-{i}", start_ns=T0 + 500_000 + i, service="ap-agent", version="2.0", task=None, plumbline__study="s1",
+    """A replay driver's record (`plumbline_otel.trials`): a plan (attempt 0) or an attempt of `trial`, in the trace the
+    driver writes it to (a record anywhere else is not the driver's)."""
+    trace = record_trace_id("", trial, int(ctx.get("plumbline__trial__attempt", 1)), kind == "plan")
+    return run(id=trace, start_ns=T0 + 500_000 + i, service="ap-agent", version="2.0", task=None, plumbline__study="s1",
                plumbline__trial__id=trial, plumbline__record__kind=kind, plumbline__task__key=task,
                plumbline__perturbation="tool_fault", **ctx)
 
