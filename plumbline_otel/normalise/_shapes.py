@@ -161,6 +161,10 @@ def _blocks_text(blocks: list[Any]) -> Any:
     return "\n".join(v if isinstance(v, str) else str(v) for v in values) if values else None
 
 
+# An MCP `TextContent` block as SDKs dump it: a tool's whole result when the server returned one block.
+_TEXT_BLOCK_KEYS = frozenset({"type", "text", "annotations", "meta", "_meta"})
+
+
 def unwrap_result(raw: Any) -> tuple[Any, str | None]:
     """A tool's recorded output as (the tool's content, shape name)."""
     value = maybe_json(raw)
@@ -177,6 +181,8 @@ def unwrap_result(raw: Any) -> tuple[Any, str | None]:
             value = value["toolResult"]
         if "toolUseId" in value and isinstance(value.get("content"), list):
             return _content(value["content"]), "content_blocks"
+        if value.get("type") == "text" and isinstance(value.get("text"), str) and set(value) <= _TEXT_BLOCK_KEYS:
+            return maybe_json(value["text"]), "content_blocks"  # one MCP content block (an MCP tool's result)
         if isinstance(value.get("output"), (dict, str)) and set(value) <= {"output", "kwargs"}:
             inner, shape = unwrap_result(value["output"])
             return inner, shape or "output_wrapper"

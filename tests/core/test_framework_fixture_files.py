@@ -26,7 +26,9 @@ SETUPS = ["adk_content", "adk_content_events", "adk_nocontent", "langchain_openi
           "openai_agents_traceloop_chat", "openai_agents_traceloop_responses",
           # generate_js.py: Node set-ups, pinned by their npm lock file (package-lock-<set-up>.json)
           "aisdk6_chat", "aisdk7_legacy_chat", "aisdk7_otel_chat", "mastra",
-          "haystack_openinference", "crewai_openinference", "dspy_openinference"]
+          "haystack_openinference", "crewai_openinference", "dspy_openinference",
+          # generate_autogen/_semantic_kernel/_mcp.py
+          "autogen_agentchat", "semantic_kernel", "mcp_openai_agents"]
 
 _spec = importlib.util.spec_from_file_location("producers_generate", FIXTURES / "producers" / "generate.py")
 assert _spec is not None and _spec.loader is not None
@@ -107,7 +109,8 @@ def test_langchain_openinference_has_a_streamed_run_and_two_parallel_tool_calls(
     assert sorted(set(first_turn)) == ["call_tool_called_twice_0_0", "call_tool_called_twice_0_1"]
 
 
-@pytest.mark.parametrize("setup", [s for s in SETUPS if s.startswith(("openai_agents_", "strands_", "pydantic_ai", "aisdk", "mastra"))])
+@pytest.mark.parametrize("setup", [s for s in SETUPS if s.startswith(("openai_agents_", "strands_", "pydantic_ai", "aisdk", "mastra", "autogen_",
+                                                             "semantic_kernel", "mcp_"))])
 def test_streamed_runs_and_parallel_calls_are_in_the_trace(setup: str) -> None:
     """A streamed model response and two parallel calls in one response, each with the id the stand-in gave it."""
     expected = json.loads((FRAMEWORKS / setup / "expected.json").read_text())

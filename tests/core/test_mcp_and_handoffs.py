@@ -4,14 +4,19 @@ by the function the model called (issue 29 items 5, 6 and 7)."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 from opentelemetry.trace import SpanKind, Status, StatusCode, Tracer
 from otlp import record
 
 from plumbline_otel.assemble import assemble_runs
+from plumbline_otel.ingest import ingest_files
 from plumbline_otel.model import Trajectory
 from plumbline_otel.normalise import normalise_request
+from plumbline_otel.store import Store
+
+FRAMEWORKS = Path(__file__).resolve().parents[1] / "fixtures" / "frameworks"
 
 
 def _run(build: Any) -> Trajectory:
@@ -109,3 +114,26 @@ def test_a_tool_span_with_a_display_name_takes_the_name_the_model_called() -> No
                 pass
 
     assert [(s.name, s.source) for s in _run(build).tool_steps] == [("delegate_work_to_coworker", "tool_span+llm_output")]
+
+
+def test_a_recorded_mcp_call_is_traced_three_times_and_is_one_step(store: Store) -> None:
+    """tests/fixtures/frameworks/mcp_openai_agents: the OpenAI Agents SDK's tool span (OpenInference), the `mcp`
+    package's CLIENT span beneath it and the server process's SERVER span beneath that, for every call; one step
+    each, the result the tool's text (not the MCP content block), the failure from the server span."""
+    setup = FRAMEWORKS / "mcp_openai_agents"
+    expected = json.loads((setup / "expected.json").read_text())
+    for line, run in zip((setup / "trace.otlp.jsonl").read_text().splitlines(), expected["runs"]):
+        spans = [s for rs in json.loads(line)["resourceSpans"] for ss in rs["scopeSpans"] for s in ss["spans"]]
+        by_id = {s["spanId"]: s for s in spans}
+        servers = [s for s in spans if s["name"].startswith("tools/call ") and s["kind"] == 2]
+        assert len(servers) == len(run["tool_calls"]), run["label"]
+        for server in servers:
+            client = by_id[server["parentSpanId"]]
+            framework = by_id[client["parentSpanId"]]
+            assert client["name"] == f"MCP send {server['name']}" and framework["name"] == server["name"].split()[1]
+    summary = ingest_files(store, [str(setup / "trace.otlp.jsonl")])
+    assert summary.problems == []
+    for run, got in zip(expected["runs"], store.trajectories()):
+        assert [(s.name, s.args, s.failed) for s in got.tool_steps] == [(c["name"], c["args"], c["failed"]) for c in run["tool_calls"]]
+        assert [json.loads(s.result) if isinstance(s.result, str) else s.result for s in got.tool_steps if not s.failed] == \
+            [json.loads(c["result"]) for c in run["tool_calls"] if not c["failed"]]
