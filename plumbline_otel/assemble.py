@@ -2,7 +2,9 @@
 
 Rules users meet on day one, in the order they are applied:
 1. The same LLM call traced twice (a provider SDK's own span plus an instrumentation library's,
-   parent and child, or two spans with the same response id) is one LLM call.
+   parent and child, two spans with the same response id, or two instrumentations' spans of one
+   streamed call that overlap in time in the same place of the run and agree on what they both
+   recorded) is one LLM call.
 2. Tool spans are the record of what ran. A call a model proposed in an LLM span's output is the
    same step as the tool span with its call id, or else with its name and arguments in the same
    turn; its arguments fill a tool span that carries none.
@@ -14,6 +16,7 @@ Rules users meet on day one, in the order they are applied:
    did not run: it is a failed step whose error says so, never a successful one.
 6. Several runs in one trace (several root agent spans, or a conversation's turns) are several
    trajectories; a trace of one run keeps the trace id as its trajectory id.
+7. A guardrail result or an execution-state change the run reported is an `event` step at its time.
 Steps are ordered by start time, then span order. Tokens add up over LLM steps only.
 """
 
@@ -49,27 +52,100 @@ def _richness(rec: SpanRecord) -> tuple[int, int, int]:
     return (len(rec.proposed_calls) + len(rec.tool_results), int(rec.content_captured), -rec.start_ns)
 
 
-def _merge_llm_calls(llm: list[SpanRecord]) -> list[SpanRecord]:
+def _find(parent: dict[str, str], span_id: str) -> str:
+    while span_id in parent:
+        span_id = parent[span_id]
+    return span_id
+
+
+def _merge_llm_calls(llm: list[SpanRecord], records: list[SpanRecord]) -> list[SpanRecord]:
     by_id = {r.span_id: r for r in llm}
     parent: dict[str, str] = {}
-
-    def root(span_id: str) -> str:
-        while span_id in parent:
-            span_id = parent[span_id]
-        return span_id
-
     by_response: dict[str, str] = {}
     for rec in llm:
         if rec.parent_span_id in by_id:  # an LLM span directly inside another LLM span
-            parent[root(rec.span_id)] = root(rec.parent_span_id)
+            parent[_find(parent, rec.span_id)] = _find(parent, rec.parent_span_id)
         if rec.response_id:
             first = by_response.setdefault(rec.response_id, rec.span_id)
-            if root(first) != root(rec.span_id):
-                parent[root(rec.span_id)] = root(first)
+            if _find(parent, first) != _find(parent, rec.span_id):
+                parent[_find(parent, rec.span_id)] = _find(parent, first)
+    _merge_twins(llm, records, parent)
     groups: dict[str, list[SpanRecord]] = {}
     for rec in llm:
-        groups.setdefault(root(rec.span_id), []).append(rec)
+        groups.setdefault(_find(parent, rec.span_id), []).append(rec)
     return [_combine(members) for members in groups.values()]
+
+
+def _place(rec: SpanRecord, spans: dict[str, SpanRecord]) -> str | None:
+    """The nearest agent span above a span: where in the run it was made."""
+    parent, seen = rec.parent_span_id, set()
+    while parent is not None and parent in spans and parent not in seen:
+        seen.add(parent)
+        if spans[parent].step_kind == "agent":
+            return parent
+        parent = spans[parent].parent_span_id
+    return None
+
+
+def _overlap(a: SpanRecord, b: SpanRecord) -> float:
+    """How much two spans overlap, as a share of the shorter one (1.0: one holds the other)."""
+    inside = min(a.end_ns, b.end_ns) - max(a.start_ns, b.start_ns)
+    shorter = min(a.end_ns - a.start_ns, b.end_ns - b.start_ns)
+    if inside < 0:
+        return 0.0
+    return 1.0 if shorter <= 0 else min(1.0, inside / shorter)
+
+
+def _twin_agreement(a: SpanRecord, b: SpanRecord) -> int:
+    """How many things two spans of one call both recorded alike; -1 when one of them differs."""
+    agreed = 0
+    for mine, theirs in ((a.output_text, b.output_text), (a.input_text, b.input_text), (a.input_tokens, b.input_tokens),
+                         (a.output_tokens, b.output_tokens),
+                         ([(c.name, c.call_id) for c in a.proposed_calls] or None, [(c.name, c.call_id) for c in b.proposed_calls] or None)):
+        if mine is None or theirs is None:
+            continue
+        if mine != theirs:
+            return -1
+        agreed += 1
+    if a.model and b.model:  # a dated snapshot ("gpt-4o-mini-2024-07-18") is its family's model
+        if not (a.model.startswith(b.model) or b.model.startswith(a.model)):
+            return -1
+        agreed += 1
+    return agreed
+
+
+def _merge_twins(llm: list[SpanRecord], records: list[SpanRecord], parent: dict[str, str]) -> None:
+    """Join, in `parent`, the spans two instrumentations wrote of one call when nothing else ties them.
+
+    A streamed call traced by an OpenInference span and by the SDK's own span: neither is inside the other,
+    and the OpenInference span has no response id. They are one call when they come from different
+    instrumentation scopes, overlap for at least half the shorter one, sit under the same agent span, do not
+    disagree on a response id, model, tokens, texts or proposed calls, and agree on at least one of them.
+    Best-overlapping pairs join first, and a call never holds two spans of one scope: parallel calls, each
+    traced twice, pair up with their own twins.
+    """
+    if len({r.scope_name for r in llm}) < 2:
+        return
+    spans = {r.span_id: r for r in records}
+    place = {r.span_id: _place(r, spans) for r in llm}
+    ordered = sorted(llm, key=lambda r: r.start_ns)
+    pairs: list[tuple[float, int, int, SpanRecord, SpanRecord]] = []
+    for i, a in enumerate(ordered):
+        for b in ordered[i + 1:]:
+            if b.start_ns > a.end_ns:
+                break
+            if a.scope_name == b.scope_name or place[a.span_id] != place[b.span_id] or (
+                    a.response_id and b.response_id and a.response_id != b.response_id):
+                continue
+            share, agreed = _overlap(a, b), _twin_agreement(a, b)
+            if share >= 0.5 and agreed > 0:
+                pairs.append((share, agreed, -i, a, b))
+    scopes: dict[str, set[str]] = {r.span_id: {r.scope_name} for r in llm}
+    for _, _, _, a, b in sorted(pairs, key=lambda p: p[:3], reverse=True):
+        ra, rb = _find(parent, a.span_id), _find(parent, b.span_id)
+        if ra != rb and scopes[ra].isdisjoint(scopes[rb]):
+            parent[rb] = ra
+            scopes[ra] |= scopes[rb]
 
 
 def _combine(members: list[SpanRecord]) -> SpanRecord:
@@ -84,6 +160,8 @@ def _combine(members: list[SpanRecord]) -> SpanRecord:
                 setattr(lead, name, getattr(other, name))
         if not lead.finish_reasons:
             lead.finish_reasons = list(other.finish_reasons)
+        if lead.cost_amount is None and other.cost_amount is not None:  # the amount with its own currency and source
+            lead.cost_amount, lead.cost_currency, lead.cost_source = other.cost_amount, other.cost_currency, other.cost_source
     lead.start_ns = min(m.start_ns for m in members)
     return lead
 
@@ -170,7 +248,16 @@ def _llm_step(rec: SpanRecord, content_seen: bool) -> Step:
         finish_reasons=tuple(rec.finish_reasons),
         evidence=evidence,
         gaps=() if rec.content_captured else (_gap(rec, "content", content_seen),),
+        cost_amount=rec.cost_amount,
+        cost_currency=rec.cost_currency,
+        cost_source=rec.cost_source,
     )
+
+
+def _event_steps(records: list[SpanRecord]) -> list[Step]:
+    """Guardrail results and execution-state changes, each a step at its time, its attributes as reported."""
+    return [Step(kind="event", name=e.name, args=e.attributes, span_id=r.span_id, start_ns=e.time_ns)
+            for r in records for e in r.run_events]
 
 
 def _turn_of(start_ns: int, llm_starts: list[tuple[int, SpanRecord]]) -> SpanRecord | None:
@@ -485,7 +572,7 @@ def assemble(records: list[SpanRecord], task_keys: Iterable[str] = DEFAULT_TASK_
     """
     records = sorted(records, key=lambda r: (r.start_ns, r.span_id))
     root = _root(records)
-    llm = _merge_llm_calls(_without_preparation([r for r in records if r.step_kind == "llm_call"]))
+    llm = _merge_llm_calls(_without_preparation([r for r in records if r.step_kind == "llm_call"]), records)
     handoffs = _handoff_calls(records, llm, {r.tool_name for r in records if r.step_kind == "tool_call"})
     tool_steps = _tool_steps(records, llm, handoffs)
     agents = [_agent_step(a, handoffs.get(a.span_id)) for a in records if a.step_kind == "agent" and a is not root]
@@ -494,7 +581,7 @@ def assemble(records: list[SpanRecord], task_keys: Iterable[str] = DEFAULT_TASK_
     # Parallel calls may start in the same instant (the JS SDK stamps starts to the millisecond): then the
     # order the model proposed them in decides, not the span ids.
     proposed = {c.call_id: c.index for r in llm for c in r.proposed_calls if c.call_id}
-    steps = sorted([*tool_steps, *(_llm_step(r, content_seen) for r in llm), *agents],
+    steps = sorted([*tool_steps, *(_llm_step(r, content_seen) for r in llm), *agents, *_event_steps(records)],
                    key=lambda s: (s.start_ns, proposed.get(s.call_id or "", 0), order.get(s.span_id or "", 0)))
     context = _context(root, records)
     if not steps and not any(k.startswith(CONTEXT_PREFIX) for k in context):

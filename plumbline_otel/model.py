@@ -11,7 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
-StepKind = Literal["tool_call", "llm_call", "agent", "other"]
+# `event`: a guardrail result or an execution-state change the run reported (`RunEvent`), in order among its steps.
+StepKind = Literal["tool_call", "llm_call", "agent", "other", "event"]
 # `vercel_ai`: the Vercel AI SDK's own spans (AI SDK 6 and earlier, and 7's LegacyOpenTelemetry).
 Convention = Literal["genai", "genai_legacy", "openinference", "traceloop", "vercel_ai", "unknown"]
 # Where a tool step came from: its own span, an LLM span's output messages, or both merged.
@@ -67,6 +68,17 @@ class ToolDecision(Frozen):
     tool_name: str | None
 
 
+@dataclass(frozen=True)
+class RunEvent(Frozen):
+    """A `gen_ai.guardrail.result` or `gen_ai.execution.state.changed` event (a span event, a log record, or a
+    guardrail span's own result), kept with its attributes as the producer wrote them: the convention forbids
+    reading an allow or deny verdict into a guardrail's provider-native result, so a spec names the values it means."""
+
+    name: str
+    attributes: dict[str, Any]
+    time_ns: int
+
+
 @dataclass(slots=True)  # a shard holds thousands per trace: no per-record attribute dict
 class SpanRecord:
     """One received span, normalised. Field names are the store's column names."""
@@ -116,6 +128,12 @@ class SpanRecord:
     dropped_attributes_count: int = 0
     attributes: dict[str, Any] = field(default_factory=dict)
     resource: dict[str, Any] = field(default_factory=dict)
+    # `gen_ai.usage.cost.amount`/`.currency`/`.source` as the producer reported them (`provider`: the response
+    # carried it; `local`: the emitter priced it): a witness of cost, never the replay meter's own metering.
+    cost_amount: float | None = None
+    cost_currency: str | None = None
+    cost_source: str | None = None
+    run_events: list[RunEvent] = field(default_factory=list)
 
     # Written out, not generated: mypyc compiles this one to C, while the `dataclasses` module's
     # generated `__init__` stays interpreted (mypyc issue #817) and made building a record a tenth of
@@ -131,7 +149,8 @@ class SpanRecord:
         content_captured: bool = False, proposed_calls: list[ToolCallRef] | None = None, tool_results: list[ToolResultRef] | None = None,
         unknown_keys: list[str] | None = None, shapes: list[str] | None = None, evidence: list[str] | None = None,
         decisions: list[ToolDecision] | None = None, dropped_attributes_count: int = 0, attributes: dict[str, Any] | None = None,
-        resource: dict[str, Any] | None = None,
+        resource: dict[str, Any] | None = None, cost_amount: float | None = None, cost_currency: str | None = None,
+        cost_source: str | None = None, run_events: list[RunEvent] | None = None,
     ) -> None:
         self.trace_id = trace_id
         self.span_id = span_id
@@ -175,6 +194,10 @@ class SpanRecord:
         self.dropped_attributes_count = dropped_attributes_count
         self.attributes = {} if attributes is None else attributes
         self.resource = {} if resource is None else resource
+        self.cost_amount = cost_amount
+        self.cost_currency = cost_currency
+        self.cost_source = cost_source
+        self.run_events = [] if run_events is None else run_events
 
 
 @dataclass(frozen=True)
@@ -201,6 +224,10 @@ class Step(Frozen):
     evidence: str | None = None
     # Why a value is missing ("args:content_capture_off", "result:attribute_absent", "args:unknown_key:<key>").
     gaps: tuple[str, ...] = ()
+    # An LLM step's cost as its producer reported it (`gen_ai.usage.cost.*`; source `provider` or `local`).
+    cost_amount: float | None = None
+    cost_currency: str | None = None
+    cost_source: str | None = None
 
     # Written out, as `SpanRecord`'s is, so that mypyc compiles it (a step is built for nearly every span);
     # frozen, so its fields are set past the data class's `__setattr__`.
@@ -209,6 +236,7 @@ class Step(Frozen):
         source: StepSource = "span", span_id: str | None = None, start_ns: int = 0, model: str | None = None, input_tokens: int | None = None,
         output_tokens: int | None = None, cache_read_tokens: int | None = None, cache_write_tokens: int | None = None,
         finish_reasons: tuple[str, ...] = (), evidence: str | None = None, gaps: tuple[str, ...] = (),
+        cost_amount: float | None = None, cost_currency: str | None = None, cost_source: str | None = None,
     ) -> None:
         object.__setattr__(self, "kind", kind)
         object.__setattr__(self, "name", name)
@@ -227,6 +255,9 @@ class Step(Frozen):
         object.__setattr__(self, "finish_reasons", finish_reasons)
         object.__setattr__(self, "evidence", evidence)
         object.__setattr__(self, "gaps", gaps)
+        object.__setattr__(self, "cost_amount", cost_amount)
+        object.__setattr__(self, "cost_currency", cost_currency)
+        object.__setattr__(self, "cost_source", cost_source)
 
     @property
     def failed(self) -> bool:

@@ -16,7 +16,7 @@ import orjson
 import pyarrow as pa
 
 from plumbline_otel.assemble import CONTEXT_ONLY, assembly_attributes
-from plumbline_otel.model import SpanRecord, Step, ToolCallRef, ToolDecision, ToolResultRef, Trajectory
+from plumbline_otel.model import RunEvent, SpanRecord, Step, ToolCallRef, ToolDecision, ToolResultRef, Trajectory
 
 # Column name -> DuckDB type, in table order. JSON columns hold orjson text. Version 1's columns
 # stay as they were; later versions append theirs (ALTER TABLE adds at the end).
@@ -63,11 +63,14 @@ SPAN_COLUMNS_V4: dict[str, str] = {
     "cache_read_tokens": "BIGINT", "cache_write_tokens": "BIGINT", "finish_reasons": "VARCHAR[]",
     "handoff_to": "VARCHAR", "evidence": "VARCHAR[]", "decisions": "JSON",
 }
-SPAN_COLUMNS: dict[str, str] = {**SPAN_COLUMNS_V1, "shapes": "VARCHAR[]", **SPAN_COLUMNS_V4}
+SPAN_COLUMNS_V8: dict[str, str] = {
+    "cost_amount": "DOUBLE", "cost_currency": "VARCHAR", "cost_source": "VARCHAR", "run_events": "JSON",
+}
+SPAN_COLUMNS: dict[str, str] = {**SPAN_COLUMNS_V1, "shapes": "VARCHAR[]", **SPAN_COLUMNS_V4, **SPAN_COLUMNS_V8}
 # JSON text goes to DuckDB as Arrow's JSON type: sent as plain strings, every value was parsed again
 # on insert to check it (7% of a span write in a profile, 9-11% timed alone), though orjson made it.
 _JSON = pa.json_(pa.string())
-_ARROW_TYPES = {"BIGINT": pa.int64(), "INTEGER": pa.int32(), "BOOLEAN": pa.bool_(), "VARCHAR[]": pa.list_(pa.string()), "JSON": _JSON}
+_ARROW_TYPES = {"BIGINT": pa.int64(), "INTEGER": pa.int32(), "DOUBLE": pa.float64(), "BOOLEAN": pa.bool_(), "VARCHAR[]": pa.list_(pa.string()), "JSON": _JSON}
 
 
 def _json(value: Any) -> str | None:
@@ -132,6 +135,9 @@ def span_table(records: list[SpanRecord], now: int) -> pa.Table:
         "cache_read_tokens": [r.cache_read_tokens for r in records], "cache_write_tokens": [r.cache_write_tokens for r in records],
         "finish_reasons": [r.finish_reasons for r in records], "handoff_to": [r.handoff_to for r in records],
         "evidence": [r.evidence for r in records], "decisions": [_json(r.decisions) if r.decisions else None for r in records],
+        "cost_amount": [r.cost_amount for r in records], "cost_currency": [r.cost_currency for r in records],
+        "cost_source": [r.cost_source for r in records],
+        "run_events": [_json(r.run_events) if r.run_events else None for r in records],
     }
     return pa.Table.from_arrays([pa.array(columns[f.name], type=f.type) for f in _SCHEMA], schema=_SCHEMA)
 
@@ -182,6 +188,7 @@ def record_from_row(row: dict[str, Any], keys: list[str], key_values: list[Any])
     for name in ("shapes", "finish_reasons", "evidence"):
         row[name] = row[name] or []
     row["decisions"] = [ToolDecision(**d) for d in orjson.loads(row["decisions"])] if row["decisions"] else []
+    row["run_events"] = [RunEvent(**e) for e in orjson.loads(row["run_events"])] if row["run_events"] else []
     context_json = row.pop("context")
     context = orjson.loads(context_json) if context_json else {}
     attributes = {k: v for k, v in zip(keys, key_values or []) if v is not None}
@@ -195,7 +202,7 @@ def _doc(t: Trajectory) -> dict[str, Any]:
         {**s.export(), "span_id": s.span_id, "start_ns": s.start_ns, "model": s.model,
          "input_tokens": s.input_tokens, "output_tokens": s.output_tokens, "cache_read_tokens": s.cache_read_tokens,
          "cache_write_tokens": s.cache_write_tokens, "finish_reasons": list(s.finish_reasons), "evidence": s.evidence,
-         "gaps": list(s.gaps)}
+         "gaps": list(s.gaps), "cost_amount": s.cost_amount, "cost_currency": s.cost_currency, "cost_source": s.cost_source}
         for s in t.steps
     ]
     return doc

@@ -35,13 +35,14 @@ from plumbline_otel.rows import (
     SPAN_COLUMNS,
     SPAN_COLUMNS_V1,
     SPAN_COLUMNS_V4,
+    SPAN_COLUMNS_V8,
     record_from_row,
     span_table,
     trajectory_from_doc,
     trajectory_table,
 )
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 DEFAULT_DB = "plumbline.duckdb"
 # DuckDB checkpoints (folds its write-ahead log into the file) when the log passes this size, and
 # until then keeps the logged rows in memory. Each checkpoint recompresses the unfilled row group
@@ -79,7 +80,7 @@ VIOLATION_COLUMNS = ("invariant_id", "trajectory_id", "severity", "task_key", "s
 # where appended rows are compressed, a fifth of a file ingest's time (2.2-2.9 s per 100,000 spans),
 # for a file six times larger: zstd took 0.6-0.8 s and 96 MB became 15 (bench/ingest_files.py corpus).
 _ZSTD_COLUMNS = frozenset({"attributes", "resource", "args", "result", "proposed_calls", "tool_results", "context",
-                           "decisions", "input_text", "output_text", "status_message", "input", "final_output", "doc", "body"})
+                           "decisions", "run_events", "input_text", "output_text", "status_message", "input", "final_output", "doc", "body"})
 
 
 def _column_sql(name: str, kind: str) -> str:
@@ -135,7 +136,8 @@ _MIGRATIONS: dict[int, list[str]] = {
     # Violations join the store's own tables (`plumbline check` made the table itself before this version).
     5: [_VIOLATIONS_TABLE],
     # Long text columns stored with zstd (`_ZSTD_COLUMNS`); the rows are copied as they are.
-    6: [*_rebuilt_table("spans", SPAN_COLUMNS), *_rebuilt_table("trajectories", _TRAJECTORY_COLUMNS),
+    6: [*_rebuilt_table("spans", {k: v for k, v in SPAN_COLUMNS.items() if k not in SPAN_COLUMNS_V8}),
+        *_rebuilt_table("trajectories", _TRAJECTORY_COLUMNS),
         *_rebuilt_table("logs", _LOG_COLUMNS)],
     # What `check` and `certify` keep for the console beside the violations: which runs were judged under which
     # spec (a run with no violation is "conforming" only if it was judged), each check, and the certificates.
@@ -145,6 +147,10 @@ _MIGRATIONS: dict[int, list[str]] = {
         "runs BIGINT)",
         "CREATE TABLE IF NOT EXISTS certificates (stored_ns BIGINT, spec_hash VARCHAR, study VARCHAR, agent VARCHAR, verdict VARCHAR, "
         "lower_bound DOUBLE, doc VARCHAR)"],
+    # Producer-reported cost (`gen_ai.usage.cost.*`) and guardrail / execution-state events per span; every
+    # trajectory is rebuilt so its steps carry them.
+    8: [*(f"ALTER TABLE spans ADD COLUMN {_column_sql(name, kind)}" for name, kind in SPAN_COLUMNS_V8.items()),
+        "INSERT OR IGNORE INTO dirty_traces SELECT DISTINCT trace_id FROM spans"],
 }
 
 
@@ -720,11 +726,11 @@ class Store:
         """Fold each trace's stored GenAI log records into its span records (in record time order)."""
         with self._registered("wanted", _trace_ids(by_trace)):
             rows = self.connection.execute(
-                "SELECT trace_id, span_id, event_name, attributes, body FROM logs WHERE trace_id IN (SELECT trace_id FROM wanted) "
-                "AND span_id IS NOT NULL ORDER BY time_ns, observed_ns, log_id").fetchall()
-        events: dict[str, dict[str, list[tuple[str, dict[str, Any]]]]] = {}
-        for trace_id, span_id, name, attributes, body in rows:
-            events.setdefault(trace_id, {}).setdefault(span_id, []).append((name, log_event_attributes(attributes, body)))
+                "SELECT trace_id, span_id, event_name, attributes, body, coalesce(nullif(time_ns, 0), observed_ns) FROM logs "
+                "WHERE trace_id IN (SELECT trace_id FROM wanted) AND span_id IS NOT NULL ORDER BY time_ns, observed_ns, log_id").fetchall()
+        events: dict[str, dict[str, list[tuple[str, dict[str, Any], int]]]] = {}
+        for trace_id, span_id, name, attributes, body, time_ns in rows:
+            events.setdefault(trace_id, {}).setdefault(span_id, []).append((name, log_event_attributes(attributes, body), time_ns or 0))
         for trace_id, by_span in events.items():
             by_trace[trace_id] = fold_logs(by_trace[trace_id], by_span)
 

@@ -35,7 +35,7 @@ _NAMESPACES = ("gen_ai.", "llm.", "tool.", "openinference.", "traceloop.", "ai."
 _KNOWN_PREFIXES = (
     "gen_ai.operation.", "gen_ai.provider.", "gen_ai.system", "gen_ai.request.", "gen_ai.response.",
     "gen_ai.usage.", "gen_ai.tool.", "gen_ai.input.messages", "gen_ai.output.messages",
-    "gen_ai.conversation.", "gen_ai.agent.", "gen_ai.prompt", "gen_ai.completion", "gen_ai.output.type",
+    "gen_ai.conversation.", "gen_ai.agent.", "gen_ai.prompt", "gen_ai.completion", "gen_ai.output.type", "gen_ai.guardrail.",
     "gen_ai.openai.", "gen_ai.data_source.", "gen_ai.workflow.",
     "llm.input_messages", "llm.output_messages", "llm.model_name", "llm.token_count.", "llm.provider",
     "llm.system", "llm.invocation_parameters", "llm.tools", "llm.request.", "llm.response.",
@@ -86,9 +86,11 @@ def normalise_span(span: Span, resource: dict[str, Any], scope_name: str, limits
     where = f"span {span_id}"
     attrs, dropped = _attributes(span.attributes, limits, where, problems)
     events = []
+    timed = []
     for event in span.events:
         event_attrs, _ = _attributes(event.attributes, limits, f"{where} event {event.name!r}", problems)
         events.append((event.name, event_attrs))
+        timed.append((event.name, event_attrs, event.time_unix_nano))
     convention, step_kind = _extract.detect(attrs)
     rec = SpanRecord(
         trace_id=span.trace_id.hex(),
@@ -110,6 +112,9 @@ def normalise_span(span: Span, resource: dict[str, Any], scope_name: str, limits
         resource=resource,
     )
     _extract.extract(rec, attrs, events)
+    _extract.guardrail_span(rec, attrs)
+    if timed:
+        _extract.add_run_events(rec, timed)
     rec.unknown_keys = _unknown_keys(attrs)
     return rec
 
@@ -123,8 +128,9 @@ def log_event_attributes(attributes: str | None, body: str | None) -> dict[str, 
     return {"content": content, **attrs} if content not in (None, "") else attrs
 
 
-def fold_logs(records: list[SpanRecord], events: dict[str, list[tuple[str, dict[str, Any]]]]) -> list[SpanRecord]:
-    """The trace's span records with the log records of each span (by span id) folded in; others unchanged.
+def fold_logs(records: list[SpanRecord], events: dict[str, list[tuple[str, dict[str, Any], int]]]) -> list[SpanRecord]:
+    """The trace's span records with the log records of each span (by span id, as (event name, attributes,
+    time)) folded in; others unchanged.
 
     A folded record is a copy: the caller's records (a shard's, a writer's) are never changed.
     """
@@ -132,8 +138,10 @@ def fold_logs(records: list[SpanRecord], events: dict[str, list[tuple[str, dict[
     for rec in records:
         own = events.get(rec.span_id)
         if own:
-            rec = replace(rec, evidence=list(rec.evidence), decisions=list(rec.decisions), shapes=list(rec.shapes))
-            _extract.fold_events(rec, own)
+            rec = replace(rec, evidence=list(rec.evidence), decisions=list(rec.decisions), shapes=list(rec.shapes),
+                          run_events=list(rec.run_events))
+            _extract.fold_events(rec, [(name, attrs) for name, attrs, _ in own])
+            _extract.add_run_events(rec, own)
         out.append(rec)
     return out
 

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from plumbline_otel.model import Convention, SpanRecord, StepKind, ToolCallRef, ToolDecision
+from plumbline_otel.model import Convention, RunEvent, SpanRecord, StepKind, ToolCallRef, ToolDecision
 from plumbline_otel.normalise._messages import Message, parse_args, parse_messages, response_messages, result_is_error
 from plumbline_otel.normalise._shapes import (
     TOOL_ERROR_SHAPE,
@@ -351,10 +351,25 @@ def _llm_fields(rec: SpanRecord, attrs: dict[str, Any]) -> None:
                                                                     "gen_ai.usage.cache_read_input_tokens", "llm.token_count.prompt_details.cache_read"))
     rec.cache_write_tokens = _or_count(rec.cache_write_tokens, _first(attrs, "gen_ai.usage.cache_write.input_tokens", "gen_ai.usage.cache_creation.input_tokens",
                                                                       "gen_ai.usage.cache_write_input_tokens", "llm.token_count.prompt_details.cache_write"))
+    _cost(rec, attrs)
     reasons = _first(attrs, "gen_ai.response.finish_reasons", "llm.finish_reason", "ai.response.finishReason")
     if reasons and not rec.finish_reasons:
         reasons = maybe_json(reasons)
         rec.finish_reasons = [str(r) for r in reasons] if isinstance(reasons, list) else [str(reasons)]
+
+
+def _cost(rec: SpanRecord, attrs: dict[str, Any]) -> None:
+    """`gen_ai.usage.cost.*` (semantic-conventions-genai #443): the amount, its currency and who priced it (`provider`:
+    the response carried it; `local`: the emitter computed it). Kept as reported; an amount that is no number is none."""
+    amount = attrs.get("gen_ai.usage.cost.amount")
+    if rec.cost_amount is not None or amount is None or isinstance(amount, bool):
+        return
+    try:
+        rec.cost_amount = float(amount)
+    except (TypeError, ValueError):
+        return
+    rec.cost_currency = as_text(attrs.get("gen_ai.usage.cost.currency"))
+    rec.cost_source = as_text(attrs.get("gen_ai.usage.cost.source"))
 
 
 def _apply_messages(rec: SpanRecord, inputs: list[Message], outputs: list[Message]) -> None:
@@ -571,6 +586,30 @@ def extract(rec: SpanRecord, attrs: dict[str, Any], events: list[tuple[str, dict
         fold_events(rec, decisions)
 
 
+# --- guardrail results and execution-state changes ---------------------------------------------
+
+GUARDRAIL_EVENT = "gen_ai.guardrail.result"
+RUN_EVENTS = (GUARDRAIL_EVENT, "gen_ai.execution.state.changed")
+
+
+def guardrail_span(rec: SpanRecord, attrs: dict[str, Any]) -> None:
+    """An `apply_guardrail` span is a guardrail result of its own: its `gen_ai.guardrail.*` keys (and `error.type`
+    when the guardrail call failed), at its end, when the result was known."""
+    if attrs.get("gen_ai.operation.name") == "apply_guardrail":
+        own = {k: v for k, v in attrs.items() if k.startswith("gen_ai.guardrail.") or k == "error.type"}
+        rec.run_events.append(RunEvent(GUARDRAIL_EVENT, own, rec.end_ns))
+
+
+def add_run_events(rec: SpanRecord, events: list[tuple[str, dict[str, Any], int]]) -> None:
+    """Guardrail results and execution-state changes among a span's events or log records, at their time (the
+    span's end when they have none); one already held (a log record repeating a span event) is not added again."""
+    for name, eattrs, time_ns in events:
+        if name in RUN_EVENTS:
+            event = RunEvent(name, dict(eattrs), time_ns or rec.end_ns)
+            if event not in rec.run_events:
+                rec.run_events.append(event)
+
+
 # --- log records ------------------------------------------------------------------------------
 
 DECISION_EVENT = "gen_ai.tool.call.decision"
@@ -588,7 +627,7 @@ def fold_events(rec: SpanRecord, events: list[tuple[str, dict[str, Any]]]) -> No
                 outcome=str(eattrs["gen_ai.tool.call.decision.outcome"]),
                 call_id=str(eattrs["gen_ai.tool.call.id"]) if eattrs.get("gen_ai.tool.call.id") else None,
                 tool_name=str(eattrs["gen_ai.tool.name"]) if eattrs.get("gen_ai.tool.name") else None))
-    events = [(n, a) for n, a in events if n != DECISION_EVENT]
+    events = [(n, a) for n, a in events if n != DECISION_EVENT and n not in RUN_EVENTS]
     if not events:
         return
     if rec.step_kind == "tool_call":

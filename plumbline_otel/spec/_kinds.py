@@ -419,3 +419,143 @@ def _arg_satisfies(params: Any, predicates: Mapping[str, Predicate]) -> Invarian
 def _arg_matches_result(params: Any, predicates: Mapping[str, Predicate]) -> Invariant:
     p = _mapping(params, ("tool", "arg", "result_tool", "field"), _RULE_KEYS)
     return ArgMatchesResult(p["tool"], p["arg"], p["result_tool"], p["field"], _rule(p))
+
+
+# --------------------------------------------------------------------------------------------
+# events the run reported: guardrail results and execution-state changes (`Step.kind == "event"`)
+
+
+def _as_text(value: Any) -> str:
+    """A value as the convention writes provider-native results: canonical strings (`true`, `6`)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
+@dataclass(frozen=True)
+class EventMatch:
+    """Which reported events a spec means: the event's name and the attribute values it must have.
+
+    The convention forbids reading an allow or deny verdict into a guardrail's provider-native result,
+    so the spec says which values it means (`gen_ai.guardrail.result.value: GUARDRAIL_INTERVENED`); a
+    list is any of its values. Compared as the convention's canonical strings.
+    """
+
+    event: str
+    where: tuple[tuple[str, tuple[str, ...]], ...] = ()
+
+    def matches(self, step: Step) -> bool:
+        if step.kind != "event" or step.name != self.event:
+            return False
+        attrs = step.args if isinstance(step.args, dict) else {}
+        return all(key in attrs and _as_text(attrs[key]) in allowed for key, allowed in self.where)
+
+    def found(self, trajectory: Trajectory) -> list[int]:
+        return [i for i, step in enumerate(trajectory.steps) if self.matches(step)]
+
+    def describe(self) -> dict[str, Any]:
+        where = {k: list(v) if len(v) > 1 else v[0] for k, v in self.where}
+        return {"event": self.event, **({"where": where} if where else {})}
+
+    def label(self) -> str:
+        where = ", ".join(f"{k}={'|'.join(v)}" for k, v in self.where)
+        return f"{self.event} ({where})" if where else self.event
+
+
+@dataclass(frozen=True)
+class NoEvent:
+    """The run reported no event matching `match` (no guardrail intervened, no state changed)."""
+
+    match: EventMatch
+
+    def __call__(self, trajectory: Trajectory, context: Mapping[str, Any]) -> Verdict:
+        found = self.match.found(trajectory)
+        if not found:
+            return Verdict.ok()
+        return Verdict.fail(f"{self.match.label()} at step {found[0]}", found[0], trajectory.steps[found[0]].name)
+
+    def describe(self) -> dict[str, Any]:
+        return {"no_event": self.match.describe()}
+
+
+@dataclass(frozen=True)
+class EventBefore:
+    """Every successful call of `tool` comes after an event matching `match` (a guardrail checked its input)."""
+
+    match: EventMatch
+    tool: str
+
+    def __call__(self, trajectory: Trajectory, context: Mapping[str, Any]) -> Verdict:
+        later = calls(trajectory, self.tool)
+        if not later:
+            return Verdict.na(f"{self.tool} never successfully called")
+        found = self.match.found(trajectory)
+        if found and found[0] < later[0]:
+            return Verdict.ok()
+        return Verdict.fail(f"{self.tool} at step {later[0]} before any {self.match.label()}", later[0], self.tool)
+
+    def describe(self) -> dict[str, Any]:
+        return {"event_before": {**self.match.describe(), "tool": self.tool}}
+
+
+@dataclass(frozen=True)
+class NoCallAfterEvent:
+    """After the first event matching `match` (a guardrail's tripwire), no tool (of `tools`, or any) is called.
+
+    Not applicable when no such event was reported: the run says nothing about what follows one.
+    """
+
+    match: EventMatch
+    tools: tuple[str, ...] = ()
+    count_failed: bool = False
+
+    def __call__(self, trajectory: Trajectory, context: Mapping[str, Any]) -> Verdict:
+        found = self.match.found(trajectory)
+        if not found:
+            return Verdict.na(f"no {self.match.label()}")
+        for i in range(found[0] + 1, len(trajectory.steps)):
+            step = trajectory.steps[i]
+            if step.kind == "tool_call" and (not self.tools or step.name in self.tools) and (self.count_failed or step.error is None):
+                return Verdict.fail(f"{step.name} called at step {i} after {self.match.label()} at step {found[0]}", i, step.name)
+        return Verdict.ok()
+
+    def describe(self) -> dict[str, Any]:
+        return {"no_call_after_event": {**self.match.describe(), "tools": list(self.tools), "count_failed": self.count_failed}}
+
+
+def _event_match(params: Mapping[str, Any]) -> EventMatch:
+    event = params["event"]
+    if not isinstance(event, str) or not event.strip():
+        raise ValueError("event must be a non-empty string (gen_ai.guardrail.result, gen_ai.execution.state.changed)")
+    where = params.get("where", {})
+    if not isinstance(where, Mapping) or not all(isinstance(k, str) and k for k in where):
+        raise ValueError("where must map attribute names to a value or a list of values")
+    pairs = []
+    for key, value in where.items():
+        values = value if isinstance(value, list) else [value]
+        if not values or any(isinstance(v, (Mapping, list)) or v is None for v in values):
+            raise ValueError(f"where.{key} must be a value or a list of values")
+        pairs.append((key, tuple(_as_text(v) for v in values)))
+    return EventMatch(event, tuple(pairs))
+
+
+@kind("no_event")
+def _no_event(params: Any, predicates: Mapping[str, Predicate]) -> Invariant:
+    return NoEvent(_event_match(_mapping(params, ("event",), ("where",))))
+
+
+@kind("event_before")
+def _event_before(params: Any, predicates: Mapping[str, Predicate]) -> Invariant:
+    p = _mapping(params, ("event", "tool"), ("where",))
+    return EventBefore(_event_match(p), p["tool"])
+
+
+@kind("no_call_after_event")
+def _no_call_after_event(params: Any, predicates: Mapping[str, Predicate]) -> Invariant:
+    p = _mapping(params, ("event",), ("where", "tools", "count_failed"))
+    tools = p.get("tools", [])
+    if not isinstance(tools, list) or not all(isinstance(t, str) and t for t in tools):
+        raise ValueError("tools must be a list of tool names")
+    return NoCallAfterEvent(_event_match(p), tuple(tools), _flag(p))

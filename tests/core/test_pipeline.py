@@ -385,10 +385,11 @@ def test_a_version_1_store_migrates_without_its_primary_key_and_keeps_its_spans(
 
 
 def test_a_version_5_store_keeps_its_rows_and_stores_long_text_with_zstd(tmp_path: Path) -> None:
-    from plumbline_otel.rows import span_table
+    from plumbline_otel.rows import SPAN_COLUMNS, SPAN_COLUMNS_V8, span_table
     from plumbline_otel.store import _MIGRATIONS
 
     requests = list(build_requests(120, 60))
+    v5_columns = ", ".join(c for c in SPAN_COLUMNS if c not in SPAN_COLUMNS_V8)
     db = tmp_path / "v5.duckdb"
     con = duckdb.connect(str(db))
     for version in range(1, 6):
@@ -396,7 +397,7 @@ def test_a_version_5_store_keeps_its_rows_and_stores_long_text_with_zstd(tmp_pat
             con.execute(statement)
     con.execute("INSERT INTO meta VALUES ('schema_version', '5')")
     rows = span_table([rec for r in requests for rec in normalise_request(r)[0]], 1)  # noqa: F841 - read by the SQL
-    con.execute("INSERT INTO spans SELECT * FROM rows")
+    con.execute(f"INSERT INTO spans SELECT {v5_columns} FROM rows")
     con.execute("INSERT INTO dirty_traces SELECT DISTINCT trace_id FROM spans")
     con.close()
     with Store(db) as store:
