@@ -40,6 +40,7 @@ from plumbline_otel.runs import TASK_KEY
 # names the task, else the normalised request. Session and conversation ids stay in the context.
 DEFAULT_TASK_KEYS = (TASK_KEY,)
 CONTEXT_PREFIX = "plumbline."
+RESOURCE_PREFIX = "resource."  # a task key naming an attribute of the resource only (`task_key_value`)
 CONTEXT_KEYS = ("session.id", "gen_ai.conversation.id")
 # A trace of more spans is never held whole as records: a shard lets it go when it reaches this
 # many, and the store rebuilds it run by run (`split_runs` on a few columns, then a batch of runs at
@@ -411,18 +412,74 @@ def _root(records: list[SpanRecord]) -> SpanRecord:
 def _task_key(root: SpanRecord, records: list[SpanRecord], input_text: str | None, keys: Iterable[str]) -> tuple[str | None, str]:
     for key in keys:
         for rec in [root, *records]:
-            value = rec.attributes.get(key, rec.resource.get(key))
-            if value not in (None, ""):
-                return str(value), f"attribute:{key}"
+            value = task_key_value(key, rec.attributes, rec.resource)
+            if value is not None:
+                return value, f"attribute:{key}"
     if input_text:
         normalised = re.sub(r"\s+", " ", input_text.strip().lower())
         return "input:" + hashlib.sha256(normalised.encode()).hexdigest()[:16], "input_hash"
     return None, "none"
 
 
+def task_key_value(key: str, attributes: dict[str, Any], resource: dict[str, Any]) -> str | None:
+    """A task key as users name it, read from one span's attributes and its resource.
+
+    Users name what their traffic has: an attribute of the span or of its resource by its name
+    (`session.id`, `langgraph.thread_id`, or a baggage entry the baggage span processor copied);
+    `resource.<name>` for the resource's attribute only; or a path into a JSON-valued attribute, as
+    instrumentations record metadata (`metadata.task_id` in OpenInference's `metadata`). The name
+    as written wins over a path, so an attribute whose name has dots is never read as one.
+    """
+    value = attributes.get(key, resource.get(key))
+    if value in (None, ""):
+        value = _path_value(key.removeprefix(RESOURCE_PREFIX), resource) if key.startswith(RESOURCE_PREFIX) else None
+    if value in (None, ""):
+        value = _path_value(key, attributes)
+        value = _path_value(key, resource) if value in (None, "") else value
+    return None if value in (None, "") else str(value)
+
+
+def _path_value(key: str, attributes: dict[str, Any]) -> Any:
+    """`a.b.c` as attribute `a.b.c`, else field `c` of JSON attribute `a.b`, else field `b.c` of `a`."""
+    if attributes.get(key) not in (None, ""):
+        return attributes[key]
+    parts = key.split(".")
+    for cut in range(len(parts) - 1, 0, -1):
+        head = ".".join(parts[:cut])
+        if head in attributes:
+            value = _field(attributes[head], parts[cut:])
+            if value is not None:
+                return value
+    return None
+
+
+def _field(value: Any, path: list[str]) -> Any:
+    """A scalar at `path` inside a map or a JSON object (text, as attributes carry it), else None."""
+    if isinstance(value, str) and value.lstrip()[:1] == "{":
+        try:
+            value = orjson.loads(value)
+        except orjson.JSONDecodeError:
+            return None
+    for part in path:
+        if not isinstance(value, dict):
+            return None
+        value = value.get(part)
+    return value if isinstance(value, (str, int, float, bool)) else None
+
+
+def task_key_attributes(task_keys: Iterable[str]) -> frozenset[str]:
+    """The attribute names (of a span or its resource) the task keys may be read from (`task_key_value`)."""
+    names: set[str] = set()
+    for key in task_keys:
+        for name in (key, key.removeprefix(RESOURCE_PREFIX)):
+            parts = name.split(".")
+            names.update(".".join(parts[:cut]) for cut in range(1, len(parts) + 1))
+    return frozenset(names)
+
+
 def assembly_keys(task_keys: Iterable[str]) -> frozenset[str]:
     """The attribute keys `trim_for_assembly` keeps, besides plumbline's own (`CONTEXT_PREFIX`)."""
-    return frozenset(task_keys) | frozenset(CONTEXT_KEYS)
+    return task_key_attributes(task_keys) | frozenset(CONTEXT_KEYS)
 
 
 def assembly_attributes(attributes: dict[str, Any], keep: frozenset[str]) -> dict[str, Any]:

@@ -25,7 +25,7 @@ import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from plumbline_otel.assemble import DEFAULT_TASK_KEYS, LONG_TRACE_SPANS, iter_runs, split_runs
+from plumbline_otel.assemble import DEFAULT_TASK_KEYS, LONG_TRACE_SPANS, iter_runs, split_runs, task_key_attributes
 from plumbline_otel.assemble import assemble as assemble_run
 from plumbline_otel.decode import Problem
 from plumbline_otel.errors import StoreError
@@ -623,22 +623,21 @@ class Store:
 
     def _records_for(self, trace_ids: list[str], span_ids: list[str] | None = None) -> dict[str, list[SpanRecord]]:
         """The stored records of these traces (of these spans only, when `span_ids` is given), by trace."""
-        keys = list(self.task_keys)
-        key_sql = ", ".join(
-            f"coalesce(json_extract_string(attributes, ${i + 1}), json_extract_string(resource, ${i + 1}))"
-            for i in range(len(keys))
-        ) or "NULL"
+        keys = sorted(task_key_attributes(self.task_keys))  # a span's and its resource's, apart (`task_key_value`)
+        key_sql = ", ".join(f"json_extract_string(attributes, ${i + 1})" for i in range(len(keys))) or "NULL"
+        resource_sql = ", ".join(f"json_extract_string(resource, ${i + 1})" for i in range(len(keys))) or "NULL"
         columns = [c for c in SPAN_COLUMNS if c not in ("attributes", "resource", "received_ns")]
         only = "" if span_ids is None else " AND span_id IN (SELECT span_id FROM wanted_spans)"
         spans = pa.table({"span_id": pa.array(span_ids or [], pa.string())})  # registered, read only with `only`
         with self._registered("wanted", _trace_ids(trace_ids)), self._registered("wanted_spans", spans):
             rows = self.connection.execute(
-                f"SELECT {', '.join(columns)}, [{key_sql}] FROM spans WHERE trace_id IN (SELECT trace_id FROM wanted){only}",
+                f"SELECT {', '.join(columns)}, [{key_sql}], [{resource_sql}] FROM spans WHERE trace_id IN (SELECT trace_id FROM wanted){only}",
                 [f'$."{k}"' for k in keys],
             ).fetchall()
         by_trace: dict[str, list[SpanRecord]] = {}
         for row in rows:
-            rec = record_from_row(dict(zip(columns, row[:-1])), keys, row[-1])
+            rec = record_from_row(dict(zip(columns, row[:-2])), keys, row[-2])
+            rec.resource = {k: v for k, v in zip(keys, row[-1] or []) if v is not None}
             by_trace.setdefault(rec.trace_id, []).append(rec)
         self._fold_logs(by_trace)
         return by_trace

@@ -14,8 +14,11 @@ from plumbline_otel.store import open_assembled, pending_note
 
 
 def _table_line(t: Trajectory) -> str:
+    from plumbline_otel.report.html import task_label
+
     tools = " → ".join(s.name + ("✗" if s.failed else "") for s in t.tool_steps) or "(no tool calls)"
-    return f"{t.trace_id[:12]}  {str(t.service)[:20]:20}  {str(t.task_key)[:24]:24}  {tools}"
+    task = task_label(t.task_key, t.task_key_source, t.input, 40)  # a hashed task reads as its request
+    return f"{t.trace_id[:12]}  {str(t.service)[:20]:20}  {task:44}  {tools}"
 
 
 def emit(trajectories: Iterable[dict[str, Any]], fmt: str) -> None:

@@ -1,4 +1,4 @@
-"""Issue 31 items 4 and 5: tasks shown by their request text, and the smaller walls.
+"""Issue 31 items 4 and 5: tasks shown by their request text, and the smaller walls (task keys: tests/core/test_task_keys.py).
 
 A task is read by its request (and key when one was set), in the pages and on the terminal; one study's
 report holds only that study's runs in every section; the header counts spans through `--server`; the
@@ -19,7 +19,6 @@ from click.testing import CliRunner
 from pages_support import NO_RETRY, TOKEN, Built, build_store, free_port, parse, serve, text_of
 
 from plumbline_otel.cli.main import cli
-from plumbline_otel.ingest import ingest_files
 from plumbline_otel.model import Step, Trajectory
 from plumbline_otel.report import data
 from plumbline_otel.report.console import Console
@@ -241,81 +240,3 @@ def test_show_diff_fits_a_terminal(built: Built) -> None:
     json.dumps(shown.output)  # plain text (no terminal): nothing unprintable
     assert "\x1b" not in shown.output
 
-
-def _ingested(request: Any, path: Path) -> list[Trajectory]:
-    from google.protobuf.json_format import MessageToDict
-
-    (path / "spans.otlp.json").write_text(json.dumps(MessageToDict(request)))
-    with Store(path / "s.duckdb") as store:
-        ingest_files(store, [str(path / "spans.otlp.json")])
-        store.assemble()
-        return list(store.trajectories())
-
-
-def _agent(tracer: Any) -> None:
-    """An instrumentation's spans: the root is not the user's to set attributes on."""
-    with tracer.start_as_current_span("invoke_agent", attributes={"gen_ai.operation.name": "invoke_agent"}):
-        with tracer.start_as_current_span("execute_tool pay", attributes={
-                "gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "pay", "gen_ai.tool.call.arguments": '{"invoice": "INV-1001"}'}):
-            pass
-
-
-def test_the_documented_ways_to_set_a_task_key_set_it(tmp_path: Path) -> None:
-    """docs/conventions.md, "Setting the task key": a resource attribute, a span processor, baggage copied to spans."""
-    from contextvars import ContextVar
-
-    from opentelemetry import baggage, context
-    from opentelemetry.sdk.trace import SpanProcessor
-    from otlp import record
-
-    (tmp_path / "resource").mkdir()
-    runs = _ingested(record(_agent, resource={"plumbline.task.key": "INV-1001"}), tmp_path / "resource")
-    assert [(r.task_key, r.task_key_source) for r in runs] == [("INV-1001", "attribute:plumbline.task.key")]
-
-    current_task: ContextVar[str | None] = ContextVar("current_task", default=None)
-
-    class TaskKeyProcessor(SpanProcessor):  # the doc's recipe
-        def on_start(self, span: Any, parent_context: Any = None) -> None:
-            task = current_task.get()
-            if task is not None:
-                span.set_attribute("plumbline.task.key", task)
-
-    class CopyBaggage(SpanProcessor):  # what opentelemetry-processor-baggage's BaggageSpanProcessor(ALLOW_ALL_BAGGAGE_KEYS) does
-        def on_start(self, span: Any, parent_context: Any = None) -> None:
-            for key, value in baggage.get_all(parent_context).items():
-                span.set_attribute(key, str(value))
-
-    def with_processor(processor: SpanProcessor, build: Any) -> Any:
-        """`otlp.record`, with the recipe's processor added to the tracer provider as a user adds it."""
-        from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
-        from opentelemetry.sdk.resources import Resource
-        from opentelemetry.sdk.trace import TracerProvider
-        from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-        from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-
-        exporter = InMemorySpanExporter()
-        tracer_provider = TracerProvider(resource=Resource.create({"service.name": "ap-agent"}))
-        tracer_provider.add_span_processor(processor)
-        tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
-        build(tracer_provider.get_tracer("tests"))
-        tracer_provider.shutdown()
-        return encode_spans(exporter.get_finished_spans())
-
-    def in_task(tracer: Any) -> None:
-        current_task.set("INV-2002")
-        _agent(tracer)
-
-    (tmp_path / "processor").mkdir()
-    runs = _ingested(with_processor(TaskKeyProcessor(), in_task), tmp_path / "processor")
-    assert [r.task_key for r in runs] == ["INV-2002"]
-
-    def in_baggage(tracer: Any) -> None:
-        token = context.attach(baggage.set_baggage("plumbline.task.key", "INV-3003"))
-        try:
-            _agent(tracer)
-        finally:
-            context.detach(token)
-
-    (tmp_path / "baggage").mkdir()
-    runs = _ingested(with_processor(CopyBaggage(), in_baggage), tmp_path / "baggage")
-    assert [r.task_key for r in runs] == ["INV-3003"]
