@@ -2,9 +2,14 @@
 
 The event and its four attributes are the GenAI semantic conventions' (v1.38+, now in
 semantic-conventions-genai): `gen_ai.evaluation.name` (required), `gen_ai.evaluation.score.value`,
-`gen_ai.evaluation.score.label`, `gen_ai.evaluation.explanation`. The convention has no slot yet
-for what makes a result reproducible, so plumbline adds `plumbline.*` attributes: the spec and
-evidence hashes, the cell (agent, perturbation) with its n and bound, and the evaluator.
+`gen_ai.evaluation.score.label`, `gen_ai.evaluation.explanation`. Every event carries the evaluator's
+provenance as the convention's draft names it (`gen_ai.evaluation.evaluator.id`, `.version`, `.type`;
+semantic-conventions-genai changelog #79): plumbline's own name and version, and `deterministic`, the
+mechanism (invariants are checks, not a judge). A cell's event carries its interval as the proposed
+`gen_ai.evaluation.score.ci.lower`/`.upper`/`.level` (semantic-conventions-genai #43; the method stays in
+`plumbline.bound.method`). The convention has no slot yet for what makes a result reproducible, so
+plumbline adds `plumbline.*` attributes: the spec and evidence hashes, the cell (agent, perturbation)
+with its n and bound, and the evaluator.
 
 Three kinds of result, each one event:
 - a run of a certificate (`plumbline.critical_conformance`, 1 pass / 0 fail),
@@ -40,6 +45,7 @@ from plumbline_otel.trials import account
 
 EVENT_NAME = "gen_ai.evaluation.result"
 EVALUATOR = "plumbline"
+EVALUATOR_TYPE = "deterministic"  # the draft's mechanism values: llm_judge, deterministic, human
 RUN_EVALUATION = "plumbline.critical_conformance"
 CELL_EVALUATION = "plumbline.certificate.lower_bound"
 VIOLATION_EVALUATION = "plumbline.invariant"
@@ -62,7 +68,8 @@ class EvaluationEvent:
         """The log record's attributes: the convention's four, then plumbline's."""
         return {"gen_ai.evaluation.name": self.name, "gen_ai.evaluation.score.value": self.score_value,
                 "gen_ai.evaluation.score.label": self.score_label, "gen_ai.evaluation.explanation": self.explanation,
-                "plumbline.evaluator.name": EVALUATOR, "plumbline.evaluator.version": __version__, **self.attributes}
+                "gen_ai.evaluation.evaluator.id": EVALUATOR, "gen_ai.evaluation.evaluator.version": __version__,
+                "gen_ai.evaluation.evaluator.type": EVALUATOR_TYPE, "plumbline.evaluator.name": EVALUATOR, "plumbline.evaluator.version": __version__, **self.attributes}
 
 
 def _label(ok: bool) -> str:
@@ -74,6 +81,14 @@ def _bound(cell: dict[str, Any]) -> tuple[float, str]:
     if cell.get("gate_lower") is not None:
         return float(cell["gate_lower"]), str(cell.get("gate_method") or "clustered")
     return float(cell["lower"]), "wilson"
+
+
+def _interval(cert: dict[str, Any], cell: dict[str, Any]) -> dict[str, Any]:
+    """The cell's interval as the proposed `score.ci.*`: the gate's when the certificate has one, else Wilson's."""
+    lower, _ = _bound(cell)
+    upper = cell.get("gate_upper") if cell.get("gate_lower") is not None else cell.get("upper")
+    ci = {"gen_ai.evaluation.score.ci.lower": lower, "gen_ai.evaluation.score.ci.level": float(cert.get("confidence", 0.95))}
+    return ci if upper is None else {**ci, "gen_ai.evaluation.score.ci.upper": float(upper)}
 
 
 def _cell_attributes(cert: dict[str, Any], cell: dict[str, Any]) -> dict[str, Any]:
@@ -98,7 +113,8 @@ def cell_event(cert: dict[str, Any], cell: dict[str, Any], now_ns: int) -> Evalu
     target = float(cert.get("target_bound", 0.0))
     explanation = (f"{cell['agent']} under {cell['perturbation']}: {cell['conforming']} of {cell['n']} runs hold every critical "
                    f"invariant; lower 95% bound {lower:.4f} ({method}) against a target of {target:.4f}")
-    return EvaluationEvent(CELL_EVALUATION, lower, _label(lower >= target), explanation, _cell_attributes(cert, cell), time_ns=now_ns)
+    return EvaluationEvent(CELL_EVALUATION, lower, _label(lower >= target), explanation,
+                           {**_cell_attributes(cert, cell), **_interval(cert, cell)}, time_ns=now_ns)
 
 
 def _blamed_span(trajectory: Trajectory, verdicts: Sequence[Verdict]) -> str | None:

@@ -27,7 +27,7 @@ def test_only_scored_runs_become_events_and_errored_runs_fail_with_their_reason(
     spec_path = tmp_path / "spec.yaml"
     spec_path.write_text(SPEC)
     cell = {"agent": "agent", "perturbation": "tool_fault", "n": 3, "conforming": 1, "lower": 0.1, "upper": 0.9,
-            "gate_lower": 0.05, "gate_method": "clustered", "unexposed_runs": ["t-unexposed"],
+            "gate_lower": 0.05, "gate_upper": 0.95, "gate_method": "clustered", "unexposed_runs": ["t-unexposed"],
             "errored_runs": [{"run": "t-errored", "reason": "adapter timed out"}]}
     runs = [_run("ok", "tool_fault", "pay", **{"plumbline.trial.id": "t-ok"}),  # the minor LOG violation does not fail it
             _run("bad", "tool_fault", "lookup", **{"plumbline.trial.id": "t-bad"}),
@@ -45,6 +45,12 @@ def test_only_scored_runs_become_events_and_errored_runs_fail_with_their_reason(
     assert cell_event.attributes["plumbline.bound.method"] == "clustered" and cell_event.trace_id is None
     assert cell_event.explanation == ("agent under tool_fault: 1 of 3 runs hold every critical invariant; "
                                       "lower 95% bound 0.0500 (clustered) against a target of 0.9000")
+    # The gate's interval as the proposed score.ci.*, on the cell only; the evaluator's provenance on every event.
+    assert {k: v for k, v in cell_event.otel_attributes().items() if ".ci." in k} == {
+        "gen_ai.evaluation.score.ci.lower": 0.05, "gen_ai.evaluation.score.ci.upper": 0.95, "gen_ai.evaluation.score.ci.level": 0.95}
+    assert not any(".ci." in k for k in ok.otel_attributes())
+    assert {e.otel_attributes()["gen_ai.evaluation.evaluator.type"] for e in events} == {"deterministic"}
+    assert {e.otel_attributes()["gen_ai.evaluation.evaluator.id"] for e in events} == {"plumbline"}
     assert errored.explanation == "the trial errored: adapter timed out"
     assert bad.explanation.startswith("violates MUST-PAY") and bad.trace_id == "bad".ljust(32, "0") and bad.span_id is None
     assert ok.explanation == "holds every critical invariant of pay"

@@ -77,6 +77,8 @@ def test_certify_emit_sends_every_cell_and_run_as_evaluation_events_linked_to_th
     assert len(events) == 10  # (1 cell + 4 runs) by gRPC and again by HTTP
     common = {"event_name": "gen_ai.evaluation.result", "severity": "INFO", "service": "plumbline",
               "scope": "plumbline_otel.evaluation_events", "plumbline.evaluator.name": "plumbline",
+              "gen_ai.evaluation.evaluator.id": "plumbline", "gen_ai.evaluation.evaluator.version": __version__,
+              "gen_ai.evaluation.evaluator.type": "deterministic",
               "plumbline.evaluator.version": __version__, "plumbline.spec.name": "payments", "plumbline.spec.hash": cert["spec"]["hash"],
               "plumbline.evidence.sha256": cert["provenance"]["evidence_sha256"], "plumbline.cell.agent": "payer@2.1",
               "plumbline.cell.perturbation": "baseline", "plumbline.cell.n": 4, "plumbline.cell.conforming": 2,
@@ -91,6 +93,8 @@ def test_certify_emit_sends_every_cell_and_run_as_evaluation_events_linked_to_th
         assert event["gen_ai.evaluation.score.label"] == "fail"
         assert event["gen_ai.evaluation.explanation"].startswith("payer@2.1 under baseline: 2 of 4 runs hold every critical invariant")
         assert event["trace_id"] is None and event["span_id"] is None
+        assert event["gen_ai.evaluation.score.ci.lower"] == pytest.approx(common["plumbline.bound.lower"])
+        assert event["gen_ai.evaluation.score.ci.level"] == 0.95 and event["gen_ai.evaluation.score.ci.upper"] >= common["plumbline.bound.lower"]
     by_task: dict[str, list[dict[str, Any]]] = {}
     for event in events:
         if event["gen_ai.evaluation.name"] == "plumbline.critical_conformance":
