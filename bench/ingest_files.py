@@ -177,15 +177,16 @@ def run_ingest(path: str, workers: int | None) -> dict[str, float]:
     import hashlib
 
     from plumbline_otel import ingest, pipeline
+    from plumbline_otel.pipeline import _shard  # the stage functions a shard calls, timed where it calls them
     from plumbline_otel.store import Store
 
     t = {"decode": 0.0, "normalise": 0.0, "tables": 0.0, "write": 0.0, "assemble": 0.0}
     if workers == 0:
-        _timed(pipeline, "decode_unit", "decode", t)
-        _timed(pipeline, "normalise_request", "normalise", t)
-        _timed(pipeline, "span_table", "tables", t)
-        _timed(pipeline, "trajectory_table", "tables", t)
-        _timed_iter(pipeline, "iter_runs", "assemble", t)  # a trace's runs, assembled as the tables consume them
+        _timed(_shard, "decode_unit", "decode", t)
+        _timed(_shard, "normalise_request", "normalise", t)
+        _timed(_shard, "span_table", "tables", t)
+        _timed(_shard, "trajectory_table", "tables", t)
+        _timed_iter(_shard, "iter_runs", "assemble", t)  # a trace's runs, assembled as the tables consume them
         _timed(Store, "write_span_table", "write", t)
         _timed(Store, "write_assembled", "write", t)
     pipeline.collect_less_often()  # as `plumbline ingest` does for its own process

@@ -30,7 +30,8 @@ from plumbline_otel.decode import Unit, iter_units
 from plumbline_otel.ingest import _UNITS_AHEAD, IngestSummary, PartWriter, _fed, ingest_files, transaction_spans
 from plumbline_otel.model import SpanRecord
 from plumbline_otel.normalise import Limits, normalise_request
-from plumbline_otel.pipeline import Shard, ShardPool, ShardSettings, SpanPart, TrajectoryPart, _Spool, shard_of, spooled_bytes, spools
+from plumbline_otel.pipeline import Shard, ShardPool, ShardSettings, SpanPart, TrajectoryPart, shard_of, spooled_bytes, spools
+from plumbline_otel.pipeline._spool import Spool
 from plumbline_otel.store import ROW_GROUP_SIZE, SCHEMA_VERSION, Store
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "producers"
@@ -146,7 +147,7 @@ def test_attribute_values_of_any_type_on_the_keys_plumbline_reads_cost_no_span(t
 
 
 def test_a_shard_makes_no_reference_cycles_so_its_worker_can_leave_the_collector_off() -> None:
-    # Shard workers run the collector only every `_COLLECT_SECONDS` seconds (pipeline.py): garbage
+    # Shard workers run the collector only every `_COLLECT_SECONDS` seconds (pipeline/_pool.py): garbage
     # that only the collector frees would pile up between passes. Every fixture, odd-type values,
     # values over the limits, and long traces let go, through one shard: nothing unreachable is left.
     units = [unit for path in sorted(FIXTURES.parent.rglob("*.jsonl")) for unit in iter_units(path)]
@@ -223,7 +224,7 @@ def test_a_shard_lets_a_long_trace_go_instead_of_holding_it_whole() -> None:
 
 @pytest.mark.parametrize("one_run", [False, True], ids=["many runs", "one run"])
 def test_a_long_trace_is_rebuilt_run_by_run_as_if_assembled_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, one_run: bool) -> None:
-    import plumbline_otel.store as store_module
+    import plumbline_otel.store._store as store_module
 
     monkeypatch.setattr(store_module, "LONG_TRACE_SPANS", 60)
     requests = [*_long_trace(700, one_run), *build_requests(300, 100, first_trace=1000)]
@@ -335,11 +336,11 @@ def test_trace_counts_add_up_across_folds() -> None:
 
     import numpy as np
 
-    from plumbline_otel.store import _TraceCounts
+    from plumbline_otel.store._keys import TraceCounts
 
     rng = np.random.default_rng(7)
     stored = rng.integers(0, 2**63, 1000, dtype=np.uint64)
-    counts = _TraceCounts(stored, rng.integers(1, 9, 1000))
+    counts = TraceCounts(stored, rng.integers(1, 9, 1000))
     expected = Counter(dict(zip(stored.tolist(), counts.get(stored))))
     for size in (50, 70_000, 3):  # the middle batch folds the recent counts into the arrays
         batch = np.concatenate([rng.choice(stored, size), rng.integers(0, 2**63, size, dtype=np.uint64)])
@@ -366,11 +367,11 @@ def test_json_spans_are_decoded_only_by_the_shard_that_owns_them() -> None:
 
 
 def test_a_version_1_store_migrates_without_its_primary_key_and_keeps_its_spans(tmp_path: Path) -> None:
-    from plumbline_otel.store import _MIGRATIONS
+    from plumbline_otel.store._schema import MIGRATIONS
 
     db = tmp_path / "old.duckdb"
     con = duckdb.connect(str(db))
-    for statement in _MIGRATIONS[1]:
+    for statement in MIGRATIONS[1]:
         con.execute(statement)
     con.execute("INSERT INTO meta VALUES ('schema_version', '1')")
     con.close()
@@ -386,14 +387,14 @@ def test_a_version_1_store_migrates_without_its_primary_key_and_keeps_its_spans(
 
 def test_a_version_5_store_keeps_its_rows_and_stores_long_text_with_zstd(tmp_path: Path) -> None:
     from plumbline_otel.rows import SPAN_COLUMNS, SPAN_COLUMNS_V8, span_table
-    from plumbline_otel.store import _MIGRATIONS
+    from plumbline_otel.store._schema import MIGRATIONS
 
     requests = list(build_requests(120, 60))
     v5_columns = ", ".join(c for c in SPAN_COLUMNS if c not in SPAN_COLUMNS_V8)
     db = tmp_path / "v5.duckdb"
     con = duckdb.connect(str(db))
     for version in range(1, 6):
-        for statement in _MIGRATIONS[version]:
+        for statement in MIGRATIONS[version]:
             con.execute(statement)
     con.execute("INSERT INTO meta VALUES ('schema_version', '5')")
     rows = span_table([rec for r in requests for rec in normalise_request(r)[0]], 1)  # noqa: F841 - read by the SQL
@@ -646,19 +647,19 @@ def test_worker_tables_reach_the_writer_through_a_spool_in_memory_that_is_gone_a
     requests = _shuffled_requests(seed=3)
     path = str(_write_pb(tmp_path / "a.otlp.pb", requests))
     landed: list[str] = []
-    land = _Spool.land
+    land = Spool.land
 
     def counted(message: tuple[object, str | None]) -> object:
         if message[1] is not None:
             landed.append(message[1])
         return land(message)
 
-    monkeypatch.setattr(_Spool, "land", staticmethod(counted))
+    monkeypatch.setattr(Spool, "land", staticmethod(counted))
     during: list[list[str]] = []
     with Store(tmp_path / "s.duckdb") as store:
         ingest_files(store, [path], workers=2, on_file=lambda _: during.append(spools(os.getpid())))
         assert _exports(store) == _reference(requests)
-    assert len(during) == 1 and len(during[0]) == 1 and during[0][0].startswith(_Spool.base())
+    assert len(during) == 1 and len(during[0]) == 1 and during[0][0].startswith(Spool.base())
     assert len(landed) >= 2 * len(requests)  # every span table (and trajectory table) came as a file
     assert not any(os.path.exists(p) for p in landed)  # unlinked as mapped
     assert not spools(os.getpid()) and spooled_bytes(os.getpid()) == 0
@@ -670,15 +671,15 @@ def test_a_spooled_table_comes_back_whole_and_one_with_no_room_goes_as_it_is(tmp
     records = [rec for r in build_requests(40, 40) for rec in normalise_request(r)[0]]
     table = span_table(records, 7)
     part = SpanPart(1, 0, table, [], len(records), 0)
-    spool = _Spool(str(tmp_path))
+    spool = Spool(str(tmp_path))
     shipped, file = spool.ship(part, 0)
     assert file is not None and isinstance(shipped, SpanPart) and shipped.table is None
-    back = _Spool.land((shipped, file))
+    back = Spool.land((shipped, file))
     assert isinstance(back, SpanPart) and back.table is not None
     assert back.table.schema == table.schema and back.table.equals(table)  # JSON columns keep their type
     assert not (tmp_path / file).exists()
-    gone = _Spool(str(tmp_path / "removed"))  # a spool that cannot be written: the part keeps its table
-    assert gone.ship(part, 0) == (part, None) and _Spool.land((part, None)) is part
+    gone = Spool(str(tmp_path / "removed"))  # a spool that cannot be written: the part keeps its table
+    assert gone.ship(part, 0) == (part, None) and Spool.land((part, None)) is part
 
 
 def test_a_new_spool_removes_those_of_writers_that_died() -> None:
@@ -688,10 +689,10 @@ def test_a_new_spool_removes_those_of_writers_that_died() -> None:
     import tempfile
 
     done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True)
-    dead = tempfile.mkdtemp(prefix=f"plumbline-parts-{int(done.stdout)}-", dir=_Spool.base())
-    live = tempfile.mkdtemp(prefix=f"plumbline-parts-{os.getppid()}-", dir=_Spool.base())
+    dead = tempfile.mkdtemp(prefix=f"plumbline-parts-{int(done.stdout)}-", dir=Spool.base())
+    live = tempfile.mkdtemp(prefix=f"plumbline-parts-{os.getppid()}-", dir=Spool.base())
     try:
-        spool = _Spool.create()
+        spool = Spool.create()
         assert spool.path in spools(os.getpid())
         assert not os.path.exists(dead) and os.path.exists(live)
         spool.remove()

@@ -1,17 +1,16 @@
-"""Store: one DuckDB file holding span rows (the source of truth) and the trajectories built from them.
+"""The `Store`: the one writer of a DuckDB file, and the assembly of its dirty traces from the rows.
 
 Writes are batched through Arrow (an `INSERT … SELECT` from a table, built by the shard workers),
 never row by row. A span is identified by (trace_id, span_id): an exporter's retry changes nothing
-(`_SpanKeys` recognises it without an index). Each write marks its traces dirty; a trajectory is
+(`SpanKeys` recognises it without an index). Each write marks its traces dirty; a trajectory is
 stored from its shard's assembly when the span counts agree, and `assemble()` rebuilds the dirty
 rest from the rows, so spans may arrive in any order and across any number of requests, and a late
-span updates its trajectory. The schema carries a version in `meta` and migrates forward on open.
+span updates its trajectory.
 """
 
 from __future__ import annotations
 
 import os
-import threading
 import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager, suppress
@@ -31,33 +30,17 @@ from plumbline_otel.decode import Problem
 from plumbline_otel.errors import StoreError
 from plumbline_otel.model import SpanRecord, Trajectory
 from plumbline_otel.normalise import LogRows, fold_logs, log_event_attributes
-from plumbline_otel.rows import (
-    SPAN_COLUMNS,
-    SPAN_COLUMNS_V1,
-    SPAN_COLUMNS_V4,
-    SPAN_COLUMNS_V8,
-    record_from_row,
-    span_table,
-    trajectory_from_doc,
-    trajectory_table,
-)
+from plumbline_otel.rows import SPAN_COLUMNS, record_from_row, span_table, trajectory_from_doc, trajectory_table
+from plumbline_otel.store._files import connect, disconnect, reattach
+from plumbline_otel.store._keys import SpanKeys, TraceCounts
+from plumbline_otel.store._schema import VIOLATION_COLUMNS, pending_migrations, schema_version
 
-SCHEMA_VERSION = 8
 DEFAULT_DB = "plumbline.duckdb"
 # DuckDB checkpoints (folds its write-ahead log into the file) when the log passes this size, and
 # until then keeps the logged rows in memory. Each checkpoint recompresses the unfilled row group
-# (up to 122,880 rows); with long text in zstd (`_ZSTD_COLUMNS`) that is cheap enough to do every
+# (up to 122,880 rows); with long text in zstd (`_schema._ZSTD_COLUMNS`) that is cheap enough to do every
 # ~15,000 spans: at 256 MB the writer's peak memory was ~90 MB higher for the same ingest speed.
 _CHECKPOINT_THRESHOLD = "32MB"
-# Rows in a row group of a store opened for writing (DuckDB's default is 122,880). A checkpoint
-# recompresses the group still being filled, and at the default that was up to 122,880 spans (~190
-# MB of rows) each time: checkpoints of 0.06-0.45 s that stalled every commit, in `serve` too. At
-# 16,384, writing 100,000 spans took 0.63-0.66 s of CPU instead of 1.04-1.06, the writer's peak
-# memory fell from ~535 to ~370 MB and the file from 19 to 12 MB (best of 2 each; 32,768 was no better).
-# A transaction that appends a whole row group is written by DuckDB straight into the file, compressed,
-# rather than into the write-ahead log and again at the checkpoint: file ingest with workers commits
-# whole row groups (`ingest.transaction_spans`). 5,000 spans put 8 MB into the log; 16,384 put 0.1 MB.
-ROW_GROUP_SIZE = 16_384
 # A writer's DuckDB cache (DuckDB's default is 80% of the machine's memory). The log above keeps up
 # to its size of appended rows in memory until the checkpoint; past this cap they go to a temporary
 # file instead of the process's memory (`plumbline serve` takes `storage.memory_limit_mib`, by default the same).
@@ -67,162 +50,6 @@ WRITER_MEMORY_LIMIT_MIB = 256
 _REBUILD_SPANS = 20_000
 
 _LOG_TYPES = {"time_ns": pa.int64(), "observed_ns": pa.int64(), "severity_number": pa.int32(), "received_ns": pa.int64()}
-
-# One row per (spec, run, invariant) that failed: an invariant has one verdict per run and spec.
-_VIOLATIONS_TABLE = """CREATE TABLE IF NOT EXISTS violations (
-    spec_hash VARCHAR NOT NULL, invariant_id VARCHAR NOT NULL, trajectory_id VARCHAR NOT NULL, severity VARCHAR NOT NULL,
-    task_key VARCHAR, step_index INTEGER, step_name VARCHAR, detail VARCHAR,
-    PRIMARY KEY (spec_hash, trajectory_id, invariant_id))"""
-VIOLATION_COLUMNS = ("invariant_id", "trajectory_id", "severity", "task_key", "step_index", "step_name", "detail")
-
-# Columns of long text (JSON maps, payloads, documents) are stored with zstd. DuckDB's default for
-# strings (a dictionary and FSST per segment, chosen by analysing each one) made the checkpoint,
-# where appended rows are compressed, a fifth of a file ingest's time (2.2-2.9 s per 100,000 spans),
-# for a file six times larger: zstd took 0.6-0.8 s and 96 MB became 15 (bench/ingest_files.py corpus).
-_ZSTD_COLUMNS = frozenset({"attributes", "resource", "args", "result", "proposed_calls", "tool_results", "context",
-                           "decisions", "run_events", "input_text", "output_text", "status_message", "input", "final_output", "doc", "body"})
-
-
-def _column_sql(name: str, kind: str) -> str:
-    return f"{name} {kind} USING COMPRESSION zstd" if name in _ZSTD_COLUMNS else f"{name} {kind}"
-
-
-def _rebuilt_table(table: str, columns: dict[str, str]) -> list[str]:
-    """Statements that re-create `table` with `columns` (in its column order) and keep its rows."""
-    body = ", ".join(_column_sql(name, kind) for name, kind in columns.items())
-    return [f"CREATE TABLE {table}_rebuilt ({body})", f"INSERT INTO {table}_rebuilt SELECT * FROM {table}",
-            f"DROP TABLE {table}", f"ALTER TABLE {table}_rebuilt RENAME TO {table}"]
-
-
-_TRAJECTORY_COLUMNS = {
-    "trajectory_id": "VARCHAR PRIMARY KEY", "trace_id": "VARCHAR", "task_key": "VARCHAR", "task_key_source": "VARCHAR",
-    "service": "VARCHAR", "service_version": "VARCHAR", "agent_name": "VARCHAR", "input": "VARCHAR", "final_output": "VARCHAR",
-    "conventions": "VARCHAR[]", "start_ns": "BIGINT", "end_ns": "BIGINT", "n_steps": "INTEGER", "n_tool_calls": "INTEGER",
-    "doc": "JSON", "assembled_ns": "BIGINT",
-}
-_LOG_COLUMNS = {
-    "log_id": "VARCHAR PRIMARY KEY", "trace_id": "VARCHAR", "span_id": "VARCHAR", "time_ns": "BIGINT", "observed_ns": "BIGINT",
-    "event_name": "VARCHAR", "severity_number": "INTEGER", "severity_text": "VARCHAR", "body": "JSON", "attributes": "JSON",
-    "service_name": "VARCHAR", "scope_name": "VARCHAR", "resource": "JSON", "received_ns": "BIGINT",
-}
-_LOGS_TABLE = "CREATE TABLE IF NOT EXISTS logs (" + ", ".join(f"{name} {kind}" for name, kind in _LOG_COLUMNS.items()) + ")"
-
-_MIGRATIONS: dict[int, list[str]] = {
-    1: [
-        "CREATE TABLE IF NOT EXISTS meta (key VARCHAR PRIMARY KEY, value VARCHAR)",
-        "CREATE TABLE spans ("
-        + ", ".join(f"{name} {kind}" for name, kind in SPAN_COLUMNS_V1.items())
-        + ", PRIMARY KEY (trace_id, span_id))",
-        "CREATE TABLE dirty_traces (trace_id VARCHAR PRIMARY KEY)",
-        "CREATE TABLE trajectories (" + ", ".join(f"{name} {kind}" for name, kind in _TRAJECTORY_COLUMNS.items()) + ")",
-        """CREATE TABLE problems (
-            received_ns BIGINT, source VARCHAR, location VARCHAR, reason VARCHAR, spans INTEGER)""",
-    ],
-    # Spans lose their primary-key index (it halved insert speed); `_SpanKeys` keeps retries idempotent.
-    2: [
-        "CREATE TABLE spans_v2 AS SELECT * FROM spans",
-        "DROP TABLE spans",
-        "ALTER TABLE spans_v2 RENAME TO spans",
-    ],
-    # Framework wrappers and dumps unwrapped per span, for coverage; every trajectory is
-    # rebuilt, because a conversation id is no longer a default task key.
-    3: ["ALTER TABLE spans ADD COLUMN shapes VARCHAR[]",
-        "INSERT OR IGNORE INTO dirty_traces SELECT DISTINCT trace_id FROM spans"],
-    # GenAI log records (a server before this version made the table itself) are folded into
-    # their spans at assembly; cache tokens, finish reasons, hand-offs and each field's evidence per span.
-    4: [_LOGS_TABLE,
-        *(f"ALTER TABLE spans ADD COLUMN {name} {kind}" for name, kind in SPAN_COLUMNS_V4.items()),
-        "INSERT OR IGNORE INTO dirty_traces SELECT DISTINCT trace_id FROM spans"],
-    # Violations join the store's own tables (`plumbline check` made the table itself before this version).
-    5: [_VIOLATIONS_TABLE],
-    # Long text columns stored with zstd (`_ZSTD_COLUMNS`); the rows are copied as they are.
-    6: [*_rebuilt_table("spans", {k: v for k, v in SPAN_COLUMNS.items() if k not in SPAN_COLUMNS_V8}),
-        *_rebuilt_table("trajectories", _TRAJECTORY_COLUMNS),
-        *_rebuilt_table("logs", _LOG_COLUMNS)],
-    # What `check` and `certify` keep for the console beside the violations: which runs were judged under which
-    # spec (a run with no violation is "conforming" only if it was judged), each check, and the certificates.
-    7: ["CREATE TABLE IF NOT EXISTS checked_runs (spec_hash VARCHAR NOT NULL, trajectory_id VARCHAR NOT NULL, checked_ns BIGINT, "
-        "PRIMARY KEY (spec_hash, trajectory_id))",
-        "CREATE TABLE IF NOT EXISTS checks (spec_hash VARCHAR PRIMARY KEY, spec_name VARCHAR, spec_path VARCHAR, checked_ns BIGINT, "
-        "runs BIGINT)",
-        "CREATE TABLE IF NOT EXISTS certificates (stored_ns BIGINT, spec_hash VARCHAR, study VARCHAR, agent VARCHAR, verdict VARCHAR, "
-        "lower_bound DOUBLE, doc VARCHAR)"],
-    # Producer-reported cost (`gen_ai.usage.cost.*`) and guardrail / execution-state events per span; every
-    # trajectory is rebuilt so its steps carry them.
-    8: [*(f"ALTER TABLE spans ADD COLUMN {_column_sql(name, kind)}" for name, kind in SPAN_COLUMNS_V8.items()),
-        "INSERT OR IGNORE INTO dirty_traces SELECT DISTINCT trace_id FROM spans"],
-}
-
-
-class _SpanKeys:
-    """The 64-bit hashes of every stored (trace_id, span_id), so a retried span is recognised without an index.
-
-    A primary-key index on two strings halves DuckDB's insert rate; this costs 8 bytes a stored
-    span instead. The keys are DuckDB's own `hash(trace_id, span_id)`, read from the table when the
-    first write comes (so they never go stale across versions), kept as a sorted array plus a set of
-    recent keys. A hit is only a suspicion (two spans can share a hash): the writer confirms it
-    against the rows before it skips anything.
-    """
-
-    def __init__(self, stored: np.ndarray) -> None:
-        self.base = np.sort(stored)
-        self.recent: set[int] = set()
-
-    def suspects(self, keys: np.ndarray) -> bool:
-        """True when some key was seen before, or occurs twice in `keys`."""
-        if len(np.unique(keys)) < len(keys):
-            return True
-        if len(self.base):
-            at = np.searchsorted(self.base, keys).clip(max=len(self.base) - 1)
-            if bool((self.base[at] == keys).any()):
-                return True
-        return bool(self.recent) and not self.recent.isdisjoint(keys.tolist())
-
-    def add(self, keys: np.ndarray) -> None:
-        """Remember newly stored keys; the recent set is folded into the sorted array as it grows."""
-        self.recent.update(keys.tolist())
-        if len(self.recent) > max(1 << 18, len(self.base) // 4):
-            self.base = np.union1d(self.base, np.fromiter(self.recent, np.uint64, len(self.recent)))
-            self.recent = set()
-
-
-class _TraceCounts:
-    """How many spans the store holds of each trace, by DuckDB's 64-bit `hash(trace_id)`.
-
-    Storing a shard's trajectories asks "are these all of the trace's stored spans?" for every
-    assembled batch; answered by a scan of the spans table, that grew with the store (~45 ms a batch
-    at 3M spans, several a second in `plumbline serve`). Kept like `_SpanKeys`: sorted arrays read
-    from the table when the first write comes, plus the counts added since (16 bytes a trace). Two
-    traces whose hashes collide share one count, larger than either trace's own, so neither ever
-    matches a shard's count and both are rebuilt from their rows: a collision costs time, never a
-    wrong trajectory.
-    """
-
-    def __init__(self, hashes: np.ndarray, counts: np.ndarray) -> None:
-        order = np.argsort(hashes)
-        self.hashes, self.counts = hashes[order], counts[order].astype(np.int64)
-        self.recent: dict[int, int] = {}
-
-    def get(self, keys: np.ndarray) -> list[int]:
-        """The stored span count of each trace hash in `keys`."""
-        if len(self.hashes):
-            at = np.searchsorted(self.hashes, keys).clip(max=len(self.hashes) - 1)
-            base = np.where(self.hashes[at] == keys, self.counts[at], 0).tolist()
-        else:
-            base = [0] * len(keys)
-        return [n + self.recent.get(k, 0) for n, k in zip(base, keys.tolist())]
-
-    def add(self, keys: np.ndarray) -> None:
-        """Count newly stored spans (one trace hash each); the recent counts are folded into the arrays as they grow."""
-        for key, n in zip(*(a.tolist() for a in np.unique(keys, return_counts=True))):
-            self.recent[key] = self.recent.get(key, 0) + n
-        if len(self.recent) > max(1 << 16, len(self.hashes) // 4):
-            hashes = np.concatenate([self.hashes, np.fromiter(self.recent, np.uint64, len(self.recent))])
-            counts = np.concatenate([self.counts, np.fromiter(self.recent.values(), np.int64, len(self.recent))])
-            order = np.argsort(hashes, kind="stable")
-            self.hashes, first = np.unique(hashes[order], return_index=True)
-            self.counts = np.add.reduceat(counts[order], first)
-            self.recent = {}
 
 
 @dataclass(frozen=True)
@@ -237,118 +64,14 @@ def _trace_ids(ids: Iterable[str]) -> pa.Table:
     return pa.table({"trace_id": pa.array(list(ids), pa.string())})
 
 
-def schema_version(connection: Any) -> int:
-    """The schema version a store's connection holds (0 for an empty file)."""
-    exists = connection.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = 'meta'").fetchone()
-    if not exists or not exists[0]:
-        return 0
-    row = connection.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
-    return int(row[0]) if row else 0
-
-
-_LOCK_HINT = (
-    "the database {path} is held by another process (probably `plumbline serve`); "
-    "use --server HOST:PORT to ask the running server, or stop it first"
-)
-
-
-class StoreLocked(StoreError):
-    """Another process holds the file (a writer: `plumbline serve`, `ingest`; or a reader)."""
-
-
-# A file open for writing in this process: the connection that attached it, and how many stores use it.
-_attached: dict[str, tuple[Any, int]] = {}
-_spares: dict[str, Any] = {}  # ... and its cursor on the spare database (`_connect`)
-_SPARE = "plumbline_spare"
-_attached_lock = threading.Lock()
-
-
-def _attaches(path: str, read_only: bool) -> bool:
-    """Whether a store of `path` is a writer's attached file (`_connect`); in-memory stores are DuckDB's own, one each."""
-    return not read_only and bool(path) and not path.startswith(":memory:")
-
-
-def _connect(path: str, read_only: bool) -> Any:
-    """A connection to the store's file: a writer's is a cursor of a database that attached it with `ROW_GROUP_SIZE`.
-
-    The row group size is an option of ATTACH, not kept in the file, so a writer attaches the file
-    to an in-memory database, makes it the default and detaches the in-memory one: every cursor
-    then opens on the store, as with `duckdb.connect(path)`. An empty in-memory database `spare`
-    is attached beside it, and one cursor kept on it (`_spares`): the one cursor that can still
-    detach the file and attach it again when DuckDB has invalidated it (`Store.reattach`; a cursor
-    on the store cannot even change databases then). Stores of one file in one process share that database (as `duckdb.connect` shares one per
-    path), each through its own cursor, and the last to close detaches it. DuckDB would spill to
-    `.tmp` in the working directory for an in-memory database; the store's spills stay beside its file.
-    """
-    if not _attaches(path, read_only):
-        return duckdb.connect(path, read_only=read_only)
-    key = os.path.realpath(path)
-    with _attached_lock:
-        if key in _attached:
-            database, users = _attached[key]
-            _attached[key] = (database, users + 1)
-            return database.cursor()
-        database = duckdb.connect()
-        quoted = path.replace("'", "''")
-        try:
-            database.execute(_ATTACH.format(path=quoted))
-            database.execute("USE store")
-            database.execute("DETACH memory")
-            database.execute(f"SET temp_directory = '{quoted}.tmp'")
-            database.execute(f"ATTACH ':memory:' AS {_SPARE}")
-            spare = database.cursor()
-            spare.execute(f"USE {_SPARE}")
-        except BaseException:
-            database.close()
-            raise
-        _attached[key] = (database, 1)
-        _spares[key] = spare
-        return database.cursor()
-
-
-_ATTACH = f"ATTACH '{{path}}' AS store (ROW_GROUP_SIZE {ROW_GROUP_SIZE})"
-
-
-def invalidated(exc: BaseException) -> bool:
-    """Whether DuckDB has invalidated the store's database with this error: a checkpoint failed (a full disk).
-
-    Every statement fails from then on, until the file is detached and attached again (`Store.reattach`).
-    """
-    text = str(exc)
-    return isinstance(exc, duckdb.FatalException) or (isinstance(exc, duckdb.Error) and ("invalidated" in text or "reattach" in text))
-
-
-def _disconnect(path: str, connection: Any, read_only: bool) -> None:
-    """Close a store's connection; the last writer's of a file detaches it (and DuckDB checkpoints it)."""
-    connection.close()
-    if not _attaches(path, read_only):
-        return
-    key = os.path.realpath(path)
-    with _attached_lock:
-        database, users = _attached[key]
-        if users > 1:
-            _attached[key] = (database, users - 1)
-        else:
-            del _attached[key]
-            _spares.pop(key).close()
-            database.close()
-
-
 class Store:
     """The DuckDB store. One writer per file; readers of a served file go through the server."""
 
     def __init__(self, path: str | Path = DEFAULT_DB, read_only: bool = False, task_keys: Iterable[str] | None = None) -> None:
         self.path, self.read_only, self._closed = str(path), read_only, False
-        try:
-            self.connection = _connect(self.path, read_only)
-        except duckdb.IOException as exc:
-            if "lock" in str(exc).lower():
-                raise StoreLocked(_LOCK_HINT.format(path=self.path)) from None
-            raise StoreError(f"cannot open {self.path}: {exc}") from None
-        except duckdb.Error as exc:
-            raise StoreError(f"cannot open {self.path}: {exc}") from None
-        self._span_keys: _SpanKeys | None = None
-        self._trace_counts: _TraceCounts | None = None
+        self.connection = connect(self.path, read_only)
+        self._span_keys: SpanKeys | None = None
+        self._trace_counts: TraceCounts | None = None
         self.logs_written = False  # set by `write_logs`: a writer that only assembles after span writes checks it
         try:
             if not read_only:
@@ -372,17 +95,7 @@ class Store:
         this raises (leaving the database invalid again) until there is some. Every cursor of the
         store's database, this store's and its readers', works again afterwards. A writer's store only.
         """
-        if not _attaches(self.path, self.read_only):
-            raise StoreError("only a store open for writing can be attached again")
-        with suppress(duckdb.Error):  # a result left open holds the old database: the file could not be attached again
-            self.connection.complete()
-        with _attached_lock:  # the other cursors' statements fail meanwhile, as they did before
-            spare = _spares[os.path.realpath(self.path)]
-            spare.execute("DETACH DATABASE IF EXISTS store")
-            spare.execute(_ATTACH.format(path=self.path.replace("'", "''")))
-            # detaching the default made `spare` the default for new cursors: detached and attached again, store is
-            for statement in ("USE store", f"DETACH {_SPARE}", f"ATTACH ':memory:' AS {_SPARE}", f"USE {_SPARE}"):
-                spare.execute(statement)
+        reattach(self.path, self.connection)
         self._span_keys = self._trace_counts = None  # read again from the rows: a commit reported failed may be stored
         self.connection.execute("CHECKPOINT")
 
@@ -392,14 +105,10 @@ class Store:
         return schema_version(self.connection)
 
     def _migrate(self) -> None:
-        version = self._version()
-        if version > SCHEMA_VERSION:
-            raise StoreError(f"{self.path} has schema version {version}; this plumbline reads up to {SCHEMA_VERSION}: upgrade plumbline")
-        for target in range(version + 1, SCHEMA_VERSION + 1):
+        for statements in pending_migrations(self.connection, self.path):
             with self._transaction():
-                for statement in _MIGRATIONS[target]:
+                for statement in statements:
                     self.connection.execute(statement)
-                self.connection.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", [str(target)])
 
     def _stored_task_keys(self) -> tuple[str, ...]:
         try:
@@ -551,15 +260,15 @@ class Store:
         finally:
             self.leave_cores_to(0)
 
-    def _keys(self) -> _SpanKeys:
+    def _keys(self) -> SpanKeys:
         if self._span_keys is None:
-            self._span_keys = _SpanKeys(self.connection.execute("SELECT hash(trace_id, span_id) AS k FROM spans").fetchnumpy()["k"])
+            self._span_keys = SpanKeys(self.connection.execute("SELECT hash(trace_id, span_id) AS k FROM spans").fetchnumpy()["k"])
         return self._span_keys
 
-    def _counts(self) -> _TraceCounts:
+    def _counts(self) -> TraceCounts:
         if self._trace_counts is None:
             stored = self.connection.execute("SELECT hash(trace_id) AS t, count(*) AS n FROM spans GROUP BY 1").fetchnumpy()
-            self._trace_counts = _TraceCounts(stored["t"], stored["n"])
+            self._trace_counts = TraceCounts(stored["t"], stored["n"])
         return self._trace_counts
 
     @contextmanager
@@ -579,13 +288,13 @@ class Store:
             self.connection.unregister(name)
 
     def _hashes(self, name: str, table: pa.Table) -> tuple[np.ndarray, np.ndarray]:
-        """Each row's span key (`_SpanKeys`) and trace hash (`_TraceCounts`)."""
+        """Each row's span key (`SpanKeys`) and trace hash (`TraceCounts`)."""
         with self._registered(name, table):
             found = self.connection.execute(f"SELECT hash(trace_id, span_id) AS k, hash(trace_id) AS t FROM {name}").fetchnumpy()
         return found["k"], found["t"]
 
     def _unstored(self, batch: pa.Table) -> pa.Table:
-        """The rows of `batch` not stored yet, each span once: a table scan, run only when `_SpanKeys` suspects a retry."""
+        """The rows of `batch` not stored yet, each span once: a table scan, run only when `SpanKeys` suspects a retry."""
         with self._registered("incoming", batch):
             return self.connection.sql(
                 "SELECT * FROM (SELECT DISTINCT ON (trace_id, span_id) * FROM incoming) b "
@@ -598,7 +307,7 @@ class Store:
         A trace with more (or other) stored spans than its builder saw stays dirty and is rebuilt
         from its rows by `assemble`. Returns how many traces were stored (not trajectories: a trace
         holds any number of runs, so only traces say whether some were refused). No statement here
-        scans the spans table (the stored counts are `_TraceCounts`'), and the trace ids reach SQL
+        scans the spans table (the stored counts are `TraceCounts`'), and the trace ids reach SQL
         as a registered Arrow table, not as a list parameter, which cost milliseconds to bind.
         """
         if not counts:
@@ -777,7 +486,7 @@ class Store:
         """Close the file; a closed store cannot be used again (closing it again does nothing)."""
         if not self._closed:
             self._closed = True
-            _disconnect(self.path, self.connection, self.read_only)
+            disconnect(self.path, self.connection, self.read_only)
 
     def __enter__(self) -> Store:
         return self
@@ -785,38 +494,3 @@ class Store:
     def __exit__(self, *_: Any) -> None:
         self.close()
 
-
-def open_assembled(path: str | Path) -> tuple[Store, int]:
-    """The store for a reader, with every stored span in a trajectory when that is possible.
-
-    A reader that can write assembles what is pending first, so it gives the same answer as
-    `check` or a server would. When another reader holds the file, or the file (or its folder,
-    where DuckDB keeps its write-ahead log) is not writable, it opens read-only and returns how
-    many traces are pending (their spans are not in the trajectories it will see), for the caller
-    to say so. A file a writer holds raises `StoreLocked`; a missing file raises `StoreError` (a
-    reader never creates a store).
-    """
-    file = Path(path)
-    if not file.exists():
-        return Store(path, read_only=True), 0  # raises "cannot open" naming the path
-    try:
-        store = Store(path)
-    except StoreError as exc:
-        writable = os.access(file, os.W_OK) and os.access(file.parent, os.W_OK)
-        if not isinstance(exc, StoreLocked) and writable:
-            raise
-        store = Store(path, read_only=True)
-        return store, store.pending_traces()
-    try:
-        store.assemble()
-    except BaseException:
-        store.close()
-        raise
-    return store, 0
-
-
-def pending_note(pending: int) -> str:
-    """The sentence a read-only reader prints beside figures that exclude pending traces."""
-    return (f"note: {pending} trace{'s' if pending != 1 else ''} not yet assembled into trajectories "
-            f"{'are' if pending != 1 else 'is'} excluded from these figures (the store is open read-only: another "
-            "process holds it, or it is not writable); run again when it is free, or ask a server with --server")
