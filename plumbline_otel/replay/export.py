@@ -122,22 +122,54 @@ class OtlpJsonFileExporter(SpanExporter):
         return True
 
 
+COST_KEY = "gen_ai.usage.cost.amount"
+
+
+@dataclass(frozen=True)
+class ReportedCost:
+    """What a trial's own spans say it cost (`gen_ai.usage.cost.*` on its model calls): a producer's word.
+
+    ``basis`` names who priced it, as the spend meter records it: ``spans:provider`` (the responses carried
+    the amounts), ``spans:local`` (the emitter priced them), both joined by ``+``, or ``spans:unstated``.
+    """
+
+    usd: float
+    basis: str
+
+
+def _span_costs(spans: Sequence[ReadableSpan]) -> dict[str, dict[str, tuple[float, str | None, str | None]]]:
+    """Trace id -> model-call span id -> (amount, currency, source), read by the normaliser (model calls only:
+    an agent span's total would count its calls twice)."""
+    from plumbline_otel.normalise import normalise_request
+
+    priced = [s for s in spans if s.attributes and COST_KEY in s.attributes]
+    out: dict[str, dict[str, tuple[float, str | None, str | None]]] = {}
+    if priced:
+        for rec in normalise_request(encode_spans(priced))[0]:
+            if rec.step_kind == "llm_call" and rec.cost_amount is not None:
+                out.setdefault(rec.trace_id, {})[rec.span_id] = (rec.cost_amount, rec.cost_currency, rec.cost_source)
+    return out
+
+
 class _Serialised(SpanExporter):
     """One exporter shared by many threads and providers: one export at a time, shut down once.
 
     It remembers the trace of every span it exported successfully: that is how the driver sees
-    an in-process agent's run arrive."""
+    an in-process agent's run arrive. It keeps the cost the run's model-call spans reported, too."""
 
     def __init__(self, inner: SpanExporter) -> None:
         self.inner = inner
         self._lock = _export_lock()
         self.delivered: set[str] = set()
+        self.costs: dict[str, dict[str, tuple[float, str | None, str | None]]] = {}
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
         with self._lock:
             result = self.inner.export(spans)
             if result is SpanExportResult.SUCCESS:
                 self.delivered.update(format(s.context.trace_id, "032x") for s in spans)
+                for trace_id, costs in _span_costs(spans).items():
+                    self.costs.setdefault(trace_id, {}).update(costs)
             return result
 
     def shutdown(self) -> None:
@@ -199,6 +231,16 @@ class SpanSink:
         end = chunk.rfind(b"\n") + 1
         self._file_offset += end
         self._file_traces.update(m.decode() for m in _TRACE_ID.findall(chunk[:end]))
+
+    def reported_cost(self, trace_id: str) -> ReportedCost | None:
+        """What the spans of `trace_id` exported through this sink say the run cost, in USD; None when they say
+        nothing, or price in another currency (converting would be a guess)."""
+        exporter = self._exporter
+        costs = list((exporter.costs.get(trace_id) or {}).values()) if exporter is not None else []
+        if not costs or any((currency or "USD").upper() != "USD" for _, currency, _ in costs):
+            return None
+        sources = sorted({source or "unstated" for _, _, source in costs})
+        return ReportedCost(sum(amount for amount, _, _ in costs), "spans:" + "+".join(sources))
 
     def delivered(self, trace_ids: Sequence[str]) -> None:
         """Traces an isolated attempt's child process exported through its copy of this sink."""

@@ -56,7 +56,9 @@ from plumbline_otel.replay.scope import FaultInjector, TrialScope, activate
 from plumbline_otel.replay.sequential import SequentialStop
 from plumbline_otel.replay.tasks import ReplayTask
 from plumbline_otel.runs import (
+    COST_BASIS,
     COST_METERED,
+    COST_REPORTED,
     COST_USD,
     EVIDENCE,
     FAULT,
@@ -220,6 +222,8 @@ class TrialRecord:
     seen: bool | None = None  # decoy_tools / sampling: seen in a model request
     seen_by: str | None = None
     metered: bool | None = None
+    cost_basis: str | None = None  # whose figure cost_usd is (`runs.COST_BASIS`)
+    cost_reported_usd: float | None = None  # what the run's own spans reported (gen_ai.usage.cost.*), whatever settled it
     reserved_usd: float = 0.0
     overrun_usd: float = 0.0  # an adapter's reported cost beyond its reservation
     evidence: dict[str, Any] = field(default_factory=dict)
@@ -233,7 +237,7 @@ class TrialRecord:
             RECORD_KIND: "attempt", TRIAL_STATUS: self.status, TRIAL_REASON: (self.reason or "")[:500] or None,
             RUN_TRACE: self.trace_id, FAULT_PLANNED: self.fault, FAULT_FIRED: self.fault_fired, FAULT_SOURCE: self.fault_source,
             FAULT_CLAIMED: self.fault_claimed, SEEN: self.seen, SEEN_BY: self.seen_by, COST_USD: round(cost_usd, 8),
-            COST_METERED: self.metered,
+            COST_METERED: self.metered, COST_BASIS: self.cost_basis, COST_REPORTED: self.cost_reported_usd,
             RECORD_AT: time.time_ns(), EVIDENCE: orjson.dumps(self.evidence).decode() if self.evidence else None,
         }
 
@@ -523,20 +527,30 @@ class _Runner:
         """Close the attempt's reservation: what it cost, metered or as reported."""
         if budget is None:
             return 0.0
+        sink = self.config.sink
+        # The run's own gen_ai.usage.cost.* spans: a witness, never preferred to a plumbline meter or the adapter's report.
+        trace_id = (outcome.trace_id if outcome is not None else None) or record.trace_id
+        spans = sink.reported_cost(trace_id) if sink is not None and trace_id else None
         try:
             reported = outcome.cost_usd if outcome is not None else None
+            basis = "adapter" if reported is not None else None
+            if reported is None and spans is not None:
+                reported, basis = spans.usd, spans.basis
             cost = budget.close(reported if status in RAN else (reported or 0.0))
         finally:
             with self._lock:
                 self._running -= 1
         record.cost_usd = round(record.cost_usd + cost, 8)
+        record.cost_reported_usd = round(spans.usd, 8) if spans is not None else None
         if budget.metered:
-            record.metered = True
+            record.metered, record.cost_basis = True, "metered"
         elif reported is not None or (status in RAN and self.cap.limit is not None):
-            record.metered = False  # the adapter's own word, or the whole reservation charged
+            record.metered = False  # the adapter's or the spans' own word, or the whole reservation charged
+            record.cost_basis = basis or "reservation"
         record.overrun_usd = round(budget.overrun, 8)
         if budget.overrun > 0:
-            self._halt(f"adapter reported ${cost:.4f} for {record.trial_id}, over its ${budget.reserved:.4f} "
+            who = "the run's spans" if (record.cost_basis or "").startswith("spans:") else "adapter"
+            self._halt(f"{who} reported ${cost:.4f} for {record.trial_id}, over its ${budget.reserved:.4f} "
                        "reservation: the cap can no longer be guaranteed")
         return cost
 
