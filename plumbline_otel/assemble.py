@@ -213,7 +213,7 @@ def _tool_step(rec: SpanRecord, proposed: ToolCallRef | None, results: dict[str,
     gaps = tuple(g for g, missing in ((_gap(rec, "args", content_seen), args is None),
                                       (_gap(rec, "result", content_seen), result is None and error is None)) if missing)
     # The name the model called the tool by, where the span shows a display name of it (see `_same_tool`).
-    name = proposed.name if proposed is not None and _same_tool(proposed.name, rec.tool_name) else rec.tool_name or rec.name
+    name = proposed.name if proposed is not None and (rec.tool_name is None or _same_tool(proposed.name, rec.tool_name)) else rec.tool_name or rec.name
     return Step(
         kind="tool_call",
         name=name,
@@ -286,7 +286,7 @@ def _match_proposals(tools: list[SpanRecord], llm: list[SpanRecord]) -> dict[str
             owner = _turn_of(tool.start_ns, llm_starts)
             candidates = owner.proposed_calls if owner else []
             call = next(
-                (c for c in candidates if id(c) not in used and _same_tool(c.name, tool.tool_name)
+                (c for c in candidates if id(c) not in used and _same_tool(c.name, tool.tool_name, tool.args_state)
                  and (tool.args_state != "structured" or _canonical(c.args) == _canonical(tool.args))),
                 None,
             )
@@ -296,10 +296,13 @@ def _match_proposals(tools: list[SpanRecord], llm: list[SpanRecord]) -> dict[str
     return matches
 
 
-def _same_tool(model_name: str, span_name: str | None) -> bool:
+def _same_tool(model_name: str, span_name: str | None, args_state: str = "") -> bool:
     """The model's name for a tool and a span's: equal, or the span's a display name of it ("Delegate work to
-    coworker" for `delegate_work_to_coworker`, CrewAI's tool spans)."""
-    return model_name == span_name or (span_name is not None and _slug(model_name) == _slug(span_name))
+    coworker" for `delegate_work_to_coworker`, CrewAI's tool spans); a span that names no tool (named by the
+    tool's class, normalise's `tool_named_by_class`) is the call whose arguments it ran, when it recorded them."""
+    if span_name is None:
+        return args_state == "structured"
+    return model_name == span_name or _slug(model_name) == _slug(span_name)
 
 
 def _proposed_step(rec: SpanRecord, call: ToolCallRef, result: ToolResultRef | None, blocked: str | None) -> Step:

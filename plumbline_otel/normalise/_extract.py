@@ -19,6 +19,7 @@ from plumbline_otel.normalise._shapes import (
     answer_text,
     repr_messages,
     request_text,
+    tool_message_call,
     unwrap_args,
     unwrap_result,
     unwrap_scoped_result,
@@ -61,6 +62,10 @@ _ANSWER_TOOLS = {("openinference.instrumentation.smolagents", "final_answer"), (
                  ("openinference.instrumentation.dspy", "submit")}
 # A tool span named after the method that ran it (DSPy's `lookup_order.__call__`): the tool is the part before it.
 _METHOD_SUFFIXES = (".__call__", ".acall", ".__acall__")
+# The classes LangChain JS makes tools of (`tool()`, `new DynamicStructuredTool`): a tracer that names tool spans by
+# the tool's class (Traceloop for Node) names none of them; the tool's name is then its ToolMessage's, or the model's
+# for the call whose arguments it ran (assembly).
+_TOOL_CLASSES = {"DynamicStructuredTool", "DynamicTool", "StructuredTool"}
 # Tool spans that summarise other tool spans: Google ADK's span over parallel calls' merged responses.
 _SUMMARY_TOOLS = {("gcp.vertex.agent", "(merged tools)")}
 _GENAI_MARKERS = ("gen_ai.operation.name", "gen_ai.input.messages", "gen_ai.output.messages", "gen_ai.tool.name", "gen_ai.provider.name",
@@ -489,6 +494,8 @@ def _agent(rec: SpanRecord, attrs: dict[str, Any], events: list[tuple[str, dict[
         return
     if attrs.get("gen_ai.operation.name") == "handle_conversation_turn":  # one turn is one run
         _note(rec, "step", "conversation_turn")
+    if "a2a.method.name" in attrs:  # an A2A client's or server's span of a call of a remote agent: one layer of it
+        _note(rec, "step", "a2a")
     rec.agent_name = _or_text(rec.agent_name, _first(attrs, "gen_ai.agent.name", "agent.name", "graph.node.id"))
     if "task_id" in attrs and "crew_id" in attrs:
         _task_output_request(rec, attrs.get("output.value"))
@@ -532,7 +539,7 @@ def _error(rec: SpanRecord, attrs: dict[str, Any], events: list[tuple[str, dict[
 
 _TOOL_READERS: dict[str, list[Callable[[SpanRecord, dict[str, Any]], None]]] = {
     "openinference": [_tool_openinference, _tool_genai],
-    "genai": [_tool_genai, _tool_openinference],
+    "genai": [_tool_genai, _tool_traceloop, _tool_openinference],
     "traceloop": [_tool_traceloop, _tool_genai],
     "vercel_ai": [_tool_vercel, _tool_genai],
 }
@@ -561,6 +568,12 @@ def extract(rec: SpanRecord, attrs: dict[str, Any], events: list[tuple[str, dict
             for suffix in _METHOD_SUFFIXES:
                 name = name.removesuffix(suffix)
             rec.tool_name = name or rec.name
+        if rec.call_id is None or rec.tool_name in _TOOL_CLASSES:
+            named, call_id = tool_message_call(_first(attrs, "traceloop.entity.output", "gen_ai.tool.call.result", "output.value"))
+            rec.call_id = _or_text(rec.call_id, call_id)
+            if rec.tool_name in _TOOL_CLASSES:
+                rec.tool_name = named
+                _note(rec, "step", "tool_named_by_class")
         if is_redacted(rec.result):
             rec.result = None
         if (rec.scope_name, rec.tool_name) in _ANSWER_TOOLS:  # the run's answer, not a tool call

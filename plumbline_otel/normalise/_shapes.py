@@ -129,6 +129,12 @@ def unwrap_args(raw: Any) -> tuple[Any, str | None, str | None]:
         return value["args"], str(call_id) if call_id else None, "tool_call_object"
     if set(value) == {"kwargs"} and isinstance(value["kwargs"], dict):
         return value["kwargs"], None, "kwargs_wrapper"
+    if set(value) == {"args"} and isinstance(value["args"], list) and len(value["args"]) == 1:
+        # Traceloop for Node's entity input, the function's positional arguments: a LangChain JS tool gets one,
+        # the model's arguments as JSON text.
+        only = maybe_json(value["args"][0])
+        if isinstance(only, dict):
+            return only, None, "positional_args"
     if set(value) == {"args", "kwargs"}:
         return _call_args(value), None, "args_kwargs_wrapper"
     return value, None, None
@@ -191,6 +197,20 @@ def unwrap_result(raw: Any) -> tuple[Any, str | None]:
         if inner is not None:
             return maybe_json(inner), "content_blocks"
     return value, None
+
+
+def tool_message_call(raw: Any) -> tuple[str | None, str | None]:
+    """The tool name and call id a tool's output names when it is a LangChain ToolMessage dump (either form, or
+    inside Traceloop's `{"output": …}`): where the span names the tool by its class, only this names the tool."""
+    value = maybe_json(raw)
+    if isinstance(value, dict) and set(value) <= {"output", "kwargs"} and "output" in value:
+        value = maybe_json(value["output"])
+    lc = _lc_object(value)
+    body = lc[1] if lc is not None else value
+    if not (isinstance(body, dict) and "content" in body and body.get("tool_call_id")):
+        return None, None
+    name = body.get("name")
+    return (str(name) if name else None), str(body["tool_call_id"])
 
 
 # Frameworks that wrap a tool's non-object return value in an object of one key, by tracer scope:

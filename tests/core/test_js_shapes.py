@@ -129,3 +129,46 @@ def test_mastra_run_text_under_its_own_keys_and_a_json_string_finish_reason() ->
     (llm,) = [s for s in run.steps if s.kind == "llm_call"]
     assert (llm.model, llm.input_tokens, llm.finish_reasons, llm.evidence) == ("m", 9, ("tool-calls",), "span")
     assert [(s.name, s.call_id, s.source) for s in run.tool_steps] == [("pay", "c9", "tool_span+llm_output")]
+
+
+# --- Traceloop for Node on LangChain JS --------------------------------------------------------------
+
+
+def test_traceloop_tool_spans_named_by_class_take_the_tool_and_call_from_the_tool_message_or_the_model() -> None:
+    """Traceloop names a LangChain JS tool span by the tool's class (`DynamicStructuredTool`) and records its input as
+    `{"args": ["<JSON text>"]}`: the ToolMessage of the output names the tool and the call; a raising tool has no
+    output, and it is the model's call whose arguments it ran."""
+    def tool_message(name: str, call_id: str, content: str) -> str:
+        return json.dumps({"lc": 1, "type": "constructor", "id": ["langchain_core", "messages", "ToolMessage"],
+                           "kwargs": {"status": "success", "content": content, "tool_call_id": call_id, "name": name}})
+
+    def build(tracer: Tracer) -> None:
+        base = {"gen_ai.provider.name": "langchain", "traceloop.workflow.name": "payer"}
+        with tracer.start_as_current_span("payer.workflow", attributes={
+                "traceloop.span.kind": "workflow", "traceloop.entity.name": "payer",
+                "traceloop.entity.input": json.dumps({"args": [], "kwargs": {}})}):
+            with tracer.start_as_current_span("chat m", attributes={
+                    **base, "gen_ai.operation.name": "chat", "gen_ai.request.model": "m",
+                    "gen_ai.input.messages": json.dumps([{"role": "user", "parts": [{"type": "text", "content": "Pay INV-3"}]}]),
+                    "gen_ai.output.messages": json.dumps([{"role": "assistant", "parts": [
+                        {"type": "tool_call", "id": "c1", "name": "lookup", "arguments": {"invoice_id": "INV-3"}},
+                        {"type": "tool_call", "id": "c2", "name": "pay", "arguments": {"invoice_id": "INV-3", "amount": 5}}]}])}):
+                pass
+            for call_id, name, args in (("c1", "lookup", {"invoice_id": "INV-3"}), ("c2", "pay", {"invoice_id": "INV-3", "amount": 5})):
+                with tracer.start_as_current_span("execute_tool DynamicStructuredTool", attributes={
+                        **base, "gen_ai.operation.name": "execute_tool", "traceloop.span.kind": "task",
+                        "traceloop.entity.name": "DynamicStructuredTool",
+                        "traceloop.entity.input": json.dumps({"args": [json.dumps(args)]})}) as span:
+                    if name == "lookup":
+                        span.set_attribute("traceloop.entity.output", tool_message(name, call_id, '{"open": true}'))
+                    else:
+                        span.set_status(Status(StatusCode.ERROR, "declined"))
+            with tracer.start_as_current_span("chat m", attributes={
+                    **base, "gen_ai.operation.name": "chat", "gen_ai.request.model": "m",
+                    "gen_ai.output.messages": json.dumps([{"role": "assistant", "parts": [{"type": "text", "content": "Not paid."}]}])}):
+                pass
+
+    run = _run(build)
+    assert [(s.name, s.args, s.result, s.failed, s.call_id, s.source) for s in run.tool_steps] == [
+        ("lookup", {"invoice_id": "INV-3"}, {"open": True}, False, "c1", "tool_span+llm_output"),
+        ("pay", {"invoice_id": "INV-3", "amount": 5}, None, True, "c2", "tool_span+llm_output")]
