@@ -278,6 +278,7 @@ def _match_proposals(tools: list[SpanRecord], llm: list[SpanRecord]) -> dict[str
     """Tool span id -> the model-proposed call it carried out."""
     by_call_id = {c.call_id: c for rec in llm for c in rec.proposed_calls if c.call_id}
     llm_starts = sorted(((r.start_ns, r) for r in llm), key=lambda pair: pair[0])
+    by_span = {r.span_id: r for r in llm}
     used: set[int] = set()
     matches: dict[str, ToolCallRef] = {}
     for tool in tools:
@@ -612,6 +613,15 @@ def _tool_steps(records: list[SpanRecord], llm: list[SpanRecord], handoffs: dict
                 before = answered_at.get(call.call_id or "", step.start_ns) - len(rec.proposed_calls) + call.index
                 steps.append(replace(step, start_ns=max(step.start_ns, before)))
     return steps
+
+
+def _inner_a2a_layer(rec: SpanRecord, spans: dict[str, SpanRecord]) -> bool:
+    """One call of a remote agent seen at several layers (the A2A client's span, the server's, the remote agent's
+    own `invoke_agent`) is one agent step, the outermost: an agent span whose nearest agent span above is an A2A
+    span of the same agent is a layer of that call."""
+    above = _place(rec, spans)
+    outer = spans.get(above) if above is not None else None
+    return outer is not None and "step:a2a" in outer.shapes and outer.agent_name == rec.agent_name
 
 
 def _agent_step(rec: SpanRecord, call: ToolCallRef | None = None) -> Step:

@@ -79,6 +79,23 @@ class RunEvent(Frozen):
     time_ns: int
 
 
+# `gen_ai.attribution.link_type` (semantic-conventions-genai, Development): how a linked span accounts for this one.
+# `CAUSED_BY_GENERATION`: the generation that requested this tool call; `RETRY_OF`: this span is another attempt of
+# the linked one; `INFORMED_BY`: context only. A link without it is the plain OTel kind: this span continues work the
+# linked span started (a message sent between agents, AutoGen's runtime between a Swarm's agents). Any other value
+# is kept as written and read as neither.
+LINK_TYPE_KEY = "gen_ai.attribution.link_type"
+
+
+@dataclass(frozen=True)
+class SpanLink(Frozen):
+    """One of a span's OTLP links: the span it points to (possibly in another trace) and what the link means."""
+
+    trace_id: str
+    span_id: str
+    link_type: str | None = None
+
+
 @dataclass(slots=True)  # a shard holds thousands per trace: no per-record attribute dict
 class SpanRecord:
     """One received span, normalised. Field names are the store's column names."""
@@ -134,6 +151,7 @@ class SpanRecord:
     cost_currency: str | None = None
     cost_source: str | None = None
     run_events: list[RunEvent] = field(default_factory=list)
+    links: list[SpanLink] = field(default_factory=list)
 
     # Written out, not generated: mypyc compiles this one to C, while the `dataclasses` module's
     # generated `__init__` stays interpreted (mypyc issue #817) and made building a record a tenth of
@@ -150,7 +168,7 @@ class SpanRecord:
         unknown_keys: list[str] | None = None, shapes: list[str] | None = None, evidence: list[str] | None = None,
         decisions: list[ToolDecision] | None = None, dropped_attributes_count: int = 0, attributes: dict[str, Any] | None = None,
         resource: dict[str, Any] | None = None, cost_amount: float | None = None, cost_currency: str | None = None,
-        cost_source: str | None = None, run_events: list[RunEvent] | None = None,
+        cost_source: str | None = None, run_events: list[RunEvent] | None = None, links: list[SpanLink] | None = None,
     ) -> None:
         self.trace_id = trace_id
         self.span_id = span_id
@@ -198,6 +216,7 @@ class SpanRecord:
         self.cost_currency = cost_currency
         self.cost_source = cost_source
         self.run_events = [] if run_events is None else run_events
+        self.links = [] if links is None else links
 
 
 @dataclass(frozen=True)

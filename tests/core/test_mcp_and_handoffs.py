@@ -1,5 +1,6 @@
 """One MCP call at every layer is one step; answered proposals without a tool span are steps; hand-offs are named
-by the function the model called (issue 29 items 5, 6 and 7)."""
+by the function the model called, and followed over span links into other traces; the conventions' link
+attribution binds a tool span to its generation and a retry to its first attempt (issue 29 items 5, 6 and 7)."""
 
 from __future__ import annotations
 
@@ -7,10 +8,12 @@ import json
 from pathlib import Path
 from typing import Any
 
-from opentelemetry.trace import SpanKind, Status, StatusCode, Tracer
-from otlp import record
+from opentelemetry.context import Context
+from opentelemetry.trace import Link, Span, SpanKind, Status, StatusCode, Tracer
+from otlp import record, to_otlp_json
 
 from plumbline_otel.assemble import assemble_runs
+from plumbline_otel.decode import request_from_json
 from plumbline_otel.ingest import ingest_files
 from plumbline_otel.model import Trajectory
 from plumbline_otel.normalise import normalise_request
@@ -137,3 +140,95 @@ def test_a_recorded_mcp_call_is_traced_three_times_and_is_one_step(store: Store)
         assert [(s.name, s.args, s.failed) for s in got.tool_steps] == [(c["name"], c["args"], c["failed"]) for c in run["tool_calls"]]
         assert [json.loads(s.result) if isinstance(s.result, str) else s.result for s in got.tool_steps if not s.failed] == \
             [json.loads(c["result"]) for c in run["tool_calls"] if not c["failed"]]
+
+
+def _links_of(span: Span, link_type: str | None = None) -> list[Link]:
+    return [Link(span.get_span_context(), {"gen_ai.attribution.link_type": link_type} if link_type else None)]
+
+
+def _swarm(tracer: Tracer, link_type: str | None = None) -> None:
+    """AutoGen's Swarm as its runtime traces it: the triage agent's trace, a hand-off message published from it, and
+    the payer agent's work in a trace of its own whose root links to that message."""
+    with tracer.start_as_current_span("invoke_agent triage", attributes={"gen_ai.operation.name": "invoke_agent",
+                                                                        "gen_ai.agent.name": "triage"}):
+        _llm(tracer, [{"id": "h1", "name": "transfer_to_payer"}])
+        with tracer.start_as_current_span("execute_tool transfer_to_payer", attributes={
+                "gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "transfer_to_payer", "gen_ai.tool.call.id": "h1"}):
+            pass
+        with tracer.start_as_current_span("autogen create group_topic", kind=SpanKind.PRODUCER) as message:
+            pass
+    with tracer.start_as_current_span("autogen process payer", context=Context(), kind=SpanKind.CONSUMER,
+                                      links=_links_of(message, link_type)):
+        with tracer.start_as_current_span("invoke_agent payer", attributes={"gen_ai.operation.name": "invoke_agent",
+                                                                           "gen_ai.agent.name": "payer"}):
+            _llm(tracer, [{"id": "p1", "name": "pay", "args": {"invoice_id": "INV-1"}}])
+            with tracer.start_as_current_span("execute_tool pay", attributes={
+                    "gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "pay", "gen_ai.tool.call.id": "p1"}):
+                pass
+
+
+def test_a_hand_off_into_a_trace_joined_only_by_a_span_link_is_one_run() -> None:
+    records, problems = normalise_request(record(_swarm))
+    assert problems == [] and len({r.trace_id for r in records}) == 2
+    (run,) = assemble_runs(records)
+    assert [(s.kind, s.name) for s in run.steps if s.kind != "llm_call"] == \
+        [("agent", "transfer_to_payer"), ("agent", "payer"), ("tool_call", "pay")]
+    assert run.input == "Pay INV-1" and run.trace_id == records[0].trace_id and run.trajectory_id == run.trace_id
+
+
+def test_a_link_with_an_attribution_joins_no_traces() -> None:
+    """INFORMED_BY (context only) is not a continuation: the payer's trace stays a run of its own."""
+    records, _ = normalise_request(record(lambda tracer: _swarm(tracer, "INFORMED_BY")))
+    assert [[s.name for s in r.steps if s.kind != "llm_call"] for r in assemble_runs(records)] == \
+        [["transfer_to_payer"], ["pay"]]
+
+
+def test_links_are_read_from_otlp_json_and_protobuf_alike() -> None:
+    request = record(lambda tracer: _swarm(tracer, "INFORMED_BY"))
+    from_json = request_from_json(to_otlp_json(request), "body")
+    for decoded in (request, from_json.request):
+        records, _ = normalise_request(decoded)
+        (linked,) = [r for r in records if r.links]
+        message = next(r for r in records if r.name == "autogen create group_topic")
+        assert [(x.trace_id, x.span_id, x.link_type) for x in linked.links] == [(message.trace_id, message.span_id, "INFORMED_BY")]
+
+
+def test_a_link_with_invalid_ids_is_dropped_and_said_so() -> None:
+    request = record(_swarm)
+    span = next(s for rs in request.resource_spans for ss in rs.scope_spans for s in ss.spans if s.links)
+    span.links[0].span_id = b"\x00" * 8
+    records, problems = normalise_request(request)
+    assert [r.links for r in records if r.span_id == span.span_id.hex()] == [[]]
+    assert [p.where for p in problems] == [f"span {span.span_id.hex()} links[0]"] and "not valid OTLP ids" in problems[0].reason
+
+
+def test_a_tool_span_linked_to_its_generation_takes_that_generations_call() -> None:
+    """Two generations proposed `lookup` with different arguments; the tool span (no call id, no arguments) ran
+    after the second began, but its CAUSED_BY_GENERATION link names the first."""
+    def build(tracer: Tracer) -> None:
+        with tracer.start_as_current_span("invoke_agent a", attributes={"gen_ai.operation.name": "invoke_agent"}):
+            with tracer.start_as_current_span("chat m", attributes={
+                    "gen_ai.operation.name": "chat", "gen_ai.input.messages": json.dumps([{"role": "user", "parts": [{"type": "text", "content": "Pay INV-1"}]}]),
+                    "gen_ai.output.messages": json.dumps([{"role": "assistant", "parts": [
+                        {"type": "tool_call", "id": "c1", "name": "lookup", "arguments": {"invoice_id": "INV-1"}}]}])}) as first:
+                pass
+            _llm(tracer, [{"id": "c2", "name": "lookup", "args": {"invoice_id": "INV-2"}}])
+            with tracer.start_as_current_span("execute_tool lookup", links=_links_of(first, "CAUSED_BY_GENERATION"), attributes={
+                    "gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "lookup"}):
+                pass
+
+    steps = _run(build).tool_steps
+    assert [(s.name, s.args, s.call_id, s.source) for s in steps][0] == ("lookup", {"invoice_id": "INV-1"}, "c1", "tool_span+llm_output")
+
+
+def test_a_retry_is_one_step_with_the_last_attempts_outcome() -> None:
+    def build(tracer: Tracer) -> None:
+        with tracer.start_as_current_span("invoke_agent a", attributes={"gen_ai.operation.name": "invoke_agent"}):
+            with tracer.start_as_current_span("execute_tool pay", attributes={
+                    "gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "pay", "gen_ai.tool.call.arguments": '{"invoice_id": "INV-1"}'}) as first:
+                first.set_status(Status(StatusCode.ERROR, "gateway timeout"))
+            with tracer.start_as_current_span("execute_tool pay", links=_links_of(first, "RETRY_OF"), attributes={
+                    "gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "pay", "gen_ai.tool.call.arguments": '{"invoice_id": "INV-1"}'}):
+                pass
+
+    assert [(s.name, s.failed) for s in _run(build).tool_steps] == [("pay", False)]
