@@ -17,6 +17,13 @@ Rules users meet on day one, in the order they are applied:
 6. Several runs in one trace (several root agent spans, or a conversation's turns) are several
    trajectories; a trace of one run keeps the trace id as its trajectory id.
 7. A guardrail result or an execution-state change the run reported is an `event` step at its time.
+8. Span links (`SpanLink`): a trace whose root span links, with no attribution, to a span of another trace
+   continues the work of that span (AutoGen's runtime carries a Swarm's hand-off from one agent's trace to the
+   next's this way): given both traces, the root is assembled as that span's child, so one run spans them. A tool
+   span linked `CAUSED_BY_GENERATION` to an LLM span carries out a call of that generation; a span another
+   links `RETRY_OF` to was an earlier attempt of the same step, and only the last attempt is a step.
+9. A tool span calling `transfer_to_<agent>` (or `handoff_to_<agent>`) of an agent that then runs in the same run
+   is a hand-off, named by the function the model called, not a tool call.
 Steps are ordered by start time, then span order. Tokens add up over LLM steps only.
 """
 
@@ -284,7 +291,10 @@ def _match_proposals(tools: list[SpanRecord], llm: list[SpanRecord]) -> dict[str
     for tool in tools:
         call = by_call_id.get(tool.call_id) if tool.call_id else None
         if call is None:
-            owner = _turn_of(tool.start_ns, llm_starts)
+            # The generation that requested the call, when the span links to it; else the turn it ran in.
+            owner = next((by_span[link.span_id] for link in tool.links
+                          if link.link_type == "CAUSED_BY_GENERATION" and link.span_id in by_span), None) \
+                or _turn_of(tool.start_ns, llm_starts)
             candidates = owner.proposed_calls if owner else []
             call = next(
                 (c for c in candidates if id(c) not in used and _same_tool(c.name, tool.tool_name, tool.args_state)
@@ -581,9 +591,33 @@ def _handoff_calls(records: list[SpanRecord], llm: list[SpanRecord], tool_names:
     return out
 
 
+def _retried(records: list[SpanRecord]) -> set[str]:
+    """The spans a later span links to as `RETRY_OF`: earlier attempts of a step, not steps of their own."""
+    return {link.span_id for r in records for link in r.links if link.link_type == "RETRY_OF"}
+
+
+def _handoff_tools(records: list[SpanRecord]) -> list[SpanRecord]:
+    """Tool spans that hand the run to an agent (rule 9) as hand-off spans; the others as they are."""
+    agents: dict[str, int] = {}
+    for r in records:
+        if r.step_kind == "agent" and r.agent_name:
+            agents.setdefault(_slug(r.agent_name), r.start_ns)
+    if not agents:
+        return records
+    out = []
+    for r in records:
+        name = _slug(r.tool_name or "") if r.step_kind == "tool_call" else ""
+        target = name.removeprefix("transfer_to_") if name.startswith("transfer_to_") else name.removeprefix("handoff_to_")
+        if target != name and agents.get(target, -1) >= r.start_ns:
+            r = replace(r, step_kind="agent", handoff_to=target)
+        out.append(r)
+    return out
+
+
 def _tool_steps(records: list[SpanRecord], llm: list[SpanRecord], handoffs: dict[str, ToolCallRef]) -> list[Step]:
     blocked = _blocked_calls(records)
-    tools = _merge_tool_layers([r for r in records if r.step_kind == "tool_call"], records)
+    retried = _retried(records)
+    tools = _merge_tool_layers([r for r in records if r.step_kind == "tool_call" and r.span_id not in retried], records)
     if not tools:
         handed = {id(c) for c in handoffs.values()}
         return _proposed_steps([replace(r, proposed_calls=[c for c in r.proposed_calls if id(c) not in handed])
@@ -640,9 +674,10 @@ def assemble(records: list[SpanRecord], task_keys: Iterable[str] = DEFAULT_TASK_
     trace) is no run, unless it carries plumbline's own run attributes (a trial-status marker).
     `assemble_runs` splits a trace holding several runs first.
     """
-    records = sorted(records, key=lambda r: (r.start_ns, r.span_id))
+    records = _handoff_tools(sorted(records, key=lambda r: (r.start_ns, r.span_id)))
     root = _root(records)
-    llm = _merge_llm_calls(_without_preparation([r for r in records if r.step_kind == "llm_call"]), records)
+    retried = _retried(records)
+    llm = _merge_llm_calls(_without_preparation([r for r in records if r.step_kind == "llm_call" and r.span_id not in retried]), records)
     handoffs = _handoff_calls(records, llm, {r.tool_name for r in records if r.step_kind == "tool_call"})
     tool_steps = _tool_steps(records, llm, handoffs)
     agents = [_agent_step(a, handoffs.get(a.span_id)) for a in records if a.step_kind == "agent" and a is not root]
@@ -752,9 +787,11 @@ def split_runs(records: list[SpanRecord]) -> list[tuple[str | None, list[SpanRec
     Several runs get the id `<trace id>:<root span id>`; a single run keeps the trace id (None
     here), so stores and exports written before traces could hold several runs keep their ids.
     Spans outside every run (the conversation's own root span) belong to none. The split reads
-    only ids, parents, start times, step kinds, shapes and hand-offs: the store splits a long
-    trace on those columns alone and loads the rest of its spans run by run.
+    only ids, parents, start times, step kinds, shapes and hand-offs (and links, for records of several
+    traces: `join_linked`): the store splits a long trace on those columns alone and loads the rest of
+    its spans run by run.
     """
+    records = join_linked(records)
     roots = sorted(_run_roots(records), key=lambda r: (r.start_ns, r.span_id))
     if not roots:
         return [(None, records)]
@@ -765,4 +802,21 @@ def split_runs(records: list[SpanRecord]) -> list[tuple[str | None, list[SpanRec
         owner = _owner(rec, by_id, roots, root_ids, starts)
         if owner is not None:
             groups[owner.span_id].append(rec)
-    return [(f"{group[0].trace_id}:{span_id}", group) for span_id, group in groups.items()]
+    return [(f"{by_id[span_id].trace_id}:{span_id}", group) for span_id, group in groups.items()]
+
+
+def join_linked(records: list[SpanRecord]) -> list[SpanRecord]:
+    """Records of several traces as one tree (rule 8): the root of a trace that links, with no attribution, to a
+    span of another of these traces becomes that span's child. Records of one trace are returned as they are."""
+    if not records or all(r.trace_id == records[0].trace_id for r in records):
+        return records
+    by_id = {r.span_id: r for r in records}
+    out = []
+    for r in records:
+        if r.links and r.parent_span_id not in by_id:
+            target = next((link.span_id for link in r.links if link.link_type is None and link.span_id in by_id
+                           and link.trace_id != r.trace_id), None)
+            if target is not None:
+                r = replace(r, parent_span_id=target)
+        out.append(r)
+    return out
