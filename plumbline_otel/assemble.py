@@ -680,7 +680,9 @@ def assemble(records: list[SpanRecord], task_keys: Iterable[str] = DEFAULT_TASK_
     llm = _merge_llm_calls(_without_preparation([r for r in records if r.step_kind == "llm_call" and r.span_id not in retried]), records)
     handoffs = _handoff_calls(records, llm, {r.tool_name for r in records if r.step_kind == "tool_call"})
     tool_steps = _tool_steps(records, llm, handoffs)
-    agents = [_agent_step(a, handoffs.get(a.span_id)) for a in records if a.step_kind == "agent" and a is not root]
+    spans = {r.span_id: r for r in records}
+    agents = [_agent_step(a, handoffs.get(a.span_id)) for a in records
+              if a.step_kind == "agent" and a is not root and not _inner_a2a_layer(a, spans)]
     order = {r.span_id: i for i, r in enumerate(records)}
     content_seen = any(r.content_captured for r in llm)
     # Parallel calls may start in the same instant (the JS SDK stamps starts to the millisecond): then the

@@ -56,3 +56,24 @@ def test_an_a2a_client_span_is_a_call_of_a_remote_agent() -> None:
     run = _run(build)
     assert [(s.kind, s.name) for s in run.steps] == [("agent", "booker")]
     assert run.context["gen_ai.conversation.id"] == "ctx-9"
+
+
+def test_an_a2a_call_seen_by_client_server_and_remote_agent_is_one_agent_step() -> None:
+    """The caller's A2A client span, the callee's server span and its invoke_agent, in one trace: one call of `booker`."""
+    def build(tracer: Tracer) -> None:
+        with tracer.start_as_current_span("invoke_agent planner", attributes={"gen_ai.operation.name": "invoke_agent",
+                                                                              "gen_ai.agent.name": "planner"}):
+            a2a = {"a2a.method.name": "SendMessage", "a2a.task.id": "t1", "gen_ai.agent.name": "booker"}
+            with tracer.start_as_current_span("SendMessage", kind=SpanKind.CLIENT, attributes=a2a):
+                with tracer.start_as_current_span("SendMessage", kind=SpanKind.SERVER, attributes=a2a):
+                    with tracer.start_as_current_span("invoke_agent booker", attributes={"gen_ai.operation.name": "invoke_agent",
+                                                                                         "gen_ai.agent.name": "booker"}):
+                        with tracer.start_as_current_span("execute_tool book", attributes={
+                                "gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "book"}):
+                            pass
+            with tracer.start_as_current_span("invoke_agent booker", attributes={"gen_ai.operation.name": "invoke_agent",
+                                                                                 "gen_ai.agent.name": "booker"}):
+                pass  # a second, local call of an agent of the same name is a step of its own
+
+    run = _run(build)
+    assert [(s.kind, s.name) for s in run.steps] == [("agent", "booker"), ("tool_call", "book"), ("agent", "booker")]
