@@ -88,6 +88,9 @@ class Server:
     def _open_store(self) -> Store:
         store = Store(self.config.db_path)
         store.set_memory_limit(self.config.db_memory_limit_mib)
+        # DuckDB's allocator purges what it freed only from its own background threads: without them a
+        # burst's ~200 MiB stayed in the process for good (`memory.py`).
+        store.connection.execute("SET allocator_background_threads = true")
         store.leave_cores_to(self.workers)  # the console's queries share that core
         if self.config.task_keys:
             store.set_task_keys(self.config.task_keys)

@@ -18,6 +18,7 @@ from dataclasses import replace
 from typing import Any
 
 from plumbline_otel.decode import Unit
+from plumbline_otel.memory import IdleRelease
 from plumbline_otel.pipeline._parts import Flushed, Part, SpanPart
 from plumbline_otel.pipeline._shard import Shard, ShardSettings
 from plumbline_otel.pipeline._spool import Spool
@@ -102,23 +103,29 @@ def _worker(index: int, settings: ShardSettings, inbox: Any, outbox: Any, spool:
     shard = Shard(index, settings)
     outbox.put(("ready", None))  # every message is (part, its table's file in the spool or None)
     collected = time.monotonic()
+    idle = IdleRelease()  # a burst's memory goes back once the worker is quiet (`memory.py`)
     while True:
         try:
             message = inbox.get(timeout=_COLLECT_SECONDS)
         except queue.Empty:
+            idle.release_if_due()
             continue
         if message is None:
             return
-        kind, payload = message
+        kind, payload = message  # both rebound by the next message (the writer's ticks come every half interval)
         if time.monotonic() - collected >= _COLLECT_SECONDS:
             gc.collect()
             collected = time.monotonic()
         try:
             if kind == "unit":
-                seq, unit = payload
-                parts = shard.prepare(seq, unit)
+                parts = shard.prepare(*payload)  # no local keeps the unit's bytes while the worker waits
+                idle.worked()
             else:  # "assemble": quiet seconds, or None for everything
                 parts = shard.assemble_quiet(payload)
+                if parts:
+                    idle.worked()
+                else:
+                    idle.release_if_due()
         except Exception as exc:  # a bug costs this unit's spans of this shard, never the worker
             if kind != "unit":
                 raise

@@ -48,6 +48,7 @@ from typing import Any
 
 from plumbline_otel.decode import Decoded, Problem, Unit
 from plumbline_otel.errors import PlumblineError, StoreError
+from plumbline_otel.memory import IdleRelease
 from plumbline_otel.pipeline import Flushed, ShardPool, ShardSettings, SpanPart, TrajectoryPart, concat_parts
 from plumbline_otel.receive._budget import MemoryBudget
 from plumbline_otel.receive._metrics import Metrics
@@ -155,6 +156,7 @@ class WriteQueue:
         self._reattach_at = 0.0
         self._reattach_wait = _REATTACH_FIRST
         self._assemble_wait = 0.0  # extra wait after a failed assembly (0: none failed)
+        self._idle = IdleRelease()  # the writer's process gives a burst's memory back once quiet
         self._db_dir = ""  # the store's folder, kept out of what clients are told
         metrics.gauge("plumbline_store_usable", lambda: 0 if self.store_problem else 1)
         metrics.inc("plumbline_store_invalidated_total", 0)
@@ -286,6 +288,7 @@ class WriteQueue:
                 assert unit is not None
                 request.parts_left = pool.shards
                 seq = pool.submit(unit) if not self._workers else self._submit_remote(pool, unit, request)
+                del unit  # not kept while the thread waits for the next request (a burst's body would stay in memory)
                 if not self._workers:
                     self._by_seq[seq] = request
             if time.monotonic() - last_tick >= self._assemble_interval / 2:
@@ -346,23 +349,32 @@ class WriteQueue:
         self._started.set()
         try:
             while (work := self._next_work()) is not None:
-                if self.store_problem is not None and time.monotonic() >= self._reattach_at:
-                    self._reattach(store)
-                if self.store_problem is not None:
-                    self._refuse(work)
-                    continue
-                if isinstance(work, _Call):
-                    self._run_call(store, work)
-                elif isinstance(work, list):
-                    self._write(store, work)
-                elif isinstance(work, TrajectoryPart):
-                    self._store_assembled(store, work)
-                if self._assemble_due_in() == 0.0:
-                    self._assemble(store)
+                self._do(store, work)
+                del work  # the last batch's tables are not kept while the thread waits
             self._assemble_before_close(store)
         finally:
             self._fail_unfinished(StoreError("the server stopped before these spans were committed"))
             store.close()
+
+    def _do(self, store: Store, work: list[SpanPart] | TrajectoryPart | _Call | str) -> None:
+        if self.store_problem is not None and time.monotonic() >= self._reattach_at:
+            self._reattach(store)
+        if self.store_problem is not None:
+            self._refuse(work)
+            return
+        if isinstance(work, _Call):
+            self._run_call(store, work)
+        elif isinstance(work, list):
+            self._write(store, work)
+            self._idle.worked()
+        elif isinstance(work, TrajectoryPart):
+            self._store_assembled(store, work)
+            self._idle.worked()
+        elif work == "release":
+            self._idle.release_if_due()
+        if self._assemble_due_in() == 0.0:
+            self._assemble(store)
+            self._idle.worked()
 
     # --- an invalidated store: refuse, back off, attach it again ----------------------------------
 
@@ -447,7 +459,8 @@ class WriteQueue:
 
     def _next_work(self) -> list[SpanPart] | TrajectoryPart | _Call | str | None:
         """Span parts (as many as one transaction takes), a trajectory part or a call; "assemble" (or,
-        with the store unusable, "reattach") when only that is due; None at the end."""
+        with the store unusable, "reattach") when only that is due, "release" when quiet after work
+        with nothing in flight; None at the end."""
         with self._lock:
             while not self._commit:
                 if self.store_problem is not None:
@@ -458,6 +471,10 @@ class WriteQueue:
                     due = self._assemble_due_in()
                     if due == 0.0:
                         return "assemble"
+                    release = self._idle.due_in() if not self._inbound and not self._spans else None
+                    if release == 0.0:
+                        return "release"  # quiet after work: the burst's memory goes back (`memory.py`)
+                    due = release if due is None else due if release is None else min(due, release)
                 self._commit_ready.wait(due if due is not None else 0.5)
             work = self._commit.popleft()
             if work == _END:
