@@ -145,6 +145,8 @@ def test_a_written_out_init_takes_its_data_class_fields_with_their_defaults(modu
     def value(n: int, kind: str) -> Any:  # one of the field's own type (a compiled class checks)
         if kind.startswith(("int", "bool")):
             return True if kind == "bool" else n
+        if kind.startswith("float"):
+            return n + 0.5
         return [f"v{n}"] if kind.startswith("list") else (f"v{n}",) if kind.startswith("tuple") else {"k": n} if kind.startswith("dict") else f"v{n}"
 
     every = {f.name: value(n, kinds[f.name]) for n, f in enumerate(fields)}
