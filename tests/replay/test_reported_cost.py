@@ -40,21 +40,26 @@ class PricedAgent(ToyAgent):
         return TrialOutcome(trace_id=trace_id, cost_usd=self.adapter_cost)
 
 
-def _study(tmp_path: Path, agent: PricedAgent) -> list[tuple[str | None, float, float | None]]:
+def _study(tmp_path: Path, agent: PricedAgent) -> tuple[list[str | None], list[float], list[float | None]]:
+    """Each trial's cost basis, settled cost and the spans' reported figure, as the driver recorded them."""
     summary = run_study(StudyConfig("c", budget_usd=1.0, trial_max_usd=0.10, state_dir=tmp_path / "s", concurrency=1,
                                     sink=SpanSink(otlp_file=str(tmp_path / "o.jsonl"))), tasks(2), agent)
     agent.close()
     assert summary.ok == 2
-    return [(r.cost_basis, r.cost_usd, r.cost_reported_usd) for r in summary.records]
+    return ([r.cost_basis for r in summary.records], [r.cost_usd for r in summary.records],
+            [r.cost_reported_usd for r in summary.records])
 
 
 def test_an_unmetered_trial_settles_at_what_its_model_call_spans_reported(tmp_path: Path) -> None:
-    assert _study(tmp_path, PricedAgent(0.004)) == [("spans:provider", pytest.approx(0.008), pytest.approx(0.008))] * 2
+    basis, cost, reported = _study(tmp_path, PricedAgent(0.004))
+    assert basis == ["spans:provider"] * 2 and cost == pytest.approx([0.008] * 2) and reported == pytest.approx([0.008] * 2)
 
 
 def test_the_adapters_report_is_preferred_and_the_spans_figure_kept_beside_it(tmp_path: Path) -> None:
-    assert _study(tmp_path, PricedAgent(0.004, adapter_cost=0.05)) == [("adapter", pytest.approx(0.05), pytest.approx(0.008))] * 2
+    basis, cost, reported = _study(tmp_path, PricedAgent(0.004, adapter_cost=0.05))
+    assert basis == ["adapter"] * 2 and cost == pytest.approx([0.05] * 2) and reported == pytest.approx([0.008] * 2)
 
 
 def test_a_cost_in_another_currency_is_not_converted(tmp_path: Path) -> None:
-    assert _study(tmp_path, PricedAgent(0.004, currency="EUR")) == [("reservation", pytest.approx(0.10), None)] * 2
+    basis, cost, reported = _study(tmp_path, PricedAgent(0.004, currency="EUR"))
+    assert basis == ["reservation"] * 2 and cost == pytest.approx([0.10] * 2) and reported == [None, None]
