@@ -25,7 +25,7 @@ class PricedAgent(ToyAgent):
     def run(self, trial: Trial) -> TrialOutcome:
         provider, buffer = self._provider(trial)
         tracer = provider.get_tracer("priced")
-        identity = {k: v for k, v in baggage.get_all().items() if k.startswith("plumbline.") and k != "plumbline.fault"}
+        identity = {k: str(v) for k, v in baggage.get_all().items() if k.startswith("plumbline.") and k != "plumbline.fault"}
         with tracer.start_as_current_span("invoke_agent priced", attributes={
                 "gen_ai.operation.name": "invoke_agent", "gen_ai.usage.cost.amount": 99.0,  # an agent's total: not a model call
                 "gen_ai.input.messages": json.dumps([{"role": "user", "parts": [{"type": "text", "content": trial.text}]}]),
