@@ -27,10 +27,10 @@ SETUPS = ["adk_content", "adk_content_events", "adk_nocontent", "langchain_openi
           # generate_js.py: Node set-ups, pinned by their npm lock file (package-lock-<set-up>.json)
           "aisdk6_chat", "aisdk7_legacy_chat", "aisdk7_otel_chat", "mastra",
           "langgraph_openinference", "langgraph_traceloop",
-          "openai_agents_js_openinference_chat", "openai_agents_js_openinference_responses",
+          "openai_agents_js_openinference_chat", "openai_agents_js_openinference_responses", "openai_agents_js_handoff",
           "haystack_openinference", "crewai_openinference", "dspy_openinference",
           # generate_autogen/_semantic_kernel/_mcp.py
-          "autogen_agentchat", "semantic_kernel", "mcp_openai_agents"]
+          "autogen_agentchat", "autogen_swarm", "semantic_kernel", "mcp_openai_agents"]
 
 _spec = importlib.util.spec_from_file_location("producers_generate", FIXTURES / "producers" / "generate.py")
 assert _spec is not None and _spec.loader is not None

@@ -27,7 +27,16 @@ from plumbline_otel.store import Store
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "frameworks"
 # A set-up with a logs.otlp.jsonl (ADK with capture on reads as EVENT_ONLY) carries its content in log
 # records: ingest stores them from the file and assembly folds them into their spans (issue 11).
-SETUPS = [p.parent.name for p in sorted(FIXTURES.glob("*/expected.json"))]
+# Misses of ours the fixtures keep until they are fixed (strict: a fix makes these fail until it is listed here no more).
+# Issue 29 item 4: three turns under a root that holds no run's request, each turn's run under a span that is no agent
+# (LangGraph JS: the graph's CHAIN span) or under one agent span for the whole trace (OpenInference's span for the
+# OpenAI Agents SDK's own trace): assembly splits only on agent spans, so the three runs are one trajectory.
+KNOWN_MISSES = {
+    "langgraph_conversation": "issue 29 item 4: turns under the graph's CHAIN spans are not split into runs",
+    "openai_agents_js_conversation": "issue 29 item 4: turns under the SDK trace's one AGENT span are not split into runs",
+}
+SETUPS = [pytest.param(name, marks=pytest.mark.xfail(strict=True, reason=KNOWN_MISSES[name])) if name in KNOWN_MISSES else name
+          for name in (p.parent.name for p in sorted(FIXTURES.glob("*/expected.json")))]
 
 
 def _expected(setup: str) -> dict[str, Any]:
@@ -139,3 +148,19 @@ def test_coverage_names_evidence_task_key_source_and_shapes(setup: str, store: S
         assert f"{len(runs)} of {len(runs)} trajectories have no final output" in findings
     structured = sum(1 for r in runs for c in r["tool_calls"] if isinstance(c["args"], dict))
     assert section["tool_calls"]["with_structured_args"] == structured
+
+
+@pytest.mark.parametrize("setup", ["openai_agents_js_handoff"])
+def test_a_recorded_hand_off_is_a_step_named_by_the_function_the_model_called(setup: str, store: Store) -> None:
+    """The model hands the run to `payer` by calling `transfer_to_payer` (the framework's function, no tool of the user's):
+    one agent step of that name, with the model's call id, in the model turn the script gave it, and `payer` after it."""
+    for run, got in zip(_expected(setup)["runs"], _ingest(store, setup)):
+        llm_turn = -1
+        steps = []
+        for s in got.steps:
+            llm_turn += s.kind == "llm_call"
+            steps.append((s.kind, s.name, s.call_id, llm_turn))
+        (handoff,) = [s for s in steps if s[1] == "transfer_to_payer"]
+        turn = next(c["model_turn"] for c in run["tool_calls"] if c["name"] in ("schedule_payment", "flag_exception")) - 1
+        assert handoff == ("agent", "transfer_to_payer", f"call_{run['label']}_{turn}_0", turn), run["label"]
+        assert ("agent", "payer") in [s[:2] for s in steps[steps.index(handoff):]], run["label"]
