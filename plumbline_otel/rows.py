@@ -16,7 +16,7 @@ import orjson
 import pyarrow as pa
 
 from plumbline_otel.assemble import CONTEXT_ONLY, assembly_attributes
-from plumbline_otel.model import RunEvent, SpanRecord, Step, ToolCallRef, ToolDecision, ToolResultRef, Trajectory
+from plumbline_otel.model import RunEvent, SpanLink, SpanRecord, Step, ToolCallRef, ToolDecision, ToolResultRef, Trajectory
 
 # Column name -> DuckDB type, in table order. JSON columns hold orjson text. Version 1's columns
 # stay as they were; later versions append theirs (ALTER TABLE adds at the end).
@@ -66,7 +66,8 @@ SPAN_COLUMNS_V4: dict[str, str] = {
 SPAN_COLUMNS_V8: dict[str, str] = {
     "cost_amount": "DOUBLE", "cost_currency": "VARCHAR", "cost_source": "VARCHAR", "run_events": "JSON",
 }
-SPAN_COLUMNS: dict[str, str] = {**SPAN_COLUMNS_V1, "shapes": "VARCHAR[]", **SPAN_COLUMNS_V4, **SPAN_COLUMNS_V8}
+SPAN_COLUMNS_V9: dict[str, str] = {"links": "JSON"}
+SPAN_COLUMNS: dict[str, str] = {**SPAN_COLUMNS_V1, "shapes": "VARCHAR[]", **SPAN_COLUMNS_V4, **SPAN_COLUMNS_V8, **SPAN_COLUMNS_V9}
 # JSON text goes to DuckDB as Arrow's JSON type: sent as plain strings, every value was parsed again
 # on insert to check it (7% of a span write in a profile, 9-11% timed alone), though orjson made it.
 _JSON = pa.json_(pa.string())
@@ -138,6 +139,7 @@ def span_table(records: list[SpanRecord], now: int) -> pa.Table:
         "cost_amount": [r.cost_amount for r in records], "cost_currency": [r.cost_currency for r in records],
         "cost_source": [r.cost_source for r in records],
         "run_events": [_json(r.run_events) if r.run_events else None for r in records],
+        "links": [_json(r.links) if r.links else None for r in records],
     }
     return pa.Table.from_arrays([pa.array(columns[f.name], type=f.type) for f in _SCHEMA], schema=_SCHEMA)
 
@@ -189,6 +191,7 @@ def record_from_row(row: dict[str, Any], keys: list[str], key_values: list[Any])
         row[name] = row[name] or []
     row["decisions"] = [ToolDecision(**d) for d in orjson.loads(row["decisions"])] if row["decisions"] else []
     row["run_events"] = [RunEvent(**e) for e in orjson.loads(row["run_events"])] if row["run_events"] else []
+    row["links"] = [SpanLink(**link) for link in orjson.loads(row["links"])] if row["links"] else []
     context_json = row.pop("context")
     context = orjson.loads(context_json) if context_json else {}
     attributes = {k: v for k, v in zip(keys, key_values or []) if v is not None}

@@ -11,9 +11,9 @@ from __future__ import annotations
 from typing import Any
 
 from plumbline_otel.errors import StoreError
-from plumbline_otel.rows import SPAN_COLUMNS, SPAN_COLUMNS_V1, SPAN_COLUMNS_V4, SPAN_COLUMNS_V8
+from plumbline_otel.rows import SPAN_COLUMNS, SPAN_COLUMNS_V1, SPAN_COLUMNS_V4, SPAN_COLUMNS_V8, SPAN_COLUMNS_V9
 
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 
 # One row per (spec, run, invariant) that failed: an invariant has one verdict per run and spec.
 _VIOLATIONS_TABLE = """CREATE TABLE IF NOT EXISTS violations (
@@ -84,7 +84,7 @@ MIGRATIONS: dict[int, list[str]] = {
     # Violations join the store's own tables (`plumbline check` made the table itself before this version).
     5: [_VIOLATIONS_TABLE],
     # Long text columns stored with zstd (`_ZSTD_COLUMNS`); the rows are copied as they are.
-    6: [*_rebuilt_table("spans", {k: v for k, v in SPAN_COLUMNS.items() if k not in SPAN_COLUMNS_V8}),
+    6: [*_rebuilt_table("spans", {k: v for k, v in SPAN_COLUMNS.items() if k not in SPAN_COLUMNS_V8 and k not in SPAN_COLUMNS_V9}),
         *_rebuilt_table("trajectories", _TRAJECTORY_COLUMNS),
         *_rebuilt_table("logs", _LOG_COLUMNS)],
     # What `check` and `certify` keep for the console beside the violations: which runs were judged under which
@@ -99,6 +99,12 @@ MIGRATIONS: dict[int, list[str]] = {
     # trajectory is rebuilt so its steps carry them.
     8: [*(f"ALTER TABLE spans ADD COLUMN {_column_sql(name, kind)}" for name, kind in SPAN_COLUMNS_V8.items()),
         "INSERT OR IGNORE INTO dirty_traces SELECT DISTINCT trace_id FROM spans"],
+    # Span links (`SpanLink`), and `trace_links`: trace -> the other trace its root span continues (an unattributed
+    # link), so a run spread over traces (AutoGen's Swarm) is assembled as one. Links were dropped at decode before
+    # this version: stored spans have none, and nothing is rebuilt.
+    9: [*(f"ALTER TABLE spans ADD COLUMN {_column_sql(name, kind)}" for name, kind in SPAN_COLUMNS_V9.items()),
+        "CREATE TABLE IF NOT EXISTS trace_links (trace_id VARCHAR NOT NULL, linked_trace_id VARCHAR NOT NULL, "
+        "PRIMARY KEY (trace_id, linked_trace_id))"],
 }
 
 

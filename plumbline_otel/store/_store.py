@@ -48,6 +48,11 @@ WRITER_MEMORY_LIMIT_MIB = 256
 # Traces (each of at most `LONG_TRACE_SPANS`) read back into records together when rebuilding: each
 # read scans the spans table, so fewer, larger reads; ~70 MB of records at most.
 _REBUILD_SPANS = 20_000
+# The traces a batch's root spans continue by an unattributed link (`assemble.join_linked`): those traces and
+# these are assembled together from then on (`Store._linked`).
+_TRACE_LINKS_SQL = """INSERT OR IGNORE INTO trace_links SELECT DISTINCT trace_id, link->>'trace_id' FROM (
+    SELECT trace_id, unnest(CAST(links AS JSON[])) AS link FROM fresh WHERE links IS NOT NULL AND parent_span_id IS NULL)
+    WHERE link->>'link_type' IS NULL AND link->>'trace_id' <> trace_id"""
 
 _LOG_TYPES = {"time_ns": pa.int64(), "observed_ns": pa.int64(), "severity_number": pa.int32(), "received_ns": pa.int64()}
 
@@ -162,6 +167,7 @@ class Store:
                 if stored:
                     self.connection.execute("INSERT INTO spans SELECT * FROM fresh")
                     self.connection.execute("INSERT OR IGNORE INTO dirty_traces SELECT DISTINCT trace_id FROM fresh")
+                    self.connection.execute(_TRACE_LINKS_SQL)
             if problems:
                 self.connection.executemany(
                     "INSERT INTO problems VALUES (?, ?, ?, ?, ?)",
@@ -314,9 +320,12 @@ class Store:
             return 0
         with self._registered("assembled", _trace_ids(counts)):
             found = self.connection.execute("SELECT trace_id, hash(trace_id) AS t FROM assembled").fetchnumpy()
-            # log records are folded from the store: a trace that has some is rebuilt by `assemble`
+            # log records are folded from the store, and traces joined by links assembled together: such a
+            # trace is rebuilt by `assemble`
             with_logs = {t for (t,) in self.connection.execute(
-                "SELECT DISTINCT trace_id FROM logs WHERE trace_id IN (SELECT trace_id FROM assembled)").fetchall()}
+                "SELECT DISTINCT trace_id FROM logs WHERE trace_id IN (SELECT trace_id FROM assembled) UNION "
+                "SELECT trace_id FROM trace_links WHERE trace_id IN (SELECT trace_id FROM assembled) UNION "
+                "SELECT linked_trace_id FROM trace_links WHERE linked_trace_id IN (SELECT trace_id FROM assembled)").fetchall()}
         stored = dict(zip(found["trace_id"].tolist(), self._counts().get(found["t"])))
         done = [t for t, n in counts.items() if stored[t] == n and t not in with_logs]
         if not done:
@@ -368,6 +377,11 @@ class Store:
             dirty: list[str] = found["trace_id"].tolist()
             if not dirty:
                 return total
+            joined: set[str] = set()
+            for group in self._linked(dirty):  # a run spread over traces joined by links: those traces as one
+                total += self._write_trajectories([self._rebuilt(group, together=True)], group)
+                joined.update(group)
+            dirty = [t for t in dirty if t not in joined]
             sizes = dict(zip(dirty, self._counts().get(found["t"])))  # planning only: a collision overcounts
             batch: list[str] = []
             spans = 0
@@ -383,11 +397,39 @@ class Store:
                 total += self._write_trajectories(self._long_trace_runs(trace_id), [trace_id])
         return total
 
-    def _rebuilt(self, trace_ids: list[str]) -> pa.Table:
-        """The trajectories of these traces, from their stored spans (and log records)."""
+    def _rebuilt(self, trace_ids: list[str], together: bool = False) -> pa.Table:
+        """The trajectories of these traces, from their stored spans (and log records); `together`: of their
+        records as one set (traces joined by links), not trace by trace."""
         by_trace = self._records_for(trace_ids)
-        runs = (t for recs in by_trace.values() for t in iter_runs(recs, self.task_keys))
+        sets: Iterable[list[SpanRecord]] = [[r for recs in by_trace.values() for r in recs]] if together else by_trace.values()
+        runs = (t for recs in sets for t in iter_runs(recs, self.task_keys))
         return trajectory_table(runs, time.time_ns())
+
+    def _linked(self, trace_ids: list[str]) -> list[list[str]]:
+        """The groups of two or more traces that `trace_links` joins, transitively, with any of these."""
+        parent: dict[str, str] = {}
+
+        def find(t: str) -> str:
+            while parent.get(t, t) != t:
+                t = parent[t]
+            return t
+
+        frontier, seen, joined = set(trace_ids), set(trace_ids), set[str]()
+        while frontier:
+            with self._registered("frontier", _trace_ids(frontier)):
+                pairs = self.connection.execute(
+                    "SELECT trace_id, linked_trace_id FROM trace_links WHERE trace_id IN (SELECT trace_id FROM frontier) "
+                    "OR linked_trace_id IN (SELECT trace_id FROM frontier)").fetchall()
+            frontier = set()
+            for a, b in pairs:
+                parent[find(a)] = find(b)
+                frontier.update(t for t in (a, b) if t not in seen)
+                seen.update((a, b))
+                joined.update((a, b))
+        groups: dict[str, list[str]] = {}
+        for t in joined:
+            groups.setdefault(find(t), []).append(t)
+        return [sorted(g) for g in groups.values() if len(g) > 1]
 
     def _long_trace_runs(self, trace_id: str) -> Iterator[pa.Table]:
         """A long trace's trajectories, a batch of runs at a time, never holding the whole trace as records.

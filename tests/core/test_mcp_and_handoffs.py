@@ -8,7 +8,9 @@ import json
 from pathlib import Path
 from typing import Any
 
+import duckdb
 from opentelemetry.context import Context
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.trace import Link, Span, SpanKind, Status, StatusCode, Tracer
 from otlp import record, to_otlp_json
 
@@ -17,7 +19,7 @@ from plumbline_otel.decode import request_from_json
 from plumbline_otel.ingest import ingest_files
 from plumbline_otel.model import Trajectory
 from plumbline_otel.normalise import normalise_request
-from plumbline_otel.store import Store
+from plumbline_otel.store import SCHEMA_VERSION, Store
 
 FRAMEWORKS = Path(__file__).resolve().parents[1] / "fixtures" / "frameworks"
 
@@ -232,3 +234,52 @@ def test_a_retry_is_one_step_with_the_last_attempts_outcome() -> None:
                 pass
 
     assert [(s.name, s.failed) for s in _run(build).tool_steps] == [("pay", False)]
+
+
+def _trace_files(tmp_path: Path, request: ExportTraceServiceRequest) -> list[Path]:
+    """One OTLP JSON file per trace of `request`, in the order the traces started: how two services export them."""
+    paths: list[Path] = []
+    trace_ids = list(dict.fromkeys(s.trace_id for rs in request.resource_spans for ss in rs.scope_spans for s in ss.spans))
+    for i, trace_id in enumerate(trace_ids):
+        part = ExportTraceServiceRequest()
+        part.CopyFrom(request)
+        for rs in part.resource_spans:
+            for ss in rs.scope_spans:
+                kept = [s for s in ss.spans if s.trace_id == trace_id]
+                del ss.spans[:]
+                ss.spans.extend(kept)
+        paths.append(tmp_path / f"trace{i}.otlp.jsonl")
+        paths[-1].write_text(json.dumps(to_otlp_json(part)) + "\n")
+    return paths
+
+
+def test_a_linked_trace_stored_after_the_run_was_built_joins_that_run(store: Store, tmp_path: Path) -> None:
+    """The triage agent's trace is ingested and built on its own; the payer's trace, linked to it, comes in a later
+    ingest: the store rebuilds both as one run and drops the first trajectory (the pipeline's own assembly of a trace
+    with links is not final)."""
+    first, second = _trace_files(tmp_path, record(_swarm))
+    assert ingest_files(store, [str(first)]).problems == []
+    [alone] = store.trajectories()
+    assert [s.name for s in alone.steps if s.kind != "llm_call"] == ["transfer_to_payer"]  # no agent yet: a tool call
+    assert ingest_files(store, [str(second)]).problems == []
+    [run] = store.trajectories()
+    assert [(s.kind, s.name) for s in run.steps if s.kind != "llm_call"] == \
+        [("agent", "transfer_to_payer"), ("agent", "payer"), ("tool_call", "pay")]
+    assert run.trajectory_id == alone.trajectory_id and store.pending_traces() == 0
+    assert ingest_files(store, [str(first), str(second)]).stored == 0 and len(list(store.trajectories())) == 1
+
+
+def test_a_version_8_store_gains_links_and_keeps_its_spans(tmp_path: Path) -> None:
+    path = tmp_path / "v8.duckdb"
+    first, second = _trace_files(tmp_path, record(_swarm))
+    with Store(path) as store:
+        ingest_files(store, [str(first)])
+    with duckdb.connect(str(path)) as con:  # the file as version 8 wrote it: no links column, no trace_links table
+        con.execute("ALTER TABLE spans DROP COLUMN links")
+        con.execute("DROP TABLE trace_links")
+        con.execute("UPDATE meta SET value = '8' WHERE key = 'schema_version'")
+    with Store(path) as store:
+        assert store.schema_version == SCHEMA_VERSION == 9
+        ingest_files(store, [str(second)])
+        [run] = store.trajectories()
+        assert [s.name for s in run.tool_steps] == ["pay"] and run.input == "Pay INV-1"

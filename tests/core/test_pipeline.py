@@ -386,11 +386,11 @@ def test_a_version_1_store_migrates_without_its_primary_key_and_keeps_its_spans(
 
 
 def test_a_version_5_store_keeps_its_rows_and_stores_long_text_with_zstd(tmp_path: Path) -> None:
-    from plumbline_otel.rows import SPAN_COLUMNS, SPAN_COLUMNS_V8, span_table
+    from plumbline_otel.rows import SPAN_COLUMNS, SPAN_COLUMNS_V8, SPAN_COLUMNS_V9, span_table
     from plumbline_otel.store._schema import MIGRATIONS
 
     requests = list(build_requests(120, 60))
-    v5_columns = ", ".join(c for c in SPAN_COLUMNS if c not in SPAN_COLUMNS_V8)
+    v5_columns = ", ".join(c for c in SPAN_COLUMNS if c not in SPAN_COLUMNS_V8 and c not in SPAN_COLUMNS_V9)
     db = tmp_path / "v5.duckdb"
     con = duckdb.connect(str(db))
     for version in range(1, 6):

@@ -19,7 +19,7 @@ from plumbline_otel.coverage import coverage_report
 from plumbline_otel.errors import StoreError
 from plumbline_otel.ingest import ingest_files
 from plumbline_otel.normalise import normalise_request
-from plumbline_otel.rows import SPAN_COLUMNS_V8
+from plumbline_otel.rows import SPAN_COLUMNS_V8, SPAN_COLUMNS_V9
 from plumbline_otel.store import SCHEMA_VERSION, Store
 
 
@@ -118,9 +118,10 @@ def test_a_version_1_store_migrates_and_rebuilds_its_task_keys(tmp_path: Path) -
         ingest_files(store, [str(_write(tmp_path / "a.jsonl", [record(genai_run)]))])
     with duckdb.connect(str(path)) as con:  # the file as version 1 wrote it: no shapes, conversation ids as task keys
         for column in ("shapes", "cache_read_tokens", "cache_write_tokens", "finish_reasons", "handoff_to", "evidence", "decisions",
-                       *SPAN_COLUMNS_V8):
+                       *SPAN_COLUMNS_V8, *SPAN_COLUMNS_V9):
             con.execute(f"ALTER TABLE spans DROP COLUMN {column}")
         con.execute("DROP TABLE logs")
+        con.execute("DROP TABLE trace_links")
         con.execute("DROP TABLE violations")
         con.execute("UPDATE meta SET value = '1' WHERE key = 'schema_version'")
         con.execute("UPDATE trajectories SET task_key = 'INV-1029', task_key_source = 'attribute:gen_ai.conversation.id'")
@@ -139,8 +140,9 @@ def test_a_version_4_store_keeps_the_violations_its_check_wrote(tmp_path: Path) 
     path = tmp_path / "v4.duckdb"
     Store(path).close()
     with duckdb.connect(str(path)) as con:  # version 4: `plumbline check` created the table itself, with the same columns
-        for column in SPAN_COLUMNS_V8:
+        for column in (*SPAN_COLUMNS_V8, *SPAN_COLUMNS_V9):
             con.execute(f"ALTER TABLE spans DROP COLUMN {column}")
+        con.execute("DROP TABLE trace_links")
         con.execute("DROP TABLE violations")
         con.execute("UPDATE meta SET value = '4' WHERE key = 'schema_version'")
         con.execute("CREATE TABLE violations (spec_hash VARCHAR NOT NULL, invariant_id VARCHAR NOT NULL, trajectory_id VARCHAR NOT NULL, "
