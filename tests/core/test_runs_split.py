@@ -4,19 +4,25 @@ A conversation span holding the user's turns, an MCP client's connection-lifetim
 the runs made over it, a web request's span: each top-level agent span beneath it (one with no agent
 above it) starts a run. A root that records the run's request (a chain or workflow span with input) is
 one run, whatever agents run beneath it; agents inside an agent are its sub-agents. The recorded case is
-tests/fixtures/frameworks/aisdk6_conversation (three turns of a real AI SDK conversation in one trace).
+tests/fixtures/frameworks/aisdk6_conversation (three turns of a real AI SDK conversation in one trace) and
+autogen_conversation (three runs of one AutoGen AssistantAgent under the app's `conversation` span).
 """
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 from opentelemetry.trace import Tracer
 from otlp import record
 
 from plumbline_otel.assemble import assemble_runs, split_runs
+from plumbline_otel.decode import request_from_json
 from plumbline_otel.model import SpanRecord, Trajectory
 from plumbline_otel.normalise import normalise_request
+
+FRAMEWORKS = Path(__file__).resolve().parents[1] / "fixtures" / "frameworks"
 
 
 def _runs(build: Any) -> list[Trajectory]:
@@ -85,3 +91,17 @@ def test_the_split_reads_only_the_columns_the_store_keeps() -> None:
     assert [(tid, sorted(r.span_id for r in group)) for tid, group in split_runs(skeleton)] == \
         [(tid, sorted(r.span_id for r in group)) for tid, group in split_runs(records)]
     assert len(split_runs(skeleton)) == 3
+
+
+def test_a_recorded_autogen_conversation_is_one_trace_of_three_runs() -> None:
+    """Each turn's first request carries the turns before it; each run's input is its own turn's request."""
+    setup = FRAMEWORKS / "autogen_conversation"
+    expected = json.loads((setup / "expected.json").read_text())
+    (line,) = (setup / "trace.otlp.jsonl").read_text().splitlines()
+    records, problems = normalise_request(request_from_json(json.loads(line), "line 1").request)
+    (trace_id,) = {r.trace_id for r in records if r.name != "create_agent ap_agent"}
+    (conversation,) = [r for r in records if r.name == "conversation"]
+    runs = assemble_runs([r for r in records if r.trace_id == trace_id])
+    assert problems == [] and conversation.parent_span_id is None
+    assert [(r.input, r.final_output) for r in runs] == [(e["input"], e["final_output"]) for e in expected["runs"]]
+    assert all(r.trajectory_id.startswith(trace_id + ":") for r in runs) and len({r.trajectory_id for r in runs}) == 3
