@@ -3,7 +3,7 @@
     OUT/trajectories/date=2026-12-03/service=payer/data_0.parquet
     OUT/steps/…   OUT/violations/…   OUT/certificate_cells/date=…/service=…/cert-<key>-0.parquet
 
-DuckDB writes every file (`COPY … (FORMAT parquet, PARTITION_BY (date, service))`); `date` is the
+DuckDB writes every file (`COPY … (FORMAT parquet, PARTITION_BY (date, service))`, the store's `Reader.copy_to_parquet`); `date` is the
 UTC day a run started (a certificate's: the day it was generated) and `service` the agent's
 service.name, so DuckDB, Spark, Trino or pyarrow read the directory as one table per folder.
 
@@ -28,38 +28,12 @@ from typing import Any
 import orjson
 import pyarrow as pa
 
-from plumbline_otel.store import Store
+from plumbline_otel.store import Reader
 
 _DAY_NS = 86_400 * 1_000_000_000
 _DATE_DIR = re.compile(r"^date=(\d{4}-\d{2}-\d{2})$")
-_DATE = "strftime(make_timestamp(t.start_ns // 1000), '%Y-%m-%d') AS date"
-
-_TRAJECTORIES = f"""
-SELECT t.trajectory_id AS run, t.trace_id, t.task_key, t.task_key_source, t.service_version, t.agent_name,
-       t.input, t.final_output, t.conventions, make_timestamp(t.start_ns // 1000) AS start_time, t.start_ns, t.end_ns,
-       t.n_steps, t.n_tool_calls, nullif((t.doc->'context')::VARCHAR, 'null') AS context, {_DATE}, t.service
-FROM trajectories t WHERE {{window}}"""
-
-_STEPS = f"""
-WITH s AS (
-    SELECT t.trajectory_id, t.trace_id, t.service, t.start_ns,
-           unnest(json_extract(t.doc, '$.steps[*]')) AS step,
-           generate_subscripts(json_extract(t.doc, '$.steps[*]'), 1) - 1 AS step_index
-    FROM trajectories t WHERE {{window}})
-SELECT t.trajectory_id AS run, t.step_index AS "index", t.step->>'kind' AS kind, t.step->>'name' AS name,
-       nullif((t.step->'args')::VARCHAR, 'null') AS arguments, t.step->>'result' AS result, t.step->>'error' AS error,
-       t.step->>'source' AS source, t.step->>'call_id' AS call_id, t.trace_id, t.step->>'span_id' AS span_id,
-       (t.step->>'start_ns')::BIGINT AS step_start_ns, {_DATE}, t.service
-FROM s t"""
-
-_VIOLATIONS = f"""
-SELECT v.trajectory_id AS run, v.spec_hash, v.invariant_id, v.severity, v.task_key, v.step_index, v.step_name, v.detail,
-       t.trace_id, {_DATE}, t.service
-FROM violations v JOIN trajectories t USING (trajectory_id) WHERE {{window}}"""
-
-# exported table -> (its query, the store table it needs: a store never checked has no violations)
-STORE_TABLES = {"trajectories": (_TRAJECTORIES, "trajectories"), "steps": (_STEPS, "trajectories"),
-                "violations": (_VIOLATIONS, "violations")}
+# The exported tables, in the order they are written (their queries: `Reader.copy_to_parquet`).
+STORE_TABLES = ("trajectories", "steps", "violations")
 CERT_TABLE = "certificate_cells"
 
 
@@ -70,19 +44,6 @@ def window_start(since_ns: int | None) -> int | None:
 
 def _day(ns: int) -> str:
     return datetime.fromtimestamp(ns // 1_000_000_000, timezone.utc).strftime("%Y-%m-%d")
-
-
-def _has_table(store: Store, name: str) -> bool:
-    row = store.connection.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = ?", [name]).fetchone()
-    return bool(row and row[0])
-
-
-def _copy(store: Store, query: str, target: Path, pattern: str | None = None) -> int:
-    """One COPY to a partitioned folder; returns the rows written."""
-    options = "FORMAT parquet, PARTITION_BY (date, service)" + (f", FILENAME_PATTERN '{pattern}'" if pattern else "")
-    path = str(target).replace("'", "''")
-    row = store.connection.execute(f"COPY ({query}) TO '{path}' ({options})").fetchone()
-    return int(row[0]) if row else 0
 
 
 def _replace_days(staged: Path, dest: Path, first_day: str | None) -> None:
@@ -127,13 +88,10 @@ def certificate_rows(cert: dict[str, Any], key: str) -> pa.Table:
     return pa.Table.from_pylist(rows, schema=schema)
 
 
-def _export_certificate(store: Store, cert_bytes: bytes, staging: Path, out: Path) -> int:
+def _export_certificate(store: Reader, cert_bytes: bytes, staging: Path, out: Path) -> int:
     key = hashlib.sha256(cert_bytes).hexdigest()[:16]
-    store.connection.register("_pl_certificate_cells", certificate_rows(orjson.loads(cert_bytes), key))
-    try:
-        written = _copy(store, "SELECT * FROM _pl_certificate_cells", staging / CERT_TABLE, pattern=f"cert-{key}-{{i}}")
-    finally:
-        store.connection.unregister("_pl_certificate_cells")
+    written = store.copy_to_parquet(certificate_rows(orjson.loads(cert_bytes), key), None, staging / CERT_TABLE,
+                                    pattern=f"cert-{key}-{{i}}")
     dest = out / CERT_TABLE
     for old in dest.glob(f"**/cert-{key}-*.parquet"):
         old.unlink()
@@ -144,7 +102,7 @@ def _export_certificate(store: Store, cert_bytes: bytes, staging: Path, out: Pat
     return written
 
 
-def export_parquet(store: Store, out: str | Path, since_ns: int | None = None, certificate: bytes | None = None) -> dict[str, int]:
+def export_parquet(store: Reader, out: str | Path, since_ns: int | None = None, certificate: bytes | None = None) -> dict[str, int]:
     """Write the store's runs, steps and violations (and a certificate's cells) under `out`; rows per table.
 
     The store should be assembled first (`open_assembled`): the export reads trajectories.
@@ -152,16 +110,12 @@ def export_parquet(store: Store, out: str | Path, since_ns: int | None = None, c
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     start = window_start(since_ns)
-    window = "TRUE" if start is None else f"t.start_ns >= {int(start)}"
     staging = out / f".staging-{uuid.uuid4().hex}"
     staging.mkdir()
     written: dict[str, int] = {}
     try:
-        for table, (query, source) in STORE_TABLES.items():
-            if not _has_table(store, source):
-                written[table] = 0
-                continue
-            written[table] = _copy(store, query.format(window=window), staging / table)
+        for table in STORE_TABLES:
+            written[table] = store.copy_to_parquet(table, start, staging / table)
         for table in STORE_TABLES:
             _replace_days(staging / table, out / table, None if start is None else _day(start))
         if certificate is not None:

@@ -33,7 +33,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from plumbline_otel.coverage import coverage_counts, report_from_counts
+from plumbline_otel.coverage import report_from_counts
 from plumbline_otel.errors import ConfigError
 from plumbline_otel.model import Trajectory
 from plumbline_otel.rows import trajectory_from_doc
@@ -168,7 +168,7 @@ class Sources:
         ids: dict[str, Iterable[str]] = {}
         for path in self.dbs:
             with self._store(path) as store:
-                ids[path] = [r[0] for r in store.connection.execute("SELECT DISTINCT trace_id FROM spans").fetchall()]
+                ids[path] = store.trace_ids()
         for address in self.servers:
             with self._client(address) as client:
                 ids[address] = list(client.trace_ids())
@@ -213,13 +213,13 @@ class Sources:
         parts = []
         for path in self.dbs:
             with self._store(path) as store:
-                parts.append(coverage_counts(store, since_ns=since_ns, exclude_traces=left_out))
+                parts.append(store.coverage_counts(since_ns=since_ns, exclude_traces=left_out))
         for address in self.servers:
             with self._client(address) as client:
                 parts.append(client.coverage(since_ns=since_ns, counts=True, exclude_trace_ids=left_out))
         if self.lake is not None:
             with self.lake.memory_store() as store:
-                parts.append(coverage_counts(store, since_ns=since_ns, exclude_traces=left_out))
+                parts.append(store.coverage_counts(since_ns=since_ns, exclude_traces=left_out))
         report = report_from_counts(sum_counts(parts))
         if len(self.names) > 1 or self.misrouted:  # (a lake's instances are stores of their own)
             report["stores"] = list(self.names)

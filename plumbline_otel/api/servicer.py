@@ -12,7 +12,7 @@ import orjson
 from plumbline_otel import __version__
 from plumbline_otel.api import plumbline_pb2 as pb
 from plumbline_otel.api import plumbline_pb2_grpc as pb_grpc
-from plumbline_otel.coverage import coverage_counts, coverage_report
+from plumbline_otel.coverage import coverage_report
 from plumbline_otel.receive import Metrics, Overloaded, WriteQueue
 from plumbline_otel.store import Store
 
@@ -45,7 +45,7 @@ def _coverage(store: Store, request: pb.CoverageRequest) -> str:
         store.assemble()
     since = request.since_ns if request.HasField("since_ns") else None
     if request.counts:
-        report = coverage_counts(store, since_ns=since, exclude_traces=list(request.exclude_trace_ids))
+        report = store.coverage_counts(since_ns=since, exclude_traces=list(request.exclude_trace_ids))
     else:
         report = coverage_report(store, since_ns=since)
     return orjson.dumps(report, default=str).decode()
@@ -60,10 +60,6 @@ def _store_check(store: Store, request: pb.StoreCheckRequest) -> int:
     written = store.write_violations(request.spec_hash, checked, rows)
     store.record_check(request.spec_hash, request.spec_name, request.spec_path, checked)
     return written
-
-
-def _trace_ids(store: Store) -> list[str]:
-    return [row[0] for row in store.connection.execute("SELECT DISTINCT trace_id FROM spans ORDER BY 1").fetchall()]
 
 
 class PlumblineServicer(pb_grpc.PlumblineServicer):
@@ -108,7 +104,7 @@ class PlumblineServicer(pb_grpc.PlumblineServicer):
         return pb.CoverageResponse(report_json=self._read(lambda store: _coverage(store, request), context))
 
     def TraceIds(self, request: pb.TraceIdsRequest, context: grpc.ServicerContext) -> Iterator[pb.TraceIdPage]:
-        ids = self._read(_trace_ids, context)
+        ids = self._read(Store.trace_ids, context)
         size = min(request.page_size or 10 * _MAX_PAGE, 100 * _MAX_PAGE)
         for start in range(0, len(ids), size):
             yield pb.TraceIdPage(trace_id=ids[start:start + size])

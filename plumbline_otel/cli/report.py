@@ -64,7 +64,7 @@ def report(db: tuple[str, ...], server: tuple[str, ...], cert_path: str | None, 
             check(spec, (t for t in store.trajectories() if study is None or t.context.get(STUDY) == study), store)
             if cert is None:
                 cert = build_certificate(spec, store.trajectories(), study=study)
-        html = report_html(store.connection, cert, ", ".join(stores.names), coverage, study=study)
+        html = report_html(store, cert, ", ".join(stores.names), coverage, study=study)
     path = Path(out)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(html, encoding="utf-8")

@@ -29,12 +29,12 @@ def show(run_id: str | None, db: tuple[str, ...], server: tuple[str, ...], task:
         raise click.UsageError("--task needs --vs AGENT (the agent of run B)")
     with reading(sources(db, server, assemble=True), task) as store:
         if run_id:
-            run = data.load_run(store.connection, run_id)
+            run = store.load_run(run_id)
             if run is None:
                 raise InputError(f"no stored run {run_id!r} (a trajectory id or trace id; `plumbline trajectories` lists them)")
-            click.echo(run_text(run, data.run_violations(store.connection, run.trajectory_id)))
+            click.echo(run_text(run, store.run_violations(run.trajectory_id)))
             return
-        pair = data.pair_on_task(store.connection, task, vs, agent, perturbation)  # type: ignore[arg-type]
+        pair = data.pair_on_task(store, task, vs, agent, perturbation)  # type: ignore[arg-type]
         if pair is None:
             raise InputError(f"task {task!r}: no run of {vs!r} shares a perturbation and variant with "
                              f"{'a run of ' + repr(agent) if agent else 'another run'}")

@@ -19,14 +19,11 @@ from __future__ import annotations
 import logging
 import threading
 
-import orjson
-
 from plumbline_otel.analyse.conformance import evaluate, write_violations
 from plumbline_otel.evaluation_events import EventEmitter, violation_events
 from plumbline_otel.model import Trajectory
 from plumbline_otel.receive._metrics import Metrics
 from plumbline_otel.receive._writer import Overloaded, WriteQueue
-from plumbline_otel.rows import trajectory_from_doc
 from plumbline_otel.runs import is_missing, is_record
 from plumbline_otel.spec import DeclaredInvariant, Spec, Verdict
 from plumbline_otel.store import Store
@@ -42,13 +39,10 @@ def new_violations(store: Store, spec: Spec, after_ns: int) -> tuple[Found, int,
 
     Returns the violations new to the store, the new watermark and how many runs were judged.
     """
-    rows = store.connection.execute(
-        "SELECT doc, assembled_ns FROM trajectories WHERE assembled_ns > ? AND assembled_ns <= "
-        "(SELECT max(a) FROM (SELECT DISTINCT assembled_ns AS a FROM trajectories WHERE assembled_ns > ? ORDER BY a LIMIT ?))",
-        [after_ns, after_ns, _BATCHES]).fetchall()
+    rows = store.assembled_after(after_ns, _BATCHES)
     if not rows:
         return [], after_ns, 0
-    runs = [t for t in (trajectory_from_doc(orjson.loads(doc)) for doc, _ in rows) if not (is_record(t) or is_missing(t))]
+    runs = [t for t, _ in rows if not (is_record(t) or is_missing(t))]
     results = [evaluate(spec, t) for t in runs]
     before = store.stored_violations(spec.hash, [t.trajectory_id for t in runs])
     write_violations(store, results, spec.hash)

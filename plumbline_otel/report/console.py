@@ -25,10 +25,12 @@ from urllib.parse import parse_qs, quote, unquote, urlencode
 
 import duckdb
 
+from plumbline_otel.coverage import coverage_report
 from plumbline_otel.errors import PlumblineError
 from plumbline_otel.report import data
 from plumbline_otel.report.html import chart_rows, render
 from plumbline_otel.report.pages import advice, diff_page, run_page, spec_violations
+from plumbline_otel.store import Reader, RunFilters
 
 log = logging.getLogger("plumbline.console")
 PREFIXES = ("/runs", "/diff")
@@ -50,11 +52,12 @@ def is_console_path(path: str) -> bool:
 
 
 class Console:
-    """Renders console pages from `connection`; `handle(path, query)` gives (HTTP status, HTML)."""
+    """Renders console pages from `connection` (a cursor of the store's database); `handle(path, query)` gives (HTTP status, HTML)."""
 
     def __init__(self, connection: Any, source: str, certificate: str | Path | None = None, slow_ttl: float = 60.0,
                  slow_wait: float = 3.0, api: str | None = None, token: bool = False, check_spec: str | None = None) -> None:
         self._connection, self._source, self._certificate = connection, source, certificate
+        self._store = Reader(connection)
         self._api, self._token, self._check_spec = api, token, check_spec
         self._lock = threading.Lock()
         self._ttl, self._wait = slow_ttl, slow_wait
@@ -86,43 +89,43 @@ class Console:
             return 200, self._overview_page()
         if path == "/runs":
             number = max(0, int(params.get("page", 0) or 0))
-            filters = data.RunFilters.of(params)
-            page = data.runs_page(self._connection, number, filters=filters)
+            filters = RunFilters.of(params)
+            page = data.runs_page(self._store, number, filters=filters)
             return 200, render("runs.html", console_href, page=page, filters=filters, kept=filters.params(),
-                               choices=data.filter_choices(self._connection), how=self._advice())
+                               choices=self._store.filter_choices(), how=self._advice())
         if path.startswith("/runs/"):
-            run = data.load_run(self._connection, unquote(path[len("/runs/"):]))
+            run = self._store.load_run(unquote(path[len("/runs/"):]))
             if run is None:
                 return self._error(404, "no stored run with that id")
-            return 200, run_page(self._connection, run, console_href, how=self._advice())
+            return 200, run_page(self._store, run, console_href, how=self._advice())
         if path == "/diff":
             return self._diff(params)
         return self._error(404, f"no such page {path}")
 
     def _diff(self, params: dict[str, str]) -> tuple[int, str]:
         if "task" in params and "vs" in params:
-            pair = data.pair_on_task(self._connection, params["task"], params["vs"], params.get("agent"), params.get("perturbation"))
+            pair = data.pair_on_task(self._store, params["task"], params["vs"], params.get("agent"), params.get("perturbation"))
             if pair is None:
                 return self._error(404, "no two runs on that task share a perturbation and variant")
-            return 200, diff_page(self._connection, *pair, console_href)
+            return 200, diff_page(self._store, *pair, console_href)
         if "a" in params and "b" in params:
-            a, b = data.load_run(self._connection, params["a"]), data.load_run(self._connection, params["b"])
+            a, b = self._store.load_run(params["a"]), self._store.load_run(params["b"])
             if a is None or b is None:
                 return self._error(404, "no stored run with that id")
-            return 200, diff_page(self._connection, a, b, console_href)
+            return 200, diff_page(self._store, a, b, console_href)
         return self._error(400, "a diff takes ?a=RUN&b=RUN or ?task=K&vs=AGENT")
 
     def _advice(self) -> dict[str, Any]:
-        return advice(self._connection, self._source, api=self._api, served=True, token=self._token, check_spec=self._check_spec)
+        return advice(self._store, self._source, api=self._api, served=True, token=self._token, check_spec=self._check_spec)
 
     def _overview_page(self) -> str:
         cert, stored = self._load_certificate(), False
         if cert is None:
-            cert, stored = data.latest_certificate(self._connection), True
+            cert, stored = data.latest_certificate(self._store), True
         slow = self._slow_figures()
-        return render("console.html", console_href, source=self._source, totals=data.store_totals(self._connection),
+        return render("console.html", console_href, source=self._source, totals=self._store.totals(),
                       cert=cert, stored_cert=stored and cert is not None, chart=chart_rows(cert) if cert else [],
-                      violations=spec_violations(self._connection, cert), how=self._advice(),
+                      violations=spec_violations(self._store, cert), how=self._advice(),
                       coverage=slow.get("coverage"), candidates=slow.get("candidates"))
 
     def _slow_figures(self) -> dict[str, Any]:
@@ -137,8 +140,8 @@ class Console:
 
     def _compute_slow(self, cursor: Any) -> None:
         try:
-            one = data.OneCursor(cursor)
-            figures = {"coverage": data.coverage(one), "candidates": data.diff_candidates(one)}
+            one = Reader(data.OneCursor(cursor), self._store.schema_version)
+            figures = {"coverage": coverage_report(one), "candidates": one.diff_candidates()}
         except Exception:  # interrupted at shutdown, or the store went away: keep the last figures
             return
         finally:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
@@ -184,9 +184,9 @@ def anchor(text: str, prefix: str) -> str:
     return f"{prefix}-{hashlib.sha256(str(text).encode()).hexdigest()[:16]}"
 
 
-def by_step(violations: list[dict[str, Any]]) -> dict[int, list[dict[str, Any]]]:
+def by_step(violations: Sequence[Mapping[str, Any]]) -> dict[int, list[Mapping[str, Any]]]:
     """Violations keyed by the index of the step that broke them (those without a step are left out)."""
-    out: dict[int, list[dict[str, Any]]] = {}
+    out: dict[int, list[Mapping[str, Any]]] = {}
     for v in violations:
         if v.get("step_index") is not None:
             out.setdefault(v["step_index"], []).append(v)

@@ -1,4 +1,4 @@
-"""Pages: the self-contained report file, and the pieces the console serves, from one connection.
+"""Pages: the self-contained report file, and the pieces the console serves, from one reader of the store.
 
 `report_html` gathers everything a report shows (headline, chart, cells, violations, coverage,
 consistency and equivalence, a few diffs and the runs they link to) and renders it once; the
@@ -14,22 +14,21 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-import orjson
-
 from plumbline_otel.analyse.consistency import consistency, summarise
 from plumbline_otel.analyse.equivalence import equivalence
+from plumbline_otel.coverage import coverage_report
 from plumbline_otel.model import Trajectory
 from plumbline_otel.report import data
 from plumbline_otel.report.diff import RunDiff, diff_runs
 from plumbline_otel.report.html import anchor, chart_rows, render
-from plumbline_otel.rows import trajectory_from_doc
+from plumbline_otel.store import Reader, RunFilters, ViolationSummary
 
 WINDOW_RUNS = 2000  # consistency and equivalence look at this many most recent runs, whatever the store's size
 _DIFFS = 3
 _RUNS_SHOWN = 40
 
 
-def advice(connection: Any, source: str, api: str | None = None, served: bool = False, token: bool = False,
+def advice(store: Reader, source: str, api: str | None = None, served: bool = False, token: bool = False,
            check_spec: str | None = None) -> dict[str, Any]:
     """What has been checked, and the exact commands that fill an empty page from where the reader is.
 
@@ -37,7 +36,7 @@ def advice(connection: Any, source: str, api: str | None = None, served: bool = 
     store); a report file names its store file (`--db`) and says to write the report again. A server
     with no gRPC port cannot be reached by a command: the advice says so (no circular advice).
     """
-    checks = data.checks_done(connection)
+    checks = store.checks_done()
     spec = checks[0]["spec_path"] if checks and checks[0]["spec_path"] else (check_spec or "SPEC.yaml")
     note = None
     if served and api:
@@ -59,9 +58,9 @@ def advice(connection: Any, source: str, api: str | None = None, served: bool = 
     }
 
 
-def timeline_view(connection: Any, run: Trajectory) -> dict[str, Any]:
+def timeline_view(store: Reader, run: Trajectory) -> dict[str, Any]:
     """The run page's extras: the span waterfall with messages, tokens and cost, and another run of its task to diff against."""
-    return {"timeline": data.run_timeline(connection, run), "other": data.other_run(connection, run)}
+    return {"timeline": data.run_timeline(store, run), "other": data.other_run(store, run)}
 
 
 def file_href(embedded: dict[str, str]) -> Callable[..., str]:
@@ -76,19 +75,6 @@ def file_href(embedded: dict[str, str]) -> Callable[..., str]:
     return href
 
 
-def recent_runs(connection: Any, limit: int = WINDOW_RUNS, study: str | None = None) -> list[Trajectory]:
-    """The `limit` most recent runs that have a task (consistency needs tasks), oldest first; of one study when given."""
-    scope, params = ("TRUE", []) if study is None else (f"{data.STUDY_SQL} = ?", [study])
-    cursor = connection.cursor()
-    try:
-        cursor.execute("SELECT doc FROM (SELECT doc, start_ns, trajectory_id FROM trajectories WHERE task_key IS NOT NULL "
-                       f"AND NOT {data.RECORD_SQL} AND {scope} ORDER BY start_ns DESC LIMIT ?) ORDER BY start_ns, trajectory_id",
-                       [*params, limit])
-        return [trajectory_from_doc(orjson.loads(doc)) for (doc,) in cursor.fetchall()]
-    finally:
-        cursor.close()
-
-
 def agreement(runs: list[Trajectory]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Consistency over `runs`, and equivalence of every pair of agents that ran a shared task."""
     summary = summarise(consistency(runs))
@@ -97,15 +83,15 @@ def agreement(runs: list[Trajectory]) -> tuple[dict[str, Any], list[dict[str, An
     return summary, [r for r in reports if r["runs"]]
 
 
-def example_diffs(connection: Any, limit: int = _DIFFS, study: str | None = None) -> list[RunDiff]:
+def example_diffs(store: Reader, limit: int = _DIFFS, study: str | None = None) -> list[RunDiff]:
     """Up to `limit` diffs of two agents on one task and variant (of one study's runs when given): divergent ones
     first, and among those the ones that part ways right after a failed call (a retry against no retry)."""
     found: list[RunDiff] = []
-    for c in data.diff_candidates(connection, limit=4 * limit, study=study):
+    for c in store.diff_candidates(limit=4 * limit, study=study):
         services = [s for s in c["services"] if s]
         if len(services) < 2:
             continue
-        pair = data.pair_on_task(connection, c["task_key"], services[1], services[0], c["perturbation"], study=study)
+        pair = data.pair_on_task(store, c["task_key"], services[1], services[0], c["perturbation"], study=study)
         if pair is not None:
             found.append(diff_runs(*pair))
     found.sort(key=lambda d: (d.identical, not _after_a_failure(d)))  # stable: candidate order kept within
@@ -120,14 +106,14 @@ def _after_a_failure(d: RunDiff) -> bool:
     return any(s is not None and s.error is not None for s in (before.a, before.b))
 
 
-def spec_violations(connection: Any, cert: dict[str, Any] | None, study: str | None = None) -> list[dict[str, Any]]:
+def spec_violations(store: Reader, cert: dict[str, Any] | None, study: str | None = None) -> list[ViolationSummary]:
     """Violations stored under the certificate's spec; all stored ones when none match (or no certificate); of one
     study's runs when `study` is given."""
     if cert is not None:
-        mine = data.violations_summary(connection, cert["spec"]["hash"], study=study)
+        mine = store.violations_summary(cert["spec"]["hash"], study=study)
         if mine:
             return mine
-    return data.violations_summary(connection, study=study)
+    return store.violations_summary(study=study)
 
 
 def report_study(cert: dict[str, Any] | None, study: str | None) -> str | None:
@@ -141,32 +127,24 @@ def report_study(cert: dict[str, Any] | None, study: str | None) -> str | None:
     return study if study is not None else certified
 
 
-def study_coverage(connection: Any, study: str) -> dict[str, Any]:
+def study_coverage(store: Reader, study: str) -> dict[str, Any]:
     """Coverage over one study's runs and records and their spans: copied into a store in memory (through the store's
     own writes) so the coverage report reads exactly them."""
     from plumbline_otel.store import Store
 
-    cursor = connection.cursor()
-    try:
-        spans = cursor.sql("SELECT * FROM spans WHERE trace_id IN (SELECT trace_id FROM trajectories WHERE "
-                           f"{data.STUDY_SQL} = ?)", params=[study]).to_arrow_table()
-        cursor.execute(f"SELECT doc FROM trajectories WHERE {data.STUDY_SQL} = ? ORDER BY start_ns, trajectory_id", [study])
-        runs = [trajectory_from_doc(orjson.loads(doc)) for (doc,) in cursor.fetchall()]
-    finally:
-        cursor.close()
+    spans, runs = store.study(study)
     with Store(":memory:") as scoped:
         scoped.write_span_table(spans)
         scoped.add_trajectories(runs)
-        return data.coverage(scoped.connection)
+        return coverage_report(scoped)
 
-
-def report_html(connection: Any, cert: dict[str, Any] | None, source: str, coverage: dict[str, Any] | None = None,
+def report_html(store: Reader, cert: dict[str, Any] | None, source: str, coverage: dict[str, Any] | None = None,
                 study: str | None = None) -> str:
     """The whole report as one HTML document; `coverage` replaces the store's own (a served store's, read over the API,
     or one study's). With `study` (or a certificate of one study), every section holds that study's runs only."""
     study = report_study(cert, study)
-    violations = spec_violations(connection, cert, study)
-    diffs = example_diffs(connection, study=study)
+    violations = spec_violations(store, cert, study)
+    diffs = example_diffs(store, study=study)
     shown: dict[str, None] = {}
     for d in diffs:
         shown.update({d.a.trajectory_id: None, d.b.trajectory_id: None})
@@ -176,41 +154,41 @@ def report_html(connection: Any, cert: dict[str, Any] | None, source: str, cover
         for agent in cert["agents"]:
             for cell in agent["perturbations"]:
                 shown.update({e["run"]: None for e in cell.get("errored_runs") or [] if isinstance(e, dict) and "run" in e})
-    loaded = {i: data.load_run(connection, i) for i in itertools.islice(shown, _RUNS_SHOWN)}
-    runs = [(r, data.run_violations(connection, r.trajectory_id)) for r in loaded.values() if r is not None]
+    loaded = {i: store.load_run(i) for i in itertools.islice(shown, _RUNS_SHOWN)}
+    runs = [(r, store.run_violations(r.trajectory_id)) for r in loaded.values() if r is not None]
     embedded = {i: r.trajectory_id for i, r in loaded.items() if r is not None}
-    recent = recent_runs(connection, study=study)
+    recent = store.recent_runs(WINDOW_RUNS, study=study)
     summary, equivalences = agreement(recent)
-    totals = data.store_totals(connection, study)
+    totals: dict[str, Any] = dict(store.totals(study))
     coverage_note = None
     if coverage is not None:  # runs read from servers (copied into memory without their spans): the servers' figures
         coverage_note = "every server's traffic, not only this study's" if study else None
         totals["spans"] = None if study else coverage.get("overall", {}).get("spans", {}).get("spans", totals["spans"])
     else:
-        coverage = study_coverage(connection, study) if study else data.coverage(connection)
+        coverage = study_coverage(store, study) if study else coverage_report(store)
     return render(
         "report.html", file_href(embedded),
         cert=cert, chart=chart_rows(cert) if cert else [], source=source, totals=totals,
         generated=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), violations=violations,
         coverage=coverage, coverage_note=coverage_note, study=study, consistency=summary, equivalences=equivalences,
         window=f"the {len(recent)} most recent runs with a task" + (f" of study {study}" if study else ""), diffs=diffs,
-        runs=runs, how=advice(connection, source),
+        runs=runs, how=advice(store, source),
     )
 
 
-def run_page(connection: Any, run: Trajectory, href: Callable[..., str], how: dict[str, Any] | None = None) -> str:
+def run_page(store: Reader, run: Trajectory, href: Callable[..., str], how: dict[str, Any] | None = None) -> str:
     """One run: its status, the span waterfall (durations, messages, tokens, cost), the steps with the
     violations at the step that broke them, and a link to the aligned diff against another run of its task."""
-    marks = data.run_violations(connection, run.trajectory_id)
-    status = data.runs_page(connection, filters=data.RunFilters(), size=1, only=run.trajectory_id).rows
-    return render("run.html", href, run=run, marks=marks, extra=timeline_view(connection, run), how=how,
+    marks = store.run_violations(run.trajectory_id)
+    status = data.runs_page(store, filters=RunFilters(), size=1, only=run.trajectory_id).rows
+    return render("run.html", href, run=run, marks=marks, extra=timeline_view(store, run), how=how,
                   status=status[0] if status else None)
 
 
-def diff_page(connection: Any, a: Trajectory, b: Trajectory, href: Callable[..., str]) -> str:
+def diff_page(store: Reader, a: Trajectory, b: Trajectory, href: Callable[..., str]) -> str:
     """Two runs side by side, then each in full."""
-    return render("diff.html", href, diff=diff_runs(a, b), marks_a=data.run_violations(connection, a.trajectory_id),
-                  marks_b=data.run_violations(connection, b.trajectory_id))
+    return render("diff.html", href, diff=diff_runs(a, b), marks_a=store.run_violations(a.trajectory_id),
+                  marks_b=store.run_violations(b.trajectory_id))
 
 
 def write_report(db_path: str | Path, cert_path: str | Path | None, out_path: str | Path) -> Path:
@@ -221,12 +199,12 @@ def write_report(db_path: str | Path, cert_path: str | Path | None, out_path: st
     cert = load_certificate(cert_path) if cert_path else None
     with Store(db_path) as store:
         store.assemble()
-        html = report_html(store.connection, cert, str(db_path))
+        html = report_html(store, cert, str(db_path))
     out = Path(out_path)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(html, encoding="utf-8")
     return out
 
 
-__all__ = ["WINDOW_RUNS", "advice", "agreement", "timeline_view", "diff_page", "example_diffs", "file_href", "recent_runs", "report_html", "report_study", "run_page", "study_coverage", "spec_violations",
+__all__ = ["WINDOW_RUNS", "advice", "agreement", "timeline_view", "diff_page", "example_diffs", "file_href", "report_html", "report_study", "run_page", "study_coverage", "spec_violations",
            "write_report"]

@@ -7,6 +7,7 @@ hostile value cannot move the cursor or recolour the terminal.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import click
@@ -49,7 +50,7 @@ def task_text(run: Trajectory) -> str:
     return task_label(run.task_key, run.task_key_source, run.input, 80)
 
 
-def run_text(run: Trajectory, violations: list[dict[str, Any]], width: int = TEXT_WIDTH) -> str:
+def run_text(run: Trajectory, violations: Sequence[Mapping[str, Any]], width: int = TEXT_WIDTH) -> str:
     """A run as numbered steps, each failed step in red and each violation under the step it broke; no line is longer
     than `width` (long values wrap, indented under their line)."""
     red: dict[str, Any] = {"fg": "red"}

@@ -4,6 +4,8 @@
     _files.py    opening the file (a writer's through ATTACH), sharing it in a process, the lock, reattaching
     _keys.py     what the writer keeps in memory about stored spans (retries, span counts per trace)
     _store.py    `Store`: every write, and the assembly of dirty traces from the rows
+    _read.py     `Reader`: every query readers run (a `Store` is one; `Reader(cursor)` reads through a cursor),
+                 with _read_coverage.py, the coverage figures
 
 A writer's writes are batched through Arrow, never row by row; an exporter's retry changes nothing;
 spans may arrive in any order and across any number of requests, and a late span updates its
@@ -17,17 +19,53 @@ from pathlib import Path
 
 from plumbline_otel.errors import StoreError
 from plumbline_otel.store._files import ROW_GROUP_SIZE, StoreLocked, invalidated
+from plumbline_otel.store._read import (
+    FIXTURE_PREFIX,
+    PAGE_SIZE,
+    SORTS,
+    STATUSES,
+    CheckRow,
+    DiffCandidate,
+    InvariantMark,
+    Page,
+    Reader,
+    RunFilters,
+    RunRow,
+    RunViolation,
+    TaskRun,
+    TimelineSpan,
+    Totals,
+    Usage,
+    ViolationSummary,
+)
 from plumbline_otel.store._schema import SCHEMA_VERSION, VIOLATION_COLUMNS, schema_version
 from plumbline_otel.store._store import DEFAULT_DB, WRITER_MEMORY_LIMIT_MIB, Store, WriteResult
 
 __all__ = [
     "DEFAULT_DB",
+    "FIXTURE_PREFIX",
+    "PAGE_SIZE",
     "ROW_GROUP_SIZE",
     "SCHEMA_VERSION",
+    "SORTS",
+    "STATUSES",
     "VIOLATION_COLUMNS",
     "WRITER_MEMORY_LIMIT_MIB",
+    "CheckRow",
+    "DiffCandidate",
+    "InvariantMark",
+    "Page",
+    "Reader",
+    "RunFilters",
+    "RunRow",
+    "RunViolation",
     "Store",
     "StoreLocked",
+    "TaskRun",
+    "TimelineSpan",
+    "Totals",
+    "Usage",
+    "ViolationSummary",
     "WriteResult",
     "invalidated",
     "open_assembled",

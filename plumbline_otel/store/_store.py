@@ -30,10 +30,11 @@ from plumbline_otel.decode import Problem
 from plumbline_otel.errors import StoreError
 from plumbline_otel.model import SpanRecord, Trajectory
 from plumbline_otel.normalise import LogRows, fold_logs, log_event_attributes
-from plumbline_otel.rows import SPAN_COLUMNS, record_from_row, span_table, trajectory_from_doc, trajectory_table
+from plumbline_otel.rows import SPAN_COLUMNS, record_from_row, span_table, trajectory_table
 from plumbline_otel.store._files import connect, disconnect, reattach
 from plumbline_otel.store._keys import SpanKeys, TraceCounts
-from plumbline_otel.store._schema import VIOLATION_COLUMNS, pending_migrations, schema_version
+from plumbline_otel.store._read import Reader
+from plumbline_otel.store._schema import VIOLATION_COLUMNS, pending_migrations
 
 DEFAULT_DB = "plumbline.duckdb"
 # DuckDB checkpoints (folds its write-ahead log into the file) when the log passes this size, and
@@ -69,8 +70,8 @@ def _trace_ids(ids: Iterable[str]) -> pa.Table:
     return pa.table({"trace_id": pa.array(list(ids), pa.string())})
 
 
-class Store:
-    """The DuckDB store. One writer per file; readers of a served file go through the server."""
+class Store(Reader):
+    """The DuckDB store: its one writer, and a `Reader` of it. One writer per file; readers of a served file go through the server."""
 
     def __init__(self, path: str | Path = DEFAULT_DB, read_only: bool = False, task_keys: Iterable[str] | None = None) -> None:
         self.path, self.read_only, self._closed = str(path), read_only, False
@@ -84,7 +85,7 @@ class Store:
                 self.set_memory_limit(WRITER_MEMORY_LIMIT_MIB)
                 self._migrate()
             # A file opened read-only keeps the schema it was written with (older columns may be missing).
-            self.schema_version = self._version()
+            Reader.__init__(self, self.connection)
             self.task_keys = tuple(task_keys) if task_keys else self._stored_task_keys()
         except duckdb.Error as exc:  # a damaged file (cut short, overwritten) opens, then fails on its first read
             self.close()
@@ -105,9 +106,6 @@ class Store:
         self.connection.execute("CHECKPOINT")
 
     # --- schema -----------------------------------------------------------------------------
-
-    def _version(self) -> int:
-        return schema_version(self.connection)
 
     def _migrate(self) -> None:
         for statements in pending_migrations(self.connection, self.path):
@@ -229,13 +227,6 @@ class Store:
                                      filters.get("agent"), head.get("verdict"), head["lower_bound"], orjson.dumps(cert).decode()])
         row = self.connection.execute("SELECT count(*) FROM certificates").fetchone()
         return int(row[0]) if row else 0
-
-    def stored_violations(self, spec_hash: str, run_ids: list[str]) -> set[tuple[str, str]]:
-        """(trajectory_id, invariant_id) of the stored violations of these runs under `spec_hash`."""
-        rows = self.connection.execute(
-            "SELECT trajectory_id, invariant_id FROM violations WHERE spec_hash = ? AND trajectory_id IN (SELECT unnest(?))",
-            [spec_hash, run_ids]).fetchall()
-        return {(r[0], r[1]) for r in rows}
 
     def set_memory_limit(self, mib: int) -> None:
         """Cap DuckDB's buffer cache (it defaults to 80% of the machine's memory)."""
@@ -458,20 +449,6 @@ class Store:
                      for trajectory_id, group in batch)
             yield trajectory_table((t for t in built if t is not None), time.time_ns())
 
-    def trajectories_built_since(self, ns: int) -> int:
-        """How many stored trajectories were built at or after `ns` (a wall-clock time in ns)."""
-        row = self.connection.execute("SELECT count(*) FROM trajectories WHERE assembled_ns >= ?", [ns]).fetchone()
-        return int(row[0]) if row else 0
-
-    def pending_traces(self) -> int:
-        """Traces whose spans arrived after their trajectory was last built (or that have none yet).
-
-        Readers that cannot assemble (a read-only file) report this count, because the
-        trajectories table does not reflect those traces' spans.
-        """
-        row = self.connection.execute("SELECT count(*) FROM dirty_traces").fetchone()
-        return int(row[0]) if row else 0
-
     def _fold_logs(self, by_trace: dict[str, list[SpanRecord]]) -> None:
         """Fold each trace's stored GenAI log records into its span records (in record time order)."""
         with self._registered("wanted", _trace_ids(by_trace)):
@@ -500,29 +477,6 @@ class Store:
                 written += built.num_rows
             self.connection.execute("DELETE FROM dirty_traces WHERE trace_id IN (SELECT trace_id FROM done)")
         return written
-
-    # --- reads ------------------------------------------------------------------------------
-
-
-    def trajectories(self, service: str | None = None, task: str | None = None, since_ns: int | None = None,
-                     where: str | None = None) -> Iterator[Trajectory]:
-        """Stored trajectories in start order; `where` is an extra SQL filter over the trajectories table."""
-        clauses: list[str] = ["TRUE"]
-        params: list[Any] = []
-        for column, value in (("service", service), ("task_key", task)):
-            if value is not None:
-                clauses.append(f"{column} = ?")
-                params.append(value)
-        if since_ns is not None:
-            clauses.append("start_ns >= ?")
-            params.append(since_ns)
-        if where:
-            clauses.append(f"({where})")
-        cursor = self.connection.cursor()
-        cursor.execute(f"SELECT doc FROM trajectories WHERE {' AND '.join(clauses)} ORDER BY start_ns, trajectory_id", params)
-        while rows := cursor.fetchmany(1000):
-            for (doc,) in rows:
-                yield trajectory_from_doc(orjson.loads(doc))
 
     def close(self) -> None:
         """Close the file; a closed store cannot be used again (closing it again does nothing)."""

@@ -141,6 +141,46 @@ def test_only_the_store_writes_to_the_database() -> None:
     assert writers == []
 
 
+# A query: SELECT ... FROM, or a COPY of one. Outside the store package only its read module (`store/_read*.py`) and its
+# writer build them, so every reader goes through `store.Reader`; the modules below own other engines, each with why.
+_QUERY = re.compile(r"\bSELECT\b[\s\S]*\bFROM\b|\bCOPY\s*\(", re.IGNORECASE)
+_OWN_ENGINES = {
+    **_OTHER_DATABASES,
+    "lake.py": "the lake: Iceberg tables through its own DuckDB, and the snapshot of the store's tables it copies into them",
+}
+
+
+def _text(node: ast.AST) -> str | None:
+    """A string literal's text; an f-string's with each placeholder as {} (so a query split by them still reads whole)."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value
+    if isinstance(node, ast.JoinedStr):
+        return "".join(str(v.value) if isinstance(v, ast.Constant) else "{}" for v in node.values)
+    return None
+
+
+def test_only_the_store_s_read_module_builds_queries() -> None:
+    builders = []
+    for path in _sources():
+        where = str(path.relative_to(PACKAGE))
+        if where.startswith("store/") or where in _OWN_ENGINES:
+            continue
+        tree = ast.parse(path.read_text())
+        docstrings = {id(n.body[0].value) for n in ast.walk(tree)
+                      if isinstance(n, ast.Module | ast.ClassDef | ast.FunctionDef) and n.body and isinstance(n.body[0], ast.Expr)}
+        for node in ast.walk(tree):
+            text = _text(node)
+            if text is not None and id(node) not in docstrings and _QUERY.search(text):
+                builders.append(f"{where}:{getattr(node, 'lineno', '?')}: {text.strip()[:60]!r}")
+    assert builders == []
+
+
+def test_the_query_rule_sees_a_query_split_by_placeholders() -> None:
+    tree = ast.parse('x = f"SELECT {a} FROM {b} WHERE c = ?"\ny = "select doc"\n')
+    found = [t for n in ast.walk(tree) if (t := _text(n)) is not None and _QUERY.search(t)]
+    assert found == ["SELECT {} FROM {} WHERE c = ?"]
+
+
 def _packages() -> list[types.ModuleType]:
     names = [m.name for m in pkgutil.walk_packages(plumbline_otel.__path__, "plumbline_otel.") if m.ispkg]
     return [importlib.import_module(n) for n in ["plumbline_otel", *names]]

@@ -20,7 +20,7 @@ from plumbline_otel.ingest import ingest_files
 from plumbline_otel.replay import SpanSink, StudyConfig, run_study
 from plumbline_otel.report import data
 from plumbline_otel.report.console import Console
-from plumbline_otel.store import Store
+from plumbline_otel.store import Reader, RunFilters, Store
 
 _NS = {"h": "http://www.w3.org/1999/xhtml"}
 ROOT = Path(__file__).resolve().parents[2]
@@ -97,7 +97,7 @@ def test_check_on_a_file_keeps_which_runs_were_judged_and_the_report_says_what_t
     assert CliRunner().invoke(cli, ["check", "--spec", str(SPEC), "--db", str(db)]).exit_code == 0
     with duckdb.connect(str(db), read_only=True) as connection:
         assert connection.execute("SELECT count(*) FROM checked_runs").fetchall() == [(2,)]
-        statuses = sorted(r["status"] for r in data.runs_page(connection).rows)
+        statuses = sorted(r["status"] for r in data.runs_page(Reader(connection)).rows)
     assert statuses == ["conforming", "violating"]
 
 
@@ -187,9 +187,9 @@ def test_the_runs_list_takes_a_trial_s_status_from_the_driver_s_records_and_neve
     with duckdb.connect(str(db), read_only=True) as connection:
         ((records,),) = connection.execute("SELECT count(*) FROM trajectories WHERE n_steps = 0").fetchall()
         assert records >= 4, "plan and attempt records are stored as trajectories"
-        page = data.runs_page(connection, filters=data.RunFilters(study="s"))
+        page = data.runs_page(Reader(connection), filters=RunFilters(study="s"))
         assert page.total == 2 and len(page.rows) == 2, "two trials' runs; none of the records"
         assert {r["status"] for r in page.rows} == {"errored"}
         assert all("crashed after exporting" in (r["reason"] or "") for r in page.rows)
-        assert data.runs_page(connection, filters=data.RunFilters(status="errored")).total == 2
-        assert data.runs_page(connection).total == 4  # the traffic's two runs and the study's two
+        assert data.runs_page(Reader(connection), filters=RunFilters(status="errored")).total == 2
+        assert data.runs_page(Reader(connection)).total == 4  # the traffic's two runs and the study's two

@@ -169,14 +169,14 @@ def test_report_and_show_against_a_running_server(built: Built, tmp_path: Path, 
 def test_overview_does_not_wait_for_slow_figures_and_shutdown_interrupts_them(built: Built, tmp_path: Path,
                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     """Coverage scans the whole store (a minute and more at a million spans): pages go on without it."""
-    from plumbline_otel.report import data
+    from plumbline_otel.report import console as console_module
     from plumbline_otel.report.console import Console
 
-    def endless_coverage(connection):
-        connection.cursor().execute("SELECT sum(a.range * b.range) FROM range(200000) a, range(200000) b").fetchall()
+    def endless_coverage(store):
+        store.connection.cursor().execute("SELECT sum(a.range * b.range) FROM range(200000) a, range(200000) b").fetchall()
         return {}
 
-    monkeypatch.setattr(data, "coverage", endless_coverage)
+    monkeypatch.setattr(console_module, "coverage_report", endless_coverage)
     db = tmp_path / "slow.duckdb"
     shutil.copy(built.db, db)
     root = duckdb.connect(str(db))

@@ -84,9 +84,9 @@ def test_violations_point_at_the_step_that_broke_them(built: Built) -> None:
         from plumbline_otel.report.pages import file_href, run_page
 
         assert rows, "the retry-fault fixture's no-retry run breaks a step-located invariant"
-        run = data.load_run(store.connection, rows[0][0])
+        run = store.load_run(rows[0][0])
         assert run is not None
-        doc = parse(run_page(store.connection, run, file_href({})))
+        doc = parse(run_page(store, run, file_href({})))
     marked = doc.findall(".//h:tr[@class='step violated']", _NS) + doc.findall(".//h:tr[@class='step failed violated']", _NS)
     assert [int(text_of(tr.find("h:td", _NS))) for tr in marked] == [rows[0][1]]
 
@@ -129,9 +129,9 @@ def test_chart_draws_the_interval_the_gate_uses_with_every_count(built: Built) -
 
 def test_runs_are_listed_a_page_at_a_time(built: Built) -> None:
     with Store(built.db) as store:
-        first = data.runs_page(store.connection, page=0, size=2)
-        second = data.runs_page(store.connection, page=1, size=2)
-        only = data.runs_page(store.connection, agent=NO_RETRY)
+        first = data.runs_page(store, page=0, size=2)
+        second = data.runs_page(store, page=1, size=2)
+        only = data.runs_page(store, agent=NO_RETRY)
     assert first.total == 4 and first.pages == 2 and len(first.rows) == len(second.rows) == 2
     assert {r["trajectory_id"] for r in first.rows}.isdisjoint(r["trajectory_id"] for r in second.rows)
     assert [r["agent"].split("@")[0] for r in only.rows] == [NO_RETRY]
@@ -151,7 +151,7 @@ def test_report_and_show_commands(built: Built, tmp_path: Path) -> None:
     assert len(flagged) == 1 and "check_duplicate" in flagged[0] and "only in B" in flagged[0]
     assert "\x1b[" not in shown.output, "no colour codes when not a terminal"
     with Store(built.db) as store:
-        run_id = data.runs_page(store.connection, agent=NO_RETRY).rows[0]["trajectory_id"]
+        run_id = data.runs_page(store, agent=NO_RETRY).rows[0]["trajectory_id"]
     one = runner.invoke(cli, ["show", "--db", str(built.db), run_id])
     assert one.exit_code == 0 and "check_duplicate" in one.output and "503" in one.output
     missing = runner.invoke(cli, ["show", "--db", str(built.db), "nope"])
@@ -188,13 +188,13 @@ def test_cells_table_renders_the_new_certificate_fields_when_present(built: Buil
     cert = json.loads(built.cert.read_text())
     cert["headline"].update(method="cluster_kg", method_description="Wilson on an effective n", wilson_lower_bound=0.1, errored=1)
     with Store(built.db) as store:
-        run_id = data.runs_page(store.connection, agent=NO_RETRY).rows[0]["trajectory_id"]
+        run_id = data.runs_page(store, agent=NO_RETRY).rows[0]["trajectory_id"]
         cell = next(c for a in cert["agents"] for c in a["perturbations"] if c["agent"].startswith(NO_RETRY + "@"))
         cell.update(gate_lower=0.0, gate_upper=0.8, gate_method="cluster_kg", exposed=1, errored=1, tasks=1,
                     pass_k={"k": 3, "value": 0.25}, flip_rate=0.5, errored_runs=[{"run": run_id, "reason": SCRIPT}],
                     pass_k_curve=[{"k": 1, "estimate": 0.6, "lower": 0.3, "upper": 0.8, "tasks": 4},
                                   {"k": 3, "estimate": 0.25, "lower": 0.05, "upper": 0.6, "tasks": 4}])
-        doc = parse(report_html(store.connection, cert, "test"))
+        doc = parse(report_html(store, cert, "test"))
     headline = text_of(doc.find(".//h:section[@id='headline']", _NS))
     assert "(cluster_kg)" in headline and "lower bound over runs (as if independent), for comparison: 10.0%" in headline
     cells = text_of(doc.find(".//h:section[@id='cells']", _NS))

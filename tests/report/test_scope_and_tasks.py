@@ -20,12 +20,11 @@ from pages_support import NO_RETRY, TOKEN, Built, build_store, free_port, parse,
 
 from plumbline_otel.cli.main import cli
 from plumbline_otel.model import Step, Trajectory
-from plumbline_otel.report import data
 from plumbline_otel.report.console import Console
 from plumbline_otel.report.html import render, task_label
 from plumbline_otel.report.render import TEXT_WIDTH
 from plumbline_otel.report.terminal import run_text
-from plumbline_otel.store import Store
+from plumbline_otel.store import FIXTURE_PREFIX, Reader, Store
 
 _NS = {"h": "http://www.w3.org/1999/xhtml"}
 TOY_SPEC = """version: 1
@@ -118,12 +117,12 @@ def test_the_report_through_a_server_counts_the_server_s_spans(built: Built, tmp
 def test_recorded_sample_services_are_not_agents(built: Built, tmp_path: Path) -> None:
     db = tmp_path / "samples.duckdb"
     shutil.copy(built.db, db)
-    sample = Trajectory("sample-1", "sample-1", None, "none", data.FIXTURE_PREFIX + "openinference-openai", None, None, "hello", None,
+    sample = Trajectory("sample-1", "sample-1", None, "none", FIXTURE_PREFIX + "openinference-openai", None, None, "hello", None,
                         ("openinference",), (), 1, 2)
     with Store(db) as store:
         store.add_trajectories([sample])
     with duckdb.connect(str(db), read_only=True) as connection:
-        totals = data.store_totals(connection)
+        totals = Reader(connection).totals()
         ((agents,),) = connection.execute("SELECT count(DISTINCT service) FROM trajectories WHERE n_steps > 0").fetchall()
     assert totals["agents"] == agents and totals["samples"] == 1 and totals["sample_services"] == 1
     out = tmp_path / "r.html"
