@@ -84,9 +84,6 @@ class RunEvent(Frozen):
 # the linked one; `INFORMED_BY`: context only. A link without it is the plain OTel kind: this span continues work the
 # linked span started (a message sent between agents, AutoGen's runtime between a Swarm's agents). Any other value
 # is kept as written and read as neither.
-LINK_TYPE_KEY = "gen_ai.attribution.link_type"
-
-
 @dataclass(frozen=True)
 class SpanLink(Frozen):
     """One of a span's OTLP links: the span it points to (possibly in another trace) and what the link means."""

@@ -19,7 +19,7 @@ from opentelemetry.proto.common.v1.common_pb2 import KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
 from plumbline_otel.decode import Problem
-from plumbline_otel.model import LINK_TYPE_KEY, SpanLink, SpanRecord
+from plumbline_otel.model import SpanLink, SpanRecord
 from plumbline_otel.normalise import _extract
 from plumbline_otel.normalise._extract import VENDOR_ARGS_KEYS, VENDOR_RESULT_KEYS
 from plumbline_otel.normalise._logs import LogRows, log_rows
@@ -80,8 +80,12 @@ def _unknown_keys(attrs: dict[str, Any]) -> list[str]:
     return sorted(k for k in attrs if _unknown(k))
 
 
+# What a link means, on the link (semantic-conventions-genai, Development; the values: `SpanLink`).
+_LINK_TYPE_KEY = "gen_ai.attribution.link_type"
+
+
 def _links(span: Span, limits: Limits, where: str, problems: list[Problem]) -> list[SpanLink]:
-    """The span's links with their attribution (`LINK_TYPE_KEY`); a link with invalid ids is dropped, and said so."""
+    """The span's links with their attribution (`_LINK_TYPE_KEY`); a link with invalid ids is dropped, and said so."""
     out = []
     for i, link in enumerate(span.links):
         if len(link.trace_id) != 16 or len(link.span_id) != 8 or not any(link.trace_id) or not any(link.span_id):
@@ -89,7 +93,7 @@ def _links(span: Span, limits: Limits, where: str, problems: list[Problem]) -> l
                                                            f"{link.span_id.hex()[:40]!r} are not valid OTLP ids"))
             continue
         attrs, _ = _attributes(link.attributes, limits, f"{where} links[{i}]", problems)
-        kind = attrs.get(LINK_TYPE_KEY)
+        kind = attrs.get(_LINK_TYPE_KEY)
         out.append(SpanLink(link.trace_id.hex(), link.span_id.hex(), kind if isinstance(kind, str) else None))
     return out
 
