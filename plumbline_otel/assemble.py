@@ -15,7 +15,10 @@ Rules users meet on day one, in the order they are applied:
 5. A proposed call a `gen_ai.tool.call.decision` denied (or held for an approval that never came)
    did not run: it is a failed step whose error says so, never a successful one.
 6. Several runs in one trace (several root agent spans, or a conversation's turns) are several
-   trajectories; a trace of one run keeps the trace id as its trajectory id.
+   trajectories; a trace of one run keeps the trace id as its trajectory id. A turn is found by its
+   span (`handle_conversation_turn`, a top-level agent span) or, where turns have no agent span of
+   their own, by its first model call: one whose request holds an answered user message and then a
+   new one (normalise marks it `step:new_user_turn`).
 7. A guardrail result or an execution-state change the run reported is an `event` step at its time.
 8. Span links (`SpanLink`): a trace whose root span links, with no attribution, to a span of another trace
    continues the work of that span (AutoGen's runtime carries a Swarm's hand-off from one agent's trace to the
@@ -717,8 +720,9 @@ def assemble(records: list[SpanRecord], task_keys: Iterable[str] = DEFAULT_TASK_
 
 
 def _run_roots(records: list[SpanRecord]) -> list[SpanRecord]:
-    """The spans that each start one run: a conversation's turns, else several root agent spans, else several
-    top-level agent spans beneath a span that holds no run's request; [] for one run."""
+    """The spans that each start one run: a conversation's turns, else several root agent spans, else (beneath a
+    root that holds no run's request) the turns the model calls open, else several top-level agent spans; [] for
+    one run."""
     by_id = {r.span_id: r for r in records}
 
     def under(rec: SpanRecord, roots: set[str]) -> bool:
@@ -741,11 +745,50 @@ def _run_roots(records: list[SpanRecord]) -> list[SpanRecord]:
         return root_agents
     if any("step:run_root" in r.shapes for r in records):  # a root that holds the run's request is one run
         return []
+    user_turns = _user_turn_roots(records, by_id)
+    if user_turns:
+        return user_turns
     # Several agent runs beneath one span that is no run itself: a conversation's turns, an MCP client's
     # connection-lifetime session, a web request's span. Agents inside an agent are its sub-agents.
     agents = {r.span_id for r in records if r.step_kind == "agent" and not r.handoff_to}
     top = [r for r in records if r.span_id in agents and not under(r, agents)]
     return top if len(top) > 1 else []
+
+
+def _user_turn_roots(records: list[SpanRecord], by_id: dict[str, SpanRecord]) -> list[SpanRecord]:
+    """A conversation's turns found by their model calls: the first model call of the trace, and each that opens a
+    new user turn (normalise marks it `step:new_user_turn`), each start the turn of a run; [] for fewer than two.
+
+    A turn is the outermost span above its first call that holds no other turn's first call: the framework's own
+    span of one turn (LangGraph's graph invocation, the OpenAI Agents SDK's run) under the span that holds the
+    whole conversation (the app's, or one agent span for it all); with no such span, the call itself, and the
+    turn's other spans follow it by start time (`_owner`). An LLM span inside another (one call traced twice) is
+    not a turn of its own.
+    """
+    llm = sorted((r for r in records if r.step_kind == "llm_call"), key=lambda r: (r.start_ns, r.span_id))
+    firsts = [r for i, r in enumerate(llm) if i == 0 or "step:new_user_turn" in r.shapes]
+    if len(firsts) < 2:
+        return []
+    first_ids = {r.span_id for r in firsts}
+    holds: dict[str, int] = {}
+    chains: list[list[str]] = []
+    for first in firsts:
+        chain, parent = [first.span_id], first.parent_span_id
+        while parent in by_id and parent not in chain:
+            chain.append(parent)
+            parent = by_id[parent].parent_span_id
+        if first_ids.intersection(chain[1:]):
+            continue
+        for span_id in chain:
+            holds[span_id] = holds.get(span_id, 0) + 1
+        chains.append(chain)
+    if len(chains) < 2:
+        return []
+    roots = []
+    for chain in chains:
+        alone = [span_id for span_id in chain if holds[span_id] == 1]
+        roots.append(by_id[alone[-1]])
+    return roots
 
 
 def _owner(rec: SpanRecord, by_id: dict[str, SpanRecord], roots: list[SpanRecord], root_ids: set[str],

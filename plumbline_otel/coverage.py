@@ -172,6 +172,7 @@ _SHAPE_NAMES = {
     "scalar": "a bare value, not an object", "unrecognised": "a structure of unknown shape",
     "handoff": "agent hand-offs (an agent step, not a tool call)",
     "conversation_turn": "conversation turns (handle_conversation_turn: one run each)",
+    "new_user_turn": "model calls opening a new user turn (a new message after an answer: each opens a run)",
 }
 _FIELD_NAMES = {"args": "tool arguments", "result": "tool results", "input": "run inputs", "output": "run outputs", "step": "spans"}
 

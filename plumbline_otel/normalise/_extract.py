@@ -377,9 +377,29 @@ def _cost(rec: SpanRecord, attrs: dict[str, Any]) -> None:
     rec.cost_source = as_text(attrs.get("gen_ai.usage.cost.source"))
 
 
+_ASSISTANT_ROLES = ("assistant", "model", "ai")
+
+
+def begins_new_turn(inputs: list[Message]) -> bool:
+    """A request that opens a new user turn of a conversation: its history holds a user's message the model
+    answered in full (an assistant message with text and no tool calls) and it ends with a new message of the user's.
+
+    Each turn of a conversation sends the history so far, so the first model call of every turn after the first
+    reads so; assembly splits a trace's runs there (`assemble.split_runs`) when no span marks the turns itself.
+    """
+    said = [m for m in inputs if m.role != "system"]
+    if len(said) < 3 or said[-1].role != "user" or not said[-1].texts or said[-1].results:
+        return False
+    answered = next((i for i in range(len(said) - 2, 0, -1)
+                     if said[i].role in _ASSISTANT_ROLES and said[i].texts and not said[i].calls), None)
+    return answered is not None and any(m.role == "user" and m.texts and not m.results for m in said[:answered])
+
+
 def _apply_messages(rec: SpanRecord, inputs: list[Message], outputs: list[Message]) -> None:
     if not (inputs or outputs):
         return
+    if rec.step_kind == "llm_call" and begins_new_turn(inputs):
+        _note(rec, "step", "new_user_turn")
     rec.content_captured = rec.content_captured or any(m.texts or m.calls or m.results for m in inputs + outputs)
     if not rec.proposed_calls:  # renumbered across output messages: the order the model proposed them
         calls = [c for m in outputs for c in m.calls]

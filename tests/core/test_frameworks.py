@@ -28,13 +28,7 @@ FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "frameworks"
 # A set-up with a logs.otlp.jsonl (ADK with capture on reads as EVENT_ONLY) carries its content in log
 # records: ingest stores them from the file and assembly folds them into their spans (issue 11).
 # Misses of ours the fixtures keep until they are fixed (strict: a fix makes these fail until it is listed here no more).
-# Issue 29 item 4: three turns under a root that holds no run's request, each turn's run under a span that is no agent
-# (LangGraph JS: the graph's CHAIN span) or under one agent span for the whole trace (OpenInference's span for the
-# OpenAI Agents SDK's own trace): assembly splits only on agent spans, so the three runs are one trajectory.
-KNOWN_MISSES = {
-    "langgraph_conversation": "issue 29 item 4: turns under the graph's CHAIN spans are not split into runs",
-    "openai_agents_js_conversation": "issue 29 item 4: turns under the SDK trace's one AGENT span are not split into runs",
-}
+KNOWN_MISSES: dict[str, str] = {}
 SETUPS = [pytest.param(name, marks=pytest.mark.xfail(strict=True, reason=KNOWN_MISSES[name])) if name in KNOWN_MISSES else name
           for name in (p.parent.name for p in sorted(FIXTURES.glob("*/expected.json")))]
 

@@ -2,10 +2,14 @@
 
 A conversation span holding the user's turns, an MCP client's connection-lifetime session span holding
 the runs made over it, a web request's span: each top-level agent span beneath it (one with no agent
-above it) starts a run. A root that records the run's request (a chain or workflow span with input) is
-one run, whatever agents run beneath it; agents inside an agent are its sub-agents. The recorded case is
-tests/fixtures/frameworks/aisdk6_conversation (three turns of a real AI SDK conversation in one trace) and
-autogen_conversation (three runs of one AutoGen AssistantAgent under the app's `conversation` span).
+above it) starts a run. Where the turns are no agent spans (LangGraph's graph invocations are CHAIN spans)
+or sit under one agent span for the whole conversation (the OpenAI Agents SDK's `withTrace`), the model
+calls mark them: each turn sends the history so far, so a turn's first call holds an answered user message
+and then a new one (`step:new_user_turn`). A root that records the run's request (a chain or workflow
+span with input) is one run, whatever agents run beneath it; agents inside an agent are its sub-agents.
+The recorded cases are tests/fixtures/frameworks/aisdk6_conversation (three turns of a real AI SDK
+conversation in one trace), autogen_conversation (three runs of one AutoGen AssistantAgent under the app's
+`conversation` span), langgraph_conversation and openai_agents_js_conversation.
 """
 
 from __future__ import annotations
@@ -14,13 +18,16 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
 from opentelemetry.trace import Tracer
 from otlp import record
 
 from plumbline_otel.assemble import assemble_runs, split_runs
-from plumbline_otel.decode import request_from_json
+from plumbline_otel.coverage import coverage_report
+from plumbline_otel.decode import read_trace_file, request_from_json
 from plumbline_otel.model import SpanRecord, Trajectory
 from plumbline_otel.normalise import normalise_request
+from plumbline_otel.store import Store
 
 FRAMEWORKS = Path(__file__).resolve().parents[1] / "fixtures" / "frameworks"
 
@@ -105,3 +112,105 @@ def test_a_recorded_autogen_conversation_is_one_trace_of_three_runs() -> None:
     assert problems == [] and conversation.parent_span_id is None
     assert [(r.input, r.final_output) for r in runs] == [(e["input"], e["final_output"]) for e in expected["runs"]]
     assert all(r.trajectory_id.startswith(trace_id + ":") for r in runs) and len({r.trajectory_id for r in runs}) == 3
+
+
+def _user(text: str) -> dict[str, Any]:
+    return {"role": "user", "parts": [{"type": "text", "content": text}]}
+
+
+def _chat(tracer: Tracer, history: list[dict[str, Any]], reply: dict[str, Any]) -> list[dict[str, Any]]:
+    """One model call given `history`; the history with the model's reply."""
+    with tracer.start_as_current_span("chat m1", attributes={
+            "gen_ai.operation.name": "chat", "gen_ai.request.model": "m1",
+            "gen_ai.input.messages": json.dumps(history), "gen_ai.output.messages": json.dumps([reply])}):
+        pass
+    return [*history, reply]
+
+
+def _turn(tracer: Tracer, history: list[dict[str, Any]], request: str, invoice: str) -> list[dict[str, Any]]:
+    """One user turn: a tool call then the answer, each model call sent the conversation so far."""
+    call = {"type": "tool_call", "id": f"call_{invoice}", "name": "lookup_invoice", "arguments": {"invoice_id": invoice}}
+    history = _chat(tracer, [*history, _user(request)], {"role": "assistant", "parts": [call]})
+    with tracer.start_as_current_span("execute_tool lookup_invoice", attributes={
+            "gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "lookup_invoice", "gen_ai.tool.call.id": f"call_{invoice}",
+            "gen_ai.tool.call.arguments": json.dumps({"invoice_id": invoice})}):
+        pass
+    result = {"role": "tool", "parts": [{"type": "tool_call_response", "id": f"call_{invoice}", "response": "open"}]}
+    return _chat(tracer, [*history, result], {"role": "assistant", "parts": [{"type": "text", "content": f"{invoice} is open"}]})
+
+
+_REQUESTS = [("Look up INV-1", "INV-1"), ("Now INV-2", "INV-2"), ("And INV-3", "INV-3")]
+
+
+def test_turns_under_chain_spans_in_one_conversation_span_are_one_run_each() -> None:
+    """LangGraph's shape: the app's span, then per turn the graph's CHAIN span (no agent span anywhere)."""
+    def build(tracer: Tracer) -> None:
+        with tracer.start_as_current_span("conversation"):
+            history: list[dict[str, Any]] = []
+            for request, invoice in _REQUESTS:
+                with tracer.start_as_current_span("graph", attributes={"openinference.span.kind": "CHAIN"}):
+                    history = _turn(tracer, history, request, invoice)
+
+    runs = _runs(build)
+    assert [(r.input, r.final_output, [(s.name, s.args) for s in r.tool_steps], sum(s.kind == "llm_call" for s in r.steps)) for r in runs] == [
+        (request, f"{invoice} is open", [("lookup_invoice", {"invoice_id": invoice})], 2) for request, invoice in _REQUESTS]
+    assert len({r.trajectory_id for r in runs}) == 3
+
+
+def test_turns_with_no_span_of_their_own_under_one_agent_span_split_at_their_first_model_call() -> None:
+    """One agent span for the whole conversation and its calls flat beneath it: each turn's spans follow its first call."""
+    def build(tracer: Tracer) -> None:
+        with tracer.start_as_current_span("invoke_agent chat", attributes={"gen_ai.operation.name": "invoke_agent"}):
+            history: list[dict[str, Any]] = []
+            for request, invoice in _REQUESTS:
+                history = _turn(tracer, history, request, invoice)
+
+    runs = _runs(build)
+    assert [(r.input, [s.name for s in r.steps]) for r in runs] == [
+        (request, ["m1", "lookup_invoice", "m1"]) for request, _ in _REQUESTS]
+
+
+def test_one_run_sent_an_earlier_conversation_is_one_run() -> None:
+    """A request that continues an earlier conversation (its history is in the first call) is still one run."""
+    earlier = [_user("Look up INV-1"), {"role": "assistant", "parts": [{"type": "text", "content": "INV-1 is open"}]}]
+
+    def build(tracer: Tracer) -> None:
+        with tracer.start_as_current_span("conversation"):
+            with tracer.start_as_current_span("graph", attributes={"openinference.span.kind": "CHAIN"}):
+                _turn(tracer, earlier, "Now INV-2", "INV-2")
+
+    (run,) = _runs(build)
+    assert run.input == "Now INV-2" and [s.name for s in run.tool_steps] == ["lookup_invoice"]
+
+
+def test_a_model_call_that_continues_its_own_tool_loop_is_no_new_turn() -> None:
+    """Only a new user message after an answer opens a turn: a request ending in tool results, or with no answer
+    before its user message, does not."""
+    def build(tracer: Tracer) -> None:
+        with tracer.start_as_current_span("conversation"):
+            history = _turn(tracer, [], "Look up INV-1", "INV-1")
+            _chat(tracer, [*history[:1], _user("also INV-2")], {"role": "assistant", "parts": [{"type": "text", "content": "ok"}]})
+
+    records, _ = normalise_request(record(build))
+    assert not any("step:new_user_turn" in r.shapes for r in records)
+    assert len(assemble_runs(records)) == 1
+
+
+@pytest.mark.parametrize("setup", ["langgraph_conversation", "openai_agents_js_conversation"])
+def test_a_recorded_conversation_rebuilt_run_by_run_by_the_store_is_as_if_assembled_whole(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, setup: str) -> None:
+    """The store's long-trace path splits on its few columns alone: the turn marks are among them."""
+    import plumbline_otel.store._store as store_module
+
+    monkeypatch.setattr(store_module, "LONG_TRACE_SPANS", 20)  # each fixture's one trace is "long": rebuilt run by run
+    records = [rec for path in sorted((FRAMEWORKS / setup).glob("*.otlp.jsonl"))
+               for decoded in read_trace_file(path) for rec in normalise_request(decoded.request)[0]]
+    whole = sorted(json.dumps(t.export(), sort_keys=True) for t in assemble_runs(records))
+    with Store(tmp_path / "s.duckdb") as store:
+        store.write_spans(records)
+        assert store.assemble() == 3
+        assert sorted(json.dumps(t.export(), sort_keys=True) for t in store.trajectories()) == whole
+        assert len(whole) == 3
+        section = coverage_report(store)["overall"]
+        assert section["trajectories"]["traces_with_several_runs"] == 1
+        assert "1 traces held more than one run" in "\n".join(section["findings"])
