@@ -6,7 +6,7 @@
           grpc: {endpoint: 127.0.0.1:4317, max_recv_msg_size_mib: 64}
           http: {endpoint: 127.0.0.1:4318, max_request_body_size_mib: 64}
     storage: {path: plumbline.duckdb, task_keys: [session.id], memory_limit_mib: 256}
-    queue: {max_spans: 8192, max_bytes_mib: 256, batch_max_spans: 8192, retry_after_seconds: 1}   # max_bytes_mib: the memory budget
+    queue: {max_spans: 8192, max_bytes_mib: 256, max_bytes_per_address_share: 0.5, batch_max_spans: 8192, retry_after_seconds: 1}
     assemble: {interval_seconds: 1, max_delay_seconds: 2}
     pipeline: {workers: 2}           # shard worker processes; default: one per core, 0 = in-process
     auth: {bearer_token_file: /run/secrets/plumbline-token}
@@ -46,12 +46,15 @@ _SCHEMA: dict[str, Any] = {
                          "max_connection_age_seconds": (float, 0.0), "max_connection_age_grace_seconds": (float, 30.0)},
                 "http": {"endpoint": (str, "127.0.0.1:4318"), "max_request_body_size_mib": (int, 64), "max_connections": (int, 256),
                          "max_connections_per_address": (int, 64), "idle_timeout_seconds": (float, 60.0),
-                         "read_header_timeout_seconds": (float, 10.0), "read_timeout_seconds": (float, 30.0)},
+                         "read_header_timeout_seconds": (float, 10.0), "read_timeout_seconds": (float, 30.0),
+                         "min_body_rate_bytes_per_second": (int, 1024), "body_rate_window_seconds": (float, 5.0),
+                         "max_request_head_kib": (int, 64)},
             },
         },
     },
     "storage": {"path": (str, "plumbline.duckdb"), "task_keys": (list, None), "memory_limit_mib": (int, 256)},
-    "queue": {"max_spans": (int, 8192), "max_bytes_mib": (int, 256), "batch_max_spans": (int, 8192), "retry_after_seconds": (float, 1.0)},
+    "queue": {"max_spans": (int, 8192), "max_bytes_mib": (int, 256), "max_bytes_per_address_share": (float, 0.5),
+              "batch_max_spans": (int, 8192), "retry_after_seconds": (float, 1.0)},
     "assemble": {"interval_seconds": (float, 1.0), "max_delay_seconds": (float, 2.0)},
     "pipeline": {"workers": (int, None)},
     "auth": {"bearer_token": (str, None), "bearer_token_file": (str, None)},
@@ -96,11 +99,15 @@ class ServeConfig:
     http_idle_timeout_seconds: float = 60.0
     http_read_header_timeout_seconds: float = 10.0
     http_read_timeout_seconds: float = 30.0
+    http_min_body_rate: int = 1024  # bytes a second a body must keep arriving at, over the window (0: no floor)
+    http_body_rate_window_seconds: float = 5.0
+    http_max_head_bytes: int = 64 << 10  # request line and headers together
     db_path: str = "plumbline.duckdb"
     task_keys: tuple[str, ...] | None = None
     db_memory_limit_mib: int = 256  # as a file ingest's writer (store.WRITER_MEMORY_LIMIT_MIB)
     queue_max_spans: int = 8192
     queue_max_bytes: int = 256 * _MIB  # the memory budget: request bytes being read, decoded or queued, both transports
+    queue_max_bytes_per_address: int = 128 * _MIB  # of which requests being read from one client address may hold this much
     batch_max_spans: int = 8192
     retry_after_seconds: float = 1.0
     assemble_interval_seconds: float = 1.0
@@ -210,7 +217,13 @@ def _build(values: dict[str, Any]) -> ServeConfig:
               "receivers.otlp.protocols.http.max_connections", "receivers.otlp.protocols.http.max_connections_per_address",
               "receivers.otlp.protocols.http.idle_timeout_seconds", "receivers.otlp.protocols.http.read_header_timeout_seconds",
               "receivers.otlp.protocols.http.read_timeout_seconds")
-    _not_negative(values, "pipeline.workers", "receivers.otlp.protocols.grpc.message_timeout_seconds",
+    _positive(values, "receivers.otlp.protocols.http.body_rate_window_seconds", "receivers.otlp.protocols.http.max_request_head_kib")
+    share = values["queue.max_bytes_per_address_share"]
+    if share is None or not 0 < share <= 1:
+        raise ConfigError(f"queue.max_bytes_per_address_share: the share of queue.max_bytes_mib one client address may hold "
+                          f"while its requests are read, more than 0 and at most 1 (1: no per-address share), got {share}")
+    _not_negative(values, "pipeline.workers", "receivers.otlp.protocols.http.min_body_rate_bytes_per_second",
+                  "receivers.otlp.protocols.grpc.message_timeout_seconds",
                   "receivers.otlp.protocols.grpc.keepalive_time_seconds", "receivers.otlp.protocols.grpc.keepalive_timeout_seconds",
                   "receivers.otlp.protocols.grpc.max_connection_idle_seconds", "receivers.otlp.protocols.grpc.max_connection_age_seconds",
                   "receivers.otlp.protocols.grpc.max_connection_age_grace_seconds")
@@ -240,11 +253,15 @@ def _build(values: dict[str, Any]) -> ServeConfig:
         http_idle_timeout_seconds=values[http + "idle_timeout_seconds"],
         http_read_header_timeout_seconds=values[http + "read_header_timeout_seconds"],
         http_read_timeout_seconds=values[http + "read_timeout_seconds"],
+        http_min_body_rate=values[http + "min_body_rate_bytes_per_second"],
+        http_body_rate_window_seconds=values[http + "body_rate_window_seconds"],
+        http_max_head_bytes=values[http + "max_request_head_kib"] << 10,
         db_path=values["storage.path"],
         task_keys=tuple(values["storage.task_keys"]) if values["storage.task_keys"] else None,
         db_memory_limit_mib=values["storage.memory_limit_mib"],
         queue_max_spans=values["queue.max_spans"],
         queue_max_bytes=values["queue.max_bytes_mib"] * _MIB,
+        queue_max_bytes_per_address=int(share * values["queue.max_bytes_mib"] * _MIB),
         batch_max_spans=values["queue.batch_max_spans"],
         retry_after_seconds=values["queue.retry_after_seconds"],
         assemble_interval_seconds=values["assemble.interval_seconds"],

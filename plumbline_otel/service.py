@@ -29,6 +29,7 @@ from plumbline_otel.receive import (
     GrpcReceiver,
     HttpServer,
     Intake,
+    MemoryBudget,
     Metrics,
     StandingCheck,
     WriteQueue,
@@ -64,9 +65,12 @@ class Server:
         content = ContentFilter(config.content)
         settings = ShardSettings(content=config.content if content else None)  # task keys: the store's, once open
         self.workers = config.workers if config.workers is not None else default_workers()
+        budget = MemoryBudget(config.queue_max_bytes, config.queue_max_bytes_per_address)
+        self.metrics.gauge("plumbline_memory_budget_address_refusals", lambda: budget.refused_owner)  # requests past their address's share
         self.queue = WriteQueue(self._open_store, self.metrics, max_spans=config.queue_max_spans, max_bytes=config.queue_max_bytes,
                                 settings=settings, workers=self.workers, batch_max_spans=config.batch_max_spans,
-                                assemble_interval=config.assemble_interval_seconds, assemble_max_delay=config.assemble_max_delay_seconds)
+                                assemble_interval=config.assemble_interval_seconds, assemble_max_delay=config.assemble_max_delay_seconds,
+                                budget=budget)
         self.intake = Intake(self.queue, self.metrics, content)
         self.deadlines = Deadlines()  # slow peers' deadlines on both transports
         self.standing = self._standing_check()
@@ -130,7 +134,9 @@ class Server:
                                    retry_after=cfg.retry_after_seconds, render_metrics=self.metrics.render, token=cfg.auth_token,
                                    ssl_context=context, console=self._console(), budget=self.queue.budget, deadlines=self.deadlines,
                                    max_per_address=cfg.http_max_connections_per_address, idle_timeout=cfg.http_idle_timeout_seconds,
-                                   header_timeout=cfg.http_read_header_timeout_seconds, body_timeout=cfg.http_read_timeout_seconds)
+                                   header_timeout=cfg.http_read_header_timeout_seconds, body_timeout=cfg.http_read_timeout_seconds,
+                                   body_min_rate=cfg.http_min_body_rate, rate_window=cfg.http_body_rate_window_seconds,
+                                   max_head_bytes=cfg.http_max_head_bytes)
         except OSError as exc:
             raise ConfigError(f"receivers.otlp.protocols.http.endpoint: cannot listen on {cfg.http_endpoint}: {exc.strerror}") from None
         self._http_thread = threading.Thread(target=self.http.serve_forever, name="plumbline-http", daemon=True)

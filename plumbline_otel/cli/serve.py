@@ -41,6 +41,7 @@ def _overrides(opts: dict[str, Any], config_path: str | None) -> dict[str, Any]:
         "storage.memory_limit_mib": opts["db_memory_limit_mib"],
         "queue.max_spans": opts["queue_max_spans"],
         "queue.max_bytes_mib": opts["queue_max_bytes_mib"],
+        "queue.max_bytes_per_address_share": opts["max_bytes_per_address_share"],
         "queue.batch_max_spans": opts["batch_max_spans"],
         "queue.retry_after_seconds": opts["retry_after"],
         "assemble.interval_seconds": opts["assemble_interval"],
@@ -58,6 +59,9 @@ def _overrides(opts: dict[str, Any], config_path: str | None) -> dict[str, Any]:
         _HTTP + "idle_timeout_seconds": opts["http_idle_timeout"],
         _HTTP + "read_header_timeout_seconds": opts["http_read_header_timeout"],
         _HTTP + "read_timeout_seconds": opts["http_read_timeout"],
+        _HTTP + "min_body_rate_bytes_per_second": opts["http_min_body_rate"],
+        _HTTP + "body_rate_window_seconds": opts["http_body_rate_window"],
+        _HTTP + "max_request_head_kib": opts["max_request_head_kib"],
         "shutdown.grace_seconds": opts["shutdown_grace"],
         "content.hash_salt": opts["hash_salt"],
         "auth.bearer_token": opts["auth_token"],
@@ -84,6 +88,8 @@ def _overrides(opts: dict[str, Any], config_path: str | None) -> dict[str, Any]:
 @click.option("--max-request-body-size-mib", type=int, help="Largest HTTP body after decompression [default 64].")
 @click.option("--queue-max-spans", type=int, help="Spans waiting to be committed before pushback [default 8192].")
 @click.option("--queue-max-bytes-mib", type=int, help="Memory budget: request bytes being read, decoded or waiting to be committed, both transports, before pushback [default 256].")
+@click.option("--max-bytes-per-address-share", type=float,
+              help="Share of the memory budget requests being read from one client address may hold, 0-1 [default 0.5; 1: no share].")
 @click.option("--batch-max-spans", type=int, help="Most spans committed in one transaction [default 8192].")
 @click.option("--retry-after", type=float, help="Seconds clients are told to wait when pushed back [default 1].")
 @click.option("--assemble-interval", type=float, help="Idle seconds before trajectories are rebuilt [default 1].")
@@ -101,6 +107,9 @@ def _overrides(opts: dict[str, Any], config_path: str | None) -> dict[str, Any]:
 @click.option("--http-idle-timeout", type=float, help="Seconds an HTTP connection may wait between requests [default 60].")
 @click.option("--http-read-header-timeout", type=float, help="Seconds to send a request's line and headers (and the TLS handshake) [default 10].")
 @click.option("--http-read-timeout", type=float, help="Seconds to send a request body [default 30].")
+@click.option("--http-min-body-rate", type=int, help="Bytes a second a body must keep arriving at, else 408 [default 1024; 0: no floor].")
+@click.option("--http-body-rate-window", type=float, help="Seconds that rate is measured over [default 5].")
+@click.option("--max-request-head-kib", type=int, help="Largest HTTP request line and headers together [default 64].")
 @click.option("--shutdown-grace", type=float, help="Seconds SIGTERM allows requests in flight [default 10].")
 @click.option("--auth-token", envvar=TOKEN_ENV, help=f"Bearer token required on both transports [env {TOKEN_ENV}].")
 @click.option("--auth-token-file", type=click.Path(dir_okay=False), help="File holding the bearer token.")

@@ -9,7 +9,7 @@ span is recognised by the store and stored once; a full queue answers with OTLP 
 """
 
 from plumbline_otel.content import ContentFilter
-from plumbline_otel.receive._budget import Deadlines
+from plumbline_otel.receive._budget import Deadlines, MemoryBudget
 from plumbline_otel.receive._grpc import GrpcLimits, GrpcReceiver
 from plumbline_otel.receive._http import HttpServer, make_ssl_context
 from plumbline_otel.receive._intake import Intake, Outcome
@@ -17,5 +17,5 @@ from plumbline_otel.receive._metrics import Metrics
 from plumbline_otel.receive._standing import StandingCheck
 from plumbline_otel.receive._writer import Overloaded, WriteQueue
 
-__all__ = ["ContentFilter", "Deadlines", "GrpcLimits", "GrpcReceiver", "HttpServer", "Intake", "Metrics", "Outcome", "Overloaded", "StandingCheck", "WriteQueue",
+__all__ = ["ContentFilter", "Deadlines", "GrpcLimits", "GrpcReceiver", "HttpServer", "Intake", "MemoryBudget", "Metrics", "Outcome", "Overloaded", "StandingCheck", "WriteQueue",
            "make_ssl_context"]

@@ -8,6 +8,12 @@ queued until its commit. Past the limit a request is pushed back (HTTP 503 + Ret
 RESOURCE_EXHAUSTED + RetryInfo) instead of growing memory. One request alone may hold more than the
 limit (nothing else is in flight then), so the bound is max(limit, one request's charge).
 
+Bytes a transport reserves while it reads a request are also counted against the client's address
+(`owner`), which may hold at most `owner_limit` of them: one address holding bodies short of
+complete cannot take the budget from the others. Once read, the bytes are the request's alone
+(`disown`): decoding and queueing take bounded time, so only reading is capped per address. An
+address holding nothing may still read one request larger than its share.
+
 A request that finds no room first asks the budget's reclaimers (the HTTP server's: it cuts body
 reads that have stopped making progress, `_http.py`) to free what it needs, and waits up to
 `RECLAIM_WAIT` for what they free: a peer holding its reservation without sending cannot keep
@@ -29,15 +35,18 @@ from collections.abc import Callable, Hashable
 log = logging.getLogger("plumbline.receive")
 
 RECLAIM_WAIT = 1.0  # longest a request waits for the bytes reclaimers said they freed
-Reclaimer = Callable[[int], int]  # asked to free `needed` bytes; returns the bytes it will give back
+Reclaimer = Callable[[int, Hashable | None], int]  # asked to free `needed` bytes (of one owner's); returns the bytes it will give back
 
 
 class MemoryBudget:
     """Bytes in flight across all connections and both transports; thread-safe."""
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, owner_limit: int | None = None) -> None:
         self.limit = limit
+        self.owner_limit = owner_limit or limit  # bytes one client address may hold while its requests are read
         self._used = 0
+        self._owned: dict[Hashable, int] = {}
+        self.refused_owner = 0  # requests refused for their address's share
         self.peak = 0
         self.refused = 0
         self.reclaimed = 0  # bytes freed by reclaimers for requests that found no room
@@ -57,50 +66,94 @@ class MemoryBudget:
     def used(self) -> int:
         return self._used
 
-    def take(self, nbytes: int, held: int = 0, timeout: float = 0.0) -> bool:
+    def owned(self, owner: Hashable) -> int:
+        return self._owned.get(owner, 0)
+
+    def _owner_fits(self, nbytes: int, held: int, owner: Hashable | None) -> bool:
+        if owner is None:
+            return True
+        owned = self._owned.get(owner, 0)
+        return owned + nbytes <= self.owner_limit or owned <= held
+
+    def _add(self, nbytes: int, owner: Hashable | None) -> None:
+        self._used += nbytes
+        self.peak = max(self.peak, self._used)
+        if owner is not None:
+            self._owned[owner] = self._owned.get(owner, 0) + nbytes
+
+    def take(self, nbytes: int, held: int = 0, timeout: float = 0.0, owner: Hashable | None = None) -> bool:
         """Reserve `nbytes` more for a request already holding `held`; False (nothing taken) when they do not fit.
 
         They fit under the limit, or when that request would be alone (it holds all that is in
-        flight), so one request larger than the limit still gets through by itself. Without room,
-        the reclaimers are asked for it first (and what they free is waited for, up to
-        `RECLAIM_WAIT`); with a `timeout`, wait that long for room before giving up.
+        flight), so one request larger than the limit still gets through by itself; with an
+        `owner` (the client's address, while the request is read), also under `owner_limit` for
+        that owner, or when the request holds all the owner's bytes. Without room, the reclaimers
+        are asked for it first, past the owner's share for that owner's reads only (and what they
+        free is waited for, up to `RECLAIM_WAIT`); with a `timeout`, wait that long for room before
+        giving up.
         """
         if nbytes <= 0:
             return True
         with self._changed:
-            if self._used + nbytes <= self.limit or self._used <= held:
-                self._used += nbytes
-                self.peak = max(self.peak, self._used)
+            owner_fits, fits = self._owner_fits(nbytes, held, owner), self._fits(nbytes, held)
+            if owner_fits and fits:
+                self._add(nbytes, owner)
                 return True
-            needed, reclaimers = self._used + nbytes - self.limit, list(self._reclaimers)
+            owner_needs = 0 if owner_fits else self._owned.get(owner, 0) + nbytes - self.owner_limit
+            needs = 0 if fits else self._used + nbytes - self.limit
+            reclaimers = list(self._reclaimers)
         freed = 0
         for reclaim in reclaimers:  # outside the lock: they close sockets, whose threads give bytes back
-            if freed >= needed:
-                break
-            freed += reclaim(needed - freed)
+            if owner_needs > 0:  # the owner's own stalled reads first: its share is what binds
+                got = reclaim(owner_needs, owner)
+                owner_needs, needs, freed = owner_needs - got, needs - got, freed + got
+            if needs > 0 and owner_needs <= 0:
+                got = reclaim(needs, None)
+                needs, freed = needs - got, freed + got
         if freed:
             self.reclaimed += freed
             timeout = max(timeout, RECLAIM_WAIT)
         deadline = time.monotonic() + timeout
         with self._changed:
-            while self._used + nbytes > self.limit and self._used > held:
+            while not (self._fits(nbytes, held) and self._owner_fits(nbytes, held, owner)):
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     self.refused += 1
+                    self.refused_owner += not self._owner_fits(nbytes, held, owner)
                     return False
                 self._changed.wait(remaining)
-            self._used += nbytes
-            self.peak = max(self.peak, self._used)
+            self._add(nbytes, owner)
             return True
 
-    def give(self, nbytes: int) -> None:
-        """Return bytes taken earlier."""
+    def _fits(self, nbytes: int, held: int) -> bool:
+        return self._used + nbytes <= self.limit or self._used <= held
+
+    def give(self, nbytes: int, owner: Hashable | None = None) -> None:
+        """Return bytes taken earlier (for `owner`, if they were taken for it and not disowned since)."""
         if nbytes <= 0:
             return
         with self._changed:
             self._used -= nbytes
             assert self._used >= 0, "more bytes given back than taken"
+            if owner is not None:
+                self._disown(nbytes, owner)
             self._changed.notify_all()
+
+    def disown(self, nbytes: int, owner: Hashable) -> None:
+        """`owner`'s request was read: its `nbytes` stay in the budget, no longer in the owner's share."""
+        if nbytes <= 0:
+            return
+        with self._changed:
+            self._disown(nbytes, owner)
+            self._changed.notify_all()
+
+    def _disown(self, nbytes: int, owner: Hashable) -> None:
+        left = self._owned.get(owner, 0) - nbytes
+        assert left >= 0, "more bytes disowned than the owner took"
+        if left:
+            self._owned[owner] = left
+        else:
+            self._owned.pop(owner, None)
 
 
 class Deadlines:

@@ -27,6 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 import grpc
 from google.protobuf.any_pb2 import Any as AnyProto
@@ -222,19 +223,30 @@ class _Gate(grpc.ServerInterceptor):
         yield from unary_stream(self.first_message(requests, context), context)
 
 
+def peer_address(peer: str) -> str:
+    """The client's address in grpcio's peer string (`ipv4:127.0.0.1:5000`, `ipv6:%5B::1%5D:5000`), without its port."""
+    kind, _, rest = peer.partition(":")
+    return unquote(rest).rsplit(":", 1)[0].strip("[]") if kind in ("ipv4", "ipv6") else peer  # unix:… stays whole
+
+
 def _otlp_handlers(intake: Intake, gate: _Gate, budget: MemoryBudget, limit: int, retry_after: float) -> list[grpc.GenericRpcHandler]:
     def receive(requests: Iterator[bytes], context: grpc.ServicerContext) -> tuple[list[bytes], int]:
         """The request's bytes (in a list the caller empties), and what they hold of the memory budget."""
-        # grpcio holds a message in memory until it is whole: room for the largest is taken before it is read.
-        if not budget.take(limit, 0, timeout=max(0.0, min(_BUDGET_WAIT, context.time_remaining() / 2))):
-            context.abort_with_status(pushback_status(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                                                      "the memory budget for requests in flight is spent", retry_after))
+        # grpcio holds a message in memory until it is whole: room for the largest is taken before it
+        # is read, in the budget and in the client address's share of it (`_budget.py`).
+        owner = peer_address(context.peer())
+        if not budget.take(limit, 0, timeout=max(0.0, min(_BUDGET_WAIT, context.time_remaining() / 2)), owner=owner):
+            mine = budget.owned(owner) + limit > budget.owner_limit
+            context.abort_with_status(pushback_status(grpc.StatusCode.RESOURCE_EXHAUSTED, (
+                f"calls being read from this client address hold its share of the memory budget ({budget.owner_limit >> 20} MiB)"
+                if mine else "the memory budget for requests in flight is spent"), retry_after))
         try:
             data = gate.first_message(requests, context)
-        except BaseException:
-            budget.give(limit)
+        except BaseException:  # cancelled at the message deadline (or by the client): the reservation goes back
+            budget.give(limit, owner)
             raise
-        budget.give(limit - len(data))
+        budget.give(limit - len(data), owner)
+        budget.disown(len(data), owner)
         return [data], len(data)
 
     def export_traces(requests: Iterator[bytes], context: grpc.ServicerContext) -> ExportTraceServiceResponse:

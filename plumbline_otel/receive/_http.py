@@ -12,15 +12,18 @@ Hostile peers (`_budget.py` holds the shared pieces):
   declared length is reserved before it is read, each chunk before it is read; past the budget the
   answer is 503 + Retry-After. Malformed framing (a chunk size that is not hex, a negative or
   doubled Content-Length, Transfer-Encoding with Content-Length) is a 400 at once.
-- A body must keep arriving: fewer than `BODY_MIN_RATE` bytes a second over the last
-  `RATE_WINDOW` seconds (nothing at all for that long included) and it is cut with 408. When a
+- A client address may hold at most its share of the budget in bodies being read (`_budget.py`);
+  past it, its next body is a 503 at once while other addresses are still read.
+- A body must keep arriving: fewer than `body_min_rate` bytes a second over the last
+  `rate_window` seconds (nothing at all for that long included) and it is cut with 408. When a
   request finds the budget spent, the server reclaims it from body reads that received less than
-  `BODY_MIN_RATE` bytes in the last `PRESSURE_WINDOW` seconds, slowest first: they are cut with
+  `body_min_rate` bytes in the last `PRESSURE_WINDOW` seconds, slowest first: they are cut with
   503 + Retry-After and their reservations go to the requests waiting. Bodies held short of
   complete thus hold the budget for about a second while others need it, not until their deadline.
 - Every phase of a connection has an absolute deadline that a trickle cannot extend: waiting for a
   request (`idle_timeout`), the TLS handshake and the request head (`header_timeout`, a head at most
-  `MAX_HEAD_BYTES`), the body (`body_timeout`).
+  `max_head_bytes`), the body (`body_timeout`). The floor, its window and the head's size are
+  `receivers.otlp.protocols.http.*` settings (defaults below).
 - At most `max_connections` connections (`max_per_address` from one address) hold a thread. A new
   one past either cap takes the slot of the connection that has waited longest for a request or
   its head (else of the one reading a body the longest): slow connections make room for new ones
@@ -40,7 +43,7 @@ import ssl
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -107,7 +110,8 @@ class _Slow(Exception):
 class _Progress:
     """A body being read: bytes so far, when they came (sampled), the memory budget its read holds."""
 
-    def __init__(self) -> None:
+    def __init__(self, window: float) -> None:
+        self.window = window  # how far back the samples reach (the rate floor's window)
         self.began = time.monotonic()
         self.got = self.held = 0
         self.cut = False  # reclaimed: the reading thread answers 503 when its read ends
@@ -121,7 +125,7 @@ class _Progress:
             samples[-1] = (now, self.got)  # the latest sample always says when the last bytes came
         else:
             samples.append((now, self.got))
-            while len(samples) > 2 and samples[1][0] <= now - RATE_WINDOW:
+            while len(samples) > 2 and samples[1][0] <= now - self.window:
                 samples.popleft()
 
     def arrived(self, window: float, now: float) -> int | None:
@@ -237,7 +241,7 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True
             return
         self.server.phase(self.conn, "headers")
-        self.rfile = _CappedReader(self._raw_rfile, MAX_HEAD_BYTES)  # type: ignore[assignment]
+        self.rfile = _CappedReader(self._raw_rfile, self.server.max_head_bytes)  # type: ignore[assignment]
         try:
             super().handle_one_request()
         except http.client.LineTooLong:  # the request line itself (the stdlib answers 431 for headers)
@@ -307,31 +311,40 @@ class _Handler(BaseHTTPRequestHandler):
             raise _BadBody(f"malformed Content-Length {', '.join(lengths)[:40]!r}")
         return int(values.pop())
 
+    def _no_room(self, nbytes: int) -> _NoRoom:
+        budget = self.server.budget
+        if budget.owned(self.conn.address) + nbytes > budget.owner_limit:
+            return _NoRoom(f"requests being read from this client address hold its share of the memory budget "
+                           f"({budget.owner_limit >> 20} MiB of {budget.limit >> 20} MiB)")
+        return _NoRoom("the memory budget for requests in flight is spent")
+
     def _read_body(self, limit: int) -> tuple[bytes, int]:
         """The body and the bytes of the memory budget it holds (the caller's to pass on or give back).
 
         `_Slow` when it arrives slower than the floor or its read was cut to reclaim the budget.
         """
         length = self._declared_length()
-        progress = _Progress()
+        window = self.server.rate_window
+        progress = _Progress(window)
         floor = self.server.body_min_rate > 0
         self.server.body_started(self.conn, progress)
         try:
             if floor:  # a read waits at most a window: nothing in that long is below any floor
-                self.connection.settimeout(RATE_WINDOW)
+                self.connection.settimeout(window)
             if length is None:
                 return self._read_chunked(limit, progress)
             if length > limit:
                 raise _BodyTooLarge
-            budget = self.server.budget
-            if not budget.take(length):
-                raise _NoRoom
+            budget, owner = self.server.budget, self.conn.address
+            if not budget.take(length, owner=owner):
+                raise self._no_room(length)
             progress.held = length
             try:
                 body = b"".join(self._receive(length, progress))
             except BaseException:
-                budget.give(length)
+                budget.give(length, owner)
                 raise
+            budget.disown(length, owner)
             return body, length
         except TimeoutError:
             raise _Slow(False) from None
@@ -348,7 +361,7 @@ class _Handler(BaseHTTPRequestHandler):
     def _receive(self, size: int, progress: _Progress) -> list[bytes]:
         """The next `size` bytes of the body in pieces as they arrive; `_Slow` below the rate floor."""
         pieces: list[bytes] = []
-        rate = self.server.body_min_rate
+        rate, window = self.server.body_min_rate, self.server.rate_window
         try:
             while size > 0:
                 piece = self.rfile.read1(min(size, _PIECE))
@@ -358,8 +371,8 @@ class _Handler(BaseHTTPRequestHandler):
                 size -= len(piece)
                 progress.advance(len(piece))
                 if rate and size > 0:
-                    arrived = progress.arrived(RATE_WINDOW, time.monotonic())
-                    if arrived is not None and arrived < rate * RATE_WINDOW:
+                    arrived = progress.arrived(window, time.monotonic())
+                    if arrived is not None and arrived < rate * window:
                         raise _Slow(False)
         except BaseException:
             pieces.clear()  # now, before the reservation is given back (the traceback keeps this frame)
@@ -368,7 +381,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _read_chunked(self, limit: int, progress: _Progress) -> tuple[bytes, int]:
         """A chunked body, each chunk's size checked, counted against `limit` and reserved before it is read."""
-        budget = self.server.budget
+        budget, owner = self.server.budget, self.conn.address
         parts: list[bytes] = []
         total = held = 0
         try:
@@ -384,8 +397,8 @@ class _Handler(BaseHTTPRequestHandler):
                     break
                 if total + size > limit:
                     raise _BodyTooLarge
-                if not budget.take(size, held):
-                    raise _NoRoom
+                if not budget.take(size, held, owner=owner):
+                    raise self._no_room(size)
                 held += size
                 progress.held = held
                 parts += self._receive(size, progress)
@@ -397,19 +410,18 @@ class _Handler(BaseHTTPRequestHandler):
                 trailers += len(line)
                 if not line.endswith(b"\n") or trailers > _MAX_TRAILER_BYTES:
                     raise _BadBody("malformed chunked trailer")
-            if len(parts) <= 1:
-                return (parts[0] if parts else b""), held
-            if not budget.take(total, held):  # the joined copy, while the chunks still exist
-                raise _NoRoom
-            held += total
-            body = b"".join(parts)
-            parts.clear()
-            budget.give(total)
-            held -= total
-            return body, held
+            if len(parts) > 1:
+                if not budget.take(total, held, owner=owner):  # the joined copy, while the chunks still exist
+                    raise self._no_room(total)
+                held += total
+                parts[:] = [b"".join(parts)]
+                budget.give(total, owner)
+                held -= total
+            budget.disown(held, owner)
+            return (parts.pop() if parts else b""), held
         except BaseException:
             parts.clear()
-            budget.give(held)
+            budget.give(held, owner)
             raise
 
     def do_POST(self) -> None:  # noqa: N802 - stdlib naming
@@ -442,9 +454,9 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True
             self._error(400, f"malformed request body: {exc}", media)
             return
-        except _NoRoom:
+        except _NoRoom as exc:
             self.close_connection = True
-            self._answer(signal, Outcome("exhausted", "the memory budget for requests in flight is spent"), media)
+            self._answer(signal, Outcome("exhausted", str(exc)), media)
             self._discard_body(limit)
             return
         except _Slow as exc:
@@ -456,7 +468,7 @@ class _Handler(BaseHTTPRequestHandler):
                                                              "its reservation went to them"), media)
                 else:
                     rate = self.server.body_min_rate
-                    self._error(408, f"the body arrived slower than {rate} bytes a second over {RATE_WINDOW:g} s", media)
+                    self._error(408, f"the body arrived slower than {rate} bytes a second over {self.server.rate_window:g} s", media)
             return
         except (_Gone, OSError, ValueError):
             self.close_connection = True
@@ -536,7 +548,8 @@ class HttpServer(ThreadingHTTPServer):
                  retry_after: float, render_metrics: Callable[[], str], token: str | None = None,
                  ssl_context: ssl.SSLContext | None = None, console: Any | None = None, budget: MemoryBudget | None = None,
                  deadlines: Deadlines | None = None, max_per_address: int | None = None, idle_timeout: float = 60.0,
-                 header_timeout: float = 10.0, body_timeout: float = 30.0, body_min_rate: int = BODY_MIN_RATE) -> None:
+                 header_timeout: float = 10.0, body_timeout: float = 30.0, body_min_rate: int = BODY_MIN_RATE,
+                 rate_window: float = RATE_WINDOW, max_head_bytes: int = MAX_HEAD_BYTES) -> None:
         self.address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self.intake, self.max_body_bytes, self.render_metrics = intake, max_body_bytes, render_metrics
         self.budget = budget or intake.queue.budget
@@ -548,7 +561,7 @@ class HttpServer(ThreadingHTTPServer):
         self.draining = False
         self.max_connections = max_connections
         self.max_per_address = max_per_address or max_connections
-        self.body_min_rate = body_min_rate
+        self.body_min_rate, self.rate_window, self.max_head_bytes = body_min_rate, rate_window, max_head_bytes
         self._timeouts = {"setup": header_timeout, "idle": idle_timeout, "headers": header_timeout, "body": body_timeout}
         self._conns: dict[socket.socket, _Conn] = {}
         self._held = 0  # connections holding a slot (not evicted, not overflow)
@@ -571,9 +584,10 @@ class HttpServer(ThreadingHTTPServer):
         with self._lock:
             conn.body = None
 
-    def reclaim(self, needed: int) -> int:
-        """Cut body reads that received less than the rate floor's worth in the last `PRESSURE_WINDOW`
-        seconds (nothing, with no floor), least arrived first, until `needed` bytes are freed; the bytes freed."""
+    def reclaim(self, needed: int, address: Hashable | None = None) -> int:
+        """Cut body reads (from `address`, when given) that received less than the rate floor's worth in the
+        last `PRESSURE_WINDOW` seconds (nothing, with no floor), least arrived first, until `needed` bytes
+        are freed; the bytes freed."""
         now, me = time.monotonic(), threading.get_ident()
         floor = max(1.0, self.body_min_rate * PRESSURE_WINDOW)
         freed = 0
@@ -581,7 +595,7 @@ class HttpServer(ThreadingHTTPServer):
             slow: list[tuple[int, int, _Conn, _Progress]] = []
             for conn in self._conns.values():
                 body = conn.body
-                if body is None or body.cut or body.held <= 0 or conn.thread == me:
+                if body is None or body.cut or body.held <= 0 or conn.thread == me or address not in (None, conn.address):
                     continue
                 arrived = body.arrived(PRESSURE_WINDOW, now)
                 if arrived is not None and arrived < floor:

@@ -323,6 +323,46 @@ def test_chunked_bodies_are_charged_as_they_are_read(tmp_path: Path) -> None:
     assert peak <= 16 * _MIB
 
 
+def test_one_address_reading_bodies_holds_only_its_share_and_others_are_served(tmp_path: Path) -> None:
+    """Bodies that keep arriving (5 KiB/s, above the rate floor, so nothing reclaims them) from one
+    address hold at most its share of the budget (half of 32 MiB): its bodies past that get 503 at
+    once, and a normal client on another address exports meanwhile. With the share at 1 (no share)
+    the same bodies hold the whole budget and the normal client's exports are all 503s."""
+    server = ServeProcess(tmp_path, "--queue-max-bytes-mib", "32", "--max-request-body-size-mib", "8", "--workers", "0",
+                          "--http-read-timeout", "30").start()
+    stop = threading.Event()
+    answers: list[tuple[int, bytes]] = []
+
+    def send_slowly(sock: socket.socket) -> None:
+        with suppress(OSError):
+            sock.sendall(_head(4 * _MIB))
+            while not stop.wait(0.2):
+                sock.sendall(b"\0" * 1024)
+
+    try:
+        with ExitStack() as stack:
+            socks = [stack.enter_context(_connect(server.http_port, "127.0.0.2", timeout=10)) for _ in range(8)]
+            for sock in socks:
+                threading.Thread(target=send_slowly, args=(sock,), daemon=True).start()
+            time.sleep(0.5)
+            with _Normal(server.http_port) as normal:
+                time.sleep(3.0)
+            stop.set()
+            for sock in socks:
+                sock.settimeout(0.2)
+                with suppress(OSError, http.client.HTTPException):
+                    status, _, body = _response(sock)
+                    answers.append((status, body))
+            refusals = _metric(server.http_port, "plumbline_memory_budget_address_refusals")
+    finally:
+        stop.set()
+        assert server.stop() == 0
+    assert len(answers) == 4 and all(status == 503 and b"client address" in body for status, body in answers), answers
+    assert refusals == 4
+    assert normal.statuses.count(200) == len(normal.statuses) >= 10, normal.statuses
+    assert query(server.db, "SELECT count(DISTINCT span_id) FROM spans")[0][0] == 2 * len(normal.statuses)
+
+
 # --- 3. idle gRPC calls: refused before a slot without the token, cancelled past the deadline -----
 
 
@@ -419,6 +459,40 @@ def test_grpc_pushback_past_the_budget_is_resource_exhausted_with_retry_info(tmp
     assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     trailers = dict(caught.value.trailing_metadata() or ())
     assert error_details_pb2.RetryInfo.FromString(trailers["google.rpc.retryinfo-bin"]).retry_delay.seconds == 1
+
+
+def test_idle_grpc_calls_give_their_reservations_back_at_the_message_deadline(tmp_path: Path) -> None:
+    """Two idle export calls reserve the whole 16 MiB budget (an 8 MiB message each; one address may
+    hold it all here) and keep their streams open: a normal export meanwhile is pushed back; once
+    the 2 s message deadline cancels them their reservations are back (`plumbline_queue_bytes` 0)
+    and the next export is stored, while the idle callers still have not ended their streams."""
+    server = ServeProcess(tmp_path, "--queue-max-bytes-mib", "16", "--max-recv-msg-size-mib", "8", "--grpc-message-timeout", "2",
+                          "--max-bytes-per-address-share", "1", "--workers", "0").start()
+    stop = threading.Event()
+    try:
+        with grpc.insecure_channel(server.grpc_address) as channel:
+            export = channel.stream_unary(_TRACES, request_serializer=None, response_deserializer=None)
+            calls = [export.future(_never(stop), timeout=30) for _ in range(2)]
+            held_by = time.monotonic() + 1.0
+            while _metric(server.http_port, "plumbline_queue_bytes") < 16 * _MIB and time.monotonic() < held_by:
+                time.sleep(0.05)
+            unary = channel.unary_unary(_TRACES, request_serializer=None, response_deserializer=None)
+            with pytest.raises(grpc.RpcError) as during:
+                unary(_request(service="during"), timeout=1)  # waits for room half its deadline
+            codes = []
+            for call in calls:
+                with pytest.raises(grpc.RpcError) as caught:
+                    call.result(timeout=10)
+                codes.append(caught.value.code())
+            in_flight = _metric(server.http_port, "plumbline_queue_bytes")
+            unary(_request(service="after"), timeout=10)
+            assert not stop.is_set()  # the idle callers never ended their streams: the server let go of them
+    finally:
+        stop.set()
+        assert server.stop() == 0
+    assert during.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert codes == [grpc.StatusCode.CANCELLED] * 2 and in_flight == 0
+    assert query(server.db, "SELECT count(*) FROM spans")[0][0] == 2
 
 
 # --- 4. slow HTTP connections: deadlines a trickle cannot extend, slots for new connections --------

@@ -239,3 +239,50 @@ def test_every_config_key_is_also_a_flag() -> None:
 
     opts = {p.name: (() if p.multiple else None) for p in serve.params}
     assert set(config_keys()) <= set(_overrides(opts, None))
+
+
+def test_edge_settings_come_from_the_config_and_bad_values_name_the_key(tmp_path: Path) -> None:
+    config = load_config(_write(tmp_path, "receivers: {otlp: {protocols: {http: {min_body_rate_bytes_per_second: 0, "
+                                          "body_rate_window_seconds: 2, max_request_head_kib: 16}}}}\n"
+                                          "queue: {max_bytes_mib: 100, max_bytes_per_address_share: 0.25}\n"))
+    assert (config.http_min_body_rate, config.http_body_rate_window_seconds, config.http_max_head_bytes) == (0, 2.0, 16 << 10)
+    assert config.queue_max_bytes_per_address == 25 << 20
+    assert load_config().queue_max_bytes_per_address == 128 << 20  # half of the 256 MiB budget
+    http = "receivers.otlp.protocols.http."
+    for key, value, message in ((http + "min_body_rate_bytes_per_second", -1, "must be 0 or more, got -1"),
+                                (http + "body_rate_window_seconds", 0, "must be greater than 0, got 0.0"),
+                                (http + "max_request_head_kib", 0, "must be greater than 0, got 0"),
+                                ("queue.max_bytes_per_address_share", 0, "more than 0 and at most 1 .*got 0.0"),
+                                ("queue.max_bytes_per_address_share", 1.5, "more than 0 and at most 1 .*got 1.5")):
+        with pytest.raises(ConfigError, match=rf"{key}: .*{message}"):
+            load_config(overrides={key: value})
+    result = CliRunner().invoke(serve, ["--max-bytes-per-address-share", "2", "--db", str(tmp_path / "x.duckdb")])
+    assert result.exit_code == 1 and "queue.max_bytes_per_address_share" in result.output
+
+
+def test_one_owner_holds_at_most_its_share_of_the_budget() -> None:
+    from plumbline_otel.receive import MemoryBudget
+
+    mib = 1 << 20
+    budget = MemoryBudget(32 * mib, 16 * mib)
+    assert budget.take(8 * mib, owner="10.0.0.1") and budget.take(8 * mib, owner="10.0.0.1")
+    began = time.monotonic()
+    assert not budget.take(1, owner="10.0.0.1")  # past its share: refused at once, with room left in the budget
+    assert time.monotonic() - began < 0.5 and budget.used == 16 * mib and budget.refused_owner == 1
+    assert budget.take(8 * mib, owner="10.0.0.2") and budget.take(8 * mib)  # others still fit
+    budget.disown(8 * mib, "10.0.0.1")  # one body read: it stays in the budget, out of the address's share
+    assert budget.owned("10.0.0.1") == 8 * mib and budget.used == 32 * mib
+    budget.give(8 * mib)
+    assert budget.take(8 * mib, owner="10.0.0.1")  # its share has room again
+    budget.give(16 * mib, "10.0.0.1")
+    budget.give(8 * mib, "10.0.0.2")
+    budget.give(8 * mib)
+    assert budget.used == 0 and budget.owned("10.0.0.1") == budget.owned("10.0.0.2") == 0
+    assert budget.take(20 * mib, owner="10.0.0.3")  # holding nothing, an address may read one body past its share
+    waited: list[bool] = []
+    taker = threading.Thread(target=lambda: waited.append(budget.take(mib, owner="10.0.0.3", timeout=5)))
+    taker.start()  # with a timeout (gRPC), it waits for its own share to have room
+    time.sleep(0.2)
+    budget.give(20 * mib, "10.0.0.3")
+    taker.join(5)
+    assert waited == [True] and budget.owned("10.0.0.3") == mib
