@@ -152,6 +152,21 @@ def _bug_sentences(spans: dict[str, Any]) -> list[str]:
         out.append(f"{orphans} spans name a parent span that is not stored: a span that was never ended is never exported"
                    " (an instrumentation that does not end its tool or agent span, often on an exception or a cancelled"
                    " stream), or the parent is still in flight or was dropped; the run is assembled without it.")
+    flat = spans.get("flat_langchain_traces", 0)
+    if flat:
+        out.append(f"{flat} traces hold LangChain spans all directly under one span, the chain and graph spans holding none"
+                   " of the model and tool spans: the instrumentation lost the callback manager's parent spans (Traceloop for"
+                   " Node's patch of CallbackManager._configureSync replaces a CallbackManager of inheritable handlers with its"
+                   " own handler, dropping LangGraph's stream handler too, so streaming the graph does not stream the model)."
+                   " Steps are ordered by time, so one agent's run is whole, but sub-agents and parallel branches cannot be"
+                   " told apart by their parents; OpenInference's LangChain instrumentation"
+                   " (@arizeai/openinference-instrumentation-langchain) keeps the tree and the stream.")
+    by_class = spans.get("tool_spans_named_by_class", 0)
+    if by_class:
+        out.append(f"{by_class} tool spans are named by the tool's class (execute_tool DynamicStructuredTool: Traceloop for"
+                   " Node's LangChain instrumentation), not by the tool: the tool's name and call id are taken from the"
+                   " ToolMessage in the span's output, and a tool that raised (no output) is matched to the model's call by"
+                   " its arguments. OpenInference's LangChain instrumentation names each tool span by the tool.")
     return out
 
 

@@ -64,14 +64,23 @@ def _spans(reader: Reader, where: str, params: list[Any]) -> dict[str, Any]:
 
 def _bug_signatures(reader: Reader, where: str, params: list[Any]) -> dict[str, int]:
     """Signatures of instrumentation bugs: a tool or model span alone in its trace with no agent (the parent context
-    was lost: every span its own trace), and spans whose parent never arrived (a span never ended is never exported)."""
+    was lost: every span its own trace); spans whose parent never arrived (a span never ended is never exported); a
+    LangChain instrumentation's spans all under one parent, its chain spans holding none of its model and tool spans
+    (the callback manager's parent spans lost: a flat tree); tool spans named by the tool's class (normalise marks
+    them `step:tool_named_by_class`)."""
+    by_class = "list_contains(shapes, 'step:tool_named_by_class')" if reader.schema_version >= 3 else "FALSE"
     return _one(reader, f"""
-        WITH s AS (SELECT trace_id, span_id, parent_span_id, step_kind FROM spans WHERE {where}),
+        WITH s AS (SELECT trace_id, span_id, parent_span_id, step_kind, scope_name, {by_class} AS by_class FROM spans WHERE {where}),
              per_trace AS (SELECT trace_id, count(*) AS n, bool_or(step_kind IN ('tool_call', 'llm_call')) AS has_step,
-                                  bool_or(step_kind = 'agent') AS has_agent FROM s GROUP BY 1)
+                                  bool_or(step_kind = 'agent') AS has_agent FROM s GROUP BY 1),
+             flat AS (SELECT trace_id FROM s WHERE scope_name ILIKE '%langchain%' GROUP BY 1
+                      HAVING count(DISTINCT coalesce(parent_span_id, '')) = 1 AND bool_or(step_kind = 'other')
+                         AND bool_or(step_kind IN ('tool_call', 'llm_call')))
         SELECT (SELECT count(*) FROM per_trace WHERE n = 1 AND has_step AND NOT has_agent) AS lone_step_traces,
                (SELECT count(*) FROM s WHERE parent_span_id IS NOT NULL AND NOT EXISTS (
-                    SELECT 1 FROM s p WHERE p.trace_id = s.trace_id AND p.span_id = s.parent_span_id)) AS spans_without_parent
+                    SELECT 1 FROM s p WHERE p.trace_id = s.trace_id AND p.span_id = s.parent_span_id)) AS spans_without_parent,
+               (SELECT count(*) FROM flat) AS flat_langchain_traces,
+               (SELECT count(*) FROM s WHERE by_class) AS tool_spans_named_by_class
         """, params)
 
 

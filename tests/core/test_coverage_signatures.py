@@ -53,3 +53,35 @@ def test_content_under_a_framework_namespace_is_listed_and_the_advice_fits_the_i
     assert {"haystack.component.input", "haystack.component.output"} <= set(section["unrecognised_keys"])
     assert "OPENINFERENCE_HIDE_INPUTS" in findings and "under keys plumbline does not read" in findings
     assert section["spans"]["by_scope"] == {"openinference.instrumentation.haystack": 3}
+
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "frameworks"
+
+
+def _fixture_report(store: Store, setup: str) -> dict[str, Any]:
+    summary = ingest_files(store, [str(p) for p in sorted((FIXTURES / setup).glob("*.otlp.jsonl"))])
+    assert summary.exit_code == 0, summary.problems
+    return coverage_report(store)["overall"]
+
+
+def test_traceloop_for_nodes_langchain_bugs_are_named_in_its_recorded_traces(store: Store) -> None:
+    """LangGraph JS under Traceloop for Node (six runs, one trace each): every LangChain span a direct child of the
+    workflow span, and each tool span named `execute_tool DynamicStructuredTool`."""
+    section = _fixture_report(store, "langgraph_traceloop")
+    findings = "\n".join(section["findings"])
+    tool_spans = store.connection.execute(
+        "SELECT count(*) FROM spans WHERE step_kind = 'tool_call' AND name = 'execute_tool DynamicStructuredTool'").fetchone()
+    assert tool_spans is not None and tool_spans[0] > 0
+    assert section["spans"]["flat_langchain_traces"] == section["spans"]["traces"] == 6
+    assert section["spans"]["tool_spans_named_by_class"] == tool_spans[0]
+    assert "6 traces hold LangChain spans all directly under one span" in findings and "CallbackManager._configureSync" in findings
+    assert f"{tool_spans[0]} tool spans are named by the tool's class" in findings
+
+
+def test_langchain_traced_with_its_tree_and_tool_names_has_neither_signature(store: Store) -> None:
+    for setup in ("langgraph_openinference", "langchain_traceloop", "langchain_openinference"):
+        _fixture_report(store, setup)
+    section = coverage_report(store)["overall"]
+    assert (section["spans"]["flat_langchain_traces"], section["spans"]["tool_spans_named_by_class"]) == (0, 0)
+    assert section["spans"]["traces"] > 10
+    assert not any("LangChain spans all directly under one span" in f or "named by the tool's class" in f for f in section["findings"])
