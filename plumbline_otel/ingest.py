@@ -241,13 +241,15 @@ def ingest_files(
     batch_spans: int | None = None,
     on_file: Callable[[Path], None] | None = None,
     workers: int | None = None,
+    on_read: Callable[[int], None] | None = None,
 ) -> IngestSummary:
     """Ingest trace files (files, directories, globs) and rebuild the trajectories they touched.
 
     `workers` processes share the work by trace id (None: `default_workers`, from the input's size
     and, for a large one, its first spans: `first_traces`); each trace is assembled once, after the
     last file, unless memory asks for it sooner. `batch_spans` (None: `transaction_spans`) are
-    committed at a time.
+    committed at a time. `on_read` is told the bytes of each request as it is read, `on_file` each
+    file read to its end (both from the thread reading the input).
     """
     summary = IngestSummary()
     files = list(iter_trace_files(list(paths)))
@@ -257,7 +259,10 @@ def ingest_files(
         for path in files:
             summary.files += 1
             try:
-                yield from iter_units(path)
+                for unit in iter_units(path):
+                    yield unit
+                    if on_read:
+                        on_read(len(unit.data))
             except MalformedTraceFile as exc:
                 malformed.append(Problem(str(path), exc.reason))
             if on_file:

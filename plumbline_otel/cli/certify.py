@@ -15,6 +15,7 @@ import click
 
 from plumbline_otel.cli.check import open_store
 from plumbline_otel.cli.options import sources, stores_option, warn_misrouted
+from plumbline_otel.cli.progress import Progress
 
 
 @click.command("certify")
@@ -39,17 +40,20 @@ def certify(spec_path: str, db: tuple[str, ...], server: tuple[str, ...], agent:
 
     spec = load_spec(spec_path)
     runs: list[Any] = []  # kept for --emit, which sends one event per scored run
+    progress = Progress("certifying", unit="runs", quiet=fmt == "json")  # a count, then a bar once the store's size is known
 
     def kept(trajectories: Iterable[Any]) -> Iterator[Any]:
         for t in trajectories:
             if emit_url:
                 runs.append(t)
+            progress.advance()
             yield t
 
     # Read every service: a replay study's records carry the driver's agent label, which decides a trial with no run.
     stores = sources(db, server, assemble=True)
     if stores.single_db is None:  # per-(agent, perturbation, task) runs from every store, as one store would hold them
-        cert = build_certificate(spec, kept(stores.trajectories()), agent=agent, study=study, target=target)
+        with progress:
+            cert = build_certificate(spec, kept(stores.trajectories()), agent=agent, study=study, target=target)
         warn_misrouted(stores)
         if keep and len(stores.servers) == 1 and not stores.dbs:
             from plumbline_otel.api.client import PlumblineClient
@@ -58,8 +62,11 @@ def certify(spec_path: str, db: tuple[str, ...], server: tuple[str, ...], agent:
                 client.store_certificate(cert)
             click.echo(f"(certificate kept by the server at {stores.servers[0]}: its console shows it)", err=True)
     else:
-        with open_store(stores.single_db) as store:
+        with open_store(stores.single_db) as store, progress:
+            progress.stage("assembling")
             store.assemble()
+            progress.update(0, store.trajectories_built_since(0))  # every stored run
+            progress.stage("certifying")
             cert = build_certificate(spec, kept(store.trajectories()), agent=agent, study=study, target=target)
             if keep:
                 store.store_certificate(cert)

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from plumbline_otel.cli.options import parse_since, since_option, sources, stores_option, warn_misrouted
+from plumbline_otel.cli.progress import Progress
 from plumbline_otel.errors import ConfigError
 from plumbline_otel.sources import Sources
 from plumbline_otel.store import DEFAULT_DB
@@ -333,12 +334,15 @@ def run_replay(opts: ReplayOptions) -> None:
             _print_plan(plan)
             return
 
-        def progress(record: Any, done: int, total: int) -> None:
-            if not opts.quiet:
-                extra = f"  {record.reason}" if record.reason else ""
-                click.echo(f"[{done}/{total}] {record.status:<7} {record.trial_id}  {record.seconds:.2f}s{extra}", err=True)
+        with Progress("replaying", len(plan.trials), "trials", opts.quiet) as progress:
 
-        summary = prepared.run(source.completed, on_record=progress)
+            def trial_done(record: Any, done: int, total: int) -> None:
+                if not opts.quiet:
+                    extra = f"  {record.reason}" if record.reason else ""
+                    progress.note(f"[{done}/{total}] {record.status:<7} {record.trial_id}  {record.seconds:.2f}s{extra}")
+                progress.update(done, total)
+
+            summary = prepared.run(source.completed, on_record=trial_done)
     finally:
         for proxy in proxies:
             proxy.stop()

@@ -6,7 +6,7 @@ message or a span with a malformed id is reported with where it was, and everyth
 beside it is kept.
 """
 
-from plumbline_otel.decode._files import Unit, decode_unit, iter_trace_files, iter_units, read_trace_file
+from plumbline_otel.decode._files import Unit, decode_unit, input_size, iter_trace_files, iter_units, read_trace_file
 from plumbline_otel.decode._json import request_from_json
 from plumbline_otel.decode._logs import decode_logs
 from plumbline_otel.decode._problems import Decoded, Problem
@@ -23,6 +23,7 @@ __all__ = [
     "decode_logs",
     "decode_request_body",
     "decode_unit",
+    "input_size",
     "iter_trace_files",
     "iter_units",
     "read_trace_file",

@@ -46,6 +46,23 @@ def iter_trace_files(paths: list[str]) -> Iterator[Path]:
             yield from (Path(m) for m in matches if os.path.isfile(m))
 
 
+def input_size(path: Path) -> int:
+    """The bytes a trace file holds once decompressed (what reading it takes), for a progress line.
+
+    A gzip file's trailer records its uncompressed size modulo 4 GiB (what `gzip -l` prints), so a
+    larger one reads as the larger of that and its compressed size: an estimate, never an error.
+    """
+    try:
+        size = os.path.getsize(path)
+        with open(path, "rb") as file:
+            if size < 18 or file.read(2) != _GZIP_MAGIC:
+                return size
+            file.seek(-4, os.SEEK_END)
+            return max(size, int.from_bytes(file.read(4), "little"))
+    except OSError:
+        return 0
+
+
 def _open(path: Path) -> IO[bytes]:
     with open(path, "rb") as probe:
         magic = probe.read(2)
