@@ -721,7 +721,7 @@ def assemble(records: list[SpanRecord], task_keys: Iterable[str] = DEFAULT_TASK_
 
 def _run_roots(records: list[SpanRecord]) -> list[SpanRecord]:
     """The spans that each start one run: a conversation's turns, else several root agent spans, else (beneath a
-    root that holds no run's request) the turns the model calls open, else several top-level agent spans; [] for
+    root that holds no run's request) several top-level agent spans, else the turns the model calls open; [] for
     one run."""
     by_id = {r.span_id: r for r in records}
 
@@ -745,14 +745,11 @@ def _run_roots(records: list[SpanRecord]) -> list[SpanRecord]:
         return root_agents
     if any("step:run_root" in r.shapes for r in records):  # a root that holds the run's request is one run
         return []
-    user_turns = _user_turn_roots(records, by_id)
-    if user_turns:
-        return user_turns
     # Several agent runs beneath one span that is no run itself: a conversation's turns, an MCP client's
     # connection-lifetime session, a web request's span. Agents inside an agent are its sub-agents.
     agents = {r.span_id for r in records if r.step_kind == "agent" and not r.handoff_to}
     top = [r for r in records if r.span_id in agents and not under(r, agents)]
-    return top if len(top) > 1 else []
+    return top if len(top) > 1 else _user_turn_roots(records, by_id)
 
 
 def _user_turn_roots(records: list[SpanRecord], by_id: dict[str, SpanRecord]) -> list[SpanRecord]:
@@ -763,10 +760,14 @@ def _user_turn_roots(records: list[SpanRecord], by_id: dict[str, SpanRecord]) ->
     span of one turn (LangGraph's graph invocation, the OpenAI Agents SDK's run) under the span that holds the
     whole conversation (the app's, or one agent span for it all); with no such span, the call itself, and the
     turn's other spans follow it by start time (`_owner`). An LLM span inside another (one call traced twice) is
-    not a turn of its own.
+    not a turn of its own, nor is one that starts before the turn before it ended its first call (one call traced
+    by two instrumentations side by side: Traceloop for Node's LangChain span and its OpenAI span).
     """
     llm = sorted((r for r in records if r.step_kind == "llm_call"), key=lambda r: (r.start_ns, r.span_id))
-    firsts = [r for i, r in enumerate(llm) if i == 0 or "step:new_user_turn" in r.shapes]
+    firsts: list[SpanRecord] = []
+    for i, r in enumerate(llm):
+        if i == 0 or ("step:new_user_turn" in r.shapes and r.start_ns >= firsts[-1].end_ns):
+            firsts.append(r)
     if len(firsts) < 2:
         return []
     first_ids = {r.span_id for r in firsts}
@@ -832,7 +833,7 @@ def split_runs(records: list[SpanRecord]) -> list[tuple[str | None, list[SpanRec
     Several runs get the id `<trace id>:<root span id>`; a single run keeps the trace id (None
     here), so stores and exports written before traces could hold several runs keep their ids.
     Spans outside every run (the conversation's own root span) belong to none. The split reads
-    only ids, parents, start times, step kinds, shapes and hand-offs (and links, for records of several
+    only ids, parents, start and end times, step kinds, shapes and hand-offs (and links, for records of several
     traces: `join_linked`): the store splits a long trace on those columns alone and loads the rest of
     its spans run by run.
     """

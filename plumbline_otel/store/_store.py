@@ -430,10 +430,10 @@ class Store(Reader):
         `iter_runs` would. A trace that is one run is read whole: one run is one assembly.
         """
         rows = self.connection.execute(
-            "SELECT span_id, parent_span_id, start_ns, step_kind, shapes, handoff_to FROM spans WHERE trace_id = ?",
+            "SELECT span_id, parent_span_id, start_ns, end_ns, step_kind, shapes, handoff_to FROM spans WHERE trace_id = ?",
             [trace_id]).fetchall()
-        skeleton = [SpanRecord(trace_id, span_id, parent, "", start_ns, start_ns, step_kind=kind, shapes=shapes or [], handoff_to=handoff)
-                    for span_id, parent, start_ns, kind, shapes, handoff in rows]
+        skeleton = [SpanRecord(trace_id, span_id, parent, "", start_ns, end_ns, step_kind=kind, shapes=shapes or [], handoff_to=handoff)
+                    for span_id, parent, start_ns, end_ns, kind, shapes, handoff in rows]
         del rows
         runs = split_runs(skeleton)
         start = 0

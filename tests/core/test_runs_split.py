@@ -86,14 +86,14 @@ def test_a_root_chain_with_the_request_is_one_run_and_sub_agents_stay_inside() -
 
 
 def test_the_split_reads_only_the_columns_the_store_keeps() -> None:
-    """The store splits a long trace on span id, parent, start, step kind, shapes and hand-off alone."""
+    """The store splits a long trace on span id, parent, start, end, step kind, shapes and hand-off alone."""
     def build(tracer: Tracer) -> None:
         with tracer.start_as_current_span("conversation"):
             for i in range(3):
                 _agent_run(tracer, f"turn {i}", "lookup")
 
     records, _ = normalise_request(record(build))
-    skeleton = [SpanRecord(r.trace_id, r.span_id, r.parent_span_id, "", r.start_ns, r.start_ns, step_kind=r.step_kind,
+    skeleton = [SpanRecord(r.trace_id, r.span_id, r.parent_span_id, "", r.start_ns, r.end_ns, step_kind=r.step_kind,
                            shapes=r.shapes, handoff_to=r.handoff_to) for r in records]
     assert [(tid, sorted(r.span_id for r in group)) for tid, group in split_runs(skeleton)] == \
         [(tid, sorted(r.span_id for r in group)) for tid, group in split_runs(records)]
@@ -181,6 +181,28 @@ def test_one_run_sent_an_earlier_conversation_is_one_run() -> None:
 
     (run,) = _runs(build)
     assert run.input == "Now INV-2" and [s.name for s in run.tool_steps] == ["lookup_invoice"]
+
+
+def test_a_turns_first_call_traced_twice_side_by_side_opens_one_turn() -> None:
+    """Two instrumentations' spans of one call, siblings overlapping in time (Traceloop for Node's LangChain span and
+    its OpenAI span), both mark the new turn: the later one, started while the first ran, opens no turn of its own."""
+    def twice(tracer: Tracer, history: list[dict[str, Any]], reply: dict[str, Any]) -> list[dict[str, Any]]:
+        attributes = {"gen_ai.operation.name": "chat", "gen_ai.request.model": "m1",
+                      "gen_ai.input.messages": json.dumps(history), "gen_ai.output.messages": json.dumps([reply])}
+        first = tracer.start_span("chat m1", attributes=attributes)
+        tracer.start_span("chat m1", attributes=attributes).end()
+        first.end()
+        return [*history, reply]
+
+    def build(tracer: Tracer) -> None:
+        with tracer.start_as_current_span("invoke_agent chat", attributes={"gen_ai.operation.name": "invoke_agent"}):
+            history: list[dict[str, Any]] = []
+            for request, invoice in _REQUESTS:
+                history = twice(tracer, [*history, _user(request)], {"role": "assistant", "parts": [{"type": "text", "content": f"{invoice} is open"}]})
+
+    records, _ = normalise_request(record(build))
+    assert sum("step:new_user_turn" in r.shapes for r in records) == 4
+    assert [len(group) for _, group in split_runs(records)] == [2, 2, 2]
 
 
 def test_a_model_call_that_continues_its_own_tool_loop_is_no_new_turn() -> None:
