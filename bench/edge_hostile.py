@@ -1,6 +1,6 @@
 """Hostile peers at the edge (issue 30): memory and normal clients' service under each attack, beside no attack.
 
-    python bench/edge_hostile.py [--workers 0] [--only held,slow,grpc,burst] [--burst-spans 50000]
+    python bench/edge_hostile.py [--workers 0] [--only held,steady,steady-noshare,slow,grpc,burst] [--burst-spans 50000]
 
 Each scenario starts its own `plumbline serve` on loopback, measures the server's process tree RSS
 (sampled every 50 ms) and a normal client's requests while the attack runs, then stops the server:
@@ -8,12 +8,17 @@ Each scenario starts its own `plumbline serve` on loopback, measures the server'
 - none:   no attack; the normal client alone (the reference row).
 - held:   40 HTTP bodies of 8 MiB held one byte short of complete (320 MiB sent) against a 64 MiB
           memory budget (`--queue-max-bytes-mib 64`).
+- steady: 8 HTTP bodies of 4 MiB from 127.0.0.2, each arriving at 5 KiB/s (above the rate floor,
+          so nothing reclaims them) against a 32 MiB budget; the normal client is on 127.0.0.1.
+          One address holds at most its share of the budget (`queue.max_bytes_per_address_share`).
+- steady-noshare: the same with the share at 1 (no per-address share), for comparison.
 - slow:   300 slow HTTP connections (heads trickled a byte a second, bodies stalled, silent ones),
           a fifth from a second address, against 32 connections (16 per address).
 - grpc:   160 gRPC export calls that send headers and never a message (past the 128-call cap),
           with a 5 s message deadline; the normal client uses gRPC (export and health).
 - burst:  one request of `--burst-spans` spans; the row's RSS columns are the idle tree before, the
           peak, and the idle tree 10 s after the answer (does memory go back? issue 30 item 7).
+          Run it with `--workers 2` to include the shard workers.
 
 The normal client sends a 20-span export and a health check every 0.2 s on fresh connections
 (timeout 10 s). Printed per scenario: its exports answered 200 (of those sent), their latency
@@ -222,6 +227,24 @@ def attack_held(server: Server, seconds: float) -> str:
     return "40 x 8 MiB bodies held 1 byte short (320 MiB)"
 
 
+def attack_steady(server: Server, seconds: float) -> str:
+    stop = threading.Event()
+
+    def send(sock: socket.socket) -> None:
+        with suppress(OSError):
+            sock.sendall(_head(4 * _MIB))
+            while not stop.wait(0.2):
+                sock.sendall(b"\0" * 1024)
+
+    with ExitStack() as stack:
+        for _ in range(8):
+            sock = stack.enter_context(_connect(server.http_port, "127.0.0.2"))
+            threading.Thread(target=send, args=(sock,), daemon=True).start()
+        time.sleep(seconds)
+        stop.set()
+    return "8 x 4 MiB bodies from 127.0.0.2 at 5 KiB/s each (32 MiB budget)"
+
+
 def _trickle(sock: socket.socket, stop: threading.Event) -> None:
     with suppress(OSError):
         sock.sendall(b"POST /v1/traces HTTP/1.1\r\nHost: x\r\n")
@@ -271,6 +294,9 @@ def attack_grpc(server: Server, seconds: float) -> str:
 SCENARIOS: dict[str, tuple[Callable[[Server, float], str], str, tuple[str, ...]]] = {
     "none": (attack_none, "http", ()),
     "held": (attack_held, "http", ("--queue-max-bytes-mib", "64", "--max-request-body-size-mib", "8", "--http-read-timeout", "30")),
+    "steady": (attack_steady, "http", ("--queue-max-bytes-mib", "32", "--max-request-body-size-mib", "8")),
+    "steady-noshare": (attack_steady, "http", ("--queue-max-bytes-mib", "32", "--max-request-body-size-mib", "8",
+                                               "--max-bytes-per-address-share", "1")),
     "slow": (attack_slow, "http", ("--max-connections", "32", "--max-connections-per-address", "16",
                                    "--http-read-header-timeout", "30", "--http-read-timeout", "30", "--http-idle-timeout", "30")),
     "grpc": (attack_grpc, "grpc", ("--grpc-message-timeout", "5")),
@@ -321,7 +347,7 @@ def _fmt(value: Any, spec: str = ".0f") -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workers", type=int, default=0, help="shard workers of each server [0: in-process]")
-    parser.add_argument("--only", default="none,held,slow,grpc,burst", help="scenarios to run, comma-separated")
+    parser.add_argument("--only", default="none,held,steady,steady-noshare,slow,grpc,burst", help="scenarios to run, comma-separated")
     parser.add_argument("--seconds", type=float, default=6.0, help="how long each attack is held")
     parser.add_argument("--burst-spans", type=int, default=50_000)
     opts = parser.parse_args()
@@ -334,12 +360,12 @@ def main() -> None:
             else:
                 rows.append(run_scenario(name, Path(tmp), opts.workers, opts.seconds))
     print(f"\nplumbline serve under hostile peers (workers={opts.workers}; current code only; attacks held {opts.seconds:g} s)\n")
-    print(f"{'scenario':<9}{'normal exports ok':>18}{'p50 ms':>8}{'p95 ms':>8}{'max ms':>8}{'health ok':>10}"
+    print(f"{'scenario':<15}{'normal exports ok':>18}{'p50 ms':>8}{'p95 ms':>8}{'max ms':>8}{'health ok':>10}"
           f"{'RSS before':>11}{'RSS peak':>9}{'idle after':>11}  attack")
     for row in rows:
         exports = f"{row['exports_ok']}/{row['exports_sent']}" if "exports_ok" in row else "-"
         health = f"{row['health_ok']}/{row['health_sent']}" if "health_ok" in row else "-"
-        print(f"{row['scenario']:<9}{exports:>18}{_fmt(row.get('p50_ms')):>8}{_fmt(row.get('p95_ms')):>8}{_fmt(row.get('max_ms')):>8}"
+        print(f"{row['scenario']:<15}{exports:>18}{_fmt(row.get('p50_ms')):>8}{_fmt(row.get('p95_ms')):>8}{_fmt(row.get('max_ms')):>8}"
               f"{health:>10}{_fmt(row['rss_before_mib']):>11}{_fmt(row['rss_peak_mib']):>9}{_fmt(row.get('rss_idle_after_mib')):>11}"
               f"  {row['attack']}")
     OUT.parent.mkdir(exist_ok=True)
