@@ -269,7 +269,16 @@ class Reader:
     def __init__(self, connection: Any, version: int | None = None) -> None:
         """`version`: the schema version the connection holds, when the caller knows it (read from the file otherwise)."""
         self.connection = connection
-        self.schema_version = schema_version(connection) if version is None else version
+        self.schema_version = version if version is not None else self._version()
+
+    def _version(self) -> int:
+        """The file's schema version, read through a cursor of its own: a result left open on `connection` (a
+        console's) would hold the database, and a writer could not attach an invalidated file again."""
+        cursor = self.connection.cursor()
+        try:
+            return schema_version(cursor)
+        finally:
+            cursor.close()
 
     def _rows(self, sql: str, params: Sequence[Any] = ()) -> list[dict[str, Any]]:
         cursor = self.connection.cursor()
