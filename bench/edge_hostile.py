@@ -75,7 +75,8 @@ def _request(spans: int, text: int = 200) -> bytes:
                                start_time_unix_nano=1_000 + i, end_time_unix_nano=2_000 + i)
         span.attributes.add(key="gen_ai.operation.name").value.string_value = "execute_tool"
         span.attributes.add(key="gen_ai.tool.call.arguments").value.string_value = "x" * text
-    return request.SerializeToString()
+    data: bytes = request.SerializeToString()
+    return data
 
 
 def tree_rss_mib(pid: int) -> float:
