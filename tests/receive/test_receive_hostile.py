@@ -495,6 +495,76 @@ def test_idle_grpc_calls_give_their_reservations_back_at_the_message_deadline(tm
     assert query(server.db, "SELECT count(*) FROM spans")[0][0] == 2
 
 
+class _Relay:
+    """A TCP relay on 127.0.0.1 whose connections reach `port` from `source`: a gRPC client (which cannot
+    choose its source address) appears to the server as another address."""
+
+    def __init__(self, port: int, source: str) -> None:
+        self.port, self.source = port, source
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.address = f"127.0.0.1:{self._listener.getsockname()[1]}"
+        self._socks: list[socket.socket] = [self._listener]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        with suppress(OSError):
+            while True:
+                client, _ = self._listener.accept()
+                upstream = socket.create_connection(("127.0.0.1", self.port), source_address=(self.source, 0))
+                self._socks += [client, upstream]
+                for a, b in ((client, upstream), (upstream, client)):
+                    threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pump(src: socket.socket, dst: socket.socket) -> None:
+        with suppress(OSError):
+            while data := src.recv(1 << 16):
+                dst.sendall(data)
+        with suppress(OSError):
+            dst.shutdown(socket.SHUT_WR)
+
+    def close(self) -> None:
+        for sock in self._socks:
+            sock.close()
+
+
+def test_idle_grpc_calls_from_one_address_leave_the_others_their_share(tmp_path: Path) -> None:
+    """Idle export calls from 127.0.0.2 (through a relay) reserve their 8 MiB messages up to that
+    address's share (16 MiB of 32) and no further; exports from 127.0.0.1 meanwhile are stored at
+    once, long before the 5 s message deadline lets go of the idle calls."""
+    server = ServeProcess(tmp_path, "--queue-max-bytes-mib", "32", "--max-recv-msg-size-mib", "8", "--grpc-message-timeout", "5",
+                          "--workers", "0").start()
+    relay = _Relay(server.grpc_port, "127.0.0.2")
+    stop = threading.Event()
+    took: list[float] = []
+    try:
+        with grpc.insecure_channel(relay.address) as attacker, grpc.insecure_channel(server.grpc_address) as normal:
+            export = attacker.stream_unary(_TRACES, request_serializer=None, response_deserializer=None)
+            calls = [export.future(_never(stop), timeout=30) for _ in range(6)]
+            held_by = time.monotonic() + 2.0
+            while _metric(server.http_port, "plumbline_queue_bytes") < 16 * _MIB and time.monotonic() < held_by:
+                time.sleep(0.05)
+            held = _metric(server.http_port, "plumbline_queue_bytes")
+            unary = normal.unary_unary(_TRACES, request_serializer=None, response_deserializer=None)
+            for i in range(5):
+                began = time.monotonic()
+                unary(_request(service=f"normal-{i}"), timeout=10)
+                took.append(time.monotonic() - began)
+            codes = []
+            for call in calls:
+                with pytest.raises(grpc.RpcError) as caught:
+                    call.result(timeout=15)
+                codes.append(caught.value.code())
+    finally:
+        stop.set()
+        relay.close()
+        assert server.stop() == 0
+    assert held == 16 * _MIB  # the attacker's share, not the whole budget
+    assert max(took) < 1.0, took
+    assert codes.count(grpc.StatusCode.RESOURCE_EXHAUSTED) == 4 and codes.count(grpc.StatusCode.CANCELLED) == 2, codes
+    assert query(server.db, "SELECT count(*) FROM spans")[0][0] == 10
+
+
 # --- 4. slow HTTP connections: deadlines a trickle cannot extend, slots for new connections --------
 
 
