@@ -9,6 +9,8 @@ plan_execute and plan_execute_retry (the simulated model): on the same task and 
 without retry flags an exception and the arm with retry pays.
 
 The hostile trace is two agents on one task whose every value is markup: pages must show it as text.
+
+`two_studies` is a store of two replay studies, one clean and one broken, for the reports of one study.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from otlp import record, to_otlp_json
 from plumbline_otel.analyse.conformance import check
 from plumbline_otel.config import load_config
 from plumbline_otel.ingest import ingest_files
+from plumbline_otel.model import Step, Trajectory
 from plumbline_otel.report import build_certificate, write_report
 from plumbline_otel.service import Server
 from plumbline_otel.spec import load_spec
@@ -134,3 +137,28 @@ def serve(db: Path, cert: Path | None = None, grpc_port: int | None = None) -> S
     server = Server(load_config(None, overrides))
     server.start()
     return Served(server, f"http://127.0.0.1:{port}")
+
+
+# The invariant the two studies differ on (`two_studies`).
+TOY_SPEC = """version: 1
+name: toy
+invariants:
+  - {id: PAY, severity: critical, must_call: pay}
+"""
+
+
+def _run(study: str, agent: str, task: int, repeat: int, pays: bool, start: int) -> Trajectory:
+    step = Step("tool_call", "pay" if pays else "refund", {"invoice": f"T{task}"})
+    tid = f"{study}-{agent}-{task}-{repeat}"
+    return Trajectory(tid, tid, f"T{task:03d}", "attribute:plumbline.task.key", agent, "1.0", None, f"Please pay invoice T{task:03d}",
+                      None, ("gen_ai",), (step,), start, start + 1_000_000,
+                      {"plumbline.study": study, "plumbline.trial.id": f"{tid}-trial"})
+
+
+def two_studies(path: Path) -> Path:
+    """Study `clean`: agents a and b always pay. Study `broken`: agent a never pays (a critical violation each run)."""
+    runs = [_run("clean", agent, t, r, True, 1_000 + 10 * t + r) for agent in ("a", "b") for t in range(3) for r in range(2)]
+    runs += [_run("broken", "a", t, 0, False, 9_000 + t) for t in range(4)]
+    with Store(path) as store:
+        store.add_trajectories(runs)
+    return path

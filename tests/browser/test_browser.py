@@ -2,7 +2,7 @@
 
 Assertions are on the rendered page (visibility, layout boxes, computed styles, what scripts
 could have done), not on the HTML source. Screenshots go to the test's temporary directory, and
-to $PLUMBLINE_SCREENSHOTS when set (the README's docs/report.png is one of them).
+those docs/ shows (`DOCS`) to $PLUMBLINE_SCREENSHOTS when set: `PLUMBLINE_SCREENSHOTS=docs` refreshes them.
 """
 
 from __future__ import annotations
@@ -25,6 +25,9 @@ CHROMIUM = "/usr/bin/chromium"
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
         "--disable-component-update", "--disable-sync", "--disable-default-apps", "--disable-extensions"]
 RED = "rgb(179, 38, 30)"
+# The screenshots docs/operating.md shows: the demo's report and a diff in it, one study's report, and the
+# console's overview after `check --server`, its runs list and a run's page (the others are the tests' own).
+DOCS = {"report.png", "report-diff.png", "report-study.png", "console-checked.png", "console-runs.png", "console-run.png"}
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +57,7 @@ def shots(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def save(page: Any, shots: Path, name: str, **options: Any) -> Path:
     path = shots / name
     page.screenshot(path=str(path), **options)
-    if os.environ.get("PLUMBLINE_SCREENSHOTS"):
+    if os.environ.get("PLUMBLINE_SCREENSHOTS") and name in DOCS:
         target = Path(os.environ["PLUMBLINE_SCREENSHOTS"])
         target.mkdir(parents=True, exist_ok=True)
         shutil.copy(path, target / name)
@@ -105,11 +108,11 @@ def test_report_file_in_chromium(browser: Any, built: Built, shots: Path) -> Non
     seen = watch(page)
     page.goto(built.report.as_uri())
     assert_visible_essentials(page, cert)
-    save(page, shots, "report.png")
+    save(page, shots, "report-fixture.png")
     diff = page.locator("section.diff-view", has_text=NO_RETRY).first
     assert diff.is_visible() and WITH_RETRY in diff.inner_text()
     assert_divergence_highlighted(page)
-    save(page, shots, "report-diff.png")
+    save(page, shots, "report-fixture-diff.png")
     page.locator("#violations .example a").first.click()  # an in-file anchor: the run is right there
     target = page.evaluate("location.hash")
     assert target.startswith("#run-") and page.locator(target).is_visible()
@@ -216,6 +219,30 @@ def test_console_runs_filters_run_page_and_check_through_the_server(browser: Any
         assert all(url.startswith(served.url) for url in seen["requests"]) and seen["errors"] == []
     finally:
         served.server.stop()
+
+
+def test_one_study_s_report_in_chromium(browser: Any, shots: Path, tmp_path: Path) -> None:
+    """A certificate of one study, over a store of two: every section of its report holds that study's runs only."""
+    from click.testing import CliRunner
+    from pages_support import TOY_SPEC, two_studies
+
+    from plumbline_otel.cli.main import cli
+
+    db, spec, cert, out = two_studies(tmp_path / "two.duckdb"), tmp_path / "toy.yaml", tmp_path / "clean.json", tmp_path / "clean.html"
+    spec.write_text(TOY_SPEC)
+    for args in (["certify", "--study", "clean", "--out", str(cert), "--format", "none"], ["report", "--cert", str(cert), "--out", str(out)]):
+        done = CliRunner().invoke(cli, [*args, "--db", str(db), "--spec", str(spec)])
+        assert done.exit_code == 0, done.output
+    page = browser.new_page(viewport={"width": 1280, "height": 1000})
+    page.goto(out.as_uri())
+    verdict = json.loads(cert.read_text())["headline"]["verdict"]
+    assert page.get_by_test_id("headline").is_visible() and page.get_by_test_id("headline").inner_text().startswith(verdict)
+    totals = page.get_by_test_id("totals")
+    assert totals.is_visible() and "study clean only" in totals.inner_text() and "12 runs of 2 agent(s)" in totals.inner_text()
+    assert page.locator("svg g.cell").count() == 2, "the chart's cells are the study's: agents a and b, baseline"
+    assert page.locator("#violations tr.violation").count() == 0, "the broken study's violations are not this report's"
+    assert page.locator("[id^='run-']").count() > 0 and "broken-" not in page.content(), "nor are its runs, in any section"
+    save(page, shots, "report-study.png")
 
 
 def test_demo_report_in_chromium(browser: Any, shots: Path, demo_run: DemoRun) -> None:

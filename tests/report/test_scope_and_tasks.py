@@ -16,7 +16,7 @@ import click
 import duckdb
 import pytest
 from click.testing import CliRunner
-from pages_support import NO_RETRY, TOKEN, Built, build_store, free_port, parse, serve, text_of
+from pages_support import NO_RETRY, TOKEN, TOY_SPEC, Built, build_store, free_port, parse, serve, text_of, two_studies
 
 from plumbline_otel.cli.main import cli
 from plumbline_otel.model import Step, Trajectory
@@ -27,11 +27,6 @@ from plumbline_otel.report.terminal import run_text
 from plumbline_otel.store import FIXTURE_PREFIX, Reader, Store
 
 _NS = {"h": "http://www.w3.org/1999/xhtml"}
-TOY_SPEC = """version: 1
-name: toy
-invariants:
-  - {id: PAY, severity: critical, must_call: pay}
-"""
 
 
 @pytest.fixture(scope="module")
@@ -39,29 +34,12 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Built:
     return build_store(tmp_path_factory.mktemp("scope"))
 
 
-def _run(study: str, agent: str, task: int, repeat: int, pays: bool, start: int) -> Trajectory:
-    step = Step("tool_call", "pay" if pays else "refund", {"invoice": f"T{task}"})
-    tid = f"{study}-{agent}-{task}-{repeat}"
-    return Trajectory(tid, tid, f"T{task:03d}", "attribute:plumbline.task.key", agent, "1.0", None, f"Please pay invoice T{task:03d}",
-                      None, ("gen_ai",), (step,), start, start + 1_000_000,
-                      {"plumbline.study": study, "plumbline.trial.id": f"{tid}-trial"})
-
-
-def _two_studies(path: Path) -> Path:
-    """Study `clean`: agents a and b always pay. Study `broken`: agent a never pays (a critical violation each run)."""
-    runs = [_run("clean", agent, t, r, True, 1_000 + 10 * t + r) for agent in ("a", "b") for t in range(3) for r in range(2)]
-    runs += [_run("broken", "a", t, 0, False, 9_000 + t) for t in range(4)]
-    with Store(path) as store:
-        store.add_trajectories(runs)
-    return path
-
-
 def _main(html: str) -> str:
     return " ".join(text_of(parse(html).find(".//h:main", _NS)).split())
 
 
 def test_one_study_s_report_holds_only_that_study_s_runs(tmp_path: Path) -> None:
-    db = _two_studies(tmp_path / "two.duckdb")
+    db = two_studies(tmp_path / "two.duckdb")
     spec = tmp_path / "toy.yaml"
     spec.write_text(TOY_SPEC)
     out = tmp_path / "clean.html"
