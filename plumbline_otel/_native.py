@@ -37,7 +37,10 @@ COMPILED = (
     "plumbline_otel/decode/_json.py",
 )
 PURE_ENV = "PLUMBLINE_PURE_PYTHON"
-BUILT_FROM = "plumbline_otel/_native_build.json"  # written by setup.py: {source path: sha256 of what was compiled}
+# Written by setup.py: {ABI: {source path: sha256 of what was compiled}}. Each interpreter's binaries have their
+# own name (ABI) in the checkout, so virtual environments of several Pythons installed from it keep theirs apart.
+BUILT_FROM = "plumbline_otel/_native_build.json"
+ABI = importlib.machinery.EXTENSION_SUFFIXES[0]  # what this interpreter's binaries end with, e.g. .cpython-311-x86_64-linux-gnu.so
 _ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -66,9 +69,13 @@ def build_state(root: Path = _ROOT) -> str:
     if not any(binaries.values()):
         return "pure Python (not compiled at install)"
     try:
-        built_from = json.loads((root / BUILT_FROM).read_text())
-    except (OSError, ValueError):
+        records = json.loads((root / BUILT_FROM).read_text())
+        built_from = records.get(ABI, records)  # one flat record: as builds wrote it before there was one per interpreter
+    except (OSError, ValueError, AttributeError):
         built_from = {}
+    if not built_from or not all(isinstance(digest, str) for digest in built_from.values()):
+        # setup.py records a build once every module was compiled
+        return "pure Python (the last install did not finish compiling: `pip install -v -e .` shows why)"
     now = digests(root)
     for path, binary in binaries.items():
         if binary is None:

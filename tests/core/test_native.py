@@ -79,7 +79,7 @@ def _tree(tmp_path: Path, compiled: bool) -> Path:
         if compiled:
             source.with_name(("__init__" if source.name == "__init__.py" else source.stem) + SUFFIX).write_bytes(b"")
     if compiled:
-        (tmp_path / _native.BUILT_FROM).write_text(json.dumps(_native.digests(tmp_path)))
+        (tmp_path / _native.BUILT_FROM).write_text(json.dumps({_native.ABI: _native.digests(tmp_path)}))
     return tmp_path
 
 
@@ -98,8 +98,12 @@ def test_a_build_is_used_only_while_every_compiled_module_matches_its_source(tmp
     extract.write_text(original)  # the same text again (a checkout back): the build matches
     assert _native.build_state(root) == "compiled"
 
-    (root / _native.BUILT_FROM).unlink()  # binaries with no record of what they were built from
-    assert _native.build_state(root).startswith("pure Python (plumbline_otel/model.py changed after the build")
+    unfinished = "pure Python (the last install did not finish compiling: `pip install -v -e .` shows why)"
+    record = (root / _native.BUILT_FROM).read_text()
+    (root / _native.BUILT_FROM).write_text(json.dumps({".cpython-399-other.so": json.loads(record)[_native.ABI]}))
+    assert _native.build_state(root) == unfinished, "another interpreter's build is not this one's"
+    (root / _native.BUILT_FROM).unlink()  # binaries with no record of what they were built from (a build cut short, or failed)
+    assert _native.build_state(root) == unfinished
 
     root = _tree(tmp_path / "partial", compiled=True)
     (root / f"plumbline_otel/rows{SUFFIX}").unlink()
