@@ -325,4 +325,4 @@ class GrpcReceiver:
         self.server.stop(grace).wait()
 
 
-__all__ = ["GrpcLimits", "GrpcReceiver", "LOGS_SERVICE", "TRACE_SERVICE", "pushback_status"]
+__all__ = ["GrpcLimits", "GrpcReceiver", "LOGS_SERVICE", "TRACE_SERVICE", "peer_address", "pushback_status"]
