@@ -45,6 +45,9 @@ def _read_all(fd: int) -> bytes:
         out += chunk
 
 
+ROOT = Path(__file__).resolve().parents[2]
+
+
 def _plumbline(*args: str, stderr_terminal: bool, cwd: Path) -> tuple[int, bytes, bytes]:
     """Run the real command in a subprocess: stdout always a pipe, stderr a pseudo-terminal or a pipe."""
     command = [sys.executable, "-m", "plumbline_otel.cli.main", *args]
@@ -115,6 +118,25 @@ def test_piped_or_quiet_output_has_no_progress(traces: Path, tmp_path: Path) -> 
     code, _, terminal = _plumbline("ingest", str(traces), "--db", str(tmp_path / "b.duckdb"), "--workers", "0", "--quiet",
                                    stderr_terminal=True, cwd=tmp_path)
     assert code == 0 and terminal == b"", terminal
+
+
+@pytest.mark.slow
+def test_replay_draws_its_progress_under_its_line_per_trial(tmp_path: Path) -> None:
+    """A real replay of the toy agent (0.4 s a run): each trial's line stays, the progress line is drawn below them."""
+    from replay.toy import traffic_store
+
+    db = traffic_store(tmp_path, n=3)
+    args = ["replay", "--db", str(db), "--study", "watched", "--agent", "toy-agent", "--perturbations", "baseline", "--repeats", "2",
+            "--adapter", "python:tests.replay.toy:ToyAgent", "--adapter-option", "seconds=0.4", "--otlp-file", str(tmp_path / "r.jsonl")]
+    code, stdout, terminal = _plumbline(*args, stderr_terminal=True, cwd=ROOT)
+    assert code == 0, terminal.decode(errors="replace")
+    text = terminal.decode()
+    trials = re.findall(r"\[(\d)/6\] ok ", text)
+    assert trials == [str(i) for i in range(1, 7)], text  # every trial's line, once, in order
+    assert re.search(r"\x1b\[Kreplaying  \[#+ *\] +\d+%  \d trials/6 trials", text), text
+    assert b"\x1b" not in stdout and b"ran 6 (6 ok" in stdout
+    code, _, piped = _plumbline(*args, "--study", "piped", stderr_terminal=False, cwd=ROOT)
+    assert code == 0 and b"\x1b" not in piped and b"\r" not in piped and len(re.findall(rb"\[\d/6\] ok ", piped)) == 6
 
 
 def test_notes_stay_above_the_line_and_redraws_are_rate_limited(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -45,9 +46,10 @@ class ToyAgent:
     claim_fired = False  # say the fault fired, whatever happened
     redact = False  # record a failed tool's error as "Error details are redacted."
 
-    def __init__(self, tools: tuple[str, ...] = ("lookup_invoice", "pay"), cost_usd: float | None = None) -> None:
+    def __init__(self, tools: tuple[str, ...] = ("lookup_invoice", "pay"), cost_usd: float | None = None, seconds: float = 0.0) -> None:
         self.tools = tools
         self.cost_usd = cost_usd
+        self.seconds = seconds  # how long a run takes (`--adapter-option seconds=0.4`): a replay long enough to watch
         self.seen: list[dict[str, Any]] = []
         self._providers: dict[int, tuple[TracerProvider, TrialSpanBuffer]] = {}
         self._lock = threading.Lock()
@@ -64,6 +66,7 @@ class ToyAgent:
             return self._providers[key]
 
     def run(self, trial: Trial) -> TrialOutcome:
+        time.sleep(self.seconds)
         provider, buffer = self._provider(trial)
         tracer = provider.get_tracer("toy")
         identity = {k: v for k, v in baggage.get_all().items() if k.startswith("plumbline.")}
