@@ -115,7 +115,9 @@ def _overrides(opts: dict[str, Any], config_path: str | None) -> dict[str, Any]:
 @click.option("--auth-token-file", type=click.Path(dir_okay=False), help="File holding the bearer token.")
 @click.option("--tls-cert", type=click.Path(dir_okay=False), help="PEM certificate; with --tls-key, both transports use TLS.")
 @click.option("--tls-key", type=click.Path(dir_okay=False), help="PEM private key.")
-@click.option("--task-key", multiple=True, help="Attribute naming a run's task (repeatable) [storage.task_keys].")
+@click.option("--task-key", multiple=True,
+              help="Attribute naming a run's task: a span's or the resource's attribute, resource.NAME, or ATTR.FIELD inside a JSON "
+                   "attribute (repeatable; docs/conventions.md) [storage.task_keys].")
 @click.option("--drop-content", multiple=True, metavar="PATTERN", help="Attribute-key glob whose values are replaced by __REDACTED__ (repeatable).")
 @click.option("--hash-content", multiple=True, metavar="PATTERN", help="Attribute-key glob whose values are stored as sha256 hashes (repeatable).")
 @click.option("--hash-salt", help="Salt mixed into --hash-content hashes [content.hash_salt].")
