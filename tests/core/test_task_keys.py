@@ -58,6 +58,17 @@ def _keyed_run(tracer: Tracer) -> None:
             pass
 
 
+def _with_map_attribute(request: ExportTraceServiceRequest) -> ExportTraceServiceRequest:
+    """The tool span also carries `config` as an OTLP map (kvlist) value, which the Python SDK cannot set but OTLP can."""
+    from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue, KeyValueList
+
+    ticket = KeyValueList(values=[KeyValue(key="ticket", value=AnyValue(string_value="T-9"))])
+    for span in request.resource_spans[0].scope_spans[0].spans:
+        if span.name.startswith("execute_tool"):
+            span.attributes.append(KeyValue(key="config", value=AnyValue(kvlist_value=ticket)))
+    return request
+
+
 def _write(path: Path, requests: list[ExportTraceServiceRequest]) -> Path:
     path.write_text("".join(json.dumps(to_otlp_json(r)) + "\n" for r in requests))
     return path
@@ -68,10 +79,11 @@ def _write(path: Path, requests: list[ExportTraceServiceRequest]) -> Path:
     (["metadata.ticket.id"], ("42", "attribute:metadata.ticket.id")),
     (["resource.deployment.id"], ("d-1", "attribute:resource.deployment.id")),
     (["absent", "resource.service.name"], ("ap-agent", "attribute:resource.service.name")),
+    (["config.ticket"], ("T-9", "attribute:config.ticket")),
 ])
 def test_streamed_and_rebuilt_runs_read_the_same_key(tmp_path: Path, keys: list[str], expected: tuple[str, str]) -> None:
     """A shard assembles from records trimmed to what the keys read; the store rebuilds from its columns. Both agree."""
-    path = _write(tmp_path / "a.jsonl", [record(_keyed_run, service="ap-agent", resource={"deployment.id": "d-1"})])
+    path = _write(tmp_path / "a.jsonl", [_with_map_attribute(record(_keyed_run, service="ap-agent", resource={"deployment.id": "d-1"}))])
     with Store(tmp_path / "streamed.duckdb") as store:
         store.set_task_keys(keys)
         ingest_files(store, [str(path)])
