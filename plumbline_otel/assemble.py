@@ -453,7 +453,9 @@ def task_key_value(key: str, attributes: dict[str, Any], resource: dict[str, Any
     if value in (None, ""):
         value = _path_value(key, attributes)
         value = _path_value(key, resource) if value in (None, "") else value
-    return None if value in (None, "") else str(value)
+    if value in (None, ""):
+        return None
+    return ("true" if value else "false") if isinstance(value, bool) else str(value)  # OTLP's text of a bool, as stored
 
 
 def _path_value(key: str, attributes: dict[str, Any]) -> Any:

@@ -42,6 +42,8 @@ METADATA = json.dumps({"task_id": "INV-7", "thread_id": "th-1", "ticket": {"id":
     ("resource.deployment.id", {"deployment.id": "span's"}, {"deployment.id": "d-1"}, "d-1"),  # the resource only
     ("resource.deployment.id", {"deployment.id": "span's"}, {}, None),
     ("resource.config.task", {}, {"config": '{"task": "T-3"}'}, "T-3"),
+    ("urgent", {"urgent": True}, {}, "true"),  # a bool as OTLP writes it, whether it arrives typed or as text
+    ("urgent", {"urgent": "true"}, {}, "true"),
 ])
 def test_a_task_key_is_read_as_users_name_it(key: str, attributes: dict[str, Any], resource: dict[str, Any], expected: str | None) -> None:
     assert task_key_value(key, attributes, resource) == expected
@@ -54,7 +56,7 @@ def _keyed_run(tracer: Tracer) -> None:
             "gen_ai.input.messages": json.dumps([{"role": "user", "parts": [{"type": "text", "content": "Pay invoice INV-7"}]}])}):
         with tracer.start_as_current_span("execute_tool pay", attributes={
                 "gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "pay", "gen_ai.tool.call.arguments": '{"invoice": "INV-7"}',
-                "metadata": METADATA}):
+                "metadata": METADATA, "urgent": True}):
             pass
 
 
@@ -80,6 +82,7 @@ def _write(path: Path, requests: list[ExportTraceServiceRequest]) -> Path:
     (["resource.deployment.id"], ("d-1", "attribute:resource.deployment.id")),
     (["absent", "resource.service.name"], ("ap-agent", "attribute:resource.service.name")),
     (["config.ticket"], ("T-9", "attribute:config.ticket")),
+    (["urgent"], ("true", "attribute:urgent")),
 ])
 def test_streamed_and_rebuilt_runs_read_the_same_key(tmp_path: Path, keys: list[str], expected: tuple[str, str]) -> None:
     """A shard assembles from records trimmed to what the keys read; the store rebuilds from its columns. Both agree."""
