@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
-import os
 import signal
 import socket
 import statistics
@@ -49,7 +48,9 @@ from typing import Any
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from corpus import burst_request  # noqa: E402  (the bursts the memory test sends, too)
 
 _TRACES = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
 _MIB = 1 << 20
@@ -63,20 +64,7 @@ def _free_port() -> int:
 
 
 def _request(spans: int, text: int = 200) -> bytes:
-    request = ExportTraceServiceRequest()
-    resource_spans = request.resource_spans.add()
-    resource_spans.resource.attributes.add(key="service.name").value.string_value = "bench-edge"
-    scope = resource_spans.scope_spans.add()
-    trace_id = os.urandom(16)
-    for i in range(spans):
-        if i and i % 100 == 0:
-            trace_id = os.urandom(16)
-        span = scope.spans.add(trace_id=trace_id, span_id=os.urandom(8), name=f"execute_tool step {i}",
-                               start_time_unix_nano=1_000 + i, end_time_unix_nano=2_000 + i)
-        span.attributes.add(key="gen_ai.operation.name").value.string_value = "execute_tool"
-        span.attributes.add(key="gen_ai.tool.call.arguments").value.string_value = "x" * text
-    data: bytes = request.SerializeToString()
-    return data
+    return burst_request(spans, text, service="bench-edge")
 
 
 def tree_rss_mib(pid: int) -> float:

@@ -4,6 +4,7 @@ with JSON arguments and results), shared by the ingest benchmarks and the pipeli
 from __future__ import annotations
 
 import json
+import os
 import random
 from collections.abc import Iterator
 
@@ -149,3 +150,22 @@ def odd_type_requests(count: int, seed: int = 0) -> Iterator[ExportTraceServiceR
                 event.attributes.extend(KeyValue(key=key, value=_odd_value(rng)) for key in rng.sample(keys, 3))
         resource = Resource(attributes=[KeyValue(key="service.name", value=_odd_value(rng))])
         yield ExportTraceServiceRequest(resource_spans=[ResourceSpans(resource=resource, scope_spans=[scope])])
+
+
+def burst_request(spans: int, text: int = 300, service: str = "burst") -> bytes:
+    """One serialized request of `spans` tool spans, 100 to a trace, each with a `text`-byte argument: the
+    bursts the memory test and the edge bench send to `plumbline serve`."""
+    request = ExportTraceServiceRequest()
+    resource_spans = request.resource_spans.add()
+    resource_spans.resource.attributes.add(key="service.name").value.string_value = service
+    scope = resource_spans.scope_spans.add()
+    trace_id = os.urandom(16)
+    for i in range(spans):
+        if i and i % 100 == 0:
+            trace_id = os.urandom(16)
+        span = scope.spans.add(trace_id=trace_id, span_id=os.urandom(8), name=f"execute_tool step {i}",
+                               start_time_unix_nano=1_000 + i, end_time_unix_nano=2_000 + i)
+        span.attributes.add(key="gen_ai.operation.name").value.string_value = "execute_tool"
+        span.attributes.add(key="gen_ai.tool.call.arguments").value.string_value = "x" * text
+    data: bytes = request.SerializeToString()
+    return data

@@ -9,12 +9,11 @@ threads that had passed it on: after 200,000 spans the tree stayed 1,283 MiB abo
 from __future__ import annotations
 
 import http.client
-import os
 import time
 from pathlib import Path
 
 import pytest
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from corpus import burst_request
 from receive_support import ServeProcess, query
 
 pytestmark = pytest.mark.slow
@@ -42,29 +41,12 @@ def _tree_rss_mib(pid: int) -> float:
     return total
 
 
-def _burst(spans: int) -> bytes:
-    """One request of agent-like spans, 100 to a trace, each with a 300-byte argument."""
-    request = ExportTraceServiceRequest()
-    resource_spans = request.resource_spans.add()
-    resource_spans.resource.attributes.add(key="service.name").value.string_value = "burst"
-    scope = resource_spans.scope_spans.add()
-    trace_id = os.urandom(16)
-    for i in range(spans):
-        if i and i % 100 == 0:
-            trace_id = os.urandom(16)
-        span = scope.spans.add(trace_id=trace_id, span_id=os.urandom(8), name=f"execute_tool step {i}",
-                               start_time_unix_nano=1_000 + i, end_time_unix_nano=2_000 + i)
-        span.attributes.add(key="gen_ai.operation.name").value.string_value = "execute_tool"
-        span.attributes.add(key="gen_ai.tool.call.arguments").value.string_value = "x" * 300
-    return request.SerializeToString()
-
-
 def test_memory_goes_back_toward_idle_after_a_burst(tmp_path: Path) -> None:
     server = ServeProcess(tmp_path, "--workers", "2", "--max-request-body-size-mib", "64",
                           "--queue-max-spans", str(_SPANS)).start()
     try:
         pid = server.proc.pid  # type: ignore[union-attr]
-        body = _burst(_SPANS)
+        body = burst_request(_SPANS)
         time.sleep(1.0)
         idle = _tree_rss_mib(pid)
         connection = http.client.HTTPConnection("127.0.0.1", server.http_port, timeout=120)
