@@ -1,6 +1,6 @@
 """Ingest: trace files or decoded requests through normalisation into the store.
 
-Files go through the shard pipeline (`pipeline.py`): every core decodes and normalises, the
+Files go through the shard pipeline (`pipeline/`): every core decodes and normalises, the
 store commits span batches (one transaction each) and each trace is assembled once, at the end of
 a run of files. The receiver runs the same shards, so a span means the same thing however it
 arrived.
@@ -17,7 +17,6 @@ from collections.abc import Callable, Generator, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import pyarrow as pa
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from plumbline_otel.decode import Problem, Unit, iter_trace_files, iter_units
@@ -27,15 +26,14 @@ from plumbline_otel.pipeline import (
     Flushed,
     LogPart,
     Part,
+    PartWriter,
     ShardPool,
     ShardSettings,
     SpanPart,
-    TrajectoryPart,
-    concat_parts,
     default_workers,
     first_traces,
 )
-from plumbline_otel.store import ROW_GROUP_SIZE, Store
+from plumbline_otel.store import ROW_GROUP_SIZE, Store, WriteResult
 
 
 @dataclass
@@ -60,87 +58,27 @@ class IngestSummary:
             return 2
         return 3 if self.problems else 0
 
+    def count(self, part: Part) -> None:
+        """Count a part the shards made, before the writer takes it."""
+        if isinstance(part, SpanPart):
+            self.spans_read += part.spans
+            self.rejected_spans += part.rejected
+            self.problems.extend(part.problems)
+            if part.error:
+                self.problems.append(Problem(f"unit {part.seq}", f"not normalised: {part.error}"))
+        elif isinstance(part, LogPart):
+            self.log_records += part.rows.kept  # read, whether or not a retried record was stored before
+
+    def written(self, result: WriteResult) -> None:
+        """Count a span transaction the writer committed."""
+        self.stored += result.stored
+        self.duplicate += result.duplicate
+
     def add(self, other: IngestSummary) -> None:
         """Fold another summary's counts into this one."""
         for name in ("files", "requests", "spans_read", "stored", "duplicate", "rejected_spans", "trajectories", "log_records"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.problems.extend(other.problems)
-
-
-# Span rows (Arrow bytes) a writer gathers at most before it commits: a row group of the bench corpus's
-# spans is ~27 MB, but one of spans of several KB each (the demo's replayed runs) held ~150 MB more.
-_PENDING_BYTES = 48 << 20
-
-
-class PartWriter:
-    """The writer's side of the pipeline: commits the parts shards send, in the order they come.
-
-    Span parts are gathered into transactions of whole row groups (`batch_spans`, by default
-    `ROW_GROUP_SIZE`); the rows past the last whole group are carried to the next transaction.
-    Spans of several KB each commit sooner, at `_PENDING_BYTES` of rows, whole groups or not. A
-    trajectory part waits until the spans gathered before it are committed (its trajectories were
-    built from them), then is stored for the traces whose stored spans match
-    (`Store.write_assembled`); committing early for it would cut a transaction short.
-    """
-
-    def __init__(self, store: Store, summary: IngestSummary, batch_spans: int = ROW_GROUP_SIZE, source: str = "file") -> None:
-        self.store, self.summary, self.batch_spans, self.source = store, summary, batch_spans, source
-        self.pending: list[SpanPart] = []
-        self.carried: pa.Table | None = None  # rows past the last whole group of the previous transaction
-        self.pending_spans = 0  # rows gathered: carried and pending
-        self.pending_bytes = 0  # their Arrow bytes
-        self.assembled: list[tuple[int, TrajectoryPart]] = []  # each with the rows gathered before it
-
-    def take(self, part: Part) -> None:
-        """Count and commit (or gather) one part."""
-        if isinstance(part, SpanPart):
-            self.summary.spans_read += part.spans
-            self.summary.rejected_spans += part.rejected
-            self.summary.problems.extend(part.problems)
-            if part.error:
-                self.summary.problems.append(Problem(f"unit {part.seq}", f"not normalised: {part.error}"))
-            self.pending.append(part)
-            self.pending_spans += part.spans
-            self.pending_bytes += part.table.nbytes if part.table is not None else 0
-            if self.pending_spans >= self.batch_spans:
-                self.commit(whole_groups=True)
-            elif self.pending_bytes >= _PENDING_BYTES:
-                self.commit()
-        elif isinstance(part, TrajectoryPart):
-            self.assembled.append((self.pending_spans, part))
-            if not self.pending_spans:
-                self.commit()
-        elif isinstance(part, LogPart):
-            self.store.write_logs(part.rows)  # a retried record is stored once; it was still read
-            self.summary.log_records += part.rows.kept
-
-    def commit(self, whole_groups: bool = False) -> None:
-        """Commit the gathered spans in one transaction, then the trajectory parts whose spans are all committed.
-
-        With `whole_groups`, only as many rows as fill whole row groups: DuckDB writes those into
-        the file directly, while a transaction that leaves a group part-filled is rewritten at the
-        next checkpoint (100,000 spans in commits of 16,600: a 0.36 s checkpoint and a 20 MB file;
-        in commits of 16,384: 0.006 s and 11 MB).
-        """
-        table, problems = concat_parts(self.pending)
-        if self.carried is not None:
-            table = self.carried if table is None else pa.concat_tables([self.carried, table])
-        rows = table.num_rows if table is not None else 0
-        cut = rows - rows % self.batch_spans if whole_groups else rows
-        if table is not None and cut < rows:
-            self.carried, table = table.slice(cut), table.slice(0, cut)
-        else:
-            self.carried = None
-        if cut or problems:
-            result = self.store.write_span_table(table, problems, self.source)
-            self.summary.stored += result.stored
-            self.summary.duplicate += result.duplicate
-        self.pending, self.pending_spans = [], rows - cut
-        self.pending_bytes = self.carried.nbytes if self.carried is not None else 0
-        ready = [part for before, part in self.assembled if before <= cut]
-        self.assembled = [(before - cut, part) for before, part in self.assembled if before > cut]
-        for part in ready:
-            self.store.write_assembled(part.table, part.counts)
 
 
 _IN_PROCESS_SPANS = 5000
@@ -150,7 +88,7 @@ def transaction_spans(workers: int) -> int:
     """Spans an ingest commits at a time: whole row groups with workers, 5,000 in one process.
 
     With workers, a writer holds little but the parts it is committing (the rest wait in the spool),
-    and whole row groups go into the file once (`PartWriter`). One process holds its parts, its
+    and whole row groups go into the file once (`PartWriter`'s `whole_groups`). One process holds its parts, its
     records for assembly and DuckDB's row-group buffers together: with whole row groups a
     100,000-span ingest in one process peaked at 490-496 MiB, with 5,000 at 378-394, and a
     20,000-span trace at ~292 against ~283 (`bench/ingest_files.py`).
@@ -164,11 +102,12 @@ def _ingest_units(store: Store, units: Iterable[Unit], summary: IngestSummary, s
     settings = ShardSettings(limits=limits or Limits(), task_keys=store.task_keys)
     started = time.time_ns()
     summary.workers = workers
-    writer = PartWriter(store, summary, batch_spans or transaction_spans(workers), source=source)
+    writer = PartWriter(store, batch_spans or transaction_spans(workers), source, whole_groups=True, on_spans=summary.written)
     with store.beside_workers(workers), ShardPool(settings, workers, collector=workers > 0) as pool:
         parts = _fed(pool, units, summary) if workers else _in_process(pool, units, summary)
         with contextlib.closing(parts):  # a failed write stops the feeder before the pool closes
             for part in parts:
+                summary.count(part)
                 writer.take(part)
     writer.commit()
     store.assemble()  # traces whose stored spans differ from what their shard held

@@ -5,8 +5,9 @@
         loadbalancing exporter routes), applies the content rules, normalises them into an Arrow
         span table, holds its traces' records and assembles each trace once, when it goes quiet
         (or on flush), into trajectory rows
-    ◄──parts── the writer, the one owner of the DuckDB file, commits span tables, then the
-        trajectories whose span count equals the store's (`Store.write_assembled`)
+    ◄──parts── the writer (`PartWriter`, the same for file ingest and `serve`), the one owner of the
+        DuckDB file, commits span tables, then the trajectories whose span count equals the store's
+        (`Store.write_assembled`)
 
 A worker's part crosses to the writer as a small message; its Arrow table goes as a file in a
 spool directory in memory (`/dev/shm`), which the writer maps without copying (`Spool`).
@@ -22,6 +23,7 @@ it from its rows. Sharding only decides where work is done, never what is stored
     _parts.py   what shards send the writer
     _spool.py   the in-memory files that carry parts' tables from workers to the writer
     _pool.py    the worker processes (or one in-process shard) behind one interface, `ShardPool`
+    _writer.py  `PartWriter`, the one writer of parts into the store (file ingest's and `serve`'s)
 
 A unit that is a logs request (a logs file) is read by shard 0 alone, which sends its GenAI records
 to the writer (`LogPart`). Shards never fold log records: the store refuses a shard's trajectory for
@@ -35,11 +37,13 @@ from plumbline_otel.pipeline._parts import Flushed, LogPart, Part, SpanPart, Tra
 from plumbline_otel.pipeline._pool import ShardPool, collect_less_often
 from plumbline_otel.pipeline._shard import Shard, ShardSettings, default_workers, first_traces, json_shard_of, shard_of
 from plumbline_otel.pipeline._spool import spooled_bytes, spools
+from plumbline_otel.pipeline._writer import PartWriter
 
 __all__ = [
     "Flushed",
     "LogPart",
     "Part",
+    "PartWriter",
     "Shard",
     "ShardPool",
     "ShardSettings",

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
 
-from plumbline_otel.decode import Unit
+from plumbline_otel.decode import Decoded, Unit
 from plumbline_otel.memory import IdleRelease
 from plumbline_otel.pipeline._parts import Flushed, Part, SpanPart
 from plumbline_otel.pipeline._shard import Shard, ShardSettings
@@ -181,12 +181,17 @@ class ShardPool:
         """The sequence number the next `submit` will return."""
         return self._seq + 1
 
-    def submit(self, unit: Unit) -> int:
-        """Send one unit to every shard; returns its sequence number (its parts carry it)."""
+    def submit(self, work: Unit | Decoded) -> int:
+        """Send one unit to every shard; returns its sequence number (its parts carry it).
+
+        A request a receiver decoded (`Decoded`) is prepared as it is in-process, never parsed again;
+        worker processes get its protobuf bytes.
+        """
         self._seq += 1
         if self._local is not None:
-            self._ready.extend(self._local.prepare(self._seq, unit))
+            self._ready.extend(self._local.prepare(self._seq, work))
         else:
+            unit = work if isinstance(work, Unit) else Unit("protobuf", work.protobuf(), work.where)
             for inbox in self._inboxes:
                 self._put(inbox, ("unit", (self._seq, unit)))
         return self._seq

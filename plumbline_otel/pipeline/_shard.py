@@ -11,7 +11,7 @@ from typing import Any
 from plumbline_otel.assemble import DEFAULT_TASK_KEYS, LONG_TRACE_SPANS, assembly_keys, iter_runs, trim_for_assembly
 from plumbline_otel.config import ContentRules
 from plumbline_otel.content import ContentFilter
-from plumbline_otel.decode import Problem, Unit, decode_unit
+from plumbline_otel.decode import Decoded, Problem, Unit, decode_unit
 from plumbline_otel.model import SpanRecord, Trajectory
 from plumbline_otel.normalise import Limits, log_rows, normalise_request
 from plumbline_otel.pipeline._parts import Flushed, LogPart, Part, SpanPart, TrajectoryPart
@@ -103,13 +103,14 @@ class Shard:
         self.held_spans = 0
         self.keep = assembly_keys(settings.task_keys)  # what a held record keeps (`trim_for_assembly`)
 
-    def prepare(self, seq: int, unit: Unit) -> list[Part]:
-        """Decode and normalise this shard's spans of `unit`; hold them for assembly."""
+    def prepare(self, seq: int, work: Unit | Decoded) -> list[Part]:
+        """Decode (unless a receiver already did: `Decoded`) and normalise this shard's spans of `work`; hold them for assembly."""
         n, me = self.settings.shards, self.index
-        decoded = decode_unit(unit, (lambda raw: json_shard_of(raw, n) == me) if n > 1 else None)
+        text_ids = isinstance(work, Unit) and work.kind == "json"
+        decoded = work if isinstance(work, Decoded) else decode_unit(work, (lambda raw: json_shard_of(raw, n) == me) if n > 1 else None)
         # JSON spans were filtered, by their text ids, while decoding; protobuf ones (the C parser reads
         # them all cheaply) are skipped as they are read
-        own = (lambda trace_id: shard_of(trace_id, n) == me) if n > 1 and unit.kind != "json" else None
+        own = (lambda trace_id: shard_of(trace_id, n) == me) if n > 1 and not text_ids else None
         if self.content:
             self.content.apply_traces(decoded.request, own)
         log_parts: list[Part] = []

@@ -1,14 +1,15 @@
 """The ingest pipeline behind the transports: a bounded queue, the shard workers, and the one DuckDB thread.
 
-    handler threads ──admit/submit──► queue of requests as protobuf bytes (bounded in spans and in bytes)
-        ──► dispatch thread: each request to every shard (`pipeline.py`:
+    handler threads ──admit/submit──► queue of requests (bounded in spans and in bytes): protobuf bytes for
+        shard workers, the handler's decoded request for an in-process shard (never parsed again)
+        ──► dispatch thread: each request to every shard (`pipeline/`:
             worker processes sharded by trace id apply the content rules, normalise, build Arrow
             span tables and assemble each trace once it has been quiet for `assemble_interval`)
         ──► collect thread: the shards' parts, in the order each shard made them
         ──► commit thread (the only one that touches DuckDB): span parts in one transaction per
-            `batch_max_spans`, then every request whose parts are all committed is answered;
-            assembled trajectories stored when their span counts match; reads for the API
-            (`call`) run here too
+            `batch_max_spans` (through `PartWriter`, the writer file ingest uses too), then every
+            request whose parts are all committed is answered; assembled trajectories stored when
+            their span counts match; reads for the API (`call`) run here too
 
 Request handlers only decode (protobuf parsing is C) and wait on a `Ticket`; the Python-heavy work
 runs in the shard processes, on every core. A request is answered only after the transactions
@@ -49,10 +50,10 @@ from typing import Any
 from plumbline_otel.decode import Decoded, Problem, Unit
 from plumbline_otel.errors import PlumblineError, StoreError
 from plumbline_otel.memory import IdleRelease
-from plumbline_otel.pipeline import Flushed, ShardPool, ShardSettings, SpanPart, TrajectoryPart, concat_parts
+from plumbline_otel.pipeline import Flushed, PartWriter, ShardPool, ShardSettings, SpanPart, TrajectoryPart
 from plumbline_otel.receive._budget import MemoryBudget
 from plumbline_otel.receive._metrics import Metrics
-from plumbline_otel.store import Store, invalidated
+from plumbline_otel.store import Store, WriteResult, invalidated
 
 log = logging.getLogger("plumbline.receive")
 
@@ -99,7 +100,7 @@ class _Request:
     ticket: Ticket
     nbytes: int
     spans: int
-    unit: Unit | None  # what the shards read: the request's protobuf bytes, until it is sent to them
+    work: Unit | Decoded | None  # what the shards read, until it is sent to them: the request's protobuf bytes, or in-process its decoded form
     parts_left: int = 0
     problems: list[Problem] = field(default_factory=list)
     rejected: int = 0
@@ -211,10 +212,12 @@ class WriteQueue:
     def submit(self, nbytes: int, decoded: Decoded, spans: int) -> Ticket:
         """Queue an admitted, decoded request of `spans` spans; the ticket's result is its `Prepared`.
 
-        Raises `Overloaded` (and releases the admission) past `max_spans`. Once queued, the request
-        keeps its protobuf bytes' worth of the admission (the decoded form goes when the caller drops it).
+        Raises `Overloaded` (and releases the admission) past `max_spans`. With shard workers the request
+        goes to them as protobuf bytes and keeps those bytes' worth of the admission (the decoded form
+        goes when the caller drops it); an in-process shard prepares the decoded request itself, never
+        parsing it again, so it keeps the whole admission until then.
         """
-        unit = Unit("protobuf", decoded.protobuf(), decoded.where)
+        work: Unit | Decoded = Unit("protobuf", decoded.protobuf(), decoded.where) if self._workers else decoded
         with self._lock:
             if self._dispatch_done or self._closing:
                 self.budget.give(nbytes)
@@ -226,10 +229,10 @@ class WriteQueue:
                 self.budget.give(nbytes)
                 raise Overloaded(f"the ingest queue is full ({self._spans} spans waiting to be stored)")
             self._spans += spans
-            if nbytes > len(unit.data):
-                self.budget.give(nbytes - len(unit.data))
-                nbytes = len(unit.data)
-            request = _Request(Ticket(), nbytes, spans, unit, problems=list(decoded.problems),
+            if isinstance(work, Unit) and nbytes > len(work.data):
+                self.budget.give(nbytes - len(work.data))
+                nbytes = len(work.data)
+            request = _Request(Ticket(), nbytes, spans, work, problems=list(decoded.problems),
                                rejected=sum(p.spans for p in decoded.problems), unstored=list(decoded.problems))
             self._inbound.append(request)
             self._inbound_ready.notify()
@@ -284,11 +287,11 @@ class WriteQueue:
         last_tick = time.monotonic()
         while (request := self._take_request()) is not None:
             if isinstance(request, _Request):
-                unit, request.unit = request.unit, None
-                assert unit is not None
+                work, request.work = request.work, None
+                assert work is not None
                 request.parts_left = pool.shards
-                seq = pool.submit(unit) if not self._workers else self._submit_remote(pool, unit, request)
-                del unit  # not kept while the thread waits for the next request (a burst's body would stay in memory)
+                seq = pool.submit(work) if not self._workers else self._submit_remote(pool, work, request)
+                del work  # not kept while the thread waits for the next request (a burst's body would stay in memory)
                 if not self._workers:
                     self._by_seq[seq] = request
             if time.monotonic() - last_tick >= self._assemble_interval / 2:
@@ -302,11 +305,11 @@ class WriteQueue:
         if not self._workers:
             self._forward([*pool.parts(), _END])
 
-    def _submit_remote(self, pool: ShardPool, unit: Unit, request: _Request) -> int:
+    def _submit_remote(self, pool: ShardPool, work: Unit | Decoded, request: _Request) -> int:
         with self._lock:  # registered before any part of it can come back
             seq = pool.next_seq
             self._by_seq[seq] = request
-        return pool.submit(unit)
+        return pool.submit(work)
 
     # --- the collect thread (worker processes only) -------------------------------------------
 
@@ -346,6 +349,8 @@ class WriteQueue:
         self._task_keys = store.task_keys
         self._db_dir = os.path.dirname(os.path.abspath(store.path)) + os.sep
         self._recover(store)
+        self._writer = PartWriter(store, self.batch_max_spans, "otlp", on_spans=self._spans_written,
+                                  on_trajectories=self._trajectories_written)
         self._started.set()
         try:
             while (work := self._next_work()) is not None:
@@ -365,10 +370,10 @@ class WriteQueue:
         if isinstance(work, _Call):
             self._run_call(store, work)
         elif isinstance(work, list):
-            self._write(store, work)
+            self._write(work)
             self._idle.worked()
         elif isinstance(work, TrajectoryPart):
-            self._store_assembled(store, work)
+            self._store_assembled(work)
             self._idle.worked()
         elif work == "release":
             self._idle.release_if_due()
@@ -490,25 +495,29 @@ class WriteQueue:
             self._commit_room.notify_all()
             return work  # type: ignore[return-value]
 
-    def _write(self, store: Store, parts: list[SpanPart]) -> None:
-        table, problems = concat_parts(parts)
+    def _write(self, parts: list[SpanPart]) -> None:
+        """Commit a batch of span parts in one transaction, with the problems met decoding their requests, then answer."""
         with self._lock:
             requests = [self._by_seq.get(part.seq) for part in parts]
-        for request in requests:
-            if request is not None and request.unstored:
-                problems.extend(request.unstored)
-                request.unstored = []
         error: BaseException | None = None
         try:
-            result = store.write_span_table(table, problems, source="otlp")
-            self._metrics.inc("plumbline_spans_stored_total", result.stored)
-            self._metrics.inc("plumbline_spans_duplicate_total", result.duplicate)
+            for part, request in zip(parts, requests):
+                unstored = request.unstored if request is not None else []
+                if request is not None:
+                    request.unstored = []
+                self._writer.take(part, unstored)
+            self._writer.commit()
         except Exception as exc:  # the store failed: every request in the batch is told to retry
-            log.exception("writing %d spans failed", table.num_rows if table is not None else 0)
+            self._writer.drop()
+            log.exception("writing %d spans failed", sum(part.spans for part in parts))
             error = StoreError(self.client_text(f"the store could not commit: {exc}"))
             self._failed(exc)
         self._last_write = time.monotonic()
         self._settle(parts, error, requests)
+
+    def _spans_written(self, result: WriteResult) -> None:
+        self._metrics.inc("plumbline_spans_stored_total", result.stored)
+        self._metrics.inc("plumbline_spans_duplicate_total", result.duplicate)
 
     def _settle(self, parts: list[SpanPart], error: BaseException | None, requests: list[_Request | None] | None = None) -> None:
         """Count the parts of a transaction and answer each request whose parts are all settled (`error`: none committed)."""
@@ -545,13 +554,15 @@ class WriteQueue:
             request.error = request.error or error
             self._finish(seq, request)
 
-    def _store_assembled(self, store: Store, part: TrajectoryPart) -> None:
+    def _store_assembled(self, part: TrajectoryPart) -> None:
         try:
-            stored = store.write_assembled(part.table, part.counts)
+            self._writer.take(part)  # no spans are gathered between batches: stored at once
         except Exception as exc:
             log.exception("storing the trajectories of %d assembled traces failed; the store will rebuild them", len(part.counts))
             self._failed(exc)
-            stored = 0
+            self._trajectories_written(part, 0)
+
+    def _trajectories_written(self, part: TrajectoryPart, stored: int) -> None:
         if (stored < len(part.counts) or part.let_go) and self._dirty_since is None:  # the rest stays dirty: rebuilt from the store
             self._dirty_since = time.monotonic()
 

@@ -11,6 +11,8 @@ import json
 import multiprocessing
 import os
 import random
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -27,10 +29,10 @@ from otlp import to_otlp_json
 
 from plumbline_otel.assemble import assemble, assemble_runs
 from plumbline_otel.decode import Unit, iter_units
-from plumbline_otel.ingest import _UNITS_AHEAD, IngestSummary, PartWriter, _fed, ingest_files, transaction_spans
+from plumbline_otel.ingest import _UNITS_AHEAD, IngestSummary, _fed, ingest_files, transaction_spans
 from plumbline_otel.model import SpanRecord
 from plumbline_otel.normalise import Limits, normalise_request
-from plumbline_otel.pipeline import Shard, ShardPool, ShardSettings, SpanPart, TrajectoryPart, shard_of, spooled_bytes, spools
+from plumbline_otel.pipeline import PartWriter, Shard, ShardPool, ShardSettings, SpanPart, TrajectoryPart, shard_of, spooled_bytes, spools
 from plumbline_otel.pipeline._spool import Spool
 from plumbline_otel.store import ROW_GROUP_SIZE, SCHEMA_VERSION, Store
 
@@ -119,13 +121,15 @@ def test_workers_give_the_producer_fixtures_the_same_trajectories_and_problems(t
 def _through_shards(store: Store, settings: ShardSettings, requests: list[ExportTraceServiceRequest]) -> IngestSummary:
     """The requests through an in-process shard pool into `store`, without the store's own assembly after."""
     summary = IngestSummary()
-    writer = PartWriter(store, summary, batch_spans=100)
+    writer = PartWriter(store, batch_spans=100, whole_groups=True, on_spans=summary.written)
     with ShardPool(settings) as pool:
         for request in requests:
             pool.submit(Unit("protobuf", request.SerializeToString(), "test"))
             for part in pool.parts():
+                summary.count(part)
                 writer.take(part)
         for part in pool.flush():
+            summary.count(part)
             writer.take(part)
     writer.commit()
     return summary
@@ -296,7 +300,7 @@ def test_a_shards_trajectories_are_stored_after_a_caller_read_one_row_and_left_t
     part = shard.assemble_quiet(None)[0]
     assert isinstance(part, TrajectoryPart)
     with Store(tmp_path / "s.duckdb") as store:
-        writer = PartWriter(store, IngestSummary())
+        writer = PartWriter(store)
         writer.take(spans)
         writer.commit()
         left = store.connection.execute("SELECT count(*) FROM dirty_traces").fetchone()  # a single-row read, its result left as it was
@@ -820,7 +824,7 @@ def _two_requests_through_a_shard() -> tuple[Shard, list[ExportTraceServiceReque
 def test_a_trajectory_part_waits_for_the_next_commit_instead_of_cutting_the_transaction_short(tmp_path: Path) -> None:
     shard, (first, second), spans, assembled, later = _two_requests_through_a_shard()
     with Store(tmp_path / "s.duckdb") as store:
-        writer = PartWriter(store, IngestSummary(), batch_spans=1000)
+        writer = PartWriter(store, batch_spans=1000)
         for part in (spans, assembled, later):
             writer.take(part)
         assert store.connection.execute("SELECT count(*) FROM spans").fetchone() == (0,)  # nothing committed early
@@ -863,7 +867,7 @@ def test_file_ingest_commits_whole_row_groups_which_duckdb_writes_past_its_log(t
 def test_rows_past_a_whole_row_group_are_carried_and_trajectories_wait_for_them(tmp_path: Path) -> None:
     shard, (first, second), spans, assembled, later = _two_requests_through_a_shard()
     with Store(tmp_path / "s.duckdb") as store:
-        writer = PartWriter(store, IngestSummary(), batch_spans=10)
+        writer = PartWriter(store, batch_spans=10, whole_groups=True)
         writer.take(spans)  # 14 spans: one group of 10 committed, 4 carried
         assert store.connection.execute("SELECT count(*) FROM spans").fetchone() == (10,)
         writer.take(assembled)  # built from all 14: waits for the 4
@@ -878,9 +882,17 @@ def test_rows_past_a_whole_row_group_are_carried_and_trajectories_wait_for_them(
 def test_large_spans_commit_at_a_bound_on_bytes_before_a_row_group_fills(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A row group of spans of several KB each would hold ~150 MB in the writer: bytes bound the gathered rows too."""
     shard, (first, second), spans, assembled, later = _two_requests_through_a_shard()
-    monkeypatch.setattr("plumbline_otel.ingest._PENDING_BYTES", spans.table.nbytes if spans.table is not None else 0)
+    monkeypatch.setattr("plumbline_otel.pipeline._writer._PENDING_BYTES", spans.table.nbytes if spans.table is not None else 0)
     with Store(tmp_path / "s.duckdb") as store:
-        writer = PartWriter(store, IngestSummary(), batch_spans=1000)
+        writer = PartWriter(store, batch_spans=1000)
         writer.take(spans)  # 14 spans, far from 1,000, but at the byte bound: committed
         assert store.connection.execute("SELECT count(*) FROM spans").fetchone() == (14,)
         assert writer.pending_bytes == 0
+
+
+def test_a_shard_worker_imports_no_database() -> None:
+    """What a spawned worker imports (its target's module, `pipeline._pool`, and so the package) loads no DuckDB:
+    the writer is in the same package, and a database in every worker cost ~20 MB and 10% of their CPU in the bench."""
+    code = "import sys, plumbline_otel.pipeline._pool; print(' '.join(m for m in ('duckdb', 'scipy', 'grpc') if m in sys.modules))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert done.stdout.split() == []

@@ -286,3 +286,38 @@ def test_one_owner_holds_at_most_its_share_of_the_budget() -> None:
     budget.give(20 * mib, "10.0.0.3")
     taker.join(5)
     assert waited == [True] and budget.owned("10.0.0.3") == mib
+
+
+@pytest.mark.parametrize("media", ["application/x-protobuf", "application/json"])
+def test_an_in_process_server_parses_a_request_once_on_its_way_to_the_steps(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                            media: str) -> None:
+    """The handler decodes a request (protobuf or JSON) and the in-process shard prepares that decoded request: its bytes
+    are never parsed a second time (nor is a JSON request encoded to protobuf and parsed back)."""
+    import json
+
+    from corpus import build_requests
+    from otlp import to_otlp_json
+
+    from plumbline_otel.receive import Intake
+
+    request = next(build_requests(40, 40))
+    body = request.SerializeToString() if media == "application/x-protobuf" else json.dumps(to_otlp_json(request)).encode()
+    parses: list[int] = []
+    parse = ExportTraceServiceRequest.FromString
+
+    def counted(data: bytes) -> ExportTraceServiceRequest:
+        parses.append(len(data))
+        return parse(data)
+
+    monkeypatch.setattr(ExportTraceServiceRequest, "FromString", staticmethod(counted))
+    queue = WriteQueue(lambda: Store(tmp_path / "q.duckdb"), Metrics(), max_spans=10_000, max_bytes=1 << 30, workers=0)
+    queue.start()
+    try:
+        outcome = Intake(queue, Metrics(), ContentFilter(ContentRules())).traces(body, media, "", "grpc", 64 << 20)
+        assert outcome.status == "ok", outcome.message
+        queue.call(lambda store: store.assemble())
+        steps = queue.call(lambda store: sum(len(t.steps) for t in store.trajectories()))
+    finally:
+        queue.close()
+    assert steps > 0
+    assert parses == ([len(body)] if media == "application/x-protobuf" else [])
