@@ -1,7 +1,8 @@
 """A replay runner's use of the Postgres study state, as a process of its own (tests/lake/test_pgstate.py).
 
     python pg_runner.py URL STUDY TRIALS CAP SEED [die-after-reserving]
-Claims trials until none is left (or the cap refuses one), spends on each through the shared cap in
+With START_DIR set, it writes ready-SEED there once it has joined the study and waits for a file `go`,
+so that runners started together claim together however slowly the machine starts them. It claims trials until none is left (or the cap refuses one), spends on each through the shared cap in
 several metered calls, records each outcome in the shared ledger, and prints one JSON summary line.
 """
 
@@ -17,6 +18,16 @@ from plumbline_otel.replay.budget import BudgetExceeded, TrialBudget
 from plumbline_otel.replay.pgstate import PgLedger, PgSpendCap, StudyClaims
 
 
+def _wait_for_start(seed: int) -> None:
+    start = os.environ.get("START_DIR")
+    if not start:
+        return
+    open(os.path.join(start, f"ready-{seed}"), "w").close()
+    deadline = time.monotonic() + 60
+    while not os.path.exists(os.path.join(start, "go")) and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
 def main() -> None:
     url, study, trials, cap_usd, seed = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4]), int(sys.argv[5])
     die = len(sys.argv) > 6
@@ -25,6 +36,7 @@ def main() -> None:
     ledger = PgLedger(url, study)
     claims.plan([f"trial-{i:03d}" for i in range(trials)])
     claims.start_heartbeat()
+    _wait_for_start(seed)
     rng = random.Random(seed)
     ran: list[str] = []
     if die:  # claim one trial, reserve and meter part of it, then die without a word

@@ -19,16 +19,23 @@ RUNNER = str(Path(__file__).with_name("pg_runner.py"))
 ENV = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
 
 
-def _runners(url: str, study: str, trials: int, cap: float, n: int = 2, lease: str = "5") -> list[dict]:
+def _runners(url: str, study: str, trials: int, cap: float, n: int = 2, lease: str = "5", start: Path | None = None) -> list[dict]:
+    """`n` runner processes on one study; with `start`, they begin claiming only once all of them have joined."""
+    env = {**ENV, "LEASE_S": lease, **({"START_DIR": str(start)} if start else {})}
     procs = [subprocess.Popen([sys.executable, RUNNER, url, study, str(trials), str(cap), str(seed)], stdout=subprocess.PIPE, text=True,
-                              env={**ENV, "LEASE_S": lease}) for seed in range(n)]
+                              env=env) for seed in range(n)]
+    if start is not None:
+        deadline = time.monotonic() + 60
+        while len(list(start.glob("ready-*"))) < n and time.monotonic() < deadline and all(p.poll() is None for p in procs):
+            time.sleep(0.01)
+        (start / "go").touch()
     outs = [p.communicate(timeout=180)[0] for p in procs]
     assert all(p.returncode == 0 for p in procs), outs
     return [json.loads(o.strip().splitlines()[-1]) for o in outs]
 
 
-def test_two_runners_run_every_trial_exactly_once(postgres_db: str) -> None:
-    results = _runners(postgres_db, "shared", 60, 100.0)
+def test_two_runners_run_every_trial_exactly_once(postgres_db: str, tmp_path: Path) -> None:
+    results = _runners(postgres_db, "shared", 60, 100.0, start=tmp_path)
     ran = [t for r in results for t in r["ran"]]
     assert sorted(ran) == [f"trial-{i:03d}" for i in range(60)]  # every trial, none twice
     assert all(r["ran"] for r in results)  # both runners took some
