@@ -218,7 +218,8 @@ def test_a_model_call_that_continues_its_own_tool_loop_is_no_new_turn() -> None:
     assert len(assemble_runs(records)) == 1
 
 
-@pytest.mark.parametrize("setup", ["langgraph_conversation", "openai_agents_js_conversation"])
+@pytest.mark.parametrize("setup", ["langgraph_conversation", "openai_agents_js_conversation", "aisdk7_otel_conversation",
+                                   "langgraph_traceloop_conversation", "mastra_conversation"])
 def test_a_recorded_conversation_rebuilt_run_by_run_by_the_store_is_as_if_assembled_whole(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, setup: str) -> None:
     """The store's long-trace path splits on its few columns alone: the turn marks are among them."""
