@@ -44,8 +44,16 @@ def _ingest(store: Store, setup: str) -> list[Trajectory]:
 
 
 def _value(value: Any) -> Any:
-    """A tool result as a user compares it: JSON text and the structure it encodes are the same value."""
-    return maybe_json(value.strip()) if isinstance(value, str) else value
+    """A tool result as a user compares it: JSON text and the structure it encodes are the same value, at any depth
+    (Mastra's exporter writes the JSON text of the tools inside a sub-agent's result without its spaces)."""
+    if isinstance(value, str):
+        parsed = maybe_json(value.strip())
+        return parsed if isinstance(parsed, str) else _value(parsed)
+    if isinstance(value, dict):
+        return {k: _value(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_value(v) for v in value]
+    return value
 
 
 def _without_content(run: dict[str, Any]) -> dict[str, Any]:
@@ -158,3 +166,17 @@ def test_a_recorded_hand_off_is_a_step_named_by_the_function_the_model_called(se
         turn = next(c["model_turn"] for c in run["tool_calls"] if c["name"] in ("schedule_payment", "flag_exception")) - 1
         assert handoff == ("agent", "transfer_to_payer", f"call_{run['label']}_{turn}_0", turn), run["label"]
         assert ("agent", "payer") in [s[:2] for s in steps[steps.index(handoff):]], run["label"]
+
+
+@pytest.mark.parametrize("setup", ["mastra_subagent"])
+def test_a_recorded_sub_agent_called_as_a_tool_is_its_call_then_the_sub_agent_with_its_own_calls(setup: str, store: Store) -> None:
+    """The model calls the sub-agent as a tool (Mastra's `agent-payer`): one tool step with the model's call id, then
+    the sub-agent (an agent step) whose model requests and tools are steps of the same run."""
+    for run, got in zip(_expected(setup)["runs"], _ingest(store, setup)):
+        steps = [(s.kind, s.name, s.call_id) for s in got.steps]
+        (delegate,) = [c for c in run["tool_calls"] if c["name"].startswith("agent-")]
+        at = steps.index(("tool_call", delegate["name"], delegate["call_id"]))
+        payer_at = next(i for i, s in enumerate(steps) if s[1] in ("schedule_payment", "flag_exception"))
+        assert ("agent", "payer", None) in steps[at:payer_at], run["label"]  # it may start in the call's millisecond
+        payer_calls = [(s[1], s[2]) for s in steps[at:] if s[0] == "tool_call" and s[1] in ("schedule_payment", "flag_exception")]
+        assert payer_calls == [(c["name"], c["call_id"]) for c in run["tool_calls"] if c["name"] in ("schedule_payment", "flag_exception")]
