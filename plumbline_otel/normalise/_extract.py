@@ -58,8 +58,8 @@ _VERCEL_KINDS: dict[str, StepKind] = {
 _TRACELOOP_KINDS: dict[str, StepKind] = {"tool": "tool_call", "workflow": "agent", "agent": "agent"}
 # Tools a framework calls to end a run, not tools of the user's: their argument is the answer (smolagents'
 # `final_answer`; DSPy ReAct's `finish` and ReActV2's `submit`). They are no tool step; the answer is the run's.
-_ANSWER_TOOLS = {("openinference.instrumentation.smolagents", "final_answer"), ("openinference.instrumentation.dspy", "finish"),
-                 ("openinference.instrumentation.dspy", "submit")}
+_DSPY_SCOPE = "openinference.instrumentation.dspy"
+_ANSWER_TOOLS = {("openinference.instrumentation.smolagents", "final_answer"), (_DSPY_SCOPE, "finish"), (_DSPY_SCOPE, "submit")}
 # A tool span named after the method that ran it (DSPy's `lookup_order.__call__`): the tool is the part before it.
 _METHOD_SUFFIXES = (".__call__", ".acall", ".__acall__")
 # The classes LangChain JS makes tools of (`tool()`, `new DynamicStructuredTool`): a tracer that names tool spans by
@@ -380,9 +380,13 @@ def _cost(rec: SpanRecord, attrs: dict[str, Any]) -> None:
 _ASSISTANT_ROLES = ("assistant", "model", "ai")
 
 
-def begins_new_turn(inputs: list[Message]) -> bool:
+def begins_new_turn(inputs: list[Message], answer_tools: frozenset[str] = frozenset()) -> bool:
     """A request that opens a new user turn of a conversation: its history holds a user's message the model
-    answered in full (an assistant message with text and no tool calls) and it ends with a new message of the user's.
+    answered in full, and the user has spoken since the model last did. An answer in full is an assistant message
+    with text and no tool calls, or one that only calls the framework's tool for the answer (`answer_tools`: DSPy
+    ReActV2 sends its `submit` call and result back as the history of the turn it closed). The model's last message
+    must be that answer: a framework that ends every request with a user message of its own template (DSPy's
+    "Respond with the corresponding output fields") sends one after the model's tool calls too.
 
     Each turn of a conversation sends the history so far, so the first model call of every turn after the first
     reads so; assembly splits a trace's runs there (`assemble.split_runs`) when no span marks the turns itself.
@@ -390,15 +394,20 @@ def begins_new_turn(inputs: list[Message]) -> bool:
     said = [m for m in inputs if m.role != "system"]
     if len(said) < 3 or said[-1].role != "user" or not said[-1].texts or said[-1].results:
         return False
-    answered = next((i for i in range(len(said) - 2, 0, -1)
-                     if said[i].role in _ASSISTANT_ROLES and said[i].texts and not said[i].calls), None)
-    return answered is not None and any(m.role == "user" and m.texts and not m.results for m in said[:answered])
+
+    def answers(m: Message) -> bool:
+        if m.calls:
+            return all(c.name in answer_tools for c in m.calls)
+        return bool(m.texts)
+
+    answered = next((i for i in range(len(said) - 2, 0, -1) if said[i].role in _ASSISTANT_ROLES), None)
+    return answered is not None and answers(said[answered]) and any(m.role == "user" and m.texts and not m.results for m in said[:answered])
 
 
 def _apply_messages(rec: SpanRecord, inputs: list[Message], outputs: list[Message]) -> None:
     if not (inputs or outputs):
         return
-    if rec.step_kind == "llm_call" and begins_new_turn(inputs):
+    if rec.step_kind == "llm_call" and begins_new_turn(inputs, _answer_tools(rec.scope_name)):
         _note(rec, "step", "new_user_turn")
     rec.content_captured = rec.content_captured or any(m.texts or m.calls or m.results for m in inputs + outputs)
     if not rec.proposed_calls:  # renumbered across output messages: the order the model proposed them
@@ -446,6 +455,29 @@ def _raw_request_results(rec: SpanRecord, attrs: dict[str, Any]) -> None:
     rec.tool_results = [replace(r, error=True) if r.call_id in failed else r for r in rec.tool_results]
 
 
+def _program_call(rec: SpanRecord, attrs: dict[str, Any]) -> bool:
+    """A DSPy program's call (`{"input_args": …}`, its input fields) records the run's request and answer wherever it
+    runs: under an app's span, each turn of a conversation is one (its inner modules record other inputs)."""
+    raw = attrs.get("input.value")
+    return rec.scope_name == _DSPY_SCOPE and isinstance(raw, str) and raw.startswith('{"input_args": ')
+
+
+def _raw_request_turn(rec: SpanRecord, attrs: dict[str, Any]) -> None:
+    """A turn closed by the framework's answer tool shows only in the raw request: OpenInference flattening keeps no
+    tool calls of the assistant messages DSPy sends back (`input.value` keeps them)."""
+    answer_tools = _answer_tools(rec.scope_name)
+    if not answer_tools or "step:new_user_turn" in rec.shapes:
+        return
+    request = maybe_json(attrs.get("input.value"))
+    if isinstance(request, dict) and isinstance(request.get("messages"), list) \
+            and begins_new_turn(parse_messages(request["messages"]), answer_tools):
+        _note(rec, "step", "new_user_turn")
+
+
+def _answer_tools(scope: str) -> frozenset[str]:
+    return frozenset(name for instrumentation, name in _ANSWER_TOOLS if instrumentation == scope)
+
+
 def _vercel_outputs(attrs: dict[str, Any]) -> list[Message]:
     """A Vercel AI SDK response: `ai.response.text` and `ai.response.toolCalls` (`input` a JSON string or an object)."""
     return _text_and_calls(attrs.get("ai.response.text"), attrs.get("ai.response.toolCalls"))
@@ -491,6 +523,7 @@ def _llm(rec: SpanRecord, attrs: dict[str, Any], events: list[tuple[str, dict[st
             _apply_messages(rec, [], outputs)
             _note(rec, "output", "responses_dump" if outputs else None)
         _raw_request_results(rec, attrs)
+        _raw_request_turn(rec, attrs)
         _raw_reply_ids(rec, attrs)
         if rec.content_captured:
             return  # GenAI keys on an OpenInference span only fill gaps
@@ -606,13 +639,13 @@ def extract(rec: SpanRecord, attrs: dict[str, Any], events: list[tuple[str, dict
         _llm(rec, attrs, events)
     elif rec.step_kind == "agent":
         _agent(rec, attrs, events)
-    elif rec.parent_span_id is None:  # a root chain or workflow span: the run's request and answer
+    elif rec.parent_span_id is None or _program_call(rec, attrs):  # a root chain or workflow span: the run's request and answer
         _run_texts(rec, _first(attrs, "input.value", "traceloop.entity.input"), _first(attrs, "output.value", "traceloop.entity.output"))
         if rec.input_text is None and "crew_tasks" in attrs:  # a CrewAI kickoff: the request is its tasks' description
             rec.input_text = _crew_request(attrs.get("crew_tasks"), attrs.get("crew_inputs"))
             _note(rec, "input", "crewai_tasks" if rec.input_text else None)
-        if rec.input_text is not None:  # it holds one run, whatever agents run beneath it (assembly does not split it)
-            _note(rec, "step", "run_root")
+        if rec.input_text is not None and rec.parent_span_id is None:  # it holds one run, whatever agents run beneath it
+            _note(rec, "step", "run_root")                                # (assembly does not split it)
     rec.error = _error(rec, attrs, events)
     decisions = [(name, eattrs) for name, eattrs in events if name == DECISION_EVENT]
     if decisions:  # the same event as a span event

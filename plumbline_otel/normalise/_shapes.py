@@ -272,7 +272,8 @@ def request_text(raw: Any) -> tuple[str | None, str | None]:
         if inner is not None:
             return inner, "pipeline_data"
     if isinstance(value, dict) and set(value) == {"input_args"} and isinstance(value["input_args"], dict):
-        texts = [v for v in value["input_args"].values() if isinstance(v, str)]  # a DSPy program's input fields
+        # A DSPy program's input fields; a conversation's `dspy.History` (ReActV2's `history`) comes as its repr.
+        texts = [v for v in value["input_args"].values() if isinstance(v, str) and not v.startswith("messages=[")]
         if len(texts) == 1:
             return texts[0], "dspy_input_args"
     if isinstance(value, dict):

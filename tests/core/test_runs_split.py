@@ -218,8 +218,64 @@ def test_a_model_call_that_continues_its_own_tool_loop_is_no_new_turn() -> None:
     assert len(assemble_runs(records)) == 1
 
 
+def _dspy_turn(tracer: Tracer, history: list[dict[str, Any]], request: str, invoice: str) -> list[dict[str, Any]]:
+    """One turn of DSPy ReActV2 as openinference-instrumentation-dspy traces it: the program's CHAIN span (its input
+    fields as `input_args`), per model call an LLM span whose raw request (`input.value`) ends in DSPy's own template
+    message, even after tool results, and whose flattened messages keep no assistant tool calls; the turn ends with
+    a call of the `submit` tool, which goes back into the next turn's history."""
+    template = "Respond with the corresponding output fields, starting with the field `[[ ## next_thought ## ]]`."
+
+    def lm(messages: list[dict[str, Any]], call: dict[str, Any]) -> list[dict[str, Any]]:
+        flat = {f"llm.input_messages.{i}.message.{k}": v for i, m in enumerate(messages)
+                for k, v in (("role", m["role"]), ("content", m.get("content"))) if v}
+        with tracer.start_as_current_span("LM.__call__", attributes={
+                "openinference.span.kind": "LLM", "input.value": json.dumps({"messages": messages}), **flat,
+                "llm.output_messages.0.message.role": "assistant",
+                "llm.output_messages.0.message.tool_calls.0.tool_call.id": call["id"],
+                "llm.output_messages.0.message.tool_calls.0.tool_call.function.name": call["function"]["name"],
+                "llm.output_messages.0.message.tool_calls.0.tool_call.function.arguments": call["function"]["arguments"]}):
+            pass
+        return [*messages, {"role": "assistant", "content": None, "tool_calls": [call]}]
+
+    def tool(name: str, args: dict[str, Any], result: str) -> dict[str, Any]:
+        with tracer.start_as_current_span(f"{name}.__call__", attributes={
+                "openinference.span.kind": "TOOL", "input.value": json.dumps({"kwargs": args}), "output.value": result}):
+            pass
+        return {"role": "tool", "tool_call_id": f"call_{invoice}_{name}", "name": name, "content": result}
+
+    def call(name: str, args: dict[str, Any]) -> dict[str, Any]:
+        return {"id": f"call_{invoice}_{name}", "type": "function", "function": {"name": name, "arguments": json.dumps(args)}}
+
+    answer = f"{invoice} is open"
+    with tracer.start_as_current_span("ReActV2.forward", attributes={
+            "openinference.span.kind": "CHAIN", "input.value": json.dumps({"input_args": {"request": request, "history": None}}),
+            "output.value": json.dumps({"answer": answer})}):
+        asked = [*history, {"role": "user", "content": f"[[ ## request ## ]]\n{request}\n\n{template}"}]
+        messages = lm(asked, call("lookup_invoice", {"invoice_id": invoice}))
+        messages = lm([*messages, tool("lookup_invoice", {"invoice_id": invoice}, "open"), {"role": "user", "content": template}],
+                      call("submit", {"answer": answer}))
+        return [*messages, tool("submit", {"answer": answer}, json.dumps({"answer": answer}))]
+
+
+def test_dspy_turns_closed_by_the_answer_tool_are_one_run_each() -> None:
+    """A turn answered by the framework's answer tool (DSPy's `submit`, its call only in the raw request) opens the next
+    turn; a model call after tool results that ends in the framework's template message (a user message) opens none."""
+    def build(tracer: Tracer) -> None:
+        with tracer.start_as_current_span("conversation"):
+            history: list[dict[str, Any]] = [{"role": "system", "content": "Your input fields are: request"}]
+            for request, invoice in _REQUESTS:
+                history = _dspy_turn(tracer, history, request, invoice)
+
+    records, problems = normalise_request(record(build, scope="openinference.instrumentation.dspy"))
+    assert problems == [] and sum("step:new_user_turn" in r.shapes for r in records) == 2
+    runs = assemble_runs(records)
+    assert [(r.input, r.final_output, [s.name for s in r.tool_steps], sum(s.kind == "llm_call" for s in r.steps)) for r in runs] == [
+        (request, f"{invoice} is open", ["lookup_invoice"], 2) for request, invoice in _REQUESTS]
+
+
 @pytest.mark.parametrize("setup", ["langgraph_conversation", "openai_agents_js_conversation", "aisdk7_otel_conversation",
-                                   "langgraph_traceloop_conversation", "mastra_conversation"])
+                                   "langgraph_traceloop_conversation", "mastra_conversation", "semantic_kernel_conversation",
+                                   "crewai_conversation", "haystack_conversation", "dspy_conversation"])
 def test_a_recorded_conversation_rebuilt_run_by_run_by_the_store_is_as_if_assembled_whole(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, setup: str) -> None:
     """The store's long-trace path splits on its few columns alone: the turn marks are among them."""
