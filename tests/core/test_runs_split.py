@@ -275,7 +275,7 @@ def test_dspy_turns_closed_by_the_answer_tool_are_one_run_each() -> None:
 
 @pytest.mark.parametrize("setup", ["langgraph_conversation", "openai_agents_js_conversation", "aisdk7_otel_conversation",
                                    "langgraph_traceloop_conversation", "mastra_conversation", "semantic_kernel_conversation",
-                                   "crewai_conversation", "haystack_conversation", "dspy_conversation"])
+                                   "crewai_conversation", "haystack_conversation", "dspy_conversation", "mcp_conversation"])
 def test_a_recorded_conversation_rebuilt_run_by_run_by_the_store_is_as_if_assembled_whole(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, setup: str) -> None:
     """The store's long-trace path splits on its few columns alone: the turn marks are among them."""
