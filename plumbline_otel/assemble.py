@@ -619,14 +619,16 @@ def _handoff_tools(records: list[SpanRecord]) -> list[SpanRecord]:
     return out
 
 
-def _tool_steps(records: list[SpanRecord], llm: list[SpanRecord], handoffs: dict[str, ToolCallRef]) -> list[Step]:
+def _tool_steps(records: list[SpanRecord], llm: list[SpanRecord], handoffs: dict[str, ToolCallRef]) -> tuple[list[Step], dict[str, int]]:
+    """The run's tool calls, and per tool span the place of the call it carried out in its model response (parallel
+    calls may start in the same instant, and the model's proposals need not carry the call ids the spans do)."""
     blocked = _blocked_calls(records)
     retried = _retried(records)
     tools = _merge_tool_layers([r for r in records if r.step_kind == "tool_call" and r.span_id not in retried], records)
     if not tools:
         handed = {id(c) for c in handoffs.values()}
         return _proposed_steps([replace(r, proposed_calls=[c for c in r.proposed_calls if id(c) not in handed])
-                                if any(id(c) in handed for c in r.proposed_calls) else r for r in llm], blocked)
+                                if any(id(c) in handed for c in r.proposed_calls) else r for r in llm], blocked), {}
     matches = _match_proposals(tools, llm)
     results = {r.call_id: r for rec in llm for r in rec.tool_results}
     content_seen = any(r.content_captured for r in llm) or any(r.args_state == "structured" for r in tools)
@@ -651,7 +653,7 @@ def _tool_steps(records: list[SpanRecord], llm: list[SpanRecord], handoffs: dict
                 # It ran after the traced calls of its turn began and before the request that carries its answer.
                 before = answered_at.get(call.call_id or "", step.start_ns) - len(rec.proposed_calls) + call.index
                 steps.append(replace(step, start_ns=max(step.start_ns, before)))
-    return steps
+    return steps, {span_id: call.index for span_id, call in matches.items()}
 
 
 def _inner_a2a_layer(rec: SpanRecord, spans: dict[str, SpanRecord]) -> bool:
@@ -684,17 +686,19 @@ def assemble(records: list[SpanRecord], task_keys: Iterable[str] = DEFAULT_TASK_
     retried = _retried(records)
     llm = _merge_llm_calls(_without_preparation([r for r in records if r.step_kind == "llm_call" and r.span_id not in retried]), records)
     handoffs = _handoff_calls(records, llm, {r.tool_name for r in records if r.step_kind == "tool_call"})
-    tool_steps = _tool_steps(records, llm, handoffs)
+    tool_steps, proposal_place = _tool_steps(records, llm, handoffs)
     spans = {r.span_id: r for r in records}
     agents = [_agent_step(a, handoffs.get(a.span_id)) for a in records
               if a.step_kind == "agent" and a is not root and not _inner_a2a_layer(a, spans)]
     order = {r.span_id: i for i, r in enumerate(records)}
     content_seen = any(r.content_captured for r in llm)
     # Parallel calls may start in the same instant (the JS SDK stamps starts to the millisecond): then the
-    # order the model proposed them in decides, not the span ids.
+    # order the model proposed them in decides, not the span ids: by call id, or by the proposal a span carried out
+    # (OpenInference's LangChain JS writes no ids in the model's flattened tool calls).
     proposed = {c.call_id: c.index for r in llm for c in r.proposed_calls if c.call_id}
     steps = sorted([*tool_steps, *(_llm_step(r, content_seen) for r in llm), *agents, *_event_steps(records)],
-                   key=lambda s: (s.start_ns, proposed.get(s.call_id or "", 0), order.get(s.span_id or "", 0)))
+                   key=lambda s: (s.start_ns, proposed.get(s.call_id or "", proposal_place.get(s.span_id or "", 0)),
+                                  order.get(s.span_id or "", 0)))
     context = _context(root, records)
     if not steps and not any(k.startswith(CONTEXT_PREFIX) for k in context):
         return None
