@@ -28,9 +28,21 @@ FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "frameworks"
 # A set-up with a logs.otlp.jsonl (ADK with capture on reads as EVENT_ONLY) carries its content in log
 # records: ingest stores them from the file and assembly folds them into their spans (issue 11).
 # Misses of ours the fixtures keep until they are fixed (strict: a fix makes these fail until it is listed here no more).
-KNOWN_MISSES: dict[str, str] = {}
+# A miss is in the runs (test_every_run_is_exact); the coverage of its trace is still checked in full.
+KNOWN_MISSES: dict[str, str] = {
+    "crewai_delegation": "ours: parallel calls of one model response that CrewAI runs concurrently (tool_called_twice: "
+                         "lookup_invoice and check_duplicate) come out in span start order (check_duplicate started "
+                         "first), not in their order in the response; CrewAI's tool spans carry no call id, the "
+                         "response's proposals do (assemble's step order)",
+    "semantic_kernel_subagent": "Semantic Kernel's execute_tool spans record `instructions_override: null` (the unused "
+                                "parameter of the function it makes of an agent) among the arguments of every call the "
+                                "sub-agent makes; the model's calls in the gen_ai.choice log records have the arguments "
+                                "the functions got, but ours: assembly sees no proposed calls on these chat spans to "
+                                "prefer them",
+}
+NAMES = [p.parent.name for p in sorted(FIXTURES.glob("*/expected.json"))]
 SETUPS = [pytest.param(name, marks=pytest.mark.xfail(strict=True, reason=KNOWN_MISSES[name])) if name in KNOWN_MISSES else name
-          for name in (p.parent.name for p in sorted(FIXTURES.glob("*/expected.json")))]
+          for name in NAMES]
 
 
 def _expected(setup: str) -> dict[str, Any]:
@@ -110,7 +122,7 @@ def test_every_run_is_exact(setup: str, store: Store) -> None:
             assert (ta.task_key == tb.task_key) == same, f"{setup}: {a['label']} and {b['label']} {'share' if same else 'differ in'} a task"
 
 
-@pytest.mark.parametrize("setup", SETUPS)
+@pytest.mark.parametrize("setup", NAMES)
 def test_coverage_names_evidence_task_key_source_and_shapes(setup: str, store: Store) -> None:
     _ingest(store, setup)
     section = coverage_report(store)["overall"]
