@@ -212,7 +212,7 @@ def _tool_step(rec: SpanRecord, proposed: ToolCallRef | None, results: dict[str,
     if proposed is not None:
         source = "tool_span+llm_output"
         # No arguments, or a bare value (a one-argument tool's input): the model's object is the call.
-        if rec.args_state != "structured" and isinstance(proposed.args, dict):
+        if (rec.args_state != "structured" and isinstance(proposed.args, dict)) or _padded(rec.args, proposed.args):
             args, evidence = proposed.args, "message_part"
     call_id = rec.call_id or (proposed.call_id if proposed else None)
     result, error = rec.result, rec.error
@@ -237,6 +237,16 @@ def _tool_step(rec: SpanRecord, proposed: ToolCallRef | None, results: dict[str,
         evidence=evidence,
         gaps=gaps,
     )
+
+
+def _padded(recorded: Any, proposed: Any) -> bool:
+    """The span's arguments are the model's call plus keys set to null that the model did not send: the tool got the
+    model's call (Semantic Kernel records an agent-as-plugin's unused `instructions_override: null` among the
+    arguments of every tool call its sub-agent makes; a function is passed only the parameters it declares)."""
+    if not (isinstance(recorded, dict) and isinstance(proposed, dict)) or len(recorded) <= len(proposed):
+        return False
+    return all(k in recorded and recorded[k] == v for k, v in proposed.items()) \
+        and all(v is None for k, v in recorded.items() if k not in proposed)
 
 
 def _llm_step(rec: SpanRecord, content_seen: bool) -> Step:

@@ -321,6 +321,9 @@ def _messages_genai(attrs: dict[str, Any], events: list[tuple[str, dict[str, Any
             body = body if isinstance(body, dict) else {"content": body}
             inputs += parse_messages({"role": _EVENT_MESSAGES[name], **eattrs, **body})
         elif name == "gen_ai.choice":  # strands: a plain string on agent spans, content blocks on chat spans
+            body = maybe_json(eattrs.get("content")) if "message" not in eattrs else None
+            if isinstance(body, dict):  # a log record's body given as JSON text (Semantic Kernel's): {message, finish_reason}
+                eattrs = {**eattrs, **body}
             message = maybe_json(eattrs.get("message"))
             if not isinstance(message, dict):
                 message = {"role": "assistant", "content": message, "tool_calls": maybe_json(eattrs.get("tool_calls"))}

@@ -34,11 +34,6 @@ KNOWN_MISSES: dict[str, str] = {
                          "lookup_invoice and check_duplicate) come out in span start order (check_duplicate started "
                          "first), not in their order in the response; CrewAI's tool spans carry no call id, the "
                          "response's proposals do (assemble's step order)",
-    "semantic_kernel_subagent": "Semantic Kernel's execute_tool spans record `instructions_override: null` (the unused "
-                                "parameter of the function it makes of an agent) among the arguments of every call the "
-                                "sub-agent makes; the model's calls in the gen_ai.choice log records have the arguments "
-                                "the functions got, but ours: assembly sees no proposed calls on these chat spans to "
-                                "prefer them",
 }
 NAMES = [p.parent.name for p in sorted(FIXTURES.glob("*/expected.json"))]
 SETUPS = [pytest.param(name, marks=pytest.mark.xfail(strict=True, reason=KNOWN_MISSES[name])) if name in KNOWN_MISSES else name
