@@ -629,9 +629,10 @@ def _handoff_tools(records: list[SpanRecord]) -> list[SpanRecord]:
     return out
 
 
-def _tool_steps(records: list[SpanRecord], llm: list[SpanRecord], handoffs: dict[str, ToolCallRef]) -> tuple[list[Step], dict[str, int]]:
-    """The run's tool calls, and per tool span the place of the call it carried out in its model response (parallel
-    calls may start in the same instant, and the model's proposals need not carry the call ids the spans do)."""
+def _tool_steps(records: list[SpanRecord], llm: list[SpanRecord], handoffs: dict[str, ToolCallRef]) -> tuple[list[Step], dict[str, tuple[str, int]]]:
+    """The run's tool calls, and per tool span the call it carried out: (the model response that proposed it, its place
+    there). Parallel calls may start in the same instant or in any order, and the model's proposals need not carry
+    the call ids the spans do."""
     blocked = _blocked_calls(records)
     retried = _retried(records)
     tools = _merge_tool_layers([r for r in records if r.step_kind == "tool_call" and r.span_id not in retried], records)
@@ -663,7 +664,26 @@ def _tool_steps(records: list[SpanRecord], llm: list[SpanRecord], handoffs: dict
                 # It ran after the traced calls of its turn began and before the request that carries its answer.
                 before = answered_at.get(call.call_id or "", step.start_ns) - len(rec.proposed_calls) + call.index
                 steps.append(replace(step, start_ns=max(step.start_ns, before)))
-    return steps, {span_id: call.index for span_id, call in matches.items()}
+    response_of = {id(c): rec.span_id for rec in llm for c in rec.proposed_calls}
+    return steps, {span_id: (response_of.get(id(call), span_id), call.index) for span_id, call in matches.items()}
+
+
+def _in_proposal_order(steps: list[Step], place: dict[str, tuple[str, int]]) -> list[Step]:
+    """The steps with the calls of each model response in the order it proposed them, in the places they took.
+
+    Parallel calls a framework runs concurrently (CrewAI's thread pool) start in whatever order the scheduler picks;
+    the response's order is the run's. Only the calls trade places: every other step keeps its place by start time.
+    """
+    slots: dict[str, list[int]] = {}
+    for i, step in enumerate(steps):
+        if step.span_id in place:
+            slots.setdefault(place[step.span_id][0], []).append(i)
+    out = list(steps)
+    for taken in slots.values():
+        if len(taken) > 1:
+            for i, step in zip(taken, sorted((steps[i] for i in taken), key=lambda s: place[s.span_id or ""][1])):
+                out[i] = step
+    return out
 
 
 def _inner_a2a_layer(rec: SpanRecord, spans: dict[str, SpanRecord]) -> bool:
@@ -707,8 +727,9 @@ def assemble(records: list[SpanRecord], task_keys: Iterable[str] = DEFAULT_TASK_
     # (OpenInference's LangChain JS writes no ids in the model's flattened tool calls).
     proposed = {c.call_id: c.index for r in llm for c in r.proposed_calls if c.call_id}
     steps = sorted([*tool_steps, *(_llm_step(r, content_seen) for r in llm), *agents, *_event_steps(records)],
-                   key=lambda s: (s.start_ns, proposed.get(s.call_id or "", proposal_place.get(s.span_id or "", 0)),
+                   key=lambda s: (s.start_ns, proposed.get(s.call_id or "", proposal_place.get(s.span_id or "", ("", 0))[1]),
                                   order.get(s.span_id or "", 0)))
+    steps = _in_proposal_order(steps, proposal_place)
     context = _context(root, records)
     if not steps and not any(k.startswith(CONTEXT_PREFIX) for k in context):
         return None

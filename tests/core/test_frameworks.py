@@ -29,12 +29,7 @@ FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "frameworks"
 # records: ingest stores them from the file and assembly folds them into their spans (issue 11).
 # Misses of ours the fixtures keep until they are fixed (strict: a fix makes these fail until it is listed here no more).
 # A miss is in the runs (test_every_run_is_exact); the coverage of its trace is still checked in full.
-KNOWN_MISSES: dict[str, str] = {
-    "crewai_delegation": "ours: parallel calls of one model response that CrewAI runs concurrently (tool_called_twice: "
-                         "lookup_invoice and check_duplicate) come out in span start order (check_duplicate started "
-                         "first), not in their order in the response; CrewAI's tool spans carry no call id, the "
-                         "response's proposals do (assemble's step order)",
-}
+KNOWN_MISSES: dict[str, str] = {}
 NAMES = [p.parent.name for p in sorted(FIXTURES.glob("*/expected.json"))]
 SETUPS = [pytest.param(name, marks=pytest.mark.xfail(strict=True, reason=KNOWN_MISSES[name])) if name in KNOWN_MISSES else name
           for name in NAMES]

@@ -98,7 +98,8 @@ def test_calls_without_ids_are_matched_by_name_and_arguments_in_the_same_turn(st
 
     ingest_files(store, [str(_write(tmp_path / "a.jsonl", [record(build)]))])
     [t] = list(store.trajectories())
-    assert [(s.args, s.source) for s in t.tool_steps] == [({"q": "b"}, "tool_span+llm_output"), ({"q": "a"}, "tool_span+llm_output")]
+    # Each span is matched to its call; the calls of one response are in the order it proposed them, whichever ran first.
+    assert [(s.args, s.source) for s in t.tool_steps] == [({"q": "a"}, "tool_span+llm_output"), ({"q": "b"}, "tool_span+llm_output")]
 
 
 def test_task_key_falls_back_to_a_hash_of_the_input_and_can_be_reconfigured(store: Store, tmp_path: Path) -> None:
@@ -279,3 +280,29 @@ def test_a_record_trimmed_for_assembly_builds_the_same_runs_as_the_whole_record(
     assert run.context["gen_ai.conversation.id"] == "INV-1029"  # context keys stay
     if "service.name" in task_keys:
         assert run.task_key_source == "attribute:gen_ai.conversation.id"
+
+
+def test_parallel_calls_run_concurrently_are_in_the_order_the_model_proposed_them() -> None:
+    """CrewAI runs one response's calls in a thread pool and its tool spans carry no call id: the call proposed second
+    may start first. The response's order is the run's; the steps around the calls keep their places."""
+    def build(tracer: Any) -> None:
+        calls = [{"type": "tool_call", "id": "c1", "name": "lookup_invoice", "arguments": {"invoice_id": "INV-1"}},
+                 {"type": "tool_call", "id": "c2", "name": "check_duplicate", "arguments": {"invoice_id": "INV-1", "vendor": "Acme"}}]
+        with tracer.start_as_current_span("invoke_agent ap", attributes={"gen_ai.operation.name": "invoke_agent"}):
+            with tracer.start_as_current_span("chat m1", attributes={
+                    "gen_ai.operation.name": "chat", "gen_ai.input.messages": json.dumps([{"role": "user", "parts": [{"type": "text", "content": "Pay INV-1"}]}]),
+                    "gen_ai.output.messages": json.dumps([{"role": "assistant", "parts": calls}])}):
+                pass
+            for call in reversed(calls):  # the second call starts first
+                with tracer.start_as_current_span(f"execute_tool {call['name']}", attributes={
+                        "gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": call["name"],
+                        "gen_ai.tool.call.arguments": json.dumps(call["arguments"])}):
+                    pass
+            with tracer.start_as_current_span("chat m1", attributes={
+                    "gen_ai.operation.name": "chat", "gen_ai.output.messages": json.dumps([{"role": "assistant", "parts": [{"type": "text", "content": "done"}]}])}):
+                pass
+
+    records, problems = normalise_request(record(build))
+    (run,) = assemble_runs(records)
+    assert problems == [] and [(s.kind, s.name, s.call_id) for s in run.steps] == [
+        ("llm_call", "chat m1", None), ("tool_call", "lookup_invoice", "c1"), ("tool_call", "check_duplicate", "c2"), ("llm_call", "chat m1", None)]
