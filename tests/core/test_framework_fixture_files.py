@@ -30,7 +30,9 @@ SETUPS = ["adk_content", "adk_content_events", "adk_nocontent", "langchain_openi
           "openai_agents_js_openinference_chat", "openai_agents_js_openinference_responses", "openai_agents_js_handoff",
           "haystack_openinference", "crewai_openinference", "dspy_openinference",
           # generate_autogen/_semantic_kernel/_mcp.py
-          "autogen_agentchat", "autogen_swarm", "semantic_kernel", "mcp_openai_agents"]
+          "autogen_agentchat", "autogen_swarm", "semantic_kernel", "mcp_openai_agents",
+          # sub-agents (issue 29; the conversations are one line of three runs, tests/core/test_runs_split.py)
+          "crewai_delegation", "semantic_kernel_subagent"]
 
 _spec = importlib.util.spec_from_file_location("producers_generate", FIXTURES / "producers" / "generate.py")
 assert _spec is not None and _spec.loader is not None
