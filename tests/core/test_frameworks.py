@@ -173,8 +173,11 @@ def test_a_recorded_hand_off_is_a_step_named_by_the_function_the_model_called(se
 # OpenInference's LangChain JS instrumentation marks a createAgent graph a CHAIN, and the sub-agent's metadata names the
 # calling agent (`lc_agent_name` comes with the tool's config): nothing in the trace says `payer` is an agent, so its
 # model requests and tools are the run's steps with no agent step of its own.
+# CrewAI's delegation runs the coworker with no agent span (its model requests and tools sit under the delegation's
+# TOOL span); Semantic Kernel's agent function holds the sub-agent's `invoke_agent payer`.
 @pytest.mark.parametrize(("setup", "agent_step"), [("mastra_subagent", True), ("langgraph_openinference_subagent", False),
-                                                 ("aisdk7_otel_subagent", True), ("aisdk6_subagent", True)])
+                                                 ("aisdk7_otel_subagent", True), ("aisdk6_subagent", True),
+                                                 ("semantic_kernel_subagent", True), ("crewai_delegation", False)])
 def test_a_recorded_sub_agent_called_as_a_tool_is_its_call_then_the_sub_agent_with_its_own_calls(
         setup: str, agent_step: bool, store: Store) -> None:
     """The model calls the sub-agent as a tool (Mastra's `agent-payer`; a LangChain or AI SDK tool `payer` that runs an
@@ -182,9 +185,14 @@ def test_a_recorded_sub_agent_called_as_a_tool_is_its_call_then_the_sub_agent_wi
     whose model requests and tools are steps of the same run."""
     for run, got in zip(_expected(setup)["runs"], _ingest(store, setup)):
         steps = [(s.kind, s.name, s.call_id) for s in got.steps]
-        (delegate,) = [c for c in run["tool_calls"] if c["name"] in ("agent-payer", "payer")]
+        (delegate,) = [c for c in run["tool_calls"] if c["name"] in ("agent-payer", "payer", "ap-payer", "delegate_work_to_coworker")]
         at = steps.index(("tool_call", delegate["name"], delegate["call_id"]))
-        payer_at = next(i for i, s in enumerate(steps) if s[1] in ("schedule_payment", "flag_exception"))
+        payer_at = next(i for i, s in enumerate(steps) if _payer_tool(s[1]))
         assert (("agent", "payer", None) in steps[at:payer_at]) == agent_step, run["label"]  # it may start in the call's millisecond
-        payer_calls = [s[1] for s in steps[at:] if s[0] == "tool_call" and s[1] in ("schedule_payment", "flag_exception")]
-        assert payer_calls == [c["name"] for c in run["tool_calls"] if c["name"] in ("schedule_payment", "flag_exception")]
+        payer_calls = [s[1] for s in steps[at:] if s[0] == "tool_call" and _payer_tool(s[1])]
+        assert payer_calls == [c["name"] for c in run["tool_calls"] if _payer_tool(c["name"])]
+
+
+def _payer_tool(name: str | None) -> bool:
+    """schedule_payment or flag_exception, plugin-qualified or not (Semantic Kernel's `ap-schedule_payment`)."""
+    return (name or "").rsplit("-", 1)[-1] in ("schedule_payment", "flag_exception")
