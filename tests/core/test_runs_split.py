@@ -9,7 +9,8 @@ and then a new one (`step:new_user_turn`). A root that records the run's request
 span with input) is one run, whatever agents run beneath it; agents inside an agent are its sub-agents.
 The recorded cases are tests/fixtures/frameworks/aisdk6_conversation (three turns of a real AI SDK
 conversation in one trace), autogen_conversation (three runs of one AutoGen AssistantAgent under the app's
-`conversation` span), langgraph_conversation and openai_agents_js_conversation.
+`conversation` span), langgraph_conversation and openai_agents_js_conversation, and in Python Semantic Kernel's, CrewAI's,
+Haystack's, DSPy's (turns found by the model calls: each closed by DSPy's `submit`) and an MCP agent's conversations.
 """
 
 from __future__ import annotations
