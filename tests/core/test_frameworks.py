@@ -174,19 +174,25 @@ def test_a_recorded_hand_off_is_a_step_named_by_the_function_the_model_called(se
 # calling agent (`lc_agent_name` comes with the tool's config): nothing in the trace says `payer` is an agent, so its
 # model requests and tools are the run's steps with no agent step of its own.
 # CrewAI's delegation runs the coworker with no agent span (its model requests and tools sit under the delegation's
-# TOOL span); Semantic Kernel's agent function holds the sub-agent's `invoke_agent payer`.
-@pytest.mark.parametrize(("setup", "agent_step"), [("mastra_subagent", True), ("langgraph_openinference_subagent", False),
-                                                 ("aisdk7_otel_subagent", True), ("aisdk6_subagent", True),
-                                                 ("semantic_kernel_subagent", True), ("crewai_delegation", False)])
+# TOOL span); Semantic Kernel's agent function holds the sub-agent's `invoke_agent payer`. Haystack traces no tools and
+# an Agent's run is a CHAIN: the sub-agent's `Agent.run` sits beside the caller's model requests, no agent step. DSPy's
+# tool is a TOOL span holding the sub-agent's `ReActV2.forward` CHAIN (no agent step) and, like every DSPy tool span,
+# no call id: the model's ids are only in the reprs of `LM.__call__`'s output, which no step takes them from yet.
+@pytest.mark.parametrize(("setup", "agent_step", "call_id"),
+                         [("mastra_subagent", True, True), ("langgraph_openinference_subagent", False, True),
+                          ("aisdk7_otel_subagent", True, True), ("aisdk6_subagent", True, True),
+                          ("semantic_kernel_subagent", True, True), ("crewai_delegation", False, True),
+                          ("haystack_subagent", False, True), ("dspy_subagent", False, False)])
 def test_a_recorded_sub_agent_called_as_a_tool_is_its_call_then_the_sub_agent_with_its_own_calls(
-        setup: str, agent_step: bool, store: Store) -> None:
-    """The model calls the sub-agent as a tool (Mastra's `agent-payer`; a LangChain or AI SDK tool `payer` that runs an
-    agent): one tool step with the model's call id, then the sub-agent (an agent step where the trace names it one),
-    whose model requests and tools are steps of the same run."""
+        setup: str, agent_step: bool, call_id: bool, store: Store) -> None:
+    """The model calls the sub-agent as a tool (Mastra's `agent-payer`; a LangChain, AI SDK, Haystack or DSPy tool
+    `payer` that runs an agent): one tool step with the model's call id (where the trace gives tool steps one), then
+    the sub-agent (an agent step where the trace names it one), whose model requests and tools are steps of the same
+    run."""
     for run, got in zip(_expected(setup)["runs"], _ingest(store, setup)):
         steps = [(s.kind, s.name, s.call_id) for s in got.steps]
         (delegate,) = [c for c in run["tool_calls"] if c["name"] in ("agent-payer", "payer", "ap-payer", "delegate_work_to_coworker")]
-        at = steps.index(("tool_call", delegate["name"], delegate["call_id"]))
+        at = steps.index(("tool_call", delegate["name"], delegate["call_id"] if call_id else None))
         payer_at = next(i for i, s in enumerate(steps) if _payer_tool(s[1]))
         assert (("agent", "payer", None) in steps[at:payer_at]) == agent_step, run["label"]  # it may start in the call's millisecond
         payer_calls = [s[1] for s in steps[at:] if s[0] == "tool_call" and _payer_tool(s[1])]
