@@ -178,14 +178,17 @@ def test_a_recorded_hand_off_is_a_step_named_by_the_function_the_model_called(se
 # an Agent's run is a CHAIN: the sub-agent's `Agent.run` sits beside the caller's model requests, no agent step. DSPy's
 # tool is a TOOL span holding the sub-agent's `ReActV2.forward` CHAIN (no agent step) and, like every DSPy tool span,
 # no call id: the model's ids are only in the reprs of `LM.__call__`'s output, which no step takes them from yet.
+# An MCP server's tool that runs an OpenAI Agents SDK agent: its `tools/call payer` SERVER span holds the sub-agent's
+# own `Agent workflow` and `payer` AGENT spans (both read as agent steps).
 @pytest.mark.parametrize(("setup", "agent_step", "call_id"),
                          [("mastra_subagent", True, True), ("langgraph_openinference_subagent", False, True),
                           ("aisdk7_otel_subagent", True, True), ("aisdk6_subagent", True, True),
                           ("semantic_kernel_subagent", True, True), ("crewai_delegation", False, True),
-                          ("haystack_subagent", False, True), ("dspy_subagent", False, False)])
+                          ("haystack_subagent", False, True), ("dspy_subagent", False, False),
+                          ("mcp_subagent", True, True)])
 def test_a_recorded_sub_agent_called_as_a_tool_is_its_call_then_the_sub_agent_with_its_own_calls(
         setup: str, agent_step: bool, call_id: bool, store: Store) -> None:
-    """The model calls the sub-agent as a tool (Mastra's `agent-payer`; a LangChain, AI SDK, Haystack or DSPy tool
+    """The model calls the sub-agent as a tool (Mastra's `agent-payer`; a LangChain, AI SDK, Haystack, DSPy or MCP tool
     `payer` that runs an agent): one tool step with the model's call id (where the trace gives tool steps one), then
     the sub-agent (an agent step where the trace names it one), whose model requests and tools are steps of the same
     run."""
