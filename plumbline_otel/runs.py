@@ -50,10 +50,10 @@ SEEN = "plumbline.perturbation.seen"  # decoy_tools / sampling: the driver or a 
 SEEN_BY = "plumbline.perturbation.seen_by"  # client (the metered in-process client) or model_proxy
 COST_USD = "plumbline.cost.usd"
 COST_METERED = "plumbline.cost.metered"  # true: every cent passed a plumbline meter; false: the adapter's own report
-# Whose figure `COST_USD` is: metered (a plumbline meter), adapter (its report), spans:<source> (the run's own
-# gen_ai.usage.cost.* spans, source provider/local) or reservation (nothing said: the whole reservation).
+# Whose figure `COST_USD` is: metered (a plumbline meter), adapter (its report) or reservation (the whole reservation).
 COST_BASIS = "plumbline.cost.basis"
-COST_REPORTED = "plumbline.cost.reported_usd"  # what the run's own spans reported, kept beside a metered cost
+# What the run's own gen_ai.usage.cost.* spans reported: the agent's word, kept beside `COST_USD`, never settling it.
+COST_REPORTED = "plumbline.cost.reported_usd"
 EVIDENCE = "plumbline.trial.evidence"  # JSON: what the proxies witnessed in the attempt
 
 TOOL_FAULT = "tool_fault"

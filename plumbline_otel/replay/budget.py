@@ -348,8 +348,7 @@ class TrialBudget:
         self.cap.use(self.rid, amount)
 
     def close(self, reported: float | None = None) -> float:
-        """Settle: metered spend if any, else the report (the adapter's, else the run's own spans'), else the
-        whole reservation.
+        """Settle: metered spend if any, else the adapter's report, else the whole reservation.
 
         A report above the reservation is settled as reported (it is what was spent) and kept
         in ``overrun``, so the driver can stop the study and say which adapter broke its maximum.

@@ -125,18 +125,6 @@ class OtlpJsonFileExporter(SpanExporter):
 COST_KEY = "gen_ai.usage.cost.amount"
 
 
-@dataclass(frozen=True)
-class ReportedCost:
-    """What a trial's own spans say it cost (`gen_ai.usage.cost.*` on its model calls): a producer's word.
-
-    ``basis`` names who priced it, as the spend meter records it: ``spans:provider`` (the responses carried
-    the amounts), ``spans:local`` (the emitter priced them), both joined by ``+``, or ``spans:unstated``.
-    """
-
-    usd: float
-    basis: str
-
-
 def _span_costs(spans: Sequence[ReadableSpan]) -> dict[str, dict[str, tuple[float, str | None, str | None]]]:
     """Trace id -> model-call span id -> (amount, currency, source), read by the normaliser (model calls only:
     an agent span's total would count its calls twice)."""
@@ -232,15 +220,15 @@ class SpanSink:
         self._file_offset += end
         self._file_traces.update(m.decode() for m in _TRACE_ID.findall(chunk[:end]))
 
-    def reported_cost(self, trace_id: str) -> ReportedCost | None:
-        """What the spans of `trace_id` exported through this sink say the run cost, in USD; None when they say
-        nothing, or price in another currency (converting would be a guess)."""
+    def reported_cost(self, trace_id: str) -> float | None:
+        """What the spans of `trace_id` exported through this sink say the run cost, in USD: the agent's own word,
+        which the driver keeps beside its record and never settles on. None when they say nothing, or price in
+        another currency (converting would be a guess)."""
         exporter = self._exporter
         costs = list((exporter.costs.get(trace_id) or {}).values()) if exporter is not None else []
         if not costs or any((currency or "USD").upper() != "USD" for _, currency, _ in costs):
             return None
-        sources = sorted({source or "unstated" for _, _, source in costs})
-        return ReportedCost(sum(amount for amount, _, _ in costs), "spans:" + "+".join(sources))
+        return sum(amount for amount, _, _ in costs)
 
     def delivered(self, trace_ids: Sequence[str]) -> None:
         """Traces an isolated attempt's child process exported through its copy of this sink."""

@@ -223,7 +223,7 @@ class TrialRecord:
     seen_by: str | None = None
     metered: bool | None = None
     cost_basis: str | None = None  # whose figure cost_usd is (`runs.COST_BASIS`)
-    cost_reported_usd: float | None = None  # what the run's own spans reported (gen_ai.usage.cost.*), whatever settled it
+    cost_reported_usd: float | None = None  # what the run's own spans reported (gen_ai.usage.cost.*), never what settles it
     reserved_usd: float = 0.0
     overrun_usd: float = 0.0  # an adapter's reported cost beyond its reservation
     evidence: dict[str, Any] = field(default_factory=dict)
@@ -528,29 +528,26 @@ class _Runner:
         if budget is None:
             return 0.0
         sink = self.config.sink
-        # The run's own gen_ai.usage.cost.* spans: a witness, never preferred to a plumbline meter or the adapter's report.
+        # The run's own gen_ai.usage.cost.* spans are the agent's word: kept beside the record, never what settles it,
+        # or an agent could export a cost of zero and escape the cap.
         trace_id = (outcome.trace_id if outcome is not None else None) or record.trace_id
-        spans = sink.reported_cost(trace_id) if sink is not None and trace_id else None
+        spans_usd = sink.reported_cost(trace_id) if sink is not None and trace_id else None
         try:
             reported = outcome.cost_usd if outcome is not None else None
-            basis = "adapter" if reported is not None else None
-            if reported is None and spans is not None:
-                reported, basis = spans.usd, spans.basis
             cost = budget.close(reported if status in RAN else (reported or 0.0))
         finally:
             with self._lock:
                 self._running -= 1
         record.cost_usd = round(record.cost_usd + cost, 8)
-        record.cost_reported_usd = round(spans.usd, 8) if spans is not None else None
+        record.cost_reported_usd = round(spans_usd, 8) if spans_usd is not None else None
         if budget.metered:
             record.metered, record.cost_basis = True, "metered"
         elif reported is not None or (status in RAN and self.cap.limit is not None):
-            record.metered = False  # the adapter's or the spans' own word, or the whole reservation charged
-            record.cost_basis = basis or "reservation"
+            record.metered = False  # the adapter's own word, or the whole reservation charged
+            record.cost_basis = "adapter" if reported is not None else "reservation"
         record.overrun_usd = round(budget.overrun, 8)
         if budget.overrun > 0:
-            who = "the run's spans" if (record.cost_basis or "").startswith("spans:") else "adapter"
-            self._halt(f"{who} reported ${cost:.4f} for {record.trial_id}, over its ${budget.reserved:.4f} "
+            self._halt(f"adapter reported ${cost:.4f} for {record.trial_id}, over its ${budget.reserved:.4f} "
                        "reservation: the cap can no longer be guaranteed")
         return cost
 

@@ -1,6 +1,6 @@
-"""A run's own `gen_ai.usage.cost.*` spans as a witness of cost (issue 29 item 10): the spend meter settles an
-unmetered trial at what they report, says so in the record, and never prefers them to the adapter's report; a cost
-in another currency is not converted (the reservation stands)."""
+"""A run's own `gen_ai.usage.cost.*` spans (issue 29 item 10) are the agent's word: the driver keeps their figure
+beside its record and never settles a trial's cost on it, so an agent cannot lower what the cap charges it by what it
+exports; a cost in another currency is not converted."""
 
 from __future__ import annotations
 
@@ -50,9 +50,14 @@ def _study(tmp_path: Path, agent: PricedAgent) -> tuple[list[str | None], list[f
             [r.cost_reported_usd for r in summary.records])
 
 
-def test_an_unmetered_trial_settles_at_what_its_model_call_spans_reported(tmp_path: Path) -> None:
+def test_an_unmetered_trial_is_charged_its_reservation_whatever_its_spans_report(tmp_path: Path) -> None:
     basis, cost, reported = _study(tmp_path, PricedAgent(0.004))
-    assert basis == ["spans:provider"] * 2 and cost == pytest.approx([0.008] * 2) and reported == pytest.approx([0.008] * 2)
+    assert basis == ["reservation"] * 2 and cost == pytest.approx([0.10] * 2) and reported == pytest.approx([0.008] * 2)
+
+
+def test_a_zero_cost_exported_by_the_agent_changes_nothing(tmp_path: Path) -> None:
+    basis, cost, reported = _study(tmp_path, PricedAgent(0.0))
+    assert basis == ["reservation"] * 2 and cost == pytest.approx([0.10] * 2) and reported == pytest.approx([0.0] * 2)
 
 
 def test_the_adapters_report_is_preferred_and_the_spans_figure_kept_beside_it(tmp_path: Path) -> None:
