@@ -27,12 +27,7 @@ from plumbline_otel.store import Store
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "frameworks"
 # A set-up with a logs.otlp.jsonl (ADK with capture on reads as EVENT_ONLY) carries its content in log
 # records: ingest stores them from the file and assembly folds them into their spans (issue 11).
-# Misses of ours the fixtures keep until they are fixed (strict: a fix makes these fail until it is listed here no more).
-# A miss is in the runs (test_every_run_is_exact); the coverage of its trace is still checked in full.
-KNOWN_MISSES: dict[str, str] = {}
-NAMES = [p.parent.name for p in sorted(FIXTURES.glob("*/expected.json"))]
-SETUPS = [pytest.param(name, marks=pytest.mark.xfail(strict=True, reason=KNOWN_MISSES[name])) if name in KNOWN_MISSES else name
-          for name in NAMES]
+NAMES = [p.parent.name for p in sorted(FIXTURES.glob("*/expected.json"))]  # every set-up, none excused
 
 
 def _expected(setup: str) -> dict[str, Any]:
@@ -94,7 +89,7 @@ def _mismatches(run: dict[str, Any], got: Trajectory) -> list[str]:
     return out
 
 
-@pytest.mark.parametrize("setup", SETUPS)
+@pytest.mark.parametrize("setup", NAMES)
 def test_every_run_is_exact(setup: str, store: Store) -> None:
     expected = _expected(setup)
     got = _ingest(store, setup)
