@@ -26,6 +26,18 @@ class ProxyEvidence:
     ``cost_usd`` is exact (each call priced from its full usage) or None when a model answered
     that has no price (``unpriced_models`` names them); ``cost_exact`` is False when a call's
     usage was missing and its conservative estimate was charged instead.
+
+    Whose fault a failure was, so the driver never blames the agent for it:
+    ``provider_failures`` lists each call on which the provider failed by itself (never one the
+    proxy injected: those are in ``faults``), ``{call, status, detail, kind, recovered}``: ``status``
+    what the agent was answered (the provider's 5xx or 429, the proxy's 502 or 504, or 200 for a
+    stream cut after its head), ``kind`` one of ``unreachable``, ``timeout``, ``transport``,
+    ``status``, ``rate_limited``, ``garbage``, ``stream_cut``, ``too_large``, and ``recovered``
+    whether a later call of the attempt got a whole answer (the agent's retry went through).
+    ``proxy_errors`` lists the proxy's own failures and limit refusals, ``{call, status, detail,
+    kind}`` (``internal``: an exception inside the proxy, answered 500 or a dropped connection;
+    ``request_too_large``, ``bad_request_framing``, ``memory``: the proxy's limits). Refusals for
+    the spend cap and the offline cassette stay in ``refused_budget`` / ``refused_offline``.
     """
 
     witness: ClassVar[str] = "model_proxy"  # who saw it, in the driver's record and the certificate's evidence_from
@@ -48,6 +60,8 @@ class ProxyEvidence:
     sampling_changes: tuple[dict[str, Any], ...]  # {call, param, before, after}
     exchanges: tuple[dict[str, Any], ...]  # {call, api, model, status, source, key, request_sha256}
     passthrough: int  # other endpoints forwarded unmetered (model lists, token counts)
+    provider_failures: tuple[dict[str, Any], ...] = ()  # {call, status, detail, kind, recovered}
+    proxy_errors: tuple[dict[str, Any], ...] = ()  # {call, status, detail, kind}
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -57,7 +71,8 @@ class ProxyEvidence:
             "cost_exact": self.cost_exact, "unpriced_models": list(self.unpriced_models), "faults": list(self.faults),
             "decoys_offered": list(self.decoys_offered), "decoys_proposed": list(self.decoys_proposed),
             "sampling_changes": list(self.sampling_changes), "exchanges": list(self.exchanges),
-            "passthrough": self.passthrough,
+            "passthrough": self.passthrough, "provider_failures": [dict(f) for f in self.provider_failures],
+            "proxy_errors": [dict(e) for e in self.proxy_errors],
         }
 
 
@@ -88,6 +103,8 @@ class TrialState:
     decoys_proposed: list[str] = field(default_factory=list)
     sampling_changes: list[dict[str, Any]] = field(default_factory=list)
     exchanges: list[dict[str, Any]] = field(default_factory=list)
+    provider_failures: list[dict[str, Any]] = field(default_factory=list)
+    proxy_errors: list[dict[str, Any]] = field(default_factory=list)
     tool_ids: dict[str, list[str]] = field(default_factory=dict)  # tool name -> its call ids, first seen first
     fault_target: str | None = None  # the call id whose result tool_result_fault replaces
     closed: bool = False
@@ -145,6 +162,21 @@ class TrialState:
         with self.lock:
             self.faults.append({"kind": kind, "call": call, "detail": detail})
 
+    def provider_failed(self, call: int, status: int, kind: str, detail: str) -> None:
+        """Note a call on which the provider failed by itself (not a fault this proxy injected)."""
+        with self.lock:
+            self.provider_failures.append({"call": call, "status": status, "detail": detail, "kind": kind})
+
+    def proxy_failed(self, call: int | None, status: int, kind: str, detail: str) -> None:
+        """Note the proxy's own failure or limit refusal on a call of this attempt."""
+        with self.lock:
+            self.proxy_errors.append({"call": call, "status": status, "detail": detail, "kind": kind})
+
+    def _recovered(self, call: int) -> bool:
+        """Whether a later call of this attempt got a whole 2xx answer (caller holds the lock)."""
+        return any(e["call"] > call and 200 <= int(e["status"]) < 300 and not e.get("incomplete") and e["source"] in ("live", "cache")
+                   for e in self.exchanges)
+
     def charge(self, model: str | None, usage: Usage | None, cost: float | None, estimate: float | None) -> None:
         """Account a finished upstream call: its usage and exact cost (the estimate when usage was missing)."""
         with self.lock:
@@ -168,4 +200,6 @@ class TrialState:
                 cost_usd=None if self.unpriced else round(self.cost_usd, 10), cost_exact=self.cost_exact,
                 unpriced_models=tuple(sorted(self.unpriced)), faults=tuple(self.faults),
                 decoys_offered=tuple(self.decoys_offered), decoys_proposed=tuple(self.decoys_proposed),
-                sampling_changes=tuple(self.sampling_changes), exchanges=tuple(self.exchanges), passthrough=self.passthrough)
+                sampling_changes=tuple(self.sampling_changes), exchanges=tuple(self.exchanges), passthrough=self.passthrough,
+                provider_failures=tuple({**f, "recovered": self._recovered(int(f["call"]))} for f in self.provider_failures),
+                proxy_errors=tuple(dict(e) for e in self.proxy_errors))

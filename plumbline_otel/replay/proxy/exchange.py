@@ -9,8 +9,10 @@ then the budget (a cassette hit costs nothing), then the provider.
 
 from __future__ import annotations
 
+import base64
 import time
 from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 import httpx
@@ -18,6 +20,7 @@ import orjson
 
 from plumbline_otel.replay.budget import BudgetExceeded
 from plumbline_otel.replay.cache import cache_key, content_digest, request_content
+from plumbline_otel.replay.limits import Holding
 from plumbline_otel.replay.pricing import Usage, UsageAccumulator, model_price, parse_sse, price, usage_from_body
 from plumbline_otel.replay.proxy import spans
 from plumbline_otel.replay.proxy.evidence import TrialState
@@ -43,7 +46,14 @@ _HOP = {"connection", "keep-alive", "transfer-encoding", "content-length", "cont
 
 
 class Responder(Protocol):
-    """How the handler writes to the agent (implemented over the HTTP connection by the server)."""
+    """How the handler writes to the agent (implemented over the HTTP connection by the server).
+
+    ``gone``: the agent hung up (or the answer was cut); ``call``: the trial's call number being
+    answered, once known, so a failure inside the proxy is charged to the right call.
+    """
+
+    gone: bool
+    call: int | None
 
     def send(self, status: int, headers: list[tuple[str, str]], payload: bytes) -> None: ...
     def send_cut(self, status: int, headers: list[tuple[str, str]], payload: bytes) -> None: ...
@@ -124,16 +134,30 @@ def inject_model_fault(state: TrialState, api: Api, call: int, out: Responder) -
 # --- relaying ----------------------------------------------------------------------------------
 
 
-def _events(buffer: bytearray) -> Iterator[bytes]:
-    """Complete SSE events (with their blank-line terminator) taken off the front of ``buffer``."""
-    while True:
-        ends = [(i, n) for i, n in ((buffer.find(b"\n\n"), 2), (buffer.find(b"\r\n\r\n"), 4)) if i >= 0]
-        if not ends:
-            return
-        i, n = min(ends)
-        block = bytes(buffer[:i + n])
-        del buffer[:i + n]
-        yield block
+class _Splitter:
+    """Cuts complete SSE events (with their blank-line terminator) off a growing buffer.
+
+    The scan resumes where the last one stopped, so a peer that never sends a blank line costs
+    one pass over its bytes, not one pass per chunk.
+    """
+
+    def __init__(self) -> None:
+        self.buffer = bytearray()
+        self._scanned = 0
+
+    def feed(self, chunk: bytes) -> Iterator[bytes]:
+        self.buffer += chunk
+        while True:
+            start = max(0, self._scanned - 3)
+            ends = [(i, n) for i, n in ((self.buffer.find(b"\n\n", start), 2), (self.buffer.find(b"\r\n\r\n", start), 4)) if i >= 0]
+            if not ends:
+                self._scanned = len(self.buffer)
+                return
+            i, n = min(ends)
+            block = bytes(self.buffer[:i + n])
+            del self.buffer[:i + n]
+            self._scanned = 0
+            yield block
 
 
 def _usage_only(block: bytes) -> bool:
@@ -147,39 +171,129 @@ def _usage_only(block: bytes) -> bool:
     return isinstance(value, dict) and value.get("choices") == [] and isinstance(value.get("usage"), dict)
 
 
-def relay(out: Responder, status: int, headers: list[tuple[str, str]], chunks: Iterable[bytes], *, sse: bool,
-          strip_usage: bool, cut_after: int | None) -> tuple[bytes, bool]:
-    """Pass the response to the agent as it arrives; (every byte upstream sent, whether the agent got all of it).
+@dataclass
+class Relayed:
+    """How relaying one answer went.
 
-    ``cut_after``: a stream is dropped after that many events (a whole body after half its bytes);
-    the rest is still read from upstream, so the call is metered and recorded whole.
+    ``payload``: what the provider (or the cassette) sent, as kept (never past the response
+    limit). ``whole``: the agent got all of it. ``complete``: the provider's answer arrived
+    whole (False: cut by the provider, past the limit, or no longer read because the agent left).
+    ``failure``: (kind, detail) of the provider's own failure while relaying; ``proxy_error`` the
+    proxy's (its memory limit). ``answered``: the status the proxy answered in place of the
+    provider's, when it did.
     """
-    if not sse:
-        payload = b"".join(chunks)
-        if cut_after is not None:
-            out.send_cut(status, headers, payload)
-            return payload, False
-        out.send(status, headers, payload)
-        return payload, True
+
+    payload: bytes
+    whole: bool
+    complete: bool = True
+    failure: tuple[str, str] | None = None
+    proxy_error: tuple[str, str] | None = None
+    agent_left: bool = False
+    answered: int | None = None
+    fault_cut: bool = False  # the stream_cut fault dropped the agent's answer
+
+
+def _transport_failure(exc: BaseException) -> tuple[str, str]:
+    kind = "timeout" if isinstance(exc, httpx.TimeoutException) else "stream_cut"
+    return kind, f"{type(exc).__name__}: {exc}"
+
+
+def relay(out: Responder, status: int, headers: list[tuple[str, str]], chunks: Iterable[bytes], *, sse: bool, strip_usage: bool,
+          cut_after: int | None, provider: str = "openai", limit: int | None = None, holding: Holding | None = None,
+          recorded_cut: bool = False) -> Relayed:
+    """Pass the answer to the agent as it arrives, holding at most ``limit`` bytes of it.
+
+    ``cut_after``: the ``stream_cut`` fault drops a stream after that many events (a whole body
+    after half its bytes); the rest is still read from upstream, so the call is metered and
+    recorded whole. A provider that cuts a stream (or stalls past the read timeout) after its head
+    was sent gets the same treatment from the proxy: the connection is dropped with no chunked
+    terminator, which is how every SDK sees an interrupted stream, and never a second status line.
+    An agent that hangs up stops the relay: upstream is no longer read. ``recorded_cut``: the
+    cassette's answer was itself cut, and is replayed cut.
+    """
+    limit = limit if limit is not None else 1 << 62
+    return _relay_stream(out, status, headers, chunks, strip_usage, cut_after, limit, holding, recorded_cut) if sse else \
+        _relay_whole(out, status, headers, chunks, cut_after, provider, limit, holding)
+
+
+def _relay_whole(out: Responder, status: int, headers: list[tuple[str, str]], chunks: Iterable[bytes], cut_after: int | None,
+                 provider: str, limit: int, holding: Holding | None) -> Relayed:
+    """A whole (non-streamed) answer: read up to ``limit``, then sent with its length; past the limit, refused with 502."""
+    declared = next((v for k, v in headers if k.lower() == "content-length"), None)
+    if declared is not None and declared.strip().isdigit() and int(declared) > limit:
+        message = f"the provider's answer is {int(declared)} bytes, past the proxy's limit of {limit} (PLUMBLINE_PROXY_MAX_RESPONSE_MIB)"
+        refuse(out, provider, 502, "api_error", f"plumbline proxy: {message}")
+        return Relayed(b"", False, False, failure=("too_large", message), answered=502)
+    buffer = bytearray()
+    try:
+        for chunk in chunks:
+            if len(buffer) + len(chunk) > limit:
+                message = f"the provider's answer passed the proxy's limit of {limit} bytes (PLUMBLINE_PROXY_MAX_RESPONSE_MIB); not read further"
+                refuse(out, provider, 502, "api_error", f"plumbline proxy: {message}")
+                return Relayed(bytes(buffer), False, False, failure=("too_large", message), answered=502)
+            if holding is not None and not holding.take(len(chunk)):
+                message = "the proxy holds as much as PLUMBLINE_PROXY_MAX_HELD_MIB allows across its calls; retry"
+                refuse(out, provider, 503, "overloaded_error" if provider == "anthropic" else "server_error", f"plumbline proxy: {message}")
+                return Relayed(bytes(buffer), False, False, proxy_error=("memory", message), answered=503)
+            buffer += chunk
+    except httpx.HTTPError as exc:
+        kind, detail = _transport_failure(exc)
+        status_out = 504 if kind == "timeout" else 502
+        refuse(out, provider, status_out, "timeout_error" if kind == "timeout" else "api_error",
+               f"plumbline proxy: the provider's answer broke off after {len(buffer)} bytes: {detail}")
+        return Relayed(bytes(buffer), False, False, failure=(kind, f"answer broke off after {len(buffer)} bytes: {detail}"),
+                       answered=status_out)
+    payload = bytes(buffer)
+    if cut_after is not None:
+        out.send_cut(status, headers, payload)
+        return Relayed(payload, False, fault_cut=True)
+    out.send(status, headers, payload)
+    return Relayed(payload, True)
+
+
+def _relay_stream(out: Responder, status: int, headers: list[tuple[str, str]], chunks: Iterable[bytes], strip_usage: bool,
+                  cut_after: int | None, limit: int, holding: Holding | None, recorded_cut: bool) -> Relayed:
     out.start_stream(status, headers)
-    raw, buffer, sent, cut = bytearray(), bytearray(), 0, False
-    for chunk in chunks:
-        raw += chunk
-        buffer += chunk
-        for block in _events(buffer):
-            if cut or (strip_usage and _usage_only(block)):
-                continue
-            if cut_after is not None and sent >= cut_after:
-                out.abort()
-                cut = True
-                continue
-            out.write(block)
-            sent += 1
-    if not cut:
-        if buffer:
-            out.write(bytes(buffer))
-        out.end_stream()
-    return bytes(raw), not cut
+    raw, splitter, sent, cut = bytearray(), _Splitter(), 0, False
+    result = Relayed(b"", True)
+    try:
+        for chunk in chunks:
+            if len(raw) + len(chunk) > limit:
+                result.complete, result.failure = False, ("too_large", f"the stream passed the proxy's limit of {limit} bytes "
+                                                          "(PLUMBLINE_PROXY_MAX_RESPONSE_MIB) and was cut there")
+                break
+            if holding is not None and not holding.take(len(chunk)):
+                result.complete, result.proxy_error = False, ("memory", "the proxy holds as much as PLUMBLINE_PROXY_MAX_HELD_MIB "
+                                                              "allows across its calls; the stream was cut")
+                break
+            raw += chunk
+            for block in splitter.feed(chunk):
+                if cut or (strip_usage and _usage_only(block)):
+                    continue
+                if cut_after is not None and sent >= cut_after:
+                    out.abort()
+                    cut = True
+                    continue
+                out.write(block)
+                sent += 1
+            if out.gone and not cut:  # the agent hung up: nobody reads on, so the provider is not read on either
+                result.complete, result.agent_left = False, True
+                break
+    except httpx.HTTPError as exc:
+        kind, detail = _transport_failure(exc)
+        result.complete, result.failure = False, (kind, f"stream broke off after {len(raw)} bytes: {detail}")
+    result.payload, result.fault_cut = bytes(raw), cut
+    if cut or not result.complete or recorded_cut:
+        if not out.gone:
+            if splitter.buffer and not cut:
+                out.write(bytes(splitter.buffer))
+            out.abort()  # no chunked terminator: the SDK raises on an incomplete stream, as with the provider's own cut
+        result.whole = False
+        return result
+    if splitter.buffer:
+        out.write(bytes(splitter.buffer))
+    out.end_stream()
+    return result
 
 
 # --- the call ----------------------------------------------------------------------------------
@@ -198,6 +312,7 @@ def handle_call(proxy: ModelProxy, state: TrialState, api: Api, path: str, raw: 
         refuse(out, provider, 400, "invalid_request_error", f"plumbline proxy: the body of POST {path} is not a JSON object")
         return
     call = state.next_call()
+    out.call = call
     rewrite(state, api, body, call)
     strip_usage = False
     if api == "chat" and body.get("stream") is True:
@@ -221,9 +336,12 @@ def handle_call(proxy: ModelProxy, state: TrialState, api: Api, path: str, raw: 
         with state.lock:
             state.cache_hits += 1
         ctype = entry.get("content_type") or "application/json"
-        payload, whole = relay(out, int(entry["status"]), [("content-type", ctype), ("x-plumbline-cache", "hit")],
-                               [entry["body"].encode()], sse="event-stream" in ctype, strip_usage=strip_usage, cut_after=cut_after)
-        _after(proxy, state, api, call, body, started, int(entry["status"]), "cache", payload, ctype, None, key, cut_after, None, whole)
+        relayed = relay(out, int(entry["status"]), [("content-type", ctype), ("x-plumbline-cache", "hit")], [entry_body(entry)],
+                        sse="event-stream" in ctype, strip_usage=strip_usage, cut_after=cut_after, provider=provider,
+                        recorded_cut=bool(entry.get("incomplete")))
+        if entry.get("incomplete"):
+            relayed.complete = False
+        _after(proxy, state, api, call, body, started, int(entry["status"]), "cache", relayed, ctype, None, key, cut_after, None, len(raw))
         return
     if cache is not None and cache.mode == "replay":
         with state.lock:
@@ -233,6 +351,7 @@ def handle_call(proxy: ModelProxy, state: TrialState, api: Api, path: str, raw: 
         _finish(proxy, state, api, call, body, started, 424, "refused", None, None, None, fault=None, key=key)
         return
     forwarded = orjson.dumps(body)
+    del content  # the request's copies go before the answer's arrive
     model = body.get("model") if isinstance(body.get("model"), str) else None
     refused, estimate = _ensure(state, model, len(forwarded), body)
     if refused is not None:
@@ -240,6 +359,13 @@ def handle_call(proxy: ModelProxy, state: TrialState, api: Api, path: str, raw: 
         _finish(proxy, state, api, call, body, started, 429, "refused", None, None, None, fault=None, key=key)
         return
     _forward(proxy, state, api, call, path, body, forwarded, headers, out, started, key, strip_usage, cut_after, estimate)
+
+
+def entry_body(entry: Mapping[str, Any]) -> bytes:
+    """A cassette entry's answer bytes (``body_encoding: base64`` for an answer that was not UTF-8)."""
+    if entry.get("body_encoding") == "base64":
+        return base64.b64decode(entry["body"])
+    return str(entry["body"]).encode("utf-8")
 
 
 def _ensure(state: TrialState, model: str | None, size: int, body: Mapping[str, Any]) -> tuple[str | None, float | None]:
@@ -272,60 +398,121 @@ def _forward(proxy: ModelProxy, state: TrialState, api: Api, call: int, path: st
     url = proxy.upstream_url(provider, path)
     with state.lock:
         state.upstream_calls += 1
+    holding = Holding(proxy.memory)
     try:
-        with proxy.http.stream("POST", url, content=forwarded, headers=proxy.upstream_headers(provider, headers)) as response:
-            ctype = response.headers.get("content-type") or ""
-            kept = [(k, v) for k, v in response.headers.items() if k.lower() not in _HOP]
-            payload, whole = relay(out, response.status_code, kept, response.iter_bytes(), sse="event-stream" in ctype,
-                                   strip_usage=strip_usage, cut_after=cut_after)
-            status = response.status_code
-    except httpx.HTTPError as exc:
-        refuse(out, provider, 502, "api_error", f"plumbline proxy: upstream {url} failed: {type(exc).__name__}: {exc}")
-        _finish(proxy, state, api, call, body, started, 502, "live", None, None, None, fault=None, key=key)
-        return
-    _after(proxy, state, api, call, body, started, status, "live", payload, ctype, estimate, key, cut_after, url, whole)
+        try:
+            with proxy.http.stream("POST", url, content=forwarded, headers=proxy.upstream_headers(provider, headers)) as response:
+                ctype = response.headers.get("content-type") or ""
+                kept = [(k, v) for k, v in response.headers.items() if k.lower() not in _HOP]
+                relayed = relay(out, response.status_code, kept, response.iter_bytes(), sse="event-stream" in ctype,
+                                strip_usage=strip_usage, cut_after=cut_after, provider=provider, limit=proxy.limits.max_response_bytes,
+                                holding=holding)
+                status = response.status_code
+        except httpx.HTTPError as exc:  # no answer at all: refused, reset, timed out before the head
+            kind = "unreachable" if isinstance(exc, httpx.ConnectError) else "timeout" if isinstance(exc, httpx.TimeoutException) else "transport"
+            status = 504 if kind == "timeout" else 502
+            detail = f"{type(exc).__name__}: {exc}"
+            refuse(out, provider, status, "timeout_error" if kind == "timeout" else "api_error",
+                   f"plumbline proxy: upstream {url} failed: {detail}")
+            state.provider_failed(call, status, kind, f"{url}: {detail}")
+            _finish(proxy, state, api, call, body, started, status, "live", None, None, None, fault=None, key=key)
+            return
+        _after(proxy, state, api, call, body, started, status, "live", relayed, ctype, estimate, key, cut_after, url, len(forwarded))
+    finally:
+        holding.release()  # after _after: the answer is held until it is accounted
+
+
+def received_usd(model: str | None, usage: Usage | None, reply: Reply | None, request_bytes: int) -> float | None:
+    """A bound on what an answer that broke off cost, from what was received.
+
+    Input: the usage the stream reported before it broke (Anthropic's ``message_start``), else
+    one token per request byte plus the API's own prompt (``estimate_usd``'s rule). Output: at
+    least the usage reported, and at most one token per character of text and tool arguments
+    received. Never zero for a call the provider began to answer.
+    """
+    received = 0
+    if reply is not None:
+        received = len(reply.text) + sum(len(c.arguments) if isinstance(c.arguments, str) else len(orjson.dumps(c.arguments))
+                                         for c in reply.tool_calls)
+    if usage is not None and usage.prompt_tokens:
+        bound = Usage(usage.input_tokens, max(usage.output_tokens, received), usage.cache_read_tokens, usage.cache_write_tokens,
+                      usage.cache_write_1h_tokens, model=usage.model)
+    else:
+        bound = Usage(request_bytes + _OVERHEAD_TOKENS, max(received, usage.output_tokens if usage else 0), model=model)
+    return price(model, bound)
 
 
 def _after(proxy: ModelProxy, state: TrialState, api: Api, call: int, body: dict[str, Any], started: int, status: int,
-           source: str, payload: bytes, ctype: str, estimate: float | None, key: str, cut_after: int | None, url: str | None,
-           whole: bool) -> None:
-    """Account a relayed answer: usage and exact cost (live only), cassette, decoys proposed, tool ids, span."""
+           source: str, relayed: Relayed, ctype: str, estimate: float | None, key: str, cut_after: int | None, url: str | None,
+           request_bytes: int) -> None:
+    """Account a relayed answer: usage and exact cost (live only), cassette, failures seen, decoys proposed, tool ids, span."""
+    payload = relayed.payload
     sse = "event-stream" in ctype
     events: list[dict[str, Any]] = []
     parsed: Any = None
     if sse:
         events = parse_sse(payload)
-    else:
+    elif payload:
         try:
             parsed = orjson.loads(payload)
         except orjson.JSONDecodeError:
             parsed = None
-    ok = 200 <= status < 300
+    answered = relayed.answered or status
+    ok = 200 <= answered < 300
     reply = (reply_from_events(api, events) if sse else reply_from_body(api, parsed) if isinstance(parsed, dict) else None) if ok else None
     usage = _usage(events, parsed) if ok else None
     model = body.get("model") if isinstance(body.get("model"), str) else None
+    garbage = ok and relayed.complete and (not events if sse else not isinstance(parsed, dict))
     cost: float | None = None
     if source == "live":
         charged = 0.0  # an error answer is not billed
-        if usage is not None:
-            cost = price(model, usage)
-            state.charge(model, usage, cost, None)
-            charged = cost or 0.0  # unpriced: only possible without a cap, and said in the evidence
-        elif ok:
-            state.charge(model, None, None, estimate)  # no usage in the answer: the bound is charged, marked inexact
-            charged = estimate or 0.0
+        if 200 <= status < 300:
+            if relayed.complete and usage is not None:
+                cost = price(model, usage)
+                state.charge(model, usage, cost, None)
+                charged = cost or 0.0  # unpriced: only possible without a cap, and said in the evidence
+            elif not relayed.complete and sse:  # broke off: what was received, marked inexact
+                cost = received_usd(model, usage, reply, request_bytes)
+                state.charge(model, None, None, cost if cost is not None else estimate)
+                charged = cost if cost is not None else (estimate or 0.0)
+            else:  # no usage in the answer, or a whole answer that broke off: the bound is charged, marked inexact
+                state.charge(model, None, None, estimate)
+                charged = estimate or 0.0
         if state.budget is not None:
             state.budget.add(charged)
-        if ok and proxy.cache is not None and proxy.cache.mode == "record":
-            _record(proxy, state, key, api, model, status, ctype, payload, started, url)
+        if ok and payload and proxy.cache is not None and proxy.cache.mode == "record":
+            _record(proxy, state, key, api, model, status, ctype, payload, started, url, incomplete=not relayed.complete)
+    if source == "live" or source == "cache":
+        _note_failure(state, call, answered, status, relayed, payload, garbage, source)
+    if relayed.proxy_error is not None:
+        state.proxy_failed(call, answered, *relayed.proxy_error)
     fault = None
-    if cut_after is not None and not whole:
+    if relayed.fault_cut:
         fault = "stream_cut"
         detail = f"stream dropped after {cut_after} events" if sse else "body dropped after half its bytes"
         state.add_fault("stream_cut", call, detail)
     if reply is not None:
         _note_reply(state, reply)
-    _finish(proxy, state, api, call, body, started, status, source, reply, usage, cost, fault=fault, key=key)
+    _finish(proxy, state, api, call, body, started, answered, source, reply, usage, cost, fault=fault, key=key,
+            incomplete=not relayed.complete)
+
+
+def _note_failure(state: TrialState, call: int, answered: int, status: int, relayed: Relayed, payload: bytes, garbage: bool,
+                  source: str) -> None:
+    """Whether the provider failed this call by itself, and how (see ``ProxyEvidence``)."""
+    where = "" if source == "live" else "(as recorded in the cassette) "
+    if relayed.failure is not None:
+        state.provider_failed(call, answered, relayed.failure[0], where + relayed.failure[1])
+    elif status >= 500 or status == 429:
+        excerpt = payload[:300].decode("utf-8", "replace")
+        state.provider_failed(call, status, "rate_limited" if status == 429 else "status", f"{where}HTTP {status}: {excerpt}")
+    elif garbage:
+        shown = payload[:120]
+        try:
+            text = repr(shown.decode("utf-8"))
+        except UnicodeDecodeError:
+            text = f"undecodable bytes {shown!r}"
+        state.provider_failed(call, status, "garbage", f"{where}a {status} answer that is no API response ({len(payload)} bytes: {text})")
 
 
 def _usage(events: list[dict[str, Any]], parsed: Any) -> Usage | None:
@@ -338,15 +525,26 @@ def _usage(events: list[dict[str, Any]], parsed: Any) -> Usage | None:
 
 
 def _record(proxy: ModelProxy, state: TrialState, key: str, api: Api, model: str | None, status: int, ctype: str,
-            payload: bytes, started: int, url: str | None) -> None:
+            payload: bytes, started: int, url: str | None, *, incomplete: bool = False) -> None:
+    """The exchange's cassette line: the answer as text, or base64 (``body_encoding``) when it is not UTF-8;
+    ``incomplete`` when it broke off (replayed cut at the same byte)."""
     assert proxy.cache is not None
     identity = state.trial.identity
-    proxy.cache.put({
+    try:
+        text, encoding = payload.decode("utf-8"), None
+    except UnicodeDecodeError:
+        text, encoding = base64.b64encode(payload).decode("ascii"), "base64"
+    entry: dict[str, Any] = {
         "key": key, "trial_id": identity.trial_id, "perturbation": identity.perturbation, "variant": identity.variant,
         "repeat": identity.repeat, "api": api, "model": model, "status": status, "content_type": ctype,
-        "body": payload.decode("utf-8"), "latency_ms": round((time.time_ns() - started) / 1e6, 1), "recorded_at": time.time(),
+        "body": text, "latency_ms": round((time.time_ns() - started) / 1e6, 1), "recorded_at": time.time(),
         "upstream": url,
-    })
+    }
+    if encoding is not None:
+        entry["body_encoding"] = encoding
+    if incomplete:
+        entry["incomplete"] = True
+    proxy.cache.put(entry)
 
 
 def _note_reply(state: TrialState, reply: Reply) -> None:
@@ -360,16 +558,19 @@ def _note_reply(state: TrialState, reply: Reply) -> None:
 
 
 def _finish(proxy: ModelProxy, state: TrialState, api: Api, call: int, body: dict[str, Any], started: int, status: int,
-            source: str, reply: Reply | None, usage: Usage | None, cost: float | None, *, fault: str | None, key: str | None) -> None:
+            source: str, reply: Reply | None, usage: Usage | None, cost: float | None, *, fault: str | None, key: str | None,
+            incomplete: bool = False) -> None:
     """The exchange's line in the evidence, and its span."""
     ended = time.time_ns()
     with state.lock:
-        state.exchanges.append({"call": call, "api": api, "model": body.get("model"), "status": status, "source": source,
-                                "key": key, "fault": fault, "cost_usd": cost,
-                                "ms": round((ended - started) / 1e6, 2)})
+        line = {"call": call, "api": api, "model": body.get("model"), "status": status, "source": source, "key": key,
+                "fault": fault, "cost_usd": cost, "ms": round((ended - started) / 1e6, 2)}
+        if incomplete:
+            line["incomplete"] = True
+        state.exchanges.append(line)
     if proxy.tracer_provider is not None:
         try:
             spans.emit(proxy.tracer_provider, spans.CallRecord(state.trial.identity, api, call, body, started, ended, status,
-                                                                source, reply, usage, cost, fault))
+                                                                source, reply, usage, cost, fault), proxy.limits.span_payload_bytes)
         except Exception:  # noqa: BLE001 - telemetry never fails the agent's call
             proxy.span_errors += 1

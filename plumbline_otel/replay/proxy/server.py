@@ -20,6 +20,8 @@ import os
 import secrets
 import socket
 import threading
+import time
+import traceback
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -30,10 +32,11 @@ import httpx
 
 from plumbline_otel.errors import ConfigError
 from plumbline_otel.replay.cache import ResponseCache
+from plumbline_otel.replay.limits import Holding, MemoryBudget, ProxyLimits
 from plumbline_otel.replay.loopback import LoopbackService, loopback_only, parse_baggage
 from plumbline_otel.replay.perturb import ModelFaultPlan, ToolResultFaultPlan
 from plumbline_otel.replay.proxy.evidence import ProxyEvidence, TrialState
-from plumbline_otel.replay.proxy.exchange import _HOP, Responder, handle_call, refuse
+from plumbline_otel.replay.proxy.exchange import _HOP, Responder, handle_call, refuse, relay
 from plumbline_otel.replay.proxy.wire import api_for
 from plumbline_otel.runs import TRIAL_ATTEMPT, TRIAL_ID
 
@@ -81,12 +84,15 @@ class ModelProxy(LoopbackService):
     def __init__(self, upstreams: Mapping[str, str] | None = None, cache: ResponseCache | None = None, *,
                  host: str = "127.0.0.1", port: int = 0, api_keys: Mapping[str, str] | None = None,
                  pass_agent_auth: bool = False, tracer_provider: TracerProvider | None = None,
-                 timeout_s: float = 600.0, env: Mapping[str, str] | None = None) -> None:
+                 timeout_s: float = 600.0, env: Mapping[str, str] | None = None, limits: ProxyLimits | None = None) -> None:
         """``upstreams``: provider ("openai", "anthropic") → base URL, defaulting to ``OPENAI_BASE_URL`` /
         ``ANTHROPIC_BASE_URL`` of ``env`` (this process's environment) and then the public APIs.
         ``api_keys`` likewise from ``OPENAI_API_KEY`` / ``ANTHROPIC_API_KEY``; a provider with a key
         gets it on every forwarded call (the agent may hold a dummy), one without gets the agent's
-        own auth header, as does every provider when ``pass_agent_auth``."""
+        own auth header, as does every provider when ``pass_agent_auth``. ``limits``: what one
+        request, one answer and all calls together may hold (``limits.ProxyLimits``; default from
+        ``PLUMBLINE_PROXY_*`` of ``env``). ``timeout_s`` bounds each read from the provider: a
+        provider silent that long has failed the call."""
         loopback_only(host, "model proxy")
         env = os.environ if env is None else env
         self.upstreams = {"openai": env.get("OPENAI_BASE_URL") or DEFAULT_UPSTREAMS["openai"],
@@ -95,6 +101,10 @@ class ModelProxy(LoopbackService):
         keys = {"openai": env.get("OPENAI_API_KEY"), "anthropic": env.get("ANTHROPIC_API_KEY"), **dict(api_keys or {})}
         self.api_keys = {k: v for k, v in keys.items() if v}
         self.pass_agent_auth = pass_agent_auth
+        self.limits = limits or ProxyLimits.from_env(env)
+        self.memory = MemoryBudget(self.limits.max_held_bytes)
+        self.bad_requests = 0  # malformed or oversize requests refused before they were read (any route)
+        self.internal_errors = 0
         self.cache = cache
         self.tracer_provider = tracer_provider
         self.host, self.port = host, port
@@ -229,13 +239,17 @@ class ModelProxy(LoopbackService):
             return
         with state.lock:
             state.passthrough += 1
+        holding = Holding(self.memory)
         try:
-            response = self.http.request(method, self.upstream_url(provider, path), content=raw or None,
-                                         headers=self.upstream_headers(provider, headers))
+            with self.http.stream(method, self.upstream_url(provider, path), content=raw or None,
+                                  headers=self.upstream_headers(provider, headers)) as response:
+                relay(out, response.status_code, [(k, v) for k, v in response.headers.items() if k.lower() not in _HOP],
+                      response.iter_bytes(), sse="event-stream" in (response.headers.get("content-type") or ""), strip_usage=False,
+                      cut_after=None, provider=provider, limit=self.limits.max_response_bytes, holding=holding)
         except httpx.HTTPError as exc:
             refuse(out, provider, 502, "api_error", f"plumbline proxy: upstream failed: {type(exc).__name__}: {exc}")
-            return
-        out.send(response.status_code, [(k, v) for k, v in response.headers.items() if k.lower() not in _HOP], response.content)
+        finally:
+            holding.release()
 
 
 class _Server(ThreadingHTTPServer):
@@ -255,8 +269,15 @@ class _Responder:
     def __init__(self, handler: _Handler) -> None:
         self.h = handler
         self.gone = False
+        self.started = False  # a status line went out: nothing but body bytes (or a dropped connection) may follow
+        self.done = False  # the whole answer went out: the connection is in a clean state
+        self.status = 0
+        self.call: int | None = None
 
     def _head(self, status: int, headers: list[tuple[str, str]], extra: list[tuple[str, str]]) -> None:
+        if self.started:  # a second answer on one request would land inside the first one's body
+            raise RuntimeError(f"plumbline proxy: a second answer ({status}) to one request")
+        self.started, self.status = True, status
         self.h.send_response(status)
         for k, v in [*headers, *extra]:
             self.h.send_header(k, v)
@@ -274,6 +295,7 @@ class _Responder:
     def send(self, status: int, headers: list[tuple[str, str]], payload: bytes) -> None:
         self._head(status, headers, [("content-length", str(len(payload)))])
         self._put(payload)
+        self.done = True
 
     def send_cut(self, status: int, headers: list[tuple[str, str]], payload: bytes) -> None:
         self._head(status, headers, [("content-length", str(len(payload)))])
@@ -289,6 +311,7 @@ class _Responder:
 
     def end_stream(self) -> None:
         self._put(b"0\r\n\r\n")
+        self.done = True
 
     def abort(self) -> None:
         """Drop the connection mid-answer (a cut stream): no terminator, the socket shut."""
@@ -308,23 +331,91 @@ class _Handler(BaseHTTPRequestHandler):
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
         return  # the proxy's record is its evidence and spans, not an access log
 
-    def _body(self) -> bytes:
-        if "chunked" in (self.headers.get("transfer-encoding") or "").lower():
+    def _refuse_request(self, status: int, message: str, state: TrialState | None) -> None:
+        """A request the proxy will not read: a clear 4xx (provider-shaped), the connection closed after it."""
+        proxy = self.server.proxy
+        with proxy._lock:
+            proxy.bad_requests += 1
+        if state is not None:
+            state.proxy_failed(None, status, "request_too_large" if status == 413 else "bad_request_framing", message)
+        self.close_connection = True
+        provider = "anthropic" if self.path.split("?")[0].endswith("/v1/messages") else "openai"
+        out = _Responder(self)
+        refuse(out, provider, status, "request_too_large" if status == 413 else "invalid_request_error", f"plumbline proxy: {message}")
+        self._drain_unread()
+
+    def _drain_unread(self, seconds: float = 2.0) -> None:
+        """Discard what the client is still sending, for a moment, so it reads the refusal rather than a reset.
+
+        Closing a socket with unread bytes makes the kernel send RST, and a client still writing
+        its body would see "connection reset" instead of the 413. Nothing read here is kept.
+        """
+        try:
+            self.wfile.flush()
+            self.connection.shutdown(socket.SHUT_WR)
+            deadline = time.monotonic() + seconds
+            while (left := deadline - time.monotonic()) > 0:
+                self.connection.settimeout(left)
+                if not self.connection.recv(1 << 16):
+                    break
+        except OSError:
+            pass
+
+    def _body(self, holding: Holding) -> tuple[bytes | None, int, str]:
+        """The request body, read up to the proxy's limit; (None, status, why) when it is refused unread.
+
+        ``Content-Length`` must be one non-negative decimal; a chunked body must be well framed.
+        Nothing past ``max_request_bytes`` is read, so an oversize body costs no memory.
+        """
+        limits = self.server.proxy.limits
+        limit = limits.max_request_bytes
+        too_big = f"the request body is larger than the proxy's limit of {limit} bytes (PLUMBLINE_PROXY_MAX_REQUEST_MIB)"
+        busy = "the proxy holds as much as PLUMBLINE_PROXY_MAX_HELD_MIB allows across its calls; retry"
+        encoding = (self.headers.get("transfer-encoding") or "").lower()
+        if encoding:
+            if [p.strip() for p in encoding.split(",")][-1] != "chunked":
+                return None, 400, f"Transfer-Encoding {encoding!r} is not supported (only chunked)"
             data = bytearray()
             while True:
-                size = int(self.rfile.readline().split(b";")[0].strip() or b"0", 16)
+                line = self.rfile.readline(1026)
+                size_text = line.split(b";")[0].strip()
+                try:
+                    if not line.endswith(b"\n") or not size_text or size_text.startswith((b"-", b"+")):
+                        raise ValueError(line[:40])
+                    size = int(size_text, 16)
+                except ValueError:
+                    return None, 400, f"malformed chunk size line {bytes(line[:40])!r} in a chunked body"
                 if size == 0:
-                    while self.rfile.readline() not in (b"\r\n", b"\n", b""):
-                        pass
-                    return bytes(data)
-                data += self.rfile.read(size)
-                self.rfile.readline()
-        length = int(self.headers.get("content-length") or 0)
-        return self.rfile.read(length) if length else b""
+                    for _ in range(64):  # trailers, then the blank line
+                        if self.rfile.readline(8192) in (b"\r\n", b"\n", b""):
+                            return bytes(data), 0, ""
+                    return None, 400, "too many trailer lines after a chunked body"
+                if len(data) + size > limit:
+                    return None, 413, too_big
+                if not holding.take(size):
+                    return None, 503, busy
+                chunk = self.rfile.read(size)
+                if len(chunk) != size or self.rfile.readline(3) not in (b"\r\n", b"\n"):
+                    return None, 400, "a chunk of the chunked body is shorter than its size line says, or not followed by CRLF"
+                data += chunk
+        values = self.headers.get_all("content-length") or []
+        if not values:
+            return b"", 0, ""
+        texts = {v.strip() for value in values for v in value.split(",")}
+        if len(texts) != 1 or not next(iter(texts)).isdigit():
+            return None, 400, f"Content-Length {', '.join(values)!r} is not one non-negative integer"
+        length = int(next(iter(texts)))
+        if length > limit:
+            return None, 413, too_big
+        if not holding.take(length):
+            return None, 503, busy
+        raw = self.rfile.read(length) if length else b""
+        if len(raw) != length:
+            return None, 400, f"the body ended after {len(raw)} of its {length} bytes"
+        return raw, 0, ""
 
     def _dispatch(self, method: str) -> None:
         proxy = self.server.proxy
-        raw = self._body()
         path, _, query = self.path.partition("?")
         token = None
         if path.startswith("/t/"):
@@ -333,16 +424,44 @@ class _Handler(BaseHTTPRequestHandler):
         out = _Responder(self)
         state, why = proxy.resolve(token, self.headers)
         provider = "anthropic" if path.startswith("/v1/messages") else "openai"
-        if state is not None:  # entered by resolve: close_trial waits for this call
+        holding = Holding(proxy.memory)
+        try:
+            raw, status, problem = self._body(holding)
+            if raw is None:
+                self._refuse_request(status, problem, state)
+                return
+            if state is None:
+                with proxy._lock:
+                    proxy.unroutable += 1
+                    proxy.unroutable_reasons.append(f"{method} {path}: {why}")
+                refuse(out, provider, 403, "plumbline_unroutable", f"plumbline proxy: request matches no open trial ({why})")
+                return
             try:
                 self._serve(proxy, state, method, path, query, raw, out)
-            finally:
+            except Exception as exc:  # noqa: BLE001 - the proxy's own failure: said to the agent and in the evidence, never a traceback
+                self._internal_error(proxy, state, out, provider, exc)
+        finally:
+            holding.release()
+            if state is not None:  # entered by resolve: close_trial waits for this call
                 state.leave()
-            return
+
+    def _internal_error(self, proxy: ModelProxy, state: TrialState, out: _Responder, provider: str, exc: Exception) -> None:
+        """An exception inside the proxy: in ``proxy_errors``; a 500 if nothing was answered yet, the connection
+        dropped if an answer was half sent, and nothing more if the agent already had its whole answer."""
         with proxy._lock:
-            proxy.unroutable += 1
-            proxy.unroutable_reasons.append(f"{method} {path}: {why}")
-        refuse(out, provider, 403, "plumbline_unroutable", f"plumbline proxy: request matches no open trial ({why})")
+            proxy.internal_errors += 1
+        where = traceback.extract_tb(exc.__traceback__)[-1:]
+        at = f" at {where[0].filename.rsplit('/', 1)[-1]}:{where[0].lineno}" if where else ""
+        detail = f"{type(exc).__name__}: {exc}{at}"
+        if not out.started:
+            refuse(out, provider, 500, "api_error", f"plumbline proxy internal error (not the provider's, not the agent's): {detail}")
+            status = 500
+        elif not out.done:
+            out.abort()
+            status = 0
+        else:
+            status = out.status
+        state.proxy_failed(out.call, status, "internal", detail)
 
     def _serve(self, proxy: ModelProxy, state: TrialState, method: str, path: str, query: str, raw: bytes, out: _Responder) -> None:
         headers = {k: v for k, v in self.headers.items()}

@@ -16,6 +16,7 @@ from opentelemetry import trace
 from opentelemetry.trace import NonRecordingSpan, SpanKind, Status, StatusCode, TracerProvider
 
 from plumbline_otel.replay.identity import TrialIdentity
+from plumbline_otel.replay.limits import ProxyLimits, truncate_text
 from plumbline_otel.replay.pricing import Usage
 from plumbline_otel.replay.proxy.wire import PROVIDER, Api, Reply, input_messages, output_messages
 
@@ -40,7 +41,7 @@ class CallRecord:
     fault: str | None = None
 
 
-def _attributes(rec: CallRecord) -> dict[str, Any]:
+def _attributes(rec: CallRecord, max_payload: int) -> dict[str, Any]:
     request = rec.request
     attrs: dict[str, Any] = {
         **rec.identity.attributes(),
@@ -79,18 +80,30 @@ def _attributes(rec: CallRecord) -> dict[str, Any]:
         attrs["plumbline.proxy.cost_usd"] = rec.cost_usd
     if rec.fault:
         attrs["plumbline.proxy.fault"] = rec.fault
+    cut = []
+    for key in ("gen_ai.input.messages", "gen_ai.output.messages"):
+        if key in attrs:
+            attrs[key], was_cut = truncate_text(attrs[key], max_payload)
+            if was_cut:
+                cut.append(key)
+    if cut:
+        attrs["plumbline.truncated"] = cut
     return attrs
 
 
-def emit(provider: TracerProvider, rec: CallRecord) -> None:
-    """Write ``rec`` as a CLIENT span, child of the trial's virtual root (``export.trial_span_context``)."""
+def emit(provider: TracerProvider, rec: CallRecord, max_payload: int = ProxyLimits.span_payload_bytes) -> None:
+    """Write ``rec`` as a CLIENT span, child of the trial's virtual root (``export.trial_span_context``).
+
+    Message payloads longer than ``max_payload`` bytes are truncated with a marker
+    (``limits.truncate_text``) and named in ``plumbline.truncated``: a span must stay small
+    enough for ingest to keep, whatever the agent sent or the model answered."""
     from plumbline_otel.replay.export import trial_span_context
 
     parent = trace.set_span_in_context(NonRecordingSpan(trial_span_context(rec.identity)))
     tracer = provider.get_tracer(SCOPE)
     name = f"chat {rec.request.get('model') or ''}".strip()
     span = tracer.start_span(name, context=parent, kind=SpanKind.CLIENT, start_time=rec.started_ns,
-                             attributes=_attributes(rec))
+                             attributes=_attributes(rec, max_payload))
     if rec.status >= 400 or rec.fault:
         span.set_status(Status(StatusCode.ERROR, rec.fault or f"HTTP {rec.status}"))
         span.set_attribute("error.type", rec.fault or str(rec.status))
