@@ -27,6 +27,15 @@ class McpEvidence:
     ``tools/call`` the proxy answered with the plan's error without calling the server. ``unroutable``
     counts requests the proxy refused (no open route) while this route was open: they belong to no
     trial, so a non-zero count says only that some agent missed its route in that window.
+
+    Whose fault a failure was, so the driver never blames the agent for it: ``server_died`` lists
+    each request during which the tool server went away, ``{call, tool, detail, kind, relaunched}``
+    (``call`` and ``tool`` None for a listing or a read): ``kind`` is ``died`` (a stdio server's
+    process exited), ``unreachable`` (an HTTP server did not answer at the transport level) or
+    ``timeout`` (no answer within the proxy's timeout), and ``relaunched`` whether the proxy had a
+    new server up by the time the route closed. ``relaunches`` counts the proxy's relaunches of
+    the server while this route was open. ``proxy_errors`` lists the proxy's own failures and limit
+    refusals, ``{call, tool, detail, kind}`` (``internal``, ``request_too_large``, ``bad_request``).
     """
 
     witness: ClassVar[str] = "mcp_proxy"  # who saw it, in the driver's record and the certificate's evidence_from
@@ -43,6 +52,9 @@ class McpEvidence:
     decoys_called: tuple[dict[str, Any], ...]  # {tool, call}, in call order
     passthrough: int  # other methods forwarded (resources, prompts)
     unroutable: int
+    server_died: tuple[dict[str, Any], ...] = ()  # {call, tool, detail, kind, relaunched}
+    proxy_errors: tuple[dict[str, Any], ...] = ()  # {call, tool, detail, kind}
+    relaunches: int = 0
 
     @property
     def fault_fired(self) -> bool:
@@ -59,6 +71,8 @@ class McpEvidence:
             "upstream_errors": self.upstream_errors, "lists": self.lists, "faults": [dict(f) for f in self.faults],
             "decoys_offered": list(self.decoys_offered), "decoys_called": [dict(d) for d in self.decoys_called],
             "passthrough": self.passthrough, "unroutable": self.unroutable,
+            "server_died": [dict(d) for d in self.server_died], "proxy_errors": [dict(e) for e in self.proxy_errors],
+            "relaunches": self.relaunches,
         }
 
 
@@ -81,6 +95,9 @@ class McpTrialState:
     decoys_called: list[dict[str, Any]] = field(default_factory=list)
     passthrough: int = 0
     unroutable_at_open: int = 0
+    relaunches_at_open: int = 0
+    server_died: list[dict[str, Any]] = field(default_factory=list)
+    proxy_errors: list[dict[str, Any]] = field(default_factory=list)
     closed: bool = False
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -117,7 +134,19 @@ class McpTrialState:
             self.upstream_calls += 1
             self.upstream_errors += int(error)
 
-    def evidence(self, unroutable_now: int) -> McpEvidence:
+    def server_gone(self, call: int | None, tool: str | None, detail: str, kind: str, generation: int) -> None:
+        """Note a request during which the tool server went away (``generation``: the connection it was sent on)."""
+        with self.lock:
+            self.server_died.append({"call": call, "tool": tool, "detail": detail, "kind": kind, "_generation": generation})
+
+    def proxy_failed(self, call: int | None, tool: str | None, detail: str, kind: str) -> None:
+        """Note the proxy's own failure or limit refusal on a request of this attempt."""
+        with self.lock:
+            self.proxy_errors.append({"call": call, "tool": tool, "detail": detail, "kind": kind})
+
+    def evidence(self, unroutable_now: int, generation_now: int = 0, relaunches: list[dict[str, Any]] | None = None) -> McpEvidence:
+        """The frozen summary; ``generation_now`` (the upstream connection's number now) tells whether a dead
+        server was relaunched, ``relaunches`` (the proxy's list so far) how many relaunches fell in this route's life."""
         with self.lock:
             identity = self.trial.identity
             return McpEvidence(
@@ -125,4 +154,8 @@ class McpTrialState:
                 calls_by_tool=dict(self.calls_by_tool), upstream_calls=self.upstream_calls,
                 upstream_errors=self.upstream_errors, lists=self.lists, faults=tuple(dict(f) for f in self.faults),
                 decoys_offered=tuple(self.decoys_offered), decoys_called=tuple(dict(d) for d in self.decoys_called),
-                passthrough=self.passthrough, unroutable=unroutable_now - self.unroutable_at_open)
+                passthrough=self.passthrough, unroutable=unroutable_now - self.unroutable_at_open,
+                server_died=tuple({**{k: v for k, v in d.items() if k != "_generation"}, "relaunched": generation_now > d["_generation"]}
+                                  for d in self.server_died),
+                proxy_errors=tuple(dict(e) for e in self.proxy_errors),
+                relaunches=max(0, len(relaunches or []) - self.relaunches_at_open))

@@ -18,16 +18,17 @@ an ``Mcp-Session-Id`` (the protocol's newest revision has none).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import secrets
 import socket
 import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TextIO, cast
+from typing import TYPE_CHECKING, Any, TextIO, TypeVar, cast
 
 import mcp.types as types
 import orjson
@@ -41,9 +42,11 @@ from mcp.server.transport_security import TransportSecuritySettings
 from mcp.shared.exceptions import MCPError
 
 from plumbline_otel.errors import ConfigError
+from plumbline_otel.replay.limits import ProxyLimits, truncate_text
 from plumbline_otel.replay.loopback import LoopbackService, loopback_only, parse_baggage
 from plumbline_otel.replay.mcp_proxy.evidence import McpEvidence, McpTrialState
 from plumbline_otel.replay.mcp_proxy.spans import ToolCallRecord, emit
+from plumbline_otel.replay.mcp_proxy.upstream import Upstream, UpstreamGone, session_closed
 from plumbline_otel.runs import TRIAL_ATTEMPT, TRIAL_ID
 
 if TYPE_CHECKING:
@@ -57,6 +60,7 @@ MCP_PATH = "/mcp"
 ENV_URL = "PLUMBLINE_MCP_URL"
 _STATE = "plumbline.mcp_proxy.trial"  # the ASGI scope key the router leaves for the handlers
 _UNROUTABLE = -32001  # a server-defined JSON-RPC error code
+_T = TypeVar("_T")
 _CALL_ID_KEYS = ("gen_ai.tool.call.id", "toolCallId", "tool_call_id", "callId")  # where agents put the model's call id in _meta
 
 
@@ -98,10 +102,13 @@ class McpProxy(LoopbackService):
     def __init__(self, upstream: str | Sequence[str], *, host: str = "127.0.0.1", port: int = 0,
                  tracer_provider: TracerProvider | None = None, env: Mapping[str, str] | None = None,
                  cwd: str | None = None, errlog: TextIO | None = None, timeout_s: float = 600.0,
-                 start_timeout_s: float = 30.0) -> None:
+                 start_timeout_s: float = 30.0, limits: ProxyLimits | None = None, max_relaunches: int = 5) -> None:
         """``upstream``: a Streamable HTTP MCP server URL, or a stdio server's argv, which the proxy
         launches at ``start`` (with ``env`` over the SDK's safe default environment, in ``cwd``, its
-        stderr to ``errlog``) and stops at ``stop``. ``timeout_s`` bounds one upstream call."""
+        stderr to ``errlog``) and stops at ``stop``. ``timeout_s`` bounds one upstream call. A server
+        that dies is relaunched (``upstream.Upstream``: back-off, at most ``max_relaunches`` in a row
+        with no successful call between). ``limits``: the request body and span payload limits
+        (``limits.ProxyLimits``, default from ``PLUMBLINE_PROXY_*``)."""
         loopback_only(host, "MCP proxy")
         if isinstance(upstream, str):
             if not upstream.startswith(("http://", "https://")):
@@ -119,6 +126,10 @@ class McpProxy(LoopbackService):
         self.errlog = errlog
         self.timeout_s = timeout_s
         self.start_timeout_s = start_timeout_s
+        self.limits = limits or ProxyLimits.from_env()
+        self.max_relaunches = max_relaunches
+        self.internal_errors = 0
+        self._upstream: Upstream | None = None
         self.unroutable = 0
         self.unroutable_reasons: deque[str] = deque(maxlen=50)
         self.span_errors = 0
@@ -130,7 +141,6 @@ class McpProxy(LoopbackService):
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._uvicorn: uvicorn.Server | None = None
-        self._client: Client | None = None
         self._manager: StreamableHTTPSessionManager | None = None
         self._ready = threading.Event()
         self._error: BaseException | None = None
@@ -207,6 +217,7 @@ class McpProxy(LoopbackService):
             if (identity.trial_id, identity.attempt) in self._by_attempt:
                 raise ConfigError(f"trial {identity.trial_id} attempt {identity.attempt} already has an open MCP proxy route")
             state.unroutable_at_open = self.unroutable
+            state.relaunches_at_open = len(self._upstream.relaunches) if self._upstream is not None else 0
             self._routes[state.token] = state
             self._by_attempt[(identity.trial_id, identity.attempt)] = state
             self._by_trace[identity.trace_id] = state
@@ -223,7 +234,13 @@ class McpProxy(LoopbackService):
             self._by_trace.pop(identity.trace_id, None)
             state.closed = True
             unroutable = self.unroutable
-        return state.evidence(unroutable)
+        upstream = self._upstream
+        return state.evidence(unroutable, upstream.generation if upstream else 0, upstream.snapshot() if upstream else [])
+
+    @property
+    def relaunches(self) -> list[dict[str, Any]]:
+        """Every relaunch of the tool server so far: when, why, whether it came back."""
+        return self._upstream.snapshot() if self._upstream is not None else []
 
     def resolve(self, token: str | None, headers: Mapping[str, str]) -> tuple[McpTrialState | None, str]:
         """The open trial a request belongs to, or None and why not."""
@@ -256,17 +273,26 @@ class McpProxy(LoopbackService):
             sock.close()
             self._ready.set()
 
+    def _make_client(self) -> Client:
+        """A fresh connection to the tool server (a stdio server: a fresh process)."""
+        if isinstance(self.upstream, str):
+            return Client(self.upstream, cache=None, read_timeout_seconds=self.timeout_s)
+        params = StdioServerParameters(command=self.upstream[0], args=list(self.upstream[1:]), env=self.env or None, cwd=self.cwd)
+        return Client(stdio_client(params, errlog=self.errlog or sys.stderr), cache=None, read_timeout_seconds=self.timeout_s)
+
     async def _main(self, sock: socket.socket) -> None:
         self._loop = asyncio.get_running_loop()
+        upstream = self._upstream = Upstream(self._make_client, _describe, self.max_relaunches)
+        supervisor = asyncio.create_task(upstream.run(), name="plumbline-mcp-upstream")
+        try:
+            await self._serve(sock, await upstream.first_client())
+        finally:
+            supervisor.cancel()
+            with contextlib.suppress(BaseException):
+                await supervisor
+
+    async def _serve(self, sock: socket.socket, client: Client) -> None:
         async with AsyncExitStack() as stack:
-            if isinstance(self.upstream, str):
-                client = Client(self.upstream, cache=None, read_timeout_seconds=self.timeout_s)
-            else:
-                params = StdioServerParameters(command=self.upstream[0], args=list(self.upstream[1:]), env=self.env or None,
-                                               cwd=self.cwd)
-                client = Client(stdio_client(params, errlog=self.errlog or sys.stderr), cache=None,
-                                read_timeout_seconds=self.timeout_s)
-            self._client = await stack.enter_async_context(client)
             server = self._build_server(client.server_capabilities)
             self._manager = StreamableHTTPSessionManager(
                 app=server, stateless=True, json_response=False,
@@ -326,6 +352,14 @@ class McpProxy(LoopbackService):
             await _reply(send, 403, {"jsonrpc": "2.0", "id": None, "error": {
                 "code": _UNROUTABLE, "message": f"plumbline MCP proxy: request matches no open trial ({why})"}})
             return
+        if scope["method"] == "POST":
+            body, status, problem = await _read_body(receive, headers, self.limits.max_request_bytes)
+            if body is None:
+                state.proxy_failed(None, None, f"HTTP {status}: {problem}", "request_too_large" if status == 413 else "bad_request")
+                await _reply(send, status, {"jsonrpc": "2.0", "id": None, "error": {
+                    "code": types.INVALID_REQUEST, "message": f"plumbline MCP proxy: {problem}"}})
+                return
+            receive = _replayed(body, receive)
         assert self._manager is not None
         inner = dict(scope, path=MCP_PATH, raw_path=MCP_PATH.encode())
         inner[_STATE] = state
@@ -342,8 +376,8 @@ class McpProxy(LoopbackService):
 
     async def _list_tools(self, ctx: ServerRequestContext[Any, Any], params: types.PaginatedRequestParams | None) -> types.ListToolsResult:
         state = self._state(ctx)
-        assert self._client is not None
-        page = await self._client.session.list_tools(params=types.PaginatedRequestParams(cursor=params.cursor if params else None))
+        cursor = types.PaginatedRequestParams(cursor=params.cursor if params else None)
+        page = await self._idempotent(state, "tools/list", lambda client: client.session.list_tools(params=cursor))
         names = {tool.name for tool in page.tools}
         if params is None or params.cursor is None:
             self.upstream_tools = tuple(sorted(names))
@@ -380,7 +414,8 @@ class McpProxy(LoopbackService):
                 result = _error_result(message)
             else:
                 result = await self._upstream_call(state, params, rec)
-            rec.result = result.model_dump(mode="json", by_alias=True, exclude_none=True)
+            rec.result, cut = truncate_text(result.model_dump_json(by_alias=True, exclude_none=True), self.limits.span_payload_bytes)
+            rec.truncated = ["gen_ai.tool.call.result"] if cut else []
             rec.is_error = result.is_error
             if result.is_error:
                 rec.error_message = " ".join(c.text for c in result.content if isinstance(c, types.TextContent))[:500] or None
@@ -388,6 +423,13 @@ class McpProxy(LoopbackService):
             rec.ended_ns = time.time_ns()
             if rec.error_type is None:
                 rec.error_type, rec.error_message = type(exc).__name__, _describe(exc)
+                if isinstance(exc, Exception) and not isinstance(exc, MCPError):  # the proxy's own failure, not the server's
+                    with self._lock:
+                        self.internal_errors += 1
+                    state.proxy_failed(call, tool, _describe(exc), "internal")
+                    self._emit(rec)
+                    raise MCPError(code=types.INTERNAL_ERROR,
+                                   message=f"plumbline MCP proxy internal error (not the tool's, not the agent's): {_describe(exc)}") from exc
             self._emit(rec)
             raise
         rec.ended_ns = time.time_ns()
@@ -396,21 +438,67 @@ class McpProxy(LoopbackService):
         await asyncio.to_thread(self._emit, rec)
         return result
 
+    async def _client_for(self, state: McpTrialState, call: int | None, tool: str | None) -> tuple[Client, int]:
+        """The live connection, waiting for a relaunch if the server is down; a ``server_died`` error if it stays down."""
+        assert self._upstream is not None
+        try:
+            return await self._upstream.client(self.start_timeout_s)
+        except UpstreamGone as exc:
+            state.server_gone(call, tool, str(exc), "died" if isinstance(self.upstream, tuple) else "unreachable", self._upstream.generation)
+            raise MCPError(code=types.INTERNAL_ERROR, message=f"plumbline MCP proxy: tool server died: {exc}") from exc
+
+    def _death(self, client: Client, generation: int, exc: BaseException) -> str | None:
+        """Whether ``exc`` means the connection to the server is gone (and a relaunch is under way); how, if so."""
+        assert self._upstream is not None
+        closed = isinstance(exc, MCPError) and exc.code == types.CONNECTION_CLOSED
+        if closed or session_closed(client):
+            self._upstream.died(generation, f"a call saw the connection close: {_describe(exc)}")
+            return "died" if isinstance(self.upstream, tuple) else "unreachable"
+        if not isinstance(exc, MCPError):  # a transport error: the HTTP server is unreachable, or the stdio pipe broke
+            self._upstream.died(generation, f"a call's transport failed: {_describe(exc)}")
+            return "died" if isinstance(self.upstream, tuple) else "unreachable"
+        if exc.code == types.REQUEST_TIMEOUT:
+            return "timeout"
+        return None
+
     async def _upstream_call(self, state: McpTrialState, params: types.CallToolRequestParams,
                              rec: ToolCallRecord) -> types.CallToolResult:
-        assert self._client is not None
+        client, generation = await self._client_for(state, rec.call, params.name)
         try:
-            result = await self._client.session.call_tool(params.name, params.arguments)
-        except MCPError as exc:
-            state.upstream(error=True)
-            rec.error_type, rec.error_message = f"jsonrpc.{exc.code}", exc.message
-            raise
+            result = await client.session.call_tool(params.name, params.arguments)
         except Exception as exc:
             state.upstream(error=True)
-            rec.error_type, rec.error_message = type(exc).__name__, _describe(exc)
+            rec.error_type = f"jsonrpc.{exc.code}" if isinstance(exc, MCPError) else type(exc).__name__
+            rec.error_message = exc.message if isinstance(exc, MCPError) else _describe(exc)
+            how = self._death(client, generation, exc)
+            if how is not None:  # never sent again: the tool may have acted before the server went
+                detail = (f"no answer within {self.timeout_s:g}s" if how == "timeout" else
+                          f"the tool server {'died' if how == 'died' else 'was unreachable'} during this call: {_describe(exc)}")
+                state.server_gone(rec.call, params.name, detail, how, generation)
+                raise MCPError(code=types.INTERNAL_ERROR, message=f"plumbline MCP proxy: tool server died: {detail}"
+                               if how != "timeout" else f"plumbline MCP proxy: tool server timed out: {detail}") from exc
+            if isinstance(exc, MCPError):
+                raise
             raise MCPError(code=types.INTERNAL_ERROR, message=f"plumbline MCP proxy: upstream failed: {_describe(exc)}") from exc
         state.upstream(error=False)
+        assert self._upstream is not None
+        self._upstream.succeeded()
         return result
+
+    async def _idempotent(self, state: McpTrialState, method: str, send: Callable[[Client], Awaitable[_T]]) -> _T:
+        """A request that changes nothing on the server (a listing, a read): sent again once on a relaunched
+        server if the connection died under it."""
+        for attempt in (1, 2):
+            client, generation = await self._client_for(state, None, None)
+            try:
+                return await send(client)
+            except Exception as exc:
+                how = self._death(client, generation, exc)
+                if how is None or how == "timeout" or attempt == 2:
+                    if how is not None:
+                        state.server_gone(None, None, f"{method}: {_describe(exc)}", how, generation)
+                    raise
+        raise AssertionError("unreachable")
 
     def _forward(self, method: str, result_type: type[types.Result]) -> Any:
         """A handler that passes ``method`` through to the server unchanged (counted, not spanned)."""
@@ -418,17 +506,16 @@ class McpProxy(LoopbackService):
             state = self._state(ctx)
             with state.lock:
                 state.passthrough += 1
-            assert self._client is not None
             raw = params.model_dump(mode="json", by_alias=True, exclude_none=True)
-            return await self._client.session.send_request(
-                _RawRequest(method=method, params=raw or None), result_type)
+            return await self._idempotent(state, method, lambda client: client.session.send_request(
+                _RawRequest(method=method, params=raw or None), result_type))
         return handler
 
     def _emit(self, rec: ToolCallRecord) -> None:
         if self.tracer_provider is None:
             return
         try:
-            emit(self.tracer_provider, rec)
+            emit(self.tracer_provider, rec, self.limits.span_payload_bytes)
         except Exception:  # a span that cannot be written must not fail the agent's call
             with self._lock:
                 self.span_errors += 1
@@ -455,6 +542,37 @@ def _describe(exc: BaseException) -> str:
     if isinstance(inner, (list, tuple)) and inner:
         return "; ".join(_describe(e) for e in inner)
     return f"{type(exc).__name__}: {exc}"
+
+
+async def _read_body(receive: Receive, headers: Mapping[str, str], limit: int) -> tuple[bytes | None, int, str]:
+    """The request body, read up to ``limit`` bytes; (None, status, why) past it, with nothing more read."""
+    too_big = f"the request body is larger than the proxy's limit of {limit} bytes (PLUMBLINE_PROXY_MAX_REQUEST_MIB)"
+    declared = headers.get("content-length")
+    if declared is not None and declared.strip().isdigit() and int(declared) > limit:
+        return None, 413, too_big
+    body = bytearray()
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return None, 400, "the client left before its request body ended"
+        body += message.get("body", b"")
+        if len(body) > limit:
+            return None, 413, too_big
+        if not message.get("more_body", False):
+            return bytes(body), 0, ""
+
+
+def _replayed(body: bytes, receive: Receive) -> Receive:
+    """A ``receive`` that yields the body already read, then whatever the connection says next (a disconnect)."""
+    sent = False
+
+    async def again() -> Any:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+    return again
 
 
 async def _reply(send: Send, status: int, body: dict[str, Any]) -> None:

@@ -10,7 +10,7 @@ call the proxy failed on purpose carries ``plumbline.fault.injected`` and
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
@@ -18,6 +18,7 @@ from opentelemetry import trace
 from opentelemetry.trace import NonRecordingSpan, SpanKind, Status, StatusCode, TracerProvider
 
 from plumbline_otel.replay.identity import TrialIdentity
+from plumbline_otel.replay.limits import ProxyLimits, truncate_text
 from plumbline_otel.runs import FAULT_INJECTED, FAULT_SOURCE
 
 SCOPE = "plumbline_otel.replay.mcp_proxy"
@@ -38,7 +39,8 @@ class ToolCallRecord:
     protocol_version: str = ""
     request_id: str | int | None = None
     tool_call_id: str | None = None
-    result: dict[str, Any] | None = None  # the CallToolResult on the wire (camelCase)
+    result: str | None = None  # the CallToolResult on the wire (camelCase JSON), truncated past the span payload limit
+    truncated: list[str] = field(default_factory=list)  # attributes cut to the span payload limit
     is_error: bool = False
     error_type: str | None = None  # a protocol-level failure (no result)
     error_message: str | None = None
@@ -49,13 +51,17 @@ def _json(value: Any) -> str:
     return orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS, default=str).decode()
 
 
-def attributes(rec: ToolCallRecord) -> dict[str, Any]:
+def attributes(rec: ToolCallRecord, max_payload: int = ProxyLimits.span_payload_bytes) -> dict[str, Any]:
+    """The span's attributes; arguments and result past ``max_payload`` bytes truncated with ingest's marker rule
+    (``limits.truncate_text``) and named in ``plumbline.truncated``, so a 100 MiB tool result costs a bounded span."""
+    arguments, arguments_cut = truncate_text(_json(rec.arguments or {}), max_payload)
+    truncated = [*(["gen_ai.tool.call.arguments"] if arguments_cut else []), *rec.truncated]
     attrs: dict[str, Any] = {
         **rec.identity.attributes(),
         "gen_ai.operation.name": "execute_tool",
         "gen_ai.tool.name": rec.tool,
         "gen_ai.tool.type": "extension",  # of the conventions' function / extension / datastore: a tool reached through a service
-        "gen_ai.tool.call.arguments": _json(rec.arguments or {}),
+        "gen_ai.tool.call.arguments": arguments,
         "mcp.method.name": "tools/call",
         "plumbline.mcp.call": rec.call,
         "plumbline.mcp.source": rec.source,
@@ -67,7 +73,9 @@ def attributes(rec: ToolCallRecord) -> dict[str, Any]:
     if rec.tool_call_id:
         attrs["gen_ai.tool.call.id"] = rec.tool_call_id
     if rec.result is not None:
-        attrs["gen_ai.tool.call.result"] = _json(rec.result)
+        attrs["gen_ai.tool.call.result"] = rec.result
+    if truncated:
+        attrs["plumbline.truncated"] = truncated
     if rec.fault_kind is not None:
         attrs[FAULT_INJECTED] = True
         attrs[FAULT_SOURCE] = SOURCE
@@ -75,13 +83,13 @@ def attributes(rec: ToolCallRecord) -> dict[str, Any]:
     return attrs
 
 
-def emit(provider: TracerProvider, rec: ToolCallRecord) -> None:
+def emit(provider: TracerProvider, rec: ToolCallRecord, max_payload: int = ProxyLimits.span_payload_bytes) -> None:
     """Write ``rec`` as a CLIENT span (the proxy calls the tool for the agent), child of the trial's root."""
     from plumbline_otel.replay.export import trial_span_context
 
     parent = trace.set_span_in_context(NonRecordingSpan(trial_span_context(rec.identity)))
     span = provider.get_tracer(SCOPE).start_span(f"tools/call {rec.tool}", context=parent, kind=SpanKind.CLIENT,
-                                                 start_time=rec.started_ns, attributes=attributes(rec))
+                                                 start_time=rec.started_ns, attributes=attributes(rec, max_payload))
     if rec.error_type is not None:
         span.set_status(Status(StatusCode.ERROR, rec.error_message or rec.error_type))
         span.set_attribute("error.type", rec.error_type)
