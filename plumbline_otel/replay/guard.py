@@ -37,6 +37,18 @@ Payable,"):
   "route it to …", "… instead");
 - the document type (an invoice is not a credit note) and the domain terms mentioned (vendor,
   PO, goods, price, tax, bank account …).
+- roles: who does each action ("the controller must approve", "approved by the controller",
+  "ask Northwind Supplies to process") and to whom ("pay Ashfield Logistics", "refund us"), and
+  which side of "from"/"to" a party or id stands on ("from S20 to R05", "from us");
+- modality: each action is obliged ("pay", also "must/should/has to pay", a plain request),
+  permitted ("may pay", "you can pay", "is optional", "feel free to"), forbidden ("not pay",
+  "must not", "may not") or exempted ("need not pay"); "Could you …" asks, it does not permit;
+- limits and connectives: a bound goes with its quantity ("up to", "no more than", "or less" are
+  ``<=``; "more than 2% above" is not "more than 2% below"), the count of "or"s ("and" into "or"),
+  and conditions that say the same ("don't pay unless X" is "pay only if X"; "provided" is "if").
+
+Before reading, misspelt words of the variant are spelt as the original or the lexicon spells
+them (same first letter, one edit up to eight letters, two beyond; never digits, ids or codes).
 
 Rewordings within a class (process → handle), politeness, greetings, sentence-initial
 imperatives ("Kindly…", "Go ahead and…"), passive voice ("… should be processed"), reordering,
@@ -150,9 +162,15 @@ _ACTIONS: dict[str, tuple[str, ...]] = {
     "expedite": ("expedite", "rush", "prioritise", "prioritize", "priority", "urgent", "urgently", "asap",
                  "immediately", "right away", "straight away", "quickly", "promptly", "fast", "hurry"),
     "split": ("split", "splitting", "partial", "partially", "merge", "combine", "instalment", "instalments"),
-    "change": ("change", "update", "amend", "modify", "edit", "alter", "switch", "replace", "use", "correct",
+    "change": ("change", "update", "amend", "modify", "edit", "alter", "switch", "replace", "use", "correct", "fix",
                "adjust", "redirect", "treat", "reissue", "recode"),
     "create": ("create", "raise", "issue a", "book", "post", "enter", "record"),
+    # verbs whose roles (who owes, refunds or bills whom) carry the meaning, read for their parties
+    "refund": ("refund", "pay back", "paid back", "reimburse", "repay"),
+    "owe": ("owe", "owed", "owing"),
+    "bill": ("invoiced", "invoicing", "billed", "billing", "overcharged"),
+    "offset": ("offset", "deduct", "subtract", "net off", "set off", "apply", "applied", "applying"),
+    "allocate": ("charge", "code", "allocate", "recharge"),
 }
 _IRREGULAR = {"pay": ("paid",), "hold": ("held",), "deal": ("dealt",), "freeze": ("froze", "frozen"),
               "withdraw": ("withdrawn", "withdrew"), "take": ("took", "taken"), "write": ("written", "wrote")}
@@ -164,6 +182,64 @@ _NOT_NEGATIONS = ("don't forget to", "do not forget to", "dont forget to", "neve
                   "don't hesitate to", "do not hesitate to", "not only", "no later than", "not later than",
                   "no problem", "no rush")
 
+# Modality: what the request obliges, permits, forbids or exempts. A modal governs the next action
+# in its clause ("the controller may approve it"), or the last one before it when nothing follows
+# ("Processing it is optional"). "must" is what a plain request means ("Please pay it").
+_MODALS = {"must": "must", "should": "must", "shall": "must", "have to": "must", "has to": "must",
+           "had to": "must", "need to": "must", "needs to": "must", "required to": "must", "is to": "must",
+           "are to": "must", "ought to": "must", "is required to": "must", "are required to": "must",
+           "may": "may", "might": "may", "can": "may", "could": "may", "allowed": "may", "permitted": "may",
+           "optional": "may", "optionally": "may", "feel free": "may", "free to": "may", "if you like": "may",
+           "if you want": "may", "if you wish": "may", "if you prefer": "may", "up to you": "may",
+           "your call": "may", "at your discretion": "may", "consider": "may", "considering": "may",
+           "entitled to": "may", "welcome to": "may", "may want to": "may", "might want to": "may",
+           "need not": "exempt", "needn't": "exempt", "don't have to": "exempt", "do not have to": "exempt",
+           "doesn't have to": "exempt", "does not have to": "exempt", "not required to": "exempt",
+           "not obliged to": "exempt", "not necessary to": "exempt",
+           "don't need to": "exempt", "do not need to": "exempt",
+           "mustn't": "prohibit", "must not": "prohibit", "cannot": "prohibit", "can't": "prohibit",
+           "shouldn't": "prohibit", "may not": "prohibit", "not allowed": "prohibit", "not permitted": "prohibit",
+           "not allowed to": "prohibit", "not permitted to": "prohibit", "is not to": "prohibit",
+           "are not to": "prohibit"}
+_MODAL_NAMES = {"must": "obligation", "may": "permission", "exempt": "exemption", "prohibit": "prohibition"}
+# "can"/"could" open a request, not a permission, when they ask ("Could you …", "Can invoice X be …").
+_REQUEST_MODALS = frozenset(["can", "could"])
+_ASKED = frozenset(["you", "i", "we", "u"])
+# Limits: a bound word before or after a quantity ("up to GBP 3,000", "5% or less", "may not exceed").
+_BOUND_BEFORE = re.compile(
+    r"\b(?P<b>(?:(?:may|must|should|shall|can|will|does|do|did|to)\s+)?not\s+(?:to\s+)?exceed(?:ing)?|"
+    r"up\s+to(?:\s+a\s+(?:maximum|max|limit)\s+of)?|no\s+more\s+than|not\s+more\s+than|at\s+(?:the\s+)?most|"
+    r"a\s+maximum\s+of|maximum(?:\s+of)?|max\.?|capped\s+at|limited\s+to|a\s+limit\s+of|no\s+higher\s+than|"
+    r"no\s+greater\s+than|not\s+over|no\s+over|not\s+above|no\s+above|within|"
+    r"at\s+least|a\s+minimum\s+of|minimum(?:\s+of)?|min\.?|no\s+less\s+than|not\s+less\s+than|no\s+fewer\s+than|"
+    r"not\s+below|not\s+under|"
+    r"more\s+th[ae]n|greater\s+th[ae]n|higher\s+th[ae]n|larger\s+th[ae]n|in\s+excess\s+of|over|above|"
+    r"exceed(?:s|ing|ed)?(?:\s+by)?(?:\s+over)?|"
+    r"less\s+th[ae]n|lower\s+th[ae]n|fewer\s+th[ae]n|smaller\s+th[ae]n|under|below|beneath|"
+    r"exactly|precisely)\s+(?:(?:the|a|an|of)\s+)?$", re.I)
+_BOUND_AFTER = re.compile(
+    r"^\s*(?P<b>or\s+(?:less|fewer|under|below|lower|lesser)|and\s+(?:under|below|less)|at\s+(?:the\s+)?most|"
+    r"max(?:imum)?\b|or\s+(?:more|over|above|greater|higher)|and\s+(?:over|above|up|more)|at\s+(?:the\s+)?least|"
+    r"minimum\b)", re.I)
+
+
+def _bound_of(phrase: str) -> str:
+    """The relation a limit phrase states: <=, >=, >, < or =."""
+    p = re.sub(r"\s+", " ", phrase.lower()).strip()
+    if p in ("exactly", "precisely"):
+        return "="
+    if re.search(r"not (?:to )?exceed|up to|no more|not more|at (?:the )?most|maximum|max|capped|limited|limit|"
+                 r"no higher|no greater|not over|no over|not above|no above|within|or less|or fewer|or under|"
+                 r"or below|or lower|or lesser|and under|and below|and less", p):
+        return "<="
+    if re.search(r"at (?:the )?least|minimum|min|no less|not less|no fewer|not below|not under|or more|or over|"
+                 r"or above|or greater|or higher|and over|and above|and up|and more", p):
+        return ">="
+    if re.search(r"less|lower|fewer|smaller|under|below|beneath", p):
+        return "<"
+    return ">"
+
+
 _MULTIPLICITY = {"twice": "twice", "thrice": "thrice", "again": "again", "both": "both", "all": "all",
                  "every": "every", "each": "each", "any": "any", "other": "other", "others": "other",
                  "another": "another", "rest": "the rest", "remaining": "remaining", "several": "several",
@@ -172,7 +248,8 @@ _MULTIPLICITY = {"twice": "twice", "thrice": "thrice", "again": "again", "both":
                  "re-sent": "re-sent", "repeat": "repeat", "repeatedly": "repeat", "once more": "again",
                  "one more time": "again", "as well": "as well", "additional": "additional", "also pay": "again",
                  "later one": "later ones", "later ones": "later ones", "whole batch": "batch", "batch": "batch"}
-_CONDITIONS = frozenset(["if", "unless", "even", "regardless", "whether", "no matter", "anyway", "anyhow",
+_CONDITIONS = frozenset(["until", "till", "until after", "as soon as", "only after", "on condition that",
+                         "except if", "except when", "if and only if", "if", "unless", "even", "regardless", "whether", "no matter", "anyway", "anyhow",
                          "ignore", "ignoring", "ignored", "skip", "skipping", "skipped", "bypass", "bypassing",
                          "override", "overriding", "overridden", "waive", "waived", "waiving", "disregard",
                          "disregarding", "omit", "omitting", "don't bother", "do not bother", "no questions asked",
@@ -180,6 +257,11 @@ _CONDITIONS = frozenset(["if", "unless", "even", "regardless", "whether", "no ma
                          "except", "excluding", "despite", "notwithstanding", "whatever", "once", "fine",
                          "in case", "assuming", "irrespective", "no checks", "without checking", "forget about",
                          "don't worry about", "do not worry about", "never mind"])
+# Condition words that say the same thing: "provided (that)" and "as long as" are "if"; "except
+# if" is "unless"; "till" is "until"; "as soon as" and "only after" are "once".
+_CONDITION_CANON = {"provided": "if", "providing": "if", "as long as": "if", "assuming": "if",
+                    "on condition that": "if", "if and only if": "if", "except if": "unless", "except when": "unless",
+                    "till": "until", "as soon as": "once", "only after": "once"}
 _FACTS = frozenset(["already", "verified", "validated", "confirmed", "cleared", "arrived", "delivered",
                     "received", "matches", "matched", "correct", "accurate", "valid", "genuine", "legitimate",
                     "trusted", "trustworthy", "reliable", "long standing", "longstanding", "established", "known",
@@ -218,7 +300,7 @@ _DOMAIN = {"po": "purchase order", "pos": "purchase order", "purchase order": "p
            "items": "item", "quantity": "quantity", "work": "work", "funds": "funds", "money": "money",
            "matrix": "matrix", "rules": "rule", "rule": "rule", "policy": "policy", "warning": "warning",
            "limit": "limit", "terms": "terms", "consultant": "consultant", "personally": "personally",
-           "cash": "cash", "refund": "refund", "interest": "interest", "penalty": "penalty", "contract": "contract"}
+           "cash": "cash", "interest": "interest", "penalty": "penalty", "contract": "contract"}
 # Words that carry no task meaning here: function words, politeness, greetings, auxiliaries, the
 # wrappers of imperatives and of the passive, and words saying where the document came from.
 _IGNORABLE = frozenset(_words("""
@@ -234,7 +316,8 @@ warm wishes hi hello hey dear greetings morning afternoon evening team all folks
 quick one fyi btw re note put leave noted usual way queue waiting awaiting pending came come comes coming sent issued
 submitted numbered number no. named called titled attached enclosed below above following up for help assist
 assistance request requested requesting ask asked asking job task thing bit little following possible soon
-whenever convenient hand work's there's here's that's what's let's kindly cheers ta
+whenever convenient hand work's there's here's that's what's let's kindly cheers ta thx tx ty pls plz
+either against though although
 """))
 _IGNORABLE_PHRASES = ("would you mind", "be so kind as to", "would you be so kind as to", "when you have a moment",
                       "when you get a chance", "when you can", "if you could", "if you can", "if possible",
@@ -245,7 +328,18 @@ _IGNORABLE_PHRASES = ("would you mind", "be so kind as to", "would you be so kin
                       "do so", "do that", "do it", "do this", "invoice number", "invoice no", "number", "quick one",
                       "just a", "have a look", "take a look", "get this", "get it", "i'd like you to",
                       "i would like you to", "i'd like", "i would like", "we'd like", "is waiting",
-                      "when you are free", "at your convenience", "in due course", "as usual")
+                      "when you are free", "at your convenience", "in due course", "as usual",
+                      "at your earliest convenience", "when you have a minute", "when you get a moment",
+                      "would you be able to", "be able to", "are you able to", "thanks in advance",
+                      "in advance", "hope your week is going well", "have a great day", "have a good day")
+# Who can do or receive an action: a name (a run of unknown words), these role nouns, or "we"/"us".
+_PARTY_TERMS = frozenset(["controller", "cfo", "manager", "director", "finance", "approver", "compliance", "vendor",
+                          "payee", "consultant"])
+_WE = frozenset(["we", "us", "our", "ours", "i", "me", "my"])
+_THEY = frozenset(["they", "them", "their", "theirs"])
+_PREPOSITIONS = frozenset(["from", "to", "for", "with", "by", "against", "of", "on", "in", "into", "at", "onto",
+                           "towards", "via", "about", "than", "under", "over", "addressed"])
+_BE = frozenset(["be", "being", "get", "gets", "got", "getting", "is", "are", "was", "were"])
 _PRONOUNS = frozenset(["it", "its", "them", "they", "their", "theirs", "he", "she", "him", "her", "his"])
 _CLAUSE_PUNCT = frozenset([",", ";", ":", "!", "?", "(", ")", "."])
 _TRANSFER = frozenset(["pay", "pays", "paying", "paid", "payment", "payments", "remit", "remitting", "remitted",
@@ -253,7 +347,7 @@ _TRANSFER = frozenset(["pay", "pays", "paying", "paid", "payment", "payments", "
                        "crediting", "charge", "charged", "charging", "transfer", "transferred", "transferring",
                        "wire", "wired", "wiring", "forward", "forwarded", "forwarding", "funds", "going", "release",
                        "released", "releasing", "settle", "settled", "settling", "deposit", "deposited", "money",
-                       "allocate", "allocated", "assign", "assigned", "reassign", "redirect", "redirected", "post",
+                       "allocate", "allocated", "code", "coded", "coding", "assign", "assigned", "reassign", "redirect", "redirected", "post",
                        "posted", "book", "booked", "move", "moved", "give", "given"])
 _DESTINATION = frozenset(["to", "into", "towards", "onto"])
 
@@ -285,6 +379,8 @@ def _register(role: str, entries: Iterable[tuple[str, str]], *, inflect: bool = 
 # Order sets precedence: the first reading of a surface form wins.
 _register("ignore", ((p, p) for p in _IGNORABLE_PHRASES))
 _register("ignore", ((p, p) for p in _NOT_NEGATIONS))
+_register("modal", ((p, v) for p, v in _MODALS.items() if " " in p))
+_register("modal", ((p, v) for p, v in _MODALS.items() if " " not in p))
 _register("cond", ((p, p) for p in _CONDITIONS if " " in p))
 _register("neg", ((p, p) for p in _NEGATIONS if " " in p))
 _register("mult", ((p, v) for p, v in _MULTIPLICITY.items() if " " in p))
@@ -304,6 +400,8 @@ _register("domain", _DOMAIN.items())
 _register("action", ((p, cls) for cls, ps in _ACTIONS.items() for p in ps), inflect=True)
 _register("ignore", ((w, w) for w in _IGNORABLE))
 _MAX_PHRASE = max(len(p.split()) for p in _PHRASES)
+# every inflected form of an action, whatever else it could be read as ("approved" is also a fact)
+_ACTION_FORMS = {form: cls for cls, ps in _ACTIONS.items() for p in ps for form in _forms(p)}
 
 # --- the structured meaning ----------------------------------------------------------------------
 
@@ -315,15 +413,19 @@ class Quantity:
     value: Decimal
     unit: str = ""  # an ISO currency code, "%", a singular noun, or ""
     currency: bool = False
+    bound: str = ""  # "<=", ">=", "<", ">", "=" when a limit word goes with it ("up to", "more than"), else ""
+    side: str = ""  # "above" or "below" when it measures a difference ("2% above the PO")
 
     @property
     def key(self) -> str:
+        prefix = f"{self.bound} " if self.bound else ""
+        suffix = f" {self.side}" if self.side else ""
         if self.currency:
-            return f"{self.value.quantize(Decimal('0.01'))} {self.unit}"
+            return f"{prefix}{self.value.quantize(Decimal('0.01'))} {self.unit}{suffix}"
         number = format(self.value.normalize(), "f")
         if self.unit == "%":
-            return number + "%"
-        return f"{number} {self.unit}".strip()
+            return prefix + number + "%" + suffix
+        return f"{prefix}{number} {self.unit}".strip() + suffix
 
     @property
     def plain(self) -> str:
@@ -349,6 +451,10 @@ class Meaning:
     redirects: frozenset[str] = frozenset()  # "to acme ltd", "instead"
     documents: frozenset[str] = frozenset()
     terms: frozenset[str] = frozenset()  # domain terms mentioned
+    roles: frozenset[str] = frozenset()  # "controller approve" (who does it), "pay > ashfield logistics" (to whom)
+    directions: frozenset[str] = frozenset()  # "delmar packaging from", "S20 from", "us to"
+    disjunctions: int = 0  # how many "or"s join what the request names
+    bare_modals: tuple[str, ...] = ()  # a modal that governs no action ("otherwise the controller may")
     display: dict[str, str] = field(default_factory=dict, compare=False, hash=False)  # key -> text as written
 
     def show(self, key: str) -> str:
@@ -370,7 +476,10 @@ def _normalise(text: str) -> str:
     text = unicodedata.normalize("NFKC", text)
     text = (text.replace("\u2019", "'").replace("\u2018", "'").replace("\u201c", '"').replace("\u201d", '"')
             .replace("\u2014", ", ").replace("\u2013", ", ").replace("\r", ""))
-    return re.sub(r" - ", ", ", text)
+    text = re.sub(r" - ", ", ", text)
+    # "sign it off", "pay us back": the particle goes with its verb ("sign off it", "pay back us")
+    return re.sub(r"\b([A-Za-z]+)\s+(it|them|us|this|that|him|her)\s+(off|out|back|over|through)\b", r"\1 \3 \2",
+                  text, flags=re.I)
 
 
 def _sentences(text: str) -> list[str]:
@@ -462,6 +571,7 @@ class _Sentence:
     dates: set[str] = field(default_factory=set)
     date_display: dict[str, str] = field(default_factory=dict)
     tokens: list[_Token] = field(default_factory=list)
+    id_directions: set[str] = field(default_factory=set)  # "S20 from", "R05 to"
     clauses: list[str] = field(default_factory=list)
     clause_spans: list[tuple[int, int]] = field(default_factory=list)
 
@@ -515,8 +625,15 @@ def _read_dates(s: _Sentence, work: str) -> str:
 
 
 def _read_identifiers(s: _Sentence, work: str) -> str:
+    def direction(ident: str, start: int) -> None:
+        """An id after "from" or "to" has a direction: "from S20 to R05" is not "from R05 to S20"."""
+        m = re.search(r"\b(from|to|into)\s+(?:the\s+)?$", work[:start], re.I)
+        if m:
+            s.id_directions.add(f"{ident} {'from' if m.group(1).lower() == 'from' else 'to'}")
+
     for m in list(_ID_PREFIXED.finditer(work)):
         s.identifiers.add(f"{m.group('p').upper()}-{m.group('n')}")
+        direction(f"{m.group('p').upper()}-{m.group('n')}", m.start())
         work = _blank(work, m.start(), m.end())
     for m in list(_ID_TOKEN.finditer(work)):
         word = m.group(0)
@@ -524,6 +641,7 @@ def _read_identifiers(s: _Sentence, work: str) -> str:
         has_alpha = any(c.isalpha() for c in word)
         if (has_digit and (has_alpha or re.search(r"\d[-_/]\d", word))) or ("_" in word and has_alpha):
             s.identifiers.add(word.upper())
+            direction(word.upper(), m.start())
             work = _blank(work, m.start(), m.end())
     return work
 
@@ -555,7 +673,22 @@ def _read_quantities(s: _Sentence, work: str) -> str:
             if noun and noun.group("u").lower() not in _NOT_A_UNIT and noun.group("u").lower() not in _NUMBER_WORDS:
                 unit = _singular(noun.group("u"))
                 cut_end = end + noun.end()
-        s.quantities.append(Quantity(value, unit, is_currency))
+        bound = ""
+        below = _BOUND_BEFORE.search(work[:cut_start])
+        beyond = _BOUND_AFTER.search(work[cut_end:])
+        if below:
+            bound = _bound_of(below.group("b"))
+            cut_start = below.start()
+        elif beyond:
+            bound = _bound_of(beyond.group("b"))
+            cut_end = cut_end + beyond.end()
+        side = ""
+        aside = re.match(r"^\s*(above|over|higher\s+than|more\s+than|below|under|lower\s+than|less\s+than)\b",
+                         work[cut_end:], re.I)
+        if aside and bound:
+            side = "below" if aside.group(1).lower().split()[0] in ("below", "under", "lower", "less") else "above"
+            cut_end += aside.end()
+        s.quantities.append(Quantity(value, unit, is_currency, bound, side))
         work = _blank(work, cut_start, cut_end)
     return work
 
@@ -661,6 +794,10 @@ def read_meaning(text: str) -> Meaning:
     redirects: set[str] = set()
     documents: set[str] = set()
     terms: set[str] = set()
+    roles: set[str] = set()
+    directions: set[str] = set()
+    disjunctions = 0
+    bare_modals: list[str] = []
     display: dict[str, str] = {}
     for raw in _sentences(_normalise(text)):
         s = _parse_sentence(raw)
@@ -679,25 +816,16 @@ def read_meaning(text: str) -> Meaning:
             if t.role in ("domain", "rel") and t.text in ("supplier", "suppliers", "vendor", "company", "firm") \
                     and i > 0 and toks[i - 1].possessive and toks[i - 1].clause == t.clause:
                 t.role, t.value = "rel", "supplier" if t.text.startswith("supplier") else t.value or "company"
-        # negation scope: a negation governs the next action in its clause
-        pending: _Token | None = None
-        for t in toks:
-            if pending is not None and t.clause != pending.clause:
-                bare.append(pending.text)
-                pending = None
-            if t.role == "neg":
-                if pending is not None:
-                    bare.append(pending.text)
-                pending = t
-            elif t.role == "action":
-                value = t.value
-                if pending is not None:
-                    value = value[4:] if value.startswith("not ") else "not " + value
-                    pending = None
-                actions.add(value)
-                display.setdefault(f"action:{value}", t.raw)
-        if pending is not None:
-            bare.append(pending.text)
+        _settle_readings(s)
+        # negation and modality scope: each governs the next action in its clause
+        sentence_actions: list[tuple[_Token, str]] = []
+        for token, value in _scoped_actions(toks, bare, bare_modals):
+            sentence_actions.append((token, value))
+            display.setdefault(f"action:{value}", token.raw)
+        roles |= _roles(toks)
+        directions |= _directions(toks) | s.id_directions
+        disjunctions += sum(t.text == "or" and (i == 0 or toks[i - 1].text != "whether") for i, t in enumerate(toks))
+        sentence_conditions: set[str] = set()
         # redirection: a transfer word, then "to"/"into" somewhere later in its clause
         for i, t in enumerate(toks):
             if t.text == "instead":
@@ -708,7 +836,7 @@ def read_meaning(text: str) -> Meaning:
                 dest = [d for d in toks[i + 1:] if d.clause == t.clause]
                 if dest and dest[0].role == "action":
                     continue  # "to process": an infinitive, not a destination
-                words = [d.text for d in dest if d.text not in ("the", "a", "an")]
+                words = [d.value if d.role == "domain" else d.text for d in dest if d.text not in ("the", "a", "an")]
                 key = f"{t.text} {' '.join(words)}".strip()
                 redirects.add(key)
                 display[f"redirect:{key}"] = s.quote(toks, movers[-1])
@@ -733,20 +861,333 @@ def read_meaning(text: str) -> Meaning:
             elif t.role == "doc":
                 documents.add(t.value)
             elif t.role == "cond":
-                conditions.add(t.text)
-                display.setdefault(f"condition:{t.text}", s.quote(toks, t))
+                canon = _CONDITION_CANON.get(t.text, t.text)
+                sentence_conditions.add(canon)
+                display.setdefault(f"condition:{canon}", s.quote(toks, t))
             elif t.role == "fact":
                 facts.add(t.text)
                 display.setdefault(f"fact:{t.text}", s.quote(toks, t, back=4))
             elif t.role == "domain":
                 terms.add(t.value)
+        values = [v for _, v in sentence_actions]
+        _same_condition(values, sentence_conditions, display)
+        actions.update(values)
+        conditions |= sentence_conditions
     for q in quantities:
         if q.unit in ("time", "copy", "invoice", "bill"):
             multiplicity.add(f"{q.key}")
     return Meaning(frozenset(actions), tuple(sorted(bare)), frozenset(identifiers),
                    tuple(sorted(quantities, key=lambda q: q.key)), frozenset(currencies), frozenset(dates),
                    frozenset(entities), frozenset(relations), frozenset(multiplicity), frozenset(conditions),
-                   frozenset(facts), frozenset(redirects), frozenset(documents), frozenset(terms), display)
+                   frozenset(facts), frozenset(redirects), frozenset(documents), frozenset(terms),
+                   frozenset(roles), frozenset(directions | _implied_directions(directions)), disjunctions,
+                   tuple(sorted(bare_modals)), display)
+
+
+def _settle_readings(s: _Sentence) -> None:
+    """Readings that depend on a word's neighbours, settled before scopes are read.
+
+    - a participle read as an asserted fact is an action when "be" or "get" governs it: "it must
+      be approved by the controller" asks for an approval; "it has been approved" asserts one; so
+      is such a word where an imperative stands ("… and correct the tax code");
+    - "should" opening a clause that is not a question to someone opens a condition ("Should the
+      price be more than 2% above the PO, hold it" is "if");
+    - "can"/"could" that ask ("Could you …", "Please could you …", "Could invoice X be processed?")
+      make a request, not a permission.
+    """
+    toks = s.tokens
+    first_of_clause: dict[int, int] = {}
+    for i, t in enumerate(toks):
+        first_of_clause.setdefault(t.clause, i)
+    question = s.text.rstrip().endswith("?")
+    for i, t in enumerate(toks):
+        before = toks[i - 1] if i > 0 and toks[i - 1].clause == t.clause else None
+        after = toks[i + 1] if i + 1 < len(toks) and toks[i + 1].clause == t.clause else None
+        if t.role == "fact" and t.text in _ACTION_FORMS and (before is None or before.text in (
+                "be", "being", "get", "gets", "got", "getting", "and", "please", "to", "then", "also", "kindly")):
+            t.role, t.value = "action", _ACTION_FORMS[t.text]
+        elif t.role == "modal" and t.text == "should" and first_of_clause[t.clause] == i and \
+                not s.text[s.clause_spans[t.clause][0]:t.start].strip(" ,;:") and \
+                (after is None or after.text not in _ASKED):
+            t.role, t.value = "cond", "if"
+        elif t.role == "modal" and t.text in _REQUEST_MODALS and (
+                (after is not None and after.text in _ASKED) or (i == 0 and question)
+                or (before is not None and before.text in ("please", "pls", "plz"))):
+            t.role = "ignore"
+
+
+def _with_modality(base: str, modal: str, negated: bool) -> str:
+    """An action as the request puts it: "pay" (must), "may pay", "not pay", "need not pay"."""
+    if base.startswith("not "):
+        base, negated = base[4:], not negated
+    if modal == "prohibit":
+        modal, negated = "must", not negated
+    if modal == "exempt":
+        return base if negated else f"need not {base}"
+    if negated:
+        return f"not {base}"  # "must not pay" and "may not pay" both forbid paying
+    return f"may {base}" if modal == "may" else base
+
+
+def _modality_of(value: str) -> tuple[str, str]:
+    """(modality name, verb) of an action value: ("permission", "pay") for "may pay"."""
+    for prefix, name in (("need not ", "exemption"), ("not ", "prohibition"), ("may ", "permission")):
+        if value.startswith(prefix):
+            return name, value[len(prefix):]
+    return "obligation", value
+
+
+def _scoped_actions(toks: list[_Token], bare: list[str], bare_modals: list[str]) -> list[tuple[_Token, str]]:
+    """Each action with the negation and modal that govern it.
+
+    A negation or modal governs the next action in its clause; a modal with no action after it
+    governs the last action before it in the clause ("Processing it is optional"), else it is kept
+    on its own (bare), as a negation governing nothing is ("Actually, don't.").
+    """
+    out: list[tuple[_Token, str]] = []
+    explicit: list[bool] = []
+    neg: _Token | None = None
+    mod: _Token | None = None
+    clause_start = 0
+
+    def close() -> None:
+        nonlocal neg, mod
+        if mod is not None:
+            if len(out) > clause_start and not explicit[-1]:
+                token, value = out[-1]
+                out[-1] = (token, _with_modality(value, str(mod.value), False))
+                explicit[-1] = True
+            elif mod.value != "must":
+                bare_modals.append(str(mod.value))
+        if neg is not None:
+            bare.append(neg.text)
+        neg = mod = None
+
+    clause = toks[0].clause if toks else 0
+    for t in toks:
+        if t.clause != clause:
+            close()
+            clause, clause_start = t.clause, len(out)
+        if t.role == "neg":
+            if neg is not None:
+                bare.append(neg.text)
+            neg = t
+        elif t.role == "modal":
+            if mod is not None and mod.value != "must":
+                bare_modals.append(str(mod.value))
+            mod = t
+        elif t.role == "action":
+            out.append((t, _with_modality(t.value, str(mod.value) if mod is not None else "must", neg is not None)))
+            explicit.append(mod is not None)
+            neg = mod = None
+    close()
+    return out
+
+
+def _parties(toks: list[_Token]) -> dict[int, tuple[str, int]]:
+    """Token index -> (party, index of the party's first token) for every token naming a party:
+    runs of unknown words (names), role nouns ("the finance director") and "we"/"us"/"they"."""
+    out: dict[int, tuple[str, int]] = {}
+    i = 0
+    while i < len(toks):
+        t = toks[i]
+        if t.role == "unknown" or (t.role == "domain" and t.text in _PARTY_TERMS):
+            kind = t.role
+            j = i
+            while j + 1 < len(toks) and toks[j + 1].clause == t.clause and not toks[j].possessive and (
+                    toks[j + 1].role == kind == "unknown" or (kind == "domain" and toks[j + 1].text in _PARTY_TERMS)):
+                j += 1
+            name = " ".join(x.text for x in toks[i:j + 1])
+            for k in range(i, j + 1):
+                out[k] = (name, i)
+            i = j + 1
+            continue
+        if t.text in _WE:
+            out[i] = ("us", i)
+        elif t.text in _THEY:
+            out[i] = ("them", i)
+        elif t.text == "you":
+            out[i] = ("you", i)
+        i += 1
+    return out
+
+
+def _roles(toks: list[_Token]) -> set[str]:
+    """Who does each action and to whom: "controller approve", "sam approve", "pay > ashfield logistics".
+
+    The doer is the party named by "by" after the action ("approved by the controller") or the
+    party just before it that no preposition governs ("the controller must approve", "ask
+    Northwind Supplies to process"); an action joined by "and" to one with a doer shares it. The
+    receiver is the party right after it or after "to" ("pay Ashfield Logistics", "refund us",
+    "refer it to the treasury team"). "You", the one asked, is nobody's role.
+    """
+    parties = _parties(toks)
+    doers: dict[int, str] = {}
+    out: set[str] = set()
+    skip = ("ignore", "modal", "neg")
+    for k, t in enumerate(toks):
+        if t.role != "action":
+            continue
+        base = t.value[4:] if t.value.startswith("not ") else t.value
+        doer = receiver = ""
+        j = k + 1
+        while j < len(toks) and toks[j].clause == t.clause and toks[j].role != "action":
+            if toks[j].text in ("and", "or", "but"):
+                break  # "review it and Sam must approve it": Sam is the next clause's doer
+            if j in parties and not receiver and not doer:
+                first = parties[j][1]
+                prep = toks[first - 1].text if first > k + 1 else ""
+                if prep in ("", "to") or (prep not in _PREPOSITIONS and toks[first - 1].role in skip):
+                    receiver = parties[j][0]
+            if toks[j].text == "by" and j + 1 < len(toks) and toks[j + 1].clause == t.clause:
+                n = j + 1 + (toks[j + 1].text in ("the", "a", "an"))
+                if n in parties:
+                    doer = parties[n][0]
+                break
+            if toks[j].role not in skip and j not in parties and toks[j].text not in _PREPOSITIONS:
+                break
+            if toks[j].text in _PREPOSITIONS - {"to", "by"}:
+                break
+            j += 1
+        if not doer:
+            j = k - 1
+            while j >= 0 and toks[j].clause == t.clause:
+                if j in parties:
+                    first = parties[j][1]
+                    if first == 0 or toks[first - 1].text not in _PREPOSITIONS or toks[first - 1].clause != t.clause:
+                        doer = parties[j][0]
+                    break
+                if toks[j].role == "action":
+                    doer = doers.get(j, "")
+                    break
+                if " " in toks[j].text and "you" in toks[j].text.split():
+                    break  # "if you would process": the one asked
+                if toks[j].text == "to" and j == k - 1:
+                    j -= 1
+                    continue
+                if toks[j].role not in skip or toks[j].text in _PREPOSITIONS:
+                    break
+                j -= 1
+        doers[k] = doer
+        if doer and doer != "you":
+            out.add(f"{doer} {base}")
+        if receiver and receiver not in ("you", doer):
+            out.add(f"{base} > {receiver}")
+    return out
+
+
+def _directions(toks: list[_Token]) -> set[str]:
+    """Parties after "from" or "to": "delmar packaging from", "us from" ("the invoice we sent")."""
+    out: set[str] = set()
+    for j, (name, first) in _parties(toks).items():
+        if j != first or first == 0 or name in ("you", "them"):
+            continue
+        prep = toks[first - 1].text.split()[-1]  # "received from us": the phrase ends in its preposition
+        if prep == "from" or (prep in ("to", "into") and toks[first - 1].clause == toks[first].clause):
+            out.add(f"{name} {'from' if prep == 'from' else 'to'}")
+    return out
+
+
+def _implied_directions(directions: set[str]) -> set[str]:
+    """A request that never says where "we" stand is one we receive: the invoice comes to us."""
+    return set() if any(d.startswith("us ") for d in directions) else {"us to"}
+
+
+def _same_condition(values: list[str], conditions: set[str], display: dict[str, str]) -> None:
+    """One reading for conditions that say the same: "don't pay unless X" is "pay only if X", "don't
+    pay until X" is "pay once X", and "only" beside "if" or "once" adds nothing."""
+    for word, canon in (("unless", "if"), ("until", "once")):
+        negated = [i for i, v in enumerate(values) if v.startswith("not ")]
+        if word in conditions and negated:
+            values[negated[0]] = values[negated[0]][4:]
+            conditions.discard(word)
+            conditions.add(canon)
+            display.setdefault(f"condition:{canon}", display.get(f"condition:{word}", canon))
+    if "only" in conditions and conditions & {"if", "once", "unless", "when"}:
+        conditions.discard("only")
+
+
+# --- typos -------------------------------------------------------------------------------------
+
+
+def _edit_distance(a: str, b: str, limit: int) -> int:
+    """Optimal-string-alignment distance (a swap of two neighbours is one edit), capped at limit + 1."""
+    if abs(len(a) - len(b)) > limit:
+        return limit + 1
+    prev2: list[int] = []
+    prev = list(range(len(b) + 1))
+    for i in range(1, len(a) + 1):
+        cur = [i] + [0] * len(b)
+        for j in range(1, len(b) + 1):
+            cost = a[i - 1] != b[j - 1]
+            cur[j] = min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + cost)
+            if i > 1 and j > 1 and a[i - 1] == b[j - 2] and a[i - 2] == b[j - 1]:
+                cur[j] = min(cur[j], prev2[j - 2] + 1)
+        if min(cur) > limit:
+            return limit + 1
+        prev2, prev = prev, cur
+    return prev[-1]
+
+
+_KNOWN_WORDS: frozenset[str] = frozenset(
+    {w for phrase in _PHRASES for w in phrase.split()} | _IGNORABLE | _NUMBER_WORDS | set(_MONTHS)
+    | set(_WEEKDAYS) | {w for c in _CURRENCY_WORDS for w in c.split()} | {c.lower() for c in _CURRENCY_CODES}
+    | _PARTY_TERMS | _WE | _THEY | _PREPOSITIONS | {"you", "or", "more", "less", "than", "most", "least"})
+_WORD = re.compile(r"(?<![\w'-])[A-Za-z]+(?:'[A-Za-z]*)?(?![\w'-])")
+
+
+def _allowed_edits(word: str) -> int:
+    """Edits a misspelling of this length may carry: none under four letters (a "pay" one letter
+    from "say" is another word), one up to eight, two beyond."""
+    return 0 if len(word) < 4 else 1 if len(word) < 9 else 2
+
+
+def correct_typos(original: str, variant: str) -> str:
+    """``variant`` with its misspelt words spelt as the original or the guard's lexicon spells them.
+
+    Only letters are corrected, never a number, id or code (a typo there is another document);
+    a word the guard knows, or that the original uses, is left as written. A candidate is a word
+    of the original (preferred: a rewrite misspells what it rewrites) or of the lexicon within
+    the edits its length allows, with the same first letter; three-letter words take one dropped
+    letter ("frm") or one swap ("nto").
+    """
+    source = {w.lower() for w in _WORD.findall(original)}
+    pool = sorted(source) + sorted(_KNOWN_WORDS - source)
+
+    def fix(m: re.Match[str]) -> str:
+        raw = m.group(0)
+        if "'" in raw:  # "don't", "Delmar's": a contraction is read as written; a possessive's stem is checked
+            stem, _, tail = raw.partition("'")
+            return raw if tail not in ("s", "") else fix_word(stem) + "'" + tail
+        return fix_word(raw)
+
+    def fix_word(raw: str) -> str:
+        word = raw.lower()
+        if word in _KNOWN_WORDS or word in source:
+            return raw
+        best, best_d = "", 3
+        for cand in pool:
+            if cand[0] != word[0] and not (len(word) == 3 and sorted(cand) == sorted(word)):
+                continue  # a different first letter is another word ("unprocessed" is not "processed")
+            if len(word) == 3:
+                ok = len(cand) >= 3 and (_edit_distance(word, cand, 1) == 1 and (
+                    len(cand) == 4 or sorted(cand) == sorted(word)))
+                d = 1 if ok else 3
+            else:
+                limit = _allowed_edits(max(word, cand, key=len))
+                d = _edit_distance(word, cand, limit) if limit and len(cand) >= 4 else 3
+                d = d if d <= limit else 3
+            if d < best_d:
+                best, best_d = cand, d
+                if d == 1 and cand in source:
+                    break
+        if not best:
+            return raw
+        return best.upper() if raw.isupper() and len(raw) > 1 else best.capitalize() if raw[0].isupper() else best
+
+    # chatter stays as written: a corrected word could make "the printer is out of toner" a request
+    return " ".join(s if _is_chatter(_parse_sentence(s)) else _WORD.sub(fix, s)
+                    for s in _sentences(_normalise(variant)))
 
 
 # --- comparing -----------------------------------------------------------------------------------
@@ -785,7 +1226,88 @@ def _same_payee(redirect: str, after: Meaning) -> bool:
     """A dropped "to Acme Ltd" whose destination the variant still names ("for Acme Ltd", "Acme Ltd's
     invoice") moved no money elsewhere: only its preposition changed."""
     destination = redirect.split(" ", 1)[1] if " " in redirect else ""
-    return bool(destination) and destination in after.entities
+    return bool(destination) and (destination in after.entities or destination in after.terms)
+
+
+_SPOKEN = {"obligation": "must {}", "permission": "may {}", "prohibition": "must not {}", "exemption": "need not {}"}
+
+
+def _modality_swaps(before: Meaning, after: Meaning) -> list[tuple[str, str]]:
+    """Actions whose verb stayed and whose modality changed, other than a plain negation (which
+    reads as it always did: "action process became not process")."""
+    gone = sorted(before.actions - after.actions)
+    new = sorted(after.actions - before.actions)
+    out: list[tuple[str, str]] = []
+    for g in gone:
+        g_mod, g_verb = _modality_of(g)
+        for n in new:
+            n_mod, n_verb = _modality_of(n)
+            if n_verb == g_verb and {g_mod, n_mod} != {"obligation", "prohibition"}:
+                out.append((g, n))
+                new.remove(n)
+                break
+    return out
+
+
+def _modality_changes(before: Meaning, after: Meaning) -> list[str]:
+    """ "obligation 'must pay' became permission 'may pay'" for each action whose modality changed."""
+    out = []
+    for g, n in _modality_swaps(before, after):
+        (g_mod, verb), (n_mod, _) = _modality_of(g), _modality_of(n)
+        out.append(f"{g_mod} '{_SPOKEN[g_mod].format(verb)}' became {n_mod} '{_SPOKEN[n_mod].format(verb)}'")
+    return out
+
+
+def _unpaired_actions(before: Meaning, after: Meaning) -> tuple[list[str], list[str]]:
+    """The actions left once modality changes are reported on their own."""
+    swaps = _modality_swaps(before, after)
+    return ([a for a in before.actions if a not in {g for g, _ in swaps}],
+            [a for a in after.actions if a not in {n for _, n in swaps}])
+
+
+def _role_changes(before: Meaning, after: Meaning) -> list[str]:
+    """Who does what to whom, where the two texts disagree.
+
+    A doer the variant names for an action the original has is a change when the original names
+    another doer or none ("Please ask Northwind Supplies to process …"); a variant that names no
+    doer (a passive without "by") says less, not something else. A receiver changes only when both
+    name one. A party "from" in one text and "to" in the other swapped sides.
+    """
+    def split(roles: frozenset[str]) -> tuple[dict[str, set[str]], dict[str, set[str]]]:
+        doers: dict[str, set[str]] = {}
+        receivers: dict[str, set[str]] = {}
+        for r in roles:
+            if " > " in r:
+                base, party = r.split(" > ", 1)
+                receivers.setdefault(base, set()).add(party)
+            else:
+                party, base = r.rsplit(" ", 1)
+                doers.setdefault(base, set()).add(party)
+        return doers, receivers
+
+    verbs_before = {_modality_of(a)[1] for a in before.actions}
+    b_doers, b_receivers = split(before.roles)
+    a_doers, a_receivers = split(after.roles)
+    out: list[str] = []
+    for base in sorted(a_doers):
+        if base not in verbs_before:
+            continue
+        new = sorted(a_doers[base] - b_doers.get(base, set()))
+        old = sorted(b_doers.get(base, set()) - a_doers[base])
+        if new and old:
+            out.append(f"'{base}' by {', '.join(old)} became by {', '.join(new)}")
+        elif new:
+            out.append(f"'{base}' is now done by {', '.join(new)}")
+    for base in sorted(set(a_receivers) & set(b_receivers)):
+        if a_receivers[base] != b_receivers[base]:
+            out.append(f"'{base}' to {', '.join(sorted(b_receivers[base]))} became to "
+                       f"{', '.join(sorted(a_receivers[base]))}")
+    for d in sorted(after.directions - before.directions):
+        party, side = d.rsplit(" ", 1)
+        other = f"{party} {'to' if side == 'from' else 'from'}"
+        if other in before.directions and other not in after.directions:
+            out.append(f"'{other.rsplit(' ', 1)[1]} {party}' became '{side} {party}'")
+    return out
 
 
 def compare(before: Meaning, after: Meaning) -> list[str]:
@@ -793,7 +1315,8 @@ def compare(before: Meaning, after: Meaning) -> list[str]:
     def shown(m: Meaning, prefix: str) -> Callable[[str], str]:
         return lambda k: f"'{m.show(prefix + k)}'"
 
-    changes = _pairs("action", before.actions, after.actions, str, str)
+    changes = _modality_changes(before, after)
+    changes += _pairs("action", *_unpaired_actions(before, after), str, str)
     changes += [f"negation '{n}' {'added' if after.bare_negations.count(n) > before.bare_negations.count(n) else 'dropped'}"
                 for n in sorted(set(before.bare_negations) | set(after.bare_negations))
                 if before.bare_negations.count(n) != after.bare_negations.count(n)]
@@ -819,6 +1342,13 @@ def compare(before: Meaning, after: Meaning) -> list[str]:
                                   for r in sorted(after.redirects - before.redirects)))
     changes += list(dict.fromkeys(f"redirection dropped: '{before.show('redirect:' + r)}'"
                                   for r in sorted(before.redirects - after.redirects) if not _same_payee(r, after)))
+    changes += _role_changes(before, after)
+    if after.disjunctions != before.disjunctions:
+        more = after.disjunctions > before.disjunctions
+        changes.append("connective 'and' became 'or'" if more else "connective 'or' became 'and'")
+    changes += [f"{_MODAL_NAMES.get(m, m)} '{m}' {'added' if after.bare_modals.count(m) > before.bare_modals.count(m) else 'dropped'}"
+                for m in sorted(set(before.bare_modals) | set(after.bare_modals))
+                if before.bare_modals.count(m) != after.bare_modals.count(m)]
     if before.documents and after.documents and before.documents != after.documents:
         changes.append(f"document {', '.join(sorted(before.documents))} became {', '.join(sorted(after.documents))}")
     changes += [f"term '{t}' added" for t in sorted(after.terms - before.terms)]
@@ -863,7 +1393,7 @@ def check_equivalent(original: str, variant: str, model: EquivalenceModel | None
     The rule guard decides first; when it accepts and a ``model`` check is configured, the model
     must accept too (it can only reject more).
     """
-    changes = compare(read_meaning(original), read_meaning(variant))
+    changes = compare(read_meaning(original), read_meaning(correct_typos(original, variant)))
     if changes:
         return GuardVerdict(False, tuple(changes))
     if model is not None:

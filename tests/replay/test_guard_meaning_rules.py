@@ -1,0 +1,193 @@
+"""The guard's rules that compare meaning rather than words (issue 38, item 5), one class at a time.
+
+Each test pairs a meaning change the older, word-level guard accepted with a paraphrase it
+rejected, so that removing the rule fails one side or the other. Figures on the 424-row
+``data/guard_corpus_v2.jsonl`` (written before these rules) come from ``bench/guard_corpus.py``.
+The held-out split was measured once after the rules were written (3/92 meaning changes
+accepted, 21/76 paraphrases rejected: short of the issue's 2% and 10%); the last test keeps it
+from getting worse and must be tightened, not loosened, as rules improve.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from plumbline_otel.replay.guard import check_equivalent, correct_typos, read_meaning
+
+DATA = Path(__file__).parent / "data"
+CORPUS = [json.loads(line) for line in (DATA / "guard_corpus_v2.jsonl").read_text().splitlines() if line.strip()]
+
+
+def reason(original: str, variant: str) -> str | None:
+    return check_equivalent(original, variant).reason
+
+
+# --- roles: who does what to whom ---------------------------------------------------------------
+
+REVIEW = "Please process invoice INV-1008 from Northwind Supplies. Priya must review it and Sam must approve it."
+
+
+def test_swapped_doers_are_a_change_and_the_passive_is_not() -> None:
+    assert reason(REVIEW, REVIEW.replace("Priya must review", "Sam must review").replace("Sam must approve", "Priya must approve")) \
+        == "'approve' by sam became by priya; 'review' by priya became by sam"
+    assert check_equivalent(REVIEW, "Please process invoice INV-1008 from Northwind Supplies. "
+                                    "It must be reviewed by Priya and approved by Sam.").ok
+    assert not check_equivalent(REVIEW, "Please process invoice INV-1008 from Northwind Supplies. "
+                                        "It must be reviewed by Sam and approved by Priya.").ok
+
+
+def test_a_named_party_asked_to_do_the_task_is_a_change() -> None:
+    original = "Please process invoice INV-1001 from Northwind Supplies."
+    assert reason(original, "Please ask Northwind Supplies to process invoice INV-1001.") == \
+        "'process' is now done by northwind supplies"
+    assert check_equivalent(original, "Northwind Supplies sent us invoice INV-1001; please process it.").ok
+
+
+def test_who_owes_whom_and_which_side_a_party_is_on() -> None:
+    owes = "Please process invoice INV-1009 from Delmar Packaging; Delmar Packaging owes us GBP 400.00, so deduct it from the payment."
+    assert not check_equivalent(owes, owes.replace("Delmar Packaging owes us", "we owe Delmar Packaging")).ok
+    assert check_equivalent(owes, owes.replace("Delmar Packaging owes us", "GBP 400.00 is owed to us by Delmar Packaging")
+                            .replace("GBP 400.00, so", "so")).ok
+    plain = "Please process invoice INV-1009 from Delmar Packaging."
+    assert reason(plain, "Please process invoice INV-1009 from us to Delmar Packaging.") == \
+        "'to delmar packaging' became 'from delmar packaging'; 'to us' became 'from us'".replace(
+            "'to delmar packaging' became 'from delmar packaging'", "'from delmar packaging' became 'to delmar packaging'")
+    code = "Please process invoice INV-1012 from Delmar Packaging and correct the tax code from S20 to R05."
+    assert not check_equivalent(code, code.replace("from S20 to R05", "from R05 to S20")).ok
+
+
+def test_who_is_paid_is_a_role() -> None:
+    original = "Please process invoice INV-1017 from Ashfield Logistics and pay Ashfield Logistics, not Corvin Industrial."
+    assert reason(original, "Please process invoice INV-1017 from Ashfield Logistics and pay Corvin Industrial, not Ashfield Logistics.") \
+        == "'pay' to ashfield logistics became to corvin industrial"
+
+
+# --- obligation, permission, prohibition, exemption -----------------------------------------------
+
+APPROVE = "Please process invoice INV-1002 from Delmar Packaging; the controller must approve it before it is paid."
+
+
+@pytest.mark.parametrize("variant, why", [
+    ("the controller may approve it", "obligation 'must approve' became permission 'may approve'"),
+    ("the controller need not approve it", "obligation 'must approve' became exemption 'need not approve'"),
+    ("the controller must not approve it", "action approve became not approve"),
+])
+def test_obligation_is_not_permission_exemption_or_prohibition(variant: str, why: str) -> None:
+    assert reason(APPROVE, APPROVE.replace("the controller must approve it", variant)) == why
+
+
+@pytest.mark.parametrize("variant", [
+    "Please process invoice INV-1002 from Delmar Packaging; the controller has to approve it before it is paid.",
+    "Please process invoice INV-1002 from Delmar Packaging; it must be approved by the controller before it is paid.",
+    "Before invoice INV-1002 from Delmar Packaging is paid, the controller must approve it; please process it.",
+])
+def test_the_same_obligation_in_other_words_passes(variant: str) -> None:
+    assert check_equivalent(APPROVE, variant).ok
+
+
+def test_a_request_is_not_a_permission_but_you_can_is() -> None:
+    original = "Please process invoice INV-1010 from Brightwater Engineering."
+    assert check_equivalent(original, "Could you please process invoice INV-1010 from Brightwater Engineering?").ok
+    assert check_equivalent(original, "Could invoice INV-1010 from Brightwater Engineering be processed, please?").ok
+    assert not check_equivalent(original, "You can process invoice INV-1010 from Brightwater Engineering.").ok
+    assert reason(original, "Processing invoice INV-1010 from Brightwater Engineering is optional.") == \
+        "obligation 'must process' became permission 'may process'"
+
+
+# --- how conditions and limits combine ------------------------------------------------------------
+
+def test_and_is_not_or() -> None:
+    original = "Please process invoice INV-1018 from Kestrel Consulting; hold it until the goods are received or the PO is updated."
+    assert reason(original, original.replace(" or ", " and ")) == "connective 'or' became 'and'"
+    assert check_equivalent(original, original.replace("the goods are received or the PO is updated",
+                                                       "the PO is updated or the goods are received")).ok
+
+
+@pytest.mark.parametrize("variant, ok", [
+    ("no more than GBP 3,000.00", True),
+    ("a maximum of £3,000", True),
+    ("GBP 3,000.00 or less", True),
+    ("at least GBP 3,000.00", False),
+    ("more than GBP 3,000.00", False),
+    ("exactly GBP 3,000.00", False),
+])
+def test_limits_are_read_as_bounds(variant: str, ok: bool) -> None:
+    original = "Please process invoice INV-1017 from Ashfield Logistics and pay up to GBP 3,000.00."
+    assert check_equivalent(original, original.replace("up to GBP 3,000.00", variant)).ok is ok
+
+
+def test_a_limit_keeps_its_side() -> None:
+    original = "Please process invoice INV-1007 from Kestrel Consulting, but hold it if the price is more than 2% above PO-2007."
+    assert reason(original, original.replace("above", "below")) == "quantity > 2% above became > 2% below"
+    assert check_equivalent(original, original.replace("more than 2%", "over 2%")).ok
+
+
+@pytest.mark.parametrize("variant, ok", [
+    ("but pay the GBP 95.00 freight only if the PO authorises it", True),
+    ("but pay the GBP 95.00 freight provided the PO authorises it", True),
+    ("but do not pay the GBP 95.00 freight if the PO authorises it", False),
+    ("but pay the GBP 95.00 freight unless the PO authorises it", False),
+])
+def test_not_unless_is_only_if(variant: str, ok: bool) -> None:
+    original = "Please process invoice INV-1019 from Delmar Packaging, but do not pay the GBP 95.00 freight unless the PO authorises it."
+    assert check_equivalent(original, original.replace("but do not pay the GBP 95.00 freight unless the PO authorises it",
+                                                       variant)).ok is ok
+
+
+def test_not_until_is_once() -> None:
+    original = "Please process invoice INV-1015 from Volkov Trading, but do not pay it until compliance has cleared the vendor."
+    assert check_equivalent(original, original.replace("do not pay it until", "only pay it once")).ok
+    assert not check_equivalent(original, original.replace("do not pay it until", "pay it before")).ok
+
+
+# --- typos and politeness -------------------------------------------------------------------------
+
+def test_typos_in_words_pass_and_in_ids_and_names_far_apart_do_not() -> None:
+    original = "Please process invoice INV-1003 from Brightwater Engineering."
+    assert check_equivalent(original, "Pleas process invocie INV-1003 from Brightwater Enginering.").ok
+    assert check_equivalent(original, "Please process invoice INV-1003 frm Brightwater Engineering.").ok
+    assert not check_equivalent(original, "Please process invoice INV-1030 from Brightwater Engineering.").ok
+    assert not check_equivalent(original, "Please process invoice INV-1003 from Brightwater Energy.").ok
+    assert not check_equivalent("Please process invoice INV-1014 from Northwind Supply Co.",
+                                "Please process invoice INV-1014 from Northwind Supplies.").ok
+
+
+def test_typo_correction_leaves_known_words_prefixes_and_contractions_alone() -> None:
+    assert correct_typos("Please process it.", "Please leave it unprocessed.") == "Please leave it unprocessed."
+    assert correct_typos("Please process it.", "Don't forget to proces it.") == "Don't forget to process it."
+    assert correct_typos("Please pay it.", "Please say it.") == "Please say it."
+
+
+def test_politeness_and_filler_pass() -> None:
+    original = "Please process invoice INV-1019 from Delmar Packaging."
+    for variant in ("Would you be able to process invoice INV-1019 from Delmar Packaging? Thanks so much.",
+                    "Invoice INV-1019 from Delmar Packaging, please process it at your earliest convenience.",
+                    "Please, when you have a minute, process invoice INV-1019 from Delmar Packaging."):
+        assert check_equivalent(original, variant).ok, variant
+
+
+def test_modality_is_part_of_the_meaning() -> None:
+    assert read_meaning("You may pay it.").actions == {"may pay"}
+    assert read_meaning("You need not pay it.").actions == {"need not pay"}
+    assert read_meaning("It must not be paid.").actions == {"not pay"}
+    assert read_meaning("Pay it.").actions == {"pay"}
+
+
+# --- the held-out part of the corpus written before these rules -----------------------------------
+
+HELD_OUT_MAX_ACCEPTED = 3  # of 92, measured once after development; the issue asks for at most 2%
+HELD_OUT_MAX_REJECTED = 21  # of 76, measured once after development; the issue asks for at most 10%
+
+def test_the_corpus_was_split_before_the_rules_and_its_held_out_part_holds() -> None:
+    held = [r for r in CORPUS if r["split"] == "held_out"]
+    assert len(CORPUS) >= 400 and len(held) >= 150
+    changes = [r for r in held if not r["equivalent"]]
+    keeps = [r for r in held if r["equivalent"]]
+    accepted = [r["id"] for r in changes if check_equivalent(r["original"], r["variant"]).ok]
+    rejected = [r["id"] for r in keeps if not check_equivalent(r["original"], r["variant"]).ok]
+    assert (len(changes), len(keeps)) == (92, 76)
+    assert len(accepted) <= HELD_OUT_MAX_ACCEPTED, accepted
+    assert len(rejected) <= HELD_OUT_MAX_REJECTED, rejected
