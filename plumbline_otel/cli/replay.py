@@ -83,6 +83,18 @@ class _ServerTraces:
             client.close()
 
 
+class _PerturbationsOption(click.Option):
+    """``--perturbations``, whose help lists every perturbation the code registers (read when help is shown, so
+    a new one is never left out and the CLI's import stays light)."""
+
+    def get_help_record(self, ctx: click.Context) -> tuple[str, str] | None:
+        from plumbline_otel.replay.perturb import PERTURBATIONS, PROXY_PERTURBATIONS
+
+        wire = sorted(n for n in PERTURBATIONS if n in PROXY_PERTURBATIONS)
+        self.help = f"comma-separated, any of: {', '.join(PERTURBATIONS)}" + (f" ({', '.join(wire)} need --proxy)" if wire else "")
+        return super().get_help_record(ctx)
+
+
 @click.command("replay")
 @stores_option
 @click.option("--study", required=True, help="study name (plumbline.study on every trial)")
@@ -90,8 +102,7 @@ class _ServerTraces:
 @click.option("--task", "task_keys", multiple=True, help="only these task keys (repeatable, or comma-separated)")
 @click.option("--where", default=None, help="extra SQL filter over the trajectories table")
 @since_option
-@click.option("--perturbations", default="baseline", show_default=True,
-              help="comma-separated: baseline, paraphrase, distractor, decoy_tools, sampling, tool_fault")
+@click.option("--perturbations", cls=_PerturbationsOption, default="baseline", show_default=True)
 @click.option("--repeats", type=click.IntRange(1), default=1, show_default=True, help="trials per variant")
 @click.option("--variants", type=click.IntRange(1), default=1, show_default=True, help="variants per perturbation")
 @click.option("--seed", type=int, default=7, show_default=True, help="seed of the variants")
@@ -116,6 +127,9 @@ class _ServerTraces:
               help="run a python adapter's attempts each in a forked child process (for agents that may exit or crash the interpreter)")
 @click.option("--otlp-file", default=None, help="write spans (the agent's and the driver's records) to this OTLP JSON-lines file")
 @click.option("--endpoint", default=None, help="send spans to this OTLP endpoint (a running `plumbline serve`)")
+@click.option("--endpoint-protocol", type=click.Choice(["grpc", "http/protobuf"]), default=None,
+              help="the --endpoint's protocol (default: said by the URL: grpc://, a path ending in /v1/traces, port 4317 or "
+                   "4318; else asked of the endpoint); the agent gets OTEL_EXPORTER_OTLP_* in the form its SDK reads")
 @click.option("--concurrency", type=click.IntRange(1, 64), default=4, show_default=True)
 @click.option("--budget-usd", type=click.FloatRange(0), default=None, help="cumulative spend cap of the study")
 @click.option("--trial-max-usd", type=click.FloatRange(0), default=None,
@@ -170,6 +184,7 @@ class ReplayOptions:
     isolate: bool
     otlp_file: str | None
     endpoint: str | None
+    endpoint_protocol: str | None
     concurrency: int
     budget_usd: float | None
     trial_max_usd: float | None
@@ -304,6 +319,12 @@ def run_replay(opts: ReplayOptions) -> None:
                           "(the agent's model calls go through plumbline's model-API proxy, which injects and witnesses them)")
     if bool(opts.otlp_file) == bool(opts.endpoint) and not opts.dry_run:
         raise ConfigError("give exactly one of --otlp-file and --endpoint (where the trials' spans and markers go)")
+    if opts.endpoint and not opts.dry_run:
+        from plumbline_otel.replay.otlp import resolve_endpoint
+
+        target = resolve_endpoint(opts.endpoint, opts.endpoint_protocol)  # the driver's exporter and every agent use this
+        click.echo(f"spans to {target.url} over {target.protocol} ({'as given' if target.how == 'given' else 'by its ' + target.how})",
+                   err=True)
     stores = sources(opts.db, opts.server, assemble=True)
     source = source_tasks(stores, opts.study, agent=opts.agent, task_keys=_split(opts.task_keys) or None,
                           since_ns=parse_since(opts.since), where=opts.where)

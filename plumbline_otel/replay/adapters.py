@@ -119,7 +119,10 @@ class Trial:
         else:
             env.pop("PLUMBLINE_FAULT", None)
         if self.sink is not None and self.sink.endpoint:
-            env["OTEL_EXPORTER_OTLP_ENDPOINT"] = self.sink.endpoint
+            # each variable in the form the SDKs read it: the base URL (no /v1/traces), the full traces URL, the protocol
+            from plumbline_otel.replay.otlp import resolve_endpoint
+
+            env.update(resolve_endpoint(self.sink.endpoint).agent_env())
         if self.sink is not None and self.sink.otlp_file:
             env["PLUMBLINE_OTLP_FILE"] = str(self.sink.otlp_file)
         env.update(self.routes)  # OPENAI_BASE_URL, ANTHROPIC_BASE_URL, PLUMBLINE_MCP_URL: this attempt's proxy routes

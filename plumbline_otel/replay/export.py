@@ -266,20 +266,14 @@ class SpanSink:
                 self._exporter = None
 
 
-def exporter_for_endpoint(endpoint: str, headers: Mapping[str, str] | None = None) -> SpanExporter:
-    """OTLP/HTTP when the URL ends in /v1/traces or uses port 4318, OTLP/gRPC otherwise; TLS for https://."""
-    from urllib.parse import urlsplit
+def exporter_for_endpoint(endpoint: str, headers: Mapping[str, str] | None = None, protocol: str | None = None) -> SpanExporter:
+    """An OTLP exporter for ``endpoint``, its protocol given, said by the URL, the OTel default of the port
+    (4317, 4318), or asked of the endpoint (``otlp.resolve_endpoint``): never guessed from any other port."""
+    from plumbline_otel.replay.otlp import resolve_endpoint
 
-    parts = urlsplit(endpoint if "://" in endpoint else f"http://{endpoint}")
-    if parts.path.rstrip("/").endswith("/v1/traces") or parts.port == 4318:
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as Http
-
-        scheme = "https" if parts.scheme == "https" else "http"
-        path = parts.path if parts.path.rstrip("/").endswith("/v1/traces") else "/v1/traces"
-        return Http(endpoint=f"{scheme}://{parts.netloc}{path}", headers=dict(headers or {}))
-    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as Grpc
-
-    return Grpc(endpoint=parts.netloc, insecure=parts.scheme != "https", headers=dict(headers or {}))
+    exporter = resolve_endpoint(endpoint, protocol).exporter(headers)
+    assert isinstance(exporter, SpanExporter)
+    return exporter
 
 
 class TrialSpanBuffer(SpanProcessor):
