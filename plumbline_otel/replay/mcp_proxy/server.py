@@ -47,6 +47,7 @@ from plumbline_otel.replay.loopback import LoopbackService, loopback_only, parse
 from plumbline_otel.replay.mcp_proxy.evidence import McpEvidence, McpTrialState
 from plumbline_otel.replay.mcp_proxy.spans import ToolCallRecord, emit
 from plumbline_otel.replay.mcp_proxy.upstream import Upstream, UpstreamGone, session_closed
+from plumbline_otel.replay.proxy.record import ConversationRecorder
 from plumbline_otel.runs import TRIAL_ATTEMPT, TRIAL_ID
 
 if TYPE_CHECKING:
@@ -102,13 +103,15 @@ class McpProxy(LoopbackService):
     def __init__(self, upstream: str | Sequence[str], *, host: str = "127.0.0.1", port: int = 0,
                  tracer_provider: TracerProvider | None = None, env: Mapping[str, str] | None = None,
                  cwd: str | None = None, errlog: TextIO | None = None, timeout_s: float = 600.0,
-                 start_timeout_s: float = 30.0, limits: ProxyLimits | None = None, max_relaunches: int = 5) -> None:
+                 start_timeout_s: float = 30.0, limits: ProxyLimits | None = None, max_relaunches: int = 5,
+                 recorder: ConversationRecorder | None = None) -> None:
         """``upstream``: a Streamable HTTP MCP server URL, or a stdio server's argv, which the proxy
         launches at ``start`` (with ``env`` over the SDK's safe default environment, in ``cwd``, its
         stderr to ``errlog``) and stops at ``stop``. ``timeout_s`` bounds one upstream call. A server
         that dies is relaunched (``upstream.Upstream``: back-off, at most ``max_relaunches`` in a row
         with no successful call between). ``limits``: the request body and span payload limits
-        (``limits.ProxyLimits``, default from ``PLUMBLINE_PROXY_*``)."""
+        (``limits.ProxyLimits``, default from ``PLUMBLINE_PROXY_*``). ``recorder``: record mode, tool
+        spans join the model proxy's agent conversations (``proxy.record``)."""
         loopback_only(host, "MCP proxy")
         if isinstance(upstream, str):
             if not upstream.startswith(("http://", "https://")):
@@ -128,6 +131,7 @@ class McpProxy(LoopbackService):
         self.start_timeout_s = start_timeout_s
         self.limits = limits or ProxyLimits.from_env()
         self.max_relaunches = max_relaunches
+        self.recorder = recorder
         self.internal_errors = 0
         self._upstream: Upstream | None = None
         self.unroutable = 0
@@ -515,7 +519,8 @@ class McpProxy(LoopbackService):
         if self.tracer_provider is None:
             return
         try:
-            emit(self.tracer_provider, rec, self.limits.span_payload_bytes)
+            parent = self.recorder.tool_call(rec.tool) if self.recorder is not None else None
+            emit(self.tracer_provider, rec, self.limits.span_payload_bytes, parent)
         except Exception:  # a span that cannot be written must not fail the agent's call
             with self._lock:
                 self.span_errors += 1

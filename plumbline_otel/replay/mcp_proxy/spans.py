@@ -15,7 +15,7 @@ from typing import Any
 
 import orjson
 from opentelemetry import trace
-from opentelemetry.trace import NonRecordingSpan, SpanKind, Status, StatusCode, TracerProvider
+from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, Status, StatusCode, TracerProvider
 
 from plumbline_otel.replay.identity import TrialIdentity
 from plumbline_otel.replay.limits import ProxyLimits, truncate_text
@@ -51,13 +51,13 @@ def _json(value: Any) -> str:
     return orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS, default=str).decode()
 
 
-def attributes(rec: ToolCallRecord, max_payload: int = ProxyLimits.span_payload_bytes) -> dict[str, Any]:
+def attributes(rec: ToolCallRecord, max_payload: int = ProxyLimits.span_payload_bytes, identity: bool = True) -> dict[str, Any]:
     """The span's attributes; arguments and result past ``max_payload`` bytes truncated with ingest's marker rule
     (``limits.truncate_text``) and named in ``plumbline.truncated``, so a 100 MiB tool result costs a bounded span."""
     arguments, arguments_cut = truncate_text(_json(rec.arguments or {}), max_payload)
     truncated = [*(["gen_ai.tool.call.arguments"] if arguments_cut else []), *rec.truncated]
     attrs: dict[str, Any] = {
-        **rec.identity.attributes(),
+        **(rec.identity.attributes() if identity else {}),
         "gen_ai.operation.name": "execute_tool",
         "gen_ai.tool.name": rec.tool,
         "gen_ai.tool.type": "extension",  # of the conventions' function / extension / datastore: a tool reached through a service
@@ -83,13 +83,16 @@ def attributes(rec: ToolCallRecord, max_payload: int = ProxyLimits.span_payload_
     return attrs
 
 
-def emit(provider: TracerProvider, rec: ToolCallRecord, max_payload: int = ProxyLimits.span_payload_bytes) -> None:
-    """Write ``rec`` as a CLIENT span (the proxy calls the tool for the agent), child of the trial's root."""
+def emit(provider: TracerProvider, rec: ToolCallRecord, max_payload: int = ProxyLimits.span_payload_bytes,
+         parent_context: SpanContext | None = None) -> None:
+    """Write ``rec`` as a CLIENT span (the proxy calls the tool for the agent), child of the trial's root
+    (or, in record mode, of the agent conversation ``parent_context``, with no trial identity)."""
     from plumbline_otel.replay.export import trial_span_context
 
-    parent = trace.set_span_in_context(NonRecordingSpan(trial_span_context(rec.identity)))
+    parent = trace.set_span_in_context(NonRecordingSpan(parent_context or trial_span_context(rec.identity)))
     span = provider.get_tracer(SCOPE).start_span(f"tools/call {rec.tool}", context=parent, kind=SpanKind.CLIENT,
-                                                 start_time=rec.started_ns, attributes=attributes(rec, max_payload))
+                                                 start_time=rec.started_ns,
+                                                 attributes=attributes(rec, max_payload, identity=parent_context is None))
     if rec.error_type is not None:
         span.set_status(Status(StatusCode.ERROR, rec.error_message or rec.error_type))
         span.set_attribute("error.type", rec.error_type)

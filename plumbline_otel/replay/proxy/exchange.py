@@ -570,7 +570,11 @@ def _finish(proxy: ModelProxy, state: TrialState, api: Api, call: int, body: dic
         state.exchanges.append(line)
     if proxy.tracer_provider is not None:
         try:
+            parent = proxy.recorder.model_call(api, body) if proxy.recorder is not None else None
+            if parent is not None and reply is not None:
+                proxy.recorder.proposed(parent, [c.name for c in reply.tool_calls])  # type: ignore[union-attr]
             spans.emit(proxy.tracer_provider, spans.CallRecord(state.trial.identity, api, call, body, started, ended, status,
-                                                                source, reply, usage, cost, fault), proxy.limits.span_payload_bytes)
+                                                                source, reply, usage, cost, fault), proxy.limits.span_payload_bytes,
+                       parent)
         except Exception:  # noqa: BLE001 - telemetry never fails the agent's call
             proxy.span_errors += 1

@@ -37,6 +37,7 @@ from plumbline_otel.replay.loopback import LoopbackService, loopback_only, parse
 from plumbline_otel.replay.perturb import ModelFaultPlan, ToolResultFaultPlan
 from plumbline_otel.replay.proxy.evidence import ProxyEvidence, TrialState
 from plumbline_otel.replay.proxy.exchange import _HOP, Responder, handle_call, refuse, relay
+from plumbline_otel.replay.proxy.record import ConversationRecorder
 from plumbline_otel.replay.proxy.wire import api_for
 from plumbline_otel.runs import TRIAL_ATTEMPT, TRIAL_ID
 
@@ -84,7 +85,8 @@ class ModelProxy(LoopbackService):
     def __init__(self, upstreams: Mapping[str, str] | None = None, cache: ResponseCache | None = None, *,
                  host: str = "127.0.0.1", port: int = 0, api_keys: Mapping[str, str] | None = None,
                  pass_agent_auth: bool = False, tracer_provider: TracerProvider | None = None,
-                 timeout_s: float = 600.0, env: Mapping[str, str] | None = None, limits: ProxyLimits | None = None) -> None:
+                 timeout_s: float = 600.0, env: Mapping[str, str] | None = None, limits: ProxyLimits | None = None,
+                 recorder: ConversationRecorder | None = None) -> None:
         """``upstreams``: provider ("openai", "anthropic") → base URL, defaulting to ``OPENAI_BASE_URL`` /
         ``ANTHROPIC_BASE_URL`` of ``env`` (this process's environment) and then the public APIs.
         ``api_keys`` likewise from ``OPENAI_API_KEY`` / ``ANTHROPIC_API_KEY``; a provider with a key
@@ -92,7 +94,8 @@ class ModelProxy(LoopbackService):
         own auth header, as does every provider when ``pass_agent_auth``. ``limits``: what one
         request, one answer and all calls together may hold (``limits.ProxyLimits``; default from
         ``PLUMBLINE_PROXY_*`` of ``env``). ``timeout_s`` bounds each read from the provider: a
-        provider silent that long has failed the call."""
+        provider silent that long has failed the call. ``recorder``: record mode (``record``): spans go
+        into one trace per agent conversation, as ordinary traffic, instead of under the trial."""
         loopback_only(host, "model proxy")
         env = os.environ if env is None else env
         self.upstreams = {"openai": env.get("OPENAI_BASE_URL") or DEFAULT_UPSTREAMS["openai"],
@@ -102,6 +105,7 @@ class ModelProxy(LoopbackService):
         self.api_keys = {k: v for k, v in keys.items() if v}
         self.pass_agent_auth = pass_agent_auth
         self.limits = limits or ProxyLimits.from_env(env)
+        self.recorder = recorder
         self.memory = MemoryBudget(self.limits.max_held_bytes)
         self.bad_requests = 0  # malformed or oversize requests refused before they were read (any route)
         self.internal_errors = 0

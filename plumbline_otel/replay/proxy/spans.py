@@ -13,7 +13,7 @@ from typing import Any
 
 import orjson
 from opentelemetry import trace
-from opentelemetry.trace import NonRecordingSpan, SpanKind, Status, StatusCode, TracerProvider
+from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, Status, StatusCode, TracerProvider
 
 from plumbline_otel.replay.identity import TrialIdentity
 from plumbline_otel.replay.limits import ProxyLimits, truncate_text
@@ -41,10 +41,10 @@ class CallRecord:
     fault: str | None = None
 
 
-def _attributes(rec: CallRecord, max_payload: int) -> dict[str, Any]:
+def _attributes(rec: CallRecord, max_payload: int, identity: bool = True) -> dict[str, Any]:
     request = rec.request
     attrs: dict[str, Any] = {
-        **rec.identity.attributes(),
+        **(rec.identity.attributes() if identity else {}),
         "gen_ai.operation.name": "chat",
         "gen_ai.provider.name": PROVIDER[rec.api],
         "gen_ai.request.model": str(request.get("model") or ""),
@@ -91,19 +91,22 @@ def _attributes(rec: CallRecord, max_payload: int) -> dict[str, Any]:
     return attrs
 
 
-def emit(provider: TracerProvider, rec: CallRecord, max_payload: int = ProxyLimits.span_payload_bytes) -> None:
+def emit(provider: TracerProvider, rec: CallRecord, max_payload: int = ProxyLimits.span_payload_bytes,
+         parent_context: SpanContext | None = None) -> None:
     """Write ``rec`` as a CLIENT span, child of the trial's virtual root (``export.trial_span_context``).
 
     Message payloads longer than ``max_payload`` bytes are truncated with a marker
     (``limits.truncate_text``) and named in ``plumbline.truncated``: a span must stay small
-    enough for ingest to keep, whatever the agent sent or the model answered."""
+    enough for ingest to keep, whatever the agent sent or the model answered. ``parent_context``: record
+    mode's conversation (``record.ConversationRecorder``), in place of the trial's root; the span then
+    carries no trial identity, being ordinary traffic."""
     from plumbline_otel.replay.export import trial_span_context
 
-    parent = trace.set_span_in_context(NonRecordingSpan(trial_span_context(rec.identity)))
+    parent = trace.set_span_in_context(NonRecordingSpan(parent_context or trial_span_context(rec.identity)))
     tracer = provider.get_tracer(SCOPE)
     name = f"chat {rec.request.get('model') or ''}".strip()
     span = tracer.start_span(name, context=parent, kind=SpanKind.CLIENT, start_time=rec.started_ns,
-                             attributes=_attributes(rec, max_payload))
+                             attributes=_attributes(rec, max_payload, identity=parent_context is None))
     if rec.status >= 400 or rec.fault:
         span.set_status(Status(StatusCode.ERROR, rec.fault or f"HTTP {rec.status}"))
         span.set_attribute("error.type", rec.fault or str(rec.status))
