@@ -230,11 +230,11 @@ def _relay_whole(out: Responder, status: int, headers: list[tuple[str, str]], ch
             if len(buffer) + len(chunk) > limit:
                 message = f"the provider's answer passed the proxy's limit of {limit} bytes (PLUMBLINE_PROXY_MAX_RESPONSE_MIB); not read further"
                 refuse(out, provider, 502, "api_error", f"plumbline proxy: {message}")
-                return Relayed(bytes(buffer), False, False, failure=("too_large", message), answered=502)
+                return Relayed(b"", False, False, failure=("too_large", message), answered=502)  # nothing of it is kept
             if holding is not None and not holding.take(len(chunk)):
                 message = "the proxy holds as much as PLUMBLINE_PROXY_MAX_HELD_MIB allows across its calls; retry"
                 refuse(out, provider, 503, "overloaded_error" if provider == "anthropic" else "server_error", f"plumbline proxy: {message}")
-                return Relayed(bytes(buffer), False, False, proxy_error=("memory", message), answered=503)
+                return Relayed(b"", False, False, proxy_error=("memory", message), answered=503)
             buffer += chunk
     except httpx.HTTPError as exc:
         kind, detail = _transport_failure(exc)
