@@ -41,7 +41,7 @@ from plumbline_otel.errors import ConfigError, PlumblineError
 from plumbline_otel.model import Trajectory
 from plumbline_otel.runs import STUDY, TASK_KEY, TRIAL_ID, agent_label, perturbation_of
 from plumbline_otel.spec import DeclaredInvariant, Spec, Verdict
-from plumbline_otel.trials import account
+from plumbline_otel.trials import KeyRing, account
 
 EVENT_NAME = "gen_ai.evaluation.result"
 EVALUATOR = "plumbline"
@@ -147,7 +147,7 @@ def run_event(cert: dict[str, Any], cell: dict[str, Any], trajectory: Trajectory
                            trajectory.trace_id, _blamed_span(trajectory, [v for _, v in critical]), now_ns)
 
 
-def certificate_events(cert: dict[str, Any], spec: Spec, trajectories: Iterable[Trajectory],
+def certificate_events(cert: dict[str, Any], spec: Spec, trajectories: Iterable[Trajectory], keys: KeyRing | None = None,
                        now_ns: int | None = None) -> list[EvaluationEvent]:
     """Every cell of `cert`, then every trial it scored (`trials.account`: unexposed, unwitnessed and missing ones have no score)."""
     now_ns = time.time_ns() if now_ns is None else now_ns
@@ -155,7 +155,7 @@ def certificate_events(cert: dict[str, Any], spec: Spec, trajectories: Iterable[
     events = [cell_event(cert, cell, now_ns) for cell in cells.values()]
     errored = {key: {str(e.get("run")): str(e.get("reason", "")) for e in cell.get("errored_runs", ())} for key, cell in cells.items()}
     study = cert.get("provenance", {}).get("filters", {}).get("study")
-    books = account(trajectories)
+    books = account(trajectories, keys)
     witnessed = {id(r.run or r.record_trajectory) for r in books.results}
     unexposed = {key: set(map(str, cell.get("unexposed_runs", ()))) for key, cell in cells.items()}
     for trajectory, status in books.judged():

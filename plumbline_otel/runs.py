@@ -55,6 +55,16 @@ COST_BASIS = "plumbline.cost.basis"
 # What the run's own gen_ai.usage.cost.* spans reported: the agent's word, kept beside `COST_USD`, never settling it.
 COST_REPORTED = "plumbline.cost.reported_usd"
 EVIDENCE = "plumbline.trial.evidence"  # JSON: what the proxies witnessed in the attempt
+# HMAC-SHA256 over every other plumbline.* attribute of a record and its service, with the study state's secret key:
+# a record counts only if the driver wrote it (`trials.verify_record`).
+RECORD_MAC = "plumbline.record.mac"
+TRACE_CLAIMED = "plumbline.trial.trace_claimed"  # a trace id the adapter reported that is not the attempt's (a conflict)
+WINDOW_END = "plumbline.trial.window_end_ns"  # when the attempt's evidence window closed (its end plus the grace)
+SEALED_SPANS = "plumbline.trial.sealed_spans"  # span ids of the attempt's trace that had arrived when its window closed
+
+# A trial's identity as the driver gives it (`replay.identity.TrialIdentity.attributes`): what places a run in a study,
+# cell, task and repeat. A judged run carries the driver's values of these, never its own (`trials.witnessed`).
+IDENTITY_KEYS = (TRIAL_ID, TRIAL_ATTEMPT, PERTURBATION, VARIANT, STUDY, REPEAT, INSTANCE, TASK_KEY, FAULT_TOOL, FAULT_ERROR)
 
 TOOL_FAULT = "tool_fault"
 # Perturbations whose runs are scored only when the fault was seen to reach the agent.

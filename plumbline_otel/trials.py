@@ -26,14 +26,30 @@ runs do, through the study's span sink, and every reader sees them as trajectori
 Runs of a study with no records at all (exports older than the records, imported studies) keep
 the trace-based rule (`runs.run_status`) and are flagged as such; runs that claim a trial of a
 recorded study that no record stands for are listed as *unwitnessed*, never scored.
+
+**The trust boundary.** The agent under test controls every byte it writes: its spans in any
+trace, its stdout, its HTTP answers, files in its working directory. So:
+
+* a record counts only if the driver wrote it: each carries ``plumbline.record.mac``, an
+  HMAC-SHA256 over its other ``plumbline.*`` attributes and its service, keyed by a secret made
+  with the study's state (`KeyRing`) and never given to an agent. A record whose MAC fails is a
+  *forgery*; one whose study state is not at hand is *unverified*; both are counted nowhere and
+  listed;
+* a trial's run is the trace the driver minted for the attempt (random, handed to the agent in
+  its traceparent), nothing the agent names; no run is found by the identity its spans claim;
+* which study, cell, task and repeat a run belongs to is the record's: the run is judged as the
+  record's identity (`witnessed`), whatever ``plumbline.*`` attributes its spans carry.
 """
 
 from __future__ import annotations
 
 import hashlib
+import hmac
+import secrets
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 import orjson
@@ -48,10 +64,12 @@ from plumbline_otel.runs import (
     FAULT_PERTURBATIONS,
     FAULT_PLANNED,
     FAULT_SOURCE,
+    IDENTITY_KEYS,
     INSTANCE,
     PERTURBATION,
     RECORD_AT,
     RECORD_KIND,
+    RECORD_MAC,
     REPEAT,
     REQUEST_PERTURBATIONS,
     RUN_TRACE,
@@ -60,6 +78,7 @@ from plumbline_otel.runs import (
     SEQUENTIAL,
     STUDY,
     TASK_KEY,
+    TRACE_CLAIMED,
     TRIAL_ATTEMPT,
     TRIAL_ID,
     TRIAL_REASON,
@@ -104,14 +123,106 @@ class AttemptRecord:
     at_ns: int = 0
     sequential: bool = False  # a plan record of a study that stops a cell once its answer is known
     evidence: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
+    trace_claimed: str | None = None  # a trace the adapter reported that is not the attempt's: shown, never judged
+    context: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)  # the trial's identity (`runs.IDENTITY_KEYS`)
 
 
-def record_trace_id(instance: str, trial_id: str, attempt: int, plan: bool) -> str:
-    """Where the driver writes its record of an attempt (or of the trial's plan): a trace of its own,
-    derived from the trial's identity, so a record found anywhere else is not the driver's."""
-    kind = "plan" if plan else "record"
-    value = hashlib.sha256(f"plumbline.{kind}:{instance}:{trial_id}#{attempt}".encode()).hexdigest()[:32]
-    return value if int(value, 16) else "2".rjust(32, "0")
+def placed(run: Trajectory, identity: Mapping[str, Any]) -> Trajectory:
+    """The run as the driver's identity of its trial places it: its task and every ``plumbline.*`` attribute are the
+    driver's (`runs.IDENTITY_KEYS`), so no attribute the agent wrote moves it to another study, cell, task or
+    repeat, or claims a fault."""
+    own = {k: v for k, v in run.context.items() if not k.startswith("plumbline.")}
+    task = identity.get(TASK_KEY)
+    return Trajectory(run.trajectory_id, run.trace_id, None if task is None else str(task), run.task_key_source, run.service,
+                      run.service_version, run.agent_name, run.input, run.final_output, run.conventions, run.steps, run.start_ns,
+                      run.end_ns, {**own, **{k: identity[k] for k in IDENTITY_KEYS if identity.get(k) is not None}})
+
+
+def witnessed(run: Trajectory, record: AttemptRecord) -> Trajectory:
+    """The run as the driver's record places it (`placed`), with whether the driver saw its fault fire."""
+    view = placed(run, record.context)
+    if record.fault_fired is not None:
+        view.context[FAULT_FIRED] = record.fault_fired
+    return view
+
+
+STATE_FILE = "study.json"  # in a study's state directory: its random instance id and its secret key
+
+
+def new_key() -> str:
+    """A study state's secret: 256 random bits, as hex."""
+    return secrets.token_hex(32)
+
+
+def _canonical(value: Any) -> str:
+    """One text per value whatever way it travelled (OTLP JSON writes 64-bit integers as text, doubles as numbers)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        return str(int(value)) if value.is_integer() else repr(value)
+    return value if isinstance(value, str) else orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode()
+
+
+def record_mac(key: str, attributes: Mapping[str, Any], service: str | None, version: str | None) -> str:
+    """The MAC a record carries: HMAC-SHA256 over its service, version and every ``plumbline.*`` attribute but the MAC."""
+    items = sorted((k, _canonical(v)) for k, v in attributes.items()
+                   if k.startswith("plumbline.") and k != RECORD_MAC and v is not None)
+    message = orjson.dumps([service or "", version or "", items])
+    return hmac.new(bytes.fromhex(key), message, hashlib.sha256).hexdigest()
+
+
+@dataclass(frozen=True)
+class KeyRing:
+    """The secret key of each study state at hand, by its instance id: what verifies a record as the driver's."""
+
+    keys: Mapping[str, str] = field(default_factory=dict)
+    sources: tuple[str, ...] = ()  # where they were read, for the message when a record cannot be verified
+
+    def key(self, instance: str) -> str | None:
+        return self.keys.get(instance)
+
+    def merged(self, other: KeyRing) -> KeyRing:
+        return KeyRing({**self.keys, **other.keys}, self.sources + other.sources)
+
+    @classmethod
+    def of(cls, instance: str, key: str) -> KeyRing:
+        return cls({instance: key}, ())
+
+    @classmethod
+    def load(cls, state_dirs: Iterable[str | Path]) -> KeyRing:
+        """The keys of these study state directories (each holding ``study.json``); a directory holding study
+        states (``<db>.replay/``) is searched one level down. Unreadable or keyless states are skipped."""
+        keys: dict[str, str] = {}
+        sources: list[str] = []
+        for d in state_dirs:
+            root = Path(d)
+            for path in [root / STATE_FILE, *sorted(root.glob(f"*/{STATE_FILE}"))]:
+                try:
+                    doc = orjson.loads(path.read_bytes())
+                except (OSError, orjson.JSONDecodeError):
+                    continue
+                if isinstance(doc, dict) and isinstance(doc.get("instance"), str) and isinstance(doc.get("key"), str):
+                    keys[doc["instance"]] = doc["key"]
+                    sources.append(str(path))
+        return cls(keys, tuple(sources))
+
+    @classmethod
+    def beside(cls, db_paths: Iterable[str | Path]) -> KeyRing:
+        """The keys of the studies replayed from these stores (their default state, ``<db>.replay/<study>/``)."""
+        return cls.load(Path(p).with_suffix("").with_name(Path(p).with_suffix("").name + ".replay") for p in db_paths)
+
+
+def verify_record(t: Trajectory, keys: KeyRing) -> Literal["verified", "forged", "unverified"]:
+    """Whether the driver wrote this record: its MAC checks under its study state's key (`forged` when it does not,
+    `unverified` when that key is not at hand)."""
+    key = keys.key(str(t.context.get(INSTANCE) or ""))
+    if key is None:
+        return "unverified"
+    mac = t.context.get(RECORD_MAC)
+    expected = record_mac(key, t.context, t.service, t.service_version)
+    return "verified" if isinstance(mac, str) and hmac.compare_digest(mac, expected) else "forged"
 
 
 def _int(value: Any) -> int | None:
@@ -143,7 +254,7 @@ def _evidence(value: Any) -> dict[str, Any]:
 
 
 def record_of(t: Trajectory) -> AttemptRecord | None:
-    """The driver's record a trajectory carries, or None when it is not one."""
+    """What a record-shaped trajectory says, or None when it is not one (whether the driver wrote it is `verify_record`'s)."""
     if not is_record(t):
         return None
     c = t.context
@@ -151,9 +262,6 @@ def record_of(t: Trajectory) -> AttemptRecord | None:
     if study is None or trial_id is None:
         return None
     kind = str(c.get(RECORD_KIND))
-    instance, attempt = str(c.get(INSTANCE) or ""), _int(c.get(TRIAL_ATTEMPT)) or 1
-    if t.trace_id != record_trace_id(instance, trial_id, attempt, kind == "plan"):
-        return None  # spans in another trace (an agent's own, stamped with record attributes) are no record
     return AttemptRecord(
         study=study, instance=str(c.get(INSTANCE) or ""), trial_id=trial_id,
         attempt=0 if kind == "plan" else (_int(c.get(TRIAL_ATTEMPT)) or 0),
@@ -166,7 +274,8 @@ def record_of(t: Trajectory) -> AttemptRecord | None:
         seen=strict_bool(c.get(SEEN)), seen_by=_text(c.get(SEEN_BY)),
         cost_usd=_float(c.get(COST_USD)), metered=strict_bool(c.get(COST_METERED)),
         at_ns=_int(c.get(RECORD_AT)) or t.start_ns or 0, sequential=strict_bool(c.get(SEQUENTIAL)) is True,
-        evidence=_evidence(c.get(EVIDENCE)),
+        evidence=_evidence(c.get(EVIDENCE)), trace_claimed=_text(c.get(TRACE_CLAIMED)),
+        context={k: c[k] for k in IDENTITY_KEYS if c.get(k) is not None},
     )
 
 
@@ -196,12 +305,15 @@ class Accounting:
     results: list[TrialResult] = field(default_factory=list)  # one per planned trial of recorded studies
     legacy: list[Trajectory] = field(default_factory=list)  # runs no driver recorded: the trace-based rule
     unwitnessed: list[Trajectory] = field(default_factory=list)  # claim a recorded study's trial; no record stands for them
-    records: list[AttemptRecord] = field(default_factory=list)
+    records: list[AttemptRecord] = field(default_factory=list)  # verified: the driver wrote them
+    record_trajectories: list[Trajectory] = field(default_factory=list)  # where those records are stored
+    forged: list[Trajectory] = field(default_factory=list)  # record-shaped, and their MAC fails: counted nowhere
+    unverified: list[Trajectory] = field(default_factory=list)  # records whose study state's key is not at hand
 
     def judged(self) -> list[tuple[Trajectory, TrialStatus]]:
-        """Every trial and untracked run an analysis counts, with its status: a recorded trial's run (or,
-        when the agent left none, the driver's record standing in for it) and the runs no driver recorded
-        (by their own trace). Unwitnessed runs are left out; so are trials with nothing stored to stand for them."""
+        """Every trial and untracked run an analysis counts, with its status: a recorded trial's run (as its record
+        places it, `witnessed`; or, when the agent left none, the driver's record standing in for it) and the runs no
+        driver recorded (by their own trace). Unwitnessed runs are left out; so are trials with nothing stored to stand for them."""
         out: list[tuple[Trajectory, TrialStatus]] = []
         for r in self.results:
             stand_in = r.run or r.record_trajectory
@@ -210,43 +322,72 @@ class Accounting:
         out.extend((t, run_status(t)) for t in self.legacy)
         return out
 
+    def of_study(self, study: str) -> Accounting:
+        """Only one study: its trials by their records; the other lists by the study their spans claim."""
+        def claims(t: Trajectory) -> bool:
+            return str(t.context.get(STUDY) or "") == study
+
+        return Accounting([r for r in self.results if r.study == study], [t for t in self.legacy if claims(t)],
+                          [t for t in self.unwitnessed if claims(t)], [r for r in self.records if r.study == study],
+                          [t for t in self.record_trajectories if claims(t)], [t for t in self.forged if claims(t)],
+                          [t for t in self.unverified if claims(t)])
+
+    def untrusted_records(self) -> list[tuple[str, str]]:
+        """(trial id, why) of every record-shaped span not believed."""
+        out = [(str(t.context.get(TRIAL_ID)), "forged: its MAC does not check under the study's key") for t in self.forged]
+        out += [(str(t.context.get(TRIAL_ID)), f"unverified: no key for study instance {t.context.get(INSTANCE) or '(none)'} "
+                 "(pass --state DIR, the replay's state directory, or --state-url)") for t in self.unverified]
+        return out
+
+    def untrusted(self) -> list[str]:
+        """Why some record-shaped spans were not believed, in words (empty when every record verified)."""
+        lines = []
+        if self.forged:
+            trials = sorted({str(t.context.get(TRIAL_ID)) for t in self.forged})
+            lines.append(f"{len(self.forged)} forged driver record(s) (their MAC does not check under the study's key), "
+                         f"counted nowhere: {', '.join(trials[:5])}{' …' if len(trials) > 5 else ''}")
+        if self.unverified:
+            instances = sorted({str(t.context.get(INSTANCE) or '(none)') for t in self.unverified})
+            lines.append(f"{len(self.unverified)} driver record(s) of study instance(s) {', '.join(instances[:3])} could not be "
+                         "verified: their study state (study.json, with its key) is not at hand; pass --state DIR "
+                         "(the replay's state directory) or --state-url; they are counted nowhere")
+        return lines
+
 
 def _result_attempt(attempts: list[AttemptRecord]) -> AttemptRecord | None:
     """The first attempt the agent ran, else the last that did not (why it is missing)."""
-    ordered = sorted(attempts, key=lambda r: (r.at_ns, r.instance, r.attempt))
+    ordered = sorted(attempts, key=lambda r: (r.attempt, r.at_ns, r.instance))
     ran = [r for r in ordered if r.status in RAN]
     return ran[0] if ran else (ordered[-1] if ordered else None)
 
 
-def _run_for(record: AttemptRecord, by_trace: dict[str, Trajectory], by_attempt: dict[tuple[str, str, int], Trajectory]) -> Trajectory | None:
-    if record.trace_id and record.trace_id in by_trace:
-        return by_trace[record.trace_id]
-    return by_attempt.get((record.instance, record.trial_id, record.attempt))
-
-
-def _notes(record: AttemptRecord, run: Trajectory) -> tuple[str, ...]:
-    """Where the agent's word and the driver's disagree (the driver's stands)."""
+def _notes(record: AttemptRecord, run: Trajectory | None) -> tuple[str, ...]:
+    """Where the agent's word and the driver's disagree (the driver's stands); `run` is the run as stored."""
     notes = []
+    if record.trace_claimed:
+        notes.append(f"conflict: its adapter named trace {record.trace_claimed} as its run; the trial is judged on the "
+                     f"trace the driver minted for it ({record.trace_id})")
+    if not record.fault or run is None:
+        return tuple(notes)
     claimed = strict_bool(run.context.get(FAULT_FIRED))
     for who, says in (("its spans", claimed), ("its adapter", record.fault_claimed)):
         if says is not None and says != bool(record.fault_fired):
             notes.append(f"conflict: {who} say the fault {'fired' if says else 'did not fire'}; the driver saw it "
                          f"{'fire' if record.fault_fired else 'not fire'} (the driver's record stands)")
-    if record.fault_fired and record.fault_source == "injector" and not fault_shown(run):
+    if record.fault_fired and record.fault_source == "injector" and not fault_shown(witnessed(run, record)):
         notes.append("unconfirmed by the trace: the driver's injector raised, but no failed step shows the injected "
                      "error (the framework may redact tool errors)")
     return tuple(notes)
 
 
 def _decide(planned: AttemptRecord | None, attempts: list[AttemptRecord], by_trace: dict[str, Trajectory],
-            by_attempt: dict[tuple[str, str, int], Trajectory], where: dict[int, Trajectory]) -> TrialResult:
+            where: dict[int, Trajectory]) -> TrialResult:
     base = planned or attempts[0]
     decided = _result_attempt(attempts)
     label = decided or base
 
     def result(status: TrialStatus, reason: str | None, run: Trajectory | None = None, notes: tuple[str, ...] = ()) -> TrialResult:
-        agent = agent_label(run.service, run.service_version) if run is not None else label.agent
-        return TrialResult(base.study, base.trial_id, agent, base.perturbation, base.task_key, status, reason, run,
+        return TrialResult(base.study, base.trial_id, label.agent, base.perturbation, base.task_key, status, reason, run,
                            decided, where.get(id(decided)) if decided else None, len(attempts), notes,
                            planned is not None and planned.sequential)
 
@@ -256,12 +397,13 @@ def _decide(planned: AttemptRecord | None, attempts: list[AttemptRecord], by_tra
         return result("stopped", decided.reason or "not run: its cell was decided first")
     if decided.status not in RAN:
         return result("missing", decided.reason or "never reached the agent")
-    run = _run_for(decided, by_trace, by_attempt)
+    found = by_trace.get(decided.trace_id) if decided.trace_id else None
+    run = witnessed(found, decided) if found is not None else None
+    notes = _notes(decided, found)
     if decided.status == "errored":
-        return result("errored", decided.reason or "errored", run)
+        return result("errored", decided.reason or "errored", run, notes)
     if run is None:
         return result("missing", f"ran, but its run (trace {decided.trace_id}) is not in the store: ingest the study's spans")
-    notes = _notes(decided, run) if decided.fault else ()
     if base.perturbation in FAULT_PERTURBATIONS and not decided.fault_fired:
         return result("unexposed", "the driver saw no fault reach the agent", run, notes)
     if base.perturbation in REQUEST_PERTURBATIONS and not decided.seen:
@@ -269,32 +411,45 @@ def _decide(planned: AttemptRecord | None, attempts: list[AttemptRecord], by_tra
     return result("exposed", None, run, notes)
 
 
-def account(trajectories: Iterable[Trajectory]) -> Accounting:
-    """Sort runs and records: one result per planned trial of every study the driver recorded (module docstring)."""
+def account(trajectories: Iterable[Trajectory], keys: KeyRing | None = None) -> Accounting:
+    """Sort runs and records: one result per planned trial of every study the driver recorded (module docstring).
+
+    ``keys`` verifies the records (`verify_record`); without it no record is believed, and every trial of a
+    recorded study is left out, its records listed as unverified.
+    """
+    keys = keys or KeyRing()
     out = Accounting()
     runs: list[Trajectory] = []
     where: dict[int, Trajectory] = {}
+    recorded: set[str] = set()  # studies with a record-shaped span, believed or not: their runs are never legacy
     for t in trajectories:
         record = record_of(t)
-        if record is not None:
+        if record is None:
+            if not is_record(t):
+                runs.append(t)
+            continue
+        recorded.add(record.study)
+        verdict = verify_record(t, keys)
+        if verdict == "verified":
             out.records.append(record)
+            out.record_trajectories.append(t)
             where[id(record)] = t
-        elif not is_record(t):
-            runs.append(t)
-    recorded = {r.study for r in out.records}
+        else:
+            (out.forged if verdict == "forged" else out.unverified).append(t)
     by_trace = {t.trace_id: t for t in runs}
-    by_attempt = {(str(t.context.get(INSTANCE) or ""), str(t.context.get(TRIAL_ID)), _int(t.context.get(TRIAL_ATTEMPT)) or 1): t
-                  for t in runs if t.context.get(TRIAL_ID) is not None}
     planned: dict[tuple[str, str], AttemptRecord] = {}
-    attempts: dict[tuple[str, str], list[AttemptRecord]] = defaultdict(list)
+    attempts: dict[tuple[str, str, str, int], AttemptRecord] = {}
     for r in out.records:
         if r.attempt == 0:
             planned.setdefault((r.study, r.trial_id), r)
         else:
-            attempts[(r.study, r.trial_id)].append(r)
+            attempts.setdefault((r.study, r.trial_id, r.instance, r.attempt), r)  # a record written twice is one attempt
+    by_trial: dict[tuple[str, str], list[AttemptRecord]] = defaultdict(list)
+    for (study, trial_id, _, _), r in attempts.items():
+        by_trial[(study, trial_id)].append(r)
     used: set[str] = set()
-    for key in sorted(set(planned) | set(attempts)):
-        result = _decide(planned.get(key), attempts.get(key, []), by_trace, by_attempt, where)
+    for key in sorted(set(planned) | set(by_trial)):
+        result = _decide(planned.get(key), by_trial.get(key, []), by_trace, where)
         out.results.append(result)
         if result.run is not None:
             used.add(result.run.trajectory_id)
@@ -303,6 +458,6 @@ def account(trajectories: Iterable[Trajectory]) -> Accounting:
         if study in recorded:
             if t.trajectory_id not in used:
                 out.unwitnessed.append(t)
-        else:
+        elif t.trajectory_id not in used:
             out.legacy.append(t)
     return out

@@ -42,7 +42,7 @@ from plumbline_otel.compare_values import canonical, compare
 from plumbline_otel.model import Trajectory
 from plumbline_otel.runs import OUTCOME, REPEAT, VARIANT, VARIANT_ID, agent_label, perturbation_of
 from plumbline_otel.spec import Spec
-from plumbline_otel.trials import account
+from plumbline_otel.trials import KeyRing, account
 
 VARIANT_KEYS = (VARIANT, VARIANT_ID)
 
@@ -196,9 +196,11 @@ def _modal_outcome(runs: Sequence[Trajectory]) -> Any:
     return next(v for v in values if canonical(v) == best)
 
 
-def equivalence(trajectories: Iterable[Trajectory], a: str, b: str, spec: Spec | None = None) -> EquivalenceReport:
-    """Compare agent `b` with agent `a` (a service name, or ``service@version``) on shared cells."""
-    runs = account(trajectories).judged()
+def equivalence(trajectories: Iterable[Trajectory], a: str, b: str, spec: Spec | None = None,
+                keys: KeyRing | None = None) -> EquivalenceReport:
+    """Compare agent `b` with agent `a` (a service name, or ``service@version``) on shared cells; replayed trials
+    count by the driver's records that verify under `keys` (`trials.account`)."""
+    runs = account(trajectories, keys).judged()
     exposed = {t.trajectory_id for t, status in runs if status == "exposed"}
     keep = spec.is_effect if spec is not None else None
     report = EquivalenceReport(a, b, sorted(spec.effect_tools) if spec and spec.effect_tools is not None else None,

@@ -14,13 +14,14 @@ from typing import Any
 import click
 
 from plumbline_otel.cli.check import open_store
-from plumbline_otel.cli.options import sources, stores_option, warn_misrouted
+from plumbline_otel.cli.options import keys_option, sources, stores_option, study_keys, warn_misrouted
 from plumbline_otel.cli.progress import Progress
 
 
 @click.command("certify")
 @click.option("--spec", "spec_path", required=True, type=click.Path(exists=True, dir_okay=False), help="invariant spec (YAML)")
 @stores_option
+@keys_option
 @click.option("--agent", default=None, help="only runs of this service (or service@version)")
 @click.option("--study", default=None, help="only runs whose plumbline.study is this")
 @click.option("--target", type=click.FloatRange(0, 1, min_open=True, max_open=True), default=0.95, show_default=True,
@@ -51,9 +52,10 @@ def certify(spec_path: str, db: tuple[str, ...], server: tuple[str, ...], agent:
 
     # Read every service: a replay study's records carry the driver's agent label, which decides a trial with no run.
     stores = sources(db, server, assemble=True)
+    keys = study_keys(stores)
     if stores.single_db is None:  # per-(agent, perturbation, task) runs from every store, as one store would hold them
         with progress:
-            cert = build_certificate(spec, kept(stores.trajectories()), agent=agent, study=study, target=target)
+            cert = build_certificate(spec, kept(stores.trajectories()), agent=agent, study=study, target=target, keys=keys)
         warn_misrouted(stores)
         if keep and len(stores.servers) == 1 and not stores.dbs:
             from plumbline_otel.api.client import PlumblineClient
@@ -67,7 +69,7 @@ def certify(spec_path: str, db: tuple[str, ...], server: tuple[str, ...], agent:
             store.assemble()
             progress.update(0, store.trajectories_built_since(0))  # every stored run
             progress.stage("certifying")
-            cert = build_certificate(spec, kept(store.trajectories()), agent=agent, study=study, target=target)
+            cert = build_certificate(spec, kept(store.trajectories()), agent=agent, study=study, target=target, keys=keys)
             if keep:
                 store.store_certificate(cert)
     Path(out).write_text(json.dumps(cert, indent=2) + "\n", encoding="utf-8")
@@ -78,5 +80,5 @@ def certify(spec_path: str, db: tuple[str, ...], server: tuple[str, ...], agent:
     if emit_url:
         from plumbline_otel.evaluation_events import certificate_events, send
 
-        sent = send(emit_url, certificate_events(cert, spec, runs))
+        sent = send(emit_url, certificate_events(cert, spec, runs, keys))
         click.echo(f"sent {sent} gen_ai.evaluation.result events to {emit_url}", err=True)

@@ -6,13 +6,14 @@ import json
 
 import click
 
-from plumbline_otel.cli.options import parse_since, since_option, sources, stores_option, warn_misrouted
+from plumbline_otel.cli.options import keys_option, parse_since, since_option, sources, stores_option, study_keys, warn_misrouted
 
 
 @click.command("compare")
 @click.argument("a")
 @click.argument("b")
 @stores_option
+@keys_option
 @click.option("--spec", "spec_path", default=None, type=click.Path(exists=True, dir_okay=False),
               help="invariant spec: effect_tools, argument types, and the paired conformance test")
 @click.option("--study", default=None, help="only runs whose plumbline.study is this")
@@ -32,7 +33,7 @@ def compare(a: str, b: str, db: tuple[str, ...], server: tuple[str, ...], spec_p
     stores = sources(db, server, assemble=True)  # runs pair by task across stores: all are read first
     runs = [t for t in stores.trajectories(since_ns=since_ns) if study is None or str(t.context.get(STUDY, "")) == study]
     warn_misrouted(stores)
-    report = equivalence(runs, a, b, spec)
+    report = equivalence(runs, a, b, spec, study_keys(stores))
     tasks = cons.consistency([t for t in runs if _is(t, a) or _is(t, b)], spec) if with_consistency else []
     if fmt == "json":
         out = report.as_dict()

@@ -13,6 +13,7 @@ import click
 from plumbline_otel.errors import ConfigError
 from plumbline_otel.sources import Sources
 from plumbline_otel.store import DEFAULT_DB
+from plumbline_otel.trials import KeyRing
 
 db_option = click.option("--db", "db", default=DEFAULT_DB, show_default=True, help="DuckDB file of the store.")
 
@@ -22,6 +23,13 @@ _LAKE = "plumbline.lake"
 
 def _keep_lake(ctx: click.Context, _param: click.Parameter, value: str | None) -> None:
     ctx.meta[_LAKE] = value
+
+
+_STATE = "plumbline.state"
+
+
+def _keep_state(ctx: click.Context, param: click.Parameter, value: Any) -> None:
+    ctx.meta[f"{_STATE}.{param.name}"] = value
 
 
 def stores_option(command: Callable[..., Any]) -> Callable[..., Any]:
@@ -44,6 +52,30 @@ def sources(db: tuple[str, ...], server: tuple[str, ...], assemble: bool = False
     ctx = click.get_current_context(silent=True)
     lake = ctx.meta.get(_LAKE) if ctx is not None else None
     return Sources(db or (() if server or lake else (DEFAULT_DB,)), server, assemble=assemble, lake=lake)
+
+
+def keys_option(command: Callable[..., Any]) -> Callable[..., Any]:
+    """--state (repeatable) and --state-url: where the keys that verify the replay driver's records are (`study_keys`)."""
+    command = click.option("--state-url", "state_url", default=None, metavar="POSTGRES_URL", expose_value=False, callback=_keep_state,
+                           help="the shared state of replay studies run with --state-url: the keys that verify their records")(command)
+    return click.option("--state", "state", multiple=True, metavar="DIR", expose_value=False, callback=_keep_state,
+                        type=click.Path(file_okay=False),
+                        help="a replay study's state directory (or a folder of them) whose key verifies the driver's records; "
+                             "the states beside each --db (<db>.replay/) are always read")(command)
+
+
+def study_keys(stores: Sources) -> KeyRing:
+    """The keys that verify the replay driver's records: the study states beside each store file, and the command's
+    --state directories and --state-url (`trials.KeyRing`)."""
+    ctx = click.get_current_context(silent=True)
+    meta = ctx.meta if ctx is not None else {}
+    keys = KeyRing.beside(stores.dbs).merged(KeyRing.load(meta.get(f"{_STATE}.state") or ()))
+    url = meta.get(f"{_STATE}.state_url")
+    if url:
+        from plumbline_otel.replay.pgstate import shared_keys
+
+        keys = keys.merged(shared_keys(url))
+    return keys
 
 
 def warn_misrouted(stores: Sources) -> None:

@@ -22,6 +22,7 @@ from plumbline_otel.cli.progress import Progress
 from plumbline_otel.errors import ConfigError
 from plumbline_otel.sources import Sources
 from plumbline_otel.store import DEFAULT_DB
+from plumbline_otel.trials import KeyRing
 
 if TYPE_CHECKING:
     from plumbline_otel.replay import StudyConfig
@@ -307,6 +308,16 @@ def parse_upstreams(pairs: tuple[str, ...]) -> dict[str, str]:
     return upstreams
 
 
+def _state_keys(config: StudyConfig) -> KeyRing:
+    """The study's own key, when its state exists already: resume believes only records the driver signed."""
+    keys = KeyRing.load([config.state_dir]) if config.state_dir else KeyRing()
+    if config.state_url:
+        from plumbline_otel.replay.pgstate import shared_keys
+
+        keys = keys.merged(shared_keys(config.state_url))
+    return keys
+
+
 def run_replay(opts: ReplayOptions) -> None:
     """Source the tasks, open the study, run it (or print its plan), write its summary, say what comes next."""
     from plumbline_otel.replay import CommandAdapter, HttpAdapter, IsolatedAdapter, load_adapter, open_study, source_tasks
@@ -326,11 +337,11 @@ def run_replay(opts: ReplayOptions) -> None:
         click.echo(f"spans to {target.url} over {target.protocol} ({'as given' if target.how == 'given' else 'by its ' + target.how})",
                    err=True)
     stores = sources(opts.db, opts.server, assemble=True)
-    source = source_tasks(stores, opts.study, agent=opts.agent, task_keys=_split(opts.task_keys) or None,
+    config = opts.study_config(stores)
+    source = source_tasks(stores, opts.study, _state_keys(config), agent=opts.agent, task_keys=_split(opts.task_keys) or None,
                           since_ns=parse_since(opts.since), where=opts.where)
     if stores.single_db is None:
         warn_misrouted(stores)
-    config = opts.study_config(stores)
     adapter = load_adapter(opts.adapter_spec, _options(opts.adapter_options))
     if opts.isolate:
         if isinstance(adapter, (CommandAdapter, HttpAdapter)):

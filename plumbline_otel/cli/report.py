@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from plumbline_otel.cli.options import sources, stores_option, warn_misrouted
+from plumbline_otel.cli.options import keys_option, sources, stores_option, study_keys, warn_misrouted
 from plumbline_otel.sources import Sources
 from plumbline_otel.store import Store
 
@@ -40,6 +40,7 @@ def reading(stores: Sources, task: str | None = None) -> Iterator[Store]:
 
 @click.command("report")
 @stores_option
+@keys_option
 @click.option("--cert", "cert_path", type=click.Path(exists=True, dir_okay=False), help="certificate JSON (`plumbline certify`) for the headline and chart")
 @click.option("--spec", "spec_path", type=click.Path(exists=True, dir_okay=False),
               help="invariant spec: judge the runs (violations) and, without --cert, certify them")
@@ -63,7 +64,7 @@ def report(db: tuple[str, ...], server: tuple[str, ...], cert_path: str | None, 
             spec = load_spec(spec_path)
             check(spec, (t for t in store.trajectories() if study is None or t.context.get(STUDY) == study), store)
             if cert is None:
-                cert = build_certificate(spec, store.trajectories(), study=study)
+                cert = build_certificate(spec, store.trajectories(), study=study, keys=study_keys(stores))
         html = report_html(store, cert, ", ".join(stores.names), coverage, study=study)
     path = Path(out)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -347,16 +347,18 @@ class TrialBudget:
             self.metered = True
         self.cap.use(self.rid, amount)
 
-    def close(self, reported: float | None = None) -> float:
-        """Settle: metered spend if any, else the adapter's report, else the whole reservation.
+    def close(self, reported: float | None = None, ran: bool = True) -> float:
+        """Settle: what a meter counted, else (the agent ran, so it may have spent) the whole reservation; an
+        adapter's report may raise that, never lower it: an agent that says it cost $0 is not believed.
 
         A report above the reservation is settled as reported (it is what was spent) and kept
-        in ``overrun``, so the driver can stop the study and say which adapter broke its maximum.
+        in ``overrun``, so the driver can stop a capped study and say which adapter broke its maximum.
         """
         with self._lock:
             if self.settled:
                 return self.used
-            actual = self.used if self.metered else (reported if reported is not None else self.reserved)
+            floor = self.used if self.metered else (self.reserved if ran else 0.0)
+            actual = max(floor, reported or 0.0)
             self.overrun = max(0.0, actual - self.reserved)
             self.used = actual
             self.cap.settle(self.rid, actual)

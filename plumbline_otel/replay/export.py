@@ -21,6 +21,7 @@ from __future__ import annotations
 import base64
 import os
 import re
+import secrets
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -39,7 +40,8 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 
 from plumbline_otel.replay.identity import TrialIdentity
-from plumbline_otel.runs import RECORD_SPAN
+from plumbline_otel.runs import RECORD_MAC, RECORD_SPAN
+from plumbline_otel.trials import record_mac
 
 SCOPE_NAME = "plumbline_otel.replay"
 _TRACE_ID = re.compile(rb'"traceId"\s*:\s*"([0-9a-fA-F]{32})"')
@@ -347,38 +349,39 @@ class _Collected(SpanProcessor):
 
 
 class RecordWriter:
-    """Writes the driver's records, one provider per agent label (the records' service is the agent's)."""
+    """Writes the driver's records, one provider per agent label (the records' service is the agent's).
 
-    def __init__(self, sink: SpanSink) -> None:
-        self.sink = sink
+    Each record is signed with the study state's secret `key` (`trials.record_mac`), so certify counts a
+    record only if the driver wrote it; each goes into a random trace of its own, which no agent can name
+    beforehand to put spans beside it."""
+
+    def __init__(self, sink: SpanSink, key: str) -> None:
+        self.sink, self.key = sink, key
         self._providers: dict[tuple[str | None, str | None], TracerProvider] = {}
         self._collected = _Collected()
         self._lock = threading.Lock()
         self.written = 0
 
-    def _provider(self, service: str | None, version: str | None) -> TracerProvider:
+    def _provider(self, service: str, version: str | None) -> TracerProvider:
         with self._lock:
             key = (service, version)
             if key not in self._providers:
-                attrs = {"service.name": service or "unknown_service"}
-                if version:
-                    attrs["service.version"] = version
-                provider = TracerProvider(resource=Resource.create(attrs))
+                attrs = {"service.name": service, **({"service.version": version} if version else {})}
+                provider = TracerProvider(resource=Resource(attrs))  # exactly what is signed: no variable of the environment
                 provider.add_span_processor(self._collected)
                 self._providers[key] = provider
             return self._providers[key]
 
-    def add(self, identity: TrialIdentity, attributes: Mapping[str, Any], *, plan: bool, service: str | None,
-            version: str | None = None) -> None:
-        """One root span in the record's own trace (`TrialIdentity.record_trace_id`), sent at the next `flush`."""
+    def add(self, identity: TrialIdentity, attributes: Mapping[str, Any], *, service: str | None, version: str | None = None) -> None:
+        """One signed root span in a random trace of its own, sent at the next `flush`."""
+        service = service or "unknown_service"
         tracer = self._provider(service, version).get_tracer(SCOPE_NAME)
-        trace_id = int(identity.record_trace_id(plan), 16)
-        parent = trace.set_span_in_context(NonRecordingSpan(SpanContext(trace_id, int(identity.parent_span_id, 16), is_remote=True,
-                                                                        trace_flags=TraceFlags(TraceFlags.SAMPLED))))
-        values = {**identity.attributes(), **attributes}
+        parent = trace.set_span_in_context(NonRecordingSpan(SpanContext(
+            secrets.randbits(127) | 1, secrets.randbits(63) | 1, is_remote=True, trace_flags=TraceFlags(TraceFlags.SAMPLED))))
+        values = {k: v for k, v in {**identity.attributes(), **attributes}.items() if v is not None}
+        values[RECORD_MAC] = record_mac(self.key, values, service, version)
         now = time.time_ns()
-        span = tracer.start_span(RECORD_SPAN, context=parent, attributes={k: v for k, v in values.items() if v is not None},
-                                 start_time=now)
+        span = tracer.start_span(RECORD_SPAN, context=parent, attributes=values, start_time=now)
         span.end(end_time=now)
 
     def flush(self) -> None:
@@ -389,10 +392,9 @@ class RecordWriter:
             with self._lock:
                 self.written += len(spans)
 
-    def write(self, identity: TrialIdentity, attributes: Mapping[str, Any], *, plan: bool, service: str | None,
-              version: str | None = None) -> None:
+    def write(self, identity: TrialIdentity, attributes: Mapping[str, Any], *, service: str | None, version: str | None = None) -> None:
         """`add` one record and export it at once (an attempt's record survives the runner's crash)."""
-        self.add(identity, attributes, plan=plan, service=service, version=version)
+        self.add(identity, attributes, service=service, version=version)
         self.flush()
 
     def close(self) -> None:

@@ -4,11 +4,11 @@
 Everything here is pure. A trial id is readable and deterministic
 (``study/task_key/perturbation/variant/kN``), so re-running a study names the same trials and
 resume can recognise them. Every *attempt* of a trial (a retry, a resumed run, an explicit
-re-run) is one execution with its own trace id, derived from the study state's random instance
-id, the trial id and the attempt number: two executions never share a trace, even from two state
-directories of one study, so the store can never merge them into one trajectory (the seed of 22
-false "paid twice" violations). The driver's record of each attempt goes into a trace of its own
-(`record_trace_id`), never the attempt's, so no span of the agent can stand in for it.
+re-run) is one execution with its own trace id, derived from a random nonce the driver mints for
+that attempt (`at_attempt`): two executions never share a trace, even from two state directories
+of one study, so the store can never merge them into one trajectory (the seed of 22 false "paid
+twice" violations), and no agent can compute another trial's trace to write into it. The
+driver's record of each attempt goes into a random trace of its own, never the attempt's.
 
 On a ``tool_fault`` trial the identity also carries the fault evidence the certificate matches:
 the targeted tool and the exact error text the injector raises (``FaultPlan.error_message``).
@@ -17,6 +17,7 @@ the targeted tool and the exact error text the injector raises (``FaultPlan.erro
 from __future__ import annotations
 
 import hashlib
+import secrets
 from dataclasses import dataclass, replace
 from typing import Any
 from urllib.parse import quote
@@ -33,7 +34,6 @@ from plumbline_otel.runs import (
     TRIAL_ID,
     VARIANT,
 )
-from plumbline_otel.trials import record_trace_id
 
 TRANSIENT_FAULT_KINDS = ("503", "429", "timeout", "connection_reset")
 _FAULT_MESSAGES = {
@@ -112,14 +112,16 @@ class TrialIdentity:
     attempt: int = 1
     fault: FaultPlan | None = None
     instance: str = ""  # the study state's random id: the same trial of two states never shares a trace
+    nonce: str = ""  # minted by the driver per attempt (`at_attempt`): the attempt's trace cannot be guessed
 
     def __post_init__(self) -> None:
         if self.attempt < 1:
             raise ValueError("a trial attempt is numbered from 1")
 
-    def at_attempt(self, attempt: int) -> TrialIdentity:
-        """The same trial, execution number ``attempt`` (its own trace)."""
-        return replace(self, attempt=attempt)
+    def at_attempt(self, attempt: int, nonce: str | None = None) -> TrialIdentity:
+        """The same trial, execution number ``attempt``, with a trace of its own that no one can compute
+        beforehand (a fresh random nonce unless one is given)."""
+        return replace(self, attempt=attempt, nonce=secrets.token_hex(16) if nonce is None else nonce)
 
     def attributes(self) -> dict[str, Any]:
         """Span / resource attributes (``plumbline.*``), fault evidence included on a faulted trial."""
@@ -146,8 +148,8 @@ class TrialIdentity:
 
     # --- the attempt's trace ----------------------------------------------------------------
 
-    def _digest(self, kind: str = "replay") -> str:
-        return hashlib.sha256(f"plumbline.{kind}:{self.instance}:{self.trial_id}#{self.attempt}".encode()).hexdigest()
+    def _digest(self) -> str:
+        return hashlib.sha256(f"plumbline.replay:{self.instance}:{self.trial_id}#{self.attempt}:{self.nonce}".encode()).hexdigest()
 
     @property
     def trace_id(self) -> str:
@@ -160,10 +162,6 @@ class TrialIdentity:
         """16 hex digits: the attempt's virtual root, parent of the agent's root span."""
         value = self._digest()[32:48]
         return value if int(value, 16) else "1".rjust(16, "0")
-
-    def record_trace_id(self, plan: bool = False) -> str:
-        """The trace of the driver's record of this attempt (or of the trial's plan): never the attempt's own."""
-        return record_trace_id(self.instance, self.trial_id, self.attempt, plan)
 
     def traceparent(self) -> str:
         """W3C ``traceparent`` (sampled) pointing at the trial's virtual root."""

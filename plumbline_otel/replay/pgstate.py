@@ -25,7 +25,7 @@ from __future__ import annotations
 import os
 import socket
 import threading
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -34,6 +34,7 @@ import orjson
 from plumbline_otel.errors import ReplayError
 from plumbline_otel.replay.budget import Reservation, SpendCap
 from plumbline_otel.replay.ledger import Ledger
+from plumbline_otel.trials import KeyRing
 
 _HOST = socket.gethostname()
 _SCHEMA = [
@@ -94,6 +95,32 @@ class _Rows:
         found = self.connection.execute("INSERT INTO plumbline_study_rows (study, kind, row) VALUES (%s, %s, %s::jsonb) RETURNING seq",
                                         [self.study, self.kind, orjson.dumps(row, default=str).decode()]).fetchone()
         self.seq = int(found[0])
+
+
+def shared_state(url: str, study: str, make: Callable[[], dict[str, str]]) -> dict[str, str]:
+    """The shared study's one instance id and secret key (`trials.KeyRing`): the first runner makes them, every
+    other runner and `certify --state-url` reads the same, so records of every runner verify under one key."""
+    rows = _Rows(url, study, "state")
+    try:
+        with rows.locked():
+            found = rows.since()
+            if found:
+                return dict(found[0])
+            made = make()
+            rows.append(made)
+            return made
+    finally:
+        rows.connection.close()
+
+
+def shared_keys(url: str) -> KeyRing:
+    """Every shared study's key (`shared_state`), for certify."""
+    connection = connect(url)
+    try:
+        found = connection.execute("SELECT row FROM plumbline_study_rows WHERE kind = 'state'").fetchall()
+    finally:
+        connection.close()
+    return KeyRing({str(r["instance"]): str(r["key"]) for (r,) in found if isinstance(r, dict) and "key" in r}, (url,))
 
 
 class PgSpendCap(SpendCap):

@@ -29,10 +29,11 @@ its deterministic identity. ``run_study`` runs a plan:
 from __future__ import annotations
 
 import hashlib
+import os
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
@@ -74,10 +75,11 @@ from plumbline_otel.runs import (
     SEEN,
     SEEN_BY,
     SEQUENTIAL,
+    TRACE_CLAIMED,
     TRIAL_REASON,
     TRIAL_STATUS,
 )
-from plumbline_otel.trials import DECIDED, RAN
+from plumbline_otel.trials import DECIDED, RAN, STATE_FILE, KeyRing, new_key
 
 RESERVATION_WAIT_S = 3600.0  # longest a reservation waits for running trials to free room
 
@@ -131,10 +133,10 @@ class StudyConfig:
     # and the MCP proxy. Every attempt gets its own routes; what they saw goes into its record.
     proxies: Sequence[Any] = ()
     # Sequential: stop each cell once the anytime-valid bound decides it against `target`
-    # (`replay.sequential`); `judge(trace_id)` says whether a run held every critical invariant.
+    # (`replay.sequential`); `judge(trace_id, identity)` says whether a run, placed by its trial's identity, held every critical invariant.
     target: float | None = None
     min_tasks: int = 5
-    judge: Callable[[str], bool | None] | None = None
+    judge: Callable[[str, Mapping[str, Any]], bool | None] | None = None
     # Shared study state (`replay.pgstate`): runners on several machines share one ledger, one exact
     # spend cap and the trials, each claimed by one runner at a time.
     state_url: str | None = None
@@ -226,6 +228,7 @@ class TrialRecord:
     cost_reported_usd: float | None = None  # what the run's own spans reported (gen_ai.usage.cost.*), never what settles it
     reserved_usd: float = 0.0
     overrun_usd: float = 0.0  # an adapter's reported cost beyond its reservation
+    trace_claimed: str | None = None  # a trace the adapter named that is not the attempt's: a conflict, never judged
     evidence: dict[str, Any] = field(default_factory=dict)
 
     def row(self) -> dict[str, Any]:
@@ -238,6 +241,7 @@ class TrialRecord:
             RUN_TRACE: self.trace_id, FAULT_PLANNED: self.fault, FAULT_FIRED: self.fault_fired, FAULT_SOURCE: self.fault_source,
             FAULT_CLAIMED: self.fault_claimed, SEEN: self.seen, SEEN_BY: self.seen_by, COST_USD: round(cost_usd, 8),
             COST_METERED: self.metered, COST_BASIS: self.cost_basis, COST_REPORTED: self.cost_reported_usd,
+            TRACE_CLAIMED: self.trace_claimed,
             RECORD_AT: time.time_ns(), EVIDENCE: orjson.dumps(self.evidence).decode() if self.evidence else None,
         }
 
@@ -267,6 +271,7 @@ class StudySummary:
     elsewhere: int = 0  # trials of a shared study another runner held or had decided
     decided_cells: dict[str, str] = field(default_factory=dict)  # perturbation -> how the study decided it
     recovered: list[TrialRecord] = field(default_factory=list)  # attempts a dead runner left unfinished
+    keys: KeyRing = field(default_factory=KeyRing)  # the study state's key: what verifies its records (never an agent's)
 
     @property
     def ran(self) -> int:
@@ -396,7 +401,7 @@ class _Runner:
             service, version = self._label(trial)
             self.records.add(trial.identity, {RECORD_KIND: "plan", FAULT_PLANNED: planned_fault(trial),
                                               SEQUENTIAL: self.sequential is not None},
-                             plan=True, service=service, version=version)
+                             service=service, version=version)
         self.records.flush()
 
     def run(self, trial: Trial) -> TrialRecord:
@@ -419,7 +424,7 @@ class _Runner:
             time.sleep(delay)
         self._release(record)
         if self.sequential is not None:
-            self.sequential.finish(trial, self._score(record))
+            self.sequential.finish(trial, self._score(trial, record))
         record.seconds = round(time.perf_counter() - started, 4)
         return record
 
@@ -428,7 +433,7 @@ class _Runner:
         if self.claims is not None:
             self.claims.finish(record.trial_id, decided=record.status in DECIDED)
 
-    def _score(self, record: TrialRecord) -> bool | None:
+    def _score(self, trial: Trial, record: TrialRecord) -> bool | None:
         """For a sequential study: conforming, failing, or not scored, by the certificate's rules (`trials.py`)."""
         if record.status == "errored":
             return False
@@ -437,7 +442,7 @@ class _Runner:
         if (record.perturbation in FAULT_PERTURBATIONS and not record.fault_fired) or (
                 record.perturbation in REQUEST_PERTURBATIONS and not record.seen):
             return None
-        return self.config.judge(record.trace_id)
+        return self.config.judge(record.trace_id, trial.identity.attributes())
 
     def _halt(self, reason: str) -> None:
         with self._lock:
@@ -465,7 +470,7 @@ class _Runner:
         record.attempts += 1
         record.attempt = attempt.identity.attempt
         record.trace_id, record.fault_fired, record.fault_source, record.fault_claimed = attempt.trace_id, None, None, None
-        record.seen, record.seen_by, record.evidence = None, None, {}
+        record.seen, record.seen_by, record.evidence, record.trace_claimed = None, None, {}, None
         budget: TrialBudget | None = None
         scope: TrialScope | None = None
         outcome: TrialOutcome | None = None
@@ -473,6 +478,7 @@ class _Runner:
         routes: list[tuple[Any, Any]] = []
         status: str = "missing"
         reason: str | None = "driver: the attempt did not run"
+        ran = False
         try:
             budget, reason = self._reserve(trial)
             if budget is not None:
@@ -483,19 +489,23 @@ class _Runner:
                 routes = [(proxy, proxy.open_trial(attempt, budget)) for proxy in self.config.proxies]
                 attempt = replace(attempt, routes={k: v for _, route in routes for k, v in route.env().items()})
                 status, reason, outcome, retry = self._execute(attempt, scope, record.attempts)
+                ran = status in RAN
         except Exception as exc:  # a driver bug: whether the agent ran is unknown, so the trial is not its result
             status, reason, retry = "missing", f"driver: {type(exc).__name__}: {exc}", None
         finally:
             evidence = [proxy.close_trial(route) for proxy, route in routes]
-            status, reason = _unrouted(status, reason, evidence)
+            if status == "ok":  # its run: the trace the driver minted, which the proxies wrote into or which must arrive
+                status, reason = self._arrived(attempt, evidence)
+            status, reason, retry = _plumbline_failed(status, reason, retry, evidence, self.config.retry,
+                                                      record.attempts, self.stop.is_set())
             record.status, record.reason = status, reason
-            cost = self._settle(record, budget, outcome, status)
+            cost = self._settle(record, budget, outcome, ran)
             self._witness(record, scope, outcome, evidence)
             self._write(attempt, record, cost)
         return retry
 
     def _execute(self, attempt: Trial, scope: TrialScope, n: int) -> tuple[str, str | None, TrialOutcome | None, float | None]:
-        """Run the agent once: (status, reason, outcome, retry delay)."""
+        """Run the agent once: (status, reason, outcome, retry delay); "ok" means it ran to the end (its trace is `_arrived`'s)."""
         try:
             with activate(scope), otel_trial_context(attempt):
                 outcome = TrialOutcome.coerce(self.adapter.run(attempt))
@@ -504,11 +514,7 @@ class _Runner:
         except BaseException as exc:  # an agent's sys.exit (SystemExit) must not take the runner down
             status, reason, delay = self._failure(exc, scope, n)
             return status, reason, None, delay
-        trace_id = outcome.trace_id or attempt.trace_id
-        sink = self.config.sink
-        if sink is None or sink.wait_for_trace(trace_id, self.config.trace_wait_s, self.config.trace_stored):
-            return "ok", None, outcome, None
-        return "errored", f"no trace received: trace {trace_id} did not reach {sink.describe()} within {self.config.trace_wait_s:g}s", outcome, None
+        return "ok", None, outcome, None
 
     def _failure(self, exc: BaseException, scope: TrialScope, n: int) -> tuple[str, str, float | None]:
         """(status, reason, retry delay) of an attempt that raised."""
@@ -523,30 +529,44 @@ class _Runner:
             return "missing", f"not reached after {n} attempt(s): {exc}", None
         return "errored", f"{type(exc).__name__}: {exc}", None
 
-    def _settle(self, record: TrialRecord, budget: TrialBudget | None, outcome: TrialOutcome | None, status: str) -> float:
-        """Close the attempt's reservation: what it cost, metered or as reported."""
+    def _arrived(self, attempt: Trial, evidence: list[Any]) -> tuple[str, str | None]:
+        """Whether the attempt left its run: the trace the driver minted for it, and no other.
+
+        A plumbline proxy that served a call of the attempt wrote its span into that trace itself: the driver
+        knows the run exists without waiting for it to come back through ingest. Otherwise the trace must
+        reach the sink within ``trace_wait_s``, or the attempt is errored (the agent ran and left no run)."""
+        sink = self.config.sink
+        if sink is None or any(getattr(e, "calls", 0) for e in evidence):
+            return "ok", None
+        if sink.wait_for_trace(attempt.trace_id, self.config.trace_wait_s, self.config.trace_stored):
+            return "ok", None
+        return "errored", (f"no trace received: trace {attempt.trace_id} (the attempt's own) did not reach "
+                           f"{sink.describe()} within {self.config.trace_wait_s:g}s")
+
+    def _settle(self, record: TrialRecord, budget: TrialBudget | None, outcome: TrialOutcome | None, ran: bool) -> float:
+        """Close the attempt's reservation: what a meter counted, else the whole reservation; a report may raise it, never lower it."""
         if budget is None:
             return 0.0
         sink = self.config.sink
         # The run's own gen_ai.usage.cost.* spans are the agent's word: kept beside the record, never what settles it,
         # or an agent could export a cost of zero and escape the cap.
-        trace_id = (outcome.trace_id if outcome is not None else None) or record.trace_id
-        spans_usd = sink.reported_cost(trace_id) if sink is not None and trace_id else None
+        spans_usd = sink.reported_cost(record.trace_id) if sink is not None and record.trace_id else None
+        reported = outcome.cost_usd if outcome is not None else None
         try:
-            reported = outcome.cost_usd if outcome is not None else None
-            cost = budget.close(reported if status in RAN else (reported or 0.0))
+            cost = budget.close(reported, ran=ran)
         finally:
             with self._lock:
                 self._running -= 1
         record.cost_usd = round(record.cost_usd + cost, 8)
         record.cost_reported_usd = round(spans_usd, 8) if spans_usd is not None else None
-        if budget.metered:
+        if budget.metered and cost <= budget.used:
             record.metered, record.cost_basis = True, "metered"
-        elif reported is not None or (status in RAN and self.cap.limit is not None):
-            record.metered = False  # the adapter's own word, or the whole reservation charged
-            record.cost_basis = "adapter" if reported is not None else "reservation"
+        elif reported is not None and cost == reported and reported > 0:
+            record.metered, record.cost_basis = False, "adapter"  # the adapter reported more than any meter or reservation
+        elif ran and self.cap.limit is not None:
+            record.metered, record.cost_basis = False, "reservation"  # no meter saw its spend: charged the whole reservation
         record.overrun_usd = round(budget.overrun, 8)
-        if budget.overrun > 0:
+        if budget.overrun > 0 and self.cap.limit is not None:
             self._halt(f"adapter reported ${cost:.4f} for {record.trial_id}, over its ${budget.reserved:.4f} "
                        "reservation: the cap can no longer be guaranteed")
         return cost
@@ -573,7 +593,8 @@ class _Runner:
             record.seen = False
         if outcome is not None:
             record.fault_claimed = outcome.fault_fired
-            record.trace_id = outcome.trace_id or record.trace_id
+            if outcome.trace_id and outcome.trace_id != record.trace_id:
+                record.trace_claimed = outcome.trace_id  # the agent named another run: a conflict, never its run
 
     def _write(self, attempt: Trial, record: TrialRecord, cost: float) -> None:
         """The attempt's outcome: a ledger row (resume) and the driver's record beside the runs (certify)."""
@@ -581,17 +602,40 @@ class _Runner:
             self.ledger.append({**record.row(), "attempt": attempt.identity.attempt, "attempt_cost_usd": cost})
         if self.records is not None:
             service, version = self._label(attempt)
-            self.records.write(attempt.identity, record.attributes(cost), plan=False, service=service, version=version)
+            self.records.write(attempt.identity, record.attributes(cost), service=service, version=version)
 
 
-def _unrouted(status: str, reason: str | None, evidence: list[Any]) -> tuple[str, str | None]:
-    """An attempt whose agent ran but made no model call through its model-proxy route is not witnessed:
-    it ignored its OPENAI_BASE_URL / ANTHROPIC_BASE_URL, or its calls could not be routed. Missing, not scored."""
+def _plumbline_failed(status: str, reason: str | None, retry: float | None, evidence: list[Any],
+                      policy: RetryPolicy, n: int, stopping: bool) -> tuple[str, str | None, float | None]:
+    """An attempt in which plumbline itself, or a provider or tool server it stands in front of, failed is not the
+    agent's result: it is missing with the real cause (whatever the agent then did). A refusal of plumbline's own
+    (spend cap, cassette miss) is final; a provider, tool server or proxy that failed is retried within the
+    policy. An agent that sent no model call through its route is unrouted (missing, never scored)."""
+    if status not in RAN:
+        return status, reason, retry
+    own = status if status == "ok" else f"{status}: {reason}"
+    for e in evidence:
+        saw = e.as_dict()
+        if saw.get("refused_budget"):
+            return "missing", f"plumbline refused {saw['refused_budget']} model call(s) at the spend cap (agent's own result: {own})", None
+        if saw.get("refused_offline"):
+            return "missing", (f"cassette miss: plumbline had no recorded answer for {saw['refused_offline']} model call(s) "
+                               f"offline (agent's own result: {own})"), None
+    failures = []
+    for e in evidence:
+        saw = e.as_dict()
+        for kind, label in (("provider_failures", "provider failed"), ("server_died", "tool server died"), ("proxy_errors", "proxy error")):
+            for item in saw.get(kind) or ():  # never a fault the proxy injected itself (those are the perturbation)
+                failures.append(f"{label}: {item.get('detail') or item.get('status') or item}")
+    if failures:
+        again = n < policy.max_attempts and not stopping
+        return "missing", f"{failures[0]}{f' (+{len(failures) - 1} more)' if len(failures) > 1 else ''} (agent's own result: {own})", (
+            policy.delay(n) if again else None)
     unseen = [e for e in evidence if e.witness == "model_proxy" and e.calls == 0]
-    if status in RAN and unseen:
+    if unseen:
         return "missing", (f"unrouted: no model call reached this attempt's proxy route (the agent ignored OPENAI_BASE_URL / "
-                           f"ANTHROPIC_BASE_URL, or sent calls the proxy could not route); agent's own result: {reason or status}")
-    return status, reason
+                           f"ANTHROPIC_BASE_URL, or sent calls the proxy could not route); agent's own result: {own}"), None
+    return status, reason, retry
 
 
 def planned_fault(trial: Trial) -> str | None:
@@ -664,9 +708,9 @@ class Study:
     """A study opened for running: its plan, ledger, cache and cap (``open_study`` builds it)."""
 
     def __init__(self, config: StudyConfig, adapter: Any, plan: Plan, ledger: Ledger | None, cache: ResponseCache | None,
-                 cap: SpendCap, instance: str = "") -> None:
+                 cap: SpendCap, instance: str = "", key: str | None = None) -> None:
         self.config, self.adapter, self.plan, self.ledger, self.cache, self.cap = config, adapter, plan, ledger, cache, cap
-        self.instance = instance
+        self.instance, self.key = instance, key or new_key()
 
     def run(self, completed: set[str] | frozenset[str] = frozenset(),
             on_record: Callable[[TrialRecord, int, int], None] | None = None) -> StudySummary:
@@ -696,12 +740,13 @@ class Study:
             plan = replace(plan, trials=tuple(_fresh(t, done, config.repeats) for t in plan.trials))
         todo = [t for t in plan.trials if t.trial_id not in done]
         reservations = reservations_for(config, todo)
-        records_out = RecordWriter(config.sink) if config.sink is not None else None
+        records_out = RecordWriter(config.sink, self.key) if config.sink is not None else None
         sequential = SequentialStop(todo, config.target, config.min_tasks) if config.target is not None else None
         claims = _claims(config, todo)
         runner = _Runner(config, self.adapter, cap, cache, ledger, records_out, reservations, sequential, claims)
         summary = StudySummary(config.study, planned=len(plan.trials), skipped=len(plan.trials) - len(todo),
                                rejected=plan.rejected, budget_usd=config.budget_usd, instance=self.instance,
+                               keys=KeyRing.of(self.instance, self.key),
                                rerun_as=len(already) if config.rerun else 0)
         order = {t.trial_id: i for i, t in enumerate(plan.trials)}
         records: list[TrialRecord] = []
@@ -791,23 +836,40 @@ def _claims(config: StudyConfig, trials: Sequence[Trial]) -> Any:
     return claims
 
 
-def study_instance(state: Path | None) -> str:
-    """The study state's random instance id (``study.json``), made with the state; a fresh one without a state directory."""
-    if state is None:
-        return uuid.uuid4().hex[:16]
-    path = state / "study.json"
-    if path.exists():
-        try:
-            found = orjson.loads(path.read_bytes()).get("instance")
-        except (orjson.JSONDecodeError, AttributeError) as exc:
-            raise ReplayError(f"{path}: unreadable study state ({exc}); move it away to start a new instance of the study") from None
-        if isinstance(found, str) and found:
-            return found
-        raise ReplayError(f"{path}: no instance id; move it away to start a new instance of the study")
-    instance = uuid.uuid4().hex[:16]
-    state.mkdir(parents=True, exist_ok=True)
-    write_jsonl(path, [{"instance": instance, "created_at": time.time()}])
-    return instance
+def study_state(state: Path | None, state_url: str | None = None, study: str = "") -> tuple[str, str]:
+    """The study state's random instance id and secret key (``study.json``, readable by its owner only), made
+    with the state; a fresh pair without a state directory; a shared study's one pair with ``state_url``.
+
+    The key signs the driver's records (`trials.record_mac`) and is never given to an agent; a state made
+    before records were signed gains a key (its earlier records stay unverified)."""
+    def made() -> dict[str, str]:
+        return {"instance": uuid.uuid4().hex[:16], "key": new_key()}
+
+    if state_url is not None:
+        from plumbline_otel.replay.pgstate import shared_state
+
+        found = shared_state(state_url, study, made)
+    elif state is None:
+        found = made()
+    else:
+        path = state / STATE_FILE
+        doc: Any = {}
+        if path.exists():
+            try:
+                doc = orjson.loads(path.read_bytes())
+            except orjson.JSONDecodeError as exc:
+                raise ReplayError(f"{path}: unreadable study state ({exc}); move it away to start a new instance of the study") from None
+            if not isinstance(doc, dict) or not isinstance(doc.get("instance"), str) or not doc["instance"]:
+                raise ReplayError(f"{path}: no instance id; move it away to start a new instance of the study")
+        found = {**made(), **doc} if isinstance(doc.get("key"), str) else {**made(), **doc, "key": new_key()}
+        if found != doc:
+            state.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(".tmp")
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(orjson.dumps({"created_at": time.time(), **found}) + b"\n")
+            os.replace(tmp, path)
+    return str(found["instance"]), str(found["key"])
 
 
 def open_study(config: StudyConfig, tasks: Sequence[ReplayTask], adapter: Any) -> Study:
@@ -818,7 +880,7 @@ def open_study(config: StudyConfig, tasks: Sequence[ReplayTask], adapter: Any) -
     if not hasattr(adapter, "run") and callable(adapter):
         adapter = PythonAdapter(adapter)
     state = Path(config.state_dir) if config.state_dir is not None else None
-    instance = study_instance(state)
+    instance, key = study_state(state, config.state_url, config.study)
     ledger: Ledger | None = Ledger(state / "ledger.jsonl") if state else None
     cap = SpendCap(config.budget_usd, journal=ledger.path if ledger else None)
     if config.state_url is not None:
@@ -837,7 +899,7 @@ def open_study(config: StudyConfig, tasks: Sequence[ReplayTask], adapter: Any) -
     plan = plan_study(planning, tasks, adapter, instance)
     if state:
         write_jsonl(state / "variants.jsonl", [v.as_dict() for v in plan.variants])
-    return Study(config, adapter, plan, ledger, cache, cap, instance)
+    return Study(config, adapter, plan, ledger, cache, cap, instance, key)
 
 
 def run_study(config: StudyConfig, tasks: Sequence[ReplayTask], adapter: Any, *,

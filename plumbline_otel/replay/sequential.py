@@ -17,13 +17,14 @@ from __future__ import annotations
 import tempfile
 import threading
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from plumbline_otel.analyse.conformance import evaluate
 from plumbline_otel.analyse.stats import stop_decision
 from plumbline_otel.spec import Spec
+from plumbline_otel.trials import placed
 
 if TYPE_CHECKING:
     from plumbline_otel.replay.adapters import Trial
@@ -87,12 +88,13 @@ class Judge:
         self._offset = 0
         self._lock = threading.Lock()
 
-    def __call__(self, trace_id: str) -> bool | None:
-        """True/False for the run in `trace_id`, None when no run of it has arrived."""
+    def __call__(self, trace_id: str, identity: Mapping[str, Any]) -> bool | None:
+        """True/False for the run in `trace_id` judged as the trial `identity` places it (`trials.placed`: its task is
+        the driver's, never one its spans claim), None when no run of it has arrived."""
         with self._lock:
             self._read_new()
             runs = [t for t in self.store.trajectories(where=f"trace_id = '{trace_id}'") if t.steps]
-        return evaluate(self.spec, runs[0]).conforms("critical") if runs else None
+        return evaluate(self.spec, placed(runs[0], identity)).conforms("critical") if runs else None
 
     def _read_new(self) -> None:
         from plumbline_otel.ingest import ingest_files

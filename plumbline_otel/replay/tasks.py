@@ -18,7 +18,7 @@ from plumbline_otel.model import Trajectory
 from plumbline_otel.runs import STUDY, TRIAL_ID, agent_label, is_missing, is_record, perturbation_of
 from plumbline_otel.sources import Sources
 from plumbline_otel.store import Store
-from plumbline_otel.trials import DECIDED, record_of
+from plumbline_otel.trials import DECIDED, KeyRing, record_of, verify_record
 
 
 @dataclass(frozen=True)
@@ -93,11 +93,12 @@ def select_tasks(store: Store | Sources, agent: str | None = None, task_keys: Se
     return tasks_from_trajectories(runs, keys, agent)
 
 
-def trials_of(trajectories: Iterable[Trajectory], study: str) -> tuple[set[str], set[str]]:
+def trials_of(trajectories: Iterable[Trajectory], study: str, keys: KeyRing) -> tuple[set[str], set[str]]:
     """(trial ids decided, trial ids recorded only as missing) of ``study`` among these runs and records.
 
-    Decided: an attempt the agent ran (ok or errored), by the driver's records; a study stored
-    before the records existed is read by its runs and legacy markers instead.
+    Decided: an attempt the agent ran (ok or errored), by the driver's records that verify under
+    ``keys`` (a forged "ok" never makes resume skip a trial); a study stored before the records
+    existed is read by its runs and legacy markers instead.
     """
     decided: set[str] = set()
     missing: set[str] = set()
@@ -108,6 +109,8 @@ def trials_of(trajectories: Iterable[Trajectory], study: str) -> tuple[set[str],
             continue
         record = record_of(t)
         if record is not None:
+            if verify_record(t, keys) != "verified":
+                continue
             if record.attempt:
                 (decided if record.status in DECIDED else missing).add(record.trial_id)
             else:
@@ -121,11 +124,11 @@ def trials_of(trajectories: Iterable[Trajectory], study: str) -> tuple[set[str],
     return legacy_decided, legacy_missing - legacy_decided
 
 
-def stored_trials(store: Store, study: str) -> tuple[set[str], set[str]]:
+def stored_trials(store: Store, study: str, keys: KeyRing) -> tuple[set[str], set[str]]:
     """(trial ids decided, trial ids recorded only as missing) of ``study`` in one store (`trials_of`)."""
     store.assemble()
     quoted = study.replace("'", "''")
-    return trials_of(store.trajectories(where=f"json_extract_string(doc, '$.context.\"{STUDY}\"') = '{quoted}'"), study)
+    return trials_of(store.trajectories(where=f"json_extract_string(doc, '$.context.\"{STUDY}\"') = '{quoted}'"), study, keys)
 
 
 @dataclass(frozen=True)
@@ -137,7 +140,7 @@ class TaskSource:
     missing: set[str]  # trial ids no attempt has reached the agent yet: they run (again) as new attempts
 
 
-def source_tasks(stores: Sources, study: str, agent: str | None = None, task_keys: Sequence[str] | None = None,
+def source_tasks(stores: Sources, study: str, keys: KeyRing, agent: str | None = None, task_keys: Sequence[str] | None = None,
                  since_ns: int | None = None, where: str | None = None) -> TaskSource:
     """The tasks and the study's resume state, from one store file or from several stores and servers read as one.
 
@@ -148,14 +151,14 @@ def source_tasks(stores: Sources, study: str, agent: str | None = None, task_key
     db = stores.single_db
     if db is None:
         tasks = select_tasks(stores, agent=agent, task_keys=task_keys, since_ns=since_ns, where=where)
-        completed, missing = trials_of(stores.trajectories(), study)
+        completed, missing = trials_of(stores.trajectories(), study, keys)
     else:
         if not Path(db).exists():
             raise ConfigError(f"--db {db}: no such store; ingest the agent's traces first (`plumbline ingest … --db {db}`)")
         with Store(db) as store:
             store.assemble()
             tasks = select_tasks(store, agent=agent, task_keys=task_keys, since_ns=since_ns, where=where)
-            completed, missing = stored_trials(store, study)
+            completed, missing = stored_trials(store, study, keys)
     if not tasks:
         raise ConfigError("no tasks matched (baseline runs with a task key and an input"
                           + (f" of {agent}" if agent else "") + "): check --agent/--task/--where/--since")

@@ -102,9 +102,9 @@ from plumbline_otel.report.model import (
     RunReason,
     SpecRef,
 )
-from plumbline_otel.runs import STUDY, agent_label, errored_reason, is_record, perturbation_of, run_label, run_status
+from plumbline_otel.runs import agent_label, errored_reason, perturbation_of, run_label, run_status
 from plumbline_otel.spec import Spec
-from plumbline_otel.trials import RAN, TrialResult, account, record_of
+from plumbline_otel.trials import RAN, KeyRing, TrialResult, account
 
 GATE_METHOD = TASK_METHOD
 _TIE = 1e-12  # lower bounds within this are the same bound (float noise, not a difference)
@@ -179,9 +179,10 @@ def build_certificate(
     agent: str | None = None,
     study: str | None = None,
     target: float = 0.95,
+    keys: KeyRing | None = None,
 ) -> dict[str, Any]:
     """The certificate as a JSON-ready dict (``version`` first): `certificate_model`'s, as written to a file."""
-    return certificate_model(spec, trajectories, agent=agent, study=study, target=target).to_dict()
+    return certificate_model(spec, trajectories, agent=agent, study=study, target=target, keys=keys).to_dict()
 
 
 def certificate_model(
@@ -191,22 +192,26 @@ def certificate_model(
     agent: str | None = None,
     study: str | None = None,
     target: float = 0.95,
+    keys: KeyRing | None = None,
 ) -> Certificate:
     """The certificate (`report.model.Certificate`) for the runs that match `agent` and `study`.
 
     `agent` selects a service name (or ``service@version``); `study` the ``plumbline.study`` attribute. `target` is the
     lower bound a gate will ask for; it sets each cell's ``verdict`` and ``tasks_needed``. Trials of a replay study are counted from
-    the driver's records (`plumbline_otel.trials`), each planned trial once.
+    the driver's records (`plumbline_otel.trials`), each planned trial once, and only records that verify under `keys` (the study
+    states' keys): a study is chosen by its records, and a trial's run is the trace its record names, whatever study, task or
+    cell the run's own spans claim.
     """
     tallies: dict[tuple[str, str], _Tally] = defaultdict(_Tally)
     digests: list[tuple[str, str]] = []
     records = 0  # of the digests, the driver's records: pinned by the evidence hash, but no runs
     window = [None, None]  # type: list[int | None]
-    chosen = [t for t in trajectories if study is None or str(t.context.get(STUDY, "")) == study]
-    books = account(chosen)
+    books = account(trajectories, keys)
+    if study is not None:
+        books = books.of_study(study)
 
-    def wanted(label: str, service: str | None) -> bool:
-        return agent is None or agent in (label, label.split("@", 1)[0] if service is None else service)
+    def wanted(label: str) -> bool:
+        return agent is None or agent in (label, label.split("@", 1)[0])
 
     def pin(t: Trajectory) -> None:
         digests.append((t.trajectory_id, evidence_digest(t)))
@@ -214,25 +219,31 @@ def certificate_model(
             window[0] = t.start_ns if window[0] is None else min(window[0], t.start_ns)
             window[1] = t.start_ns if window[1] is None else max(window[1], t.start_ns)
 
-    for t in chosen:
-        if is_record(t) and (record := record_of(t)) is not None and wanted(record.agent, t.service):
+    for record, t in zip(books.records, books.record_trajectories):
+        if wanted(record.agent):
             digests.append((t.trajectory_id, evidence_digest(t)))
             records += 1
     for result in books.results:
-        if wanted(result.agent, result.run.service if result.run else None):
+        if wanted(result.agent):
             if result.run is not None:
                 pin(result.run)
             _count_trial(tallies[(result.agent, result.perturbation)], spec, result)
     for t in books.legacy:
         label = agent_label(t.service, t.service_version)
-        if wanted(label, t.service):
+        if wanted(label):
             pin(t)
             _count(tallies[(label, perturbation_of(t))], spec, t)
-    for t in books.unwitnessed:
+    claimed: list[RunReason] = []
+    for t in books.unwitnessed:  # listed beside the cell it claims when there is one; a cell no driver recorded is never made of them
         label = agent_label(t.service, t.service_version)
-        if wanted(label, t.service):
+        if wanted(label):
             pin(t)
-            tallies[(label, perturbation_of(t))].unwitnessed.append(run_label(t))
+            if (label, perturbation_of(t)) in tallies:
+                tallies[(label, perturbation_of(t))].unwitnessed.append(run_label(t))
+            else:
+                claimed.append(RunReason(run=run_label(t), reason=f"unwitnessed: claims {label} under {perturbation_of(t)}, a cell "
+                                                                  "no driver record stands for"))
+    untrusted = tuple(RunReason(run=run, reason=why) for run, why in books.untrusted_records()) + tuple(claimed)
     cells = [_cell(a, p, tallies[(a, p)], target) for a, p in sorted(tallies)]
     return Certificate(
         version=CERTIFICATE_VERSION,
@@ -256,6 +267,7 @@ def certificate_model(
             trials=sum(c.witnessed for c in cells),
             evidence_sha256=evidence_hash(digests),
             evidence_method="sha256 over sorted 'trajectory_id:sha256(canonical run JSON)' lines, the driver's records included",
+            untrusted_records=untrusted or None,
         ),
     )
 

@@ -62,7 +62,7 @@ def _annotate(store: Reader, rows: list[RunRow], runs: dict[str, Trajectory]) ->
     books = None
     if studies:
         records = store.trial_records(studies, [r["trial_id"] for r in rows if r["trial_id"]])
-        books = account(records + list(runs.values()))
+        books = account(records + list(runs.values()), store.study_keys())
     by_run = {res.run.trajectory_id: res for res in books.results if res.run is not None} if books else {}
     unwitnessed = {t.trajectory_id for t in books.unwitnessed} if books else set()
     violated = store.invariants_violated(ids)

@@ -344,6 +344,9 @@ class Provenance(Record):
     trials: Annotated[Count, "trials counted from the driver's records"]
     evidence_sha256: str
     evidence_method: str
+    untrusted_records: Annotated[tuple[RunReason, ...] | None, Rule("not a list of {run, reason}", omit_none=True),
+                                 "record-shaped spans counted nowhere: forged (their MAC fails under the study's key) or "
+                                 "unverified (the study state's key was not at hand); absent when every record verified"] = None
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,12 @@ from dataclasses import replace
 from typing import Any
 
 from plumbline_otel.model import Step, Trajectory
-from plumbline_otel.runs import TASK_KEY
+from plumbline_otel.runs import RECORD_MAC, TASK_KEY
+from plumbline_otel.trials import KeyRing, record_mac
+
+# The key of a simulated replay driver's study state (instance ""), for hand-built records: `signed`.
+TEST_KEY = "5e" * 32
+TEST_KEYS = KeyRing.of("", TEST_KEY)
 
 _ids = itertools.count(1)
 
@@ -62,6 +67,12 @@ def run(
         end_ns=start_ns + len(steps) + 1,
         context=ctx,
     )
+
+
+def signed(record: Trajectory, key: str = TEST_KEY) -> Trajectory:
+    """`record` (a hand-built driver's record) with the MAC the driver would have written under `key` (`TEST_KEYS` verifies it)."""
+    record.context[RECORD_MAC] = record_mac(key, record.context, record.service, record.service_version)
+    return record
 
 
 def span_records(trajectory: Trajectory) -> list[Any]:

@@ -35,6 +35,7 @@ from plumbline_otel.runs import (
 )
 from plumbline_otel.store._read_coverage import coverage_counts
 from plumbline_otel.store._schema import schema_version
+from plumbline_otel.trials import KeyRing
 
 PAGE_SIZE = 50
 _CTX = "json_extract_string(doc, '$.context.\"{}\"')"
@@ -361,6 +362,12 @@ class Reader:
         spans = self.connection.sql(f"SELECT * FROM spans WHERE trace_id IN (SELECT trace_id FROM trajectories WHERE {_STUDY_SQL} = ?)",
                                     params=[study]).to_arrow_table()
         return spans, self._docs(f"SELECT doc FROM trajectories WHERE {_STUDY_SQL} = ? ORDER BY start_ns, trajectory_id", [study])
+
+    def study_keys(self) -> KeyRing:
+        """The keys of the replay studies whose state sits beside this file (``<db>.replay/<study>/study.json``):
+        what verifies the driver's records it holds (`trials.verify_record`). None for a store in memory."""
+        found = self.connection.execute("SELECT path FROM duckdb_databases() WHERE database_name = current_database()").fetchone()
+        return KeyRing.beside([found[0]]) if found and found[0] else KeyRing()
 
     def trial_records(self, studies: list[str], trial_ids: list[str]) -> list[Trajectory]:
         """The replay driver's records of these trials of these studies."""

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from plumbline_otel.ingest import ingest_files
-from plumbline_otel.replay.pgstate import PgLedger, PgSpendCap
+from plumbline_otel.replay.pgstate import PgLedger, PgSpendCap, shared_keys
 from plumbline_otel.store import Store
 from plumbline_otel.trials import account
 
@@ -53,6 +53,6 @@ def test_two_runners_share_one_study_each_trial_once_under_one_cap(postgres_db: 
     assert len(PgLedger(postgres_db, "shared").decided()) == 19
     with Store(tmp_path / "p.duckdb") as store:
         ingest_files(store, [str(tmp_path / "spans0.jsonl"), str(tmp_path / "spans1.jsonl")])
-        books = account(store.trajectories())
+        books = account(store.trajectories(), shared_keys(postgres_db))  # one key for every runner of the shared study
     statuses = sorted(r.status for r in books.results)
     assert (statuses.count("exposed"), statuses.count("missing")) == (19, 5)  # the five the cap refused are missing

@@ -24,6 +24,7 @@ from plumbline_otel.replay import (
 from plumbline_otel.report import build_certificate
 from plumbline_otel.spec import MustCall, Spec, invariant
 from plumbline_otel.store import Store
+from plumbline_otel.trials import KeyRing
 
 from .toy import ToyAgent, agent_runs, driver_records, one_task, tasks
 
@@ -41,7 +42,7 @@ def config(tmp_path: Path, study: str = "s", **kw: object) -> StudyConfig:
 def certify(tmp_path: Path, study: str) -> dict[str, dict[str, int]]:
     with Store(tmp_path / "p.duckdb") as store:
         ingest_files(store, [str(tmp_path / "replay.otlp.jsonl")])
-        cert = build_certificate(SPEC, store.trajectories(), study=study)
+        cert = build_certificate(SPEC, store.trajectories(), study=study, keys=KeyRing.load([tmp_path / "state"]))
     return {c["perturbation"]: {"n": c["n"], "missing": c["missing"], "unexposed": c["unexposed"]}
             for a in cert["agents"] for c in a["perturbations"]}
 
@@ -111,7 +112,7 @@ def test_transient_errors_are_retried_with_backoff_and_others_are_not(tmp_path: 
     assert [len(traces[r.trial_id]) for r in summary.records] == [2, 3, 1]
     with Store(tmp_path / "p.duckdb") as store:
         ingest_files(store, [str(tmp_path / "replay.otlp.jsonl")])
-        records = driver_records(store.trajectories())
+        records = driver_records(store.trajectories(), summary.keys)
     last = {r.trial_id: r for r in sorted(records, key=lambda r: r.attempt)}
     assert len(records) == 6 and {r.trace_id for r in records} == set().union(*traces.values())
     assert last[by_task["INV-1002"].trial_id].status == "errored"
@@ -136,7 +137,7 @@ def test_trials_the_cap_never_started_are_missing_and_resume_runs_them_as_new_at
     assert second.spent_usd == pytest.approx(4.0) and second.session_usd == pytest.approx(2.0)
     with Store(tmp_path / "p2.duckdb") as store:
         ingest_files(store, [str(tmp_path / "replay.otlp.jsonl")])
-        runs, only_markers = stored_trials(store, "s")
+        runs, only_markers = stored_trials(store, "s", second.keys)
         attempts = sorted(t.context["plumbline.trial.attempt"] for t in agent_runs(store.trajectories()))
     assert len(runs) == 4 and not only_markers
     assert attempts == ["1", "1", "2", "2"]  # the toy agent stamps its baggage (strings)
@@ -144,10 +145,10 @@ def test_trials_the_cap_never_started_are_missing_and_resume_runs_them_as_new_at
 
 def test_resume_skips_trials_already_in_the_store_and_a_rerun_without_resume_is_refused(tmp_path: Path) -> None:
     agent = ToyAgent()
-    run_study(config(tmp_path, perturbations=("baseline", "tool_fault"), state_dir=None), tasks(2), agent)
+    first = run_study(config(tmp_path, perturbations=("baseline", "tool_fault"), state_dir=None), tasks(2), agent)
     with Store(tmp_path / "p.duckdb") as store:
         ingest_files(store, [str(tmp_path / "replay.otlp.jsonl")])
-        done, missing = stored_trials(store, "s")
+        done, missing = stored_trials(store, "s", first.keys)
     assert len(done) == 4 and not missing
 
     with pytest.raises(ReplayError, match="already has 4 of its 4 trials decided"):

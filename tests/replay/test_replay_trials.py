@@ -31,6 +31,7 @@ from plumbline_otel.replay import (
 )
 from plumbline_otel.spec import CallAtMost, Spec, invariant
 from plumbline_otel.store import Store
+from plumbline_otel.trials import KeyRing
 
 from .toy import ToyAgent, agent_runs, driver_records, tasks
 
@@ -102,7 +103,7 @@ def test_two_concurrent_resume_processes_do_not_both_run_the_trials(tmp_path: Pa
     assert all("is being run by" in o["locked"] for o in locked)  # by "pid N", or by "another process" in the instant before it wrote its pid
     trials = [t.context["plumbline.trial.id"] for t in _runs(tmp_path)]
     assert len(trials) == 16 and len(set(trials)) == 16
-    assert sorted(r.trial_id for r in driver_records(_stored(tmp_path))) == sorted(trials)  # one attempt each
+    assert sorted(r.trial_id for r in driver_records(_stored(tmp_path), KeyRing.load([tmp_path / "state"]))) == sorted(trials)  # one attempt each
 
 
 def test_a_crashed_runner_does_not_hold_the_study(tmp_path: Path) -> None:
@@ -136,8 +137,8 @@ def test_a_trial_whose_trace_never_arrived_is_errored_and_resume_does_not_run_it
     assert all(r.reason and r.reason.startswith("no trace received") for r in silent)
     with Store(tmp_path / "p.duckdb") as store:
         ingest_files(store, [str(tmp_path / "replay.otlp.jsonl")])
-        decided, only_missing = stored_trials(store, "t")
-        records = driver_records(store.trajectories())
+        decided, only_missing = stored_trials(store, "t", summary.keys)
+        records = driver_records(store.trajectories(), summary.keys)
     assert len(decided) == 16 and not only_missing
     assert sorted(r.status for r in records) == ["errored"] * 8 + ["ok"] * 8
 
@@ -185,7 +186,7 @@ def test_an_attempt_a_dead_runner_left_unfinished_is_recorded_missing_and_runs_a
     assert [(r.trial_id, r.attempt, r.status) for r in again.recovered] == [(orphan, 2, "missing")]
     assert "interrupted: runner pid 999999 stopped during attempt 2" in again.render()
     assert again.skipped == 2 and [(r.trial_id, r.attempt, r.status) for r in again.records] == [(orphan, 3, "ok")]
-    recorded = [(r.status, r.attempt) for r in driver_records(_stored(tmp_path)) if r.trial_id == orphan]
+    recorded = [(r.status, r.attempt) for r in driver_records(_stored(tmp_path), again.keys) if r.trial_id == orphan]
     assert sorted(recorded) == [("missing", 2), ("ok", 3)]
 
 

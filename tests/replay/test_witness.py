@@ -7,7 +7,6 @@ their fault, redact it, or report costs above their maximum.
 
 from __future__ import annotations
 
-import json
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -32,43 +31,7 @@ from plumbline_otel.runs import (
 from plumbline_otel.spec import load_spec
 from plumbline_otel.store import Store
 
-from .toy import driver_records, traffic_store
-
-ROOT = Path(__file__).resolve().parents[2]
-SPEC = """version: 1
-name: toy
-invariants:
-  - {id: PAY, severity: critical, must_call: pay}
-"""
-
-
-@pytest.fixture
-def db(tmp_path: Path) -> Path:
-    """A store of the toy agent's clean traffic on two tasks."""
-    (tmp_path / "spec.yaml").write_text(SPEC)
-    return traffic_store(tmp_path)
-
-
-def study(tmp_path: Path, db: Path, adapter: str, *extra: str, perturbations: str = "baseline", repeats: int = 2,
-          name: str = "s") -> tuple[Any, dict[str, Any], Any]:
-    """replay → ingest → certify → gate through the CLI: (replay result, certificate, gate result)."""
-    runner = CliRunner()
-    spans = tmp_path / f"{name}.otlp.jsonl"
-    replayed = runner.invoke(cli, ["replay", "--db", str(db), "--study", name, "--agent", "toy-agent", "--adapter", adapter,
-                                   "--perturbations", perturbations, "--repeats", str(repeats), "--otlp-file", str(spans),
-                                   "--trace-wait", "2", "--quiet", *extra])
-    assert replayed.exception is None or isinstance(replayed.exception, SystemExit), replayed.output
-    assert runner.invoke(cli, ["ingest", str(spans), "--db", str(db), "--quiet"]).exit_code in (0, 3)
-    out = tmp_path / f"{name}.cert.json"
-    certified = runner.invoke(cli, ["certify", "--spec", str(tmp_path / "spec.yaml"), "--db", str(db), "--study", name,
-                                    "--out", str(out), "--format", "none"])
-    assert certified.exit_code == 0, certified.output
-    gate = runner.invoke(cli, ["gate", str(out), "--min-bound", "0.3"])
-    return replayed, json.loads(out.read_text()), gate
-
-
-def cell(cert: dict[str, Any], perturbation: str = "baseline") -> dict[str, Any]:
-    return next(c for a in cert["agents"] for c in a["perturbations"] if c["perturbation"] == perturbation)
+from .toy import ROOT, cell, driver_records, study
 
 
 def command(mode: str) -> str:
@@ -143,12 +106,12 @@ def test_no_agent_written_attribute_changes_a_trial_s_status_exposure_or_cost(tm
     study(tmp_path, db, "python:tests.replay.toy:ToyAgent", perturbations="baseline,tool_fault", name="honest")
     spec = load_spec(tmp_path / "spec.yaml")
     with Store(db) as store:
-        stored = list(store.trajectories())
-    honest = build_certificate(spec, stored, study="honest")
+        stored, keys = list(store.trajectories()), store.study_keys()
+    honest = build_certificate(spec, stored, study="honest", keys=keys)
     lies = {TRIAL_STATUS: "missing", TRIAL_REASON: "nothing happened", FAULT_FIRED: False, FAULT_SOURCE: "mcp_proxy",
             COST_USD: 99.0, COST_METERED: True, RECORD_KIND: "attempt"}
     forged = [t if is_record(t) else replace(t, context={**t.context, **lies}) for t in stored]
-    lied = build_certificate(spec, forged, study="honest")
+    lied = build_certificate(spec, forged, study="honest", keys=keys)
 
     def counts(cert: dict[str, Any]) -> list[tuple[Any, ...]]:
         return [(c["perturbation"], c["n"], c["conforming"], c["exposed"], c["errored"], c["unexposed"], c["missing"],
@@ -181,12 +144,12 @@ def test_a_record_the_agent_forges_in_its_own_trace_is_not_the_driver_s(tmp_path
     study(tmp_path, db, "python:tests.replay.toy:ToyAgent", name="honest")
     spec = load_spec(tmp_path / "spec.yaml")
     with Store(db) as store:
-        stored = list(store.trajectories())
-    honest = build_certificate(spec, stored, study="honest")
+        stored, keys = list(store.trajectories()), store.study_keys()
+    honest = build_certificate(spec, stored, study="honest", keys=keys)
     # An agent that exports, in its attempt's trace, a span with no steps dressed as an earlier record saying it errored.
     forged = [t if is_record(t) else replace(t, steps=(), context={**t.context, RECORD_KIND: "attempt", TRIAL_STATUS: "errored",
                                                                    TRIAL_REASON: "forged", RECORD_AT: 1})
               for t in stored]
-    assert [r.trial_id for r in driver_records(forged)] == [r.trial_id for r in driver_records(stored)]  # no new record
-    lied = build_certificate(spec, forged + [t for t in stored if not is_record(t)], study="honest")
+    assert [r.trial_id for r in driver_records(forged, keys)] == [r.trial_id for r in driver_records(stored, keys)]  # no new record
+    lied = build_certificate(spec, forged + [t for t in stored if not is_record(t)], study="honest", keys=keys)
     assert cell(lied, "baseline")["errored"] == cell(honest, "baseline")["errored"] == 0

@@ -18,7 +18,7 @@ from opentelemetry.trace import Status, StatusCode
 from plumbline_otel.model import Trajectory
 from plumbline_otel.replay import InjectedFault, ReplayTask, Trial, TrialOutcome, TrialSpanBuffer, inject_fault
 from plumbline_otel.runs import is_record
-from plumbline_otel.trials import AttemptRecord, record_of
+from plumbline_otel.trials import AttemptRecord, KeyRing, record_of, verify_record
 
 REQUEST = "Please pay invoice INV-1029 for 4,820.00 GBP to Acme Ltd by 2026-03-01."
 
@@ -112,9 +112,9 @@ def agent_runs(trajectories: Iterable[Trajectory]) -> list[Trajectory]:
     return [t for t in trajectories if not is_record(t)]
 
 
-def driver_records(trajectories: Iterable[Trajectory]) -> list[AttemptRecord]:
-    """The driver's attempt records among stored trajectories (plans set aside)."""
-    return [r for t in trajectories if (r := record_of(t)) is not None and r.attempt > 0]
+def driver_records(trajectories: Iterable[Trajectory], keys: KeyRing) -> list[AttemptRecord]:
+    """The driver's attempt records among stored trajectories (plans set aside): those that verify under the study's key."""
+    return [r for t in trajectories if (r := record_of(t)) is not None and r.attempt > 0 and verify_record(t, keys) == "verified"]
 
 
 class CrashAfterExport(ToyAgent):
@@ -171,3 +171,37 @@ def traffic_store(tmp_path: Path, n: int = 2) -> Path:
     with Store(path) as store:
         ingest_files(store, [str(tmp_path / "traffic.jsonl")])
     return path
+
+
+ROOT = Path(__file__).resolve().parents[2]
+SPEC = """version: 1
+name: toy
+invariants:
+  - {id: PAY, severity: critical, must_call: pay}
+"""
+
+
+def study(tmp_path: Path, db: Path, adapter: str, *extra: str, perturbations: str = "baseline", repeats: int = 2,
+          name: str = "s", min_bound: float = 0.3) -> tuple[Any, dict[str, Any], Any]:
+    """replay → ingest → certify → gate through the CLI, as a user runs them: (replay result, certificate, gate result)."""
+    from click.testing import CliRunner
+
+    from plumbline_otel.cli.main import cli
+
+    runner = CliRunner()
+    spans = tmp_path / f"{name}.otlp.jsonl"
+    replayed = runner.invoke(cli, ["replay", "--db", str(db), "--study", name, "--agent", "toy-agent", "--adapter", adapter,
+                                   "--perturbations", perturbations, "--repeats", str(repeats), "--otlp-file", str(spans),
+                                   "--trace-wait", "2", "--quiet", *extra])
+    assert replayed.exception is None or isinstance(replayed.exception, SystemExit), replayed.output
+    assert runner.invoke(cli, ["ingest", str(spans), "--db", str(db), "--quiet"]).exit_code in (0, 3)
+    out = tmp_path / f"{name}.cert.json"
+    certified = runner.invoke(cli, ["certify", "--spec", str(tmp_path / "spec.yaml"), "--db", str(db), "--study", name,
+                                    "--out", str(out), "--format", "none"])
+    assert certified.exit_code == 0, certified.output
+    gate = runner.invoke(cli, ["gate", str(out), "--min-bound", str(min_bound)])
+    return replayed, json.loads(out.read_text()), gate
+
+
+def cell(cert: dict[str, Any], perturbation: str = "baseline") -> dict[str, Any]:
+    return next(c for a in cert["agents"] for c in a["perturbations"] if c["perturbation"] == perturbation)

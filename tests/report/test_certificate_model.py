@@ -37,8 +37,7 @@ from plumbline_otel.report.model import (
 )
 from plumbline_otel.report.render import load_certificate_model
 from plumbline_otel.spec import MustCall, MustNotCall, Spec, invariant
-from plumbline_otel.spec.testing import call, run
-from plumbline_otel.trials import record_trace_id
+from plumbline_otel.spec.testing import TEST_KEYS, call, run, signed
 
 GOLDEN = Path(__file__).parent / "golden"
 PACKAGE = Path(__file__).parents[2] / "plumbline_otel" / "report"
@@ -55,12 +54,12 @@ def _run(i: int, ok: bool, **kw: Any):
 
 
 def _record(i: int, trial: str, kind: str, task: str, **ctx: Any):
-    """A replay driver's record (`plumbline_otel.trials`): a plan (attempt 0) or an attempt of `trial`, in the trace the
-    driver writes it to (a record anywhere else is not the driver's)."""
-    trace = record_trace_id("", trial, int(ctx.get("plumbline__trial__attempt", 1)), kind == "plan")
-    return run(id=trace, start_ns=T0 + 500_000 + i, service="ap-agent", version="2.0", task=None, plumbline__study="s1",
-               plumbline__trial__id=trial, plumbline__record__kind=kind, plumbline__task__key=task,
-               plumbline__perturbation="tool_fault", **ctx)
+    """A replay driver's record (`plumbline_otel.trials`): a plan (attempt 0) or an attempt of `trial`, signed with the
+    simulated driver's key (a record that does not verify is not the driver's)."""
+    trace = f"record-{trial}-{kind}-{ctx.get('plumbline__trial__attempt', 1)}"
+    return signed(run(id=trace, start_ns=T0 + 500_000 + i, service="ap-agent", version="2.0", task=None, plumbline__study="s1",
+                      plumbline__trial__id=trial, plumbline__record__kind=kind, plumbline__task__key=task,
+                      plumbline__perturbation="tool_fault", **ctx))
 
 
 def golden_runs() -> list:
@@ -109,7 +108,7 @@ def _undated(cert: dict[str, Any]) -> dict[str, Any]:
 
 
 def test_the_certificate_of_fixed_runs_equals_the_golden_file_but_for_its_date() -> None:
-    cert = build_certificate(SPEC, golden_runs())
+    cert = build_certificate(SPEC, golden_runs(), keys=TEST_KEYS)
     golden = _golden("certificate_v3.json", cert)
     assert _undated(cert) == _undated(golden)
     assert list(cert) == list(golden)  # the key order a file is written in, too
@@ -127,7 +126,7 @@ def test_the_golden_file_reads_into_the_model_and_writes_back_unchanged() -> Non
     golden = json.loads((GOLDEN / "certificate_v3.json").read_text(encoding="utf-8"))
     model = read_certificate(golden)
     assert isinstance(model, Certificate) and model.to_dict() == golden
-    assert model == certificate_model(SPEC, golden_runs()).__class__.from_dict(golden)
+    assert model == certificate_model(SPEC, golden_runs(), keys=TEST_KEYS).__class__.from_dict(golden)
     assert {c.perturbation for c in model.cells} == {"baseline", "tool_fault"} and isinstance(model.cells[0], Cell)
     assert load_certificate(GOLDEN / "certificate_v3.json") == golden
     assert load_certificate_model(GOLDEN / "certificate_v3.json") == model
@@ -289,7 +288,7 @@ def test_an_empty_certificate_leaves_out_what_it_has_not_and_reads_back() -> Non
 
 
 def test_a_model_and_its_dict_are_the_same_certificate() -> None:
-    model = certificate_model(SPEC, golden_runs())
+    model = certificate_model(SPEC, golden_runs(), keys=TEST_KEYS)
     as_dict = model.to_dict()
     assert Certificate.of(as_dict) == model and Certificate.of(model) is model
-    assert _undated(as_dict) == _undated(build_certificate(SPEC, golden_runs()))
+    assert _undated(as_dict) == _undated(build_certificate(SPEC, golden_runs(), keys=TEST_KEYS))
