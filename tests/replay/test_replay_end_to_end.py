@@ -163,7 +163,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 text = sys.stdin.read()
 if not os.environ.get("AGENT_SILENT"):
     provider = TracerProvider(resource=Resource.create({"service.name": "cmd-agent"}))
-    provider.add_span_processor(SimpleSpanProcessor(OTLPSpanExporter(endpoint=os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"])))
+    provider.add_span_processor(SimpleSpanProcessor(OTLPSpanExporter()))  # the SDK reads OTEL_EXPORTER_OTLP_* as the driver set them
     parent = TraceContextTextMapPropagator().extract({"traceparent": os.environ["TRACEPARENT"]})
     messages = json.dumps([{"role": "user", "parts": [{"type": "text", "content": text}]}])
     provider.get_tracer("cmd").start_span("invoke_agent cmd", context=parent, attributes={
