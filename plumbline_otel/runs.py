@@ -50,7 +50,8 @@ SEEN = "plumbline.perturbation.seen"  # decoy_tools / sampling: the driver or a 
 SEEN_BY = "plumbline.perturbation.seen_by"  # client (the metered in-process client) or model_proxy
 COST_USD = "plumbline.cost.usd"
 COST_METERED = "plumbline.cost.metered"  # true: every cent passed a plumbline meter; false: the adapter's own report
-# Whose figure `COST_USD` is: metered (a plumbline meter), adapter (its report) or reservation (the whole reservation).
+# Whose figure `COST_USD` is: metered (a plumbline meter saw every call), estimated (some calls' usage never came: charged an
+# upper bound from their text), adapter (its report raised the charge) or reservation (no meter saw it: the whole reservation).
 COST_BASIS = "plumbline.cost.basis"
 # What the run's own gen_ai.usage.cost.* spans reported: the agent's word, kept beside `COST_USD`, never settling it.
 COST_REPORTED = "plumbline.cost.reported_usd"

@@ -149,6 +149,12 @@ def witnessed(run: Trajectory, record: AttemptRecord) -> Trajectory:
 STATE_FILE = "study.json"  # in a study's state directory: its random instance id and its secret key
 
 
+def states_beside(db_path: str | Path) -> Path:
+    """Where the states of studies replayed from a store live by default: ``<db>.replay/`` (one folder per study)."""
+    stem = Path(db_path).with_suffix("")
+    return stem.with_name(stem.name + ".replay")
+
+
 def new_key() -> str:
     """A study state's secret: 256 random bits, as hex."""
     return secrets.token_hex(32)
@@ -210,8 +216,8 @@ class KeyRing:
 
     @classmethod
     def beside(cls, db_paths: Iterable[str | Path]) -> KeyRing:
-        """The keys of the studies replayed from these stores (their default state, ``<db>.replay/<study>/``)."""
-        return cls.load(Path(p).with_suffix("").with_name(Path(p).with_suffix("").name + ".replay") for p in db_paths)
+        """The keys of the studies replayed from these stores (their default state, `states_beside`)."""
+        return cls.load(states_beside(p) for p in db_paths)
 
 
 def verify_record(t: Trajectory, keys: KeyRing) -> Literal["verified", "forged", "unverified"]:

@@ -28,6 +28,7 @@ from plumbline_otel.pipeline import collect_less_often
 from plumbline_otel.plugins import DemoStudy, domain_plugin
 from plumbline_otel.report import write_report
 from plumbline_otel.store import Store
+from plumbline_otel.trials import states_beside
 
 _DEMO_RUNS = "json_extract_string(doc, '$.context.\"plumbline.study\"') LIKE 'ap-demo-%'"
 
@@ -86,7 +87,7 @@ def _replay(study: DemoStudy, store: Store, runs_dir: Path, tasks: list[Any], re
     for arm in study.arms:
         sink = SpanSink(otlp_file=str(runs_dir / f"{arm}.otlp.jsonl"))
         config = StudyConfig(f"{STUDY_PREFIX}{arm}", perturbations=tuple(perturbations), repeats=repeats, concurrency=concurrency,
-                             budget_usd=1.00, state_dir=runs_dir / "state" / arm, sink=sink)
+                             budget_usd=1.00, state_dir=states_beside(store.path) / arm, sink=sink)
         adapter = study.adapter(arm)
         try:
             prepared = open_study(config, tasks, adapter)
@@ -112,7 +113,7 @@ def _check_certify_gate(study: DemoStudy, store: Store, runs_dir: Path, min_boun
     summary = conformance.check(spec, store.trajectories(where=_DEMO_RUNS), store)
     click.echo(conformance.render_text(summary))
     click.secho("7. Certificate: critical conformance per agent and perturbation", bold=True)
-    cert = build_certificate(spec, store.trajectories(where=_DEMO_RUNS), target=min_bound)
+    cert = build_certificate(spec, store.trajectories(where=_DEMO_RUNS), target=min_bound, keys=store.study_keys())
     cert_path = runs_dir / "certificate.json"
     cert_path.write_text(json.dumps(cert, indent=2) + "\n")
     click.echo(render_certificate(cert))
@@ -138,7 +139,7 @@ def demo(db: str, show: int, runs_dir: str, repeats: int, concurrency: int, min_
     runs = Path(runs_dir)
     for stale in (Path(db), Path(f"{db}.wal"), *runs.glob("*.otlp.jsonl")):
         stale.unlink(missing_ok=True)
-    shutil.rmtree(runs / "state", ignore_errors=True)  # a fresh study each time, not a refused re-run
+    shutil.rmtree(states_beside(db), ignore_errors=True)  # a fresh study each time, not a refused re-run
     runs.mkdir(parents=True, exist_ok=True)
     collect_less_often()
     with Store(db) as store:

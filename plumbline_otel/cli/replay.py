@@ -22,7 +22,7 @@ from plumbline_otel.cli.progress import Progress
 from plumbline_otel.errors import ConfigError
 from plumbline_otel.sources import Sources
 from plumbline_otel.store import DEFAULT_DB
-from plumbline_otel.trials import KeyRing
+from plumbline_otel.trials import KeyRing, states_beside
 
 if TYPE_CHECKING:
     from plumbline_otel.replay import StudyConfig
@@ -52,12 +52,18 @@ def _options(pairs: tuple[str, ...]) -> dict[str, Any]:
     return out
 
 
-def _next_steps(stores: Sources, study: str, otlp_file: str | None, endpoint: str | None, spec: str | None,
+def _next_steps(stores: Sources, config: StudyConfig, otlp_file: str | None, endpoint: str | None, spec: str | None,
                 agent: str | None) -> str:
     spec_arg = spec or "SPEC.yaml"
     agent_arg = f" --agent {agent}" if agent else ""
     where = " ".join([*(f"--db {d}" for d in stores.dbs), *(f"--server {s}" for s in stores.servers)])
-    certify = f"plumbline certify --spec {spec_arg} {where} --study {study}{agent_arg} --out {study}.certificate.json"
+    # Certify verifies the driver's records with the study state's key: where it looks by default, or where it is.
+    beside = KeyRing.beside(stores.dbs).keys
+    state = "" if config.state_url is None else f" --state-url {config.state_url}"
+    if not state and config.state_dir and not set(KeyRing.load([config.state_dir]).keys) <= set(beside):
+        state = f" --state {config.state_dir}"
+    study = config.study
+    certify = f"plumbline certify --spec {spec_arg} {where} --study {study}{agent_arg}{state} --out {study}.certificate.json"
     if otlp_file:
         return f"next:\n  plumbline ingest {otlp_file} {where}\n  {certify}"
     return f"next: the spans went to {endpoint} and are stored as they arrive; certify the stores that received them:\n  {certify}"
@@ -225,7 +231,7 @@ class ReplayOptions:
                                  equivalence=equivalence),
             concurrency=self.concurrency, budget_usd=self.budget_usd, trial_max_usd=self.trial_max_usd, resume=self.resume,
             rerun=self.rerun, trace_wait_s=self.trace_wait, retry=RetryPolicy(max_attempts=self.max_attempts),
-            state_dir=self.state_dir or f"{Path((stores.dbs or (DEFAULT_DB,))[0]).with_suffix('')}.replay/{self.study}",
+            state_dir=self.state_dir or states_beside((stores.dbs or (DEFAULT_DB,))[0]) / self.study,
             cache_mode=self.cache_mode,
             sink=SpanSink(otlp_file=self.otlp_file, endpoint=self.endpoint) if (self.otlp_file or self.endpoint) else None,
             trace_stored=_ServerTraces(self.server) if self.server and self.endpoint and not self.dry_run else None,
@@ -393,6 +399,6 @@ def run_replay(opts: ReplayOptions) -> None:
     click.echo(summary.render())
     click.echo(f"state: {state} (ledger.jsonl, variants.jsonl, responses.jsonl, summary.json)")
     agent_label = opts.service or getattr(adapter, "service", None)
-    click.echo(_next_steps(stores, opts.study, opts.otlp_file, opts.endpoint, opts.spec, agent_label))
+    click.echo(_next_steps(stores, config, opts.otlp_file, opts.endpoint, opts.spec, agent_label))
     if summary.missing or summary.errored:
         sys.exit(3)

@@ -310,6 +310,9 @@ class TrialBudget:
     settled: bool = False
     overrun: float = 0.0  # what an adapter reported beyond its reservation
     refused: int = 0  # metered calls the cap refused (they cost nothing)
+    estimated: int = 0  # metered calls whose usage the meter never saw: charged an upper-bound estimate from their text
+    unseen: int = 0  # ... and with no price to estimate from: the trial settles at no less than its reservation
+    raised: bool = False  # an adapter's report was above what the meter or the reservation said: settled as reported
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @classmethod
@@ -347,6 +350,29 @@ class TrialBudget:
             self.metered = True
         self.cap.use(self.rid, amount)
 
+    def add_estimate(self, amount: float | None) -> None:
+        """A call went through the meter but its usage never came (a stream without usage, one abandoned part-way):
+        it costs `amount`, an estimate from its text, or (None: no price to estimate with) no less than the reservation.
+        Never $0 metered."""
+        with self._lock:
+            self.metered = True
+            if amount is None:
+                self.unseen += 1
+                return
+            self.used += max(0.0, amount)
+            self.estimated += 1
+        self.cap.use(self.rid, amount)
+
+    @property
+    def basis(self) -> str:
+        """Whose figure the settled cost is (`runs.COST_BASIS`): adapter (its report raised the charge), reservation (no
+        meter saw every call), estimated (some calls' usage unseen, charged an estimate) or metered."""
+        if self.raised:
+            return "adapter"
+        if not self.metered or self.unseen:
+            return "reservation"
+        return "estimated" if self.estimated else "metered"
+
     def close(self, reported: float | None = None, ran: bool = True) -> float:
         """Settle: what a meter counted, else (the agent ran, so it may have spent) the whole reservation; an
         adapter's report may raise that, never lower it: an agent that says it cost $0 is not believed.
@@ -357,8 +383,12 @@ class TrialBudget:
         with self._lock:
             if self.settled:
                 return self.used
-            floor = self.used if self.metered else (self.reserved if ran else 0.0)
+            if self.metered:
+                floor = max(self.used, self.reserved) if self.unseen else self.used
+            else:
+                floor = self.reserved if ran else 0.0
             actual = max(floor, reported or 0.0)
+            self.raised = reported is not None and reported > floor
             self.overrun = max(0.0, actual - self.reserved)
             self.used = actual
             self.cap.settle(self.rid, actual)

@@ -37,7 +37,7 @@ from plumbline_otel.errors import ConfigError
 from plumbline_otel.replay.budget import price_of
 from plumbline_otel.replay.identity import TrialIdentity
 from plumbline_otel.replay.ledger import append_line
-from plumbline_otel.replay.pricing import UsageAccumulator, extract_usage, parse_sse, price
+from plumbline_otel.replay.pricing import Usage, UsageAccumulator, extract_usage, parse_sse, price
 from plumbline_otel.replay.scope import TrialScope, current_scope
 
 MODES = ("record", "replay", "off")
@@ -191,13 +191,15 @@ def _charge(scope: TrialScope, model: Any, raw: bytes, body: dict[str, Any]) -> 
     return None
 
 
-def _meter(scope: TrialScope, model: Any, usage_source: Any) -> None:
-    """Record a finished call's exact cost (full usage, cache tokens included) against the trial."""
-    usage = extract_usage(usage_source) if usage_source is not None else None
+def _meter(scope: TrialScope, model: Any, usage: Usage | None, raw: bytes, body: dict[str, Any]) -> None:
+    """Record a finished call's exact cost (full usage, cache tokens included) against the trial; a call whose usage
+    never came is charged the pre-call upper bound from its text (labelled estimated), never $0."""
+    name = model if isinstance(model, str) else None
     if usage is not None:
-        scope.spent(price(model if isinstance(model, str) else None, usage) or 0.0)
-    elif scope.budget is not None and scope.budget.cap.limit is not None:
-        scope.spent(0.0)
+        scope.spent(price(name, usage) or 0.0)
+        return
+    rates = price_of(name)
+    scope.unseen(_estimate(raw, body, rates) if rates is not None else None)
 
 
 def _handle(module: Any, inner: Any, scope: TrialScope, request: Any, raw: bytes, body: dict[str, Any]) -> Any:
@@ -228,7 +230,7 @@ def _handle(module: Any, inner: Any, scope: TrialScope, request: Any, raw: bytes
                        response.headers.get("content-type"), started)
     kept = [(k, v) for k, v in response.headers.items() if k.lower() not in _DROP_HEADERS]
     if "text/event-stream" in (response.headers.get("content-type") or ""):
-        stream = _metered_stream(module, response, scope, model, record)
+        stream = _metered_stream(module, response, scope, model, record, raw, body)
         return module.Response(response.status_code, headers=kept, stream=stream, request=request)
     payload = response.read()
     parsed: Any = None
@@ -237,7 +239,10 @@ def _handle(module: Any, inner: Any, scope: TrialScope, request: Any, raw: bytes
             parsed = orjson.loads(payload)
         except orjson.JSONDecodeError:
             parsed = None
-    _meter(scope, model, parsed if isinstance(parsed, dict) else None)
+    if 200 <= response.status_code < 300:
+        _meter(scope, model, extract_usage(parsed) if isinstance(parsed, dict) else None, raw, body)
+    else:
+        scope.spent(0.0)  # an error answer is not billed: metered, at nothing
     if parsed is not None:
         record(payload)
     return module.Response(response.status_code, headers=kept, content=payload, request=request)
@@ -260,30 +265,39 @@ def _recorder(cache: ResponseCache | None, scope: TrialScope, key: str, occurren
     return record
 
 
-def _metered_stream(module: Any, response: Any, scope: TrialScope, model: Any, record: Any) -> Any:
-    """The upstream SSE stream, passed on chunk by chunk; metered and recorded once it has ended."""
+def _metered_stream(module: Any, response: Any, scope: TrialScope, model: Any, record: Any, raw: bytes,
+                    body: dict[str, Any]) -> Any:
+    """The upstream SSE stream, passed on chunk by chunk; metered once it ends, or once the caller closes it part-way
+    (an abandoned stream is metered for what it cost, not left to a garbage collector), and recorded when complete."""
     class MeteredStream(module.SyncByteStream):  # type: ignore[misc]
+        def __init__(self) -> None:
+            self.chunks: list[bytes] = []
+            self.metered = False
+
         def __iter__(self) -> Iterator[bytes]:
-            chunks: list[bytes] = []
             complete = False
             try:
                 for chunk in response.iter_bytes():
-                    chunks.append(chunk)
+                    self.chunks.append(chunk)
                     yield chunk
                 complete = True
             finally:
-                raw = b"".join(chunks)
-                meter = UsageAccumulator()
-                for event in parse_sse(raw):
-                    meter.feed(event)
-                if meter.usage is not None:
-                    scope.spent(price(model if isinstance(model, str) else None, meter.usage) or 0.0)
-                elif scope.budget is not None and scope.budget.cap.limit is not None:
-                    scope.spent(0.0)
-                if complete:
-                    record(raw)
+                self._finish(complete)
+
+        def _finish(self, complete: bool) -> None:
+            if self.metered:
+                return
+            self.metered = True
+            received = b"".join(self.chunks)
+            meter = UsageAccumulator()
+            for event in parse_sse(received):
+                meter.feed(event)
+            _meter(scope, model, meter.usage if complete else None, raw, body)  # cut short: the provider's own usage is unknown
+            if complete:
+                record(received)
 
         def close(self) -> None:
+            self._finish(False)
             response.close()
 
     return MeteredStream()

@@ -283,7 +283,7 @@ class StudySummary:
         return sum(r.fault_fired is True for r in faulted), len(faulted)
 
     def unmetered(self) -> list[TrialRecord]:
-        """Trials the agent ran whose cost no plumbline meter saw (the adapter's report, or the reservation)."""
+        """Trials the agent ran whose cost no plumbline meter fully saw (the reservation, an estimate, or the adapter's higher report)."""
         return [r for r in self.records if r.status in ("ok", "errored") and r.metered is False]
 
     def as_dict(self) -> dict[str, Any]:
@@ -331,8 +331,9 @@ class StudySummary:
                      f"cache: {self.cache_hits} hits, {self.cache_recorded} recorded")
         unmetered = self.unmetered()
         if unmetered:
-            lines.append(f"  UNMETERED: {len(unmetered)} trial(s) spent money no plumbline meter saw; their cost is the "
-                         "adapter's own report, or the whole reservation (route the agent through `--proxy`)")
+            lines.append(f"  UNMETERED: {len(unmetered)} trial(s) spent money no plumbline meter fully saw; their cost is the whole "
+                         "reservation, an upper-bound estimate of the calls whose usage never came, or the adapter's higher "
+                         "report, never less (route the agent through `--proxy`)")
         for r in self.records:
             if r.overrun_usd > 0:
                 lines.append(f"  OVERRUN {r.trial_id}: reported ${r.reserved_usd + r.overrun_usd:.4f} against a "
@@ -559,12 +560,9 @@ class _Runner:
                 self._running -= 1
         record.cost_usd = round(record.cost_usd + cost, 8)
         record.cost_reported_usd = round(spans_usd, 8) if spans_usd is not None else None
-        if budget.metered and cost <= budget.used:
-            record.metered, record.cost_basis = True, "metered"
-        elif reported is not None and cost == reported and reported > 0:
-            record.metered, record.cost_basis = False, "adapter"  # the adapter reported more than any meter or reservation
-        elif ran and self.cap.limit is not None:
-            record.metered, record.cost_basis = False, "reservation"  # no meter saw its spend: charged the whole reservation
+        basis = budget.basis
+        if basis != "reservation" or (ran and self.cap.limit is not None):  # with no cap and no meter, its cost is unknown
+            record.metered, record.cost_basis = basis == "metered", basis
         record.overrun_usd = round(budget.overrun, 8)
         if budget.overrun > 0 and self.cap.limit is not None:
             self._halt(f"adapter reported ${cost:.4f} for {record.trial_id}, over its ${budget.reserved:.4f} "
@@ -626,7 +624,8 @@ def _plumbline_failed(status: str, reason: str | None, retry: float | None, evid
         saw = e.as_dict()
         for kind, label in (("provider_failures", "provider failed"), ("server_died", "tool server died"), ("proxy_errors", "proxy error")):
             for item in saw.get(kind) or ():  # never a fault the proxy injected itself (those are the perturbation)
-                failures.append(f"{label}: {item.get('detail') or item.get('status') or item}")
+                if not item.get("recovered"):  # a failure the agent's own retry got past is the world it works in
+                    failures.append(f"{label}: {item.get('detail') or item.get('status') or item}")
     if failures:
         again = n < policy.max_attempts and not stopping
         return "missing", f"{failures[0]}{f' (+{len(failures) - 1} more)' if len(failures) > 1 else ''} (agent's own result: {own})", (

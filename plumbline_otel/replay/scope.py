@@ -110,6 +110,11 @@ class TrialScope:
         if self.budget is not None:
             self.budget.add(usd)
 
+    def unseen(self, estimate_usd: float | None) -> None:
+        """After a call whose usage never came: its estimate, or (None) no less than the reservation (`TrialBudget.add_estimate`)."""
+        if self.budget is not None:
+            self.budget.add_estimate(estimate_usd)
+
 
 _CURRENT: contextvars.ContextVar[TrialScope | None] = contextvars.ContextVar("plumbline_replay_trial", default=None)
 

@@ -12,6 +12,7 @@ from demo_support import DemoRun
 from plumbline_otel.cli.main import cli
 from plumbline_otel.runs import is_record
 from plumbline_otel.store import Store
+from plumbline_otel.trials import states_beside
 
 
 def test_demo_samples_ingest_and_report(tmp_path: Path) -> None:
@@ -23,7 +24,7 @@ def test_demo_samples_ingest_and_report(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_demo_replays_checks_and_certifies_the_reference_agents_through_the_replay_driver(demo_run: DemoRun) -> None:
-    result, runs, db = demo_run.result, demo_run.runs, demo_run.db
+    result, db = demo_run.result, demo_run.db
     assert result.exit_code == 0, result.output
     cert = json.loads(demo_run.certificate.read_text())
     agents = {a["agent"].split("@")[0] for a in cert["agents"]}
@@ -39,7 +40,8 @@ def test_demo_replays_checks_and_certifies_the_reference_agents_through_the_repl
     # It went through the replay driver: a ledger per agent, guard and cap in the summary, and
     # every certified run carries its attempt and, under tool_fault, the driver's fault evidence.
     for arm in ("plan_execute", "plan_execute_retry", "react"):
-        assert (runs / "state" / arm / "ledger.jsonl").exists() and (runs / "state" / arm / "variants.jsonl").exists()
+        state = states_beside(db) / arm  # beside the store, where certify and the console find the key
+        assert (state / "ledger.jsonl").exists() and (state / "variants.jsonl").exists() and (state / "study.json").exists()
         assert f"study ap-demo-{arm}: 264 trials planned; ran 264 (264 ok, 0 missing, 0 errored)" in result.output
     assert result.output.count("faults seen by the driver to fire in 44/44 faulted trials the agent ran") == 3
     # Every cell's evidence came from the driver: its injector for tool faults, its metered client for decoys and sampling.

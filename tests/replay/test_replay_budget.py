@@ -138,7 +138,8 @@ def test_a_reservation_that_does_not_fit_waits_for_running_trials_to_settle() ->
 
     def settle_soon() -> None:
         time.sleep(0.2)
-        running.close(0.1)
+        running.add(0.1)  # metered: it settles at what the meter counted
+        running.close()
 
     threading.Thread(target=settle_soon).start()
     started = time.monotonic()
@@ -148,3 +149,19 @@ def test_a_reservation_that_does_not_fit_waits_for_running_trials_to_settle() ->
     # Never fits (settled spend alone leaves no room), or nothing left to settle: give up at once.
     assert not cap.reserve_wait(0.95, timeout=5.0, running=lambda: True)
     assert not cap.reserve_wait(0.45, timeout=5.0, running=lambda: False)
+
+
+def test_a_report_can_raise_a_trial_s_charge_never_lower_it() -> None:
+    def settled(reported: float | None, metered: float | None = None, ran: bool = True) -> float:
+        budget = TrialBudget.open(SpendCap(10.0), 0.5)
+        assert budget is not None
+        if metered is not None:
+            budget.add(metered)
+        return budget.close(reported, ran=ran)
+
+    assert settled(0.0) == pytest.approx(0.5)  # "it cost nothing": no meter saw it, so the reservation
+    assert settled(None) == pytest.approx(0.5)
+    assert settled(0.7) == pytest.approx(0.7)  # more than reserved: what it says it spent
+    assert settled(0.0, metered=0.2) == pytest.approx(0.2)  # a meter's figure stands against a lower report
+    assert settled(0.3, metered=0.2) == pytest.approx(0.3)  # and a higher report raises it
+    assert settled(None, ran=False) == 0.0  # never reached the agent: nothing spent

@@ -181,3 +181,45 @@ def test_streamed_calls_are_metered_from_full_usage_and_recorded(tmp_path: Path)
         budget.close()
     assert len(calls) == 1 and len(cache) == 1  # the second attempt replayed the recorded stream
     assert cap.spent == pytest.approx((1000 * 1.0 + 200 * 5.0 + 5000 * 0.10 + 2000 * 1.25) / 1e6)
+
+
+def _sse_client(chunks: list[bytes]) -> Any:
+    """A plain HTTP client through the metering transport, against a stand-in that streams `chunks` (simulated)."""
+    from plumbline_otel.replay.cache import caching_transport
+
+    module = http_module()
+
+    def streaming(request: Any) -> Any:
+        return module.Response(200, headers={"content-type": "text/event-stream"}, content=iter(list(chunks)))
+
+    return module.Client(transport=caching_transport(module.MockTransport(streaming), module), base_url="http://127.0.0.1:9")
+
+
+CHAT = {"model": MODEL, "stream": True, "max_tokens": 100, "messages": [{"role": "user", "content": "pay INV-1029"}]}
+
+
+def test_a_stream_whose_usage_never_came_is_charged_an_estimate_never_zero_metered() -> None:
+    # A Chat Completions stream without stream_options.include_usage: no usage event at all.
+    client = _sse_client([b'data: {"choices":[{"delta":{"content":"paid"}}]}\n\n', b"data: [DONE]\n\n"])
+    budget = TrialBudget.open(SpendCap(1.0), 0.0)
+    assert budget is not None
+    with activate(TrialScope(identity(0), budget=budget)), client.stream("POST", "/v1/chat/completions", json=CHAT) as response:
+        response.read()
+    assert budget.used > 0 and budget.basis == "estimated"  # an upper bound from its text, labelled so
+    assert budget.close() == pytest.approx(budget.used)
+
+
+def test_a_stream_abandoned_part_way_is_metered_when_closed_not_left_to_the_garbage_collector() -> None:
+    usage = b'data: {"choices":[],"usage":{"prompt_tokens":10,"completion_tokens":1}}\n\n'
+    client = _sse_client([b'data: {"choices":[{"delta":{"content":"pa"}}]}\n\n', b'data: {"choices":[{"delta":{"content":"id"}}]}\n\n',
+                          usage, b"data: [DONE]\n\n"])
+    budget = TrialBudget.open(SpendCap(1.0), 0.0)
+    assert budget is not None
+    with activate(TrialScope(identity(0), budget=budget)):
+        with client.stream("POST", "/v1/chat/completions", json=CHAT) as response:
+            next(response.iter_bytes())  # the agent stops reading here and moves on
+        abandoned = budget.used
+        with client.stream("POST", "/v1/chat/completions", json=CHAT) as response:
+            response.read()  # read to its end: its own usage
+    assert abandoned > 0 and budget.estimated == 1  # charged its estimate at close, before the next call
+    assert budget.used > abandoned and budget.basis == "estimated"

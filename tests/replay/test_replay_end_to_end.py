@@ -79,7 +79,7 @@ def test_replay_the_stored_tasks_and_certify_every_cell(db: Path, tmp_path: Path
     with Store(db) as store:
         ingest_files(store, [str(tmp_path / "replay.otlp.jsonl")])
         replayed = agent_runs(store.trajectories(where="json_extract_string(doc, '$.context.\"plumbline.study\"') = 'e2e'"))
-        cert = build_certificate(load_spec(SPEC), store.trajectories(), study="e2e")
+        cert = build_certificate(load_spec(SPEC), store.trajectories(), study="e2e", keys=summary.keys)
     label = f"{AGENT}@1.0.0"
     assert cells(cert) == {(label, "baseline"): (6, 0, 0), (label, "distractor"): (6, 0, 0), (label, "tool_fault"): (6, 0, 0)}
     assert cert["provenance"]["trials"] == 18
@@ -132,7 +132,7 @@ def test_the_cli_replays_resumes_and_says_what_to_run_next(db: Path, tmp_path: P
     assert result.exit_code == 0, result.output
     assert "ran 12 (12 ok, 0 missing, 0 errored), 0 skipped by resume; 0 variant(s) rejected" in result.output
     assert f"plumbline ingest {out} --db {db}" in result.output
-    assert f"plumbline certify --spec {SPEC} --db {db} --study cli --agent {AGENT}" in result.output
+    assert f"plumbline certify --spec {SPEC} --db {db} --study cli --agent {AGENT} --state {tmp_path / 'state'}" in result.output
     summary = json.loads((tmp_path / "state" / "summary.json").read_text())
     assert summary["ok"] == 12 and summary["faults_fired"] == summary["fault_trials"] == 4
 
@@ -146,6 +146,11 @@ def test_the_cli_replays_resumes_and_says_what_to_run_next(db: Path, tmp_path: P
     assert runner.invoke(cli, ["ingest", str(out), "--db", str(db), "--quiet"]).exit_code == 0
     cert_path = tmp_path / "cert.json"
     certified = runner.invoke(cli, ["certify", "--spec", str(SPEC), "--db", str(db), "--study", "cli",
+                                    "--agent", AGENT, "--out", str(cert_path), "--format", "none"])
+    unkeyed = json.loads(cert_path.read_text())  # the state is not beside the store, and not named: no record is believed
+    assert certified.exit_code == 0 and all(c["n"] == 0 for a in unkeyed["agents"] for c in a["perturbations"])
+    assert all("--state" in r["reason"] for r in unkeyed["provenance"]["untrusted_records"] if r["reason"].startswith("unverified"))
+    certified = runner.invoke(cli, ["certify", "--spec", str(SPEC), "--db", str(db), "--study", "cli", "--state", str(tmp_path / "state"),
                                     "--agent", AGENT, "--out", str(cert_path), "--format", "none"])
     assert certified.exit_code == 0, certified.output
     cert = json.loads(cert_path.read_text())
@@ -219,7 +224,10 @@ def test_replay_against_a_running_plumbline_serve(tmp_path: Path) -> None:
         deadline = time.monotonic() + 30
         docs = study_runs("served", 4)
         assert sorted(d["context"]["plumbline.perturbation"] for d in docs) == ["baseline", "baseline", "tool_fault", "tool_fault"]
-        # A fresh state directory: only the server knows these trials ran, and resume believes it.
+        # A fresh state directory holding only the study's identity and key (study.json): only the server knows these
+        # trials ran, and resume believes its records, which that key verifies.
+        (tmp_path / "fresh").mkdir()
+        shutil.copy(tmp_path / "state" / "study.json", tmp_path / "fresh" / "study.json")
         again = CliRunner().invoke(cli, [*args[:-2], str(tmp_path / "fresh"), "--quiet", "--resume"])
         assert again.exit_code == 0, again.output
         assert "ran 0 (0 ok, 0 missing, 0 errored), 4 skipped by resume" in again.output

@@ -118,9 +118,12 @@ def test_the_reservation_comes_from_the_price_table_and_the_task_s_recorded_toke
                          "claude-haiku-4-5", 10_000, 2_000) for t in tasks(10)]
     summary = run_study(StudyConfig("c", budget_usd=0.10, state_dir=tmp_path / "s", concurrency=1,
                                     sink=SpanSink(otlp_file=str(tmp_path / "o.jsonl"))), priced, ToyAgent(cost_usd=0.02))
-    assert [r.reserved_usd for r in summary.records if r.status == "ok"] == pytest.approx([0.03] * 4)
-    assert summary.ok == 4  # 4 × $0.02 = $0.08; a fifth would need $0.08 + $0.03 > $0.10
-    assert summary.spent_usd == pytest.approx(0.08) and summary.budget_high_water_usd <= 0.10 + 1e-12
+    assert [r.reserved_usd for r in summary.records if r.status == "ok"] == pytest.approx([0.03] * 3)
+    # The agent's own report ($0.02) never lowers what no meter saw below its reservation: 3 × $0.03; a fourth would
+    # need $0.09 + $0.03 > $0.10.
+    assert summary.ok == 3
+    assert summary.spent_usd == pytest.approx(0.09) and summary.budget_high_water_usd <= 0.10 + 1e-12
+    assert {r.cost_basis for r in summary.records if r.status == "ok"} == {"reservation"}
     assert all(r.reason and "budget: not started" in r.reason for r in summary.records if r.status == "missing")
 
 
@@ -138,7 +141,7 @@ def test_a_report_over_the_declared_maximum_is_reconciled_and_stops_the_study(tm
     assert [r.task_key for r in over] == ["INV-1001"] and over[0].overrun_usd == pytest.approx(0.15)
     assert summary.ok == 2 and summary.missing == 4  # nothing started after the overrun
     assert "OVERRUN" in summary.render() and summary.as_dict()["overruns"][0]["overrun_usd"] == pytest.approx(0.15)
-    assert summary.spent_usd == pytest.approx(0.30)
+    assert summary.spent_usd == pytest.approx(0.35)  # $0.10 reserved (its $0.05 report lowers nothing), then $0.25 reported
 
 
 # --- pricing from the provider's full usage (issue 26 item 6) ------------------------------------

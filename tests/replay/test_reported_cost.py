@@ -60,9 +60,9 @@ def test_a_zero_cost_exported_by_the_agent_changes_nothing(tmp_path: Path) -> No
     assert basis == ["reservation"] * 2 and cost == pytest.approx([0.10] * 2) and reported == pytest.approx([0.0] * 2)
 
 
-def test_the_adapters_report_is_preferred_and_the_spans_figure_kept_beside_it(tmp_path: Path) -> None:
+def test_the_adapters_report_never_lowers_the_reservation_and_the_spans_figure_is_kept_beside_it(tmp_path: Path) -> None:
     basis, cost, reported = _study(tmp_path, PricedAgent(0.004, adapter_cost=0.05))
-    assert basis == ["adapter"] * 2 and cost == pytest.approx([0.05] * 2) and reported == pytest.approx([0.008] * 2)
+    assert basis == ["reservation"] * 2 and cost == pytest.approx([0.10] * 2) and reported == pytest.approx([0.008] * 2)
 
 
 def test_a_cost_in_another_currency_is_not_converted(tmp_path: Path) -> None:
