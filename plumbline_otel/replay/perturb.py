@@ -13,7 +13,8 @@ Registered:
                   or a pluggable paraphraser (``PerturbOptions.paraphraser``, e.g. a model)
     distractor    unrelated office chatter before or after the request (guarded too)
     decoy_tools   metadata ``decoy_tools``: plausible extra tool specs the adapter should offer
-    sampling      metadata ``temperature`` and ``seed``; the text is unchanged
+    sampling      metadata ``temperature`` (0.7, 0.3) or ``top_p`` (0.5), never an API's default, and a
+                  ``seed`` (sent only to Chat Completions); the text is unchanged
     tool_fault    metadata ``fault``: a declarative transient fault (tool, kind, which call),
                   turned into a fresh injector for every trial
     model_fault   metadata ``model_fault``: the model API fails one call (rate limit, overloaded,
@@ -168,7 +169,11 @@ class PerturbOptions:
     preferred_fault_tools: tuple[str, ...] = ()  # a domain's choice of targets (checks rather than effects)
     fault_kinds: tuple[str, ...] = TRANSIENT_FAULT_KINDS
     model_fault_kinds: tuple[str, ...] = MODEL_FAULT_KINDS
-    temperatures: tuple[float, ...] = (1.0, 0.7, 0.3)
+    # Every sampling variant moves one parameter away from what all three APIs default to (temperature 1.0,
+    # top_p 1.0): temperatures first, then top_p values, with a seed the proxy sends only where it is accepted.
+    # One parameter per variant: Anthropic's newer models refuse temperature and top_p together.
+    temperatures: tuple[float, ...] = (0.7, 0.3)
+    top_ps: tuple[float, ...] = (0.5,)
 
 
 @dataclass(frozen=True)
@@ -334,8 +339,11 @@ def _decoy_tools(task: ReplayTask, options: PerturbOptions, rng: random.Random) 
 
 @register("sampling", changes_text=False, preserves="the request; only sampling parameters change")
 def _sampling(task: ReplayTask, options: PerturbOptions, rng: random.Random) -> list[Candidate]:
-    return [(task.input, {"temperature": options.temperatures[i % len(options.temperatures)],
-                          "seed": rng.randrange(2**31)}) for i in range(options.variants)]
+    settings = [("temperature", t) for t in options.temperatures if t != 1.0] + [("top_p", p) for p in options.top_ps if p != 1.0]
+    if not settings:  # the APIs' own defaults: a variant that changes nothing the provider does
+        raise _NoCandidates("sampling: every temperature and top_p given is the APIs' default (1.0), which changes nothing")
+    return [(task.input, {settings[i % len(settings)][0]: settings[i % len(settings)][1], "seed": rng.randrange(2**31)})
+            for i in range(options.variants)]
 
 
 @register("tool_fault", changes_text=False, preserves="the request; one tool call fails transiently")

@@ -74,8 +74,72 @@ def test_sampling_is_rewritten_upstream_and_recorded_before_and_after(proxy: Mod
     assert (chat["temperature"], chat["seed"]) == (0.3, 42)
     assert messages["temperature"] == 0.3 and "seed" not in messages  # Messages takes no seed: skipped, not sent
     changes = [(c["call"], c["param"], c["before"], c["after"]) for c in evidence.sampling_changes]
-    assert changes == [(1, "temperature", 1.0, 0.3), (1, "seed", None, 42), (2, "temperature", None, 0.3), (2, "seed", None, None)]
-    assert "skipped" in evidence.sampling_changes[-1]
+    assert changes == [(1, "temperature", 1.0, 0.3), (1, "seed", None, 42), (2, "temperature", None, 0.3)]
+    assert [(c["call"], c["param"], c["after"]) for c in evidence.sampling_unchanged] == [(2, "seed", None)]
+    assert "skipped" in evidence.sampling_unchanged[0]
+
+
+def _call(api: str, route: Any, **params: Any) -> None:
+    """One model call of ``api`` through the route, with the agent's own sampling ``params``."""
+    if api == "chat":
+        openai_client(route).chat.completions.create(model=OPENAI_MODEL, messages=[{"role": "user", "content": "x"}], **params)
+    elif api == "responses":
+        openai_client(route).responses.create(model=OPENAI_MODEL, input="x", **params)
+    else:
+        anthropic_client(route).messages.create(model=ANTHROPIC_MODEL, max_tokens=10, messages=[{"role": "user", "content": "x"}],
+                                                extra_body=params)  # this SDK's signature lists no top_p
+
+
+HONOURED = {"chat": ("temperature", "top_p", "seed"), "responses": ("temperature", "top_p"), "messages": ("temperature", "top_p")}
+DEFAULTS = {"temperature": 1.0, "top_p": 1.0}
+
+
+@pytest.mark.parametrize("api", ["chat", "responses", "messages"])
+def test_every_default_sampling_variant_changes_a_parameter_the_api_honours(api: str, proxy: ModelProxy, sim: SimulatedProvider) -> None:
+    """Issue 39 item 4: the request the provider gets under each sampling variant differs, in a parameter that
+    API honours, from the unperturbed one, and the proxy's evidence (what the driver calls "reached") says so."""
+    variants = [v for v in build_variants(TASK, ["sampling"], PerturbOptions(variants=3))]
+    assert len(variants) == 3 and all(v.rejected is None for v in variants)
+    route = proxy.open_trial(trial(perturbation="baseline"))
+    _call(api, route)
+    proxy.close_trial(route)
+    unperturbed = sim.requests[-1]["body"]
+    for k, variant in enumerate(variants):
+        route = proxy.open_trial(trial(k=k + 1, perturbation="sampling", **variant.metadata))
+        _call(api, route)
+        evidence = proxy.close_trial(route)
+        got = sim.requests[-1]["body"]
+        differs = [p for p in HONOURED[api] if got.get(p, DEFAULTS.get(p)) != unperturbed.get(p, DEFAULTS.get(p))]
+        assert differs, (api, variant.metadata, got)
+        assert set(HONOURED[api]) >= set(got) & {"temperature", "top_p", "seed"}  # nothing the API refuses is sent
+        assert {c["param"] for c in evidence.sampling_changes} == set(differs)  # reached: exactly what the provider got differently
+
+
+@pytest.mark.parametrize("api", ["chat", "responses", "messages"])
+def test_sampling_that_changes_nothing_the_provider_does_is_not_reached(api: str, proxy: ModelProxy, sim: SimulatedProvider) -> None:
+    """Temperature 1.0 on a request that sets none (every API's default), or the value the agent already sends,
+    and a seed where the API takes none, leave the provider's request as it was: no evidence of reach."""
+    route = proxy.open_trial(trial(perturbation="sampling", temperature=1.0))
+    _call(api, route)
+    route2 = proxy.open_trial(trial(k=1, perturbation="sampling", top_p=0.5))
+    _call(api, route2, top_p=0.5)
+    first, second = proxy.close_trial(route), proxy.close_trial(route2)
+    assert first.sampling_changes == () and second.sampling_changes == ()
+    assert [c["param"] for c in first.sampling_unchanged] == ["temperature"]
+    assert first.as_dict()["sampling_changes"] == []  # what the driver's witness reads: not seen, so never scored
+
+
+def test_sampling_is_skipped_where_the_model_would_refuse_it(proxy: ModelProxy, sim: SimulatedProvider) -> None:
+    """A reasoning model on Responses takes no temperature, and Anthropic's newer models refuse temperature with
+    top_p: the proxy sends neither (the provider would fail the call, blamed on the agent) and claims no reach."""
+    route = proxy.open_trial(trial(perturbation="sampling", temperature=0.3))
+    openai_client(route).responses.create(model="o4-mini", input="x")
+    anthropic_client(route).messages.create(model=ANTHROPIC_MODEL, max_tokens=10, messages=[{"role": "user", "content": "x"}],
+                                            extra_body={"top_p": 0.9})
+    evidence = proxy.close_trial(route)
+    assert "temperature" not in sim.requests[-2]["body"] and "temperature" not in sim.requests[-1]["body"]
+    assert evidence.sampling_changes == ()
+    assert [c["skipped"].split(" ")[0] for c in evidence.sampling_unchanged] == ["OpenAI", "Anthropic"]
 
 
 @pytest.mark.parametrize("api", ["chat", "responses", "messages"])

@@ -66,7 +66,8 @@ def test_every_registered_perturbation_builds_stable_guarded_variants() -> None:
         assert v.text != REQUEST and check_equivalent(REQUEST, v.text).ok
     assert len({v.variant_id for v in first}) == len(first)
     assert all(v.variant_id.split("-")[0].isdigit() for v in first)
-    assert {v.metadata["temperature"] for v in by["sampling"]} == {1.0, 0.7, 0.3}
+    # Each sampling variant moves one parameter off the APIs' default (temperature 1.0, top_p 1.0).
+    assert [(v.metadata.get("temperature"), v.metadata.get("top_p")) for v in by["sampling"]] == [(0.7, None), (0.3, None), (None, 0.5)]
     assert [v.fault for v in by["tool_fault"]] == [FaultPlan("lookup_invoice", "503"), FaultPlan("pay", "429"),
                                                    FaultPlan("lookup_invoice", "timeout")]
     for v in by["decoy_tools"]:

@@ -57,11 +57,14 @@ class ProxyEvidence:
     faults: tuple[dict[str, Any], ...]  # {kind, call, detail}
     decoys_offered: tuple[str, ...]
     decoys_proposed: tuple[str, ...]
-    sampling_changes: tuple[dict[str, Any], ...]  # {call, param, before, after}
+    sampling_changes: tuple[dict[str, Any], ...]  # {call, param, before, after}: the provider got a different value
     exchanges: tuple[dict[str, Any], ...]  # {call, api, model, status, source, key, request_sha256}
     passthrough: int  # other endpoints forwarded unmetered (model lists, token counts)
     provider_failures: tuple[dict[str, Any], ...] = ()  # {call, status, detail, kind, recovered}
     proxy_errors: tuple[dict[str, Any], ...] = ()  # {call, status, detail, kind}
+    # Planned sampling that changed nothing the provider honours: skipped (the API or model takes no such parameter)
+    # or equal to what the request already meant (its own value, or the API's default); never evidence of reach.
+    sampling_unchanged: tuple[dict[str, Any], ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -73,6 +76,7 @@ class ProxyEvidence:
             "sampling_changes": list(self.sampling_changes), "exchanges": list(self.exchanges),
             "passthrough": self.passthrough, "provider_failures": [dict(f) for f in self.provider_failures],
             "proxy_errors": [dict(e) for e in self.proxy_errors],
+            "sampling_unchanged": [dict(c) for c in self.sampling_unchanged],
         }
 
 
@@ -102,6 +106,7 @@ class TrialState:
     decoys_offered: list[str] = field(default_factory=list)
     decoys_proposed: list[str] = field(default_factory=list)
     sampling_changes: list[dict[str, Any]] = field(default_factory=list)
+    sampling_unchanged: list[dict[str, Any]] = field(default_factory=list)
     exchanges: list[dict[str, Any]] = field(default_factory=list)
     provider_failures: list[dict[str, Any]] = field(default_factory=list)
     proxy_errors: list[dict[str, Any]] = field(default_factory=list)
@@ -202,4 +207,4 @@ class TrialState:
                 decoys_offered=tuple(self.decoys_offered), decoys_proposed=tuple(self.decoys_proposed),
                 sampling_changes=tuple(self.sampling_changes), exchanges=tuple(self.exchanges), passthrough=self.passthrough,
                 provider_failures=tuple({**f, "recovered": self._recovered(int(f["call"]))} for f in self.provider_failures),
-                proxy_errors=tuple(dict(e) for e in self.proxy_errors))
+                proxy_errors=tuple(dict(e) for e in self.proxy_errors), sampling_unchanged=tuple(self.sampling_unchanged))

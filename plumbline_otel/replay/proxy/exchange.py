@@ -101,8 +101,9 @@ def rewrite(state: TrialState, api: Api, body: dict[str, Any], call: int) -> Non
                 state.add_fault("tool_result_fault", call, f"result of {plan.tool} call {target} shown to the model as: {plan.error_message}")
     if state.sampling:
         changes = apply_sampling(api, body, state.sampling)
-        with state.lock:
-            state.sampling_changes.extend({"call": call, **c} for c in changes)
+        with state.lock:  # only a value the provider now gets differently is evidence the variant reached it
+            state.sampling_changes.extend({"call": call, **c} for c in changes if c["changed"])
+            state.sampling_unchanged.extend({"call": call, **c} for c in changes if not c["changed"])
     if state.decoys:
         added = add_decoys(api, body, state.decoys)
         with state.lock:

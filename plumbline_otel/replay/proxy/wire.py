@@ -9,6 +9,7 @@ which becomes the trial's evidence.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -38,23 +39,53 @@ def error_body(provider: str, status: int, kind: str, message: str) -> bytes:
 # --- sampling ----------------------------------------------------------------------------------
 
 
-def apply_sampling(api: Api, body: dict[str, Any], metadata: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """Set the trial's ``temperature`` / ``top_p`` / ``seed`` on the request; each change as before → after.
+# What each API does when a parameter is left out: a variant that sets a parameter to its default changes nothing
+# the provider does, so it is no change (the seed has no default: any seed is one).
+_SAMPLING_DEFAULTS: dict[Api, dict[str, float]] = {"chat": {"temperature": 1.0, "top_p": 1.0},
+                                                   "responses": {"temperature": 1.0, "top_p": 1.0},
+                                                   "messages": {"temperature": 1.0, "top_p": 1.0}}
+# OpenAI reasoning models refuse temperature and top_p (400 "Unsupported parameter"): sending them would fail the
+# call, so for these the parameters are skipped (the trial then shows no change and is not scored).
+_NO_SAMPLING_MODELS = re.compile(r"^(o\d|gpt-5(?!-chat))", re.I)
 
-    A parameter the API does not take (``seed`` on Responses and Messages) is reported as skipped
-    rather than sent, since the provider would reject the whole call.
+
+def _unhonoured(api: Api, body: Mapping[str, Any], param: str, planned: Mapping[str, Any]) -> str | None:
+    """Why ``api`` would not honour ``param`` on this request (None: it would)."""
+    if param not in _SAMPLING[api]:
+        return f"the {api} API takes no {param}"
+    model = str(body.get("model") or "")
+    if api != "messages" and param in ("temperature", "top_p") and _NO_SAMPLING_MODELS.match(model):
+        return f"OpenAI reasoning model {model} takes no {param}"
+    if api == "messages":
+        thinking = body.get("thinking")
+        if isinstance(thinking, Mapping) and thinking.get("type") == "enabled":
+            return f"Anthropic extended thinking fixes {param}"
+        other = "top_p" if param == "temperature" else "temperature" if param == "top_p" else None
+        if other is not None and body.get(other) is not None and other not in planned:
+            return f"Anthropic models take temperature or top_p, not both; the request sets {other}"
+    return None
+
+
+def apply_sampling(api: Api, body: dict[str, Any], metadata: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Set the trial's ``temperature`` / ``top_p`` / ``seed`` where the API honours them; each as before → after.
+
+    An entry is ``changed`` only when the provider now gets a different value than the unperturbed request
+    would have had (its own value, else the API's default): ``temperature`` 1.0 on a request that sets none is
+    no change on any of the three APIs. A parameter the API (or the model) does not take is not sent, since
+    the provider would reject the whole call, and is reported with ``skipped``. Only changed entries are
+    evidence that the perturbation reached the provider.
     """
+    planned = {p: metadata[p] for p in ("temperature", "top_p", "seed") if metadata.get(p) is not None}
     changes: list[dict[str, Any]] = []
-    for param in ("temperature", "top_p", "seed"):
-        if metadata.get(param) is None:
+    for param, after in planned.items():
+        before = body.get(param)
+        why = _unhonoured(api, body, param, planned)
+        if why is not None:
+            changes.append({"param": param, "before": before, "after": None, "changed": False, "skipped": why})
             continue
-        after = metadata[param]
-        if param not in _SAMPLING[api]:
-            changes.append({"param": param, "before": body.get(param), "after": None,
-                            "skipped": f"the {api} API takes no {param}"})
-            continue
-        changes.append({"param": param, "before": body.get(param), "after": after})
+        effective = before if before is not None else _SAMPLING_DEFAULTS[api].get(param)
         body[param] = after
+        changes.append({"param": param, "before": before, "after": after, "changed": effective != after})
     return changes
 
 
