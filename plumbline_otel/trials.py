@@ -392,9 +392,14 @@ def _decide(planned: AttemptRecord | None, attempts: list[AttemptRecord], by_tra
     decided = _result_attempt(attempts)
     label = decided or base
 
+    # A shared study's fenced attempts (`replay.pgstate`): the agent ran again after its runner lost the trial; shown, never counted.
+    duplicates = tuple(f"duplicate execution: attempt {a.attempt} (trace {a.trace_id}) ran too, by a runner that had lost the "
+                       f"trial's lease; not counted ({a.reason or 'fenced'})" for a in sorted(attempts, key=lambda a: a.attempt)
+                       if a.status == "duplicate")
+
     def result(status: TrialStatus, reason: str | None, run: Trajectory | None = None, notes: tuple[str, ...] = ()) -> TrialResult:
         return TrialResult(base.study, base.trial_id, label.agent, base.perturbation, base.task_key, status, reason, run,
-                           decided, where.get(id(decided)) if decided else None, len(attempts), notes,
+                           decided, where.get(id(decided)) if decided else None, len(attempts), notes + duplicates,
                            planned is not None and planned.sequential)
 
     if decided is None:
@@ -445,13 +450,16 @@ def account(trajectories: Iterable[Trajectory], keys: KeyRing | None = None) -> 
     by_trace = {t.trace_id: t for t in runs}
     planned: dict[tuple[str, str], AttemptRecord] = {}
     attempts: dict[tuple[str, str, str, int], AttemptRecord] = {}
+    # A fenced execution shares its attempt number with the record of the runner that took the trial over (which found it
+    # interrupted): kept apart, so neither hides the other.
+    duplicates: dict[tuple[str, str, str, int], AttemptRecord] = {}
     for r in out.records:
         if r.attempt == 0:
             planned.setdefault((r.study, r.trial_id), r)
-        else:
-            attempts.setdefault((r.study, r.trial_id, r.instance, r.attempt), r)  # a record written twice is one attempt
+        else:  # a record written twice is one attempt
+            (duplicates if r.status == "duplicate" else attempts).setdefault((r.study, r.trial_id, r.instance, r.attempt), r)
     by_trial: dict[tuple[str, str], list[AttemptRecord]] = defaultdict(list)
-    for (study, trial_id, _, _), r in attempts.items():
+    for (study, trial_id, _, _), r in [*attempts.items(), *duplicates.items()]:
         by_trial[(study, trial_id)].append(r)
     used: set[str] = set()
     for key in sorted(set(planned) | set(by_trial)):

@@ -53,6 +53,7 @@ from plumbline_otel.replay.identity import TrialIdentity, trial_id_for
 from plumbline_otel.replay.ledger import Ledger, write_jsonl
 from plumbline_otel.replay.lock import StudyLock
 from plumbline_otel.replay.perturb import Paraphraser, PerturbOptions, Variant, build_variants
+from plumbline_otel.replay.pgstate import LeaseLost, PgLedger
 from plumbline_otel.replay.scope import FaultInjector, TrialScope, activate
 from plumbline_otel.replay.sequential import SequentialStop
 from plumbline_otel.replay.tasks import ReplayTask
@@ -338,7 +339,7 @@ class StudySummary:
             if r.overrun_usd > 0:
                 lines.append(f"  OVERRUN {r.trial_id}: reported ${r.reserved_usd + r.overrun_usd:.4f} against a "
                              f"${r.reserved_usd:.4f} reservation; the study stopped (declare a larger --trial-max-usd)")
-        problems = [r for r in self.records if r.status in ("missing", "errored")]
+        problems = [r for r in self.records if r.status in ("missing", "errored", "duplicate")]
         for r in problems[:10]:
             lines.append(f"  {r.status} {r.trial_id}: {r.reason}")
         if len(problems) > 10:
@@ -503,7 +504,7 @@ class _Runner:
             cost = self._settle(record, budget, outcome, ran)
             self._witness(record, scope, outcome, evidence)
             self._write(attempt, record, cost)
-        return retry
+        return None if record.status == "duplicate" else retry  # fenced: the trial is another runner's now
 
     def _execute(self, attempt: Trial, scope: TrialScope, n: int) -> tuple[str, str | None, TrialOutcome | None, float | None]:
         """Run the agent once: (status, reason, outcome, retry delay); "ok" means it ran to the end (its trace is `_arrived`'s)."""
@@ -597,7 +598,11 @@ class _Runner:
     def _write(self, attempt: Trial, record: TrialRecord, cost: float) -> None:
         """The attempt's outcome: a ledger row (resume) and the driver's record beside the runs (certify)."""
         if self.ledger is not None:
-            self.ledger.append({**record.row(), "attempt": attempt.identity.attempt, "attempt_cost_usd": cost})
+            try:
+                self.ledger.append({**record.row(), "attempt": attempt.identity.attempt, "attempt_cost_usd": cost})
+            except LeaseLost as lost:  # a shared study's fencing: never the trial's result, shown as a duplicate execution
+                record.status, record.reason = "duplicate", f"{lost} (this execution's own result: {record.status}: {record.reason or 'ok'})"
+                self.ledger.append({**record.row(), "attempt": attempt.identity.attempt, "attempt_cost_usd": cost})
         if self.records is not None:
             service, version = self._label(attempt)
             self.records.write(attempt.identity, record.attributes(cost), service=service, version=version)
@@ -742,6 +747,8 @@ class Study:
         records_out = RecordWriter(config.sink, self.key) if config.sink is not None else None
         sequential = SequentialStop(todo, config.target, config.min_tasks) if config.target is not None else None
         claims = _claims(config, todo)
+        if claims is not None and isinstance(ledger, PgLedger):
+            ledger.fence = claims  # an outcome is recorded only under this runner's claim (`pgstate.PgLedger`)
         runner = _Runner(config, self.adapter, cap, cache, ledger, records_out, reservations, sequential, claims)
         summary = StudySummary(config.study, planned=len(plan.trials), skipped=len(plan.trials) - len(todo),
                                rejected=plan.rejected, budget_usd=config.budget_usd, instance=self.instance,
@@ -802,11 +809,15 @@ class Study:
             trial = by_id.get(trial_id)
             if trial is None or trial_id in done:
                 continue
+            if runner.claims is not None and not runner.claims.claim(trial_id):  # a live runner holds it: its attempt, not ours
+                continue
             ident = trial.identity.at_attempt(attempt)
             record = TrialRecord(trial_id, ident.task_key, ident.perturbation, ident.variant, ident.repeat, "missing",
                                  f"interrupted: runner pid {pid} stopped during attempt {attempt}", attempts=1, attempt=attempt,
                                  trace_id=ident.trace_id, fault=str(trial.fault) if trial.fault else None)
             runner._write(replace(trial, identity=ident), record, 0.0)
+            if runner.claims is not None:
+                runner.claims.finish(trial_id, decided=False)  # fenced the lapsed runner out; free to run again
             out.append(record)
         return out
 
