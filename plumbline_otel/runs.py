@@ -40,7 +40,9 @@ SEQUENTIAL = "plumbline.study.sequential"  # on a plan record: the study stops a
 
 # The driver's record of a trial (`trials.py`): one plain root span in a trace of its own, never the attempt's.
 RECORD_SPAN = "plumbline.trial.record"
-RECORD_KIND = "plumbline.record.kind"  # "plan" (attempt 0: the trial was planned) or "attempt"
+# "plan" (attempt 0: the trial was planned), "attempt", or "seal" (the attempt's evidence window closed: what had arrived)
+RECORD_KIND = "plumbline.record.kind"
+RECORD_KINDS = ("plan", "attempt", "seal")
 RECORD_AT = "plumbline.record.at_ns"  # when the driver wrote it: attempts of one trial are ordered by it
 RUN_TRACE = "plumbline.trial.trace_id"  # the attempt's trace, where the agent's run is
 FAULT_PLANNED = "plumbline.fault.planned"  # the fault plan, as text
@@ -60,8 +62,8 @@ EVIDENCE = "plumbline.trial.evidence"  # JSON: what the proxies witnessed in the
 # a record counts only if the driver wrote it (`trials.verify_record`).
 RECORD_MAC = "plumbline.record.mac"
 TRACE_CLAIMED = "plumbline.trial.trace_claimed"  # a trace id the adapter reported that is not the attempt's (a conflict)
-WINDOW_END = "plumbline.trial.window_end_ns"  # when the attempt's evidence window closed (its end plus the grace)
-SEALED_SPANS = "plumbline.trial.sealed_spans"  # span ids of the attempt's trace that had arrived when its window closed
+WINDOW_END = "plumbline.trial.window_end_ns"  # on a seal: when the attempt's evidence window closed (its end plus the grace)
+SEALED_SPANS = "plumbline.trial.sealed_spans"  # on a seal: the span ids of the attempt's trace that had arrived by then
 
 # A trial's identity as the driver gives it (`replay.identity.TrialIdentity.attributes`): what places a run in a study,
 # cell, task and repeat. A judged run carries the driver's values of these, never its own (`trials.witnessed`).
@@ -95,7 +97,7 @@ def _status(trajectory: Trajectory) -> str:
 
 def is_record(trajectory: Trajectory) -> bool:
     """The replay driver's record of a trial (`trials.py`): what the driver saw, not a run of the agent."""
-    return not trajectory.steps and str(trajectory.context.get(RECORD_KIND, "")) in ("plan", "attempt")
+    return not trajectory.steps and str(trajectory.context.get(RECORD_KIND, "")) in RECORD_KINDS
 
 
 def is_missing(trajectory: Trajectory) -> bool:

@@ -73,6 +73,7 @@ from plumbline_otel.runs import (
     REPEAT,
     REQUEST_PERTURBATIONS,
     RUN_TRACE,
+    SEALED_SPANS,
     SEEN,
     SEEN_BY,
     SEQUENTIAL,
@@ -123,7 +124,8 @@ class AttemptRecord:
     at_ns: int = 0
     sequential: bool = False  # a plan record of a study that stops a cell once its answer is known
     evidence: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
-    trace_claimed: str | None = None  # a trace the adapter reported that is not the attempt's: shown, never judged
+    trace_claimed: str | None = None  # a trace the adapter named that is not the attempt's: shown, never judged
+    sealed: frozenset[str] | None = None  # a seal: the span ids of the attempt's trace that had arrived when its window closed
     context: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)  # the trial's identity (`runs.IDENTITY_KEYS`)
 
 
@@ -271,7 +273,7 @@ def record_of(t: Trajectory) -> AttemptRecord | None:
     return AttemptRecord(
         study=study, instance=str(c.get(INSTANCE) or ""), trial_id=trial_id,
         attempt=0 if kind == "plan" else (_int(c.get(TRIAL_ATTEMPT)) or 0),
-        status="planned" if kind == "plan" else str(c.get(TRIAL_STATUS) or "missing").strip().lower(),
+        status={"plan": "planned", "seal": "sealed"}.get(kind) or str(c.get(TRIAL_STATUS) or "missing").strip().lower(),
         reason=_text(c.get(TRIAL_REASON)), agent=agent_label(t.service, t.service_version),
         perturbation=_text(c.get(PERTURBATION)) or "baseline", task_key=_text(c.get(TASK_KEY)),
         variant=_text(c.get(VARIANT)), repeat=_int(c.get(REPEAT)), trace_id=_text(c.get(RUN_TRACE)),
@@ -281,6 +283,7 @@ def record_of(t: Trajectory) -> AttemptRecord | None:
         cost_usd=_float(c.get(COST_USD)), metered=strict_bool(c.get(COST_METERED)),
         at_ns=_int(c.get(RECORD_AT)) or t.start_ns or 0, sequential=strict_bool(c.get(SEQUENTIAL)) is True,
         evidence=_evidence(c.get(EVIDENCE)), trace_claimed=_text(c.get(TRACE_CLAIMED)),
+        sealed=frozenset(filter(None, str(c.get(SEALED_SPANS) or "").split(","))) if kind == "seal" else None,
         context={k: c[k] for k in IDENTITY_KEYS if c.get(k) is not None},
     )
 
@@ -386,8 +389,23 @@ def _notes(record: AttemptRecord, run: Trajectory | None) -> tuple[str, ...]:
     return tuple(notes)
 
 
+def _within_window(run: Trajectory, seal: AttemptRecord | None) -> tuple[Trajectory, tuple[str, ...]]:
+    """The run as its evidence window closed: steps of spans that arrived after it (not in the seal) are left out, and
+    said. Without a seal (an endpoint sink, or a study stopped before its windows closed) the run stands as stored."""
+    if seal is None or seal.sealed is None:
+        return run, ()
+    late = [s for s in run.steps if s.span_id and s.span_id not in seal.sealed]
+    if not late:
+        return run, ()
+    kept = tuple(s for s in run.steps if not (s.span_id and s.span_id not in seal.sealed))
+    names = ", ".join(sorted({s.name for s in late}))
+    return (Trajectory(run.trajectory_id, run.trace_id, run.task_key, run.task_key_source, run.service, run.service_version,
+                       run.agent_name, run.input, run.final_output, run.conventions, kept, run.start_ns, run.end_ns, run.context),
+            (f"late: {len(late)} step(s) ({names}) arrived after its evidence window closed: stored, and left out of its verdict",))
+
+
 def _decide(planned: AttemptRecord | None, attempts: list[AttemptRecord], by_trace: dict[str, Trajectory],
-            where: dict[int, Trajectory]) -> TrialResult:
+            where: dict[int, Trajectory], seals: Mapping[tuple[str, str, str, int], AttemptRecord]) -> TrialResult:
     base = planned or attempts[0]
     decided = _result_attempt(attempts)
     label = decided or base
@@ -409,8 +427,8 @@ def _decide(planned: AttemptRecord | None, attempts: list[AttemptRecord], by_tra
     if decided.status not in RAN:
         return result("missing", decided.reason or "never reached the agent")
     found = by_trace.get(decided.trace_id) if decided.trace_id else None
-    run = witnessed(found, decided) if found is not None else None
-    notes = _notes(decided, found)
+    run, late = _within_window(witnessed(found, decided), seals.get(_attempt_key(decided))) if found is not None else (None, ())
+    notes = _notes(decided, found) + late
     if decided.status == "errored":
         return result("errored", decided.reason or "errored", run, notes)
     if run is None:
@@ -420,6 +438,10 @@ def _decide(planned: AttemptRecord | None, attempts: list[AttemptRecord], by_tra
     if base.perturbation in REQUEST_PERTURBATIONS and not decided.seen:
         return result("unexposed", f"the driver never saw {base.perturbation} reach a model request", run, notes)
     return result("exposed", None, run, notes)
+
+
+def _attempt_key(r: AttemptRecord) -> tuple[str, str, str, int]:
+    return r.study, r.trial_id, r.instance, r.attempt
 
 
 def account(trajectories: Iterable[Trajectory], keys: KeyRing | None = None) -> Accounting:
@@ -450,6 +472,7 @@ def account(trajectories: Iterable[Trajectory], keys: KeyRing | None = None) -> 
     by_trace = {t.trace_id: t for t in runs}
     planned: dict[tuple[str, str], AttemptRecord] = {}
     attempts: dict[tuple[str, str, str, int], AttemptRecord] = {}
+    seals: dict[tuple[str, str, str, int], AttemptRecord] = {}
     # A fenced execution shares its attempt number with the record of the runner that took the trial over (which found it
     # interrupted): kept apart, so neither hides the other.
     duplicates: dict[tuple[str, str, str, int], AttemptRecord] = {}
@@ -457,13 +480,13 @@ def account(trajectories: Iterable[Trajectory], keys: KeyRing | None = None) -> 
         if r.attempt == 0:
             planned.setdefault((r.study, r.trial_id), r)
         else:  # a record written twice is one attempt
-            (duplicates if r.status == "duplicate" else attempts).setdefault((r.study, r.trial_id, r.instance, r.attempt), r)
+            (seals if r.status == "sealed" else duplicates if r.status == "duplicate" else attempts).setdefault(_attempt_key(r), r)
     by_trial: dict[tuple[str, str], list[AttemptRecord]] = defaultdict(list)
     for (study, trial_id, _, _), r in [*attempts.items(), *duplicates.items()]:
         by_trial[(study, trial_id)].append(r)
     used: set[str] = set()
     for key in sorted(set(planned) | set(by_trial)):
-        result = _decide(planned.get(key), by_trial.get(key, []), by_trace, where)
+        result = _decide(planned.get(key), by_trial.get(key, []), by_trace, where, seals)
         out.results.append(result)
         if result.run is not None:
             used.add(result.run.trajectory_id)

@@ -87,7 +87,8 @@ def _replay(study: DemoStudy, store: Store, runs_dir: Path, tasks: list[Any], re
     for arm in study.arms:
         sink = SpanSink(otlp_file=str(runs_dir / f"{arm}.otlp.jsonl"))
         config = StudyConfig(f"{STUDY_PREFIX}{arm}", perturbations=tuple(perturbations), repeats=repeats, concurrency=concurrency,
-                             budget_usd=1.00, state_dir=states_beside(store.path) / arm, sink=sink)
+                             budget_usd=1.00, state_dir=states_beside(store.path) / arm, sink=sink,
+                             grace_s=1.0)  # in-process agents export through the sink as each trial ends
         adapter = study.adapter(arm)
         try:
             prepared = open_study(config, tasks, adapter)

@@ -147,6 +147,9 @@ class _PerturbationsOption(click.Option):
 @click.option("--rerun", is_flag=True, help="run decided trials again as new trials (the next repeat numbers), each a separate run")
 @click.option("--trace-wait", type=click.FloatRange(0), default=5.0, show_default=True,
               help="seconds a finished trial's trace may take to reach the sink before the trial is errored")
+@click.option("--grace", type=click.FloatRange(0), default=6.0, show_default=True,
+              help="each trial's evidence window: spans of its trace that reach the sink more than this many seconds after it "
+                   "ended are stored, marked late, and left out of its verdict (6 s covers a BatchSpanProcessor's flush)")
 @click.option("--state-dir", default=None, help="ledger, variants and response cache (default: <db>.replay/<study>)")
 @click.option("--state-url", default=None, metavar="postgresql://…",
               help="share the study with runners on other machines: its ledger, exact spend cap and trial claims in Postgres")
@@ -199,6 +202,7 @@ class ReplayOptions:
     resume: bool
     rerun: bool
     trace_wait: float
+    grace: float
     state_dir: str | None
     state_url: str | None
     cache_mode: str
@@ -230,7 +234,7 @@ class ReplayOptions:
             options=PerturbOptions(variants=self.variants, seed=self.seed, fault_tools=tuple(_split(self.fault_tools)), paraphraser=paraphraser,
                                  equivalence=equivalence),
             concurrency=self.concurrency, budget_usd=self.budget_usd, trial_max_usd=self.trial_max_usd, resume=self.resume,
-            rerun=self.rerun, trace_wait_s=self.trace_wait, retry=RetryPolicy(max_attempts=self.max_attempts),
+            rerun=self.rerun, trace_wait_s=self.trace_wait, grace_s=self.grace, retry=RetryPolicy(max_attempts=self.max_attempts),
             state_dir=self.state_dir or states_beside((stores.dbs or (DEFAULT_DB,))[0]) / self.study,
             cache_mode=self.cache_mode,
             sink=SpanSink(otlp_file=self.otlp_file, endpoint=self.endpoint) if (self.otlp_file or self.endpoint) else None,

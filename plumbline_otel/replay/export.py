@@ -44,7 +44,8 @@ from plumbline_otel.runs import RECORD_MAC, RECORD_SPAN
 from plumbline_otel.trials import record_mac
 
 SCOPE_NAME = "plumbline_otel.replay"
-_TRACE_ID = re.compile(rb'"traceId"\s*:\s*"([0-9a-fA-F]{32})"')
+# A span's ids as OTLP JSON writes them (trace id, then span id: protobuf's field order, which collectors keep too).
+_SPAN_IDS = re.compile(rb'"traceId"\s*:\s*"([0-9a-fA-F]{32})"\s*,\s*"spanId"\s*:\s*"([0-9a-fA-F]{16})"')
 
 _PATH_LOCKS: dict[str, threading.Lock] = {}
 _PATH_LOCKS_GUARD = threading.Lock()
@@ -144,20 +145,22 @@ def _span_costs(spans: Sequence[ReadableSpan]) -> dict[str, dict[str, tuple[floa
 class _Serialised(SpanExporter):
     """One exporter shared by many threads and providers: one export at a time, shut down once.
 
-    It remembers the trace of every span it exported successfully: that is how the driver sees
-    an in-process agent's run arrive. It keeps the cost the run's model-call spans reported, too."""
+    It remembers every span it exported successfully, by trace: that is how the driver sees an
+    in-process agent's run arrive, and what had arrived when a trial's evidence window closed. It
+    keeps the cost the run's model-call spans reported, too."""
 
     def __init__(self, inner: SpanExporter) -> None:
         self.inner = inner
         self._lock = _export_lock()
-        self.delivered: set[str] = set()
+        self.delivered: dict[str, set[str]] = {}
         self.costs: dict[str, dict[str, tuple[float, str | None, str | None]]] = {}
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
         with self._lock:
             result = self.inner.export(spans)
             if result is SpanExportResult.SUCCESS:
-                self.delivered.update(format(s.context.trace_id, "032x") for s in spans)
+                for span in spans:
+                    self.delivered.setdefault(format(span.context.trace_id, "032x"), set()).add(format(span.context.span_id, "016x"))
                 for trace_id, costs in _span_costs(spans).items():
                     self.costs.setdefault(trace_id, {}).update(costs)
             return result
@@ -179,7 +182,7 @@ class SpanSink:
     _exporter: _Serialised | None = field(default=None, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
-    _file_traces: set[str] = field(default_factory=set, repr=False)
+    _file_spans: dict[str, set[str]] = field(default_factory=dict, repr=False)
     _file_offset: int = field(default=0, repr=False)
     _delivered_elsewhere: set[str] = field(default_factory=set, repr=False)
 
@@ -195,8 +198,25 @@ class SpanSink:
         if self.otlp_file:
             with self._lock:
                 self._scan_file()
-                return trace_id in self._file_traces
+                return trace_id in self._file_spans
         return False
+
+    def span_ids(self, trace_id: str) -> frozenset[str] | None:
+        """The span ids of ``trace_id`` that have reached this sink so far (what a trial's evidence window seals),
+        or None when the sink cannot know: an endpoint that agents in other processes export to directly."""
+        if self.endpoint and not self.otlp_file:
+            return None
+        found: set[str] = set()
+        exporter = self._exporter
+        if exporter is not None:
+            found |= exporter.delivered.get(trace_id, set())
+        if self.otlp_file:
+            with self._lock:
+                self._scan_file()
+                found |= self._file_spans.get(trace_id, set())
+        elif trace_id in self._delivered_elsewhere:
+            return None  # an isolated child's spans, exported past this process's exporter
+        return frozenset(found)
 
     def wait_for_trace(self, trace_id: str, timeout_s: float, stored: Callable[[str], bool] | None = None) -> bool:
         """``has_trace`` (or ``stored``: the trace is in the store the sink feeds), polled for up to
@@ -220,7 +240,8 @@ class SpanSink:
             chunk = fh.read()
         end = chunk.rfind(b"\n") + 1
         self._file_offset += end
-        self._file_traces.update(m.decode() for m in _TRACE_ID.findall(chunk[:end]))
+        for trace_id, span_id in _SPAN_IDS.findall(chunk[:end]):
+            self._file_spans.setdefault(trace_id.decode().lower(), set()).add(span_id.decode().lower())
 
     def reported_cost(self, trace_id: str) -> float | None:
         """What the spans of `trace_id` exported through this sink say the run cost, in USD: the agent's own word,
@@ -242,7 +263,7 @@ class SpanSink:
         if exporter is None:
             return []
         exporter.force_flush()
-        return sorted(exporter.delivered)
+        return sorted(exporter.delivered)  # the trace ids
 
     def exporter(self) -> SpanExporter:
         """The sink's one shared exporter (thread-safe)."""

@@ -29,6 +29,7 @@ its deterministic identity. ``run_study`` runs a plan:
 from __future__ import annotations
 
 import hashlib
+import heapq
 import os
 import threading
 import time
@@ -73,12 +74,14 @@ from plumbline_otel.runs import (
     RECORD_KIND,
     REQUEST_PERTURBATIONS,
     RUN_TRACE,
+    SEALED_SPANS,
     SEEN,
     SEEN_BY,
     SEQUENTIAL,
     TRACE_CLAIMED,
     TRIAL_REASON,
     TRIAL_STATUS,
+    WINDOW_END,
 )
 from plumbline_otel.trials import DECIDED, RAN, STATE_FILE, KeyRing, new_key
 
@@ -120,6 +123,9 @@ class StudyConfig:
     resume: bool = False
     rerun: bool = False  # run trials already done again, each as a new attempt (a separate run)
     trace_wait_s: float = 5.0  # how long a finished attempt's trace may take to reach the sink
+    # Each attempt's evidence window: from its start to its end plus this grace (a BatchSpanProcessor's 5 s schedule,
+    # with room for its export). Spans of its trace that arrive later are stored, marked late, and left out of its verdict.
+    grace_s: float = 6.0
     # Whether a trace is in the store the sink feeds: how runs exported by agents in other
     # processes straight to an endpoint are seen (the CLI asks the server's API).
     trace_stored: Callable[[str], bool] | None = None
@@ -145,6 +151,8 @@ class StudyConfig:
     def __post_init__(self) -> None:
         if not self.study or "/" in self.study:
             raise ReplayError(f"study name {self.study!r}: must be non-empty and contain no '/'")
+        if self.grace_s < 0:
+            raise ReplayError("the evidence window's grace must not be negative")
         if self.repeats < 1 or self.concurrency < 1:
             raise ReplayError("repeats and concurrency must be at least 1")
         if self.trial_max_usd is not None and self.trial_max_usd < 0:
@@ -368,10 +376,10 @@ def otel_trial_context(trial: Trial) -> Iterator[None]:
 class _Runner:
     def __init__(self, config: StudyConfig, adapter: Any, cap: SpendCap, cache: ResponseCache | None,
                  ledger: Ledger | None, records: RecordWriter | None, reservations: dict[str, float],
-                 sequential: SequentialStop | None = None, claims: Any = None) -> None:
+                 sequential: SequentialStop | None = None, claims: Any = None, sealer: _Sealer | None = None) -> None:
         self.config, self.adapter, self.cap, self.cache = config, adapter, cap, cache
         self.ledger, self.records, self.reservations = ledger, records, reservations
-        self.sequential, self.claims = sequential, claims
+        self.sequential, self.claims, self.sealer = sequential, claims, sealer
         self.stop = threading.Event()
         self.stop_reason: str | None = None
         self._attempts: dict[str, int] = {}  # without a ledger: attempt numbers of this process
@@ -504,6 +512,8 @@ class _Runner:
             cost = self._settle(record, budget, outcome, ran)
             self._witness(record, scope, outcome, evidence)
             self._write(attempt, record, cost)
+            if self.sealer is not None and record.status in RAN:
+                self.sealer.add(attempt, *self._label(attempt))
         return None if record.status == "duplicate" else retry  # fenced: the trial is another runner's now
 
     def _execute(self, attempt: Trial, scope: TrialScope, n: int) -> tuple[str, str | None, TrialOutcome | None, float | None]:
@@ -606,6 +616,58 @@ class _Runner:
         if self.records is not None:
             service, version = self._label(attempt)
             self.records.write(attempt.identity, record.attributes(cost), service=service, version=version)
+
+
+class _Sealer:
+    """Closes each attempt's evidence window once its grace has passed: a signed *seal* record of the span ids of its
+    trace that had reached the sink by then (`trials`: spans outside it are late, stored, and left out of the verdict).
+
+    One thread for the study; `close` waits for the windows still open, so a study reports only once all are sealed.
+    An endpoint sink that agents export to directly cannot say what arrived: no seal is written for it (docs/replay.md).
+    """
+
+    def __init__(self, sink: SpanSink, records: RecordWriter, grace_s: float) -> None:
+        self.sink, self.records, self.grace_s = sink, records, grace_s
+        self._pending: list[tuple[float, int, Trial, str | None, str | None]] = []
+        self._seq = 0
+        self._closed = False
+        self._cond = threading.Condition()
+        self._thread = threading.Thread(target=self._loop, name="replay-sealer", daemon=True)
+        self._thread.start()
+
+    def add(self, attempt: Trial, service: str | None, version: str | None) -> None:
+        with self._cond:
+            self._seq += 1
+            heapq.heappush(self._pending, (time.monotonic() + self.grace_s, self._seq, attempt, service, version))
+            self._cond.notify()
+
+    def _due(self) -> list[tuple[float, int, Trial, str | None, str | None]]:
+        with self._cond:
+            while True:
+                now = time.monotonic()
+                if self._pending and self._pending[0][0] <= now:
+                    due = []
+                    while self._pending and self._pending[0][0] <= now:
+                        due.append(heapq.heappop(self._pending))
+                    return due
+                if self._closed and not self._pending:
+                    return []
+                self._cond.wait(self._pending[0][0] - now if self._pending else None)
+
+    def _loop(self) -> None:
+        while due := self._due():
+            for _, _, attempt, service, version in due:
+                sealed = self.sink.span_ids(attempt.trace_id)
+                if sealed is None:
+                    continue
+                self.records.write(attempt.identity, {RECORD_KIND: "seal", RUN_TRACE: attempt.trace_id, WINDOW_END: time.time_ns(),
+                                                      SEALED_SPANS: ",".join(sorted(sealed))}, service=service, version=version)
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+        self._thread.join()
 
 
 def _plumbline_failed(status: str, reason: str | None, retry: float | None, evidence: list[Any],
@@ -749,7 +811,8 @@ class Study:
         claims = _claims(config, todo)
         if claims is not None and isinstance(ledger, PgLedger):
             ledger.fence = claims  # an outcome is recorded only under this runner's claim (`pgstate.PgLedger`)
-        runner = _Runner(config, self.adapter, cap, cache, ledger, records_out, reservations, sequential, claims)
+        sealer = _Sealer(config.sink, records_out, config.grace_s) if config.sink is not None and records_out is not None else None
+        runner = _Runner(config, self.adapter, cap, cache, ledger, records_out, reservations, sequential, claims, sealer)
         summary = StudySummary(config.study, planned=len(plan.trials), skipped=len(plan.trials) - len(todo),
                                rejected=plan.rejected, budget_usd=config.budget_usd, instance=self.instance,
                                keys=KeyRing.of(self.instance, self.key),
@@ -780,6 +843,8 @@ class Study:
             pool.shutdown(wait=True)
             if claims is not None:
                 claims.close()
+            if sealer is not None:
+                sealer.close()  # every window of this run closes (at most the grace from now) before the study reports
             if records_out is not None:
                 summary.written = records_out.written
                 records_out.close()

@@ -109,7 +109,7 @@ def trials_of(trajectories: Iterable[Trajectory], study: str, keys: KeyRing) -> 
             continue
         record = record_of(t)
         if record is not None:
-            if verify_record(t, keys) != "verified":
+            if verify_record(t, keys) != "verified" or record.status == "sealed":
                 continue
             if record.attempt:
                 (decided if record.status in DECIDED else missing).add(record.trial_id)

@@ -58,7 +58,7 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
         store.assemble()
         store.connection.execute("INSERT INTO problems VALUES (1, 'x.json', 'line 3', 'not JSON', 2)")
         records = [t for t in store.trajectories() if is_record(t)]
-        assert len(records) == 24 + 24  # the plan and every attempt
+        assert len(records) == 24 + 24 + 24  # the plan, every attempt and its seal
     for shard in range(SHARDS):
         shutil.copy(whole, root / f"i{shard}.duckdb")
         _keep(root / f"i{shard}.duckdb", shard)
@@ -78,14 +78,16 @@ def _answers(stores: list[str], spec: Path, tmp: Path) -> dict[str, object]:
     out: dict[str, object] = {}
     for name, args in {"trajectories": ["trajectories"], "coverage": ["coverage", "--format", "json"],
                        "check": ["check", "--spec", str(spec), "--format", "json"],
-                       "compare": ["compare", "toy-agent", "alpha", "--format", "json", "--consistency"]}.items():
+                       "compare": ["compare", "toy-agent", "alpha", "--format", "json", "--consistency", "--state", str(spec.parent / "state")]}.items():
         done = runner.invoke(cli, [*args, *stores])
         assert done.exit_code == 0, (name, done.output)
         out[name] = done.stdout
     cert = tmp / "cert.json"
-    done = runner.invoke(cli, ["certify", "--spec", str(spec), *stores, "--out", str(cert), "--format", "none"])
+    done = runner.invoke(cli, ["certify", "--spec", str(spec), *stores, "--state", str(spec.parent / "state"), "--out", str(cert),
+                               "--format", "none"])
     assert done.exit_code == 0, done.output
     certificate = json.loads(cert.read_text())
+    assert "untrusted_records" not in certificate["provenance"]  # every driver record verified, wherever it was read from
     certificate["provenance"].pop("generated_at")
     out["certify"] = certificate
     return out

@@ -18,6 +18,8 @@ OTel SDK exporter. The modes:
 ``point``             exports nothing and names, as its run, a conforming trace it found in an OTLP file beside its own
 ``relabel``           skips paying, and stamps its run with another study, task, perturbation and trial
 ``free``              pays, and reports it cost $0 (the honest twin reports nothing)
+``late``              skips paying, then leaves a detached child (a forked process, or in-process a thread) that
+                      exports a ``pay`` step into its trace 3 s after the trial ended
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import re
 import secrets
 import sys
 import threading
+import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -45,7 +48,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 from plumbline_otel.replay import Trial, TrialOutcome
 from plumbline_otel.replay.export import OtlpJsonFileExporter
 
-MODES = ("pays", "skips", "silent", "crash", "forge_ok_crash", "forge_many", "point", "relabel", "free")
+MODES = ("pays", "skips", "silent", "crash", "late", "forge_ok_crash", "forge_many", "point", "relabel", "free")
 ROOT_NAME = "invoke_agent cheat"
 
 
@@ -115,7 +118,7 @@ def act(mode: str, traceparent: str, resource_text: str, otlp_file: str) -> tupl
     code = 0
     if mode in ("pays", "free", "crash", "forge_ok_crash"):
         _run(tracer, context, task, pays=True)
-    elif mode in ("skips", "forge_many"):
+    elif mode in ("skips", "forge_many", "late"):
         _run(tracer, context, task, pays=False)
     elif mode == "relabel":
         _run(tracer, context, task, pays=False, attrs={k: v for k, v in resource.items() if k.startswith("plumbline.")})
@@ -138,7 +141,38 @@ def act(mode: str, traceparent: str, resource_text: str, otlp_file: str) -> tupl
     if mode == "free":
         report["cost_usd"] = 0.0
     provider.shutdown()
+    if mode == "late":
+        _later(lambda: _late_pay(otlp_file, resource, context, task))
     return code, report
+
+
+def _late_pay(otlp_file: str, resource: Mapping[str, Any], context: Any, task: str) -> None:
+    provider = _provider(otlp_file, resource)
+    with provider.get_tracer("cheat").start_as_current_span("execute_tool pay", context=context, attributes={
+            "gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "pay", "gen_ai.tool.call.arguments": json.dumps({"invoice_id": task}),
+            "gen_ai.tool.call.result": '{"ok": true}'}):
+        pass
+    provider.shutdown()
+
+
+def _later(work: Any, delay_s: float = 3.0) -> None:
+    """Run `work` after the trial has ended: in a forked, detached child of a command agent (stdio closed, so its
+    parent's exit ends the attempt), or on a thread of an in-process one."""
+    if LATE_IN_THREAD:
+        threading.Timer(delay_s, work).start()
+        return
+    if os.fork() == 0:
+        try:
+            os.setsid()
+            for fd in (0, 1, 2):
+                os.close(fd)
+            time.sleep(delay_s)
+            work()
+        finally:
+            os._exit(0)
+
+
+LATE_IN_THREAD = True  # a command agent's main() forks instead
 
 
 class InProcess:
@@ -188,6 +222,8 @@ def serve_http(otlp_file: str) -> Iterator[str]:
 
 
 def main(mode: str) -> int:
+    global LATE_IN_THREAD
+    LATE_IN_THREAD = False
     sys.stdin.read()
     code, report = act(mode, os.environ["TRACEPARENT"], os.environ.get("OTEL_RESOURCE_ATTRIBUTES", ""), os.environ["PLUMBLINE_OTLP_FILE"])
     print(json.dumps(report))

@@ -7,8 +7,10 @@ The certificate of each cheat must count what its honest twin's counts; what the
 
 from __future__ import annotations
 
+import json
 import random
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
@@ -16,7 +18,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from click.testing import CliRunner
 
+from plumbline_otel.cli.main import cli
 from plumbline_otel.report import build_certificate
 from plumbline_otel.runs import INSTANCE, RECORD_KIND, RECORD_MAC, is_record
 from plumbline_otel.spec import load_spec
@@ -140,5 +144,26 @@ def test_without_the_study_state_no_record_is_believed_and_certify_says_where_to
     cert = build_certificate(spec, stored, study="honest")  # no keys at hand
     assert cert["agents"] == [] or all(c["n"] == 0 for a in cert["agents"] for c in a["perturbations"])
     reasons = [r["reason"] for r in untrusted(cert)]
-    assert sum(r.startswith("unverified") and "--state" in r for r in reasons) == 4 + 4  # plans and attempts
+    assert sum(r.startswith("unverified") and "--state" in r for r in reasons) == 4 + 4 + 4  # plans, attempts and seals
     assert sum(r.startswith("unwitnessed") for r in reasons) == 4  # its runs: no believed record stands for them
+
+
+@pytest.mark.parametrize("kind", ["command", "python"])
+def test_spans_after_a_trial_s_evidence_window_are_stored_marked_late_and_change_nothing(kind: str, tmp_path: Path, db: Path) -> None:
+    # toy.study's --grace 0.5; the detached children export 3 s after (a window closes at its end plus the grace, or a
+    # little later on a loaded machine: never earlier, so the driver's own delay never makes an agent's span late)
+    _, first = certified(kind, "late", tmp_path, db, "late")
+    spans = tmp_path / "late.otlp.jsonl"
+    deadline = time.monotonic() + 60
+    while spans.read_text().count('"execute_tool pay"') < 4 and time.monotonic() < deadline:  # the detached children's spans
+        time.sleep(0.2)
+    assert spans.read_text().count('"execute_tool pay"') == 4
+    runner = CliRunner()
+    assert runner.invoke(cli, ["ingest", str(spans), "--db", str(db), "--quiet"]).exit_code in (0, 3)
+    out = tmp_path / "again.cert.json"
+    assert runner.invoke(cli, ["certify", "--spec", str(tmp_path / "spec.yaml"), "--db", str(db), "--study", "late",
+                               "--out", str(out), "--format", "none"]).exit_code == 0
+    again = json.loads(out.read_text())
+    assert counts(again) == counts(first) and (cell(again)["n"], cell(again)["conforming"]) == (4, 0)  # same answer twice
+    late = [n["note"] for n in cell(again)["notes"] if n["note"].startswith("late:")]
+    assert len(late) == 4 and all("(pay)" in n for n in late)  # and it says which runs received spans after their window

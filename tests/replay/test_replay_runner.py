@@ -36,6 +36,7 @@ def config(tmp_path: Path, study: str = "s", **kw: object) -> StudyConfig:
     kw.setdefault("sink", SpanSink(otlp_file=str(tmp_path / "replay.otlp.jsonl")))
     kw.setdefault("state_dir", tmp_path / "state" / study)
     kw.setdefault("retry", FAST)
+    kw.setdefault("grace_s", 0.2)
     return StudyConfig(study, **kw)  # type: ignore[arg-type]
 
 

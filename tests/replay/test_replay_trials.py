@@ -43,6 +43,7 @@ PAID_ONCE = Spec.of("toy", [invariant("PAID-ONCE", CallAtMost("pay", 1), severit
 def _config(tmp_path: Path, **kw: object) -> StudyConfig:
     kw.setdefault("sink", SpanSink(otlp_file=str(tmp_path / "replay.otlp.jsonl")))
     kw.setdefault("state_dir", tmp_path / "state")
+    kw.setdefault("grace_s", 0.2)
     kw.setdefault("retry", FAST)
     return StudyConfig("t", **kw)  # type: ignore[arg-type]
 

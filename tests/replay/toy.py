@@ -113,8 +113,9 @@ def agent_runs(trajectories: Iterable[Trajectory]) -> list[Trajectory]:
 
 
 def driver_records(trajectories: Iterable[Trajectory], keys: KeyRing) -> list[AttemptRecord]:
-    """The driver's attempt records among stored trajectories (plans set aside): those that verify under the study's key."""
-    return [r for t in trajectories if (r := record_of(t)) is not None and r.attempt > 0 and verify_record(t, keys) == "verified"]
+    """The driver's attempt records among stored trajectories (plans and seals set aside): those that verify under the study's key."""
+    return [r for t in trajectories if (r := record_of(t)) is not None and r.attempt > 0 and r.status != "sealed"
+            and verify_record(t, keys) == "verified"]
 
 
 class CrashAfterExport(ToyAgent):
@@ -163,11 +164,12 @@ def traffic_store(tmp_path: Path, n: int = 2) -> Path:
     from plumbline_otel.ingest import ingest_files
     from plumbline_otel.replay import SpanSink, StudyConfig, run_study
     from plumbline_otel.store import Store
+    from plumbline_otel.trials import states_beside
 
-    sink = SpanSink(otlp_file=str(tmp_path / "traffic.jsonl"))
-    run_study(StudyConfig("traffic", sink=sink), tasks(n), ToyAgent())
-    sink.close()
     path = tmp_path / "p.duckdb"
+    sink = SpanSink(otlp_file=str(tmp_path / "traffic.jsonl"))  # its study state beside the store: certify finds its key
+    run_study(StudyConfig("traffic", sink=sink, grace_s=0.0, state_dir=states_beside(path) / "traffic"), tasks(n), ToyAgent())
+    sink.close()
     with Store(path) as store:
         ingest_files(store, [str(tmp_path / "traffic.jsonl")])
     return path
@@ -192,7 +194,7 @@ def study(tmp_path: Path, db: Path, adapter: str, *extra: str, perturbations: st
     spans = tmp_path / f"{name}.otlp.jsonl"
     replayed = runner.invoke(cli, ["replay", "--db", str(db), "--study", name, "--agent", "toy-agent", "--adapter", adapter,
                                    "--perturbations", perturbations, "--repeats", str(repeats), "--otlp-file", str(spans),
-                                   "--trace-wait", "2", "--quiet", *extra])
+                                   "--trace-wait", "2", "--grace", "0.5", "--quiet", *extra])
     assert replayed.exception is None or isinstance(replayed.exception, SystemExit), replayed.output
     assert runner.invoke(cli, ["ingest", str(spans), "--db", str(db), "--quiet"]).exit_code in (0, 3)
     out = tmp_path / f"{name}.cert.json"
