@@ -552,7 +552,10 @@ def _final_output(root: SpanRecord, records: list[SpanRecord], llm: list[SpanRec
 
 def _answer(root: SpanRecord, records: list[SpanRecord], llm: list[SpanRecord]) -> str | None:
     kept_as_is = root.output_text if "output:unrecognised" in root.shapes else None
-    if root.output_text and not kept_as_is:
+    # A run with no span of its own (a conversation's turn found by its first model call, `_user_turn_roots`) has
+    # that call as its root: what the call answered is the turn's first reply ("I'll look the invoice up"), not
+    # its answer, which is the last reply's text like any run's.
+    if root.output_text and not kept_as_is and root.step_kind != "llm_call":
         return root.output_text
     answers = [r.output_text for r in records if "step:answer_tool" in r.shapes and r.output_text]
     if answers:  # a framework's answer tool (smolagents final_answer) carries the answer
