@@ -31,7 +31,8 @@ __all__ = ["VENDOR_ARGS_KEYS", "VENDOR_RESULT_KEYS", "Limits", "LogRows", "Value
 
 # Attribute namespaces we read, and frameworks' own namespaces where content may sit: a key in them that we do
 # not know is reported by coverage, on any span (a framework's span in no convention we read included).
-_NAMESPACES = ("gen_ai.", "llm.", "tool.", "openinference.", "traceloop.", "ai.", "mastra.", "crewai.", "haystack.", "dspy.")
+_NAMESPACES = ("gen_ai.", "llm.", "tool.", "openinference.", "traceloop.", "ai.", "mastra.", "crewai.", "haystack.", "dspy.",
+               "langfuse.")
 _KNOWN_PREFIXES = (
     "gen_ai.operation.", "gen_ai.provider.", "gen_ai.system", "gen_ai.request.", "gen_ai.response.",
     "gen_ai.usage.", "gen_ai.tool.", "gen_ai.input.messages", "gen_ai.output.messages",
@@ -49,6 +50,11 @@ _KNOWN_PREFIXES = (
     # Mastra's exporter (read: agent_run and model_step input/output; the rest is its bookkeeping).
     "mastra.span.type", "mastra.agent_run.", "mastra.workflow_run.", "mastra.model_step.", "mastra.model_generation.",
     "mastra.model_chunk.", "mastra.metadata.", "mastra.tags", "mastra.completion_start_time",
+    # Langfuse's (read: observation type, input, output, model, usage, level; the rest is its bookkeeping).
+    "langfuse.observation.type", "langfuse.observation.input", "langfuse.observation.output", "langfuse.observation.model.",
+    "langfuse.observation.usage_details", "langfuse.observation.level", "langfuse.observation.status_message",
+    "langfuse.observation.metadata.", "langfuse.observation.completion_start_time", "langfuse.internal.",
+    "langfuse.observation.cost_details", "langfuse.trace.", "langfuse.environment", "langfuse.release", "langfuse.version",
 )
 
 

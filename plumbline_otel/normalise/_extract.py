@@ -68,6 +68,12 @@ _METHOD_SUFFIXES = (".__call__", ".acall", ".__acall__")
 _TOOL_CLASSES = {"DynamicStructuredTool", "DynamicTool", "StructuredTool"}
 # Tool spans that summarise other tool spans: Google ADK's span over parallel calls' merged responses.
 _SUMMARY_TOOLS = {("gcp.vertex.agent", "(merged tools)")}
+# Langfuse's own convention (its SDKs since v3 export OTLP spans): `langfuse.observation.type` says what the span is,
+# `.input`/`.output` what it was given and returned (JSON), `.model.name` and `.usage_details` a generation's model and
+# tokens, `.level=ERROR` with `.status_message` a failure. The other types (span, chain, event, …) are no step.
+LANGFUSE_TYPE = "langfuse.observation.type"
+_LANGFUSE_KINDS: dict[str, StepKind] = {"generation": "llm_call", "tool": "tool_call", "agent": "agent"}
+_LANGFUSE_IN, _LANGFUSE_OUT = "langfuse.observation.input", "langfuse.observation.output"
 _GENAI_MARKERS = ("gen_ai.operation.name", "gen_ai.input.messages", "gen_ai.output.messages", "gen_ai.tool.name", "gen_ai.provider.name",
                   "gen_ai.input.messages_delta")
 _EVENT_MESSAGES = {
@@ -95,6 +101,9 @@ def detect(attrs: dict[str, Any]) -> tuple[Convention, StepKind]:
     if any(key in attrs for key in HANDOFF_KEYS):
         return "genai", "agent"
     tl_kind = attrs.get("traceloop.span.kind")
+    langfuse = attrs.get(LANGFUSE_TYPE)
+    if isinstance(langfuse, str) and operation is None and not any(key in attrs for key in _GENAI_MARKERS):
+        return "genai", _LANGFUSE_KINDS.get(langfuse, "other")  # a vendor's keys, read like GenAI's
     if any(key in attrs for key in _GENAI_MARKERS):
         if operation is None and "gen_ai.tool.name" in attrs:
             operation = "execute_tool"
@@ -254,8 +263,9 @@ def _tool_openinference(rec: SpanRecord, attrs: dict[str, Any]) -> None:
 
 
 # Vendor keys we map onto the GenAI ones: pydantic-ai before its GenAI alignment, older Google ADK releases.
-VENDOR_ARGS_KEYS = ("tool_arguments", "gcp.vertex.agent.tool_call_args")
-VENDOR_RESULT_KEYS = ("tool_response", "gcp.vertex.agent.tool_response")
+# A Langfuse tool observation's input (the decorated function's `{args, kwargs}`) and output are its arguments and result.
+VENDOR_ARGS_KEYS = ("tool_arguments", "gcp.vertex.agent.tool_call_args", _LANGFUSE_IN)
+VENDOR_RESULT_KEYS = ("tool_response", "gcp.vertex.agent.tool_response", _LANGFUSE_OUT)
 
 
 def _tool_genai(rec: SpanRecord, attrs: dict[str, Any]) -> None:
@@ -510,8 +520,30 @@ def _vercel_request(rec: SpanRecord, raw: Any) -> str | None:
     return "\n".join(users[-1].texts) if users else None
 
 
+def _langfuse_generation(rec: SpanRecord, attrs: dict[str, Any]) -> None:
+    """A Langfuse generation: its input is the request (`{messages, tools}` from Langfuse's OpenAI integration, or a
+    message list), its output the response message or its text; model and tokens under Langfuse's own keys."""
+    rec.model = _or_text(rec.model, attrs.get("langfuse.observation.model.name"))
+    usage = maybe_json(attrs.get("langfuse.observation.usage_details"))
+    if isinstance(usage, dict):
+        rec.input_tokens = _or_count(rec.input_tokens, _first(usage, "input", "prompt_tokens", "input_tokens"))
+        rec.output_tokens = _or_count(rec.output_tokens, _first(usage, "output", "completion_tokens", "output_tokens"))
+    reason = maybe_json(attrs.get("langfuse.observation.metadata.finish_reason"))
+    if isinstance(reason, str) and reason and not rec.finish_reasons:
+        rec.finish_reasons = [reason]
+    request = maybe_json(attrs.get(_LANGFUSE_IN))
+    inputs = parse_messages(request["messages"] if isinstance(request, dict) and "messages" in request else request)
+    reply = maybe_json(attrs.get(_LANGFUSE_OUT))
+    outputs = [Message("assistant", [reply])] if isinstance(reply, str) and reply else parse_messages(reply)
+    if inputs or outputs:
+        _evidence(rec, "content", _LANGFUSE_IN)
+    _apply_messages(rec, inputs, [m if m.role else Message("assistant", m.texts, m.calls, m.results) for m in outputs])
+
+
 def _llm(rec: SpanRecord, attrs: dict[str, Any], events: list[tuple[str, dict[str, Any]]]) -> None:
     _llm_fields(rec, attrs)
+    if LANGFUSE_TYPE in attrs:
+        _langfuse_generation(rec, attrs)
     if rec.convention == "vercel_ai":
         _apply_messages(rec, parse_messages(attrs.get("ai.prompt.messages")), _vercel_outputs(attrs))
     if "mastra.model_step.input" in attrs or "mastra.model_step.output" in attrs:  # Mastra: `{text, toolCalls}`
@@ -567,6 +599,8 @@ def _agent(rec: SpanRecord, attrs: dict[str, Any], events: list[tuple[str, dict[
     if rec.convention == "traceloop" or "traceloop.entity.input" in attrs:
         rec.agent_name = _or_text(rec.agent_name, attrs.get("traceloop.entity.name"))
         _run_texts(rec, attrs.get("traceloop.entity.input"), attrs.get("traceloop.entity.output"))
+    if LANGFUSE_TYPE in attrs:
+        _run_texts(rec, attrs.get(_LANGFUSE_IN), attrs.get(_LANGFUSE_OUT))
     inputs, outputs = _messages_genai(attrs, events)
     _apply_messages(rec, inputs, outputs)
     _run_texts(rec, None, attrs.get("final_result"))
@@ -586,6 +620,8 @@ def _error(rec: SpanRecord, attrs: dict[str, Any], events: list[tuple[str, dict[
         return rec.status_message or str(attrs.get("error.type") or "error")
     if attrs.get("error.type"):
         return str(attrs["error.type"])
+    if attrs.get("langfuse.observation.level") == "ERROR":
+        return str(attrs.get("langfuse.observation.status_message") or "level ERROR")
     if attrs.get("gen_ai.tool.status") == "error":
         return "tool status error"
     if rec.step_kind == "tool_call" and (result_is_error(rec.result) or f"result:{TOOL_ERROR_SHAPE}" in rec.shapes):
@@ -643,7 +679,8 @@ def extract(rec: SpanRecord, attrs: dict[str, Any], events: list[tuple[str, dict
     elif rec.step_kind == "agent":
         _agent(rec, attrs, events)
     elif rec.parent_span_id is None or _program_call(rec, attrs):  # a root chain or workflow span: the run's request and answer
-        _run_texts(rec, _first(attrs, "input.value", "traceloop.entity.input"), _first(attrs, "output.value", "traceloop.entity.output"))
+        _run_texts(rec, _first(attrs, "input.value", "traceloop.entity.input", _LANGFUSE_IN),
+                   _first(attrs, "output.value", "traceloop.entity.output", _LANGFUSE_OUT))
         if rec.input_text is None and "crew_tasks" in attrs:  # a CrewAI kickoff: the request is its tasks' description
             rec.input_text = _crew_request(attrs.get("crew_tasks"), attrs.get("crew_inputs"))
             _note(rec, "input", "crewai_tasks" if rec.input_text else None)

@@ -33,7 +33,9 @@ SETUPS = ["adk_content", "adk_content_events", "adk_nocontent", "langchain_openi
           "autogen_agentchat", "autogen_swarm", "semantic_kernel", "mcp_openai_agents",
           # sub-agents (issue 29; the conversations are one line of three runs, tests/core/test_runs_split.py)
           "crewai_delegation", "semantic_kernel_subagent", "haystack_subagent",
-          "dspy_subagent", "mcp_subagent"]
+          "dspy_subagent", "mcp_subagent",
+          # issue 40: the next instrumentations (generate_anthropic/_langfuse/…)
+          "anthropic_openinference", "langfuse_openai"]
 
 _spec = importlib.util.spec_from_file_location("producers_generate", FIXTURES / "producers" / "generate.py")
 assert _spec is not None and _spec.loader is not None
