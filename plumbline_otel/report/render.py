@@ -16,6 +16,7 @@ gate cannot trust either.
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -98,8 +99,9 @@ def headline_sentence(cert: dict[str, Any]) -> str:
         return f"PASS: {claim}; every cell's lower bound reaches the target {target:.0%}."
     if verdict == "FAIL":
         return f"FAIL: at least one cell's upper bound is below the target {target:.0%}; {claim}."
-    more = ("no number of clean tasks will reach it" if head.get("tasks_needed") is None
-            else f"{head['tasks_needed']} more distinct clean task(s) would settle it")
+    from plumbline_otel.report.gate import advice
+
+    more = advice(str(head.get("method")), head.get("tasks_needed"), target)
     return f"INCONCLUSIVE: the evidence neither reaches nor rules out the target {target:.0%}; {claim}; {more}."
 
 
@@ -112,8 +114,10 @@ def _why_not(c: dict[str, Any], target: float) -> str:
         return f"{where}: even its upper bound {c['gate_upper']:.4f} is below {target:.0%}"
     if c.get("tasks_needed") is None:
         return f"{where}, bound {c['gate_lower']:.4f}: no number of clean tasks would reach {target:.0%}"
+    from plumbline_otel.report.gate import advice
+
     return (f"{where}, bound {c['gate_lower']:.4f}: {c['tasks']} task(s) cannot show {target:.0%}; "
-            f"about {c['tasks_needed']} more distinct task(s), all conforming, would")
+            f"{advice(str(c.get('gate_method')), c['tasks_needed'], target)}")
 
 
 def _headline_lines(cert: dict[str, Any]) -> list[str]:
@@ -163,12 +167,17 @@ def _cell_notes(c: dict[str, Any]) -> list[str]:
         lines.append(f"  {c['perturbation']}: seen to reach the agent by {seen}")
     if c.get("unwitnessed"):
         lines.append(f"  {c['perturbation']}: {c['unwitnessed']} run(s) claim a trial no driver record stands for: not scored")
+    late = sum(n["note"].startswith("late:") for n in c.get("notes", []))
+    if late:
+        lines.append(f"  {c['perturbation']}: {late} run(s) received spans after their evidence window: those steps are stored, "
+                     "and left out of the verdict")
     for note in c.get("notes", [])[:3]:
         lines.append(f"  {c['perturbation']}: {note['run']}: {note['note']}")
     if len(c.get("notes", [])) > 3:
         lines.append(f"  {c['perturbation']}: … and {len(c['notes']) - 3} more note(s) (the certificate's JSON)")
     if c.get("unmetered"):
-        lines.append(f"  {c['perturbation']}: {c['unmetered']} trial(s) spent money no plumbline meter saw (the adapter's own report)")
+        lines.append(f"  {c['perturbation']}: {c['unmetered']} trial(s) spent money no plumbline meter fully saw (charged the "
+                     "reservation, an estimate, or the adapter's higher report)")
     return lines
 
 
@@ -237,6 +246,13 @@ def render_text(cert: dict[str, Any]) -> str:
                 lines.append(curve)
         lines += _violation_lines(cells)
     prov = cert["provenance"]
+    untrusted = prov.get("untrusted_records") or []
+    if untrusted:
+        kinds = Counter(r["reason"].split(":", 1)[0] for r in untrusted)
+        lines += ["", "NOT BELIEVED (counted nowhere): " + ", ".join(f"{n} {kind}" for kind, n in sorted(kinds.items()))]
+        lines += [f"  {r['run']}: {r['reason']}" for r in untrusted[:5]]
+        if len(untrusted) > 5:
+            lines.append(f"  … and {len(untrusted) - 5} more (the certificate's provenance.untrusted_records)")
     win = prov["data_window"]
     scored = f" ({prov['scored_runs']} scored)" if prov.get("scored_runs", prov["runs"]) != prov["runs"] else ""
     lines += [

@@ -21,7 +21,7 @@ import pytest
 from click.testing import CliRunner
 
 from plumbline_otel.cli.main import cli
-from plumbline_otel.report import build_certificate
+from plumbline_otel.report import build_certificate, render_text
 from plumbline_otel.runs import INSTANCE, RECORD_KIND, RECORD_MAC, is_record
 from plumbline_otel.spec import load_spec
 from plumbline_otel.store import Store
@@ -69,6 +69,11 @@ def test_a_forged_ok_record_after_a_crash_counts_nowhere_and_is_shown_as_a_forge
     forged = untrusted(cheat)
     assert len(forged) == 4 and all(f["reason"].startswith("forged") for f in forged)
     assert not untrusted(honest)
+    # shown as forgeries on the terminal and in the report's certificate
+    assert "NOT BELIEVED (counted nowhere): 4 forged" in render_text(cheat)
+    page = tmp_path / "report.html"
+    assert CliRunner().invoke(cli, ["report", "--db", str(db), "--cert", str(tmp_path / "cheat.cert.json"), "--out", str(page)]).exit_code == 0
+    assert "Not believed, counted nowhere:" in page.read_text() and "forged: its MAC does not check" in page.read_text()
 
 
 @pytest.mark.parametrize("kind", KINDS)
