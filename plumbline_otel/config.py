@@ -54,7 +54,7 @@ _SCHEMA: dict[str, Any] = {
     },
     "storage": {"path": (str, "plumbline.duckdb"), "task_keys": (list, None), "memory_limit_mib": (int, 256)},
     "queue": {"max_spans": (int, 8192), "max_bytes_mib": (int, 256), "max_bytes_per_address_share": (float, 0.5),
-              "batch_max_spans": (int, 8192), "retry_after_seconds": (float, 1.0)},
+              "batch_max_spans": (int, 8192), "retry_after_seconds": (float, 1.0), "commit_timeout_seconds": (float, 30.0)},
     "assemble": {"interval_seconds": (float, 1.0), "max_delay_seconds": (float, 2.0)},
     "pipeline": {"workers": (int, None)},
     "auth": {"bearer_token": (str, None), "bearer_token_file": (str, None)},
@@ -110,6 +110,7 @@ class ServeConfig:
     queue_max_bytes_per_address: int = 128 * _MIB  # of which requests being read from one client address may hold this much
     batch_max_spans: int = 8192
     retry_after_seconds: float = 1.0
+    commit_timeout_seconds: float = 30.0  # a request waits this, plus its share of the queue, and on while the pipeline moves (receive/_intake.py)
     assemble_interval_seconds: float = 1.0
     assemble_max_delay_seconds: float = 2.0
     workers: int | None = None  # shard worker processes (None: one per core; 0: in the server's process)
@@ -212,7 +213,7 @@ def _positive(values: dict[str, Any], *keys: str) -> None:
 
 def _build(values: dict[str, Any]) -> ServeConfig:
     _positive(values, "receivers.otlp.protocols.grpc.max_recv_msg_size_mib", "receivers.otlp.protocols.http.max_request_body_size_mib",
-              "queue.max_spans", "queue.max_bytes_mib", "queue.batch_max_spans", "assemble.interval_seconds",
+              "queue.max_spans", "queue.max_bytes_mib", "queue.batch_max_spans", "queue.commit_timeout_seconds", "assemble.interval_seconds",
               "storage.memory_limit_mib", "check.interval_seconds", "receivers.otlp.protocols.grpc.max_concurrent_streams",
               "receivers.otlp.protocols.http.max_connections", "receivers.otlp.protocols.http.max_connections_per_address",
               "receivers.otlp.protocols.http.idle_timeout_seconds", "receivers.otlp.protocols.http.read_header_timeout_seconds",
@@ -264,6 +265,7 @@ def _build(values: dict[str, Any]) -> ServeConfig:
         queue_max_bytes_per_address=int(share * values["queue.max_bytes_mib"] * _MIB),
         batch_max_spans=values["queue.batch_max_spans"],
         retry_after_seconds=values["queue.retry_after_seconds"],
+        commit_timeout_seconds=values["queue.commit_timeout_seconds"],
         assemble_interval_seconds=values["assemble.interval_seconds"],
         assemble_max_delay_seconds=values["assemble.max_delay_seconds"],
         workers=values["pipeline.workers"],

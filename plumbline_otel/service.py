@@ -71,7 +71,7 @@ class Server:
                                 settings=settings, workers=self.workers, batch_max_spans=config.batch_max_spans,
                                 assemble_interval=config.assemble_interval_seconds, assemble_max_delay=config.assemble_max_delay_seconds,
                                 budget=budget)
-        self.intake = Intake(self.queue, self.metrics, content)
+        self.intake = Intake(self.queue, self.metrics, content, commit_timeout=config.commit_timeout_seconds)
         self.deadlines = Deadlines()  # slow peers' deadlines on both transports
         self.standing = self._standing_check()
         self.lake = LakeSync.from_env(self.queue, config.db_path)  # PLUMBLINE_LAKE: commit to the shared lake (lake.py)
@@ -117,6 +117,7 @@ class Server:
             raise ConfigError(f"receivers.otlp.protocols.grpc.endpoint: cannot listen on {cfg.grpc_endpoint}: {exc}") from None
         self.grpc.start()
         grpc_server = self.grpc
+        self.metrics.gauge("plumbline_grpc_calls_evicted", lambda: grpc_server.gate.evicted)  # idle calls cancelled for new ones
         self.queue.on_store_state.append(lambda problem: grpc_server.set_serving(problem is None))
 
     def _console(self) -> Console:

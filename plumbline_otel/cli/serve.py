@@ -44,6 +44,7 @@ def _overrides(opts: dict[str, Any], config_path: str | None) -> dict[str, Any]:
         "queue.max_bytes_per_address_share": opts["max_bytes_per_address_share"],
         "queue.batch_max_spans": opts["batch_max_spans"],
         "queue.retry_after_seconds": opts["retry_after"],
+        "queue.commit_timeout_seconds": opts["commit_timeout"],
         "assemble.interval_seconds": opts["assemble_interval"],
         "assemble.max_delay_seconds": opts["assemble_max_delay"],
         "pipeline.workers": opts["workers"],
@@ -92,6 +93,7 @@ def _overrides(opts: dict[str, Any], config_path: str | None) -> dict[str, Any]:
               help="Share of the memory budget requests being read from one client address may hold, 0-1 [default 0.5; 1: no share].")
 @click.option("--batch-max-spans", type=int, help="Most spans committed in one transaction [default 8192].")
 @click.option("--retry-after", type=float, help="Seconds clients are told to wait when pushed back [default 1].")
+@click.option("--commit-timeout", type=float, help="Seconds a request waits for its commit, plus its share of the queue, and on while the pipeline moves [queue.commit_timeout_seconds; default 30].")
 @click.option("--assemble-interval", type=float, help="Idle seconds before trajectories are rebuilt [default 1].")
 @click.option("--assemble-max-delay", type=float, help="Longest a write waits for assembly under sustained load [default 2].")
 @click.option("--workers", type=int, help="Shard worker processes for decoding and normalising [pipeline.workers; default one per core; 0 in-process].")

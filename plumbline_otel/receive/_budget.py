@@ -1,12 +1,14 @@
 """The one memory budget for request bytes in flight, and the deadlines that keep slow peers from holding it.
 
-`MemoryBudget` counts every byte a request holds on either transport: an HTTP body as it is read
-(a declared length up front, each chunk before it is read), a gRPC message before grpcio is asked
-to read it (the largest allowed size, cut to the real size once it arrived), a body being inflated
-(each piece before it is kept), a request being decoded (a multiple of its size), and a request
+`MemoryBudget` counts every byte a request holds on either transport, and only bytes it holds: an
+HTTP body as it arrives (each piece of at most 256 KiB, or each chunk, just before it is read), a
+gRPC message once grpcio handed it over whole, a body being inflated (each piece before it is kept), a request being decoded (a multiple of its size), and a request
 queued until its commit. Past the limit a request is pushed back (HTTP 503 + Retry-After, gRPC
 RESOURCE_EXHAUSTED + RetryInfo) instead of growing memory. One request alone may hold more than the
-limit (nothing else is in flight then), so the bound is max(limit, one request's charge).
+limit (nothing else is in flight then), so the bound is max(limit, one request's charge). A
+caller that declares a large body, or opens a gRPC call, and then sends nothing holds at most one
+piece (HTTP) or nothing (gRPC): it used to hold the most it might send, and four idle gRPC calls
+took the whole 256 MiB from every exporter (issue 43).
 
 Bytes a transport reserves while it reads a request are also counted against the client's address
 (`owner`), which may hold at most `owner_limit` of them: one address holding bodies short of

@@ -12,16 +12,25 @@ message), and counts calls by kind — exports, plumbline's API, health checks, 
 each under its own cap (past it: RESOURCE_EXHAUSTED + RetryInfo), on a thread pool sized for all
 of them, so no kind starves another and health always has threads. Every handler reads its
 request itself, under `message_timeout`: a call that sends no message (or not all of it) in time
-is cancelled. An export first reserves the largest message it may receive in the memory budget
-(`_budget.py`), since grpcio holds a message in memory until it is whole; the reservation is cut
-to the real size once it arrived, and past the budget the answer is RESOURCE_EXHAUSTED +
-RetryInfo. Keep-alive pings, idle and age limits on connections are grpcio's own, as the Collector's
-gRPC server sets them.
+is cancelled. An export holds nothing in the memory budget (`_budget.py`) until its message has
+arrived: grpcio hands a message over only once it is whole, so that is when its bytes are taken
+(past the budget: RESOURCE_EXHAUSTED + RetryInfo, the message dropped). An idle call (headers sent,
+no message) thus holds no budget, where it used to reserve the largest message for its whole
+deadline and four of them locked every exporter out (issue 43). What grpcio holds for messages
+still arriving is outside the budget: at most what peers actually sent, HTTP/2 flow control and
+`max_recv_bytes` bounding each call, `max_exports` the calls.
+
+Idle calls cannot take the call slots either: an export (or API call) past its kind's cap takes the
+slot of the call of that kind that has waited longest for its message, if it has waited at least
+`EVICT_AFTER` (that call is cancelled), as an HTTP connection past the caps takes the slot of the
+one waiting longest for its request. Keep-alive pings, idle and age limits on connections are
+grpcio's own, as the Collector's gRPC server sets them.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -51,6 +60,7 @@ _UNAUTHENTICATED_OK = (_HEALTH,)
 _EXPORTS = (f"/{TRACE_SERVICE}/", f"/{LOGS_SERVICE}/")
 _SPARE_THREADS = 16  # for refusals, which run on the pool too (briefly)
 _BUDGET_WAIT = 2.0  # longest an export waits for room in the memory budget before pushback
+EVICT_AFTER = 1.0  # a call waiting this long for its message gives its slot to a new call past the cap
 
 
 @dataclass(frozen=True)
@@ -120,7 +130,11 @@ class _Gate(grpc.ServerInterceptor):
                       "watch": limits.max_health_watches}
         self.active = dict.fromkeys(self._caps, 0)
         self.refused = {"unauthenticated": 0, "busy": 0, "timed_out": 0}
+        self.evicted = 0  # calls cancelled, while waiting for their message, to give their slot to a new call
         self._lock = threading.Lock()
+        # Admitted calls by their context: (kind, count the call out); and those waiting for their message, since when.
+        self._calls: dict[Any, tuple[str, Callable[[], None]]] = {}
+        self._waiting: dict[Any, float] = {}
         self._deadlines, self._message_timeout = deadlines, limits.message_timeout
 
         def unauthenticated(_requests: Any, context: grpc.ServicerContext) -> None:
@@ -144,10 +158,13 @@ class _Gate(grpc.ServerInterceptor):
             self.refused["unauthenticated"] += 1
             return self._unauthenticated
         with self._lock:
-            if self.active[kind] >= self._caps[kind]:
+            victim = self._victim(kind) if self.active[kind] >= self._caps[kind] else None
+            if self.active[kind] >= self._caps[kind] and victim is None:
                 self.refused["busy"] += 1
                 return self._busy
             self.active[kind] += 1
+        if victim is not None:  # outside the lock: its slot goes to this call, it ends at once
+            self._evict(victim)
         done = self._once(kind)
         try:
             handler = continuation(details)
@@ -157,7 +174,7 @@ class _Gate(grpc.ServerInterceptor):
         if handler is None:
             done()
             return None
-        return self._guard(handler, done)
+        return self._guard(handler, kind, done)
 
     def _once(self, kind: str) -> Callable[[], None]:
         finished = threading.Event()
@@ -170,6 +187,39 @@ class _Gate(grpc.ServerInterceptor):
 
         return done
 
+    def _victim(self, kind: str) -> Any | None:
+        """The call of `kind` that has waited longest for its message, if that is at least `EVICT_AFTER` (under the lock)."""
+        oldest = time.monotonic() - EVICT_AFTER
+        victim = None
+        for context, since in self._waiting.items():
+            entry = self._calls.get(context)
+            if entry is not None and entry[0] == kind and since <= oldest:
+                victim, oldest = context, since
+        if victim is not None:
+            del self._waiting[victim]
+        return victim
+
+    def _evict(self, context: Any) -> None:
+        """Count the call out (its slot is taken over) and cancel it: its handler's read of the message ends."""
+        entry = self._calls.pop(context, None)
+        if entry is not None:
+            entry[1]()
+        self.evicted += 1
+        context.cancel()
+
+    def _track(self, context: grpc.ServicerContext, kind: str, done: Callable[[], None]) -> None:
+        """Know the call by its context until it ends, when `done` counts it out."""
+        def ended() -> None:
+            with self._lock:
+                self._calls.pop(context, None)
+                self._waiting.pop(context, None)
+            done()
+
+        with self._lock:
+            self._calls[context] = (kind, done)
+        if not context.add_callback(ended):
+            ended()
+
     def first_message(self, requests: Iterator[Any], context: grpc.ServicerContext) -> Any:
         """The call's request message, or the call cancelled when it is not whole within the message timeout."""
         key = object()
@@ -180,18 +230,22 @@ class _Gate(grpc.ServerInterceptor):
 
         if self._message_timeout > 0:
             self._deadlines.arm(key, self._message_timeout, cancel)
+        with self._lock:
+            if context in self._calls:
+                self._waiting[context] = time.monotonic()
         try:
             return next(requests)
         except StopIteration:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the call carried no request message")
         finally:
             self._deadlines.disarm(key)
+            with self._lock:
+                self._waiting.pop(context, None)
 
-    def _guard(self, handler: grpc.RpcMethodHandler, done: Callable[[], None]) -> grpc.RpcMethodHandler:
+    def _guard(self, handler: grpc.RpcMethodHandler, kind: str, done: Callable[[], None]) -> grpc.RpcMethodHandler:
         """`handler` as a request-streaming handler that counts itself out when the call ends."""
         def track(context: grpc.ServicerContext) -> None:
-            if not context.add_callback(done):
-                done()
+            self._track(context, kind, done)
 
         deserialize, serialize = handler.request_deserializer, handler.response_serializer
         if handler.request_streaming:  # reads its own messages (the exports)
@@ -232,22 +286,17 @@ def peer_address(peer: str) -> str:
 def _otlp_handlers(intake: Intake, gate: _Gate, budget: MemoryBudget, limit: int, retry_after: float) -> list[grpc.GenericRpcHandler]:
     def receive(requests: Iterator[bytes], context: grpc.ServicerContext) -> tuple[list[bytes], int]:
         """The request's bytes (in a list the caller empties), and what they hold of the memory budget."""
-        # grpcio holds a message in memory until it is whole: room for the largest is taken before it
-        # is read, in the budget and in the client address's share of it (`_budget.py`).
-        owner = peer_address(context.peer())
-        if not budget.take(limit, 0, timeout=max(0.0, min(_BUDGET_WAIT, context.time_remaining() / 2)), owner=owner):
-            mine = budget.owned(owner) + limit > budget.owner_limit
-            context.abort_with_status(pushback_status(grpc.StatusCode.RESOURCE_EXHAUSTED, (
-                f"calls being read from this client address hold its share of the memory budget ({budget.owner_limit >> 20} MiB)"
-                if mine else "the memory budget for requests in flight is spent"), retry_after))
-        try:
-            data = gate.first_message(requests, context)
-        except BaseException:  # cancelled at the message deadline (or by the client): the reservation goes back
-            budget.give(limit, owner)
-            raise
-        budget.give(limit - len(data), owner)
-        budget.disown(len(data), owner)
-        return [data], len(data)
+        # grpcio hands a message over only once it is whole: its bytes are taken from the budget then,
+        # so a call that sends nothing holds nothing (issue 43); past the budget the message is dropped.
+        data = [gate.first_message(requests, context)]
+        size = len(data[0])
+        remaining = context.time_remaining()
+        wait = _BUDGET_WAIT if remaining is None else max(0.0, min(_BUDGET_WAIT, remaining / 2))
+        if not budget.take(size, 0, timeout=wait):
+            data.clear()
+            context.abort_with_status(pushback_status(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                                      "the memory budget for requests in flight is spent", retry_after))
+        return data, size
 
     def export_traces(requests: Iterator[bytes], context: grpc.ServicerContext) -> ExportTraceServiceResponse:
         data, held = receive(requests, context)
@@ -325,4 +374,4 @@ class GrpcReceiver:
         self.server.stop(grace).wait()
 
 
-__all__ = ["GrpcLimits", "GrpcReceiver", "LOGS_SERVICE", "TRACE_SERVICE", "peer_address", "pushback_status"]
+__all__ = ["EVICT_AFTER", "GrpcLimits", "GrpcReceiver", "LOGS_SERVICE", "TRACE_SERVICE", "peer_address", "pushback_status"]

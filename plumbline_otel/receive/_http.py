@@ -8,9 +8,10 @@ type other than protobuf or JSON, 405 for a method other than POST, 401 without 
 (`report.console`) answer under the same bearer-token rule, from their own read connection.
 
 Hostile peers (`_budget.py` holds the shared pieces):
-- A body is read only after the token check, and only as far as the memory budget allows: a
-  declared length is reserved before it is read, each chunk before it is read; past the budget the
-  answer is 503 + Retry-After. Malformed framing (a chunk size that is not hex, a negative or
+- A body is read only after the token check, and only as far as the memory budget allows: it holds
+  budget for what arrived, each piece (at most `_PIECE`) or chunk reserved just before it is read, so
+  a body declared large and sent slowly holds little; past the budget, even part-way, the answer is
+  503 + Retry-After. Malformed framing (a chunk size that is not hex, a negative or
   doubled Content-Length, Transfer-Encoding with Content-Length) is a 400 at once.
 - A client address may hold at most its share of the budget in bodies being read (`_budget.py`);
   past it, its next body is a 503 at once while other addresses are still read.
@@ -223,6 +224,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.conn.thread = threading.get_ident()
         self._raw_rfile: Any = self.rfile
         self._served = 0
+        self._body: _Progress | None = None  # the body being read (or last read) on this connection
         if self.conn.overflow:
             self.close_connection = True
         self.server.phase(self.conn, "setup")
@@ -278,13 +280,18 @@ class _Handler(BaseHTTPRequestHandler):
             return True
         return bearer_ok(self.headers.get("Authorization"), expected)
 
+    @property
+    def _body_got(self) -> int:
+        """Bytes of the current request's body already read (a refusal can come part-way through it)."""
+        return self._body.got if self._body is not None else 0
+
     def _discard_body(self, cap: int) -> None:
-        """Read and drop a declared body up to `cap` bytes, so the client is reading when the 413 comes.
+        """Read and drop the rest of a declared body up to `cap` bytes, so the client is reading when the answer comes.
 
         Past the cap the connection is closed unread; a client still writing may then see a reset.
         """
         try:
-            remaining = int(self.headers.get("Content-Length") or 0)
+            remaining = int(self.headers.get("Content-Length") or 0) - self._body_got
         except ValueError:
             return
         if remaining > cap:
@@ -325,7 +332,7 @@ class _Handler(BaseHTTPRequestHandler):
         """
         length = self._declared_length()
         window = self.server.rate_window
-        progress = _Progress(window)
+        progress = self._body = _Progress(window)
         floor = self.server.body_min_rate > 0
         self.server.body_started(self.conn, progress)
         try:
@@ -335,17 +342,7 @@ class _Handler(BaseHTTPRequestHandler):
                 return self._read_chunked(limit, progress)
             if length > limit:
                 raise _BodyTooLarge
-            budget, owner = self.server.budget, self.conn.address
-            if not budget.take(length, owner=owner):
-                raise self._no_room(length)
-            progress.held = length
-            try:
-                body = b"".join(self._receive(length, progress))
-            except BaseException:
-                budget.give(length, owner)
-                raise
-            budget.disown(length, owner)
-            return body, length
+            return self._read_sized(length, progress)
         except TimeoutError:
             raise _Slow(False) from None
         except (_Gone, OSError, ValueError):
@@ -358,13 +355,46 @@ class _Handler(BaseHTTPRequestHandler):
                 with contextlib.suppress(OSError):
                     self.connection.settimeout(self.timeout)
 
-    def _receive(self, size: int, progress: _Progress) -> list[bytes]:
-        """The next `size` bytes of the body in pieces as they arrive; `_Slow` below the rate floor."""
+    def _read_sized(self, length: int, progress: _Progress) -> tuple[bytes, int]:
+        """A body of a declared `length`, holding budget only for what arrived (each piece reserved just
+        before it is read), so a peer that declares a large body and sends little holds little."""
+        budget, owner = self.server.budget, self.conn.address
+        try:
+            pieces = self._receive(length, progress, reserve=True)
+            if len(pieces) > 1:  # the joined copy, while the pieces still exist
+                if not budget.take(length, progress.held, owner=owner):
+                    raise self._no_room(length)
+                progress.held += length
+                pieces[:] = [b"".join(pieces)]
+                budget.give(length, owner)
+                progress.held -= length
+        except BaseException:
+            budget.give(progress.held, owner)
+            progress.held = 0
+            raise
+        budget.disown(progress.held, owner)
+        return (pieces.pop() if pieces else b""), progress.held
+
+    def _receive(self, size: int, progress: _Progress, reserve: bool = False) -> list[bytes]:
+        """The next `size` bytes of the body in pieces as they arrive; `_Slow` below the rate floor.
+
+        With `reserve`, each piece's bytes are taken from the memory budget (and the client address's
+        share) before it is read and added to `progress.held`: the caller gives back what it holds.
+        """
         pieces: list[bytes] = []
         rate, window = self.server.body_min_rate, self.server.rate_window
+        budget, owner = self.server.budget, self.conn.address
         try:
             while size > 0:
-                piece = self.rfile.read1(min(size, _PIECE))
+                want = min(size, _PIECE)
+                if reserve:
+                    if not budget.take(want, progress.held, owner=owner):
+                        raise self._no_room(want)
+                    progress.held += want
+                piece = self.rfile.read1(want)
+                if reserve and len(piece) < want:  # only what came stays reserved
+                    budget.give(want - len(piece), owner)
+                    progress.held -= want - len(piece)
                 if not piece:
                     raise _Gone
                 pieces.append(piece)
@@ -442,6 +472,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._error(503, "too many connections", media, {"Retry-After": str(self.server.retry_after_header)})
             return
         limit = self.server.max_body_bytes
+        self._body = None
         self.server.phase(self.conn, "body")
         try:
             body, held = self._read_body(limit)

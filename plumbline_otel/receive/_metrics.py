@@ -20,6 +20,7 @@ _HELP = {
     "plumbline_pushback_total": "Export requests refused because the queue was full.",
     "plumbline_queue_spans": "Spans accepted and waiting to be committed.",
     "plumbline_queue_bytes": "Request bytes accepted and not yet committed.",
+    "plumbline_grpc_calls_evicted": "gRPC calls cancelled while waiting for their message, to give their slot to a new call past the cap.",
     "plumbline_request_duration_seconds": "Time from receiving an export request to answering it.",
     "plumbline_runs_checked_total": "Runs the standing check judged (check.spec).",
     "plumbline_violations_found_total": "Violations the standing check found that were not stored before.",

@@ -137,6 +137,7 @@ class WriteQueue:
         self._commit_room = threading.Condition(self._lock)
         self._by_seq: dict[int, _Request] = {}
         self._spans = 0  # submitted, not yet committed
+        self.progress = 0  # counts parts the shards handed over and parts committed: a waiting request sees the pipeline move
         self._calls = 0
         self._closing = False
         self._dispatch_done = False
@@ -330,6 +331,7 @@ class WriteQueue:
         self._forward([_END])
 
     def _forward(self, parts: list[Any]) -> None:
+        self.progress += 1
         with self._lock:
             for part in parts:
                 while len(self._commit) >= _MAX_COMMIT_QUEUE and not isinstance(part, str):
@@ -524,6 +526,7 @@ class WriteQueue:
         if requests is None:
             with self._lock:
                 requests = [self._by_seq.get(part.seq) for part in parts]
+        self.progress += 1
         for part, request in zip(parts, requests):
             self._metrics.inc("plumbline_spans_received_total", part.spans)
             self._metrics.inc("plumbline_spans_rejected_total", part.rejected)

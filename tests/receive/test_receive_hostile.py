@@ -288,7 +288,7 @@ def test_a_body_slower_than_the_floor_is_cut_with_408(tmp_path: Path) -> None:
         assert server.stop() == 0
     assert [status for status, _, _ in answers] == [408, 408], answers
     assert all(headers.get("connection") == "close" for _, headers, _ in answers)
-    assert 4.5 < took < 12, took
+    assert 4.5 < took < 25, took  # cut by the 5 s window, not at the 30 s deadline (however loaded the machine)
     assert in_flight == 0 and slow == 2
 
 
@@ -324,18 +324,18 @@ def test_chunked_bodies_are_charged_as_they_are_read(tmp_path: Path) -> None:
 
 
 def test_one_address_reading_bodies_holds_only_its_share_and_others_are_served(tmp_path: Path) -> None:
-    """Bodies that keep arriving (5 KiB/s, above the rate floor, so nothing reclaims them) from one
-    address hold at most its share of the budget (half of 32 MiB): its bodies past that get 503 at
-    once, and a normal client on another address exports meanwhile. With the share at 1 (no share)
-    the same bodies hold the whole budget and the normal client's exports are all 503s."""
+    """Eight 4 MiB bodies from one address send 3 MiB each and then keep arriving (5 KiB/s, above the
+    rate floor, so nothing reclaims them): a body holds what it received, and the address at most its
+    share of the budget (half of 32 MiB), so some of them get 503 naming the client address part-way,
+    the budget never holds more than the share, and a normal client on another address is served."""
     server = ServeProcess(tmp_path, "--queue-max-bytes-mib", "32", "--max-request-body-size-mib", "8", "--workers", "0",
-                          "--http-read-timeout", "30").start()
+                          "--http-read-timeout", "120").start()
     stop = threading.Event()
     answers: list[tuple[int, bytes]] = []
 
     def send_slowly(sock: socket.socket) -> None:
         with suppress(OSError):
-            sock.sendall(_head(4 * _MIB))
+            sock.sendall(_head(4 * _MIB) + b"\0" * (3 * _MIB))
             while not stop.wait(0.2):
                 sock.sendall(b"\0" * 1024)
 
@@ -344,21 +344,27 @@ def test_one_address_reading_bodies_holds_only_its_share_and_others_are_served(t
             socks = [stack.enter_context(_connect(server.http_port, "127.0.0.2", timeout=10)) for _ in range(8)]
             for sock in socks:
                 threading.Thread(target=send_slowly, args=(sock,), daemon=True).start()
-            time.sleep(0.5)
+            deadline = time.monotonic() + 120  # generous: until the address's bodies reached its share and were refused
+            while _metric(server.http_port, "plumbline_memory_budget_address_refusals") < 4 and time.monotonic() < deadline:
+                time.sleep(0.05)
             with _Normal(server.http_port) as normal:
-                time.sleep(3.0)
+                while len(normal.statuses) < 10 and time.monotonic() < deadline:
+                    time.sleep(0.05)
             stop.set()
             for sock in socks:
-                sock.settimeout(0.2)
+                sock.settimeout(0.5)
                 with suppress(OSError, http.client.HTTPException):
                     status, _, body = _response(sock)
                     answers.append((status, body))
             refusals = _metric(server.http_port, "plumbline_memory_budget_address_refusals")
+            peak = _metric(server.http_port, "plumbline_memory_budget_peak_bytes")
     finally:
         stop.set()
         assert server.stop() == 0
-    assert len(answers) == 4 and all(status == 503 and b"client address" in body for status, body in answers), answers
-    assert refusals == 4
+    # 3 MiB and a 256 KiB piece each: at most four fit in the 16 MiB share, so at least four are refused.
+    assert len(answers) >= 4 and all(status == 503 and b"client address" in body for status, body in answers), answers
+    assert refusals == len(answers)
+    assert peak <= 16 * _MIB + _MIB  # the share, and the normal client's small requests
     assert normal.statuses.count(200) == len(normal.statuses) >= 10, normal.statuses
     assert query(server.db, "SELECT count(DISTINCT span_id) FROM spans")[0][0] == 2 * len(normal.statuses)
 
@@ -410,7 +416,7 @@ def test_idle_grpc_calls_are_cancelled_and_never_starve_health_or_exports(tmp_pa
     assert codes.count(grpc.StatusCode.RESOURCE_EXHAUSTED) >= 32, codes  # past the cap of 8 (or the budget)
     assert all(info for code, info in zip(codes, retry_info) if code == grpc.StatusCode.RESOURCE_EXHAUSTED)
     assert codes.count(grpc.StatusCode.CANCELLED) >= 1  # the admitted ones, at the deadline
-    assert ended < 8, f"idle calls lasted {ended:.1f} s past a 2 s message deadline"
+    assert ended < 25, f"idle calls lasted {ended:.1f} s past a 2 s message deadline (their own is 30 s)"
     assert query(server.db, "SELECT count(*) FROM spans")[0][0] == 2
 
 
@@ -436,133 +442,81 @@ def test_unauthenticated_idle_grpc_calls_are_refused_before_they_hold_a_slot(tmp
     assert query(server.db, "SELECT count(*) FROM spans")[0][0] == 2
 
 
+def _message(nbytes: int, service: str) -> bytes:
+    """An export of two spans, one carrying a `nbytes` attribute: a message of about that size."""
+    request = ExportTraceServiceRequest.FromString(_request(service=service))
+    request.resource_spans[0].scope_spans[0].spans[0].attributes.add(key="blob").value.string_value = "x" * nbytes
+    return request.SerializeToString()
+
+
 def test_grpc_pushback_past_the_budget_is_resource_exhausted_with_retry_info(tmp_path: Path) -> None:
-    """Each export reserves the largest message before reading it: with room for two 8 MiB messages,
-    idle calls past two wait briefly and are pushed back (RESOURCE_EXHAUSTED + RetryInfo)."""
-    server = ServeProcess(tmp_path, "--queue-max-bytes-mib", "16", "--max-recv-msg-size-mib", "8", "--grpc-message-timeout", "6",
+    """An HTTP body that sent 15.5 MiB of 16 and keeps trickling (above the rate floor, so nothing
+    reclaims it) holds what it received of the 16 MiB budget: a 1 MiB gRPC export waits briefly and
+    is pushed back (RESOURCE_EXHAUSTED + RetryInfo); once the body is gone the same export is stored."""
+    server = ServeProcess(tmp_path, "--queue-max-bytes-mib", "16", "--max-request-body-size-mib", "16", "--max-recv-msg-size-mib", "8",
+                          "--max-bytes-per-address-share", "1", "--http-min-body-rate", "1", "--http-read-timeout", "300",
                           "--workers", "0").start()
     stop = threading.Event()
+    message = _message(_MIB, "past-the-budget")
     try:
         with grpc.insecure_channel(server.grpc_address) as channel:
-            export = channel.stream_unary(_TRACES, request_serializer=None, response_deserializer=None)
-            calls = [export.future(_never(stop), timeout=30) for _ in range(4)]
-            time.sleep(0.3)
             unary = channel.unary_unary(_TRACES, request_serializer=None, response_deserializer=None)
-            with pytest.raises(grpc.RpcError) as caught:
-                unary(_request(), timeout=10)
-            for call in calls:
-                with suppress(grpc.RpcError):
-                    call.result(timeout=15)
+            with _connect(server.http_port, timeout=60) as sock:
+                sock.sendall(_head(16 * _MIB) + b"\0" * (15 * _MIB + _MIB // 2))
+
+                def trickle() -> None:
+                    with suppress(OSError):
+                        while not stop.wait(0.2):
+                            sock.sendall(b"\0")
+
+                threading.Thread(target=trickle, daemon=True).start()
+                deadline = time.monotonic() + 120  # generous: the body's read keeps up on any machine well before
+                while _metric(server.http_port, "plumbline_queue_bytes") < 15 * _MIB + _MIB // 2 and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                with pytest.raises(grpc.RpcError) as caught:
+                    unary(message, timeout=30)
+                stop.set()
+            deadline = time.monotonic() + 120
+            while _metric(server.http_port, "plumbline_queue_bytes") > 0 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            unary(message, timeout=30)
     finally:
         stop.set()
         assert server.stop() == 0
     assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     trailers = dict(caught.value.trailing_metadata() or ())
     assert error_details_pb2.RetryInfo.FromString(trailers["google.rpc.retryinfo-bin"]).retry_delay.seconds == 1
+    assert query(server.db, "SELECT count(*) FROM spans")[0][0] == 2
 
 
-def test_idle_grpc_calls_give_their_reservations_back_at_the_message_deadline(tmp_path: Path) -> None:
-    """Two idle export calls reserve the whole 16 MiB budget (an 8 MiB message each; one address may
-    hold it all here) and keep their streams open: a normal export meanwhile is pushed back; once
-    the 2 s message deadline cancels them their reservations are back (`plumbline_queue_bytes` 0)
-    and the next export is stored, while the idle callers still have not ended their streams."""
+def test_idle_grpc_calls_hold_nothing_and_are_cancelled_at_the_message_deadline(tmp_path: Path) -> None:
+    """Two idle export calls (8 MiB messages, a 16 MiB budget: they used to reserve all of it and push
+    every export back, issue 43) hold nothing: a normal export meanwhile is stored, the 2 s message
+    deadline cancels them, and the idle callers still have not ended their streams."""
     server = ServeProcess(tmp_path, "--queue-max-bytes-mib", "16", "--max-recv-msg-size-mib", "8", "--grpc-message-timeout", "2",
                           "--max-bytes-per-address-share", "1", "--workers", "0").start()
     stop = threading.Event()
     try:
         with grpc.insecure_channel(server.grpc_address) as channel:
             export = channel.stream_unary(_TRACES, request_serializer=None, response_deserializer=None)
-            calls = [export.future(_never(stop), timeout=30) for _ in range(2)]
-            held_by = time.monotonic() + 1.0
-            while _metric(server.http_port, "plumbline_queue_bytes") < 16 * _MIB and time.monotonic() < held_by:
-                time.sleep(0.05)
+            calls = [export.future(_never(stop), timeout=60) for _ in range(2)]
             unary = channel.unary_unary(_TRACES, request_serializer=None, response_deserializer=None)
-            with pytest.raises(grpc.RpcError) as during:
-                unary(_request(service="during"), timeout=1)  # waits for room half its deadline
+            unary(_request(service="during"), timeout=30)
+            held = _metric(server.http_port, "plumbline_queue_bytes")
             codes = []
             for call in calls:
                 with pytest.raises(grpc.RpcError) as caught:
-                    call.result(timeout=10)
+                    call.result(timeout=60)
                 codes.append(caught.value.code())
             in_flight = _metric(server.http_port, "plumbline_queue_bytes")
-            unary(_request(service="after"), timeout=10)
+            unary(_request(service="after"), timeout=30)
             assert not stop.is_set()  # the idle callers never ended their streams: the server let go of them
     finally:
         stop.set()
         assert server.stop() == 0
-    assert during.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-    assert codes == [grpc.StatusCode.CANCELLED] * 2 and in_flight == 0
-    assert query(server.db, "SELECT count(*) FROM spans")[0][0] == 2
-
-
-class _Relay:
-    """A TCP relay on 127.0.0.1 whose connections reach `port` from `source`: a gRPC client (which cannot
-    choose its source address) appears to the server as another address."""
-
-    def __init__(self, port: int, source: str) -> None:
-        self.port, self.source = port, source
-        self._listener = socket.create_server(("127.0.0.1", 0))
-        self.address = f"127.0.0.1:{self._listener.getsockname()[1]}"
-        self._socks: list[socket.socket] = [self._listener]
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        with suppress(OSError):
-            while True:
-                client, _ = self._listener.accept()
-                upstream = socket.create_connection(("127.0.0.1", self.port), source_address=(self.source, 0))
-                self._socks += [client, upstream]
-                for a, b in ((client, upstream), (upstream, client)):
-                    threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
-
-    @staticmethod
-    def _pump(src: socket.socket, dst: socket.socket) -> None:
-        with suppress(OSError):
-            while data := src.recv(1 << 16):
-                dst.sendall(data)
-        with suppress(OSError):
-            dst.shutdown(socket.SHUT_WR)
-
-    def close(self) -> None:
-        for sock in self._socks:
-            sock.close()
-
-
-def test_idle_grpc_calls_from_one_address_leave_the_others_their_share(tmp_path: Path) -> None:
-    """Idle export calls from 127.0.0.2 (through a relay) reserve their 8 MiB messages up to that
-    address's share (16 MiB of 32) and no further; exports from 127.0.0.1 meanwhile are stored at
-    once, long before the 5 s message deadline lets go of the idle calls."""
-    server = ServeProcess(tmp_path, "--queue-max-bytes-mib", "32", "--max-recv-msg-size-mib", "8", "--grpc-message-timeout", "5",
-                          "--workers", "0").start()
-    relay = _Relay(server.grpc_port, "127.0.0.2")
-    stop = threading.Event()
-    took: list[float] = []
-    try:
-        with grpc.insecure_channel(relay.address) as attacker, grpc.insecure_channel(server.grpc_address) as normal:
-            export = attacker.stream_unary(_TRACES, request_serializer=None, response_deserializer=None)
-            calls = [export.future(_never(stop), timeout=30) for _ in range(6)]
-            held_by = time.monotonic() + 2.0
-            while _metric(server.http_port, "plumbline_queue_bytes") < 16 * _MIB and time.monotonic() < held_by:
-                time.sleep(0.05)
-            held = _metric(server.http_port, "plumbline_queue_bytes")
-            unary = normal.unary_unary(_TRACES, request_serializer=None, response_deserializer=None)
-            for i in range(5):
-                began = time.monotonic()
-                unary(_request(service=f"normal-{i}"), timeout=10)
-                took.append(time.monotonic() - began)
-            codes = []
-            for call in calls:
-                with pytest.raises(grpc.RpcError) as caught:
-                    call.result(timeout=15)
-                codes.append(caught.value.code())
-    finally:
-        stop.set()
-        relay.close()
-        assert server.stop() == 0
-    assert held == 16 * _MIB  # the attacker's share, not the whole budget
-    assert max(took) < 1.0, took
-    assert codes.count(grpc.StatusCode.RESOURCE_EXHAUSTED) == 4 and codes.count(grpc.StatusCode.CANCELLED) == 2, codes
-    assert query(server.db, "SELECT count(*) FROM spans")[0][0] == 10
+    assert held == 0 and in_flight == 0
+    assert codes == [grpc.StatusCode.CANCELLED] * 2
+    assert query(server.db, "SELECT count(*) FROM spans")[0][0] == 4
 
 
 # --- 4. slow HTTP connections: deadlines a trickle cannot extend, slots for new connections --------
