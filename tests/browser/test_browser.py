@@ -18,9 +18,11 @@ import pytest
 from demo_support import DemoRun
 from pages_support import NO_RETRY, SCRIPT, TOKEN, WITH_RETRY, Built, build_store, serve
 
-pytestmark = [pytest.mark.slow, pytest.mark.e2e]
-
 CHROMIUM = "/usr/bin/chromium"
+# Said at once, before the demo and the stores these tests look at are built (minutes for nothing), and
+# listed at the end of the run with its command (tests/conftest.py).
+_NO_CHROMIUM = f"the browser tests drive Debian's Chromium and {CHROMIUM} is missing: `apt-get install -y chromium` (.ci/run does)"
+pytestmark = [pytest.mark.slow, pytest.mark.e2e, pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=_NO_CHROMIUM)]
 # What Chromium needs on a closed, GPU-less machine, as root: no sandbox, no background fetches.
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
         "--disable-component-update", "--disable-sync", "--disable-default-apps", "--disable-extensions"]
@@ -33,7 +35,7 @@ DOCS = {"report.png", "report-diff.png", "report-study.png", "console-checked.pn
 @pytest.fixture(scope="module")
 def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     if not Path(CHROMIUM).exists():
-        pytest.skip(f"{CHROMIUM} is missing: `apt-get install -y chromium` (.ci/run does)")
+        pytest.skip(_NO_CHROMIUM)
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:

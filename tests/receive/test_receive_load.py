@@ -163,9 +163,10 @@ def test_sigterm_while_requests_are_in_flight_commits_and_assembles_what_was_ack
     lock = threading.Lock()
     started = threading.Barrier(5)
     stopped = threading.Event()
+    first_acknowledged = threading.Event()
 
     def send(k: int) -> None:
-        exporter = OTLPSpanExporter(endpoint=f"http://{server.grpc_address}", insecure=True, timeout=2)
+        exporter = OTLPSpanExporter(endpoint=f"http://{server.grpc_address}", insecure=True, timeout=60)
         started.wait()
         for i in range(200):
             if stopped.is_set():
@@ -174,13 +175,16 @@ def test_sigterm_while_requests_are_in_flight_commits_and_assembles_what_was_ack
             if exporter.export(batch) == SpanExportResult.SUCCESS:
                 with lock:
                     acknowledged.extend(span_key(s) for s in batch)
+                first_acknowledged.set()
         exporter.shutdown()
 
     threads = [threading.Thread(target=send, args=(k,)) for k in range(4)]
     for thread in threads:
         thread.start()
     started.wait()
-    time.sleep(1.0)
+    # SIGTERM once requests are acknowledged and more are in flight (a fixed second was, on a loaded
+    # machine, sometimes before the first answer: nothing acknowledged, nothing tested).
+    assert first_acknowledged.wait(300), "no export was acknowledged"
     assert server.stop() == 0
     stopped.set()
     for thread in threads:

@@ -36,9 +36,15 @@ def test_log_records_before_or_after_their_spans_are_folded_while_serving(tmp_pa
         assert _post(f"{server.http_url}/v1/logs", to_otlp_json(logs_first[1])) == 200
         assert _post(f"{server.http_url}/v1/traces", to_otlp_json(logs_first[0])) == 200
         assert _post(f"{server.http_url}/v1/traces", to_otlp_json(spans_first[0])) == 200
-        time.sleep(1.0)  # the spans-only trajectory is assembled and stored before its log records come
+        # The spans-only trajectory is assembled and stored before its log records come: waited for, not
+        # slept for (a second was too short for a loaded machine, and then the case was never exercised).
+        spans_only = spans_first[0].resource_spans[0].scope_spans[0].spans[0].trace_id.hex()
+        deadline = time.monotonic() + 120
+        while not any(t["trace_id"] == spans_only for t in client.trajectories(assemble_first=False)):
+            assert time.monotonic() < deadline, "the spans-only trajectory was never stored"
+            time.sleep(0.1)
         assert _post(f"{server.http_url}/v1/logs", to_otlp_json(spans_first[1])) == 200
-        deadline = time.monotonic() + 15
+        deadline = time.monotonic() + 120
         got = [_folded(client, request.resource_spans[0].scope_spans[0].spans[0].trace_id.hex(), deadline)
                for request, _ in (logs_first, spans_first)]
     for t in got:

@@ -8,10 +8,15 @@ provider is the **simulated** model (`replay.proxy.simulated`), reached only thr
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import json
 import os
 import re
+import shutil
+import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -160,18 +165,27 @@ def test_a_study_replays_offline_from_its_cassette_with_no_provider_call(tmp_pat
 
 @pytest.mark.slow
 def test_plumbline_proxy_meters_and_records_an_agent_outside_a_study(tmp_path: Path, provider: Any) -> None:
-    import subprocess
+    import signal
 
     cassette = tmp_path / "tape.jsonl"
+    # Served until Ctrl-C (SIGINT), sent once the agent is done: a `--seconds` window could end before a
+    # loaded machine's agent connected (issue 42 item 5).
     proc = subprocess.Popen([sys.executable, "-m", "plumbline_otel.cli.main", "proxy", "--upstream", f"openai={provider.openai_url}",
-                             "--cassette", str(cassette), "--seconds", "6"], cwd=ROOT, stdout=subprocess.PIPE, text=True)
-    assert proc.stdout is not None
-    lines = [proc.stdout.readline() for _ in range(3)]
-    base = next(line.split("=", 1)[1].strip() for line in lines if "OPENAI_BASE_URL=" in line)
-    agent = subprocess.run([sys.executable, "-m", "tests.replay.agents.pydantic_ai_ap"], input="Please pay invoice INV-42.", cwd=ROOT,
-                           capture_output=True, text=True, env={**os.environ, **{k: v for k, v in ENV.items() if v}, "OPENAI_BASE_URL": base}, timeout=60)
-    assert agent.returncode == 0, agent.stderr
-    out, _ = proc.communicate(timeout=30)
+                             "--cassette", str(cassette)], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        lines = [proc.stdout.readline() for _ in range(3)]
+        base = next(line.split("=", 1)[1].strip() for line in lines if "OPENAI_BASE_URL=" in line)
+        agent = subprocess.run([sys.executable, "-m", "tests.replay.agents.pydantic_ai_ap"], input="Please pay invoice INV-42.", cwd=ROOT,
+                               capture_output=True, text=True, env={**os.environ, **{k: v for k, v in ENV.items() if v}, "OPENAI_BASE_URL": base},
+                               timeout=600)
+        assert agent.returncode == 0, agent.stderr
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(30)
     assert "witnessed 3 model call(s): 3 to the provider, 0 from the cassette" in out
     assert len(cassette.read_text().splitlines()) == 3
 
@@ -179,11 +193,31 @@ def test_plumbline_proxy_meters_and_records_an_agent_outside_a_study(tmp_path: P
 NODE_AGENT = ROOT / "tests" / "replay" / "agents" / "node"
 
 
+@pytest.fixture(scope="session")
+def node_agent_packages() -> Path:
+    """The Node agent's one dependency (the openai npm package, at the version its package-lock.json pins),
+    installed here by `npm ci` when missing or older than the lock file; npm's cache makes a second
+    install offline. Skipped, saying how to enable it, only when Node or npm is not installed."""
+    node, npm = shutil.which("node"), shutil.which("npm")
+    if node is None or npm is None:
+        pytest.skip("Node.js and npm are not installed: `apt-get install -y nodejs npm` enables the Node agent test")
+    modules = NODE_AGENT / "node_modules"
+    installed = modules / ".package-lock.json"  # npm writes it last: its presence means the install finished
+    lock_path = Path(tempfile.gettempdir()) / f"plumbline-npm-{hashlib.sha256(bytes(NODE_AGENT)).hexdigest()[:16]}.lock"
+    with open(lock_path, "w") as lock:  # test runs side by side (several virtualenvs, one checkout) install once
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not installed.exists() or installed.stat().st_mtime < (NODE_AGENT / "package-lock.json").stat().st_mtime:
+            done = subprocess.run([npm, "ci", "--prefer-offline", "--no-audit", "--no-fund"], cwd=NODE_AGENT,
+                                  capture_output=True, text=True, timeout=900)
+            assert done.returncode == 0, f"`npm ci` in {NODE_AGENT} failed:\n{done.stdout}\n{done.stderr}"
+    assert (modules / "openai").is_dir(), f"`npm ci` in {NODE_AGENT} installed no openai package"
+    return modules
+
+
 @pytest.mark.slow
 @pytest.mark.e2e
-def test_a_node_agent_is_replayed_through_the_proxy_with_no_code_change(tmp_path: Path, db: Path, provider: Any) -> None:
-    # .ci/run installs the agent's one dependency (the openai npm package) from its package-lock.json.
-    assert (NODE_AGENT / "node_modules" / "openai").exists(), "run `npm ci` in tests/replay/agents/node (.ci/run does)"
+def test_a_node_agent_is_replayed_through_the_proxy_with_no_code_change(tmp_path: Path, db: Path, provider: Any,
+                                                                         node_agent_packages: Path) -> None:
     result, cells = replay(tmp_path, db, provider, "node", f"command:node {NODE_AGENT / 'ap_agent.mjs'}",
                            "baseline,decoy_tools,sampling,model_fault,tool_result_fault")
     assert "ran 10 (10 ok, 0 missing, 0 errored)" in result.output, result.output
