@@ -26,9 +26,12 @@ from plumbline_otel.analyse.stats import (
     CLUSTER_METHOD,
     SEQUENTIAL_METHOD,
     TASK_METHOD,
+    _wilson_arrays,
     betting_lower,
     cluster_bounds,
+    fail_p_value,
     task_bounds,
+    task_lower,
 )
 
 
@@ -135,7 +138,7 @@ def _rates(ks: np.ndarray, ns: np.ndarray) -> np.ndarray:
 
 def _wilson_tasks_one_sided(ks: np.ndarray, ns: np.ndarray) -> np.ndarray:
     """Wilson on per-task means at the one-sided z (0.90 two-sided): shown to undercover by discreteness."""
-    return task_bounds(ks, ns, 0.90)[0]
+    return task_lower(ks, ns, 0.90)
 
 
 def _clopper_pearson_tasks(ks: np.ndarray, ns: np.ndarray) -> np.ndarray:
@@ -177,7 +180,7 @@ def _betting_cs(ks: np.ndarray, ns: np.ndarray) -> np.ndarray:
 LowerBound = Callable[[np.ndarray, np.ndarray], np.ndarray]
 # Every candidate lower bound, as f(ks (samples, tasks), ns broadcastable) -> lower (samples,).
 METHODS: dict[str, LowerBound] = {
-    TASK_METHOD: lambda ks, ns: task_bounds(ks, ns)[0],
+    TASK_METHOD: lambda ks, ns: task_lower(ks, ns),
     "wilson_tasks_1sided": _wilson_tasks_one_sided,
     "clopper_pearson_tasks": _clopper_pearson_tasks,
     "empirical_bernstein": _empirical_bernstein,
@@ -275,3 +278,133 @@ def sequential_stops(
     rows = np.arange(rates.shape[0])
     decision = np.where(passing[rows, first], 1, np.where(failing[rows, first], -1, 0))
     return decision, first + 1
+
+
+# ---- Issue 38: the upper end and the three verdicts --------------------------------------------------
+
+
+def _failure_stats(ks: np.ndarray, ns: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
+    """Per study: the summed failure (sum of 1 - rate), how many tasks fell short of 1, and the task count."""
+    y = _rates(ks, ns)
+    return (1.0 - y).sum(axis=1), (y < 1.0).sum(axis=1), y.shape[1]
+
+
+def gate_fails(ks: np.ndarray, ns: np.ndarray, target: float, confidence: float = 0.95) -> np.ndarray:
+    """Whether the gate's upper end (``wilson_tasks``) is below `target`: its FAIL, without bisecting the bound.
+
+    The upper bound is below the target exactly when the failures' p-value at the target is at
+    most 1 - confidence (`stats.fail_p_value`) and two tasks fell short; a test holds this equal to
+    `task_bounds`'s upper end.
+    """
+    failures, short, tasks = _failure_stats(ks, ns)
+    distinct, back = np.unique(np.round(failures, 9), return_inverse=True)
+    p = fail_p_value(distinct, tasks, target)[np.ravel(back)]
+    return np.asarray((short >= 2) & (p <= 1.0 - confidence))
+
+
+def _previous_upper(ks: np.ndarray, ns: np.ndarray) -> np.ndarray:
+    """The gate's upper end before issue 38: Wilson at the two-sided z on per-task means, 1 until two tasks fail."""
+    y = _rates(ks, ns)
+    g = y.shape[1]
+    upper = _wilson_arrays(y.mean(axis=1), np.full(y.shape[0], float(g)), float(norm.ppf(0.975)))[1]
+    return np.asarray(np.where((y < 1.0).sum(axis=1) >= 2, upper, 1.0))
+
+
+def _kl_upper(ks: np.ndarray, ns: np.ndarray, steps: int = 45) -> np.ndarray:
+    """Hoeffding's (1963) Chernoff bound in its KL form: valid for any [0, 1] task rates, looser than Bentkus's."""
+    y = _rates(ks, ns)
+    g, p = y.shape[1], np.clip(y.mean(axis=1), 0.0, 1.0)
+    threshold = math.log(1.0 / 0.05) / g
+
+    def kl(m: np.ndarray) -> np.ndarray:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            a = np.where(p > 0, p * np.log(p / m), 0.0)
+            b = np.where(p < 1, (1 - p) * np.log((1 - p) / (1 - m)), 0.0)
+        return np.asarray(a + b)
+
+    low, high = p.copy(), np.ones_like(p)
+    for _ in range(steps):
+        mid = (low + high) / 2.0
+        kept = kl(mid) <= threshold
+        low, high = np.where(kept, mid, low), np.where(kept, high, mid)
+    return np.asarray(np.where(p >= 1.0, 1.0, low))
+
+
+def _betting_upper(ks: np.ndarray, ns: np.ndarray) -> np.ndarray:
+    """The anytime-valid ``betting_cs`` upper end (1 - the lower bound on 1 - rates)."""
+    rates = np.sort(1.0 - _rates(ks, ns), axis=1)
+    distinct, back = np.unique(rates, axis=0, return_inverse=True)
+    return np.asarray(1.0 - betting_lower(distinct)[np.ravel(back)])
+
+
+# Every candidate upper bound, f(ks, ns) -> upper (samples,); the gate's is scored by `gate_fails`.
+UPPERS: dict[str, LowerBound] = {
+    "wilson_upper (previous gate)": _previous_upper,
+    "hoeffding_kl": _kl_upper,
+    SEQUENTIAL_METHOD: _betting_upper,
+}
+
+
+@dataclass(frozen=True)
+class VerdictCell:
+    """One grid cell scored at both ends: coverage of each end and the gate's verdicts around the truth.
+
+    `upper_coverage` maps each method (the gate's as TASK_METHOD) to the share of studies whose
+    upper end is at or above the truth. `wrong_fail` is the gate's FAIL rate at target = truth (the
+    worst case for a wrong FAIL), `wrong_pass` its PASS rate at a target just above the truth (the
+    worst case for a wrong PASS), `inconclusive` its INCONCLUSIVE rate at target = truth;
+    `pass_power` / `fail_power` its PASS rate at truth - `gap` and FAIL rate at truth + `gap`
+    (None where that target is outside (0, 1)).
+    """
+
+    tasks: int
+    pattern: str
+    population: Population
+    samples: int
+    lower_coverage: float
+    upper_coverage: dict[str, float]
+    wrong_pass: float
+    wrong_fail: float
+    inconclusive: float
+    pass_power: float | None
+    fail_power: float | None
+
+
+def verdict_cell(
+    rng: np.random.Generator, tasks: int, pattern: str, population: Population, samples: int,
+    uppers: Sequence[str] = tuple(UPPERS), gap: float = 0.05,
+) -> VerdictCell:
+    """Simulate `samples` studies of one cell; score both ends of the gate and the candidate upper ends on them."""
+    ns = repeat_pattern(tasks, pattern)
+    ks = simulate_population(rng, population, ns, samples)
+    truth = population.rate
+    lower = task_lower(ks, ns)
+    fails_at_truth = gate_fails(ks, ns, truth)
+    coverage = {TASK_METHOD: float(1.0 - fails_at_truth.mean())}
+    coverage.update({m: float((UPPERS[m](ks, ns) >= truth - 1e-12).mean()) for m in uppers})
+    passes_at_truth = lower >= truth
+    below, above = truth - gap, truth + gap
+    return VerdictCell(
+        tasks, pattern, population, samples,
+        lower_coverage=float((lower <= truth + 1e-12).mean()),
+        upper_coverage=coverage,
+        wrong_pass=float((lower > truth + 1e-12).mean()),
+        wrong_fail=float(fails_at_truth.mean()),
+        inconclusive=float((~passes_at_truth & ~fails_at_truth).mean()),
+        pass_power=float((lower >= below).mean()) if below > 0.0 else None,
+        fail_power=float(gate_fails(ks, ns, above).mean()) if above < 1.0 else None,
+    )
+
+
+def upper_monotonicity_violations(rng: np.random.Generator, cases: int) -> int:
+    """How many of `cases` random (study, extra run) pairs move the gate's upper end the wrong way."""
+    wrong = 0
+    for _ in range(cases):
+        tasks = random_tasks(rng)
+        where = int(rng.integers(0, len(tasks) + 1))
+        conforming = bool(rng.random() < 0.5)
+        after = one_more_run(tasks, conforming, where)
+        before_u, after_u = (float(task_bounds(np.array([[c for c, _ in t]]), np.array([n for _, n in t]))[1][0])
+                             for t in (tasks, after))
+        wrong += (after_u < before_u - 1e-9) if conforming else (after_u > before_u + 1e-9)
+    return wrong

@@ -53,6 +53,7 @@ Every result carries the counts it came from: a reported number without its n is
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -467,26 +468,142 @@ def _task_counts(per_task: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
     return kept
 
 
+@functools.lru_cache(maxsize=64)
+def _log_choose(n: int) -> np.ndarray:
+    """log C(n, k) for k = 0..n."""
+    from scipy.special import gammaln
+
+    k = np.arange(n + 1, dtype=float)
+    return np.asarray(gammaln(n + 1.0) - gammaln(k + 1.0) - gammaln(n - k + 1.0))
+
+
+def _binomial_pmf(n: int, q: np.ndarray) -> np.ndarray:
+    """Binomial(n, q) probabilities of 0..n, shape (len(q), n + 1); q = 0 and q = 1 exact."""
+    from scipy.special import xlog1py, xlogy
+
+    k = np.arange(n + 1, dtype=float)[None, :]
+    q = np.asarray(q, dtype=float)[:, None]
+    return np.asarray(np.exp(_log_choose(n)[None, :] + xlogy(k, q) + xlog1py(n - k, -q)))
+
+
+def _failure_tail(failures: np.ndarray, tasks: int, q: np.ndarray) -> np.ndarray:
+    """Bentkus's bound on P(sum of `tasks` independent values in [0, 1] with mean q >= `failures`).
+
+    For h < x, P(S >= x) <= E (S - h)_+^2 / (x - h)^2 (Markov). A value in [0, 1] with mean q is
+    smaller in the convex order than a Bernoulli(q), and convex order survives sums (Hoeffding
+    1956), so E (S - h)_+^2 <= E (B - h)_+^2 for B ~ Binomial(tasks, q): the bound holds for any
+    distribution of task rates and any repeats. It is the inf over h (Bentkus 2004), found exactly:
+    between two integers E (B - h)_+^2 is a quadratic in h and the ratio has one stationary point.
+    Within a factor e of the binomial tail itself (1.4x at 2-4 failures), so near 1 it needs about
+    as many failures as an exact binomial test on single runs. `failures` and `q` broadcast.
+    """
+    x, q = np.broadcast_arrays(np.asarray(failures, dtype=float), np.asarray(q, dtype=float))
+    shape = x.shape
+    x, q = x.ravel(), q.ravel()
+    k = np.arange(tasks + 1, dtype=float)
+    pmf = _binomial_pmf(tasks, q)
+    # Tails from i: E[B^j; B >= i] for j = 0, 1, 2; h in [i - 1, i) sees exactly the B >= i.
+    c0, c1, c2 = (np.cumsum((pmf * k**j)[:, ::-1], axis=1)[:, ::-1] for j in (0, 1, 2))
+    low = np.where(k == 0, -1e6, k - 1.0)[None, :]
+    high = np.minimum(k[None, :], x[:, None])
+    xx = x[:, None]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        stationary = np.nan_to_num((c1 * xx - c2) / (c0 * xx - c1), nan=-1e6, posinf=-1e6, neginf=-1e6)
+        best = np.ones(x.shape)
+        for h in (low, np.clip(stationary, low, high)):
+            ratio = (c2 - 2.0 * h * c1 + h * h * c0) / (xx - h) ** 2
+            best = np.minimum(best, np.where(h < xx, ratio, np.inf).min(axis=1))
+    return np.where(x > 1e-9, np.clip(best, 0.0, 1.0), 1.0).reshape(shape)
+
+
+def fail_p_value(failures: np.ndarray, tasks: int, target: float) -> np.ndarray:
+    """How surprising `failures` (the sum over tasks of 1 - rate) would be if the mean conformance were `target`.
+
+    FAIL at `target` when this is at most 1 - confidence: the upper bound is below the target exactly
+    then. Valid for any distribution of task rates on [0, 1] (`_failure_tail`), so a wrong FAIL has
+    probability at most 1 - confidence, whatever the mixture of tasks and repeats.
+    """
+    return _failure_tail(np.asarray(failures, dtype=float), tasks, np.asarray(1.0 - target))
+
+
+_GRID = 32  # points per refinement round of `upper_bounds`: 8 rounds narrow the bracket by 33^8, to ~1e-12
+
+
+def upper_bounds(total: np.ndarray, count: np.ndarray, confidence: float = 0.95, rounds: int = 8) -> np.ndarray:
+    """One-sided `confidence` upper bounds on the mean of per-task values in [0, 1] (the FAIL end of the gate).
+
+    The largest m whose `fail_p_value` exceeds 1 - confidence: Bentkus's bound on the failures,
+    valid for any distribution of task rates (mixtures, rates near 1, unequal repeats), not an
+    approximation with a special case for each way it undercovers. The p-value falls as m rises
+    and is 1 at the mean, so the bound lies in [mean, 1]; each round evaluates a grid across the
+    bracket at once and keeps the cell where the p-value crosses. Each distinct (total, count) is
+    solved once, so a simulation's thousands of studies cost as many as their distinct outcomes.
+    Monotone: a conforming run (less failure, or one more clean task) never lowers it, a failing
+    run never raises it.
+    """
+    alpha = 1.0 - confidence
+    total, count = np.broadcast_arrays(np.asarray(total, dtype=float), np.asarray(count, dtype=np.int64))
+    keys = np.stack([np.round(count - total, 9), count.astype(float)], axis=-1).reshape(-1, 2)
+    distinct, back = np.unique(keys, axis=0, return_inverse=True)
+    solved = np.ones(len(distinct))
+    steps = np.arange(1, _GRID + 1) / (_GRID + 1.0)
+    for n in np.unique(distinct[:, 1]).astype(np.int64):
+        rows = np.flatnonzero((distinct[:, 1] == n) & (distinct[:, 0] > 1e-9))
+        if not rows.size or n < 1:
+            continue
+        failures = distinct[rows, 0]
+        low, high = np.clip(1.0 - failures / n, 0.0, 1.0), np.ones(rows.size)
+        for _ in range(rounds):
+            grid = low[:, None] + (high - low)[:, None] * steps[None, :]
+            kept = _failure_tail(np.repeat(failures[:, None], _GRID, axis=1), int(n), 1.0 - grid) > alpha
+            last = kept.sum(axis=1)  # kept is a prefix: the p-value falls as m rises
+            new_low = np.where(last > 0, grid[np.arange(rows.size), np.maximum(last - 1, 0)], low)
+            high = np.where(last < _GRID, grid[np.arange(rows.size), np.minimum(last, _GRID - 1)], high)
+            low = new_low
+        solved[rows] = low
+    return np.asarray(solved[np.ravel(back)].reshape(total.shape))
+
+
 def mean_bounds(
     total: np.ndarray, count: np.ndarray, some: np.ndarray, short: np.ndarray, confidence: float = 0.95
 ) -> tuple[np.ndarray, np.ndarray]:
     """``wilson_tasks`` bounds for the mean of per-task values in [0, 1], from sufficient statistics.
 
     `total` is the sum of the values, `count` the number of tasks, `some` how many values are above
-    0 and `short` how many are below 1 (arrays of one shape: one entry per simulated study). The
-    variance of any value in [0, 1] with mean mu is at most mu (1 - mu), which is the variance
-    Wilson's score interval assumes with n = tasks: so it holds for a task's rate over any number of
-    repeats, whatever the correlation of its runs. z is two-sided (each bound nominal
-    1 - (1 - confidence) / 2) because the one-sided z undercovers on single runs by discreteness
-    (0.911 at 11 tasks, p = 0.80). Evidence from one task says nothing about the others: the lower
-    bound is 0 until two tasks have a conforming run, the upper 1 until two have a failing one. Both
-    rules, like Wilson's bounds, only move the right way as runs are added.
+    0 and `short` how many are below 1 (arrays of one shape: one entry per simulated study).
+
+    The lower end (PASS) is Wilson's score bound with n = tasks: the variance of any value in [0, 1]
+    with mean mu is at most mu (1 - mu), which is the variance Wilson assumes, so it holds for a
+    task's rate over any number of repeats, whatever the correlation of its runs. z is two-sided
+    (nominal 1 - (1 - confidence) / 2) because the one-sided z undercovers on single runs by
+    discreteness (0.911 at 11 tasks, p = 0.80).
+
+    The upper end (FAIL) is `upper_bounds`, one-sided at `confidence` and valid for any
+    distribution of task rates. Wilson's upper end was not (issue 38): near a mean of 1 - 0.55 /
+    tasks it covered 0.895, so an agent exactly at the target failed it 9% of the time.
+
+    Evidence from one task says nothing about the others: the lower bound is 0 until two tasks have
+    a conforming run, the upper 1 until two have a failing one. Both ends only move the right way
+    as runs are added.
     """
+    n = np.maximum(count, 1).astype(float)
+    upper = upper_bounds(np.minimum(total, n), np.asarray(count), confidence)
+    return lower_bounds(total, count, some, confidence), np.where(short >= 2, upper, 1.0)
+
+
+def lower_bounds(total: np.ndarray, count: np.ndarray, some: np.ndarray, confidence: float = 0.95) -> np.ndarray:
+    """The lower (PASS) end of `mean_bounds` alone: simulations of the PASS end need not solve the upper one."""
     z = _z(confidence, two_sided=True)
     n = np.maximum(count, 1).astype(float)
-    p = np.clip(total / n, 0.0, 1.0)
-    lower, upper = _wilson_arrays(p, n, z)
-    return np.where(some >= 2, lower, 0.0), np.where(short >= 2, upper, 1.0)
+    lower, _ = _wilson_arrays(np.clip(total / n, 0.0, 1.0), n, z)
+    return np.asarray(np.where(some >= 2, lower, 0.0))
+
+
+def task_lower(ks: np.ndarray, ns: np.ndarray, confidence: float = 0.95) -> np.ndarray:
+    """`task_bounds`'s lower end alone."""
+    ks = np.atleast_2d(ks).astype(float)
+    ns = np.broadcast_to(ns, ks.shape).astype(float)
+    return lower_bounds((ks / ns).sum(axis=1), np.full(ks.shape[0], ks.shape[1]), (ks > 0).sum(axis=1), confidence)
 
 
 def task_bounds(ks: np.ndarray, ns: np.ndarray, confidence: float = 0.95) -> tuple[np.ndarray, np.ndarray]:
@@ -557,6 +674,21 @@ def tasks_needed(target: float, per_task: Iterable[tuple[int, int]], confidence:
         mid = (low + high) // 2
         low, high = (low, mid) if reaches(mid) else (mid, high)
     return high
+
+
+def tasks_to_settle(verdict: str, per_task: Iterable[tuple[int, int]], target: float, confidence: float = 0.95) -> int | None:
+    """The certificate's advice: more distinct clean tasks that settle `target` by a procedure that keeps its error.
+
+    A fixed-n bound (``wilson_tasks``) looked at again after more tasks loses its stated error
+    (issue 38: a wrong PASS up to 0.095), so the count is the sequential bound's (``betting_cs``
+    over all the tasks, valid at every look whatever looks came before), and at least 1 for an
+    INCONCLUSIVE cell: switching to the sequential bound on the same tasks after looking would be
+    choosing a test by its answer. 0 for a PASS; for a FAIL, what the sequential bound would need.
+    """
+    if verdict == PASS:
+        return 0
+    more = tasks_needed(target, per_task, confidence, method=SEQUENTIAL_METHOD)
+    return None if more is None else max(more, 1 if verdict == INCONCLUSIVE else 0)
 
 
 def gate_decision(interval_lower: float, interval_upper: float, target: float) -> Verdict:

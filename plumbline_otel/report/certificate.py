@@ -78,7 +78,7 @@ from plumbline_otel.analyse.stats import (
     repeat_agreement,
     sequential_interval,
     task_interval,
-    tasks_needed,
+    tasks_to_settle,
     wilson_interval,
 )
 from plumbline_otel.model import Trajectory
@@ -360,6 +360,7 @@ def _cell(agent: str, perturbation: str, tally: _Tally, target: float) -> Cell:
     gate = _gate_interval(counts, tally.sequential)
     agreement = repeat_agreement(counts)
     most = max((n for _, n in counts), default=0)
+    verdict = gate_decision(gate.lower, gate.upper, target) if counts else INCONCLUSIVE
     return Cell(
         agent=agent,
         perturbation=perturbation,
@@ -372,7 +373,7 @@ def _cell(agent: str, perturbation: str, tally: _Tally, target: float) -> Cell:
         gate_upper=gate.upper,
         gate_method=gate.method,
         task_rate=gate.rate,
-        verdict=gate_decision(gate.lower, gate.upper, target) if counts else INCONCLUSIVE,
+        verdict=verdict,
         tasks=len(counts),
         exposed=tally.exposed,
         unexposed=len(tally.unexposed),
@@ -384,7 +385,7 @@ def _cell(agent: str, perturbation: str, tally: _Tally, target: float) -> Cell:
         pass_k_curve=tuple(PassKPoint(k=p.k, estimate=p.estimate, lower=p.lower, upper=p.upper, tasks=p.tasks_used)
                            for p in (pass_k_curve(counts, most) if most else [])),
         flip_rate=agreement.flip_rate,
-        tasks_needed=tasks_needed(target, counts, method=gate.method),
+        tasks_needed=tasks_to_settle(verdict, counts, target),
         per_task=tuple((task, k, n) for task, (k, n) in tasks),
         violations=dict(sorted(tally.violations.items())),
         applicable=dict(sorted(tally.applicable.items())),
@@ -446,8 +447,9 @@ def _shortfall(c: Cell, target: float) -> str:
     if c.verdict == FAIL:
         return f"{where}: FAIL, its upper bound {c.gate_upper:.4f} is below {target}"
     if c.verdict == INCONCLUSIVE:
-        more = "no number of clean tasks will do" if c.tasks_needed is None else f"needs {c.tasks_needed} more distinct clean task(s)"
-        return f"{where}: INCONCLUSIVE at {c.tasks} task(s), bound {c.gate_lower:.4f}; {more} for {target}"
+        from plumbline_otel.report.gate import advice
+
+        return f"{where}: INCONCLUSIVE at {c.tasks} task(s), bound {c.gate_lower:.4f} for {target}; {advice(c.gate_method, c.tasks_needed, target)}"
     return ""
 
 

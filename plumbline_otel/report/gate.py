@@ -1,10 +1,17 @@
 """The CI gate's verdict on a certificate: PASS, FAIL or INCONCLUSIVE, and why.
 
-Each cell's bounds (``gate_lower``/``gate_upper``, on the mean conformance over tasks) do not depend
-on the target, so the gate recomputes each cell's verdict at its own ``--min-bound``: PASS when the
-lower bound reaches it, FAIL when the upper bound is below it, INCONCLUSIVE otherwise, with how
-many more distinct clean tasks the same method needs (from the cell's own ``per_task`` counts).
-The certificate is PASS when every cell passes and FAIL when any cell fails.
+Each cell's bounds (on the mean conformance over tasks) do not depend on the target, so the gate
+recomputes them from the cell's own ``per_task`` counts with the cell's method, and each cell's
+verdict at its own ``--min-bound``: PASS when the lower bound reaches it (a wrong PASS at most 5%),
+FAIL when the upper bound is below it (a wrong FAIL at most 5%), INCONCLUSIVE otherwise. Recomputing
+means a certificate written before issue 38, whose stored upper end could FAIL an agent at the
+target 9% of the time, is gated with the upper end that holds its 5%.
+
+An INCONCLUSIVE cell is told how to settle it without voiding the error (`advice`): a fixed-n
+study (``wilson_tasks``) gated again after more tasks does not keep its stated 5% (a wrong PASS up
+to 0.095 when the advice was followed that way), so the number given is the more distinct clean
+tasks a *sequential* continuation needs (``betting_cs`` over all the cell's tasks, valid at every
+look). The certificate is PASS when every cell passes and FAIL when any cell fails.
 
 Against a baseline certificate (``--baseline``) the gate compares the two on the tasks both ran,
 per perturbation: a paired test with tasks as the units (`stats.paired_task_regression`), Holm
@@ -28,10 +35,14 @@ from plumbline_otel.analyse.stats import (
     FAIL,
     INCONCLUSIVE,
     PASS,
+    SEQUENTIAL_METHOD,
+    Interval,
     gate_decision,
     paired_task_regression,
     regression_verdicts,
-    tasks_needed,
+    sequential_interval,
+    task_interval,
+    tasks_to_settle,
 )
 from plumbline_otel.report.certificate import overall
 from plumbline_otel.report.model import EXIT_CODES, Cell, CellVerdict, Certificate, GateVerdict
@@ -52,24 +63,48 @@ def _totals(cells: list[Cell]) -> str:
             "(not in n)")
 
 
+def cell_bounds(c: Cell) -> Interval:
+    """The cell's gate bounds recomputed from its ``per_task`` counts with its method (module docstring)."""
+    counts = [(k, n) for _, k, n in c.per_task]
+    return sequential_interval(counts) if c.gate_method == SEQUENTIAL_METHOD else task_interval(counts)
+
+
 def cell_verdict(c: Cell | Mapping[str, Any], min_bound: float) -> tuple[str, int | None]:
-    """A cell's verdict at `min_bound`, and the more distinct clean tasks its method needs (None: no number will do)."""
+    """A cell's verdict at `min_bound`, and the more distinct clean tasks a sequential continuation needs (None: no number will do)."""
     c = c if isinstance(c, Cell) else Cell.from_dict(c)
     if c.n == 0:
-        return INCONCLUSIVE, tasks_needed(min_bound, [], method=c.gate_method)
-    verdict = gate_decision(c.gate_lower, c.gate_upper, min_bound)
+        return INCONCLUSIVE, tasks_to_settle(INCONCLUSIVE, [], min_bound)
+    bounds = cell_bounds(c)
+    verdict = gate_decision(bounds.lower, bounds.upper, min_bound)
     counts = [(k, n) for _, k, n in c.per_task]
-    return verdict, (tasks_needed(min_bound, counts, method=c.gate_method) if verdict == INCONCLUSIVE else 0)
+    return verdict, (tasks_to_settle(verdict, counts, min_bound) if verdict == INCONCLUSIVE else 0)
 
 
-def _why(c: Cell, verdict: str, more: int | None, min_bound: float) -> str:
+def advice(method: str, more: int | None, target: float) -> str:
+    """How an INCONCLUSIVE cell can be settled without voiding its stated error (issue 38), in words.
+
+    Only a sequential study's bound stays valid as tasks are added and looked at again, so the
+    number is always the sequential one; for a fixed-n study the words also say plainly that
+    gating it again after more tasks does not keep its 5%.
+    """
+    if more is None:
+        return "no number of clean tasks can reach it"
+    resume = f"plumbline replay --resume --target {target:g}, with the new tasks"
+    if method == SEQUENTIAL_METHOD:
+        return (f"{more} more distinct clean task(s) would settle it: continue the sequential study ({resume}); its "
+                "anytime-valid bound keeps its stated error at every look")
+    return (f"{more} more distinct clean task(s) would settle it as a sequential study ({resume}), whose anytime-valid "
+            "bound (betting_cs) over all its tasks keeps its stated error at every look; adding tasks to this fixed-n "
+            "study and gating it again with wilson_tasks does not keep its stated 5%")
+
+
+def _why(c: Cell, verdict: str, more: int | None, min_bound: float, bounds: Interval) -> str:
     if c.n == 0:
         return "no evidence: no scored run, it certifies nothing"
     if verdict == FAIL:
-        why = f"its upper bound {c.gate_upper:.4f} is below {min_bound}: it is shown not to meet the target"
+        why = f"its upper bound {bounds.upper:.4f} is below {min_bound}: it is shown not to meet the target"
     else:
-        why = ("no number of clean tasks can reach it" if more is None
-               else f"needs {more} more distinct clean task(s) ({c.gate_method}; repeats of the same tasks do not count)")
+        why = advice(c.gate_method, more, min_bound) + " (repeats of the same tasks do not count)"
     if c.missing:
         why += f"; if the {c.missing} missing trial(s) had failed the bound would be {c.gate_lower_if_missing_failed:.4f}"
     return why
@@ -83,18 +118,21 @@ def gate_verdict(cert: CertificateLike, min_bound: float) -> GateVerdict:
     judged = [(c, *cell_verdict(c, min_bound)) for c in cells]
     verdict = overall([v for _, v, _ in judged])
     lines = [f"{verdict}: headline bound {bound:.4f} against {min_bound} (lower bound on the mean conformance over tasks, "
-             f"{model.headline.method}); {_totals(cells)}"]
+             f"{model.headline.method}; PASS when a cell's lower bound reaches it, FAIL when its upper bound is below it, "
+             f"each wrong at most {1 - model.confidence:.0%}); {_totals(cells)}"]
     if not cells:
         lines.append("  no runs were certified")
     for c, v, more in judged:
+        bounds = cell_bounds(c)
         text = (f"  {v:<12} {c.agent} / {c.perturbation}: {c.conforming}/{c.n} conforming, "
-                f"bounds [{c.gate_lower:.4f}, {c.gate_upper:.4f}] (Wilson {c.lower:.4f}); {_counts(c)}")
-        lines.append(text if v == PASS else f"{text}; {_why(c, v, more, min_bound)}")
+                f"bounds [{bounds.lower:.4f}, {bounds.upper:.4f}] (Wilson {c.lower:.4f}); {_counts(c)}")
+        lines.append(text if v == PASS else f"{text}; {_why(c, v, more, min_bound, bounds)}")
     if verdict == INCONCLUSIVE:
         needs = [more for _, v, more in judged if v == INCONCLUSIVE]
         most = None if None in needs else max((m for m in needs if m is not None), default=0)
         lines.append("  run more distinct tasks: " + ("no number of clean tasks settles it" if most is None
-                                                        else f"{most} more clean task(s) in the cell that needs the most"))
+                                                        else f"{most} more clean task(s) in the cell that needs the most, "
+                                                             "as a sequential study (replay --resume --target)"))
     return GateVerdict(verdict, bound, min_bound, tuple(lines),
                        cells=tuple(CellVerdict(c.agent, c.perturbation, v, more) for c, v, more in judged))
 
@@ -130,4 +168,4 @@ def regression_verdict(candidate: CertificateLike, baseline: CertificateLike, ma
     return GateVerdict(verdict, cand_model.headline.lower_bound, margin, tuple(lines))
 
 
-__all__ = ["EXIT_CODES", "CellVerdict", "GateVerdict", "cell_verdict", "gate_verdict", "regression_verdict"]
+__all__ = ["EXIT_CODES", "CellVerdict", "GateVerdict", "advice", "cell_bounds", "cell_verdict", "gate_verdict", "regression_verdict"]

@@ -43,9 +43,13 @@ from plumbline_otel.analyse.stats import FAIL, INCONCLUSIVE, PASS, SEQUENTIAL_ME
 CERTIFICATE_VERSION: Final = 3  # 3: trials from the driver's records, the task-level bound, three-valued verdicts
 CERTIFICATE_KIND: Final = "plumbline.certificate"
 GATE_METHODS = {
-    TASK_METHOD: "Wilson score bounds on the mean of per-task conformance rates, n = tasks (each one-sided >= 95%)",
-    SEQUENTIAL_METHOD: "anytime-valid betting confidence sequence on the mean of per-task rates (the study stopped "
-                       "when its answer was known; each bound one-sided >= 95% at every look)",
+    TASK_METHOD: "bounds on the mean of per-task conformance rates, n = tasks, for a number of tasks fixed in advance: "
+                 "the lower end Wilson's score bound (PASS when it reaches the target: a wrong PASS at most 5%), the upper "
+                 "end Bentkus's bound for any task rates in [0, 1] (FAIL when it is below the target: a wrong FAIL at most "
+                 "5%); gating again after adding tasks does not keep these errors",
+    SEQUENTIAL_METHOD: "anytime-valid betting confidence sequence on the mean of per-task rates, its tasks in a random "
+                       "order (the study stopped when its answer was known): a wrong PASS and a wrong FAIL each at most "
+                       "5% at every look, so it may continue with more tasks",
 }
 MIXED = "mixed"  # a headline over cells of both methods
 EXIT_CODES = {PASS: 0, FAIL: 1, INCONCLUSIVE: 3}  # 2: the certificate is unusable
@@ -82,7 +86,8 @@ Verdict = Annotated[str, Rule(f"{{value!r}} is not one of {', '.join(VERDICTS)}"
 GateMethod = Annotated[str, Rule(f"{{value!r}} is not a bound this plumbline gates on ({', '.join(GATE_METHODS)})",
                                  choices=tuple(GATE_METHODS))]
 TasksNeeded = Annotated[int | None, Rule("not a non-negative int or null", minimum=0),
-                        "more distinct clean tasks the gate's method needs for the target (0: none; null: no number will do)"]
+                        ("more distinct clean tasks that would settle the target as a sequential study (betting_cs over all the "
+                         "cell's tasks, valid at every look; 0: none; null: no number will do)")]
 RunIds = Annotated[tuple[str, ...], Rule("missing or not a list of run ids")]
 _MISSING: Any = object()
 

@@ -12,8 +12,9 @@ from itertools import product
 
 import numpy as np
 import pytest
+from scipy.stats import binom
 
-from plumbline_otel.analyse.simulate import Population, cell
+from plumbline_otel.analyse.simulate import Population, cell, verdict_cell
 from plumbline_otel.analyse.stats import CLUSTER_METHOD, TASK_METHOD, clustered_interval, task_interval
 
 SAMPLES = 4000
@@ -81,3 +82,40 @@ def test_decoy_tools_43_of_44_does_not_certify_above_44_of_44() -> None:
         clean = [(runs, runs)] * tasks
         failing = [(runs, runs)] * (tasks - 1) + [(runs - 1, runs)]
         assert task_interval(failing).lower <= task_interval(clean).lower
+
+
+# ---- Issue 38: both ends, and the three verdicts ----------------------------------------------------
+
+NEAR_ONE = [Population(round(1 - 0.55 / g, 4), rho) for g in TASKS for rho in (0.0, 0.3)]
+
+
+def test_both_ends_hold_their_stated_error_in_every_cell_of_the_reduced_grid() -> None:
+    # A wrong PASS (target just above the truth) and a wrong FAIL (target at the truth) are each at
+    # most 5% in every cell: beta populations, mixtures, unequal repeats, and means near 1 - 0.55 /
+    # tasks where Wilson's upper end (the previous gate) was worst.
+    rng = np.random.default_rng(2038)
+    cells = [
+        verdict_cell(rng, g, pattern, q, SAMPLES, uppers=("wilson_upper (previous gate)",))
+        for g, pattern, q in product(TASKS, PATTERNS, BETA + NEAR_ONE + [q for q in MIXED if q.valid])
+        if not (pattern == "1" and q.rho and not q.bad_share)
+    ]
+    worst_fail = max(cells, key=lambda c: c.wrong_fail)
+    worst_pass = max(cells, key=lambda c: c.wrong_pass)
+    assert worst_fail.wrong_fail <= 0.05 + SLACK, worst_fail
+    assert worst_pass.wrong_pass <= 0.05 + SLACK, worst_pass
+    # The grid is one the previous upper end fails: this test can tell the two apart.
+    assert sum(c.upper_coverage["wilson_upper (previous gate)"] < 0.95 - SLACK for c in cells) >= 5
+
+
+@pytest.mark.parametrize(("tasks", "truth", "target", "power"), [(100, 0.80, 0.90, 0.80), (50, 0.90, 0.99, 0.85), (200, 0.95, 0.99, 0.90)])
+def test_a_valid_upper_end_still_fails_agents_clearly_below_the_target(tasks: int, truth: float, target: float, power: float) -> None:
+    # Exactly, on single runs: validity is not bought by never failing anyone.
+    failures = np.arange(tasks + 1)
+    upper = task_interval_uppers(tasks, failures)
+    assert (binom.pmf(failures, tasks, 1 - truth) * (upper < target)).sum() >= power
+
+
+def task_interval_uppers(tasks: int, failures: np.ndarray) -> np.ndarray:
+    from plumbline_otel.analyse.stats import mean_bounds
+
+    return mean_bounds((tasks - failures).astype(float), np.full(failures.size, tasks), tasks - failures, failures)[1]

@@ -20,13 +20,16 @@ from plumbline_otel.analyse.stats import (
     PassKPoint,
     betting_lower,
     clustered_interval,
+    fail_p_value,
     gate_decision,
+    mean_bounds,
     paired_task_regression,
     pass_hat_k,
     pass_k_curve,
     regression_verdicts,
     sequential_interval,
     stop_decision,
+    task_bounds,
     task_interval,
     tasks_needed,
     wilson_interval,
@@ -85,15 +88,32 @@ def test_repeats_sharpen_a_task_but_never_stand_in_for_tasks() -> None:
 # ---- Monotonicity: property tests over random studies ------------------------------------------
 
 
+def _sufficient(studies: list[Tasks]) -> tuple[np.ndarray, ...]:
+    """(total, count, some, short) of each study, as `mean_bounds` takes them."""
+    rates = [[c / n for c, n in t if n] for t in studies]
+    return (np.array([sum(r) for r in rates]), np.array([len(r) for r in rates]),
+            np.array([sum(x > 0 for x in r) for r in rates]), np.array([sum(x < 1 for x in r) for r in rates]))
+
+
 def test_task_interval_moves_only_the_right_way_over_random_studies() -> None:
+    # Both ends, about 40,000 (study, one more run) cases, scored in one batch through `mean_bounds`
+    # (what `task_interval` computes, checked equal on a sample below).
     rng = np.random.default_rng(28)
-    for _ in range(1000):  # about 40,000 (study, one more run) cases
+    before, up, down = [], [], []
+    for _ in range(1000):
         tasks = random_tasks(rng)
-        before = task_interval(tasks)
         for where in range(len(tasks) + 1):
-            up, down = task_interval(one_more_run(tasks, True, where)), task_interval(one_more_run(tasks, False, where))
-            assert up.lower >= before.lower - 1e-12 and up.upper >= before.upper - 1e-12, (tasks, where)
-            assert down.lower <= before.lower + 1e-12 and down.upper <= before.upper + 1e-12, (tasks, where)
+            before.append(tasks)
+            up.append(one_more_run(tasks, True, where))
+            down.append(one_more_run(tasks, False, where))
+    (lo_b, hi_b), (lo_u, hi_u), (lo_d, hi_d) = (mean_bounds(*_sufficient(s)) for s in (before, up, down))
+    assert len(before) > 20_000  # each with a conforming and a failing run: ~43,000 cases
+    assert (lo_u >= lo_b - 1e-12).all() and (hi_u >= hi_b - 1e-12).all()
+    assert (lo_d <= lo_b + 1e-12).all() and (hi_d <= hi_b + 1e-12).all()
+    assert (hi_d < hi_b - 1e-6).sum() > 1000  # the upper end does move: failures lower it
+    for i in range(0, len(before), 400):
+        one = task_interval(down[i])
+        assert (one.lower, one.upper) == pytest.approx((lo_d[i], hi_d[i]), abs=1e-12)
 
 
 def test_sequential_bound_moves_only_the_right_way_and_ignores_order() -> None:
@@ -294,3 +314,56 @@ def test_the_benchs_vectorised_stopping_agrees_with_stop_decision() -> None:
             ((t, s) for t in range(1, 61) if (s := stop_decision(per_task[:t], 0.9, 5)) != "continue"), (60, "continue")
         )
         assert (int(used[0]), {1: "pass", -1: "fail", 0: "continue"}[int(decision[0])]) == expected
+
+
+# ---- The upper end (issue 38): a wrong FAIL at most 5%, for any task rates ------------------------
+
+
+def test_exact_wrong_fail_with_one_run_per_task_is_at_most_005() -> None:
+    # Single runs are the binomial, exactly: at a true mean equal to the target, P(FAIL) summed
+    # over every outcome. The previous (Wilson) upper end failed 8.6-9.0% of these (issue 38).
+    targets = np.concatenate([np.linspace(0.5, 0.99, 50), [0.995, 0.999]])
+    for n in (2, 3, 5, 10, 11, 20, 30, 50, 73, 100, 200, 500):
+        failures = np.arange(n + 1)
+        total, count = (n - failures).astype(float), np.full(n + 1, n)
+        upper = mean_bounds(total, count, n - failures, failures)[1]
+        pmf = sps.binom.pmf(failures[None, :], n, 1.0 - targets[:, None])
+        wrong = (pmf * (upper[None, :] < targets[:, None])).sum(axis=1)
+        assert wrong.max() <= 0.05, (n, targets[wrong.argmax()], wrong.max())
+
+
+def test_the_issues_example_48_of_50_is_inconclusive_at_099_not_fail() -> None:
+    interval = task_interval([(1, 1)] * 48 + [(0, 1)] * 2)
+    assert interval.upper >= 0.99 and gate_decision(interval.lower, interval.upper, 0.99) == INCONCLUSIVE
+    # ... and one more failure is shown below 0.99: the upper end still decides.
+    worse = task_interval([(1, 1)] * 47 + [(0, 1)] * 3)
+    assert gate_decision(worse.lower, worse.upper, 0.99) == FAIL
+
+
+def test_the_upper_end_is_below_a_target_exactly_when_the_failures_p_value_says_so() -> None:
+    rng = np.random.default_rng(38)
+    for _ in range(200):
+        tasks = random_tasks(rng)
+        interval = task_interval(tasks)
+        failures = sum(1 - c / n for c, n in tasks)
+        short = sum(c < n for c, n in tasks)
+        for target in rng.uniform(max(0.01, interval.upper - 0.05), min(0.999, interval.upper + 0.05), 4):
+            below = interval.upper < target - 1e-9
+            rejects = short >= 2 and float(fail_p_value(np.array([failures]), len(tasks), float(target))[0]) <= 0.05
+            if abs(interval.upper - target) > 1e-9:
+                assert below == rejects, (tasks, target, interval.upper)
+
+
+def test_the_upper_end_holds_on_a_task_mixture_where_the_previous_one_failed() -> None:
+    # 30 tasks near 1 - 0.55 / tasks, every task twice, a few flaky ones: the distribution-free
+    # bound covers; Wilson's upper end (the previous gate) did not.
+    from plumbline_otel.analyse.simulate import Population, gate_fails, verdict_cell
+
+    rng = np.random.default_rng(3)
+    q = Population(round(1 - 0.55 / 30, 4))
+    c = verdict_cell(rng, 30, "1", q, 20_000, uppers=("wilson_upper (previous gate)",))
+    assert c.upper_coverage["wilson_upper (previous gate)"] < 0.93
+    assert c.wrong_fail <= 0.05 and c.upper_coverage[TASK_METHOD] >= 0.95
+    ks = rng.binomial(2, rng.beta(0.5, 0.5 * 0.02 / 0.98, size=(2000, 20)))
+    direct = gate_fails(ks, np.full(20, 2), 0.9)
+    assert (direct == (task_bounds(ks, np.full(20, 2))[1] < 0.9)).all()

@@ -68,7 +68,8 @@ def test_gate_never_passes_one_task_run_80_times(tmp_path, runner):
     result = runner.invoke(gate, [path, "--min-bound", "0.95"])
     assert result.exit_code == 3
     assert "bounds [0.0000, 1.0000] (Wilson 0.9542)" in result.output
-    assert "needs 72 more distinct clean task(s) (wilson_tasks; repeats of the same tasks do not count)" in result.output
+    assert "72 more distinct clean task(s) would settle it as a sequential study" in result.output
+    assert "(repeats of the same tasks do not count)" in result.output
 
 
 def test_gate_prints_pass_k_and_flip_rate_over_repeats(tmp_path, runner):
@@ -85,7 +86,7 @@ def test_gate_names_the_perturbation_and_the_distinct_tasks_it_needs(tmp_path, r
     result = runner.invoke(gate, [path, "--min-bound", "0.95"])
     assert result.exit_code == 3
     assert "INCONCLUSIVE agent / decoy_tools: 34/34 conforming" in result.output
-    assert "needs 39 more distinct clean task(s)" in result.output
+    assert "39 more distinct clean task(s) would settle it as a sequential study" in result.output
 
 
 def test_gate_fails_a_cell_shown_below_the_bound_and_compares_with_a_baseline(tmp_path, runner):
@@ -160,3 +161,27 @@ def test_certify_reads_the_store_and_writes_a_certificate_the_gate_reads(tmp_pat
     gated = runner.invoke(gate, [str(out), "--min-bound", "0.5"])
     assert gated.exit_code == 0, gated.output
     assert runner.invoke(gate, [str(out), "--min-bound", "0.95"]).exit_code == 3
+
+
+def test_48_of_50_single_run_tasks_is_inconclusive_at_099_not_fail(tmp_path, runner):
+    # Issue 38: the Wilson upper end (0.9890) said FAIL here, and an agent exactly at a target of
+    # 0.99 got FAIL 8.9% of the time. The upper end now holds its 5% for any task rates.
+    path = write_cert(tmp_path, build_certificate(SPEC, runs("baseline", 48, 50)))
+    result = runner.invoke(gate, [path, "--min-bound", "0.99"])
+    assert result.exit_code == 3, result.output
+    assert "INCONCLUSIVE agent / baseline: 48/50 conforming, bounds [0.8654, 0.9939]" in result.output
+    assert "FAIL when its upper bound is below it, each wrong at most 5%" in result.output
+    # One more failing task is shown below 0.99: FAIL still comes when the evidence is there.
+    worse = runner.invoke(gate, [write_cert(tmp_path, build_certificate(SPEC, runs("baseline", 47, 50)), "worse.json"),
+                                 "--min-bound", "0.99"])
+    assert worse.exit_code == 1 and "is below 0.99: it is shown not to meet the target" in worse.output
+
+
+def test_gate_recomputes_a_stored_upper_end_from_the_per_task_counts(tmp_path, runner):
+    # A certificate written before issue 38 stored Wilson's upper end (0.9890 for 48 of 50), which
+    # FAILs at 0.99; the gate recomputes each cell's bounds from its per_task counts.
+    cert = build_certificate(SPEC, runs("baseline", 48, 50))
+    cell = cert["agents"][0]["perturbations"][0]
+    cell["gate_upper"], cell["verdict"] = 0.9890, "FAIL"
+    result = runner.invoke(gate, [write_cert(tmp_path, cert), "--min-bound", "0.99"])
+    assert result.exit_code == 3 and "bounds [0.8654, 0.9939]" in result.output

@@ -71,7 +71,7 @@ def test_short_n_is_stated_with_the_distinct_tasks_needed():
     cert = build_certificate(SPEC, runs("baseline", 34, 34))
     c = cell(cert, "baseline")
     assert (c["verdict"], c["tasks_needed"], c["tasks"]) == ("INCONCLUSIVE", 39, 34)
-    assert "needs 39 more distinct clean task(s)" in cert["headline"]["note"]
+    assert "39 more distinct clean task(s) would settle it as a sequential study" in cert["headline"]["note"]
     assert cert["headline"]["verdict"] == "INCONCLUSIVE" and cert["headline"]["tasks_needed"] == 39
     enough = build_certificate(SPEC, runs("baseline", 73, 73))
     assert cell(enough, "baseline")["tasks_needed"] == 0 and enough["headline"]["meets_target"]
@@ -188,7 +188,8 @@ def test_unexposed_runs_are_not_in_n_and_the_interval_is_the_exposed_halfs():
     assert (c["n"], c["conforming"], c["unexposed"], c["missing"]) == (32, 20, 32, 0)
     assert (c["lower"], c["upper"]) == (wilson_interval(20, 32).lower, wilson_interval(20, 32).upper)
     assert c["lower"] < wilson_interval(52, 64).lower  # the mixed figure would have flattered the agent
-    assert c["tasks_needed"] == tasks_needed(0.95, [(k, n) for _, k, n in c["per_task"]])
+    # The advice is the sequential continuation's: the only one that keeps its error as tasks are added.
+    assert c["tasks_needed"] == tasks_needed(0.95, [(k, n) for _, k, n in c["per_task"]], method="betting_cs")
     assert c["violations"]["AUDIT"] == 12 and c["applicable"]["AUDIT"] == 32
     assert len(c["unexposed_runs"]) == 32 and c["unexposed_runs"] == sorted(c["unexposed_runs"])
     # Everything scored is exactly what the exposed runs alone give (clustered interval included).
@@ -311,7 +312,7 @@ def test_one_task_run_80_times_certifies_nothing():
     c = cell(cert, "baseline")
     assert c["lower"] > 0.95 and (c["gate_lower"], c["tasks"]) == (0.0, 1)
     assert cert["headline"]["lower_bound"] == 0.0 and cert["headline"]["wilson_lower_bound"] == c["lower"]
-    assert "INCONCLUSIVE at 1 task(s), bound 0.0000; needs 72 more distinct clean task(s)" in cert["headline"]["note"]
+    assert "INCONCLUSIVE at 1 task(s), bound 0.0000 for 0.95; 72 more distinct clean task(s) would settle it" in cert["headline"]["note"]
     assert cert["headline"]["method"] == c["gate_method"] == "wilson_tasks"
 
 
