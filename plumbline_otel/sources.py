@@ -55,6 +55,39 @@ class Misrouted:
     stores: tuple[str, ...]
 
 
+def _wait_for_writer(path: str) -> Store:
+    """The store open for writing, waiting while another process that is not a server holds it.
+
+    Runners of studies on one host read one `--db` (their tasks, with pending traces assembled) for a moment each at
+    start: one that finds the file held by such a reader waits for it, with back-off (0.05 s doubling to 1 s), for up to
+    ``PLUMBLINE_STORE_WAIT_S`` (default 120 s), and says once whom it waits for. A server (`plumbline serve`) holds its
+    file for good: refused at once, with the holder named (`StoreLocked`)."""
+    import os
+    import sys
+    import time
+
+    from plumbline_otel.store import StoreLocked
+
+    try:
+        limit = float(os.environ.get("PLUMBLINE_STORE_WAIT_S", "120"))
+    except ValueError:
+        limit = 120.0
+    deadline = time.monotonic() + limit
+    delay, said = 0.05, False
+    while True:
+        try:
+            return Store(path)
+        except StoreLocked as exc:
+            if exc.is_server or time.monotonic() + delay > deadline:
+                raise
+            if not said:
+                who = f"process {exc.pid}" + (f" (`{exc.command}`)" if exc.command else "") if exc.pid else "another process"
+                print(f"plumbline: {path} is held by {who}; waiting for it to let go (up to {limit:g}s)", file=sys.stderr, flush=True)
+                said = True
+            time.sleep(delay)
+            delay = min(1.0, delay * 2)
+
+
 def expand_dbs(patterns: Iterable[str]) -> tuple[str, ...]:
     """Store files from paths and globs, in the order given (a glob's matches sorted), each once.
 
@@ -146,7 +179,7 @@ class Sources:
         if not self.assemble:  # a reader's rule: assemble what is pending if it can, else count it
             store, self._pending[path] = open_assembled(path)
             return store
-        store = Store(path)
+        store = _wait_for_writer(path)
         store.assemble()
         return store
 

@@ -6,8 +6,10 @@ One writer per file: a second process gets `StoreLocked`, which says how to ask 
 from __future__ import annotations
 
 import os
+import re
 import threading
 from contextlib import suppress
+from pathlib import Path
 from typing import Any
 
 import duckdb
@@ -25,14 +27,48 @@ from plumbline_otel.errors import StoreError
 ROW_GROUP_SIZE = 16_384
 
 
-_LOCK_HINT = (
-    "the database {path} is held by another process (probably `plumbline serve`); "
-    "use --server HOST:PORT to ask the running server, or stop it first"
-)
+_SERVE_HINT = "use --server HOST:PORT to ask the running server, or stop it first"
+_READER_HINT = ("it holds the file only while it reads or writes it: wait for it (a `plumbline replay` waits for another "
+                "one's short read by itself), or serve the store (`plumbline serve`) and give --server HOST:PORT")
+
+
+def _command_of(pid: int) -> str | None:
+    """The command line of process ``pid`` (Linux /proc), or None when it cannot be read."""
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return None
+    words = [w.decode("utf-8", "replace") for w in raw.split(b"\0") if w]
+    if not words:
+        return None
+    text = " ".join(words)
+    return text if len(text) <= 600 else text[:597] + "..."
+
+
+def _holder_pid(message: str) -> int | None:
+    """The pid DuckDB names as the holder of a file's lock ("Conflicting lock is held in … (PID 1234)")."""
+    found = re.search(r"\(PID (\d+)\)", message)
+    return int(found.group(1)) if found else None
 
 
 class StoreLocked(StoreError):
-    """Another process holds the file (a writer: `plumbline serve`, `ingest`; or a reader)."""
+    """Another process holds the file (a writer: `plumbline serve`, `ingest`, a replay sourcing its tasks; or a reader).
+
+    ``pid`` and ``command`` name the holder as DuckDB and /proc report it (None when they do not), so the message says
+    who really holds it rather than guessing, and a caller can tell a server (ask it) from a short-lived reader (wait)."""
+
+    def __init__(self, path: str, pid: int | None = None, command: str | None = None) -> None:
+        self.path, self.pid, self.command = path, pid, command
+        if pid is None:
+            who = "another process (DuckDB did not name it)"
+        else:
+            who = f"process {pid}" + (f" (`{command}`)" if command else "")
+        super().__init__(f"the database {path} is held by {who}; {_SERVE_HINT if self.is_server else _READER_HINT}")
+
+    @property
+    def is_server(self) -> bool:
+        """Whether the holder is a long-running server (`plumbline serve`), which never lets go of its file by itself."""
+        return self.command is not None and bool(re.search(r"\bserve\b", self.command))
 
 
 # A file open for writing in this process: the connection that attached it, and how many stores use it.
@@ -119,7 +155,8 @@ def connect(path: str, read_only: bool) -> Any:
         return _connect(path, read_only)
     except duckdb.IOException as exc:
         if "lock" in str(exc).lower():
-            raise StoreLocked(_LOCK_HINT.format(path=path)) from None
+            pid = _holder_pid(str(exc))
+            raise StoreLocked(path, pid, _command_of(pid) if pid is not None else None) from None
         raise StoreError(f"cannot open {path}: {exc}") from None
     except duckdb.Error as exc:
         raise StoreError(f"cannot open {path}: {exc}") from None

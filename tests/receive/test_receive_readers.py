@@ -34,7 +34,10 @@ def test_commands_read_a_served_store_through_the_api(tmp_path: Path) -> None:
         exporter.shutdown()
         runner = CliRunner()
         direct = runner.invoke(cli, ["trajectories", "--db", str(server.db)])
-        assert "held by another process" in str(direct.exception) and "--server" in str(direct.exception)
+        # The holder named as it is (its pid and command line: the server), never guessed.
+        assert server.proc is not None
+        assert f"is held by process {server.proc.pid}" in str(direct.exception) and "serve" in str(direct.exception)
+        assert "--server" in str(direct.exception)
         lines = runner.invoke(cli, ["trajectories", "--server", server.grpc_address]).output.strip().splitlines()
         assert sorted(json.loads(line)["task_key"] for line in lines) == ["task-0", "task-1", "task-2"]
         coverage = json.loads(runner.invoke(cli, ["coverage", "--server", server.grpc_address, "--format", "json"]).output)
