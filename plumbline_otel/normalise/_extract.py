@@ -19,6 +19,7 @@ from plumbline_otel.normalise._shapes import (
     answer_text,
     repr_messages,
     request_text,
+    response_repr,
     tool_message_call,
     unwrap_args,
     unwrap_result,
@@ -436,6 +437,19 @@ def _apply_messages(rec: SpanRecord, inputs: list[Message], outputs: list[Messag
         rec.output_text = "\n".join(texts)
 
 
+def _unrepr_responses(rec: SpanRecord, outputs: list[Message]) -> list[Message]:
+    """Output messages whose one text is a Responses object's Python repr, read as that response's output items: the
+    text is a dump of the reply, not the reply (OpenTelemetry's openai-agents-v2 on a streamed run)."""
+    out: list[Message] = []
+    for m in outputs:
+        dump = response_repr(m.texts[0]) if len(m.texts) == 1 and not m.calls else None
+        read = response_messages(dump) if dump is not None else []
+        if read:
+            _note(rec, "output", "responses_repr")
+        out += read or [m]
+    return out
+
+
 def _raw_reply_ids(rec: SpanRecord, attrs: dict[str, Any]) -> None:
     """Haystack's flattened output messages drop the tool calls' ids; its raw replies (message reprs) keep them."""
     if not rec.proposed_calls or all(c.call_id for c in rec.proposed_calls):
@@ -566,7 +580,8 @@ def _llm(rec: SpanRecord, attrs: dict[str, Any], events: list[tuple[str, dict[st
             # Its payload was recorded and holds no chat: local work such as LlamaIndex's
             # `_prepare_chat_with_tools`, not a model request (assembly drops it beside the real call).
             _note(rec, "step", "no_model_request")
-    _apply_messages(rec, *_messages_genai(attrs, events))
+    inputs, outputs = _messages_genai(attrs, events)
+    _apply_messages(rec, inputs, _unrepr_responses(rec, outputs))
     if not rec.content_captured:  # the older indexed form is only looked for when nothing newer was there
         _apply_messages(rec, *_messages_flat(attrs, "gen_ai.prompt", "gen_ai.completion"))
 

@@ -89,6 +89,21 @@ def repr_message(value: Any) -> Any:
     return {"role": role, "content": parts, "name": parsed.get("_name")}
 
 
+_RESPONSE_REPR = re.compile(r"^\{'id': '[^']*',.*'object': 'response'", re.DOTALL)
+
+
+def response_repr(text: str) -> Any:
+    """An OpenAI Responses object written as the Python repr of its dict (OpenTelemetry's openai-agents-v2 processor
+    records a streamed run's `str(response)` as the output text) as the dict; None for any other text."""
+    if not _RESPONSE_REPR.match(text):
+        return None
+    try:
+        value = ast.literal_eval(text)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
 def repr_messages(values: list[Any]) -> tuple[list[Any], bool]:
     """Each message that is a Python repr as a message dict; and whether any was."""
     out = [repr_message(v) for v in values]
