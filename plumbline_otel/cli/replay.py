@@ -331,7 +331,10 @@ def _state_keys(config: StudyConfig) -> KeyRing:
 def run_replay(opts: ReplayOptions) -> None:
     """Source the tasks, open the study, run it (or print its plan), write its summary, say what comes next."""
     from plumbline_otel.replay import CommandAdapter, HttpAdapter, IsolatedAdapter, load_adapter, open_study, source_tasks
+    from plumbline_otel.replay.adapters import stop_on_sigterm
     from plumbline_otel.replay.perturb import PROXY_PERTURBATIONS
+
+    stop_on_sigterm()  # a service manager's stop records the started trials as interrupted, as Ctrl-C does
 
     names = opts.perturbation_names()
     wire = sorted(set(names) & PROXY_PERTURBATIONS)

@@ -37,7 +37,10 @@ import inspect
 import json
 import os
 import shlex
+import signal
 import subprocess
+import threading
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping
@@ -63,6 +66,26 @@ class TransientAdapterError(AdapterError):
     def __init__(self, message: str, retry_after: float | None = None) -> None:
         super().__init__(message)
         self.retry_after = retry_after
+
+
+class AttemptInterrupted(ReplayError):
+    """The runner was stopped (SIGTERM, Ctrl-C) while this attempt ran, and stopped the agent: never the agent's result."""
+
+
+def stop_on_sigterm() -> None:
+    """Make SIGTERM stop a runner as Ctrl-C does (a KeyboardInterrupt in the main thread), so a service manager's stop
+    records the started trials as interrupted instead of killing the runner with its trials unrecorded. Only from the
+    main thread (where Python runs signal handlers); elsewhere nothing changes."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def stop(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt(f"stopped by {signal.Signals(signum).name}")
+
+    signal.signal(signal.SIGTERM, stop)
 
 
 TRANSIENT_HTTP = frozenset({408, 425, 429, 503})  # refused at the door: the agent did not run
@@ -277,17 +300,56 @@ class CommandAdapter:
         self.service = service
         self.service_version = service_version
         self.cwd = cwd
+        self.grace_s = 5.0  # after `cancel`'s SIGTERM, how long an agent has to end before SIGKILL
+        self._running: set[subprocess.Popen[str]] = set()
+        self._cancelled = threading.Event()
+        self._lock = threading.Lock()
+
+    def cancel(self) -> int:
+        """Stop every running agent (the runner is stopping): SIGTERM to each one's process group, SIGKILL to those still
+        there after ``grace_s``; their attempts raise `AttemptInterrupted`, and no new one starts. How many were running."""
+        self._cancelled.set()
+        with self._lock:
+            running = list(self._running)
+        for proc in running:
+            _signal_group(proc, signal.SIGTERM)
+
+        def kill_survivors() -> None:
+            deadline = time.monotonic() + self.grace_s
+            for proc in running:
+                try:
+                    proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    _signal_group(proc, signal.SIGKILL)
+
+        threading.Thread(target=kill_survivors, name="plumbline-stop-agents", daemon=True).start()
+        return len(running)
 
     def run(self, trial: Trial) -> TrialOutcome:
         as_arg = any("{input}" in a for a in self.argv)
         argv = [a.replace("{input}", trial.text) for a in self.argv]
+        if self._cancelled.is_set():
+            raise AttemptInterrupted("not started: the runner is stopping")
         try:
-            done = subprocess.run(argv, input=None if as_arg else trial.text, capture_output=True, text=True,
-                                  env=trial.env(), timeout=self.timeout_s, cwd=self.cwd)
+            # A session of its own: a Ctrl-C at the terminal reaches the runner, which stops its agents itself (`cancel`).
+            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL if as_arg else subprocess.PIPE, stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, text=True, env=trial.env(), cwd=self.cwd, start_new_session=True)
         except FileNotFoundError as exc:
             raise AdapterError(f"command not found: {argv[0]}") from exc
+        with self._lock:
+            self._running.add(proc)
+        try:
+            stdout, stderr = proc.communicate(input=None if as_arg else trial.text, timeout=self.timeout_s)
         except subprocess.TimeoutExpired as exc:
+            _signal_group(proc, signal.SIGKILL)
+            proc.communicate()
             raise AdapterError(f"command timed out after {self.timeout_s:g}s") from exc
+        finally:
+            with self._lock:
+                self._running.discard(proc)
+        if self._cancelled.is_set():
+            raise AttemptInterrupted(f"the runner was stopped during the attempt; its agent was stopped (exit {proc.returncode})")
+        done = subprocess.CompletedProcess(argv, proc.returncode, stdout, stderr)
         if done.returncode == EX_TEMPFAIL:
             raise TransientAdapterError(f"command exited {EX_TEMPFAIL} (temporary failure): {done.stderr.strip()[-300:]}")
         if done.returncode != 0:
@@ -296,6 +358,14 @@ class CommandAdapter:
         outcome = TrialOutcome.coerce(report) if report else TrialOutcome(output=done.stdout.strip()[-2000:] or None)
         outcome.trace_id = outcome.trace_id or trial.trace_id
         return outcome
+
+
+def _signal_group(proc: subprocess.Popen[str], sig: int) -> None:
+    """Send ``sig`` to the agent's process group (it and whatever it started), if it is still there."""
+    try:
+        os.killpg(proc.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 class HttpAdapter:

@@ -31,6 +31,7 @@ from __future__ import annotations
 import hashlib
 import heapq
 import os
+import sys
 import threading
 import time
 import uuid
@@ -46,7 +47,7 @@ from opentelemetry import baggage, context, trace
 from opentelemetry.trace import NonRecordingSpan
 
 from plumbline_otel.errors import ReplayError
-from plumbline_otel.replay.adapters import PythonAdapter, TransientAdapterError, Trial, TrialOutcome
+from plumbline_otel.replay.adapters import AttemptInterrupted, PythonAdapter, TransientAdapterError, Trial, TrialOutcome
 from plumbline_otel.replay.budget import BudgetExceeded, SpendCap, TrialBudget, cost_usd
 from plumbline_otel.replay.cache import ResponseCache
 from plumbline_otel.replay.export import RecordWriter, SpanSink, trial_span_context
@@ -499,7 +500,7 @@ class _Runner:
                 routes = [(proxy, proxy.open_trial(attempt, budget)) for proxy in self.config.proxies]
                 attempt = replace(attempt, routes={k: v for _, route in routes for k, v in route.env().items()})
                 status, reason, outcome, retry = self._execute(attempt, scope, record.attempts)
-                ran = status in RAN
+                ran = status in RAN or (reason or "").startswith("interrupted: the runner was stopped during")  # it may have spent
         except Exception as exc:  # a driver bug: whether the agent ran is unknown, so the trial is not its result
             status, reason, retry = "missing", f"driver: {type(exc).__name__}: {exc}", None
         finally:
@@ -534,6 +535,8 @@ class _Runner:
             return "missing", scope.abort_reason, None
         if isinstance(exc, BudgetExceeded):
             return "missing", f"budget: {exc}", None
+        if isinstance(exc, AttemptInterrupted):  # the runner was stopped and stopped the agent: not the agent's result
+            return "missing", f"interrupted: {exc}", None
         retry = self.config.retry
         if retry.is_transient(exc):  # it never reached the agent: not the agent's result
             if n < retry.max_attempts and not self.stop.is_set():
@@ -834,11 +837,23 @@ class Study:
                     records.append(future.result())
                     if on_record is not None:
                         on_record(records[-1], len(records), len(todo))
-            except KeyboardInterrupt:
-                # Ctrl-C: running trials finish; queued ones are recorded missing ("not started: interrupted")
+            except KeyboardInterrupt as stop:
+                # Ctrl-C or SIGTERM (`adapters.stop_on_sigterm`): an adapter that can stop its agents does (command agents:
+                # SIGTERM, then SIGKILL after its grace), their attempts are recorded interrupted with what they spent;
+                # queued trials are recorded missing ("not started: interrupted"); an in-process agent is waited for.
                 interrupted = True
-                runner._halt("interrupted")
+                runner._halt(f"interrupted ({stop})" if str(stop) else "interrupted")
+                cancel = getattr(self.adapter, "cancel", None)
+                running = sum(f.running() for f in futures)
+                stopped = cancel() if callable(cancel) else 0
+                queued = len(futures) - len(collected) - running
+                print(f"plumbline replay: {runner.stop_reason}: stopping; {running} attempt(s) running"
+                      + (f", {stopped} agent(s) sent SIGTERM (SIGKILL after {getattr(self.adapter, 'grace_s', 5.0):g}s)" if stopped
+                         else ", waited for (their agents run in-process)" if running else "")
+                      + f"; {queued} queued trial(s) recorded as not started", file=sys.stderr, flush=True)
                 records.extend(f.result() for f in futures if f not in collected)
+                print(f"plumbline replay: stopped; {sum(str(r.reason or '').startswith('interrupted') for r in records)} attempt(s) "
+                      "recorded interrupted with their spend; resume with --resume", file=sys.stderr, flush=True)
         finally:
             pool.shutdown(wait=True)
             if claims is not None:

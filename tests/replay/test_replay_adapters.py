@@ -124,7 +124,7 @@ def test_http_adapter_posts_the_trial_with_baggage_and_traceparent(server: HTTPS
     assert outcome.output == "done" and outcome.cost_usd == 0.01 and outcome.trace_id == t.trace_id
     [seen] = server.seen  # type: ignore[attr-defined]
     assert seen["body"]["input"] == t.text and seen["body"]["trial"]["trial_id"] == t.trial_id
-    assert seen["body"]["metadata"]["temperature"] == 1.0
+    assert seen["body"]["metadata"]["temperature"] == 0.7  # the first sampling variant: off every API's default (1.0)
     ctx = W3CBaggagePropagator().extract({"baggage": seen["headers"]["baggage"]})
     assert baggage.get_all(ctx)["plumbline.perturbation"] == "sampling"
     assert seen["headers"]["traceparent"] == t.identity.traceparent()
