@@ -653,15 +653,14 @@ def tasks_needed(target: float, per_task: Iterable[tuple[int, int]], confidence:
         return None
     total = sum(c / m for c, m in kept)
     some = sum(c > 0 for c, _ in kept)
-    short = sum(c < m for c, m in kept)
     rates = [c / m for c, m in kept]
     limit = MAX_SEQUENTIAL_TASKS_NEEDED if method == SEQUENTIAL_METHOD else MAX_TASKS_NEEDED
 
     def reaches(extra: int) -> bool:
         if method == SEQUENTIAL_METHOD:
             return bool(betting_lower(np.array([rates + [1.0] * extra]), confidence)[0] >= target)
-        args = (np.array([total + extra]), np.array([len(kept) + extra]), np.array([some + extra]), np.array([short]))
-        return bool(mean_bounds(*args, confidence=confidence)[0][0] >= target)
+        args = (np.array([total + extra]), np.array([len(kept) + extra]), np.array([some + extra]))
+        return bool(lower_bounds(*args, confidence=confidence)[0] >= target)
 
     if reaches(0):
         return 0

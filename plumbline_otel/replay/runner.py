@@ -57,7 +57,7 @@ from plumbline_otel.replay.lock import StudyLock
 from plumbline_otel.replay.perturb import Paraphraser, PerturbOptions, Variant, build_variants
 from plumbline_otel.replay.pgstate import LeaseLost, PgLedger
 from plumbline_otel.replay.scope import FaultInjector, TrialScope, activate
-from plumbline_otel.replay.sequential import SequentialStop
+from plumbline_otel.replay.sequential import SequentialStop, order_seed, task_order
 from plumbline_otel.replay.tasks import ReplayTask
 from plumbline_otel.runs import (
     COST_BASIS,
@@ -808,6 +808,8 @@ class Study:
         if config.rerun and already:
             plan = replace(plan, trials=tuple(_fresh(t, done, config.repeats) for t in plan.trials))
         todo = [t for t in plan.trials if t.trial_id not in done]
+        if config.target is not None:  # a sequential study runs and judges its tasks in its recorded random order (issue 38)
+            todo = task_order(todo, order_seed(config.state_dir, self.instance))
         reservations = reservations_for(config, todo)
         records_out = RecordWriter(config.sink, self.key) if config.sink is not None else None
         sequential = SequentialStop(todo, config.target, config.min_tasks) if config.target is not None else None
@@ -933,7 +935,7 @@ def study_state(state: Path | None, state_url: str | None = None, study: str = "
     The key signs the driver's records (`trials.record_mac`) and is never given to an agent; a state made
     before records were signed gains a key (its earlier records stay unverified)."""
     def made() -> dict[str, str]:
-        return {"instance": uuid.uuid4().hex[:16], "key": new_key()}
+        return {"instance": uuid.uuid4().hex[:16], "key": new_key(), "order_seed": uuid.uuid4().hex}  # order: sequential.task_order
 
     if state_url is not None:
         from plumbline_otel.replay.pgstate import shared_state

@@ -9,7 +9,7 @@ from click.testing import CliRunner
 
 from plumbline_otel.cli.main import cli
 from plumbline_otel.replay import StudyConfig
-from plumbline_otel.replay.sequential import SequentialStop
+from plumbline_otel.replay.sequential import SequentialStop, order_seed, task_order, task_rank
 from plumbline_otel.store import Store
 
 from .toy import ToyAgent, agent_runs, tasks, traffic_store
@@ -77,3 +77,57 @@ def test_the_stopping_rule_waits_for_whole_tasks_in_plan_order() -> None:
     assert stop.stopped(plan.trials[0]) is None  # the first task is not whole yet
     stop.finish(by_task[order[0]][1], False)
     assert stop.stopped(plan.trials[0]) is not None and "FAIL" in (stop.stopped(plan.trials[0]) or "")
+
+
+class FailsLateKeys(ToyAgent):
+    """Clean on the first 24 task keys in sorted order (INV-1000 ... INV-1023), never pays on the last 16."""
+
+    def run(self, trial):
+        late = int((trial.identity.task_key or "INV-0").split("-")[1]) >= 1024
+        self.tools = ("lookup_invoice",) if late else ("lookup_invoice", "pay")
+        return super().run(trial)
+
+
+def test_a_sorted_key_study_is_judged_in_its_random_order_not_plan_order(tmp_path: Path) -> None:
+    # Issue 38: in plan order (keys sorted) the 17 clean tasks first would PASS 0.8 while the true
+    # mean is 0.6 (24 clean of 40). In the study's random order that needs the first 17 of 40 to be
+    # 17 of the 24 clean ones (probability 3e-6), so a PASS here would mean the order is sorted.
+    db = _traffic(tmp_path, 40)
+    spans = tmp_path / "late.jsonl"
+    runner = CliRunner()
+    args = ["replay", "--db", str(db), "--study", "late", "--agent", "toy-agent",
+            "--adapter", "python:tests.replay.test_sequential:FailsLateKeys", "--perturbations", "baseline",
+            "--otlp-file", str(spans), "--spec", str(tmp_path / "spec.yaml"), "--target", "0.8", "--min-tasks", "5",
+            "--concurrency", "1", "--quiet"]
+    result = runner.invoke(cli, args)
+    assert result.exit_code == 0, result.output
+    assert "decided PASS" not in result.output
+    state = db.with_suffix("").parent / "p.replay" / "late"
+    seed = json.loads((state / "study.json").read_text())["order_seed"]
+    assert isinstance(seed, str) and len(seed) == 32
+    # The trials ran in the recorded order: whole tasks, ranked by the seed, not by key.
+    assert runner.invoke(cli, ["ingest", str(spans), "--db", str(db), "--quiet"]).exit_code == 0
+    with Store(db) as store:
+        ran = sorted((t for t in agent_runs(store.trajectories()) if t.context.get("plumbline.study") == "late"),
+                     key=lambda t: t.start_ns or 0)
+    keys = list(dict.fromkeys(t.task_key for t in ran))
+    assert keys == sorted(keys, key=lambda k: task_rank(seed, k or "")) and keys != sorted(keys)
+
+
+def test_a_resumed_study_keeps_its_order_and_a_new_task_does_not_move_the_others(tmp_path: Path) -> None:
+    from plumbline_otel.replay import plan_study
+    from plumbline_otel.replay.runner import study_state
+
+    first = study_state(tmp_path / "state")
+    seed = order_seed(tmp_path / "state", first[0])
+    assert study_state(tmp_path / "state") == first and order_seed(tmp_path / "state", first[0]) == seed
+    plan = plan_study(StudyConfig("s", perturbations=("baseline",), repeats=2), tasks(12))
+    ordered = [t.identity.task_key for t in task_order(plan.trials, seed)]
+    assert ordered != sorted(ordered) and all(ordered[i] == ordered[i + 1] for i in range(0, 24, 2))  # whole tasks
+    again = [t.identity.task_key for t in task_order(list(reversed(plan.trials))[5:], seed)]
+    order = list(dict.fromkeys(ordered))
+    assert [k for k in order if k in again] == list(dict.fromkeys(again))  # resumed: the rest, same order
+    more = plan_study(StudyConfig("s", perturbations=("baseline",), repeats=2), tasks(15))
+    grown = [t.identity.task_key for t in task_order(more.trials, seed)]
+    assert [k for k in dict.fromkeys(grown) if k in order] == order  # added tasks slot in, the others keep their order
+    assert order_seed(tmp_path / "elsewhere", "instance-id") == "instance-id"
