@@ -406,10 +406,10 @@ def test_routes_are_per_attempt_and_the_proxy_refuses_what_it_cannot_serve(stdio
 def test_an_upstream_that_cannot_start_fails_start_quickly(tmp_path):
     started = time.monotonic()
     with open(tmp_path / "err", "w") as errlog:
-        proxy = McpProxy([sys.executable, "-c", "import sys; sys.exit(3)"], start_timeout_s=10, errlog=errlog)
+        proxy = McpProxy([sys.executable, "-c", "import sys; sys.exit(3)"], start_timeout_s=120, errlog=errlog)
         with pytest.raises(ConfigError, match="cannot connect to upstream"):
             proxy.start()
-    assert time.monotonic() - started < 8
+    assert time.monotonic() - started < 90  # failed when the upstream exited, not at the 120 s start timeout (however loaded)
     proxy.stop()  # idempotent after a failed start
 
 
@@ -419,8 +419,8 @@ def test_an_upstream_that_never_answers_is_given_up_on(tmp_path):
 
     before, started = loops(), time.monotonic()
     with open(tmp_path / "err", "w") as errlog:
-        proxy = McpProxy([sys.executable, "-c", "import time; time.sleep(30)"], start_timeout_s=1, errlog=errlog)
+        proxy = McpProxy([sys.executable, "-c", "import time; time.sleep(300)"], start_timeout_s=1, errlog=errlog)
         with pytest.raises(ConfigError, match="not ready within 1s"):
             proxy.start()
-    assert time.monotonic() - started < 8
+    assert time.monotonic() - started < 200  # given up on at its 1 s start timeout, not when the server exits (300 s)
     assert loops() == before  # its loop thread ended, the server process with it
