@@ -177,6 +177,29 @@ def _combine(members: list[SpanRecord]) -> SpanRecord:
     return lead
 
 
+def _ids_from_next_request(llm: list[SpanRecord]) -> list[SpanRecord]:
+    """Calls a response proposed without ids take them from the next request, which sends their results back.
+
+    An instrumentation that records a response's calls in an older form without their ids (LiteLLM's callback:
+    `gen_ai.completion.{j}.function_call`) leaves them unpaired with their results; the next request's history
+    answers them in the order they were proposed, so its results that no earlier request carried are theirs, when
+    there are as many of them as calls. Only calls without an id are given one.
+    """
+    ordered = sorted(llm, key=lambda r: r.start_ns)
+    seen: set[str] = set()
+    out: dict[str, SpanRecord] = {}
+    for i, rec in enumerate(ordered):
+        seen.update(r.call_id for r in rec.tool_results)
+        calls = rec.proposed_calls
+        if not calls or any(c.call_id for c in calls):
+            continue
+        later = next((r for r in ordered[i + 1:] if r.start_ns >= rec.end_ns and r.tool_results), None)
+        fresh = [r for r in later.tool_results if r.call_id not in seen] if later else []
+        if len(fresh) == len(calls):
+            out[rec.span_id] = replace(rec, proposed_calls=[replace(c, call_id=r.call_id) for c, r in zip(calls, fresh)])
+    return [out.get(r.span_id, r) for r in llm]
+
+
 def _canonical(args: Any) -> bytes:
     return orjson.dumps(args, option=orjson.OPT_SORT_KEYS)
 
@@ -717,7 +740,7 @@ def assemble(records: list[SpanRecord], task_keys: Iterable[str] = DEFAULT_TASK_
     records = _handoff_tools(sorted(records, key=lambda r: (r.start_ns, r.span_id)))
     root = _root(records)
     retried = _retried(records)
-    llm = _merge_llm_calls(_without_preparation([r for r in records if r.step_kind == "llm_call" and r.span_id not in retried]), records)
+    llm = _ids_from_next_request(_merge_llm_calls(_without_preparation([r for r in records if r.step_kind == "llm_call" and r.span_id not in retried]), records))
     handoffs = _handoff_calls(records, llm, {r.tool_name for r in records if r.step_kind == "tool_call"})
     tool_steps, proposal_place = _tool_steps(records, llm, handoffs)
     spans = {r.span_id: r for r in records}

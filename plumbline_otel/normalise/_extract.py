@@ -85,6 +85,12 @@ _EVENT_MESSAGES = {
 }
 
 
+def _placeholder_name(name: str | None) -> bool:
+    """A tool name that no model can call: wholly in parentheses (`(merged tools)`); model APIs name functions by
+    letters, digits, `_` and `-`, and a display name (CrewAI's) has no parentheses around it."""
+    return bool(name) and name is not None and name.startswith("(") and name.endswith(")")
+
+
 def detect(attrs: dict[str, Any]) -> tuple[Convention, StepKind]:
     """The convention a span was written in and what kind of step it is."""
     oi_kind = attrs.get("openinference.span.kind")
@@ -437,6 +443,26 @@ def _apply_messages(rec: SpanRecord, inputs: list[Message], outputs: list[Messag
         rec.output_text = "\n".join(texts)
 
 
+def _raw_gemini_reply(rec: SpanRecord, attrs: dict[str, Any]) -> list[Message]:
+    """The reply as the raw response in `output.value` records it, when it is a Gemini response (`{content: {role,
+    parts}}`): it decides over the flattened output messages, whose keys can outlive the call that wrote them
+    (OpenInference on ADK 2 writes every model call of a run onto one span; a later reply's flattened keys leave an
+    earlier one's `tool_calls.1` in place)."""
+    reply = maybe_json(attrs.get("output.value"))
+    content = reply.get("content") if isinstance(reply, dict) else None
+    if not (isinstance(content, dict) and isinstance(content.get("parts"), list)):
+        return []
+    parts: list[Any] = []
+    for part in content["parts"]:
+        call = part.get("function_call") if isinstance(part, dict) else None
+        if isinstance(call, dict):
+            parts.append({"type": "tool_call", "id": call.get("id"), "name": call.get("name"), "arguments": call.get("args")})
+        elif isinstance(part, dict) and isinstance(part.get("text"), str) and not part.get("thought"):
+            parts.append({"type": "text", "content": part["text"]})
+    _note(rec, "output", "gemini_response" if parts else None)
+    return parse_messages({"role": "assistant", "parts": parts}) if parts else []
+
+
 def _unrepr_responses(rec: SpanRecord, outputs: list[Message]) -> list[Message]:
     """Output messages whose one text is a Responses object's Python repr, read as that response's output items: the
     text is a dump of the reply, not the reply (OpenTelemetry's openai-agents-v2 on a streamed run)."""
@@ -566,7 +592,8 @@ def _llm(rec: SpanRecord, attrs: dict[str, Any], events: list[tuple[str, dict[st
         _apply_messages(rec, parse_messages(attrs.get("mastra.model_step.input")), outputs)
         _note(rec, "content", "mastra_model_step")
     if rec.convention == "openinference":
-        _apply_messages(rec, *_messages_flat(attrs, "llm.input_messages", "llm.output_messages"))
+        inputs, outputs = _messages_flat(attrs, "llm.input_messages", "llm.output_messages")
+        _apply_messages(rec, inputs, _raw_gemini_reply(rec, attrs) or outputs)
         if rec.output_text is None and not rec.proposed_calls:  # a streamed response: only the Responses dump
             outputs = response_messages(attrs.get("output.value"))
             _apply_messages(rec, [], outputs)
@@ -584,6 +611,12 @@ def _llm(rec: SpanRecord, attrs: dict[str, Any], events: list[tuple[str, dict[st
     _apply_messages(rec, inputs, _unrepr_responses(rec, outputs))
     if not rec.content_captured:  # the older indexed form is only looked for when nothing newer was there
         _apply_messages(rec, *_messages_flat(attrs, "gen_ai.prompt", "gen_ai.completion"))
+    elif not rec.proposed_calls and any(k.startswith("gen_ai.completion.") for k in attrs):
+        # A response whose calls are only in the older indexed form, its output messages empty parts beside them
+        # (LiteLLM's callback: `gen_ai.completion.{j}.function_call.name/arguments`, one j per call, no ids).
+        _, flat = _messages_flat(attrs, "gen_ai.prompt", "gen_ai.completion")
+        _apply_messages(rec, [], [Message("assistant", [], [c for m in flat for c in m.calls])] if any(m.calls for m in flat) else [])
+        _note(rec, "output", "indexed_function_calls" if rec.proposed_calls else None)
 
 
 # --- agent spans ------------------------------------------------------------------------------
@@ -686,7 +719,9 @@ def extract(rec: SpanRecord, attrs: dict[str, Any], events: list[tuple[str, dict
         if (rec.scope_name, rec.tool_name) in _ANSWER_TOOLS:  # the run's answer, not a tool call
             rec.step_kind, rec.output_text = "other", answer_text(rec.result)[0] or text_of(rec.result)
             _note(rec, "step", "answer_tool")
-        elif (rec.scope_name, rec.tool_name) in _SUMMARY_TOOLS:  # the calls it merges have their own spans
+        elif (rec.scope_name, rec.tool_name) in _SUMMARY_TOOLS or _placeholder_name(rec.tool_name):
+            # The calls it merges have their own spans; a name in parentheses, no function's (`(merged tools)`, under
+            # ADK's own tracing or OpenInference's), is a span about calls, not one.
             rec.step_kind = "other"
             _note(rec, "step", "merged_tools_summary")
     elif rec.step_kind == "llm_call":

@@ -171,8 +171,14 @@ def parse_message(obj: Any) -> Message | None:
         call = _call(raw, len(msg.calls)) if isinstance(raw, dict) else None
         if call:
             msg.calls.append(call)
+    if isinstance(obj.get("function_call"), dict):  # OpenAI's older single call (LiteLLM's `gen_ai.completion.{j}.function_call`)
+        call = _call(obj["function_call"], len(msg.calls))
+        if call:
+            msg.calls.append(call)
     if obj.get("tool_call_id"):
-        value = maybe_json(obj.get("content"))
+        # The content, or the text parts when the message is in parts with the id beside them (LiteLLM's `tool` messages).
+        raw_content = obj.get("content")
+        value = maybe_json(raw_content) if raw_content is not None or not msg.texts else maybe_json("\n".join(msg.texts))
         msg.results.append(ToolResultRef(str(obj["tool_call_id"]), value, result_is_error(value)))
         msg.texts = []
     return msg

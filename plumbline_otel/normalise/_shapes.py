@@ -186,6 +186,11 @@ def _blocks_text(blocks: list[Any]) -> Any:
 _TEXT_BLOCK_KEYS = frozenset({"type", "text", "annotations", "meta", "_meta"})
 
 
+# A Gemini `FunctionResponse` as instrumentations dump it (OpenInference's ADK tool spans): the call's id and name
+# beside the `response` the function returned.
+_FUNCTION_RESPONSE_KEYS = frozenset({"id", "name", "response", "will_continue", "scheduling", "parts"})
+
+
 def unwrap_result(raw: Any) -> tuple[Any, str | None]:
     """A tool's recorded output as (the tool's content, shape name)."""
     value = maybe_json(raw)
@@ -204,6 +209,8 @@ def unwrap_result(raw: Any) -> tuple[Any, str | None]:
             return _content(value["content"]), "content_blocks"
         if value.get("type") == "text" and isinstance(value.get("text"), str) and set(value) <= _TEXT_BLOCK_KEYS:
             return maybe_json(value["text"]), "content_blocks"  # one MCP content block (an MCP tool's result)
+        if isinstance(value.get("response"), dict) and isinstance(value.get("name"), str) and set(value) <= _FUNCTION_RESPONSE_KEYS:
+            return value["response"], "function_response"  # a Gemini FunctionResponse dump: what the function returned
         if isinstance(value.get("output"), (dict, str)) and set(value) <= {"output", "kwargs"}:
             inner, shape = unwrap_result(value["output"])
             return inner, shape or "output_wrapper"
@@ -230,7 +237,7 @@ def tool_message_call(raw: Any) -> tuple[str | None, str | None]:
 
 # Frameworks that wrap a tool's non-object return value in an object of one key, by tracer scope:
 # Google ADK returns `{"result": value}` to the model for a function that returned a plain value.
-_SCOPE_RESULT_KEYS = {"gcp.vertex.agent": "result"}
+_SCOPE_RESULT_KEYS = {"gcp.vertex.agent": "result", "openinference.instrumentation.google_adk": "result"}
 
 
 def unwrap_scoped_result(value: Any, scope: str) -> tuple[Any, str | None]:
@@ -326,6 +333,13 @@ def answer_text(raw: Any) -> tuple[str | None, str | None]:
             return value["answer"], "prediction"
         if isinstance(value.get("raw"), str) and ("tasks_output" in value or "expected_output" in value):
             return value["raw"], "crewai_output"  # a CrewOutput or TaskOutput: `raw` is the answer
+        content = value.get("content")
+        if isinstance(content, dict) and isinstance(content.get("parts"), list):
+            # A model response or a framework's event holding one (Google ADK's `LlmResponse`/`Event`: `{content:
+            # {role, parts}, finish_reason, usage_metadata, …}`): its message's text is the answer.
+            texts = [p["text"] for p in content["parts"] if isinstance(p, dict) and isinstance(p.get("text"), str)]
+            if texts:
+                return "".join(texts), "response_content"
         if isinstance(value.get("text"), str) and "messages" not in value:  # Mastra's `{text, files, …}` result
             return value["text"], "run_result"
     if isinstance(value, list) and value:
