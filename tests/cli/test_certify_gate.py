@@ -185,3 +185,34 @@ def test_gate_recomputes_a_stored_upper_end_from_the_per_task_counts(tmp_path, r
     cell["gate_upper"], cell["verdict"] = 0.9890, "FAIL"
     result = runner.invoke(gate, [write_cert(tmp_path, cert), "--min-bound", "0.99"])
     assert result.exit_code == 3 and "bounds [0.8654, 0.9939]" in result.output
+
+
+def test_gate_baseline_catches_a_02_drop_the_betting_test_missed_and_prints_what_it_could_detect(tmp_path, runner):
+    # Issue 38: 22 tasks x 2 repeats in each of 3 perturbations; the candidate fails both runs of 5
+    # more tasks in each (a drop of 0.23), the same tasks throughout: a change that broke them. The betting test alone (per perturbation, Holm)
+    # says not worse-shown; the paired sign-flip test over all perturbations jointly says worse.
+    from plumbline_otel.analyse.stats import paired_task_regression, regression_verdicts
+
+    perts = ("baseline", "paraphrase", "distractor")
+
+    def study(broken):
+        return [run(*([] if (i < 2 and r == 1) or (i, p) in broken else [call("post_audit_log")]), task=f"T{i}",
+                    plumbline__perturbation=p) for p in perts for i in range(22) for r in range(2)]
+
+    good = study(set())
+    bad = study({(i, p) for p in perts for i in range(2, 7)})  # the same 5 tasks broken in every perturbation
+    good_cert, bad_cert = build_certificate(SPEC, good), build_certificate(SPEC, bad)
+    good_path, bad_path = write_cert(tmp_path, good_cert, "good.json"), write_cert(tmp_path, bad_cert, "bad.json")
+    per = {}
+    for cert, side in ((bad_cert, "cand"), (good_cert, "base")):
+        for c in cert["agents"][0]["perturbations"]:
+            per.setdefault(c["perturbation"], {})[side] = {t: (k, n) for t, k, n in c["per_task"]}
+    old = regression_verdicts({p: paired_task_regression(v["cand"], v["base"], margin=0.05) for p, v in per.items()})
+    assert "worse" not in old.values()
+    result = runner.invoke(gate, [bad_path, "--baseline", good_path])
+    assert result.exit_code == 1, result.output
+    assert "paired sign-flip test with tasks as units, all 3 perturbation(s) jointly and each alone" in result.output
+    assert "jointly: 22 shared task(s), mean difference" in result.output
+    assert "with 80% power" in result.output and "would catch a drop of 0." in result.output
+    same = runner.invoke(gate, [good_path, "--baseline", good_path, "--margin", "0"])
+    assert same.exit_code != 1, same.output  # the same agent is never worse, even with no margin
