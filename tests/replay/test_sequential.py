@@ -131,3 +131,40 @@ def test_a_resumed_study_keeps_its_order_and_a_new_task_does_not_move_the_others
     grown = [t.identity.task_key for t in task_order(more.trials, seed)]
     assert [k for k in dict.fromkeys(grown) if k in order] == order  # added tasks slot in, the others keep their order
     assert order_seed(tmp_path / "elsewhere", "instance-id") == "instance-id"
+
+
+def test_following_the_advice_continues_a_fixed_n_study_as_a_sequential_one(tmp_path: Path) -> None:
+    # Issue 38 item 3: a fixed-n study is INCONCLUSIVE; the advice names a procedure that keeps its
+    # error (continue as a sequential study) and says plainly that gating it again does not. Followed
+    # through the CLI, the certificate over all the tasks uses the anytime-valid bound and settles it.
+    import re
+
+    db = _traffic(tmp_path, 40)
+    spans, spec, cert = tmp_path / "adv.jsonl", str(tmp_path / "spec.yaml"), tmp_path / "cert.json"
+    runner = CliRunner()
+    base = ["replay", "--db", str(db), "--study", "adv", "--agent", "toy-agent", "--adapter", "python:tests.replay.toy:ToyAgent",
+            "--perturbations", "baseline", "--otlp-file", str(spans), "--concurrency", "1", "--quiet"]
+    first = runner.invoke(cli, [*base, "--task", ",".join(f"INV-{1000 + i}" for i in range(10))])
+    assert first.exit_code == 0, first.output
+
+    def certify() -> dict:
+        assert runner.invoke(cli, ["ingest", str(spans), "--db", str(db), "--quiet"]).exit_code == 0
+        done = runner.invoke(cli, ["certify", "--spec", spec, "--db", str(db), "--study", "adv", "--target", "0.8",
+                                   "--out", str(cert), "--format", "none"])
+        assert done.exit_code == 0, done.output
+        return json.loads(cert.read_text())["agents"][0]["perturbations"][0]
+
+    cell = certify()
+    assert (cell["gate_method"], cell["verdict"], cell["tasks"]) == ("wilson_tasks", "INCONCLUSIVE", 10)
+    gated = runner.invoke(cli, ["gate", str(cert), "--min-bound", "0.8"])
+    assert gated.exit_code == 3, gated.output
+    assert "as a sequential study (plumbline replay --resume --target 0.8, with the new tasks)" in gated.output
+    assert "adding tasks to this fixed-n study and gating it again with wilson_tasks does not keep its stated 5%" in gated.output
+    more = int(re.search(r"(\d+) more distinct clean task\(s\) would settle it", gated.output).group(1))
+    assert more == cell["tasks_needed"] >= 1
+    # Follow it: the same study, resumed as a sequential one over the new tasks.
+    resumed = runner.invoke(cli, [*base, "--resume", "--spec", spec, "--target", "0.8", "--min-tasks", "5"])
+    assert resumed.exit_code == 0, resumed.output
+    cell = certify()
+    assert cell["gate_method"] == "betting_cs" and cell["verdict"] == "PASS" and cell["tasks"] >= 10 + more
+    assert runner.invoke(cli, ["gate", str(cert), "--min-bound", "0.8"]).exit_code == 0
