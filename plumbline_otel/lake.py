@@ -44,6 +44,8 @@ through its `iceberg` extension where it can reach the catalog, or through Arrow
 
 from __future__ import annotations
 
+import json
+import logging
 import os
 import random
 import socket
@@ -58,6 +60,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import duckdb
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from plumbline_otel.errors import ConfigError, StoreError
 from plumbline_otel.model import Trajectory
@@ -66,8 +69,10 @@ from plumbline_otel.store import Store
 NAMESPACE = "plumbline"
 # Rows per appended batch: about one Parquet row group of runs (~1-5 KB a doc) per data file.
 BATCH_ROWS = 50_000
-# Commit attempts before giving up (a sync that gives up is retried whole by the next one).
+# Whole-transaction attempts (a refusal pyiceberg cannot rebase: maintenance rewrote this instance's files meanwhile).
 COMMIT_ATTEMPTS = 30
+# Rows are partitioned by instance and by the hour of their run (span, record): a late span rewrites files of its hour only.
+HOUR_NS = 3_600_000_000_000
 
 _S, _I64, _I32, _B, _F64 = pa.string(), pa.int64(), pa.int32(), pa.bool_(), pa.float64()
 _LIST = pa.list_(pa.string())
@@ -75,116 +80,144 @@ SCHEMAS: dict[str, pa.Schema] = {
     "runs": pa.schema([("instance", _S), ("trajectory_id", _S), ("trace_id", _S), ("task_key", _S), ("task_key_source", _S),
                        ("service", _S), ("service_version", _S), ("agent_name", _S), ("input", _S), ("final_output", _S),
                        ("conventions", _LIST), ("start_ns", _I64), ("end_ns", _I64), ("n_steps", _I32), ("n_tool_calls", _I32),
-                       ("doc", _S), ("assembled_ns", _I64)]),
+                       ("doc", _S), ("assembled_ns", _I64), ("hour", _I32)]),
     "steps": pa.schema([("instance", _S), ("trajectory_id", _S), ("trace_id", _S), ("assembled_ns", _I64), ("service", _S),
                         ("task_key", _S), ("step_index", _I32), ("kind", _S), ("name", _S), ("span_id", _S), ("call_id", _S),
-                        ("error", _S), ("step", _S)]),
+                        ("error", _S), ("step", _S), ("hour", _I32)]),
     "spans": pa.schema([("instance", _S), ("trace_id", _S), ("span_id", _S), ("parent_span_id", _S), ("name", _S), ("scope_name", _S),
                         ("start_ns", _I64), ("end_ns", _I64), ("service_name", _S), ("service_version", _S), ("convention", _S),
                         ("step_kind", _S), ("tool_name", _S), ("model", _S), ("args_state", _S), ("content_captured", _B),
                         ("input_tokens", _I64), ("output_tokens", _I64), ("dropped_attributes_count", _I32), ("shapes", _LIST),
-                        ("unknown_keys", _LIST), ("status_code", _I32), ("received_ns", _I64)]),
+                        ("unknown_keys", _LIST), ("status_code", _I32), ("received_ns", _I64), ("hour", _I32)]),
     "logs": pa.schema([("instance", _S), ("log_id", _S), ("trace_id", _S), ("span_id", _S), ("time_ns", _I64), ("observed_ns", _I64),
-                       ("event_name", _S), ("severity_number", _I32), ("service_name", _S), ("received_ns", _I64)]),
-    "problems": pa.schema([("instance", _S), ("received_ns", _I64), ("source", _S), ("location", _S), ("reason", _S), ("spans", _I32)]),
+                       ("event_name", _S), ("severity_number", _I32), ("service_name", _S), ("received_ns", _I64), ("hour", _I32)]),
+    "problems": pa.schema([("instance", _S), ("received_ns", _I64), ("source", _S), ("location", _S), ("reason", _S), ("spans", _I32),
+                           ("hour", _I32)]),
     "violations": pa.schema([("instance", _S), ("spec_hash", _S), ("invariant_id", _S), ("trajectory_id", _S), ("severity", _S),
-                             ("task_key", _S), ("step_index", _I32), ("step_name", _S), ("detail", _S)]),
+                             ("task_key", _S), ("step_index", _I32), ("step_name", _S), ("detail", _S), ("hour", _I32)]),
     # Each cell of every certificate the instance kept (`certify` on its store, or `certify --server`): the cell as JSON
     # beside the columns a dashboard groups and filters by.
     "certificate_cells": pa.schema([("instance", _S), ("stored_ns", _I64), ("spec_hash", _S), ("study", _S), ("agent", _S),
                                     ("perturbation", _S), ("verdict", _S), ("gate_method", _S), ("n", _I64), ("conforming", _I64),
-                                    ("tasks", _I64), ("gate_lower", _F64), ("gate_upper", _F64), ("cell", _S)]),
+                                    ("tasks", _I64), ("gate_lower", _F64), ("gate_upper", _F64), ("cell", _S), ("hour", _I32)]),
 }
 TABLES = tuple(SCHEMAS)
-# pyiceberg's own retry re-applies a transaction's snapshot to the new table without reading it
-# again; `LakeSink._commit` redoes the whole transaction instead (its delete reads the files anew).
-_TABLE_PROPERTIES = {"write.parquet.compression-codec": "zstd", "commit.retry.num-retries": "0"}
+# The watermark: one row per complete sync of an instance, naming the snapshot of each table that holds that sync.
+SYNCS = "syncs"
+SYNCS_SCHEMA = pa.schema([("instance", _S), ("sync_ns", _I64), ("snapshots", _S), ("rows", _I64), ("hour", _I32)])
+_ALL_SCHEMAS = {**SCHEMAS, SYNCS: SYNCS_SCHEMA}
+# pyiceberg rebases a refused commit on the new table (its data files reused, its manifests rewritten) after checking that
+# the concurrent commits touched none of the rows it deletes (another instance's commits never do: they are in another
+# partition); manifests are merged on append so planning a commit reads a few of them, not one per commit since the last
+# maintenance; the metadata files of old table versions are deleted on commit (a few kept).
+_TABLE_PROPERTIES = {"write.parquet.compression-codec": "zstd", "commit.retry.num-retries": "40", "commit.retry.min-wait-ms": "20",
+                     "commit.retry.max-wait-ms": "2000", "commit.retry.total-timeout-ms": "600000", "commit.manifest-merge.enabled": "true",
+                     "commit.manifest.min-count-to-merge": "16", "write.metadata.delete-after-commit.enabled": "true",
+                     "write.metadata.previous-versions-max": "8", "write.target-file-size-bytes": str(128 * 1024 * 1024)}
 
 
 @dataclass(frozen=True)
 class _Kind:
-    """How one table is filled from a store and diffed against the lake."""
+    """How one table is filled from a store and diffed against the lake (groups: a trace's rows, an hour's problems, …)."""
 
     rows: str  # SQL over the store: the table's columns (but `instance`), for groups in `changed`
-    key: str  # the group key, over the table's columns
-    store_fp: str  # SQL over the store: key, n, fp for every group
-    lake_fp: str  # SQL over `lake_rows` (this instance's rows in the lake): key, n, fp
+    key: str  # the lake column a group key is a value of ('' for none: the group is the whole hour)
+    store_fp: str  # SQL over the store: key, n, fp, hours (the hours its rows are in) for every group
+    lake_fp: str  # SQL over `lake_rows` (this instance's rows in the lake): key, n, fp, hours
     lake_fields: tuple[str, ...]  # columns `lake_fp` reads
+    key_type: type = str  # the key column's type in the lake
 
 
-def _fp(source: str, key: str, hashed: str) -> str:
-    return f"SELECT {key} AS key, count(*) AS n, sum(hash({hashed})::HUGEINT) AS fp FROM {source} GROUP BY 1"
+def _hour(ns: str) -> str:
+    return f"(coalesce({ns}, 0) // {HOUR_NS})::INTEGER"
+
+
+def _fp(source: str, key: str, hashed: str, hour: str = "hour") -> str:
+    return (f"SELECT {key} AS key, count(*) AS n, sum(hash({hashed})::HUGEINT) AS fp, list(DISTINCT {hour}) AS hours "
+            f"FROM {source} GROUP BY 1")
 
 
 _CHANGED = "{key} IN (SELECT key FROM changed)"
-_STEPS_SQL = """
+_LOG_TIME = "coalesce(nullif(time_ns, 0), nullif(observed_ns, 0), received_ns)"
+_STEPS_SQL = f"""
     SELECT t.trajectory_id, t.trace_id, t.assembled_ns, t.service, t.task_key, (x.idx - 1)::INTEGER AS step_index,
            json_extract_string(x.step, '$.kind') AS kind, json_extract_string(x.step, '$.name') AS name,
            json_extract_string(x.step, '$.span_id') AS span_id, json_extract_string(x.step, '$.call_id') AS call_id,
-           json_extract_string(x.step, '$.error') AS error, x.step::VARCHAR AS step
+           json_extract_string(x.step, '$.error') AS error, x.step::VARCHAR AS step, {_hour('t.start_ns')} AS hour
     FROM (SELECT *, from_json(json_extract(doc, '$.steps'), '["json"]') AS steps FROM trajectories
           WHERE n_steps > 0 AND trace_id IN (SELECT key FROM changed)) t,
          unnest(t.steps) WITH ORDINALITY AS x(step, idx)"""
-_CELLS_SQL = """
+_CELLS_SQL = f"""
     SELECT stored_ns, spec_hash, study, json_extract_string(cell, '$.agent') AS agent,
            json_extract_string(cell, '$.perturbation') AS perturbation, json_extract_string(cell, '$.verdict') AS verdict,
            json_extract_string(cell, '$.gate_method') AS gate_method, json_extract(cell, '$.n')::BIGINT AS n,
            json_extract(cell, '$.conforming')::BIGINT AS conforming, json_extract(cell, '$.tasks')::BIGINT AS tasks,
            json_extract(cell, '$.gate_lower')::DOUBLE AS gate_lower, json_extract(cell, '$.gate_upper')::DOUBLE AS gate_upper,
-           cell::VARCHAR AS cell
+           cell::VARCHAR AS cell, {_hour('stored_ns')} AS hour
     FROM (SELECT stored_ns, spec_hash, study, unnest(from_json(json_extract(agent, '$.perturbations'), '["json"]')) AS cell
           FROM (SELECT stored_ns, spec_hash, study, unnest(from_json(json_extract(doc::JSON, '$.agents'), '["json"]')) AS agent
                 FROM certificates))"""
+# A violation lives in the hour of its run (a violation of a run the store no longer holds, in hour 0).
+_VIOLATIONS_SQL = f"""
+    SELECT v.spec_hash, v.invariant_id, v.trajectory_id, v.severity, v.task_key, v.step_index, v.step_name, v.detail,
+           {_hour('t.start_ns')} AS hour
+    FROM violations v LEFT JOIN (SELECT trajectory_id, start_ns FROM trajectories) t USING (trajectory_id)"""
+_VIOLATION_HASH = "spec_hash, invariant_id, trajectory_id, severity, task_key, step_index, step_name, detail"
+_PROBLEM_HASH = "received_ns, source, location, reason, spans"
 _KINDS: dict[str, _Kind] = {
     "runs": _Kind(
         rows="SELECT trajectory_id, trace_id, task_key, task_key_source, service, service_version, agent_name, input, final_output, "
-             "conventions, start_ns, end_ns, n_steps, n_tool_calls, doc::VARCHAR AS doc, assembled_ns FROM trajectories WHERE "
-             + _CHANGED.format(key="trace_id"),
+             "conventions, start_ns, end_ns, n_steps, n_tool_calls, doc::VARCHAR AS doc, assembled_ns, "
+             f"{_hour('start_ns')} AS hour FROM trajectories WHERE " + _CHANGED.format(key="trace_id"),
         key="trace_id",
-        store_fp=_fp("trajectories", "trace_id", "trajectory_id, assembled_ns"),
+        store_fp=_fp("trajectories", "trace_id", "trajectory_id, assembled_ns", _hour("start_ns")),
         lake_fp=_fp("lake_rows", "trace_id", "trajectory_id, assembled_ns"),
-        lake_fields=("trace_id", "trajectory_id", "assembled_ns")),
+        lake_fields=("trace_id", "trajectory_id", "assembled_ns", "hour")),
     # A run's steps are one group member per run: rows are counted, runs hashed (a run with no steps has none).
     "steps": _Kind(
         rows=_STEPS_SQL, key="trace_id",
-        store_fp="SELECT trace_id AS key, sum(n_steps) AS n, sum(hash(trajectory_id, assembled_ns)::HUGEINT) AS fp "
-                 "FROM trajectories WHERE n_steps > 0 GROUP BY 1",
-        lake_fp="SELECT trace_id AS key, sum(c) AS n, sum(hash(trajectory_id, assembled_ns)::HUGEINT) AS fp FROM "
-                "(SELECT trace_id, trajectory_id, assembled_ns, count(*) AS c FROM lake_rows GROUP BY ALL) GROUP BY 1",
-        lake_fields=("trace_id", "trajectory_id", "assembled_ns")),
+        store_fp="SELECT trace_id AS key, sum(n_steps) AS n, sum(hash(trajectory_id, assembled_ns)::HUGEINT) AS fp, "
+                 f"list(DISTINCT {_hour('start_ns')}) AS hours FROM trajectories WHERE n_steps > 0 GROUP BY 1",
+        lake_fp="SELECT trace_id AS key, sum(c) AS n, sum(hash(trajectory_id, assembled_ns)::HUGEINT) AS fp, list(DISTINCT hour) AS hours "
+                "FROM (SELECT trace_id, trajectory_id, assembled_ns, hour, count(*) AS c FROM lake_rows GROUP BY ALL) GROUP BY 1",
+        lake_fields=("trace_id", "trajectory_id", "assembled_ns", "hour")),
     "spans": _Kind(
         rows="SELECT trace_id, span_id, parent_span_id, name, scope_name, start_ns, end_ns, service_name, service_version, convention, step_kind, "
              "tool_name, model, args_state, content_captured, input_tokens, output_tokens, dropped_attributes_count, shapes, "
-             "unknown_keys, status_code, received_ns FROM spans WHERE " + _CHANGED.format(key="trace_id"),
+             f"unknown_keys, status_code, received_ns, {_hour('start_ns')} AS hour FROM spans WHERE " + _CHANGED.format(key="trace_id"),
         key="trace_id",
-        store_fp=_fp("spans", "trace_id", "span_id"), lake_fp=_fp("lake_rows", "trace_id", "span_id"),
-        lake_fields=("trace_id", "span_id")),
+        store_fp=_fp("spans", "trace_id", "span_id", _hour("start_ns")), lake_fp=_fp("lake_rows", "trace_id", "span_id"),
+        lake_fields=("trace_id", "span_id", "hour")),
     # Log records without a trace are one group, keyed ''.
     "logs": _Kind(
-        rows="SELECT log_id, trace_id, span_id, time_ns, observed_ns, event_name, severity_number, service_name, received_ns "
-             "FROM logs WHERE " + _CHANGED.format(key="coalesce(trace_id, '')"),
+        rows="SELECT log_id, trace_id, span_id, time_ns, observed_ns, event_name, severity_number, service_name, received_ns, "
+             f"{_hour(_LOG_TIME)} AS hour FROM logs WHERE " + _CHANGED.format(key="coalesce(trace_id, '')"),
         key="trace_id",
-        store_fp=_fp("logs", "coalesce(trace_id, '')", "log_id"), lake_fp=_fp("lake_rows", "coalesce(trace_id, '')", "log_id"),
-        lake_fields=("trace_id", "log_id")),
+        store_fp=_fp("logs", "coalesce(trace_id, '')", "log_id", _hour(_LOG_TIME)),
+        lake_fp=_fp("lake_rows", "coalesce(trace_id, '')", "log_id"),
+        lake_fields=("trace_id", "log_id", "hour")),
+    # Problems are grouped by the hour they were received in: a new one replaces its hour's, not the instance's.
     "problems": _Kind(
-        rows="SELECT received_ns, source, location, reason, spans FROM problems WHERE " + _CHANGED.format(key="''"),
+        rows=f"SELECT received_ns, source, location, reason, spans, {_hour('received_ns')} AS hour FROM problems "
+             f"WHERE " + _CHANGED.format(key=f"{_hour('received_ns')}::VARCHAR"),
         key="",
-        store_fp=_fp("problems", "''", "received_ns, source, location, reason, spans"),
-        lake_fp=_fp("lake_rows", "''", "received_ns, source, location, reason, spans"),
-        lake_fields=("received_ns", "source", "location", "reason", "spans")),
+        store_fp=_fp("problems", f"{_hour('received_ns')}::VARCHAR", _PROBLEM_HASH, _hour("received_ns")),
+        lake_fp=_fp("lake_rows", "hour::VARCHAR", _PROBLEM_HASH),
+        lake_fields=("received_ns", "source", "location", "reason", "spans", "hour")),
+    # Violations are grouped by run: checking new runs adds their groups, and replaces no other run's.
     "violations": _Kind(
-        rows="SELECT spec_hash, invariant_id, trajectory_id, severity, task_key, step_index, step_name, detail FROM violations WHERE "
-             + _CHANGED.format(key="''"),
-        key="",
-        store_fp=_fp("violations", "''", "spec_hash, invariant_id, trajectory_id, severity, task_key, step_index, step_name, detail"),
-        lake_fp=_fp("lake_rows", "''", "spec_hash, invariant_id, trajectory_id, severity, task_key, step_index, step_name, detail"),
-        lake_fields=("spec_hash", "invariant_id", "trajectory_id", "severity", "task_key", "step_index", "step_name", "detail")),
+        rows=f"SELECT * FROM ({_VIOLATIONS_SQL}) WHERE " + _CHANGED.format(key="trajectory_id"),
+        key="trajectory_id",
+        store_fp=_fp(f"({_VIOLATIONS_SQL})", "trajectory_id", _VIOLATION_HASH),
+        lake_fp=_fp("lake_rows", "trajectory_id", _VIOLATION_HASH),
+        lake_fields=(*_VIOLATION_HASH.split(", "), "hour")),
+    # A certificate's cells are one group (keyed by when it was stored).
     "certificate_cells": _Kind(
-        rows=_CELLS_SQL + " WHERE " + _CHANGED.format(key="''"),
-        key="",
-        store_fp=f"SELECT '' AS key, count(*) AS n, sum(hash(stored_ns, spec_hash, cell)::HUGEINT) AS fp FROM ({_CELLS_SQL}) GROUP BY 1",
-        lake_fp=_fp("lake_rows", "''", "stored_ns, spec_hash, cell"),
-        lake_fields=("stored_ns", "spec_hash", "cell")),
+        rows=f"SELECT * FROM ({_CELLS_SQL}) WHERE " + _CHANGED.format(key="stored_ns::VARCHAR"),
+        key="stored_ns",
+        store_fp=_fp(f"({_CELLS_SQL})", "stored_ns::VARCHAR", "stored_ns, spec_hash, cell"),
+        lake_fp=_fp("lake_rows", "stored_ns::VARCHAR", "stored_ns, spec_hash, cell"),
+        lake_fields=("stored_ns", "spec_hash", "cell", "hour"), key_type=int),
 }
 
 
@@ -201,6 +234,7 @@ def parse_lake_uri(uri: str) -> tuple[str, str]:
     parts = urlsplit(uri)
     query = dict(parse_qsl(parts.query))
     warehouse = query.pop("warehouse", None)
+    query.pop("catalog", None)  # the catalog's name (`catalog_of`), not the database's
     scheme = parts.scheme
     if scheme in ("postgresql", "postgres"):
         scheme = "postgresql+psycopg"
@@ -216,28 +250,59 @@ def parse_lake_uri(uri: str) -> tuple[str, str]:
     return urlunsplit((scheme, parts.netloc, parts.path, urlencode(query), "")), warehouse
 
 
-def _identity_spec(schema: Any) -> Any:
+def _partition_spec(schema: Any) -> Any:
+    """Identity partitions on the committing instance and the hour of the rows (an integer column, readable by any engine)."""
     from pyiceberg.partitioning import PartitionField, PartitionSpec
     from pyiceberg.transforms import IdentityTransform
 
-    source = schema.find_field("instance").field_id
-    return PartitionSpec(PartitionField(source_id=source, field_id=1000, transform=IdentityTransform(), name="instance"))
+    return PartitionSpec(
+        PartitionField(source_id=schema.find_field("instance").field_id, field_id=1000, transform=IdentityTransform(), name="instance"),
+        PartitionField(source_id=schema.find_field("hour").field_id, field_id=1001, transform=IdentityTransform(), name="hour"))
+
+
+class _RetryCount(logging.Filter):
+    """Counts pyiceberg's rebased commits per thread (it logs one warning per retry) and keeps them out of the log."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.local = threading.local()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if "Commit failed due to a concurrent update" in record.getMessage():
+            self.local.count = getattr(self.local, "count", 0) + 1
+            return False
+        return True
+
+    def take(self) -> int:
+        count = int(getattr(self.local, "count", 0))
+        self.local.count = 0
+        return count
+
+
+_RETRIES = _RetryCount()
+logging.getLogger("pyiceberg.table").addFilter(_RETRIES)
 
 
 class Lake:
-    """The table set behind one catalog URI; tables are created on first use (by whichever instance comes first)."""
+    """The table set behind one catalog URI; tables are created on first use (by whichever instance comes first).
 
-    def __init__(self, uri: str) -> None:
+    `catalog_name` is the name engines give the catalog (Spark's `spark.sql.catalog.<name>`, DuckDB's ATTACH … AS <name>);
+    pyiceberg's SQL catalog keeps it in every row of its `iceberg_tables`, so every engine must use the same one
+    (PLUMBLINE_LAKE_CATALOG or ?catalog=NAME in the URI; default `plumbline`).
+    """
+
+    def __init__(self, uri: str, catalog_name: str | None = None) -> None:
         from pyiceberg.catalog.sql import SqlCatalog
 
         self.uri = uri
         catalog_uri, self.warehouse = parse_lake_uri(uri)
+        self.catalog_name = catalog_name or catalog_of(uri)
         if catalog_uri.startswith("sqlite:///"):
             Path(catalog_uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
         if self.warehouse.startswith("file://"):
             Path(self.warehouse.removeprefix("file://")).mkdir(parents=True, exist_ok=True)
         try:
-            self.catalog = SqlCatalog("plumbline", uri=catalog_uri, warehouse=self.warehouse)
+            self.catalog = SqlCatalog(self.catalog_name, uri=catalog_uri, warehouse=self.warehouse)
         except Exception as exc:  # noqa: BLE001 - the driver's own error, named
             raise StoreError(f"--lake {uri}: cannot open the catalog: {exc}") from None
         self._tables: dict[str, Any] = {}
@@ -252,7 +317,7 @@ class Lake:
         return self.uri
 
     def table(self, name: str, create: bool = True) -> Any:
-        """The Iceberg table `name` (created, partitioned by instance, when absent and `create`); None when absent."""
+        """The Iceberg table `name` (created, partitioned by instance and hour, when absent and `create`); None when absent."""
         from pyiceberg.exceptions import NoSuchTableError
 
         if name in self._tables:
@@ -269,29 +334,41 @@ class Lake:
             except Exception:  # noqa: BLE001 - NamespaceAlreadyExistsError or the driver's IntegrityError
                 if NAMESPACE not in {n[0] for n in self.catalog.list_namespaces()}:
                     raise
-            schema = _fresh_schema(SCHEMAS[name])
+            schema = _fresh_schema(_ALL_SCHEMAS[name])
             try:
-                table = self.catalog.create_table(identifier, schema=schema, partition_spec=_identity_spec(schema),
+                table = self.catalog.create_table(identifier, schema=schema, partition_spec=_partition_spec(schema),
                                                   properties=_TABLE_PROPERTIES)
             except Exception as exc:  # noqa: BLE001 - TableAlreadyExistsError or the driver's IntegrityError
                 try:
                     table = self.catalog.load_table(identifier)
                 except NoSuchTableError:
                     raise exc from None
+        if "hour" not in {f.name for f in table.schema().fields}:
+            raise StoreError(f"lake {self.label}: table {identifier} predates partitioning by hour (plumbline_otel/lake.py); "
+                             "sync each instance into a new lake (a sync is a diff: it rebuilds the instance's rows)")
         self._tables[name] = table
         return table
 
-    def scan(self, name: str, row_filter: Any = None, fields: Iterable[str] = ()) -> pa.Table:
-        """Rows of a table (all, or those matching a pyiceberg expression), as Arrow; empty when the table is absent."""
+    def scan(self, name: str, row_filter: Any = None, fields: Iterable[str] = (), snapshot_id: int | None = None) -> pa.Table:
+        """Rows of a table (all, or those matching a pyiceberg expression; as of a snapshot), as Arrow; empty when the table is absent."""
         from pyiceberg.expressions import AlwaysTrue
 
+        schema = _ALL_SCHEMAS[name]
         table = self.table(name, create=False)
-        wanted = tuple(fields) or tuple(SCHEMAS[name].names)
+        wanted = tuple(fields) or tuple(schema.names)
         if table is None:
-            return SCHEMAS[name].empty_table().select(list(wanted))
-        table.refresh()
-        found = table.scan(row_filter=row_filter if row_filter is not None else AlwaysTrue(), selected_fields=wanted).to_arrow()
-        return found.select(list(wanted)).cast(pa.schema([SCHEMAS[name].field(n) for n in wanted]))
+            return schema.empty_table().select(list(wanted))
+        if snapshot_id is None:
+            table.refresh()
+        found = table.scan(row_filter=row_filter if row_filter is not None else AlwaysTrue(), selected_fields=wanted,
+                           snapshot_id=snapshot_id).to_arrow()
+        return found.select(list(wanted)).cast(pa.schema([schema.field(n) for n in wanted]))
+
+
+def catalog_of(uri: str) -> str:
+    """The catalog's name: `?catalog=NAME` in the lake URI, else PLUMBLINE_LAKE_CATALOG, else `plumbline`."""
+    query = dict(parse_qsl(urlsplit(uri).query)) if "://" in uri else {}
+    return query.get("catalog") or os.environ.get("PLUMBLINE_LAKE_CATALOG") or "plumbline"
 
 
 def _fresh_schema(arrow: pa.Schema) -> Any:
@@ -311,19 +388,75 @@ def _fresh_schema(arrow: pa.Schema) -> Any:
     return Schema(*fields)
 
 
-def default_instance(db_path: str) -> str:
-    """An instance's name when none is given: this host and the store file's absolute path (stable across restarts)."""
-    return f"{socket.gethostname()}:{os.path.realpath(db_path)}"
+INSTANCE_KEY = "lake.instance"  # the store's `meta` row that keeps its name in the lake
+
+
+def stored_instance(connection: Any) -> str | None:
+    """The name this store committed to a lake under, kept in its own `meta` table (None before its first sync)."""
+    row = connection.execute("SELECT value FROM meta WHERE key = ?", [INSTANCE_KEY]).fetchone()
+    return str(row[0]) if row else None
+
+
+def resolve_instance(connection: Any, given: str | None, lake: Lake | None = None) -> str:
+    """This store's name in the lake: the one kept in the store, so a moved file or a new host is the same instance.
+
+    A store that never synced takes `given` (PLUMBLINE_LAKE_INSTANCE, --instance) or a new name
+    (host and a random suffix) and keeps it. A `given` name other than the kept one is refused
+    (`plumbline lake rename` moves an instance's rows to a new name). A store whose runs the lake
+    already holds under another instance, and none under this name, is refused too: committing it
+    would put every run under two instances, and readers would leave them all out as misrouted.
+    """
+    import uuid
+
+    stored = stored_instance(connection)
+    if stored is not None:
+        if given and given != stored:
+            raise ConfigError(f"this store committed to the lake as instance {stored!r} (kept in the store); it is given {given!r}. "
+                              f"Drop the name (or give {stored!r}), or rename it everywhere first: "
+                              f"plumbline lake rename --lake URI --from {stored} --to {given} --db FILE")
+        return stored
+    name = given or f"{socket.gethostname()}-{uuid.uuid4().hex[:8]}"
+    if lake is not None:
+        _refuse_a_second_name(connection, lake, name)
+    try:
+        connection.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", [INSTANCE_KEY, name])
+    except duckdb.Error:
+        if not given:  # a read-only store cannot keep a name: a new one at every sync would be a new instance each time
+            raise ConfigError("this store is read-only and has no lake instance name yet: give one (--instance NAME)") from None
+    return name
+
+
+def _refuse_a_second_name(connection: Any, lake: Lake, name: str) -> None:
+    from pyiceberg.expressions import EqualTo, In
+
+    sample = [r[0] for r in connection.execute("SELECT DISTINCT trace_id FROM trajectories ORDER BY hash(trace_id) LIMIT 200").fetchall()]
+    if not sample or lake.table("runs", create=False) is None:
+        return
+    found = lake.scan("runs", In("trace_id", sample), ("instance", "trace_id"))
+    if lake.scan("runs", EqualTo("instance", name), ("trace_id",)).num_rows:
+        return
+    owners: dict[str, set[str]] = {}
+    for instance, trace in zip(found["instance"].to_pylist(), found["trace_id"].to_pylist()):
+        owners.setdefault(instance, set()).add(trace)
+    for instance, traces in sorted(owners.items(), key=lambda kv: -len(kv[1])):
+        if instance != name and 2 * len(traces) >= len(sample):
+            raise ConfigError(f"lake {lake.label}: {len(traces)} of {len(sample)} sampled runs of this store are already in the lake "
+                              f"under instance {instance!r}; committing them as {name!r} would count every run twice (readers would "
+                              f"leave them out as misrouted). This store was committed as {instance!r} before (a moved file, a new "
+                              f"host, or a changed PLUMBLINE_LAKE_INSTANCE?): give --instance {instance} (PLUMBLINE_LAKE_INSTANCE) and "
+                              f"it is kept in the store from then on, or rename: plumbline lake rename --from {instance} --to {name}")
 
 
 @dataclass
 class SyncResult:
-    """What one sync committed: per table, groups replaced and rows written; commits retried after a conflict."""
+    """What one sync committed: per table, groups replaced and rows written; commits rebased or redone after a conflict."""
 
+    instance: str = ""
     groups: dict[str, int] = field(default_factory=dict)
     rows: dict[str, int] = field(default_factory=dict)
     retries: int = 0
     seconds: float = 0.0
+    started_ns: int = 0  # the store as of this moment is what the lake holds after the sync
 
     @property
     def changed(self) -> bool:
@@ -334,46 +467,91 @@ class SyncResult:
 
 
 class LakeSink:
-    """One instance's commits to the lake. `sync(connection)` makes the lake's rows of this instance equal its store's."""
+    """One instance's commits to the lake. `sync(connection)` makes the lake's rows of this instance equal its store's.
 
-    def __init__(self, lake: Lake, instance: str, batch_rows: int = BATCH_ROWS,
+    `instance` is the name asked for (None: the one kept in the store, or a new one); the name used is
+    resolved against the store at the first sync (`resolve_instance`).
+    """
+
+    def __init__(self, lake: Lake, instance: str | None = None, batch_rows: int = BATCH_ROWS,
                  before_commit: Callable[[str], None] | None = None) -> None:
-        if not instance:
-            raise ConfigError("a lake instance needs a name")
-        self.lake, self.instance, self.batch_rows = lake, instance, batch_rows
+        self.lake, self.given, self.batch_rows = lake, instance or None, batch_rows
+        self.instance = instance or ""
+        self._resolved = False
         self._before_commit = before_commit  # tests: called with the table name before each commit
         self._lake_fp: dict[str, pa.Table] = {}  # what this instance's rows in the lake hash to, per table (dropped on any error)
+        self._marks: dict[str, int | None] = {}  # per table, a snapshot holding this instance's rows as the lake fingerprint says
+        self._written: dict[str, int | None] | None = None  # the marks of the last watermark written
 
     def _lake_groups(self, name: str, connection: Any) -> pa.Table:
         if name not in self._lake_fp:
             from pyiceberg.expressions import EqualTo
 
-            with _registered(connection, lake_rows=self.lake.scan(name, EqualTo("instance", self.instance), _KINDS[name].lake_fields)):
+            table = self.lake.table(name, create=False)
+            snapshot = None
+            if table is not None:
+                table.refresh()
+                current = table.current_snapshot()
+                snapshot = current.snapshot_id if current is not None else None
+            rows = (self.lake.scan(name, EqualTo("instance", self.instance), _KINDS[name].lake_fields, snapshot_id=snapshot)
+                    if snapshot is not None else SCHEMAS[name].empty_table().select(list(_KINDS[name].lake_fields)))
+            with _registered(connection, lake_rows=rows):
                 self._lake_fp[name] = connection.sql(_KINDS[name].lake_fp).to_arrow_table()
+            self._marks[name] = snapshot
         return self._lake_fp[name]
 
     def sync(self, connection: Any) -> SyncResult:
         """Commit what changed in the store behind `connection` (a DuckDB connection or cursor of a store) since the lake last saw it.
 
         Reads the store in one transaction (a consistent snapshot while a writer goes on). Idempotent:
-        a second sync with nothing new commits nothing.
+        a second sync with nothing new commits nothing. When every table is committed, a watermark row
+        (`syncs`) names the snapshot of each table that holds this sync: readers read the instance as of
+        it, so a sync killed between tables is never half seen.
         """
         started = time.monotonic()
-        result = SyncResult()
+        result = SyncResult(started_ns=time.time_ns())
+        _RETRIES.take()
         cursor = connection.cursor()
         try:
+            if not self._resolved:
+                self.instance = resolve_instance(cursor, self.given, self.lake)
+                self._resolved = True
+            result.instance = self.instance
             cursor.execute("BEGIN TRANSACTION")
             for name in TABLES:
                 try:
                     self._sync_table(name, cursor, result)
                 except BaseException:
                     self._lake_fp.pop(name, None)  # read again from the lake next time
+                    self._marks.pop(name, None)
                     raise
+            if self._written is None:
+                self._written = self._last_watermark()
+            if self._marks != self._written:
+                self._write_watermark(result)
             cursor.execute("COMMIT")
         finally:
             cursor.close()
+            result.retries += _RETRIES.take()
         result.seconds = time.monotonic() - started
         return result
+
+    def _last_watermark(self) -> dict[str, int | None] | None:
+        from pyiceberg.expressions import EqualTo
+
+        found = self.lake.scan(SYNCS, EqualTo("instance", self.instance), ("sync_ns", "snapshots"))
+        if not found.num_rows:
+            return None
+        latest = max(zip(found["sync_ns"].to_pylist(), found["snapshots"].to_pylist()))
+        return {k: v for k, v in json.loads(latest[1]).items()}
+
+    def _write_watermark(self, result: SyncResult) -> None:
+        """Append this sync's watermark: appends never conflict, so a refused one is rebased by pyiceberg."""
+        now = time.time_ns()
+        rows = pa.table({"instance": [self.instance], "sync_ns": [now], "snapshots": [json.dumps(self._marks, sort_keys=True)],
+                         "rows": [sum(result.rows.values())], "hour": [now // HOUR_NS]}).cast(SYNCS_SCHEMA)
+        self._commit(SYNCS, None, rows, result)
+        self._written = dict(self._marks)
 
     def _sync_table(self, name: str, cursor: Any, result: SyncResult) -> None:
         kind = _KINDS[name]
@@ -381,17 +559,17 @@ class LakeSink:
         store_fp = cursor.sql(kind.store_fp).to_arrow_table()
         with _registered(cursor, lake_fp=lake_fp, store_fp=store_fp):
             diff = cursor.execute(
-            "SELECT coalesce(s.key, l.key) AS key, l.key IS NOT NULL AS in_lake FROM store_fp s FULL JOIN lake_fp l ON s.key = l.key "
+                "SELECT coalesce(s.key, l.key) AS key, coalesce(l.hours, []) AS hours FROM store_fp s FULL JOIN lake_fp l ON s.key = l.key "
                 "WHERE s.n IS DISTINCT FROM l.n OR s.fp IS DISTINCT FROM l.fp ORDER BY 1").fetchall()
         result.groups[name], result.rows[name] = len(diff), 0
         if not diff:
             return
         # Batches of groups about `batch_rows` rows each (by the store's counts), each one transaction.
         sizes = dict(zip(store_fp["key"].to_pylist(), store_fp["n"].to_pylist())) if len(diff) > 1 else {}
-        batch: list[tuple[str, bool]] = []
+        batch: list[tuple[str, list[int]]] = []
         rows = 0
-        for key, in_lake in diff:
-            batch.append((key, in_lake))
+        for key, hours in diff:
+            batch.append((key, [int(h) for h in hours]))
             rows += int(sizes.get(key, 0))
             if rows >= self.batch_rows:
                 result.rows[name] += self._commit_groups(name, batch, cursor, result)
@@ -401,7 +579,7 @@ class LakeSink:
         # The lake now holds the store's groups: its fingerprint is the store's.
         self._lake_fp[name] = store_fp
 
-    def _commit_groups(self, name: str, groups: list[tuple[str, bool]], cursor: Any, result: SyncResult) -> int:
+    def _commit_groups(self, name: str, groups: list[tuple[str, list[int]]], cursor: Any, result: SyncResult) -> int:
         from pyiceberg.expressions import And, EqualTo, In, IsNull, Or
 
         kind = _KINDS[name]
@@ -409,24 +587,30 @@ class LakeSink:
             found = cursor.sql(kind.rows).to_arrow_table()
         rows = pa.table({"instance": pa.array([self.instance] * found.num_rows, pa.string()),
                          **{n: found[n] for n in found.column_names}}).cast(SCHEMAS[name])
-        stale = [k for k, in_lake in groups if in_lake]
+        stale = [(k, hours) for k, hours in groups if hours]
         delete: Any = None
         if stale:
-            mine = EqualTo("instance", self.instance)
-            if not kind.key:  # the whole instance is one group
-                delete = mine
-            else:
-                keyed = [k for k in stale if k]
+            # The hours the lake holds these groups in: files of other hours are not even read.
+            hours = sorted({h for _, hs in stale for h in hs})
+            delete = And(EqualTo("instance", self.instance), In("hour", hours) if len(hours) > 1 else EqualTo("hour", hours[0]))
+            if kind.key:
+                keyed = [kind.key_type(k) for k, _ in stale if k]
                 clause: Any = In(kind.key, keyed) if keyed else None
-                if "" in stale:  # records of no trace (logs)
+                if any(not k for k, _ in stale):  # records of no trace (logs)
                     clause = Or(clause, IsNull(kind.key)) if clause is not None else IsNull(kind.key)
-                delete = And(mine, clause)
+                delete = And(delete, clause)
         self._commit(name, delete, rows, result)
         return int(rows.num_rows)
 
     def _commit(self, name: str, delete: Any, rows: pa.Table, result: SyncResult) -> None:
-        """Delete, then append, in one Iceberg transaction; a commit refused for a concurrent one is redone on the new table."""
-        from pyiceberg.exceptions import CommitFailedException
+        """Delete, then append, in one Iceberg transaction.
+
+        A commit refused for a concurrent one is rebased by pyiceberg (its files kept, its manifests
+        rewritten, after checking the concurrent commits touched none of its rows: another instance's
+        never do). One refused for a conflict (maintenance compacted these files meanwhile) is redone
+        whole on the new table.
+        """
+        from pyiceberg.exceptions import CommitFailedException, ValidationException
 
         properties = {"plumbline.instance": self.instance}
         for attempt in range(COMMIT_ATTEMPTS):
@@ -441,8 +625,10 @@ class LakeSink:
                         tx.append(rows, snapshot_properties=properties)
                     if self._before_commit is not None:
                         self._before_commit(name)
+                current = table.current_snapshot()
+                self._marks[name] = current.snapshot_id if current is not None else None
                 return
-            except CommitFailedException:
+            except (CommitFailedException, ValidationException):
                 result.retries += 1
                 time.sleep(random.uniform(0.02, 0.05) * min(2 ** attempt, 20))  # noqa: S311 (jitter, not secrecy)
         raise StoreError(f"lake {self.lake.label}: table {name}: {COMMIT_ATTEMPTS} commits refused for concurrent ones; try again")
@@ -463,15 +649,76 @@ def _registered(connection: Any, **tables: pa.Table) -> Iterator[None]:
 # --- reading ------------------------------------------------------------------------------------------
 
 
+def watermarks(lake: Lake) -> dict[str, dict[str, int | None]] | None:
+    """Each instance's last complete sync: the snapshot of each table that holds it (None: a lake without watermarks)."""
+    if lake.table(SYNCS, create=False) is None:
+        return None
+    found = lake.scan(SYNCS, fields=("instance", "sync_ns", "snapshots"))
+    latest: dict[str, tuple[int, str]] = {}
+    for instance, at, marks in zip(found["instance"].to_pylist(), found["sync_ns"].to_pylist(), found["snapshots"].to_pylist()):
+        if instance not in latest or at > latest[instance][0]:
+            latest[instance] = (at, marks)
+    return {instance: json.loads(marks) for instance, (_, marks) in latest.items()}
+
+
 class LakeReader:
-    """The lake read as one store (for `Sources`)."""
+    """The lake read as one store (for `Sources`): each instance as of its last complete sync.
+
+    An instance's rows are read from the current snapshot of a table unless the instance committed
+    to that table after its last watermark (a sync under way, or killed between tables): then they
+    are read as of the watermark's snapshot. An instance that never completed a sync is not read.
+    """
 
     def __init__(self, lake: Lake) -> None:
         self.lake = lake
+        self._marks: dict[str, dict[str, int | None]] | None = None
+        self._loaded = False
+        self.unsynced: list[str] = []  # instances with rows but no complete sync (left out)
+
+    def marks(self) -> dict[str, dict[str, int | None]] | None:
+        if not self._loaded:
+            self._marks, self._loaded = watermarks(self.lake), True
+        return self._marks
+
+    def scan(self, name: str, row_filter: Any = None, fields: Iterable[str] = ()) -> pa.Table:
+        """`Lake.scan` of the instances' synced rows (the `instance` column among `fields` when fields are given)."""
+        from pyiceberg.expressions import And, EqualTo
+
+        wanted = tuple(fields) or tuple(SCHEMAS[name].names)
+        columns = wanted if "instance" in wanted else ("instance", *wanted)
+        table = self.lake.table(name, create=False)
+        marks = self.marks()
+        if table is None or marks is None:
+            return self.lake.scan(name, row_filter, columns).select(list(wanted))
+        table.refresh()
+        current = table.current_snapshot()
+        if current is None:
+            return self.lake.scan(name, row_filter, columns).select(list(wanted))
+        by_id = {s.snapshot_id: s for s in table.snapshots()}
+        late = _last_commits(table)  # instance -> the sequence number of its last commit to this table
+        behind: dict[str, int | None] = {}
+        for instance, mine in marks.items():
+            mark = mine.get(name)
+            seen = by_id.get(mark) if mark is not None else None
+            if mark is not None and seen is None:
+                logging.getLogger("plumbline.lake").warning("lake %s: %s's watermark snapshot of %s is expired; read as current",
+                                                            self.lake.label, instance, name)
+                continue
+            if late.get(instance, -1) > ((seen.sequence_number or 0) if seen is not None else -1):
+                behind[instance] = mark
+        found = self.lake.scan(name, row_filter, columns, snapshot_id=current.snapshot_id)
+        keep = pa.array(sorted(set(marks) - set(behind)), pa.string())
+        parts = [found.filter(pc.is_in(found["instance"], value_set=keep))]
+        for instance, mark in sorted(behind.items()):
+            if mark is not None:
+                mine = EqualTo("instance", instance)
+                parts.append(self.lake.scan(name, And(row_filter, mine) if row_filter is not None else mine, columns, snapshot_id=mark))
+        self.unsynced = sorted(set(found["instance"].unique().to_pylist()) - set(marks))
+        return pa.concat_tables(parts).select(list(wanted))
 
     def trace_ids_by_instance(self) -> dict[str, list[str]]:
         """Each instance's trace ids (from the spans table): a trace under two instances was misrouted."""
-        found = self.lake.scan("spans", fields=("instance", "trace_id"))
+        found = self.scan("spans", fields=("instance", "trace_id"))
         with duckdb.connect() as db, _registered(db, found=found):
             rows = db.execute("SELECT instance, list(DISTINCT trace_id ORDER BY trace_id) FROM found GROUP BY 1 ORDER BY 1").fetchall()
         return {f"{self.lake.label}#{instance}": ids for instance, ids in rows}
@@ -484,7 +731,8 @@ class LakeReader:
                 if name in ("steps", "certificate_cells"):
                     continue  # steps are in the runs' documents; certificate cells are for engines reading the lake
                 target = {"runs": "trajectories"}.get(name, name)
-                with _registered(store.connection, lake_rows=self.lake.scan(name, (row_filter or {}).get(name)).drop_columns(["instance"])):
+                rows = self.scan(name, (row_filter or {}).get(name)).drop_columns(["instance", "hour"])
+                with _registered(store.connection, lake_rows=rows):
                     # a misrouted trace's run is under two instances: one copy is kept (readers leave it out anyway)
                     ignore = "OR IGNORE " if target in ("trajectories", "logs") else ""  # the tables with a primary key
                     store.connection.execute(f"INSERT {ignore}INTO {target} BY NAME SELECT * FROM lake_rows")
@@ -511,48 +759,240 @@ class LakeReader:
 # --- maintenance -----------------------------------------------------------------------------------
 
 
-def maintain(lake: Lake, older_than_s: float = 3600.0, compact: bool = True, tables: Iterable[str] = TABLES) -> dict[str, Any]:
-    """Compact each instance's data files into few large ones, then expire old snapshots.
+def maintain(lake: Lake, older_than_s: float = 3600.0, compact: bool = True, tables: Iterable[str] = (*TABLES, SYNCS),
+             settle_s: float = 3600.0, orphan_grace_s: float = 3600.0) -> dict[str, Any]:
+    """Compact settled partitions, expire old snapshots, and delete the files no live snapshot needs; say what was freed.
 
-    Compaction rewrites one instance's partition in one transaction (an overwrite of that partition
-    with its own rows, so the rows are the same and readers see no change), retried like any commit
-    when an instance commits meanwhile. Expiring snapshots older than `older_than_s` (keeping the
-    current one) lets their data files go: readers past that age of time travel lose it.
+    Compaction rewrites each (instance, hour) partition of more than one file whose hour
+    began `settle_s` ago as one file sorted by its group key (so a late change to an old run reads and
+    rewrites one small file, found by its key's bounds), in one transaction per partition, redone
+    when the instance commits to that partition meanwhile; the hours still receiving late spans keep
+    their small files, so a late span rewrites little. The watermarks' older rows go too.
+
+    Expiring keeps the current snapshot, each instance's watermark snapshot and whatever an
+    instance committed after it (readers need them to read an unfinished sync as of the watermark).
+    Then files are deleted: those only expired snapshots referenced (no commit can need them: a
+    commit starts from the current snapshot), and files no snapshot ever referenced (a killed
+    commit's) once older than `orphan_grace_s` (younger ones may belong to a commit under way).
     """
-    from pyiceberg.exceptions import CommitFailedException
-    from pyiceberg.expressions import EqualTo
-
     out: dict[str, Any] = {}
+    before: dict[str, int] = {}
+    compacted: dict[str, int] = {}
+    for name in tables:
+        table = lake.table(name, create=False)
+        if table is not None and name != SYNCS:
+            table.refresh()
+            before[name] = _data_files(table)
+            compacted[name] = _compact(table, name, settle_s) if compact else 0
+    marks = _advance_watermarks(lake)
     for name in tables:
         table = lake.table(name, create=False)
         if table is None:
             continue
         table.refresh()
-        files_before = _data_files(table)
-        if compact:
-            instances = sorted(set(lake.scan(name, fields=("instance",))["instance"].to_pylist()))
-            for instance in instances:
-                for attempt in range(COMMIT_ATTEMPTS):
-                    table.refresh()
-                    mine = EqualTo("instance", instance)
-                    rows = table.scan(row_filter=mine).to_arrow().cast(SCHEMAS[name])
-                    try:
-                        table.overwrite(rows, overwrite_filter=mine, snapshot_properties={"plumbline.maintenance": "compact"})
-                        break
-                    except CommitFailedException:
-                        time.sleep(random.uniform(0.02, 0.05) * min(2 ** attempt, 20))  # noqa: S311
-        table.refresh()
-        cutoff_ms = int((time.time() - older_than_s) * 1000)
+        if name == SYNCS:
+            before[name] = _data_files(table)
+            compacted[name] = _prune_watermarks(table) if compact else 0
+            table.refresh()
+        files_before = before[name]
+        reachable_before = _reachable(table)
         current = table.current_snapshot()
-        expired = 0
-        old = [s.snapshot_id for s in table.snapshots() if s.timestamp_ms < cutoff_ms and (current is None or s.snapshot_id != current.snapshot_id)]
+        cutoff_ms = int((time.time() - older_than_s) * 1000)
+        keep = _protected(table, name, marks)
+        old = [s.snapshot_id for s in table.snapshots() if s.timestamp_ms < cutoff_ms and s.snapshot_id not in keep
+               and (current is None or s.snapshot_id != current.snapshot_id)]
         if old:
             table.maintenance.expire_snapshots().by_ids(old).commit()
-            expired = len(old)
         table.refresh()
-        out[name] = {"data_files_before": files_before, "data_files_after": _data_files(table), "snapshots_expired": expired,
-                     "snapshots": len(table.snapshots())}
+        reachable_after = _reachable(table)
+        freed = _delete(table, sorted(reachable_before - reachable_after))
+        orphans = _delete(table, _orphans(table, reachable_before | reachable_after, orphan_grace_s))
+        out[name] = {"data_files_before": files_before, "data_files_after": _data_files(table), "partitions_compacted": compacted[name],
+                     "snapshots_expired": len(old), "snapshots": len(table.snapshots()),
+                     "files_deleted": freed[0], "bytes_freed": freed[1], "orphan_files_deleted": orphans[0], "orphan_bytes_freed": orphans[1]}
+    out["total"] = {"files_deleted": sum(t["files_deleted"] + t["orphan_files_deleted"] for t in out.values()),
+                    "bytes_freed": sum(t["bytes_freed"] + t["orphan_bytes_freed"] for t in out.values())}
     return out
+
+
+def _advance_watermarks(lake: Lake) -> dict[str, dict[str, int | None]]:
+    """Move each instance's watermark of a table it has not committed to since up to the table's current snapshot.
+
+    Its rows there are the same (compaction keeps rows), so readers see nothing change, and the older
+    snapshots (with the files compaction replaced) can be expired. The new row is dated just after the
+    instance's own latest, so a sync of the instance finishing meanwhile supersedes it.
+    """
+    found = lake.scan(SYNCS, fields=("instance", "sync_ns", "snapshots")) if lake.table(SYNCS, create=False) is not None else None
+    if found is None or not found.num_rows:
+        return {}
+    latest: dict[str, tuple[int, dict[str, int | None]]] = {}
+    for instance, at, text in zip(found["instance"].to_pylist(), found["sync_ns"].to_pylist(), found["snapshots"].to_pylist()):
+        if instance not in latest or at > latest[instance][0]:
+            latest[instance] = (at, json.loads(text))
+    moved = {instance: dict(mine) for instance, (_, mine) in latest.items()}
+    for name in TABLES:
+        table = lake.table(name, create=False)
+        if table is None:
+            continue
+        table.refresh()
+        current = table.current_snapshot()
+        if current is None:
+            continue
+        seq = {s.snapshot_id: s.sequence_number or 0 for s in table.snapshots()}
+        last = _last_commits(table)
+        for instance, mine in moved.items():
+            mark = mine.get(name)
+            if mark is not None and mark not in seq:
+                continue
+            if last.get(instance, -1) <= (seq[mark] if mark is not None else -1):
+                mine[name] = current.snapshot_id
+    rows = [(i, latest[i][0] + 1, json.dumps(m, sort_keys=True)) for i, m in sorted(moved.items()) if m != latest[i][1]]
+    if rows:
+        now = time.time_ns()
+        table = pa.table({"instance": [r[0] for r in rows], "sync_ns": [r[1] for r in rows], "snapshots": [r[2] for r in rows],
+                          "rows": [0] * len(rows), "hour": [now // HOUR_NS] * len(rows)}).cast(SYNCS_SCHEMA)
+        lake.table(SYNCS).append(table, snapshot_properties={"plumbline.maintenance": "watermarks"})
+    return moved
+
+
+def _last_commits(table: Any) -> dict[str, int]:
+    """Each instance's last commit to a table, as a sequence number."""
+    last: dict[str, int] = {}
+    for snap in table.snapshots():
+        who = (snap.summary.additional_properties if snap.summary is not None else {}).get("plumbline.instance")
+        if who:
+            last[who] = max(last.get(who, -1), snap.sequence_number or 0)
+    return last
+
+
+def _compact(table: Any, name: str, settle_s: float) -> int:
+    from pyiceberg.exceptions import CommitFailedException, ValidationException
+    from pyiceberg.expressions import And, EqualTo
+
+    if table.current_snapshot() is None:
+        return 0
+    files = table.inspect.files().select(["partition"]).to_pylist()
+    counts: dict[tuple[str, int], int] = {}
+    for f in files:
+        part = (f["partition"]["instance"], f["partition"]["hour"])
+        counts[part] = counts.get(part, 0) + 1
+    settled_ns = time.time_ns() - int(settle_s * 1e9)  # an hour that began before this gets no late spans any more
+    key = _KINDS[name].key or "received_ns" if name in _KINDS else "instance"
+    done = 0
+    for (instance, hour), n in sorted(counts.items(), key=lambda kv: (kv[0][0], kv[0][1] if kv[0][1] is not None else -1)):
+        if n < 2 or hour is None or hour * HOUR_NS > settled_ns:
+            continue
+        where = And(EqualTo("instance", instance), EqualTo("hour", hour))
+        for attempt in range(COMMIT_ATTEMPTS):
+            table.refresh()
+            rows = table.scan(row_filter=where).to_arrow().cast(SCHEMAS[name]).sort_by(key)
+            try:
+                table.overwrite(rows, overwrite_filter=where, snapshot_properties={"plumbline.maintenance": "compact"})
+                done += 1
+                break
+            except (CommitFailedException, ValidationException):
+                time.sleep(random.uniform(0.02, 0.05) * min(2 ** attempt, 20))  # noqa: S311
+    return done
+
+
+def _prune_watermarks(table: Any) -> int:
+    """Keep each instance's latest watermark row only (readers take the latest; older ones are history)."""
+    from pyiceberg.expressions import And, EqualTo, LessThan
+
+    if table.current_snapshot() is None:
+        return 0
+    found = table.scan(selected_fields=("instance", "sync_ns")).to_arrow()
+    latest: dict[str, int] = {}
+    for instance, at in zip(found["instance"].to_pylist(), found["sync_ns"].to_pylist()):
+        latest[instance] = max(latest.get(instance, at), at)
+    pruned = 0
+    for instance, at in sorted(latest.items()):
+        if sum(1 for i in found["instance"].to_pylist() if i == instance) > 1:
+            table.delete(And(EqualTo("instance", instance), LessThan("sync_ns", at)), snapshot_properties={"plumbline.maintenance": "prune"})
+            pruned += 1
+    return pruned
+
+
+def _protected(table: Any, name: str, marks: dict[str, dict[str, int | None]]) -> set[int]:
+    """Snapshots readers need: each instance's watermark of this table and every commit it made after it."""
+    keep = {m for mine in marks.values() if (m := mine.get(name)) is not None}
+    seq = {s.snapshot_id: s.sequence_number or 0 for s in table.snapshots()}
+    for snap in table.snapshots():
+        who = (snap.summary.additional_properties if snap.summary is not None else {}).get("plumbline.instance")
+        if not who or who not in marks:
+            continue
+        mark = marks[who].get(name)
+        if mark is None or (snap.sequence_number or 0) > seq.get(mark, -1):
+            keep.add(snap.snapshot_id)
+    return keep
+
+
+def _path(uri: str) -> str:
+    """A file's location as the filesystem names it (scheme dropped: /dir/file, bucket/key)."""
+    parts = urlsplit(uri)
+    return f"{parts.netloc}{parts.path}" if parts.scheme else uri
+
+
+def _reachable(table: Any) -> set[str]:
+    """Every file the table's live metadata references: metadata files, manifest lists, manifests, data and delete files."""
+    io = table.io
+    found = {_path(table.metadata_location)} | {_path(e.metadata_file) for e in table.metadata.metadata_log}
+    manifests: dict[str, Any] = {}
+    for snap in table.snapshots():
+        found.add(_path(snap.manifest_list))
+        for manifest in snap.manifests(io):
+            manifests.setdefault(manifest.manifest_path, manifest)
+    for path, manifest in manifests.items():
+        found.add(_path(path))
+        found.update(_path(e.data_file.file_path) for e in manifest.fetch_manifest_entry(io, discard_deleted=True))
+    return found
+
+
+def _orphans(table: Any, referenced: set[str], grace_s: float) -> list[str]:
+    """Files under the table's location that no metadata references and that are older than the grace."""
+    from pyarrow import fs
+
+    filesystem, root = fs.FileSystem.from_uri(table.location())
+    try:
+        listed = filesystem.get_file_info(fs.FileSelector(root, recursive=True, allow_not_found=True))
+    except OSError:
+        return []
+    cutoff = time.time() - grace_s
+    current_mtime = None
+    for info in listed:
+        if info.path == _path(table.metadata_location):
+            current_mtime = info.mtime.timestamp() if info.mtime else None
+    out = []
+    for info in listed:
+        if info.type != fs.FileType.File or info.path in referenced:
+            continue
+        age_ok = info.mtime is not None and info.mtime.timestamp() < cutoff
+        # A table version's metadata file older than the current one's can never be committed (its base is not current).
+        stale_metadata = (info.path.endswith(".metadata.json") and current_mtime is not None and info.mtime is not None
+                          and info.mtime.timestamp() < current_mtime)
+        if age_ok or stale_metadata:
+            out.append(info.path)
+    return out
+
+
+def _delete(table: Any, paths: list[str]) -> tuple[int, int]:
+    """Delete files (of this table's location only); how many and how many bytes."""
+    from pyarrow import fs
+
+    if not paths:
+        return 0, 0
+    filesystem, root = fs.FileSystem.from_uri(table.location())
+    count = size = 0
+    for path in paths:
+        if not path.startswith(root.rstrip("/") + "/"):
+            continue  # never a file outside the table's own location
+        try:
+            info = filesystem.get_file_info(path)
+            filesystem.delete_file(path)
+        except (FileNotFoundError, OSError):
+            continue
+        count, size = count + 1, size + int(info.size or 0)
+    return count, size
 
 
 def _data_files(table: Any) -> int:
@@ -566,9 +1006,11 @@ class LakeSync:
     """Commits a served store to the lake every `interval` seconds, from a cursor of its own (ingest never waits on it).
 
     Configured by the environment of `plumbline serve` (`from_env`): PLUMBLINE_LAKE (the catalog URI),
-    PLUMBLINE_LAKE_INSTANCE (default: host and store path), PLUMBLINE_LAKE_INTERVAL (seconds, default 10).
-    A failed sync is logged and retried at the next tick; `stop` syncs once more, so what the store
-    holds at shutdown is in the lake.
+    PLUMBLINE_LAKE_INSTANCE (the instance's name; by default the one kept in the store, or a new one
+    kept there at the first sync), PLUMBLINE_LAKE_INTERVAL (seconds, default 10), PLUMBLINE_LAKE_CATALOG
+    (the catalog's name, default `plumbline`). A failed sync is logged and retried at the next tick;
+    `stop` syncs once more, so what the store holds at shutdown is in the lake. Its state is on
+    /metrics (`render_metrics`).
     """
 
     def __init__(self, sink: LakeSink, cursor: Callable[[], Any], interval: float = 10.0) -> None:
@@ -576,8 +1018,16 @@ class LakeSync:
         self._cursor: Any = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
         self.last: SyncResult | None = None
         self.failures = 0
+        self.retries = 0
+        self.syncs = 0
+        self.rows_committed = 0
+        self.last_error = ""
+        self.started_ns = time.time_ns()
+        self.synced_as_of_ns = 0  # the store as of this moment is in the lake (the start of the last complete sync)
+        self.last_commit_ns = 0  # when the last complete sync finished
 
     @classmethod
     def from_env(cls, queue: Any, db_path: str, environ: dict[str, str] | None = None) -> LakeSync | None:
@@ -586,22 +1036,63 @@ class LakeSync:
         uri = env.get("PLUMBLINE_LAKE")
         if not uri:
             return None
-        sink = LakeSink(Lake(uri), env.get("PLUMBLINE_LAKE_INSTANCE") or default_instance(db_path))
+        sink = LakeSink(Lake(uri, env.get("PLUMBLINE_LAKE_CATALOG")), env.get("PLUMBLINE_LAKE_INSTANCE") or None)
         return cls(sink, lambda: queue.call(lambda store: store.connection.cursor()), float(env.get("PLUMBLINE_LAKE_INTERVAL", "10")))
 
     def sync_once(self) -> SyncResult | None:
-        try:
-            if self._cursor is None:
-                self._cursor = self._cursor_factory()
-            self.last = self.sink.sync(self._cursor)
-            return self.last
-        except Exception as exc:  # noqa: BLE001 - logged; the next tick tries again on a fresh cursor
-            import logging
+        with self._lock:
+            try:
+                if self._cursor is None:
+                    self._cursor = self._cursor_factory()
+                result = self.sink.sync(self._cursor)
+            except Exception as exc:  # noqa: BLE001 - logged and counted; the next tick tries again on a fresh cursor
+                self.failures += 1
+                self.last_error = str(exc)[:500]
+                logging.getLogger("plumbline.lake").warning("lake sync failed (retried in %.0f s): %s", self.interval, exc)
+                self._cursor = None
+                return None
+            self.last, self.syncs = result, self.syncs + 1
+            self.retries += result.retries
+            self.rows_committed += sum(result.rows.values())
+            self.synced_as_of_ns, self.last_commit_ns = result.started_ns, time.time_ns()
+            return result
 
-            self.failures += 1
-            logging.getLogger("plumbline.lake").warning("lake sync failed (retried in %.0f s): %s", self.interval, exc)
-            self._cursor = None
-            return None
+    def lag_rows(self) -> int:
+        """Spans the store received after the moment the lake holds it as of (all of them before a first complete sync)."""
+        cursor = self._cursor_factory()
+        try:
+            row = cursor.execute("SELECT count(*) FROM spans WHERE received_ns > ?", [self.synced_as_of_ns]).fetchone()
+            return int(row[0]) if row else 0
+        finally:
+            cursor.close()
+
+    def render_metrics(self) -> str:
+        """The lake's state in the Prometheus text format, appended to /metrics by the server."""
+        now = time.time_ns()
+        try:
+            lag_rows: float = self.lag_rows()
+        except Exception:  # noqa: BLE001 - a store being closed: no figure rather than no page
+            lag_rows = float("nan")
+        as_of = self.synced_as_of_ns or self.started_ns
+        metrics = [
+            ("plumbline_lake_syncs_total", "counter", "Complete lake syncs (every table committed, watermark written).", self.syncs),
+            ("plumbline_lake_sync_failures_total", "counter", "Lake syncs that failed (retried at the next interval).", self.failures),
+            ("plumbline_lake_commit_retries_total", "counter",
+             "Lake commits refused for a concurrent one and rebased or redone.", self.retries),
+            ("plumbline_lake_rows_committed_total", "counter", "Rows written to the lake's tables.", self.rows_committed),
+            ("plumbline_lake_last_commit_timestamp_seconds", "gauge",
+             "When the last complete lake sync finished (Unix seconds; 0: none yet).", self.last_commit_ns / 1e9),
+            ("plumbline_lake_lag_seconds", "gauge",
+             "Age of the store state the lake holds for this instance (since startup when no sync completed).", (now - as_of) / 1e9),
+            ("plumbline_lake_lag_rows", "gauge", "Spans received since the store state the lake holds for this instance.", lag_rows),
+            ("plumbline_lake_last_sync_seconds", "gauge", "Duration of the last complete lake sync.",
+             self.last.seconds if self.last is not None else 0.0),
+        ]
+        lines = []
+        for name, kind, text, value in metrics:
+            shown = "NaN" if value != value else (str(int(value)) if float(value).is_integer() else repr(float(value)))
+            lines += [f"# HELP {name} {text}", f"# TYPE {name} {kind}", f'{name}{{instance="{_escape(self.sink.instance)}"}} {shown}']
+        return "\n".join(lines) + "\n"
 
     def start(self) -> None:
         def loop() -> None:
@@ -622,5 +1113,40 @@ class LakeSync:
             self._cursor = None
 
 
-__all__ = ["BATCH_ROWS", "NAMESPACE", "SCHEMAS", "TABLES", "Lake", "LakeReader", "LakeSink", "LakeSync", "SyncResult",
-           "default_instance", "maintain", "parse_lake_uri"]
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def rename(lake: Lake, old: str, new: str) -> dict[str, int]:
+    """Move an instance's rows to a new name, table by table, and write its watermark under the new name.
+
+    Run it with the instance stopped (its store's kept name is changed by the caller); readers meanwhile
+    see the instance under one name or the other per table, never both under one.
+    """
+    from pyiceberg.expressions import EqualTo
+
+    if old == new:
+        raise ConfigError("rename: the old and new names are the same")
+    moved: dict[str, int] = {}
+    sink = LakeSink(lake, new)
+    result = SyncResult()
+    if lake.scan("runs", EqualTo("instance", new), ("trace_id",)).num_rows:
+        raise ConfigError(f"lake {lake.label}: instance {new!r} already has runs; pick a name no instance uses")
+    for name in TABLES:
+        rows = lake.scan(name, EqualTo("instance", old))
+        moved[name] = int(rows.num_rows)
+        rows = rows.set_column(0, "instance", pa.array([new] * rows.num_rows, pa.string()))
+        if rows.num_rows:
+            sink._commit(name, EqualTo("instance", old), rows, result)  # one transaction: delete under the old name, append under the new
+        else:
+            table = lake.table(name)
+            table.refresh()
+            current = table.current_snapshot()
+            sink._marks[name] = current.snapshot_id if current is not None else None
+    sink._write_watermark(result)
+    lake.table(SYNCS).delete(EqualTo("instance", old))
+    return moved
+
+
+__all__ = ["BATCH_ROWS", "INSTANCE_KEY", "NAMESPACE", "SCHEMAS", "SYNCS", "TABLES", "Lake", "LakeReader", "LakeSink", "LakeSync", "SyncResult",
+           "catalog_of", "maintain", "parse_lake_uri", "rename", "resolve_instance", "stored_instance", "watermarks"]

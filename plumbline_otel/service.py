@@ -126,13 +126,18 @@ class Server:
         return Console(cursor, self.config.db_path, self.config.console_certificate, api=self.config.grpc_endpoint or None,
                        token=bool(self.config.auth_token), check_spec=self.config.check_spec)
 
+    def _render_metrics(self) -> str:
+        """/metrics: the receiver's own, then the lake sync's (`LakeSync.render_metrics`) when PLUMBLINE_LAKE is set."""
+        text = self.metrics.render()
+        return text + self.lake.render_metrics() if self.lake is not None else text
+
     def _start_http(self) -> None:
         cfg = self.config
         host, port = split_endpoint(cfg.http_endpoint, "receivers.otlp.protocols.http.endpoint")
         context = make_ssl_context(cfg.tls_cert_file, cfg.tls_key_file) if cfg.tls_cert_file and cfg.tls_key_file else None
         try:
             self.http = HttpServer(host, port, self.intake, max_body_bytes=cfg.http_max_body_bytes, max_connections=cfg.http_max_connections,
-                                   retry_after=cfg.retry_after_seconds, render_metrics=self.metrics.render, token=cfg.auth_token,
+                                   retry_after=cfg.retry_after_seconds, render_metrics=self._render_metrics, token=cfg.auth_token,
                                    ssl_context=context, console=self._console(), budget=self.queue.budget, deadlines=self.deadlines,
                                    max_per_address=cfg.http_max_connections_per_address, idle_timeout=cfg.http_idle_timeout_seconds,
                                    header_timeout=cfg.http_read_header_timeout_seconds, body_timeout=cfg.http_read_timeout_seconds,

@@ -38,6 +38,13 @@ class _Keeper:
         return written
 
 
+def _left_out(stores: Any) -> dict[str, Any]:
+    """What a read of several stores (a lake's instances) left out of the runs judged: misrouted traces, by id and stores."""
+    if not stores.misrouted:
+        return {}
+    return {"misrouted_traces": [{"trace_id": m.trace_id, "stores": list(m.stores)} for m in stores.misrouted]}
+
+
 @click.command("check")
 @click.option("--spec", "spec_path", required=True, type=click.Path(exists=True, dir_okay=False), help="invariant spec (YAML)")
 @stores_option
@@ -88,10 +95,13 @@ def check(spec_path: str, db: tuple[str, ...], server: tuple[str, ...], since: s
                     store.record_check(spec.hash, spec.name, spec_path, [])
             else:
                 summary = run_check(spec, store.trajectories(service=service, since_ns=since_ns))
+    left_out = _left_out(stores)
     if fmt == "json":
-        click.echo(json.dumps(summary.as_dict(), indent=2, default=str))
+        click.echo(json.dumps({**summary.as_dict(), **left_out}, indent=2, default=str))
     else:
         click.echo(render_text(summary))
+        if left_out:  # the runs judged are fewer than the stores hold: say which were not, as every other reader does
+            click.echo(stores.notice() or "")
     if fail_on != "never":
         worst = SEVERITIES.index(fail_on)
         if any(t.failed for t in summary.invariants.values() if SEVERITIES.index(t.severity) <= worst):

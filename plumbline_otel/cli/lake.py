@@ -2,7 +2,8 @@
 
     plumbline lake sync --db FILE --lake URI [--instance NAME] [--every SECONDS]
     plumbline lake tables --lake URI
-    plumbline lake maintain --lake URI [--older-than 1h] [--no-compact]
+    plumbline lake maintain --lake URI [--older-than 1h] [--settle 1h] [--orphan-grace 1h] [--no-compact]
+    plumbline lake rename --lake URI --from OLD --to NEW [--db FILE]
 
 A served store is committed by `plumbline serve` itself (PLUMBLINE_LAKE in its environment: a
 served file cannot be opened by another process); `sync` is for files written by `ingest` or
@@ -24,21 +25,24 @@ def lake() -> None:
     """One Apache Iceberg table set every instance commits to (plumbline_otel/lake.py)."""
 
 
-_LAKE_HELP = "the lake's catalog: a directory (embedded SQLite catalog), sqlite:///FILE, or postgresql://…?warehouse=URI"
+_LAKE_HELP = ("the lake's catalog: a directory (embedded SQLite catalog), sqlite:///FILE, or postgresql://…?warehouse=URI"
+              "[&catalog=NAME] (the catalog's name engines use, default plumbline or PLUMBLINE_LAKE_CATALOG)")
 
 
 @lake.command("sync")
 @click.option("--db", "db", required=True, metavar="FILE", help="the store to commit (not one a server holds)")
 @click.option("--lake", "lake_uri", required=True, metavar="CATALOG_URI", help=_LAKE_HELP)
-@click.option("--instance", default=None, help="this store's name in the lake (default: host and the file's absolute path)")
+@click.option("--instance", default=None,
+              help="this store's name in the lake, kept in the store at its first sync (default: the kept one, else host and a "
+                   "random suffix); a name other than the kept one is refused (see `lake rename`)")
 @click.option("--every", type=click.FloatRange(min=0.1), default=None, metavar="SECONDS",
               help="keep syncing at this interval until interrupted (the store is opened for each sync)")
 def sync(db: str, lake_uri: str, instance: str | None, every: float | None) -> None:
     """Make the lake's rows of this instance equal the store's (assembling it first); idempotent."""
-    from plumbline_otel.lake import Lake, LakeSink, default_instance
+    from plumbline_otel.lake import Lake, LakeSink
     from plumbline_otel.store import open_assembled
 
-    sink = LakeSink(Lake(lake_uri), instance or default_instance(db))
+    sink = LakeSink(Lake(lake_uri), instance)
     while True:
         store, pending = open_assembled(db)
         with store:
@@ -56,11 +60,11 @@ def sync(db: str, lake_uri: str, instance: str | None, every: float | None) -> N
 @click.option("--lake", "lake_uri", required=True, metavar="CATALOG_URI", help=_LAKE_HELP)
 def tables(lake_uri: str) -> None:
     """Each table's rows per instance, its data files and snapshots, and where it lives."""
-    from plumbline_otel.lake import TABLES, Lake
+    from plumbline_otel.lake import SYNCS, TABLES, Lake, watermarks
 
     the_lake = Lake(lake_uri)
     out = {}
-    for name in TABLES:
+    for name in (*TABLES, SYNCS):
         table = the_lake.table(name, create=False)
         if table is None:
             continue
@@ -68,21 +72,54 @@ def tables(lake_uri: str) -> None:
         out[name] = {"location": table.location(), "rows": {v["values"]: v["counts"] for v in instances},
                      "data_files": int(table.inspect.files().num_rows) if table.current_snapshot() else 0,
                      "snapshots": len(table.snapshots())}
-    click.echo(json.dumps({"lake": the_lake.label, "warehouse": the_lake.warehouse, "tables": out}, indent=2))
+    marks = watermarks(the_lake) or {}
+    click.echo(json.dumps({"lake": the_lake.label, "catalog": the_lake.catalog_name, "warehouse": the_lake.warehouse,
+                           "instances_synced": sorted(marks), "tables": out}, indent=2))
 
 
 @lake.command("maintain")
 @click.option("--lake", "lake_uri", required=True, metavar="CATALOG_URI", help=_LAKE_HELP)
 @click.option("--older-than", default="1h", show_default=True, metavar="AGE",
-              help="expire snapshots older than this age (90m, 24h, 7d): time travel past it is lost, their files freed")
+              help="expire snapshots older than this age (90m, 24h, 7d) and delete the files only they held: time travel past it is lost")
+@click.option("--settle", default="1h", show_default=True, metavar="AGE",
+              help="compact only the hours that began this long ago (newer ones still get late spans: their small files are cheap to rewrite)")
+@click.option("--orphan-grace", default="1h", show_default=True, metavar="AGE",
+              help="delete files no snapshot references (a killed commit's) once older than this: a younger one may be a commit under way's")
 @click.option("--compact/--no-compact", default=True, show_default=True,
-              help="rewrite each instance's many small data files as few large ones first")
-def maintain(lake_uri: str, older_than: str, compact: bool) -> None:
-    """Compact the data files and expire old snapshots; safe while instances commit (run it from cron, e.g. hourly)."""
+              help="rewrite each settled (instance, hour) partition's data files as one sorted file first")
+def maintain(lake_uri: str, older_than: str, settle: str, orphan_grace: str, compact: bool) -> None:
+    """Compact, expire old snapshots, delete the files nothing live needs, and report what was freed; safe while instances commit."""
     from plumbline_otel.lake import Lake
     from plumbline_otel.lake import maintain as run
 
-    cutoff = parse_since(older_than)
-    assert cutoff is not None
-    age_s = max(0.0, (time.time_ns() - cutoff) / 1e9)
-    click.echo(json.dumps(run(Lake(lake_uri), older_than_s=age_s, compact=compact), indent=2))
+    def age(text: str, option: str) -> float:
+        cutoff = parse_since(text)
+        if cutoff is None:
+            raise click.BadParameter(f"{option}: give an age like 1h")
+        return max(0.0, (time.time_ns() - cutoff) / 1e9)
+
+    click.echo(json.dumps(run(Lake(lake_uri), older_than_s=age(older_than, "--older-than"), compact=compact,
+                              settle_s=age(settle, "--settle"), orphan_grace_s=age(orphan_grace, "--orphan-grace")), indent=2))
+
+
+@lake.command("rename")
+@click.option("--lake", "lake_uri", required=True, metavar="CATALOG_URI", help=_LAKE_HELP)
+@click.option("--from", "old", required=True, help="the instance's name in the lake now")
+@click.option("--to", "new", required=True, help="its new name")
+@click.option("--db", "db", default=None, metavar="FILE", help="the instance's store: its kept name is changed too (stop its server first)")
+def rename(lake_uri: str, old: str, new: str, db: str | None) -> None:
+    """Move an instance's rows to a new name (the instance stopped); the store keeps the new name."""
+    from plumbline_otel.lake import INSTANCE_KEY, Lake
+    from plumbline_otel.lake import rename as run
+    from plumbline_otel.store import Store
+
+    if db is not None:
+        with Store(db) as store:
+            kept = store.connection.execute("SELECT value FROM meta WHERE key = ?", [INSTANCE_KEY]).fetchone()
+            if kept is not None and kept[0] != old:
+                raise click.ClickException(f"{db} is instance {kept[0]!r} in the lake, not {old!r}")
+            moved = run(Lake(lake_uri), old, new)
+            store.connection.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", [INSTANCE_KEY, new])
+    else:
+        moved = run(Lake(lake_uri), old, new)
+    click.echo(json.dumps({"from": old, "to": new, "rows_moved": moved}))

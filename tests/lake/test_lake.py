@@ -220,7 +220,11 @@ def test_concurrent_syncs_are_retried_and_a_killed_one_leaves_nothing_half_done(
           _answers(["--lake", lake], corpus / "spec.yaml", tmp_path))
 
 
-def test_maintenance_compacts_and_expires_without_changing_an_answer(corpus: Path, tmp_path: Path) -> None:
+def _files_on_disk(lake: str, table: str) -> int:
+    return sum(1 for p in (Path(lake) / "data" / "plumbline" / table / "data").rglob("*.parquet"))
+
+
+def test_maintenance_compacts_expires_and_frees_the_files_without_changing_an_answer(corpus: Path, tmp_path: Path) -> None:
     lake = str(tmp_path / "lake")
     for shard in range(SHARDS):
         store = Store(corpus / f"i{shard}.duckdb", read_only=True)
@@ -228,17 +232,26 @@ def test_maintenance_compacts_and_expires_without_changing_an_answer(corpus: Pat
             LakeSink(Lake(lake), f"i{shard}", batch_rows=10).sync(store.connection)  # many small files
     before = LakeReader(Lake(lake))
     trajectories = [t.trajectory_id for t in before.trajectories()]
-    files = Lake(lake).table("runs").inspect.files().num_rows
-    done = CliRunner().invoke(cli, ["lake", "maintain", "--lake", lake, "--older-than", "0s"])
+    table = Lake(lake).table("runs")
+    files = table.inspect.files().num_rows
+    partitions = len({(p["instance"], p["hour"]) for p in table.inspect.files()["partition"].to_pylist()})
+    on_disk = _files_on_disk(lake, "runs")
+    assert on_disk == files
+    done = CliRunner().invoke(cli, ["lake", "maintain", "--lake", lake, "--older-than", "0s", "--settle", "0s"])
     assert done.exit_code == 0, done.output
     report = json.loads(done.stdout)
-    assert report["runs"]["data_files_before"] == files > SHARDS
-    assert report["runs"]["data_files_after"] == SHARDS  # one per instance
-    assert report["runs"]["snapshots"] == 1
+    assert report["runs"]["data_files_before"] == files > partitions
+    assert report["runs"]["data_files_after"] == partitions  # one per (instance, hour)
+    assert report["runs"]["snapshots"] == 1  # the watermarks moved to it: the instances committed nothing since
+    # the files only expired snapshots held are gone, and said so: what is left on disk is what the live snapshot reads
+    assert report["runs"]["files_deleted"] >= files and report["runs"]["bytes_freed"] > 0
+    assert report["total"]["bytes_freed"] >= report["runs"]["bytes_freed"]
+    assert _files_on_disk(lake, "runs") == partitions
     assert [t.trajectory_id for t in LakeReader(Lake(lake)).trajectories()] == trajectories
     shown = CliRunner().invoke(cli, ["lake", "tables", "--lake", lake])
     assert shown.exit_code == 0 and '"i0"' in shown.stdout
-    assert maintain(Lake(lake), older_than_s=3600)["runs"]["snapshots_expired"] == 0
+    again = maintain(Lake(lake), older_than_s=3600)
+    assert again["runs"]["snapshots_expired"] == 0 and again["total"]["files_deleted"] == 0
 
 
 def test_a_postgres_catalog_serves_several_instances_as_one_store(corpus: Path, tmp_path: Path, postgres_db: str) -> None:
