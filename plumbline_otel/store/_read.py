@@ -25,6 +25,7 @@ from plumbline_otel.runs import (
     FAULT_PERTURBATIONS,
     PERTURBATION,
     RECORD_KIND,
+    RECORD_KINDS,
     REQUEST_PERTURBATIONS,
     RUN_TRACE,
     SEEN,
@@ -42,7 +43,7 @@ _CTX = "json_extract_string(doc, '$.context.\"{}\"')"
 _PERT_SQL = f"coalesce({_CTX.format(PERTURBATION)}, 'baseline')"
 _VARIANT_SQL = f"coalesce({_CTX.format(VARIANT)}, '')"
 _AGENT_SQL = "coalesce(service, '(unknown service)') || coalesce('@' || service_version, '')"
-_RECORD_SQL = (f"(n_steps = 0 AND coalesce({_CTX.format(RECORD_KIND)}, '') IN ('plan', 'attempt'))")  # runs.is_record in SQL
+_RECORD_SQL = (f"(n_steps = 0 AND coalesce({_CTX.format(RECORD_KIND)}, '') IN ({', '.join(repr(k) for k in RECORD_KINDS)}))")  # runs.is_record
 _STUDY_SQL = _CTX.format(STUDY)
 _COST_SQL = ("try_cast(coalesce(json_extract_string(attributes, '$.\"llm.cost.total\"'), "
              "json_extract_string(attributes, '$.\"gen_ai.usage.cost\"')) AS DOUBLE)")

@@ -89,7 +89,9 @@ def test_a_concurrent_study_stops_at_the_cap_and_records_the_rest_missing(tmp_pa
     records = [s for line in read_lines(tmp_path / "spans.jsonl") for rs in line["resourceSpans"]
                for ss in rs["scopeSpans"] for s in ss["spans"] if s["name"] == "plumbline.trial.record"]
     statuses = [a["value"].get("stringValue") for s in records for a in s["attributes"] if a["key"] == "plumbline.trial.status"]
-    assert len(records) == 40 + 40 and sorted(statuses).count("missing") == len(missing)  # the plan, then every attempt
+    ran = 40 - len(missing)
+    # the plan, then every attempt, and a seal of each attempt the agent ran
+    assert len(records) == 40 + 40 + ran and sorted(statuses).count("missing") == len(missing)
 
     # The cap is the study's: resuming with the same cap runs nothing more; a larger one continues.
     again = run_study(StudyConfig("capped", repeats=5, concurrency=8, budget_usd=2.0, trial_max_usd=0.15,
