@@ -408,7 +408,11 @@ def _layer_above(rec: SpanRecord, tools: dict[str, SpanRecord], spans: dict[str,
 def _outermost_layer(rec: SpanRecord, tools: dict[str, SpanRecord], spans: dict[str, SpanRecord]) -> SpanRecord:
     seen = {rec.span_id}
     layer = _layer_above(rec, tools, spans)
-    while layer is not None and layer.span_id not in seen and (layer.tool_name == rec.tool_name or "step:mcp_tools_call" in rec.shapes):
+    while layer is not None and layer.span_id not in seen and (
+            layer.tool_name == rec.tool_name or "step:mcp_tools_call" in rec.shapes
+            # A tool-kind span directly inside a tool span that names no tool of its own (BeeAI's `error` span of a
+            # failing call, under OpenInference) is an event of that call, not a call.
+            or ("step:tool_named_by_span" in rec.shapes and rec.parent_span_id == layer.span_id)):
         seen.add(layer.span_id)
         rec, layer = layer, _layer_above(layer, tools, spans)
     return rec
@@ -756,6 +760,8 @@ def assemble(records: list[SpanRecord], task_keys: Iterable[str] = DEFAULT_TASK_
                    key=lambda s: (s.start_ns, proposed.get(s.call_id or "", proposal_place.get(s.span_id or "", ("", 0))[1]),
                                   order.get(s.span_id or "", 0)))
     steps = _in_proposal_order(steps, proposal_place)
+    final_output = _final_output(root, records, llm)
+    steps = _without_answer_calls(steps, final_output)
     context = _context(root, records)
     if not steps and not any(k.startswith(CONTEXT_PREFIX) for k in context):
         return None
@@ -773,13 +779,35 @@ def assemble(records: list[SpanRecord], task_keys: Iterable[str] = DEFAULT_TASK_
         service_version=root.service_version,
         agent_name=next((r.agent_name for r in records if r.agent_name), None),
         input=input_text,
-        final_output=_final_output(root, records, llm),
+        final_output=final_output,
         conventions=tuple(sorted({r.convention for r in records if r.convention != "unknown"})),
         steps=tuple(steps),
         start_ns=records[0].start_ns,
         end_ns=max(r.end_ns for r in records),
         context=context,
     )
+
+
+def _answer_arg(args: Any) -> str | None:
+    """The one text a call's arguments carry (`{"response": "…"}`), whitespace-normalised; None for any other."""
+    values = list(args.values()) if isinstance(args, dict) else []
+    return " ".join(values[0].split()) if len(values) == 1 and isinstance(values[0], str) else None
+
+
+def _without_answer_calls(steps: list[Step], answer: str | None) -> list[Step]:
+    """The steps without the framework's answer tool: a call after the run's last model call whose one argument is the
+    run's answer (BeeAI's `final_answer(response=…)`, smolagents' `final_answer(answer=…)`, any framework's), and the
+    framework's spans of the same name beside it (BeeAI's AGENT span of the answer's stream). The model hands the
+    answer over by calling it; the call ends the run and does nothing of the user's, so it is the answer, not a tool
+    call. A call the model made before answering (its result went back to the model) is never one."""
+    if not answer:
+        return steps
+    last_llm = max((i for i, s in enumerate(steps) if s.kind == "llm_call"), default=-1)
+    said = " ".join(answer.split())
+    names = {s.name for s in steps[last_llm + 1:] if s.kind == "tool_call" and _answer_arg(s.args) == said}
+    if not names:
+        return steps
+    return [s for i, s in enumerate(steps) if i <= last_llm or s.kind not in ("tool_call", "agent") or s.name not in names]
 
 
 def _run_roots(records: list[SpanRecord]) -> list[SpanRecord]:

@@ -75,6 +75,10 @@ _SUMMARY_TOOLS = {("gcp.vertex.agent", "(merged tools)")}
 LANGFUSE_TYPE = "langfuse.observation.type"
 _LANGFUSE_KINDS: dict[str, StepKind] = {"generation": "llm_call", "tool": "tool_call", "agent": "agent"}
 _LANGFUSE_IN, _LANGFUSE_OUT = "langfuse.observation.input", "langfuse.observation.output"
+# What a model call's span records besides messages; a span with messages and none of these made no call itself.
+_MODEL_CALL_KEYS = ("gen_ai.request.model", "gen_ai.response.model", "gen_ai.response.id", "gen_ai.provider.name", "gen_ai.system",
+                    "gen_ai.usage.input_tokens", "gen_ai.usage.output_tokens", "gen_ai.usage.prompt_tokens",
+                    "gen_ai.usage.completion_tokens", "gen_ai.response.finish_reasons")
 _GENAI_MARKERS = ("gen_ai.operation.name", "gen_ai.input.messages", "gen_ai.output.messages", "gen_ai.tool.name", "gen_ai.provider.name",
                   "gen_ai.input.messages_delta")
 _EVENT_MESSAGES = {
@@ -83,6 +87,14 @@ _EVENT_MESSAGES = {
     "gen_ai.assistant.message": "assistant",
     "gen_ai.tool.message": "tool",
 }
+
+
+def _run_wrapper(attrs: dict[str, Any]) -> bool:
+    """Messages keys holding plain text (not a message list or message) on a span with nothing of a model call."""
+    if any(key in attrs for key in _MODEL_CALL_KEYS):
+        return False
+    values = [attrs[k] for k in ("gen_ai.input.messages", "gen_ai.output.messages", "gen_ai.input.messages_delta") if k in attrs]
+    return bool(values) and all(isinstance(v, str) and isinstance(maybe_json(v), str) for v in values)
 
 
 def _placeholder_name(name: str | None) -> bool:
@@ -115,6 +127,11 @@ def detect(attrs: dict[str, Any]) -> tuple[Convention, StepKind]:
         if operation is None and "gen_ai.tool.name" in attrs:
             operation = "execute_tool"
         elif operation is None and ("gen_ai.input.messages" in attrs or "gen_ai.output.messages" in attrs or "gen_ai.input.messages_delta" in attrs):
+            if _run_wrapper(attrs):
+                # Nothing of a model call (no model, provider, tokens or response id) and "messages" that are plain
+                # text, no message list: a span around a run recording what it answered (OpenLIT's `start_trace` with
+                # `set_result`), not a model call; the calls are the spans beneath it.
+                return "genai", "other"
             operation = "chat"
         if operation == "agent_step" and ("mastra.model_step.input" in attrs or "mastra.model_step.output" in attrs):
             # Mastra's model step: the request and response (with the proposed calls) of the chat span inside
@@ -438,6 +455,10 @@ def _apply_messages(rec: SpanRecord, inputs: list[Message], outputs: list[Messag
     users = [m for m in inputs if m.role == "user" and m.texts]
     if users and rec.input_text is None:
         rec.input_text = "\n".join(users[-1].texts)
+    if rec.step_kind != "llm_call":
+        # A run's span may hold the whole thread (a conversation's graph state: every assistant message so far); its
+        # answer is its last assistant message, not all of them.
+        outputs = [m for m in outputs if m.texts and m.role in (*_ASSISTANT_ROLES, None)][-1:]
     texts = [t for m in outputs for t in m.texts]
     if texts and rec.output_text is None:
         rec.output_text = "\n".join(texts)
@@ -704,6 +725,7 @@ def extract(rec: SpanRecord, attrs: dict[str, Any], events: list[tuple[str, dict
         if events:
             _tool_from_events(rec, events)
         if rec.tool_name is None:
+            _note(rec, "step", "tool_named_by_span")  # no tool-name key: inside another tool span, an event of that call
             name = rec.name.removeprefix("execute_tool ").removeprefix("tools/call ").strip()
             for suffix in _METHOD_SUFFIXES:
                 name = name.removesuffix(suffix)
@@ -731,6 +753,9 @@ def extract(rec: SpanRecord, attrs: dict[str, Any], events: list[tuple[str, dict
     elif rec.parent_span_id is None or _program_call(rec, attrs):  # a root chain or workflow span: the run's request and answer
         _run_texts(rec, _first(attrs, "input.value", "traceloop.entity.input", _LANGFUSE_IN),
                    _first(attrs, "output.value", "traceloop.entity.output", _LANGFUSE_OUT))
+        if rec.convention == "genai" and _run_wrapper(attrs):  # its texts are the run's request and answer
+            _note(rec, "step", "run_wrapper")
+            _run_texts(rec, attrs.get("gen_ai.input.messages"), attrs.get("gen_ai.output.messages"))
         if rec.input_text is None and "crew_tasks" in attrs:  # a CrewAI kickoff: the request is its tasks' description
             rec.input_text = _crew_request(attrs.get("crew_tasks"), attrs.get("crew_inputs"))
             _note(rec, "input", "crewai_tasks" if rec.input_text else None)

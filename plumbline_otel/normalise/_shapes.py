@@ -97,8 +97,8 @@ def response_repr(text: str) -> Any:
     records a streamed run's `str(response)` as the output text) as the dict; None for any other text."""
     if not _RESPONSE_REPR.match(text):
         return None
-    try:
-        value = ast.literal_eval(text)
+    try:  # not `ast.literal_eval`: its nested converters make reference cycles, and shard workers leave the collector off
+        value = _repr_value(ast.parse(text, mode="eval").body)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return None
     return value if isinstance(value, dict) else None
@@ -142,6 +142,8 @@ def unwrap_args(raw: Any) -> tuple[Any, str | None, str | None]:
     if value.get("type") == "tool_call" and isinstance(value.get("args"), dict) and "name" in value:
         call_id = value.get("id")
         return value["args"], str(call_id) if call_id else None, "tool_call_object"
+    if set(value) == {"input", "options"} and isinstance(value["input"], dict):
+        return value["input"], None, "tool_run_input"  # BeeAI's `Tool.run(input, options)`, as OpenInference records it
     if set(value) == {"kwargs"} and isinstance(value["kwargs"], dict):
         return value["kwargs"], None, "kwargs_wrapper"
     if set(value) == {"args"} and isinstance(value["args"], list) and len(value["args"]) == 1:
@@ -191,9 +193,53 @@ _TEXT_BLOCK_KEYS = frozenset({"type", "text", "annotations", "meta", "_meta"})
 _FUNCTION_RESPONSE_KEYS = frozenset({"id", "name", "response", "will_continue", "scheduling", "parts"})
 
 
+_FIELDS_REPR = re.compile(r"^content=['\"\[]")
+
+
+def fields_repr(text: str) -> dict[str, Any] | None:
+    """A pydantic object's `str()`, its fields as `name=<Python literal>` separated by spaces (LangChain's
+    `content='…' name='lookup_invoice' tool_call_id='call_1' status='error'`, which OpenLIT records as a tool's result),
+    as a dict; None when the text is not one."""
+    if not _FIELDS_REPR.match(text) or len(text) > 1_000_000:
+        return None
+    out, depth, quote, i = [], 0, "", 0
+    while i < len(text):  # a comma before each field past the first: the text is then a call's keyword arguments
+        ch = text[i]
+        if quote:
+            if ch == "\\":
+                out.append(text[i:i + 2])
+                i += 2
+                continue
+            quote = "" if ch == quote else quote
+        elif ch in "'\"":
+            quote = ch
+        elif ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+        elif ch == " " and depth == 0 and re.match(r" [A-Za-z_]\w*=", text[i:]):
+            out.append(",")
+        out.append(ch)
+        i += 1
+    try:
+        parsed = _repr_value(ast.parse("f(" + "".join(out) + ")", mode="eval").body)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return None
+    if not isinstance(parsed, dict):
+        return None
+    parsed.pop("__class__", None)
+    return parsed
+
+
 def unwrap_result(raw: Any) -> tuple[Any, str | None]:
     """A tool's recorded output as (the tool's content, shape name)."""
     value = maybe_json(raw)
+    if isinstance(value, str) and " tool_call_id=" in value:
+        fields = fields_repr(value)
+        if fields is not None and "content" in fields and "tool_call_id" in fields:  # a ToolMessage's str()
+            inner, shape = unwrap_result({"content": fields["content"], "tool_call_id": fields["tool_call_id"],
+                                          "status": fields.get("status")})
+            return inner, TOOL_ERROR_SHAPE if shape == TOOL_ERROR_SHAPE else "langchain_tool_message_repr"
     lc = _lc_object(value)
     if lc is not None and "content" in lc[1]:
         value = lc[1]
