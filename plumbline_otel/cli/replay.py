@@ -155,6 +155,9 @@ class _PerturbationsOption(click.Option):
               help="share the study with runners on other machines: its ledger, exact spend cap and trial claims in Postgres")
 @click.option("--cache", "cache_mode", type=click.Choice(["record", "replay", "off"]), default="record", show_default=True,
               help="model-response cache: record, replay only (offline), off")
+@click.option("--cassette", default=None, metavar="STATE_DIR", type=click.Path(file_okay=False, exists=True),
+              help="re-run another study from its recording: this study's model calls are answered, offline, from that study's "
+                   "state (its responses.jsonl), by task, perturbation, variant and repeat; give this study a new --study name")
 @click.option("--service", default=None, help="label (service[@version]) the agent's runs carry, for missing markers")
 @click.option("--spec", default=None, help="spec file: named in the printed certify command, and what --target judges runs by")
 @click.option("--target", type=click.FloatRange(0, 1, min_open=True, max_open=True), default=None,
@@ -206,6 +209,7 @@ class ReplayOptions:
     state_dir: str | None
     state_url: str | None
     cache_mode: str
+    cassette: str | None
     service: str | None
     spec: str | None
     target: float | None
@@ -236,7 +240,7 @@ class ReplayOptions:
             concurrency=self.concurrency, budget_usd=self.budget_usd, trial_max_usd=self.trial_max_usd, resume=self.resume,
             rerun=self.rerun, trace_wait_s=self.trace_wait, grace_s=self.grace, retry=RetryPolicy(max_attempts=self.max_attempts),
             state_dir=self.state_dir or states_beside((stores.dbs or (DEFAULT_DB,))[0]) / self.study,
-            cache_mode=self.cache_mode,
+            cache_mode="replay" if self.cassette else self.cache_mode, cassette=self.cassette,
             sink=SpanSink(otlp_file=self.otlp_file, endpoint=self.endpoint) if (self.otlp_file or self.endpoint) else None,
             trace_stored=_ServerTraces(self.server) if self.server and self.endpoint and not self.dry_run else None,
             service=label or None, service_version=version or None, target=self.target, min_tasks=self.min_tasks,

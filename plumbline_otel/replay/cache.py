@@ -62,8 +62,9 @@ def content_digest(content: dict[str, Any]) -> str:
 
 
 def cache_key(identity: TrialIdentity, content: dict[str, Any], occurrence: int = 0) -> str:
-    """The cache key: trial identity + occurrence + request content."""
-    trial = {"trial_id": identity.trial_id, "perturbation": identity.perturbation,
+    """The cache key: trial identity + occurrence + request content. The study's own name (the trial id's first part)
+    is not in it, so another study of the same plan replays this one's exchanges (``replay --cassette``)."""
+    trial = {"trial_id": identity.trial_id.partition("/")[2] or identity.trial_id, "perturbation": identity.perturbation,
              "variant": identity.variant, "repeat": identity.repeat}
     return hashlib.sha256(_canonical({"trial": trial, "occurrence": occurrence, "request": content})).hexdigest()
 

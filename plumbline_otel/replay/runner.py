@@ -133,6 +133,7 @@ class StudyConfig:
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     state_dir: str | Path | None = None  # ledger.jsonl, variants.jsonl, responses.jsonl
     cache_mode: str = "record"  # record | replay (offline) | off
+    cassette: str | Path | None = None  # another study's state whose recorded exchanges serve this one, offline
     sink: SpanSink | None = None
     service: str | None = None  # label on the driver's records (default: the adapter's, then the task's)
     service_version: str | None = None
@@ -596,6 +597,7 @@ class _Runner:
             saw = seen.as_dict()
             witness = str(seen.witness)
             record.evidence[witness] = _brief(saw)
+            record.cache_hits += int(saw.get("cache_hits") or 0)  # answered from the cassette at the proxy
             if record.fault and saw.get("faults") and not record.fault_fired:
                 record.fault_fired, record.fault_source = True, witness
             if (record.perturbation == "decoy_tools" and saw.get("decoys_offered")) or (
@@ -979,7 +981,13 @@ def open_study(config: StudyConfig, tasks: Sequence[ReplayTask], adapter: Any) -
         from plumbline_otel.replay.pgstate import PgLedger, PgSpendCap
 
         ledger, cap = PgLedger(config.state_url, config.study), PgSpendCap(config.state_url, config.study, config.budget_usd)
-    cache = ResponseCache(state / "responses.jsonl", config.cache_mode) if state and config.cache_mode != "off" else None
+    if config.cassette is not None:  # re-run another study from its recording: offline, its exchanges only
+        cassette = Path(config.cassette) / "responses.jsonl"
+        if not cassette.is_file():
+            raise ReplayError(f"--cassette {config.cassette}: no recorded exchanges there (responses.jsonl): give a study's state directory")
+        cache: ResponseCache | None = ResponseCache(cassette, "replay")
+    else:
+        cache = ResponseCache(state / "responses.jsonl", config.cache_mode) if state and config.cache_mode != "off" else None
     planning = config
     if config.options.paraphraser is not None:
         scoped = _Scoped(config.options.paraphraser, "paraphrase-generator", config.study, cap, cache)

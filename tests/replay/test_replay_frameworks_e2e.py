@@ -133,34 +133,34 @@ def test_an_mcp_tooled_agent_gets_its_tool_fault_from_the_mcp_proxy_and_an_unrou
 @pytest.mark.slow
 @pytest.mark.e2e
 def test_a_study_replays_offline_from_its_cassette_with_no_provider_call(tmp_path: Path, db: Path, provider: Any) -> None:
+    """One command re-runs a decided study from its recording (`--cassette`), offline, and reproduces its certificate."""
     import shutil
 
     offline_db = tmp_path / "offline.duckdb"
     shutil.copy(db, offline_db)
     agent = f"command:{sys.executable} -m tests.replay.agents.pydantic_ai_ap"
-    first, _ = replay(tmp_path, db, provider, "tape", agent, "baseline,sampling")
+    first, recorded = replay(tmp_path, db, provider, "tape", agent, "baseline,sampling")
     assert "ran 4 (4 ok" in first.output
-    state = tmp_path / "offline-state"
-    state.mkdir()
-    shutil.copy(db.with_suffix("").parent / "p.replay" / "tape" / "responses.jsonl", state / "responses.jsonl")
     calls_before = len(provider.requests)
-    (tmp_path / "spec.yaml").write_text(SPEC)
 
     class Dead:  # the provider is gone: only the cassette can answer
         openai_url = "http://127.0.0.1:9/v1"
 
-    again, cells = replay(tmp_path, offline_db, Dead(), "tape", agent, "baseline,sampling", "--cache", "replay",
-                          "--state-dir", str(state))
+    tape = db.with_suffix("").parent / "p.replay" / "tape"
+    again, cells = replay(tmp_path, offline_db, Dead(), "tape-again", agent, "baseline,sampling", "--cassette", str(tape))
     assert "ran 4 (4 ok" in again.output, again.output
     assert len(provider.requests) == calls_before
-    assert all(c["n"] == 2 for c in cells.values())
+    hits = int(again.output.split("cache: ")[1].split(" hits")[0])
+    assert hits >= 4  # every model call of every trial answered from the cassette, and counted
+    keep = ("n", "conforming", "exposed", "errored", "unexposed", "missing", "per_task")
+    assert {p: {k: c[k] for k in keep} for p, c in cells.items()} == {p: {k: c[k] for k in keep} for p, c in recorded.items()}
 
-    def steps(path: Path) -> dict[str, list[tuple[str, Any]]]:
+    def steps(path: Path, study: str) -> dict[str, list[tuple[str, Any]]]:
         with Store(path) as store:
-            return {str(t.context.get("plumbline.trial.id")): [(s.name, s.args) for s in t.steps if s.kind == "tool_call"]
-                    for t in store.trajectories() if t.context.get("plumbline.study") == "tape" and not is_record(t)}
+            return {str(t.context.get("plumbline.trial.id")).partition("/")[2]: [(s.name, s.args) for s in t.steps if s.kind == "tool_call"]
+                    for t in store.trajectories() if t.context.get("plumbline.study") == study and not is_record(t)}
 
-    assert steps(offline_db) == steps(db) and len(steps(db)) == 4
+    assert steps(offline_db, "tape-again") == steps(db, "tape") and len(steps(db, "tape")) == 4
 
 
 @pytest.mark.slow
