@@ -50,6 +50,8 @@ _KNOWN_PREFIXES = (
     # Mastra's exporter (read: agent_run and model_step input/output; the rest is its bookkeeping).
     "mastra.span.type", "mastra.agent_run.", "mastra.workflow_run.", "mastra.model_step.", "mastra.model_generation.",
     "mastra.model_chunk.", "mastra.metadata.", "mastra.tags", "mastra.completion_start_time",
+    # CrewAI's keys under Traceloop (read: the crew's tasks, inputs and result, a task's description).
+    "crewai.crew.tasks", "crewai.crew.inputs", "crewai.crew.result", "crewai.task.description",
     # Langfuse's (read: observation type, input, output, model, usage, level; the rest is its bookkeeping).
     "langfuse.observation.type", "langfuse.observation.input", "langfuse.observation.output", "langfuse.observation.model.",
     "langfuse.observation.usage_details", "langfuse.observation.level", "langfuse.observation.status_message",

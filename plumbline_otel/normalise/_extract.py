@@ -656,6 +656,13 @@ def _agent(rec: SpanRecord, attrs: dict[str, Any], events: list[tuple[str, dict[
     rec.agent_name = _or_text(rec.agent_name, _first(attrs, "gen_ai.agent.name", "agent.name", "graph.node.id"))
     if "task_id" in attrs and "crew_id" in attrs:
         _task_output_request(rec, attrs.get("output.value"))
+    if rec.input_text is None and ("crewai.crew.tasks" in attrs or "crewai.task.description" in attrs):
+        # CrewAI under Traceloop: the request is the (first) task's description, as under OpenInference, never the
+        # prompt CrewAI's template makes of it (`Current Task: …`); the crew's result is its answer.
+        rec.input_text = _crew_request(attrs.get("crewai.crew.tasks"), attrs.get("crewai.crew.inputs")) \
+            or as_text(attrs.get("crewai.task.description"))
+        _note(rec, "input", "crewai_tasks" if rec.input_text else None)
+        rec.output_text = _or_text(rec.output_text, attrs.get("crewai.crew.result"))
     if rec.convention == "vercel_ai":
         rec.agent_name = _or_text(rec.agent_name, attrs.get("ai.telemetry.functionId"))
         rec.input_text = rec.input_text or _vercel_request(rec, attrs.get("ai.prompt"))
