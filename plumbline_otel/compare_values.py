@@ -354,30 +354,32 @@ def _fmt(d: Decimal) -> str:
     return format(d.normalize(), "f") if d == d.to_integral() else format(d, "f")
 
 
+def parse_iso(text: str) -> datetime | None:
+    """An ISO 8601 time (``Z`` read as UTC, a naive time taken as UTC), or None when `text` is not one: the one reading
+    of times that `--since` and typed comparison share."""
+    text = text.strip()
+    if text.endswith(("Z", "z")):
+        text = text[:-1] + "+00:00"
+    try:
+        when = datetime.fromisoformat(text)
+    except ValueError:
+        return None
+    return when if when.tzinfo is not None else when.replace(tzinfo=timezone.utc)
+
+
 def _to_when(value: Any, kind: str) -> date | datetime | None:
     if isinstance(value, datetime):
-        dt = value
+        dt = value if value.tzinfo is not None else value.replace(tzinfo=timezone.utc)
     elif isinstance(value, date):
         return value if kind == "date" else datetime(value.year, value.month, value.day, tzinfo=timezone.utc)
     elif isinstance(value, str):
-        text = value.strip()
-        if text.endswith(("Z", "z")):
-            text = text[:-1] + "+00:00"
-        try:
-            dt = datetime.fromisoformat(text)
-        except ValueError:
-            try:
-                d = date.fromisoformat(text[:10]) if len(text) >= 10 else None
-            except ValueError:
-                return None
-            if d is None or len(text) != 10:
-                return None
-            return _to_when(d, kind)
+        parsed = parse_iso(value)
+        if parsed is None:
+            return None
+        dt = parsed
     else:
         return None
-    if kind == "date":
-        return dt.date()
-    return dt if dt.tzinfo is not None else dt.replace(tzinfo=timezone.utc)
+    return dt.date() if kind == "date" else dt
 
 
 def _canon(value: Any, rule: Rule) -> Any:

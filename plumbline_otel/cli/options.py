@@ -5,11 +5,11 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Callable
-from datetime import datetime, timezone
 from typing import Any
 
 import click
 
+from plumbline_otel.compare_values import parse_iso
 from plumbline_otel.errors import ConfigError
 from plumbline_otel.sources import Sources
 from plumbline_otel.store import DEFAULT_DB
@@ -98,15 +98,9 @@ def parse_since(text: str | None, now_ns: int | None = None) -> int | None:
     age = _AGE.match(text)
     if age:
         return now_ns - int(float(age.group(1)) * _UNIT_S[age.group(2)] * 1_000_000_000)
-    iso = text.strip()
-    if iso.endswith(("Z", "z")):
-        iso = iso[:-1] + "+00:00"
-    try:
-        when = datetime.fromisoformat(iso)
-    except ValueError:
-        raise ConfigError(f"--since: {text!r} is neither an ISO time nor an age like 24h") from None
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=timezone.utc)
+    when = parse_iso(text)
+    if when is None:
+        raise ConfigError(f"--since: {text!r} is neither an ISO time nor an age like 24h")
     return int(when.timestamp()) * 1_000_000_000 + when.microsecond * 1000
 
 

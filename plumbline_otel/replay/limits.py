@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from plumbline_otel.errors import ConfigError
-from plumbline_otel.normalise._values import Limits as IngestLimits
+from plumbline_otel.normalise import Limits as IngestLimits
 
 MIB = 1 << 20
 KIB = 1 << 10
