@@ -8,7 +8,7 @@ amounts, skipped checks and missing trials mixed in), a spec with every invarian
 2. `check` writing violations to a DuckDB file (and a second, idempotent run),
 3. building the certificate,
 4. with --store: the same runs ingested as spans into a real store, then `check` reading them back.
-Reports trajectories/s for each. Budget (DESIGN.md section 10): seconds, not minutes.
+Reports trajectories/s for each. Budget (docs/performance.md): seconds, not minutes.
 """
 
 from __future__ import annotations

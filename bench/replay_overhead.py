@@ -13,7 +13,7 @@ is done only once its trace reached the sink). Measured in one process, same tri
 - of which planning: ``plan_study`` alone (variants, guard, trial identities), per trial.
 
 Per row: ms/trial and the ratio to the peer. With a no-op adapter the ratio is large by
-construction (the peer does nothing); the number that matters (DESIGN.md section 10: "the driver
+construction (the peer does nothing); the number that matters (docs/performance.md's budget: "the driver
 adds milliseconds per trial on top of the model's own time") is the absolute overhead, printed
 beside it. Results also go to bench/out/replay_overhead.json.
 """

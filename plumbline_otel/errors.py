@@ -3,12 +3,24 @@
     PlumblineError
     ├── InputError            something a user gave us is wrong; fix the input and retry
     │   ├── MalformedRequest  an OTLP request body (transport or file content) that cannot be decoded
+    │   ├── BodyTooLarge      a request body over the receiver's limit (decode/)
     │   ├── MalformedTraceFile a trace file, with the file and line
     │   ├── ConfigError       a config file or flag, with the key
-    │   └── SpecError         an invariant spec, with the file, line and reason
+    │   ├── SpecError         an invariant spec, with the file, line and reason
+    │   └── CertificateError  a certificate file the gate cannot read (report/render.py)
     ├── StoreError            the DuckDB store (locked by a server, unreadable, wrong version)
-    └── ReplayError           the replay driver or an agent adapter
+    │   └── StoreLocked       held by another process, named (store/)
+    ├── ReplayError           the replay driver or an agent adapter
+    │   ├── AdapterError      an agent adapter failed (replay/adapters.py)
+    │   │   └── TransientAdapterError  it never reached the agent: retried
+    │   ├── AttemptInterrupted the runner was stopped during the attempt
+    │   ├── BudgetExceeded    the spend cap refused a call or a trial (replay/budget.py)
+    │   ├── StudyLocked       another runner holds the study (replay/lock.py)
+    │   └── LeaseLost         a shared study's claim went to another runner (replay/pgstate.py)
+    ├── Overloaded            the receiver pushes back (receive/): RESOURCE_EXHAUSTED / 429
+    └── EmitError             evaluation events could not be sent (evaluation_events.py)
 
+Each subclass lives beside the code that raises it; this tree is the map.
 The core raises these; the CLI and the receivers turn them into messages and status codes in one
 place each (cli/main.py, receive/).
 """

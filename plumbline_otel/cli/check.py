@@ -12,14 +12,17 @@ Exit codes: 0 done (violations are findings, not failures, unless --fail-on says
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from plumbline_otel.cli.options import parse_since, since_option, sources, stores_option, warn_misrouted
 
+if TYPE_CHECKING:
+    from plumbline_otel.store import Store
 
-def open_store(db: str, read_only: bool = False):  # type: ignore[no-untyped-def]
+
+def open_store(db: str, read_only: bool = False) -> Store:
     """The store, imported late so commands that need none start fast."""
     from plumbline_otel.store import Store
 

@@ -3,8 +3,11 @@
     class Adapter(Protocol):
         def run(self, trial: Trial) -> TrialOutcome: ...
 
-Optional attributes the driver reads: ``service`` / ``service_version`` (the agent label its
-spans carry, used on missing-trial markers), ``decoy_tools`` (the domain's decoys), ``close()``.
+Optional members the driver reads (and nothing else): ``service`` / ``service_version`` (the agent
+label on the driver's records), ``decoy_tools`` (the domain's decoys), ``fault_tools`` (preferred
+fault targets among the tools a task's source run called), ``describe()`` (one line for the
+console), ``cancel()`` and ``grace_s`` (stopping running agents when the runner is stopped), and
+``close()``.
 
 - ``PythonAdapter``: a callable in this process, ``fn(trial)``. The driver runs it inside the
   trial's OTel context (trace and baggage) and trial scope (cache, budget, fault).
@@ -18,7 +21,8 @@ spans carry, used on missing-trial markers), ``decoy_tools`` (the domain's decoy
   and ``PLUMBLINE_*`` variables;
   the variant text on stdin, or in place of ``{input}`` in the arguments. Exit 75 (EX_TEMPFAIL)
   is a transient failure. A last stdout line that is a JSON object may report ``trace_id``,
-  ``cost_usd``, ``fault_fired`` and ``output``.
+  ``cost_usd``, ``fault_fired`` and ``output``: claims, kept beside the driver's record (a
+  ``trace_id`` that is not the attempt's own is a conflict; a cost can raise a charge, never lower it).
 - ``HttpAdapter``: POSTs ``{input, trial, metadata, fault}`` as JSON with W3C ``traceparent`` and
   ``baggage`` headers; 408/425/429/503 and connection failures are transient (``Retry-After``
   honoured): the request was refused at the door. Any other error status means the agent ran and
