@@ -433,9 +433,10 @@ def _decide(planned: AttemptRecord | None, attempts: list[AttemptRecord], by_tra
         return result("errored", decided.reason or "errored", run, notes)
     if run is None:
         return result("missing", f"ran, but its run (trace {decided.trace_id}) is not in the store: ingest the study's spans")
-    if base.perturbation in FAULT_PERTURBATIONS and not decided.fault_fired:
+    kind = base.perturbation.partition("@")[0]  # a branch point's label carries its step (tool_fault@3, replay.tape)
+    if kind in FAULT_PERTURBATIONS and not decided.fault_fired:
         return result("unexposed", "the driver saw no fault reach the agent", run, notes)
-    if base.perturbation in REQUEST_PERTURBATIONS and not decided.seen:
+    if kind in REQUEST_PERTURBATIONS and not decided.seen:
         return result("unexposed", f"the driver never saw {base.perturbation} reach a model request", run, notes)
     return result("exposed", None, run, notes)
 

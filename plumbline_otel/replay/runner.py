@@ -58,6 +58,7 @@ from plumbline_otel.replay.perturb import Paraphraser, PerturbOptions, Variant, 
 from plumbline_otel.replay.pgstate import LeaseLost, PgLedger
 from plumbline_otel.replay.scope import FaultInjector, TrialScope, activate
 from plumbline_otel.replay.sequential import SequentialStop, order_seed, task_order
+from plumbline_otel.replay.tape import base_perturbation, branch_variants
 from plumbline_otel.replay.tasks import ReplayTask
 from plumbline_otel.runs import (
     COST_BASIS,
@@ -149,6 +150,11 @@ class StudyConfig:
     # Shared study state (`replay.pgstate`): runners on several machines share one ledger, one exact
     # spend cap and the trials, each claimed by one runner at a time.
     state_url: str | None = None
+    # Branch-point replay (issue 44, `replay.tape`): "each" or the steps to branch at, and each task's tape (by task key);
+    # a task without one is listed in branch_missing with why. None: every trial starts from the task's first request.
+    branch_at: str | tuple[int, ...] | None = None
+    tapes: Mapping[str, Any] = field(default_factory=dict)
+    branch_missing: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.study or "/" in self.study:
@@ -190,7 +196,11 @@ def plan_study(config: StudyConfig, tasks: Sequence[ReplayTask], adapter: Any = 
     variants: list[Variant] = []
     trials: list[Trial] = []
     for task in sorted(tasks, key=lambda t: t.task_key):
-        for variant in build_variants(task, config.perturbations, options):
+        built = build_variants(task, config.perturbations, options)
+        if config.branch_at is not None:  # each branch point a cell: its label carries the step (tool_fault@3)
+            built = branch_variants(built, config.tapes.get(task.task_key), config.branch_at,
+                                    config.branch_missing.get(task.task_key, ""))
+        for variant in built:
             variants.append(variant)
             if variant.rejected:
                 continue
@@ -451,8 +461,8 @@ class _Runner:
             return False
         if record.status != "ok" or self.config.judge is None or record.trace_id is None:
             return None
-        if (record.perturbation in FAULT_PERTURBATIONS and not record.fault_fired) or (
-                record.perturbation in REQUEST_PERTURBATIONS and not record.seen):
+        if (base_perturbation(record.perturbation) in FAULT_PERTURBATIONS and not record.fault_fired) or (
+                base_perturbation(record.perturbation) in REQUEST_PERTURBATIONS and not record.seen):
             return None
         return self.config.judge(record.trace_id, trial.identity.attributes())
 
@@ -498,7 +508,9 @@ class _Runner:
                 scope = TrialScope(attempt.identity, budget, self.cache,
                                    FaultInjector(trial.fault) if trial.fault else None, attempt.identity.attempt,
                                    metadata=dict(trial.metadata))
-                routes = [(proxy, proxy.open_trial(attempt, budget)) for proxy in self.config.proxies]
+                tape = self.config.tapes.get(trial.task.task_key) if trial.metadata.get("branch_at") else None
+                routes = [(proxy, proxy.open_trial(attempt, budget) if tape is None else proxy.open_trial(attempt, budget, tape=tape))
+                          for proxy in self.config.proxies]
                 attempt = replace(attempt, routes={k: v for _, route in routes for k, v in route.env().items()})
                 status, reason, outcome, retry = self._execute(attempt, scope, record.attempts)
                 ran = status in RAN or (reason or "").startswith("interrupted: the runner was stopped during")  # it may have spent
@@ -600,10 +612,10 @@ class _Runner:
             record.cache_hits += int(saw.get("cache_hits") or 0)  # answered from the cassette at the proxy
             if record.fault and saw.get("faults") and not record.fault_fired:
                 record.fault_fired, record.fault_source = True, witness
-            if (record.perturbation == "decoy_tools" and saw.get("decoys_offered")) or (
-                    record.perturbation == "sampling" and saw.get("sampling_changes")):
+            if (base_perturbation(record.perturbation) == "decoy_tools" and saw.get("decoys_offered")) or (
+                    base_perturbation(record.perturbation) == "sampling" and saw.get("sampling_changes")):
                 record.seen, record.seen_by = True, witness
-        if record.perturbation in REQUEST_PERTURBATIONS and record.seen is None:
+        if base_perturbation(record.perturbation) in REQUEST_PERTURBATIONS and record.seen is None:
             record.seen = False
         if outcome is not None:
             record.fault_claimed = outcome.fault_fired
@@ -684,6 +696,11 @@ def _plumbline_failed(status: str, reason: str | None, retry: float | None, evid
     if status not in RAN:
         return status, reason, retry
     own = status if status == "ok" else f"{status}: {reason}"
+    for e in evidence:  # a branch-point replay whose agent left the recorded run in the prefix: measured, never scored
+        diverged = e.as_dict().get("diverged") or ()
+        if diverged:
+            first = min(diverged, key=lambda d: int(d.get("step") or 0))
+            return "missing", f"diverged at step {first.get('step')}: {first.get('detail')} (agent's own result: {own})", None
     for e in evidence:
         saw = e.as_dict()
         if saw.get("refused_budget"):

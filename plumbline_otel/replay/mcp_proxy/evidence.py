@@ -12,7 +12,11 @@ import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
+import mcp.types as types
+import orjson
+
 from plumbline_otel.replay.identity import FaultPlan
+from plumbline_otel.replay.tape import Branch, ToolStep, first_difference
 
 if TYPE_CHECKING:
     from plumbline_otel.replay.adapters import Trial
@@ -55,6 +59,10 @@ class McpEvidence:
     server_died: tuple[dict[str, Any], ...] = ()  # {call, tool, detail, kind, relaunched}
     proxy_errors: tuple[dict[str, Any], ...] = ()  # {call, tool, detail, kind}
     relaunches: int = 0
+    # Branch-point replay (issue 44): tool calls answered from the run's tape, and where the agent's call in the prefix
+    # differed from the recorded one ({step, call, detail}; the driver makes the trial missing).
+    tape_served: int = 0
+    diverged: tuple[dict[str, Any], ...] = ()
 
     @property
     def fault_fired(self) -> bool:
@@ -73,6 +81,8 @@ class McpEvidence:
             "passthrough": self.passthrough, "unroutable": self.unroutable,
             "server_died": [dict(d) for d in self.server_died], "proxy_errors": [dict(e) for e in self.proxy_errors],
             "relaunches": self.relaunches,
+            **({"tape_served": self.tape_served, "diverged": [dict(d) for d in self.diverged]}
+               if self.tape_served or self.diverged else {}),
         }
 
 
@@ -99,6 +109,8 @@ class McpTrialState:
     server_died: list[dict[str, Any]] = field(default_factory=list)
     proxy_errors: list[dict[str, Any]] = field(default_factory=list)
     closed: bool = False
+    branch: Branch | None = None  # a branch-point replay: the prefix's tool calls are served from its tape (issue 44)
+    tape_served: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def next_call(self, tool: str) -> int:
@@ -144,6 +156,25 @@ class McpTrialState:
         with self.lock:
             self.proxy_errors.append({"call": call, "tool": tool, "detail": detail, "kind": kind})
 
+    def from_tape(self, step: ToolStep, tool: str, arguments: Any) -> types.CallToolResult:
+        """The recorded result of a prefix call, or (the agent called another tool, or with other arguments) an error
+        result and the divergence noted: the trial is then missing, never scored."""
+        difference = None
+        if step.name != tool:
+            difference = f"tool call {step.ordinal}: recorded {step.name!r}, the agent called {tool!r}"
+        else:
+            recorded = _as_arguments(step.arguments)
+            if recorded is not None and recorded != (arguments or {}):
+                difference = first_difference(recorded, arguments or {}, f"{tool} arguments")
+        with self.lock:
+            if difference is not None:
+                assert self.branch is not None
+                self.branch.diverged.append({"step": step.index, "call": self.calls, "detail": difference})
+                return types.CallToolResult(content=[types.TextContent(type="text", text=f"plumbline: diverged at step {step.index}: {difference}")],
+                                            is_error=True)
+            self.tape_served += 1
+        return tool_result(step)
+
     def evidence(self, unroutable_now: int, generation_now: int = 0, relaunches: list[dict[str, Any]] | None = None) -> McpEvidence:
         """The frozen summary; ``generation_now`` (the upstream connection's number now) tells whether a dead
         server was relaunched, ``relaunches`` (the proxy's list so far) how many relaunches fell in this route's life."""
@@ -158,4 +189,32 @@ class McpTrialState:
                 server_died=tuple({**{k: v for k, v in d.items() if k != "_generation"}, "relaunched": generation_now > d["_generation"]}
                                   for d in self.server_died),
                 proxy_errors=tuple(dict(e) for e in self.proxy_errors),
-                relaunches=max(0, len(relaunches or []) - self.relaunches_at_open))
+                relaunches=max(0, len(relaunches or []) - self.relaunches_at_open),
+                tape_served=self.tape_served, diverged=tuple(dict(d) for d in self.branch.diverged) if self.branch else ())
+
+
+def _as_arguments(value: Any) -> Any:
+    if isinstance(value, str):
+        try:
+            return orjson.loads(value)
+        except orjson.JSONDecodeError:
+            return None  # unreadable recorded arguments: the tool's name is all that is compared
+    return value
+
+
+def tool_result(step: ToolStep) -> types.CallToolResult:
+    """A recorded tool result as MCP answers it: the MCP proxy's own record as it was, else the run's text."""
+    value = step.result
+    if isinstance(value, str):
+        try:
+            parsed = orjson.loads(value)
+        except orjson.JSONDecodeError:
+            parsed = None
+        if isinstance(parsed, dict) and isinstance(parsed.get("content"), list):
+            value = parsed
+    if isinstance(value, dict) and isinstance(value.get("content"), list):
+        return types.CallToolResult.model_validate(value)
+    if step.error is not None and value is None:
+        return types.CallToolResult(content=[types.TextContent(type="text", text=step.error)], is_error=True)
+    text = value if isinstance(value, str) else orjson.dumps(value, default=str).decode()
+    return types.CallToolResult(content=[types.TextContent(type="text", text=text)], is_error=step.error is not None)

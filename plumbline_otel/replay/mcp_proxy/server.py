@@ -48,6 +48,7 @@ from plumbline_otel.replay.mcp_proxy.evidence import McpEvidence, McpTrialState
 from plumbline_otel.replay.mcp_proxy.spans import ToolCallRecord, emit
 from plumbline_otel.replay.mcp_proxy.upstream import Upstream, UpstreamGone, session_closed
 from plumbline_otel.replay.proxy.record import ConversationRecorder
+from plumbline_otel.replay.tape import Branch, Tape
 from plumbline_otel.runs import TRIAL_ATTEMPT, TRIAL_ID
 
 if TYPE_CHECKING:
@@ -205,10 +206,12 @@ class McpProxy(LoopbackService):
 
     # --- trials -----------------------------------------------------------------------------------
 
-    def open_trial(self, trial: Trial, budget: TrialBudget | None = None) -> McpRoute:
+    def open_trial(self, trial: Trial, budget: TrialBudget | None = None, tape: Tape | None = None) -> McpRoute:
         """Route one attempt through the proxy: its fault is ``trial.fault``, its decoys ``trial.metadata["decoy_tools"]``.
 
-        ``budget`` is accepted so both proxies are opened alike; tool calls cost nothing here."""
+        ``budget`` is accepted so both proxies are opened alike; tool calls cost nothing here. ``tape``: a
+        branch-point replay (``metadata["branch_at"]``): tool calls before that step are answered with the
+        tape's results, the tool server never called (``replay.tape``)."""
         decoys: dict[str, dict[str, Any]] = {}
         for spec in trial.metadata.get("decoy_tools") or []:
             if not isinstance(spec, Mapping) or not spec.get("name"):
@@ -216,6 +219,8 @@ class McpProxy(LoopbackService):
             decoys[str(spec["name"])] = dict(spec)
         state = McpTrialState(trial, budget, secrets.token_urlsafe(12), fault=trial.fault or trial.identity.fault,
                               decoys=decoys)
+        if tape is not None and trial.metadata.get("branch_at"):
+            state.branch = Branch(tape, int(trial.metadata["branch_at"]))
         identity = trial.identity
         with self._lock:
             if (identity.trial_id, identity.attempt) in self._by_attempt:
@@ -405,8 +410,12 @@ class McpProxy(LoopbackService):
                              ended_ns=started, source="upstream", protocol_version=ctx.protocol_version,
                              request_id=ctx.request_id,
                              tool_call_id=next((str(meta[k]) for k in _CALL_ID_KEYS if meta.get(k)), None))
+        served = state.branch.serves_tool_call(state.calls) if state.branch is not None else None
         try:
-            if tool in state.decoys and tool not in self.upstream_tools:
+            if served is not None:  # the prefix of a branch-point replay: the recorded result, the server never called
+                rec.source = "tape"
+                result = state.from_tape(served, tool, arguments)
+            elif tool in state.decoys and tool not in self.upstream_tools:
                 state.add_decoy_call(tool, call)
                 rec.source = "decoy"
                 result = _error_result(f"{tool} is unavailable: the tool service did not answer")

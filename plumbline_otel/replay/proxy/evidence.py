@@ -17,6 +17,7 @@ from plumbline_otel.replay.pricing import Usage
 if TYPE_CHECKING:
     from plumbline_otel.replay.adapters import Trial
     from plumbline_otel.replay.budget import TrialBudget
+    from plumbline_otel.replay.tape import Branch
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,10 @@ class ProxyEvidence:
     # Planned sampling that changed nothing the provider honours: skipped (the API or model takes no such parameter)
     # or equal to what the request already meant (its own value, or the API's default); never evidence of reach.
     sampling_unchanged: tuple[dict[str, Any], ...] = ()
+    # Branch-point replay (issue 44): calls answered from the run's tape (no provider call), and where the agent's
+    # request in the prefix differed from the recorded one ({step, call, detail}; the driver makes the trial missing).
+    tape_served: int = 0
+    diverged: tuple[dict[str, Any], ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -77,6 +82,8 @@ class ProxyEvidence:
             "passthrough": self.passthrough, "provider_failures": [dict(f) for f in self.provider_failures],
             "proxy_errors": [dict(e) for e in self.proxy_errors],
             "sampling_unchanged": [dict(c) for c in self.sampling_unchanged],
+            **({"tape_served": self.tape_served, "diverged": [dict(d) for d in self.diverged]}
+               if self.tape_served or self.diverged else {}),
         }
 
 
@@ -112,6 +119,8 @@ class TrialState:
     proxy_errors: list[dict[str, Any]] = field(default_factory=list)
     tool_ids: dict[str, list[str]] = field(default_factory=dict)  # tool name -> its call ids, first seen first
     fault_target: str | None = None  # the call id whose result tool_result_fault replaces
+    branch: Branch | None = None  # a branch-point replay: the prefix is served from its tape (issue 44)
+    tape_served: int = 0
     closed: bool = False
     inflight: int = 0  # calls being served; close waits for them, so their cost is in the evidence
     _occurrences: dict[str, int] = field(default_factory=dict)
@@ -207,4 +216,5 @@ class TrialState:
                 decoys_offered=tuple(self.decoys_offered), decoys_proposed=tuple(self.decoys_proposed),
                 sampling_changes=tuple(self.sampling_changes), exchanges=tuple(self.exchanges), passthrough=self.passthrough,
                 provider_failures=tuple({**f, "recovered": self._recovered(int(f["call"]))} for f in self.provider_failures),
-                proxy_errors=tuple(dict(e) for e in self.proxy_errors), sampling_unchanged=tuple(self.sampling_unchanged))
+                proxy_errors=tuple(dict(e) for e in self.proxy_errors), sampling_unchanged=tuple(self.sampling_unchanged),
+                tape_served=self.tape_served, diverged=tuple(dict(d) for d in self.branch.diverged) if self.branch else ())

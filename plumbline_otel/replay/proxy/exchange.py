@@ -314,6 +314,9 @@ def handle_call(proxy: ModelProxy, state: TrialState, api: Api, path: str, raw: 
         return
     call = state.next_call()
     out.call = call
+    if state.branch is not None and state.branch.serves_model_call(call) is not None:
+        serve_from_tape(proxy, state, api, call, body, started, out)  # the prefix of a branch-point replay: no provider call
+        return
     rewrite(state, api, body, call)
     strip_usage = False
     if api == "chat" and body.get("stream") is True:
@@ -360,6 +363,41 @@ def handle_call(proxy: ModelProxy, state: TrialState, api: Api, path: str, raw: 
         _finish(proxy, state, api, call, body, started, 429, "refused", None, None, None, fault=None, key=key)
         return
     _forward(proxy, state, api, call, path, body, forwarded, headers, out, started, key, strip_usage, cut_after, estimate)
+
+
+def serve_from_tape(proxy: ModelProxy, state: TrialState, api: Api, call: int, body: dict[str, Any], started: int,
+                    out: Responder) -> None:
+    """Answer a prefix call of a branch-point replay with the tape's response (issue 44), never the provider's.
+
+    The agent's request is first compared with the recorded one (``tape.request_difference``): a request that
+    differs means the agent is no longer on the recorded run, so the call is refused (the agent stops at once)
+    and the divergence goes into the evidence, where the driver makes the trial missing, never scored."""
+    from plumbline_otel.replay.tape import render_reply, request_difference
+
+    branch = state.branch
+    assert branch is not None
+    step = branch.serves_model_call(call)
+    assert step is not None
+    provider = PROVIDER[api]
+    difference = request_difference(branch.tape, step, api, body)
+    if difference is not None:
+        with state.lock:
+            branch.diverged.append({"step": step.index, "call": call, "detail": difference})
+        refuse(out, provider, 409, "plumbline_branch_diverged",
+               f"plumbline proxy: diverged at step {step.index} from the recorded run: {difference}")
+        _finish(proxy, state, api, call, body, started, 409, "diverged", None, None, None, fault=None, key=None)
+        return
+    if step.body is not None and step.api == api:
+        ctype, payload = step.content_type or "application/json", step.body
+    else:
+        stream = body.get("stream") is True
+        ctype, payload = render_reply(step, api, stream, str(body.get("model") or ""),
+                                      bool((body.get("stream_options") or {}).get("include_usage")) if stream else False)
+    with state.lock:
+        state.tape_served += 1
+    relayed = relay(out, step.status, [("content-type", ctype), ("x-plumbline-tape", str(step.index))], [payload],
+                    sse="event-stream" in ctype, strip_usage=False, cut_after=None, provider=provider, recorded_cut=step.incomplete)
+    _after(proxy, state, api, call, body, started, step.status, "tape", relayed, ctype, None, "", None, None, 0)
 
 
 def entry_body(entry: Mapping[str, Any]) -> bytes:
@@ -482,7 +520,8 @@ def _after(proxy: ModelProxy, state: TrialState, api: Api, call: int, body: dict
         if state.budget is not None:
             state.budget.add(charged)
         if ok and payload and proxy.cache is not None and proxy.cache.mode == "record":
-            _record(proxy, state, key, api, model, status, ctype, payload, started, url, incomplete=not relayed.complete)
+            _record(proxy, state, key, api, model, status, ctype, payload, started, url, incomplete=not relayed.complete,
+                    request=body)
     if source == "live" or source == "cache":
         _note_failure(state, call, answered, status, relayed, payload, garbage, source)
     if relayed.proxy_error is not None:
@@ -526,7 +565,8 @@ def _usage(events: list[dict[str, Any]], parsed: Any) -> Usage | None:
 
 
 def _record(proxy: ModelProxy, state: TrialState, key: str, api: Api, model: str | None, status: int, ctype: str,
-            payload: bytes, started: int, url: str | None, *, incomplete: bool = False) -> None:
+            payload: bytes, started: int, url: str | None, *, incomplete: bool = False,
+            request: Mapping[str, Any] | None = None) -> None:
     """The exchange's cassette line: the answer as text, or base64 (``body_encoding``) when it is not UTF-8;
     ``incomplete`` when it broke off (replayed cut at the same byte)."""
     assert proxy.cache is not None
@@ -540,6 +580,7 @@ def _record(proxy: ModelProxy, state: TrialState, key: str, api: Api, model: str
         "repeat": identity.repeat, "api": api, "model": model, "status": status, "content_type": ctype,
         "body": text, "latency_ms": round((time.time_ns() - started) / 1e6, 1), "recorded_at": time.time(),
         "upstream": url,
+        "request": dict(request) if request is not None else None,  # what the agent sent (after the trial's rewrites): a branch-point replay's prefix is checked against it
     }
     if encoding is not None:
         entry["body_encoding"] = encoding

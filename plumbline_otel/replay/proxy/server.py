@@ -46,6 +46,7 @@ if TYPE_CHECKING:
 
     from plumbline_otel.replay.adapters import Trial
     from plumbline_otel.replay.budget import TrialBudget
+    from plumbline_otel.replay.tape import Tape
 
 DEFAULT_UPSTREAMS = {"openai": "https://api.openai.com/v1", "anthropic": "https://api.anthropic.com"}
 _FREE_PATHS = ("/v1/models", "/v1/messages/count_tokens")  # endpoints that cost nothing, passed through under a cap
@@ -150,14 +151,20 @@ class ModelProxy(LoopbackService):
 
     # --- trials -----------------------------------------------------------------------------------
 
-    def open_trial(self, trial: Trial, budget: TrialBudget | None = None) -> ProxyRoute:
-        """Route one attempt through the proxy: its plan comes from ``trial.metadata``."""
+    def open_trial(self, trial: Trial, budget: TrialBudget | None = None, tape: Tape | None = None) -> ProxyRoute:
+        """Route one attempt through the proxy: its plan comes from ``trial.metadata``.
+
+        ``tape``: a branch-point replay (``metadata["branch_at"]``): model calls before that step are answered from
+        the tape, never the provider, and checked against the recorded requests (``replay.tape``)."""
+        from plumbline_otel.replay.tape import Branch  # the tape reads the wire module of this package
+
         meta = trial.metadata
         state = TrialState(trial, budget, secrets.token_urlsafe(12),
                            model_fault=ModelFaultPlan.from_dict(meta.get("model_fault")),
                            tool_result_fault=ToolResultFaultPlan.from_dict(meta.get("tool_result_fault")),
                            decoys=[dict(d) for d in meta.get("decoy_tools") or []],
-                           sampling={k: meta[k] for k in ("temperature", "top_p", "seed") if meta.get(k) is not None})
+                           sampling={k: meta[k] for k in ("temperature", "top_p", "seed") if meta.get(k) is not None},
+                           branch=Branch(tape, int(meta["branch_at"])) if tape is not None and meta.get("branch_at") else None)
         identity = trial.identity
         with self._lock:
             if (identity.trial_id, identity.attempt) in self._by_attempt:

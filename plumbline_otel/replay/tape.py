@@ -1,0 +1,542 @@
+"""A run as a tape: its model responses and tool results in order, for branch-point replay (issue 44).
+
+A *tape* is what a stored run answered, step by step: step 1 is its first model response, then
+the results of the tools that response proposed, then the next model response, and so on. A
+branch-point replay at step ``k`` serves steps ``1 … k-1`` from the tape (the model-API proxy
+answers model steps, the MCP proxy tool steps; no provider and no tool server is called), applies
+the trial's perturbation at step ``k`` and lets the agent run live after it.
+
+Two sources:
+
+* a replay study's **cassette** (``responses.jsonl``): its entries of one trial, in the order they
+  were appended, are the model steps (the exact recorded answer bytes); the request each entry
+  carries (``request``, recorded by the proxy since issue 44) is what the agent sent, which is
+  both what the prefix is checked against and where the tool results are read from (the next
+  request's tool messages); tool results the MCP proxy recorded in the trial's run take precedence;
+* a stored **production run** (``model.Trajectory``) whose LLM steps carry their output and whose
+  tool steps carry their results: model steps are rendered in the API the agent speaks when it
+  asks (``render_reply``), tool steps serve the recorded result.
+
+What cannot be taped is said, never guessed: ``Tape.gaps`` lists each step whose content was not
+recorded, and ``Tape.check_branch`` raises ``TapeError`` naming the first gap before ``k``.
+
+Divergence is measured, never scored: ``request_difference`` compares the agent's request in the
+prefix with the recorded one, ids and timestamps masked, and names the first difference.
+All functions here are pure.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import orjson
+
+from plumbline_otel.model import Trajectory
+from plumbline_otel.replay.pricing import parse_sse
+from plumbline_otel.replay.proxy.wire import Api, Reply, input_messages, reply_from_body, reply_from_events, tool_name
+
+#: Branch-point perturbation labels carry the step: ``tool_fault@3``.
+BRANCH_SEP = "@"
+#: Perturbations that act on a tool step (the others act on a model step).
+TOOL_STEP_PERTURBATIONS = frozenset({"tool_fault", "tool_result_fault"})
+
+
+class TapeError(ValueError):
+    """A run that cannot be taped (or branched at the step asked), with what is missing."""
+
+
+@dataclass(frozen=True)
+class TapeCall:
+    """A tool call a recorded model response proposed."""
+
+    call_id: str
+    name: str
+    arguments: Any = None
+
+
+@dataclass(frozen=True)
+class ModelStep:
+    """One recorded model response. ``body`` (with ``content_type``) is the exact recorded answer when the
+    source is a cassette; a production run's step has only ``text`` and ``calls``, rendered on demand."""
+
+    index: int
+    ordinal: int  # 1-based among the run's model steps: the attempt's model call number it answers
+    text: str = ""
+    calls: tuple[TapeCall, ...] = ()
+    model: str | None = None
+    api: Api | None = None
+    status: int = 200
+    content_type: str | None = None
+    body: bytes | None = None
+    incomplete: bool = False
+    request: Mapping[str, Any] | None = None  # the request the recorded agent sent for it, when recorded
+    kind: Literal["model"] = "model"
+
+
+@dataclass(frozen=True)
+class ToolStep:
+    """One recorded tool result. ``result`` is the MCP ``CallToolResult`` JSON when the MCP proxy recorded it,
+    else the result as the run shows it (text or JSON)."""
+
+    index: int
+    ordinal: int  # 1-based among the run's tool steps: the attempt's tools/call number it answers
+    name: str
+    call_id: str | None = None
+    arguments: Any = None
+    result: Any = None
+    error: str | None = None
+    known: bool = True  # False: the run did not record the result
+    kind: Literal["tool"] = "tool"
+
+    def occurrence(self, steps: Sequence[ModelStep | ToolStep]) -> int:
+        """Which call of its tool this is (1-based), as a ``FaultPlan.on_call`` counts it."""
+        return sum(1 for s in steps if isinstance(s, ToolStep) and s.name == self.name and s.index <= self.index)
+
+
+@dataclass(frozen=True)
+class Tape:
+    """A run's steps in order (1-based ``index``), where they came from, and what is missing."""
+
+    source: str
+    steps: tuple[ModelStep | ToolStep, ...]
+    gaps: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
+
+    @property
+    def model_steps(self) -> tuple[ModelStep, ...]:
+        return tuple(s for s in self.steps if isinstance(s, ModelStep))
+
+    @property
+    def tool_steps(self) -> tuple[ToolStep, ...]:
+        return tuple(s for s in self.steps if isinstance(s, ToolStep))
+
+    def step(self, index: int) -> ModelStep | ToolStep:
+        if not 1 <= index <= len(self.steps):
+            raise TapeError(f"{self.source}: no step {index} (the run has {len(self.steps)})")
+        return self.steps[index - 1]
+
+    def model_call(self, ordinal: int) -> ModelStep | None:
+        """The recorded answer to the attempt's model call number ``ordinal``."""
+        steps = self.model_steps
+        return steps[ordinal - 1] if 1 <= ordinal <= len(steps) else None
+
+    def tool_call(self, ordinal: int) -> ToolStep | None:
+        """The recorded result of the attempt's tools/call number ``ordinal``."""
+        steps = self.tool_steps
+        return steps[ordinal - 1] if 1 <= ordinal <= len(steps) else None
+
+    def branch_points(self, perturbation: str) -> list[int]:
+        """The steps ``perturbation`` can branch at: tool steps for tool faults, model steps for the rest."""
+        if perturbation in TOOL_STEP_PERTURBATIONS:
+            return [s.index for s in self.tool_steps]
+        return [s.index for s in self.model_steps]
+
+    def check_branch(self, at: int, perturbation: str) -> ModelStep | ToolStep:
+        """The step ``at`` is, if the run can be branched there under ``perturbation``; else ``TapeError`` saying why."""
+        step = self.step(at)
+        if perturbation in TOOL_STEP_PERTURBATIONS and not isinstance(step, ToolStep):
+            raise TapeError(f"{self.source}: {perturbation} branches at a tool step; step {at} is a model response "
+                            f"(tool steps: {', '.join(map(str, self.branch_points(perturbation))) or 'none'})")
+        if perturbation not in TOOL_STEP_PERTURBATIONS and not isinstance(step, ModelStep):
+            raise TapeError(f"{self.source}: {perturbation} branches at a model step; step {at} is a tool result "
+                            f"(model steps: {', '.join(map(str, self.branch_points(perturbation))) or 'none'})")
+        for earlier in self.steps[:at - 1]:
+            if isinstance(earlier, ToolStep) and not earlier.known:
+                raise TapeError(f"{self.source}: step {earlier.index} ({earlier.name}) has no recorded result, so the prefix "
+                                f"up to step {at} cannot be served")
+            if isinstance(earlier, ModelStep) and earlier.body is None and not (earlier.text or earlier.calls):
+                raise TapeError(f"{self.source}: step {earlier.index} (a model call) has no recorded output")
+        return step
+
+    def coverage(self) -> dict[str, Any]:
+        """What the tape holds and lacks, for the user deciding whether a run can be branched."""
+        return {"source": self.source, "steps": len(self.steps), "model_steps": len(self.model_steps),
+                "tool_steps": len(self.tool_steps), "requests_recorded": sum(1 for s in self.model_steps if s.request is not None),
+                "gaps": list(self.gaps), "notes": list(self.notes)}
+
+
+# --- parsing a branch request --------------------------------------------------------------------
+
+
+def parse_branch_at(text: str) -> Literal["each"] | tuple[int, ...]:
+    """``--branch-at``: ``each``, one step, or a comma-separated list of steps (1-based)."""
+    text = text.strip()
+    if text == "each":
+        return "each"
+    try:
+        steps = tuple(sorted({int(p) for p in text.split(",") if p.strip()}))
+    except ValueError:
+        raise TapeError(f"--branch-at {text!r}: give 'each', a step number or a comma-separated list of them") from None
+    if not steps or steps[0] < 1:
+        raise TapeError(f"--branch-at {text!r}: steps are numbered from 1")
+    return steps
+
+
+def branch_label(perturbation: str, at: int) -> str:
+    return f"{perturbation}{BRANCH_SEP}{at}"
+
+
+def base_perturbation(label: str) -> str:
+    """``tool_fault@3`` → ``tool_fault``: what the exposure rules of a branch cell are those of."""
+    return label.partition(BRANCH_SEP)[0]
+
+
+def branch_step(label: str) -> int | None:
+    """``tool_fault@3`` → 3; None for a label that is no branch point."""
+    _, sep, step = label.partition(BRANCH_SEP)
+    return int(step) if sep and step.isdigit() else None
+
+
+def branch_metadata(tape: Tape, perturbation: str, at: int, metadata: Mapping[str, Any]) -> dict[str, Any]:
+    """A variant's metadata for a branch at ``at``: its fault re-aimed at the tape's step (``on_call`` counted the
+    way the injector, the MCP proxy and the model-API proxy count calls), and ``branch_at`` for the driver."""
+    step = tape.check_branch(at, perturbation)
+    out = {**dict(metadata), "branch_at": at}
+    if isinstance(step, ToolStep):
+        if perturbation == "tool_fault" and isinstance(out.get("fault"), Mapping):
+            out["fault"] = {**out["fault"], "tool": step.name, "on_call": step.occurrence(tape.steps), "times": 1}
+        if perturbation == "tool_result_fault" and isinstance(out.get("tool_result_fault"), Mapping):
+            out["tool_result_fault"] = {**out["tool_result_fault"], "tool": step.name, "on_call": step.occurrence(tape.steps)}
+    elif isinstance(step, ModelStep) and perturbation == "model_fault" and isinstance(out.get("model_fault"), Mapping):
+        out["model_fault"] = {**out["model_fault"], "on_call": step.ordinal, "times": 1}
+    return out
+
+
+def branch_points(tape: Tape, perturbation: str, wanted: str | Sequence[int]) -> list[int]:
+    """The steps to branch at: every applicable step for ``each``, else the listed ones (each checked)."""
+    if isinstance(wanted, str):
+        wanted = parse_branch_at(wanted)
+    if wanted == "each":
+        return tape.branch_points(perturbation)
+    for at in wanted:
+        tape.check_branch(at, perturbation)
+    return list(wanted)
+
+
+# --- from a cassette -------------------------------------------------------------------------------
+
+
+def cassette_entries(lines: Iterable[bytes], trial_suffix: str) -> list[dict[str, Any]]:
+    """The entries of one trial (its id without the study's name: ``task/perturbation/variant/kN``), in recorded order."""
+    out = []
+    for line in lines:
+        if not line.strip():
+            continue
+        try:
+            entry = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            continue  # a torn last line
+        tid = str(entry.get("trial_id") or "")
+        if tid.partition("/")[2] == trial_suffix:
+            out.append(entry)
+    return out
+
+
+def _entry_body(entry: Mapping[str, Any]) -> bytes:
+    import base64
+
+    if entry.get("body_encoding") == "base64":
+        return base64.b64decode(entry["body"])
+    return str(entry.get("body") or "").encode("utf-8")
+
+
+def reply_of(api: Api, content_type: str | None, body: bytes) -> Reply:
+    """What a recorded answer said (text and proposed calls), plain or streamed."""
+    if "event-stream" in (content_type or ""):
+        return reply_from_events(api, parse_sse(body))
+    try:
+        parsed = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return Reply()
+    return reply_from_body(api, parsed) if isinstance(parsed, dict) else Reply()
+
+
+def _request_results(api: Api, request: Mapping[str, Any]) -> dict[str, Any]:
+    """Tool results a request carries, by call id."""
+    out: dict[str, Any] = {}
+    for message in input_messages(api, request):
+        for part in message.get("parts") or []:
+            if part.get("type") == "tool_call_response" and part.get("id") is not None:
+                out[str(part["id"])] = part.get("response")
+    return out
+
+
+def tape_from_cassette(entries: Sequence[Mapping[str, Any]], source: str, run: Trajectory | None = None) -> Tape:
+    """A replay trial's tape from its cassette entries (``cassette_entries``), with the MCP proxy's recorded tool
+    results from ``run`` (the trial's run in the store) when given."""
+    if not entries:
+        raise TapeError(f"{source}: the cassette holds no exchange of this trial")
+    recorded_tools = {}
+    if run is not None:
+        for s in run.tool_steps:
+            if s.call_id:
+                recorded_tools[s.call_id] = s
+    steps: list[ModelStep | ToolStep] = []
+    gaps: list[str] = []
+    notes: list[str] = []
+    tool_ordinal = 0
+    for n, entry in enumerate(entries, 1):
+        api: Api = entry.get("api") or "chat"
+        body = _entry_body(entry)
+        ctype = entry.get("content_type")
+        reply = reply_of(api, ctype, body)
+        request = entry.get("request") if isinstance(entry.get("request"), Mapping) else None
+        if entry.get("incomplete"):
+            gaps.append(f"step {len(steps) + 1}: the recorded answer was cut short")
+        calls = tuple(TapeCall(c.id, c.name, c.arguments) for c in reply.tool_calls)
+        steps.append(ModelStep(len(steps) + 1, n, reply.text, calls, entry.get("model"), api, int(entry.get("status") or 200),
+                               ctype, body, bool(entry.get("incomplete")), request))
+        following = entries[n] if n < len(entries) else None
+        following_request = following.get("request") if following is not None and isinstance(following.get("request"), Mapping) else None
+        results = _request_results(api, following_request) if following_request is not None else {}
+        for call in calls:
+            tool_ordinal += 1
+            if call.call_id in recorded_tools:
+                s = recorded_tools[call.call_id]
+                steps.append(ToolStep(len(steps) + 1, tool_ordinal, call.name, call.call_id, call.arguments, s.result, s.error))
+            elif call.call_id in results:
+                steps.append(ToolStep(len(steps) + 1, tool_ordinal, call.name, call.call_id, call.arguments, results[call.call_id]))
+            else:
+                known = following is None  # the run ended on this proposal: nothing after it to serve
+                steps.append(ToolStep(len(steps) + 1, tool_ordinal, call.name, call.call_id, call.arguments, None, None, known=known))
+                if not known:
+                    gaps.append(f"step {len(steps)}: the result of {call.name} ({call.call_id}) was not recorded "
+                                f"({'the next request was not recorded' if following_request is None else 'not in the next request'})")
+    if not any(s.request is not None for s in steps if isinstance(s, ModelStep)):
+        notes.append("no recorded requests (a cassette from before issue 44): the prefix is checked on its tool results only")
+    return Tape(source, tuple(steps), tuple(gaps), tuple(notes))
+
+
+# --- from a production run -------------------------------------------------------------------------
+
+
+def tape_from_trajectory(run: Trajectory) -> Tape:
+    """A production run's tape: each LLM step's output (and the tool calls it proposed), each tool step's result.
+
+    Raises ``TapeError`` when the run has no model step; content that was not captured is listed in ``gaps``."""
+    source = f"run {run.trajectory_id}"
+    steps: list[ModelStep | ToolStep] = []
+    gaps: list[str] = []
+    model_ordinal = tool_ordinal = 0
+    ordered = [s for s in run.steps if s.kind in ("llm_call", "tool_call")]
+    i = 0
+    while i < len(ordered):
+        s = ordered[i]
+        if s.kind == "llm_call":
+            model_ordinal += 1
+            j = i + 1
+            proposed = []
+            while j < len(ordered) and ordered[j].kind == "tool_call":
+                proposed.append(ordered[j])
+                j += 1
+            text = s.result if isinstance(s.result, str) else ("" if s.result is None else orjson.dumps(s.result).decode())
+            calls = tuple(TapeCall(p.call_id or f"call_{model_ordinal}_{n}", p.name, p.args) for n, p in enumerate(proposed))
+            if any(g.startswith("content") for g in s.gaps) or (s.result is None and not proposed):
+                gaps.append(f"step {len(steps) + 1}: the model call's output was not captured ({', '.join(s.gaps) or 'no output'})")
+            steps.append(ModelStep(len(steps) + 1, model_ordinal, text, calls, s.model))
+            for n, p in enumerate(proposed):
+                tool_ordinal += 1
+                known = p.result is not None or p.error is not None
+                if not known:
+                    gaps.append(f"step {len(steps) + 1}: the result of {p.name} was not captured ({', '.join(p.gaps) or 'no result'})")
+                steps.append(ToolStep(len(steps) + 1, tool_ordinal, p.name, calls[n].call_id, p.args, p.result, p.error, known))
+            i = j
+        else:  # a tool step before any model call (a framework's pre-step): served like any other
+            tool_ordinal += 1
+            steps.append(ToolStep(len(steps) + 1, tool_ordinal, s.name, s.call_id, s.args, s.result, s.error,
+                                  s.result is not None or s.error is not None))
+            i += 1
+    if model_ordinal == 0:
+        raise TapeError(f"{source}: no model call in the run, so there is nothing to tape")
+    return Tape(source, tuple(steps), tuple(gaps), ("a production run: answers are rendered from its messages, "
+                                                     "its requests are not recorded, so the prefix is checked on tool results only",))
+
+
+def render_reply(step: ModelStep, api: Api, stream: bool, model: str, include_usage: bool) -> tuple[str, bytes]:
+    """A production step's answer in the agent's API (content type, bytes), the recorded call ids kept."""
+    from plumbline_otel.replay.proxy.simulated import SimReply, body_for, stream_for
+
+    reply = SimReply(text=step.text, tool_calls=[(c.name, _as_object(c.arguments)) for c in step.calls], input_tokens=0, output_tokens=0)
+    usage = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0} if api == "chat" else {"input_tokens": 0, "output_tokens": 0}
+    ids = {f"call_{step.ordinal}_{i}": c.call_id for i, c in enumerate(step.calls)}
+    if stream:
+        chunks = b"".join(stream_for(api, step.model or model, reply, usage, step.ordinal, include_usage))
+        out, ctype = chunks, "text/event-stream"
+    else:
+        out, ctype = orjson.dumps(body_for(api, step.model or model, reply, usage, step.ordinal)), "application/json"
+    for made, recorded in ids.items():
+        out = out.replace(made.encode(), recorded.encode())
+    return ctype, out
+
+
+def _as_object(value: Any) -> dict[str, Any]:
+    if isinstance(value, str):
+        try:
+            value = orjson.loads(value)
+        except orjson.JSONDecodeError:
+            return {"input": value}
+    return dict(value) if isinstance(value, dict) else {"input": value}
+
+
+# --- divergence ------------------------------------------------------------------------------------
+
+_TIMESTAMP = re.compile(r"\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}(:\d{2}(\.\d+)?)?(Z|[+-]\d{2}:?\d{2})?")
+_UUID = re.compile(r"\b[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b", re.I)
+_ID_KEYS = frozenset({"id", "tool_call_id", "call_id", "tool_use_id"})
+_IGNORED = frozenset({"stream_options", "metadata", "user", "store"})
+
+
+def _mask(value: Any) -> Any:
+    """Ids and timestamps (the declared tolerances) masked out of a request's content."""
+    if isinstance(value, str):
+        return _UUID.sub("<uuid>", _TIMESTAMP.sub("<time>", value))
+    if isinstance(value, Mapping):
+        return {k: ("<id>" if k in _ID_KEYS else _mask(v)) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_mask(v) for v in value]
+    return value
+
+
+def comparable_request(api: Api, body: Mapping[str, Any]) -> dict[str, Any]:
+    """What a request means for divergence: its model, messages (as GenAI parts), tools by name and parameters."""
+    tools = sorted(str(tool_name(api, t)) for t in body.get("tools") or [] if isinstance(t, Mapping))
+    rest = {k: v for k, v in body.items() if k not in _IGNORED and k not in ("messages", "input", "system", "instructions", "tools")}
+    masked: dict[str, Any] = _mask({"messages": input_messages(api, body), "tools": tools, **rest})
+    return masked
+
+
+def first_difference(recorded: Any, sent: Any, path: str = "") -> str | None:
+    """The first place two JSON values differ, as ``path: recorded … ≠ sent …``; None when equal."""
+    if isinstance(recorded, Mapping) and isinstance(sent, Mapping):
+        for key in sorted(set(recorded) | set(sent), key=str):
+            if key not in sent:
+                return f"{path}.{key}: recorded {_short(recorded[key])}, absent in the agent's request"
+            if key not in recorded:
+                return f"{path}.{key}: not recorded, the agent sent {_short(sent[key])}"
+            found = first_difference(recorded[key], sent[key], f"{path}.{key}")
+            if found:
+                return found
+        return None
+    if isinstance(recorded, list) and isinstance(sent, list):
+        for i, (a, b) in enumerate(zip(recorded, sent, strict=False)):
+            found = first_difference(a, b, f"{path}[{i}]")
+            if found:
+                return found
+        if len(recorded) != len(sent):
+            return f"{path}: {len(recorded)} recorded item(s), the agent sent {len(sent)}"
+        return None
+    if recorded != sent:
+        return f"{path or 'request'}: recorded {_short(recorded)}, the agent sent {_short(sent)}"
+    return None
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    text = value if isinstance(value, str) else orjson.dumps(value, default=str).decode()
+    return repr(text if len(text) <= limit else text[:limit] + "…")
+
+
+def request_difference(tape: Tape, step: ModelStep, api: Api, body: Mapping[str, Any]) -> str | None:
+    """How the agent's request for model step ``step`` differs from the recording (None: it does not).
+
+    With the recorded request, the whole request is compared (ids and timestamps masked). Without one (a production
+    run, an older cassette), the tool results the request carries are compared with the tape's: an agent that
+    executes its own tools re-executes them in the prefix, and a result that differs is a divergence."""
+    if step.request is not None:
+        return first_difference(comparable_request(api, step.request), comparable_request(api, body))
+    recorded = {s.call_id: s for s in tape.tool_steps if s.call_id and s.index < step.index and s.known}
+    for call_id, sent in _request_results(api, body).items():
+        s = recorded.get(call_id)
+        if s is None:
+            continue
+        if _result_text(s.result if s.error is None else s.error) != _result_text(sent):
+            return f"the result of {s.name} (step {s.index}): recorded {_short(_result_text(s.result))}, the agent sent {_short(_result_text(sent))}"
+    return None
+
+
+def _result_text(value: Any) -> str:
+    """A tool result as text for comparison: an MCP result's text parts, a string as is, JSON otherwise."""
+    if isinstance(value, Mapping) and isinstance(value.get("content"), list):
+        return "".join(str(c.get("text") or "") for c in value["content"] if isinstance(c, Mapping))
+    if isinstance(value, str):
+        try:
+            parsed = orjson.loads(value)
+        except orjson.JSONDecodeError:
+            return value
+        return value if isinstance(parsed, str) else orjson.dumps(parsed, option=orjson.OPT_SORT_KEYS).decode()
+    return orjson.dumps(value, option=orjson.OPT_SORT_KEYS, default=str).decode()
+
+
+@dataclass
+class Branch:
+    """What one route serves from: the tape and the step the trial branches at (prefix: steps before it)."""
+
+    tape: Tape
+    at: int
+    diverged: list[dict[str, Any]] = field(default_factory=list)  # {step, call, detail}: the first is the trial's reason
+
+    def serves_model_call(self, call: int) -> ModelStep | None:
+        """The recorded answer for model call ``call`` when it is in the prefix, else None (live)."""
+        step = self.tape.model_call(call)
+        return step if step is not None and step.index < self.at else None
+
+    def serves_tool_call(self, call: int) -> ToolStep | None:
+        """The recorded result for the attempt's tools/call number ``call`` when it is in the prefix, else None (live)."""
+        step = self.tape.tool_call(call)
+        return step if step is not None and step.index < self.at else None
+
+
+def branch_variants(variants: Sequence[Any], tape: Tape | None, wanted: str | Sequence[int] | None,
+                    missing: str = "") -> list[Any]:
+    """A task's variants (``perturb.Variant``) as branch points: one per step, labelled ``perturbation@k``.
+
+    ``wanted`` None: the variants unchanged (no ``--branch-at``). Without a tape, or when a step cannot be
+    branched at, the variant is kept rejected with the reason (what the run lacks), never run from the start."""
+    from dataclasses import replace
+
+    if wanted is None:
+        return list(variants)
+    out: list[Any] = []
+    for v in variants:
+        if v.rejected:
+            out.append(v)
+            continue
+        if tape is None:
+            out.append(replace(v, rejected=f"branch-at: the task's run cannot be taped: {missing or 'no tape'}"))
+            continue
+        try:
+            points = branch_points(tape, v.perturbation, wanted)
+        except TapeError as exc:
+            out.append(replace(v, rejected=f"branch-at: {exc}"))
+            continue
+        for at in points:
+            try:
+                meta = branch_metadata(tape, v.perturbation, at, v.metadata)
+            except TapeError as exc:
+                out.append(replace(v, perturbation=branch_label(v.perturbation, at), rejected=f"branch-at: {exc}"))
+                continue
+            out.append(replace(v, perturbation=branch_label(v.perturbation, at), metadata=meta))
+    return out
+
+
+def tape_for_task(cassette: Path, task_key: str, run: Trajectory | None = None) -> Tape:
+    """The tape of a task's recorded baseline trial (repeat 0) in a study's cassette (``<state>/responses.jsonl``)."""
+    lines = cassette.read_bytes().splitlines() if cassette.is_file() else []
+    chosen: dict[str, list[dict[str, Any]]] = {}
+    for line in lines:
+        if not line.strip():
+            continue
+        try:
+            entry = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            continue
+        parts = str(entry.get("trial_id") or "").split("/")
+        if len(parts) == 5 and parts[1] == task_key and parts[2] == "baseline" and parts[4] == "k0":
+            chosen.setdefault(parts[3], []).append(entry)
+    if not chosen:
+        raise TapeError(f"{cassette}: no recorded baseline trial (repeat 0) of task {task_key}")
+    variant = sorted(chosen)[0]
+    return tape_from_cassette(chosen[variant], f"{cassette} task {task_key}", run)
