@@ -158,6 +158,12 @@ class _PerturbationsOption(click.Option):
 @click.option("--cassette", default=None, metavar="STATE_DIR", type=click.Path(file_okay=False, exists=True),
               help="re-run another study from its recording: this study's model calls are answered, offline, from that study's "
                    "state (its responses.jsonl), by task, perturbation, variant and repeat; give this study a new --study name")
+@click.option("--branch-at", default=None, metavar="K|each|K1,K2",
+              help="branch-point replay: up to step K the proxies answer from the task's recorded run (its tape), the "
+                   "perturbation applies at K, the agent runs live after it; each branch point is a cell (tool_fault@3)")
+@click.option("--branch-from", default=None, metavar="STATE_DIR", type=click.Path(file_okay=False, exists=True),
+              help="with --branch-at: tape each task's recorded baseline trial from this study's cassette (default: the "
+                   "task's source run in the store, which must carry its messages and tool results)")
 @click.option("--service", default=None, help="label (service[@version]) the agent's runs carry, for missing markers")
 @click.option("--spec", default=None, help="spec file: named in the printed certify command, and what --target judges runs by")
 @click.option("--target", type=click.FloatRange(0, 1, min_open=True, max_open=True), default=None,
@@ -210,6 +216,8 @@ class ReplayOptions:
     state_url: str | None
     cache_mode: str
     cassette: str | None
+    branch_at: str | None
+    branch_from: str | None
     service: str | None
     spec: str | None
     target: float | None
@@ -257,6 +265,37 @@ class ReplayOptions:
         from plumbline_otel.spec import load_spec
 
         return Judge(load_spec(self.spec), self.otlp_file)
+
+
+def _with_tapes(config: StudyConfig, opts: ReplayOptions, stores: Sources, tasks: list[Any]) -> StudyConfig:
+    """The study with each task's tape (issue 44): from --branch-from's cassette, else the task's source run; a task
+    that cannot be taped is told, and its branch variants are rejected with what its run lacks."""
+    from dataclasses import replace
+
+    from plumbline_otel.replay.tape import TapeError, parse_branch_at, tape_for_task, tape_from_trajectory
+
+    wanted = parse_branch_at(opts.branch_at or "")
+    tapes: dict[str, Any] = {}
+    missing: dict[str, str] = {}
+    runs = {} if opts.branch_from else {t.trajectory_id: t for t in stores.trajectories()
+                                        if t.trajectory_id in {task.source_trajectory_id for task in tasks}}
+    for task in tasks:
+        try:
+            if opts.branch_from:
+                tape = tape_for_task(Path(opts.branch_from) / "responses.jsonl", task.task_key)
+            elif task.source_trajectory_id in runs:
+                tape = tape_from_trajectory(runs[task.source_trajectory_id])
+            else:
+                raise TapeError(f"task {task.task_key}: its source run {task.source_trajectory_id} is not in the store")
+        except TapeError as exc:
+            missing[task.task_key] = str(exc)
+            click.echo(f"branch-at: {exc}", err=True)
+            continue
+        tapes[task.task_key] = tape
+        cover = tape.coverage()
+        click.echo(f"branch-at: task {task.task_key}: {cover['steps']} steps ({cover['model_steps']} model, {cover['tool_steps']} tool)"
+                   + (f"; missing: {'; '.join(cover['gaps'])}" if cover["gaps"] else ""), err=True)
+    return replace(config, branch_at=wanted, tapes=tapes, branch_missing=missing)
 
 
 def _print_plan(plan: Any) -> None:
@@ -355,10 +394,14 @@ def run_replay(opts: ReplayOptions) -> None:
                    err=True)
     stores = sources(opts.db, opts.server, assemble=True)
     config = opts.study_config(stores)
+    if opts.branch_at and not (opts.use_proxy or opts.mcp_upstream):
+        raise ConfigError("--branch-at serves the prefix through plumbline's proxies: pass --proxy (and --mcp-upstream for MCP tools)")
     source = source_tasks(stores, opts.study, _state_keys(config), agent=opts.agent, task_keys=_split(opts.task_keys) or None,
                           since_ns=parse_since(opts.since), where=opts.where)
     if stores.single_db is None:
         warn_misrouted(stores)
+    if opts.branch_at:
+        config = _with_tapes(config, opts, stores, source.tasks)
     adapter = load_adapter(opts.adapter_spec, _options(opts.adapter_options))
     if opts.isolate:
         if isinstance(adapter, (CommandAdapter, HttpAdapter)):
