@@ -10,6 +10,16 @@ catalog, data files on local disk, and a Postgres catalog with --pg):
 and, with --pg, Postgres alone as the shared store: the same runs rows (doc as JSONB) copied in
 by N processes at once, 10 runs replaced, and every run read back in order.
 Times are wall-clock seconds, best of one (2 shared cores: read them as orders of magnitude).
+
+    python bench/lake_commit.py --simulate 10,30,100 [--pg postgresql://…] [--seconds 20] [--interval 10]
+
+simulates that many instances committing against a Postgres catalog (one started for the bench when --pg is
+not given): 4 processes, each running its share of the instances as threads; each instance commits every
+--interval seconds (first commit at a random offset) what a sync of 10 changed runs commits to one table (its
+rows of 10 traces deleted and 10 new appended, in its own partitions) plus its watermark. Reported per scale:
+commits offered and done per second, commit latency (median, p95), retries per commit, and the estimated
+sync time (eight such commits: seven tables and the watermark). `--growth N` also times one instance's
+small commit after N earlier ones (does a commit's cost grow with the table and its history?).
 """
 
 from __future__ import annotations
@@ -51,10 +61,17 @@ _PG_COPY = ("import sys, time, duckdb, psycopg; rows = duckdb.connect(sys.argv[1
             "cp = cm.__enter__(); [cp.write_row((sys.argv[3], *r)) for r in rows]; cm.__exit__(None, None, None); c.commit(); print(time.perf_counter() - t)")
 
 
-def parallel(commands: list[list[str]]) -> tuple[float, list[str]]:
+def parallel(commands: list[list[str]], timeout: float | None = None) -> tuple[float, list[str]]:
+    """Run the commands at once; with a timeout, the ones still running then are killed (never left behind) and it raises."""
     started = time.perf_counter()
     procs = [subprocess.Popen(c, stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}) for c in commands]
-    outs = [p.communicate()[0] for p in procs]
+    try:
+        outs = [p.communicate(timeout=None if timeout is None else max(1.0, timeout - (time.perf_counter() - started)))[0] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
     assert all(p.returncode == 0 for p in procs), outs
     return time.perf_counter() - started, outs
 
@@ -127,14 +144,154 @@ def pg_figures(url: str, dbs: list[Path]) -> dict[str, object]:
     return out
 
 
+_SIM = """
+import json, random, sys, threading, time
+import pyarrow as pa
+from plumbline_otel.lake import HOUR_NS, SCHEMAS, Lake, LakeSink, SyncResult
+lake_uri, first, count, seconds, interval = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]), float(sys.argv[5])
+from pyiceberg.expressions import And, EqualTo, In
+
+def rows(instance, keys):
+    now = time.time_ns()
+    n = len(keys)
+    cols = {f.name: pa.nulls(n, f.type) for f in SCHEMAS['runs']}
+    cols.update(instance=pa.array([instance] * n), trace_id=pa.array(keys), trajectory_id=pa.array(keys),
+                start_ns=pa.array([now] * n, pa.int64()), hour=pa.array([now // HOUR_NS] * n, pa.int32()),
+                doc=pa.array(['x' * 2000] * n))
+    return pa.table(cols).cast(SCHEMAS['runs'])
+
+out = []
+lock = threading.Lock()
+def instance(i):
+    lake = Lake(lake_uri)
+    name = f'sim{i}'
+    sink = LakeSink(lake, name)
+    sink._resolved = True
+    sink.instance = name
+    end = time.monotonic() + seconds
+    time.sleep(random.uniform(0, interval))
+    n = 0
+    previous = []
+    while time.monotonic() < end:
+        started = time.monotonic()
+        keys = [f'{name}-{n}-{k}' for k in range(10)]
+        result = SyncResult()
+        delete = And(EqualTo('instance', name), In('trace_id', previous)) if previous else None
+        sink._commit('runs', delete, rows(name, keys), result)
+        sink._write_watermark(result)
+        took = time.monotonic() - started
+        with lock:
+            out.append((took, result.retries))
+        previous, n = keys[:5], n + 1
+        time.sleep(max(0.0, interval - took))
+
+threads = [threading.Thread(target=instance, args=(i,)) for i in range(first, first + count)]
+[t.start() for t in threads]
+[t.join() for t in threads]
+print(json.dumps(out))
+"""
+
+
+def start_postgres(root: Path) -> tuple[str, list[str]]:
+    """A throwaway Postgres (as tests/lake/conftest.py starts one): its URL and the command that stops it."""
+    import glob
+    import shutil
+    import socket
+
+    found = shutil.which("pg_ctl") or sorted(glob.glob("/usr/lib/postgresql/*/bin/pg_ctl"))[-1]
+    binaries = Path(found).resolve().parent
+    as_user: list[str] = []
+    if os.geteuid() == 0:
+        shutil.chown(root, "postgres")
+        as_user = ["runuser", "-u", "postgres", "--"]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    subprocess.run([*as_user, str(binaries / "initdb"), "-D", str(root / "pg"), "-U", "postgres", "--auth=trust"], check=True,
+                   stdout=subprocess.DEVNULL)
+    subprocess.run([*as_user, str(binaries / "pg_ctl"), "-D", str(root / "pg"), "-o", f"-h 127.0.0.1 -p {port} -k {root} -c max_connections=300",
+                    "-l", str(root / "pg.log"), "-w", "start"], check=True, stdout=subprocess.DEVNULL)
+    return f"postgresql://postgres@127.0.0.1:{port}/postgres", [*as_user, str(binaries / "pg_ctl"), "-D", str(root / "pg"), "-m", "fast", "stop"]
+
+
+def simulate(url: str, scales: list[int], seconds: float, interval: float, tmp: Path) -> dict[str, object]:
+    import psycopg
+
+    out: dict[str, object] = {}
+    for n in scales:
+        db = f"sim{n}"
+        with psycopg.connect(url, autocommit=True) as c:
+            c.execute(f"CREATE DATABASE {db}")
+        lake = f"{url.rsplit('/', 1)[0]}/{db}?warehouse={tmp / ('w' + str(n))}"
+        from plumbline_otel.lake import SYNCS, Lake
+
+        Lake(lake).table("runs"), Lake(lake).table(SYNCS)
+        workers = 4
+        share = [n // workers + (1 if w < n % workers else 0) for w in range(workers)]
+        commands, first = [], 0
+        for count in share:
+            commands.append([sys.executable, "-c", _SIM, lake, str(first), str(count), str(seconds), str(interval)])
+            first += count
+        wall, outs = parallel(commands, timeout=4 * seconds + 120)
+        done = [tuple(x) for o in outs for x in json.loads(o)]
+        took = sorted(t for t, _ in done)
+        retries = sum(r for _, r in done)
+        out[f"{n}_instances"] = {
+            "commits": len(done), "offered_per_s": round(n / interval, 2), "done_per_s": round(len(done) / seconds, 2),
+            "commit_median_s": round(took[len(took) // 2], 3), "commit_p95_s": round(took[int(len(took) * 0.95)], 3),
+            "retries_per_commit": round(retries / max(1, len(done)), 2), "est_sync_s": round(8 * took[len(took) // 2], 2)}
+        print(n, out[f"{n}_instances"], flush=True)
+    return out
+
+
+def growth(url: str, tmp: Path, seconds: float) -> dict[str, object]:
+    """One instance committing 10 changed runs back to back for `seconds`: are its last commits slower than its first?"""
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as c:
+        c.execute("CREATE DATABASE growth")
+    lake = f"{url.rsplit('/', 1)[0]}/growth?warehouse={tmp / 'g'}"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    result = subprocess.run([sys.executable, "-c", _SIM, lake, "0", "1", str(seconds), "0.0"], check=True, env=env, capture_output=True, text=True)
+    took = [x[0] for x in json.loads(result.stdout)]
+    from plumbline_otel.lake import Lake
+
+    table = Lake(lake).table("runs")
+    first, last = sorted(took[:10]), sorted(took[-10:])
+    return {"commits": len(took), "snapshots": len(table.snapshots()), "manifests": len(table.current_snapshot().manifests(table.io)),
+            "first_10_median_s": round(first[len(first) // 2], 3), "last_10_median_s": round(last[len(last) // 2], 3)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--instances", type=int, default=3)
     parser.add_argument("--runs", type=int, default=2000)
     parser.add_argument("--pg", default=None, help="a Postgres database: its catalog for the lake, and Postgres alone")
     parser.add_argument("--out", default=None)
+    parser.add_argument("--simulate", default=None, help="instance counts to simulate, e.g. 10,30,100")
+    parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--interval", type=float, default=10.0)
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="lake-bench-"))
+    if args.simulate:
+        stop: list[str] = []
+        url = args.pg
+        if url is None:
+            pgroot = Path(tempfile.mkdtemp(prefix="lake-bench-pg-"))
+            pgroot.chmod(0o755)
+            url, stop = start_postgres(pgroot)
+        try:
+            figures = {"simulate": simulate(url, [int(n) for n in args.simulate.split(",")], args.seconds, args.interval, tmp),
+                       "seconds": args.seconds, "interval_s": args.interval}
+            figures["one_instance_back_to_back"] = growth(url, tmp, args.seconds)
+        finally:
+            if stop:
+                subprocess.run(stop, check=False, stdout=subprocess.DEVNULL)
+        text = json.dumps(figures, indent=2)
+        print(text)
+        if args.out:
+            Path(args.out).write_text(text + "\n")
+        return
     dbs = [tmp / f"i{i}.duckdb" for i in range(args.instances)]
     for i, db in enumerate(dbs):
         make_store(db, args.runs, i)
