@@ -9,15 +9,16 @@ The gate's bound (issue 28) is ``wilson_tasks`` (`task_interval`). What it claim
 * **Estimand**: the mean conformance over the task population, the mean over tasks of each task's
   conformance rate (draw a task like the stored ones, run it once). Its point estimate is the mean
   of the per-task rates, not the pooled k/n.
-* **Bound**: Wilson's score interval with p = that mean and n = the number of tasks. A task's rate
-  lies in [0, 1], so its variance is at most mu (1 - mu), which is the variance Wilson assumes:
-  the bound holds whatever the correlation of a task's runs and however many repeats each task
-  had. Lower and upper are each a one-sided bound with coverage >= 95%; they are computed at the
-  two-sided 95% z (each nominally 97.5%), because at the one-sided z the binomial's discreteness
-  makes single-run tasks undercover (exactly 0.911 at 11 tasks, p = 0.80; 0.924 in the grid below).
-  When every task ran once it is exactly today's Wilson interval on runs. One task certifies
-  nothing: the lower bound is 0 until two tasks have a conforming run (the upper 1 until two have a
-  failing one), the one exception to "equal to Wilson on single runs".
+* **Bound**: the lower end (PASS) is Wilson's score bound with p = that mean and n = the number of
+  tasks. A task's rate lies in [0, 1], so its variance is at most mu (1 - mu), which is the variance
+  Wilson assumes: the bound holds whatever the correlation of a task's runs and however many
+  repeats each task had. It is computed at the two-sided 95% z (nominally 97.5%), because at the
+  one-sided z the binomial's discreteness makes single-run tasks undercover (exactly 0.911 at 11
+  tasks, p = 0.80; 0.924 in the grid below). The upper end (FAIL) is Bentkus's bound on the summed
+  failures (`upper_bounds`, issue 38), valid for any distribution of task rates; Wilson's upper end
+  covered only 0.895 near a mean of 1 - 0.55 / tasks. Each end's error is at most 5%. One task
+  certifies nothing: the lower bound is 0 until two tasks have a conforming run, the upper 1 until
+  two have a failing one.
 * **Monotone**: one more conforming run (in a task or as a new task) never lowers either bound,
   one more failing run never raises it; property-tested on ~40,000 random cases.
 * **Coverage** (bench/bound_coverage.py, 2,268 cells x 4,000 studies: 3-100 tasks, repeats 1, 3,
@@ -40,8 +41,11 @@ The gate's bound (issue 28) is ``wilson_tasks`` (`task_interval`). What it claim
 ``betting_cs`` (`sequential_interval`, `stop_decision`) is the anytime-valid twin for studies
 that look after every task and stop once the answer is known: a betting confidence sequence for
 bounded means (Waudby-Smith and Ramdas) with a fixed grid of bets, so it too is monotone. It needs
-the same 73 clean tasks for 0.95; bench/sequential_stopping.py measures 54% fewer trials than a
-fixed-n gate of the same power. `paired_task_regression` uses it on per-task differences.
+the same 73 clean tasks for 0.95; bench/sequential_stopping.py measures 52% fewer trials than a
+fixed-n gate of the same power. `paired_task_regression` uses it on per-task differences (the
+PASS side of `gate --baseline`; its FAIL side is `regression.drop_test`). It is also what an
+INCONCLUSIVE fixed-n study's advice continues with (`tasks_to_settle`): the fixed-n bound holds for
+one look at a number of tasks fixed in advance, this one at every look.
 
 ``cluster_kg`` (`clustered_interval`, a Wilson interval on a Korn-Graubard effective n) was the
 gate's bound before issue 28 and is kept until its callers move: on its beta-binomial model it

@@ -40,11 +40,12 @@ Tasks = list[tuple[int, int]]
 # ---- task_interval -------------------------------------------------------------------------------
 
 
-def test_with_one_run_per_task_it_is_todays_wilson() -> None:
+def test_with_one_run_per_task_its_lower_end_is_todays_wilson() -> None:
+    # The upper end is Bentkus's since issue 38 (Wilson's undercovered): it lies above the rate.
     for k, n in ((52, 64), (73, 73), (5, 9), (2, 2), (64, 64)):
         tasks = [(1, 1)] * k + [(0, 1)] * (n - k)
         ours, plain = task_interval(tasks), wilson_interval(k, n)
-        assert (ours.lower, ours.upper) == pytest.approx((plain.lower, plain.upper), abs=1e-12)
+        assert ours.lower == pytest.approx(plain.lower, abs=1e-12) and k / n <= ours.upper <= 1.0
         assert ours.method == TASK_METHOD and ours.clusters == n and ours.rate == pytest.approx(k / n)
 
 
