@@ -1,11 +1,14 @@
 """`plumbline gate`: a CI gate on a certificate (the verdict is `report/gate.py`).
 
 Exit codes: 0 PASS (every cell's lower bound on the mean conformance over tasks reaches
---min-bound); 1 FAIL (some cell's upper bound is below it: shown not to meet it); 3 INCONCLUSIVE
-(neither: the message says how many more distinct tasks would settle it); 2 the certificate is
-unusable (missing, not JSON, another kind or version, a field it cannot fully read). A gate never
-passes on a certificate it cannot fully read. With --baseline the same codes answer "is the
-candidate no worse than the baseline, on the tasks both ran?".
+--min-bound: a wrong PASS at most 5%); 1 FAIL (some cell's upper bound is below it: shown not to
+meet it, a wrong FAIL at most 5%); 3 INCONCLUSIVE (neither: the message says how many more distinct
+tasks would settle it as a sequential study, and that gating a fixed-n study again after adding
+tasks does not keep its 5%); 2 the certificate is unusable (missing, not JSON, another kind or
+version, a field it cannot fully read). A gate never passes on a certificate it cannot fully read.
+With --baseline the same codes answer "is the candidate no worse than the baseline, on the tasks
+both ran?" (FAIL from a paired sign-flip test with tasks as units; it prints the smallest drop it
+could detect at 80% power).
 """
 
 from __future__ import annotations

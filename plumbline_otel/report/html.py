@@ -29,7 +29,7 @@ CHART_WIDTH = 420  # px of the [0, 1] axis
 # One line per term a page shows: on hover (title) where the term appears, and in the glossary section.
 GLOSSARY: dict[str, str] = {
     "verdict": "PASS: every cell's lower bound reaches the target; FAIL: some cell's upper bound is below it; "
-               "INCONCLUSIVE: the evidence does neither yet (more distinct tasks would settle it).",
+               "INCONCLUSIVE: the evidence does neither yet. A wrong PASS and a wrong FAIL are each at most 5% likely.",
     "bound": "The gate's 95% lower bound: with 95% confidence, at least this share of runs of tasks like these break no "
              "critical invariant, in the worst agent x perturbation cell.",
     "wilson_tasks": "The gate's method: a Wilson score bound on the mean of per-task conformance rates, counting tasks (not runs) as n.",
@@ -43,7 +43,9 @@ GLOSSARY: dict[str, str] = {
     "errored": "Trials where the agent crashed, hung, exited non-zero or left no trace: in n, scored as failures.",
     "missing": "Trials that never reached the agent (spend cap, interrupted, refused): beside n, never in it.",
     "tasks": "Distinct tasks in the cell: the bound counts tasks, so more repeats of the same task add little.",
-    "tasks_needed": "About how many more distinct tasks, all conforming, the cell needs for its bound to reach the target.",
+    "tasks_needed": "How many more distinct clean tasks would settle the target if the study continues as a sequential "
+                    "study (replay --resume --target), whose bound stays valid at every look; adding tasks to a fixed-n "
+                    "study and gating it again does not keep its stated 5%.",
     "pass_k": "pass^k: the chance that all k repeats of a task conform (k = the fewest repeats of any task), averaged over tasks.",
     "pass_k_curve": "pass^k for every k from 1 to the most repeats: how fast reliability falls when a task must succeed every time.",
     "flip_rate": "Flip rate: the share of repeated tasks whose repeats disagree (some conform, some do not).",
