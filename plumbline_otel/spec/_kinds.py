@@ -23,7 +23,7 @@ from typing import Any
 
 from plumbline_otel.compare_values import Rule, compare, equal, rule_from
 from plumbline_otel.model import Step, Trajectory
-from plumbline_otel.spec._steps import MISSING, UNAVAILABLE, arg, calls, field_of
+from plumbline_otel.spec._steps import MISSING, UNAVAILABLE, arg, calls, field_of, is_handoff
 from plumbline_otel.spec._verdict import Invariant, Verdict
 
 Predicate = Callable[[Any, Step, Trajectory, Mapping[str, Any]], bool]
@@ -517,7 +517,8 @@ class NoCallAfterEvent:
             return Verdict.na(f"no {self.match.label()}")
         for i in range(found[0] + 1, len(trajectory.steps)):
             step = trajectory.steps[i]
-            if step.kind == "tool_call" and (not self.tools or step.name in self.tools) and (self.count_failed or step.error is None):
+            if (step.kind == "tool_call" or is_handoff(step)) and (not self.tools or step.name in self.tools) \
+                    and (self.count_failed or step.error is None):
                 return Verdict.fail(f"{step.name} called at step {i} after {self.match.label()} at step {found[0]}", i, step.name)
         return Verdict.ok()
 

@@ -1,7 +1,10 @@
 """Step look-ups the invariant kinds share: calls by tool, argument and result fields.
 
 A failed call did not happen: `calls()` returns successful tool calls unless asked for failed
-ones too. The per-trajectory index is memoised for the trajectory last seen, because a spec's
+ones too. A hand-off is a call too: the model calls `transfer_to_refunds` as it calls a tool, and
+"never hand off to refunds before checking eligibility" is an ordering of two calls, so every kind
+that names a tool names a hand-off by the name its agent step shows (`transfer_to_refunds`, or
+`handoff to refunds` where the trace has no call of the model's for it). The per-trajectory index is memoised for the trajectory last seen, because a spec's
 invariants are evaluated one trajectory at a time and each asks for the same index.
 """
 
@@ -23,11 +26,20 @@ class _Index:
         self.ok: dict[str, list[int]] = {}
         self.all: dict[str, list[int]] = {}
         for i, step in enumerate(trajectory.steps):
-            if step.kind != "tool_call":
+            if step.kind != "tool_call" and not is_handoff(step):
                 continue
             self.all.setdefault(step.name, []).append(i)
             if step.error is None:
                 self.ok.setdefault(step.name, []).append(i)
+
+
+_HANDOFF_NAMES = ("handoff to ", "transfer_to_", "handoff_to_")
+
+
+def is_handoff(step: Step) -> bool:
+    """An agent step that hands the run to another agent: the model's own call of the framework's hand-off function
+    (assembly names it so and gives it the call's id and arguments), or `handoff to X` where no call was seen."""
+    return step.kind == "agent" and (step.source == "tool_span+llm_output" or step.name.startswith(_HANDOFF_NAMES))
 
 
 _memo: tuple[Trajectory, _Index] | None = None
