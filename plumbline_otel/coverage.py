@@ -79,6 +79,11 @@ def findings(section: dict[str, Any]) -> list[str]:
         if section["unrecognised_keys"]:
             text += (" Check the unrecognised keys listed below first: content may be there, under keys plumbline does not read"
                      " (then no switch is needed, only a mapping).")
+        if not logs["records"]:
+            # Never blame capture alone: with capture set to events, the content is in log records, and none came.
+            text += (" No GenAI log records were received: an instrumentation set to write content as events (EVENT_ONLY;"
+                     " Google ADK's `true`; Semantic Kernel) puts it in log records, which must be sent too (the OTLP logs"
+                     " signal to /v1/logs, or the logs file to `plumbline ingest`) before capture is the cause.")
         out.append(text)
     if llm and llm_calls["with_tokens"] < llm:
         out.append(f"{llm - llm_calls['with_tokens']} of {llm} LLM calls report no token usage, so cost figures undercount.")
@@ -87,7 +92,11 @@ def findings(section: dict[str, Any]) -> list[str]:
         out.append(f"{trajs['traces_with_several_runs']} traces held more than one run (several root agent spans, or a"
                    " conversation's turns): each run is its own trajectory, with id <trace id>:<root span id>.")
     if spans["traces"] > n:
-        out.append(f"{spans['traces'] - n} of {spans['traces']} traces hold no steps (no tool, LLM or agent call, e.g. a lone create_agent span) and are not runs.")
+        text = f"{spans['traces'] - n} of {spans['traces']} traces hold no steps (no tool, LLM or agent call, e.g. a lone create_agent span) and are not runs."
+        if section["unrecognised_keys"]:  # what was there and not read, not only that nothing came of it
+            text += (" Their spans may say more under keys plumbline does not read: "
+                     + ", ".join(list(section["unrecognised_keys"])[:5]) + " (present, not read).")
+        out.append(text)
     if n_tools:
         out.append(_evidence_sentence(section["evidence_sources"]))
     out += _step_evidence_sentences(section["step_evidence"])
@@ -185,6 +194,7 @@ _SHAPE_NAMES = {
     "gemini_response": "raw Gemini responses {content: {role, parts}} (deciding over flattened output keys)",
     "function_response": "Gemini FunctionResponse dumps {id, name, response}",
     "response_content": "response or event objects holding the answer message {content: {role, parts}} (Google ADK)",
+    "whole_thread": "run spans holding the whole thread (every assistant message so far: the last is the run's answer)",
     "run_wrapper": "run wrappers (messages and nothing of a model call: OpenLIT's start_trace; not an LLM call, the calls are beneath it)",
     "langchain_tool_message_repr": "LangChain ToolMessage str() texts (content='…' tool_call_id='…', OpenLIT's tool results)",
     "tool_named_by_span": "tool spans with no tool-name key, named by the span's name (directly inside another tool span: an event of that call)",

@@ -423,7 +423,8 @@ def begins_new_turn(inputs: list[Message], answer_tools: frozenset[str] = frozen
     with text and no tool calls, or one that only calls the framework's tool for the answer (`answer_tools`: DSPy
     ReActV2 sends its `submit` call and result back as the history of the turn it closed). The model's last message
     must be that answer: a framework that ends every request with a user message of its own template (DSPy's
-    "Respond with the corresponding output fields") sends one after the model's tool calls too.
+    "Respond with the corresponding output fields") sends one after the model's tool calls too. The new message must
+    differ from the one the model answered: the same request sent again is the turn going on.
 
     Each turn of a conversation sends the history so far, so the first model call of every turn after the first
     reads so; assembly splits a trace's runs there (`assemble.split_runs`) when no span marks the turns itself.
@@ -438,7 +439,12 @@ def begins_new_turn(inputs: list[Message], answer_tools: frozenset[str] = frozen
         return bool(m.texts)
 
     answered = next((i for i in range(len(said) - 2, 0, -1) if said[i].role in _ASSISTANT_ROLES), None)
-    return answered is not None and answers(said[answered]) and any(m.role == "user" and m.texts and not m.results for m in said[:answered])
+    if answered is None or not answers(said[answered]):
+        return False
+    asked = [m for m in said[:answered] if m.role == "user" and m.texts and not m.results]
+    # The request the model answered, sent again (the previous call's input already held it): the same turn going
+    # on (OpenTelemetry's openai-v2 under the Agents SDK records such a resend), not a new one.
+    return bool(asked) and asked[-1].texts != said[-1].texts
 
 
 def _apply_messages(rec: SpanRecord, inputs: list[Message], outputs: list[Message]) -> None:
@@ -458,7 +464,9 @@ def _apply_messages(rec: SpanRecord, inputs: list[Message], outputs: list[Messag
     if rec.step_kind != "llm_call":
         # A run's span may hold the whole thread (a conversation's graph state: every assistant message so far); its
         # answer is its last assistant message, not all of them.
-        outputs = [m for m in outputs if m.texts and m.role in (*_ASSISTANT_ROLES, None)][-1:]
+        said = [m for m in outputs if m.texts and m.role in (*_ASSISTANT_ROLES, None)]
+        _note(rec, "output", "whole_thread" if len(said) > 1 and rec.output_text is None else None)
+        outputs = said[-1:]
     texts = [t for m in outputs for t in m.texts]
     if texts and rec.output_text is None:
         rec.output_text = "\n".join(texts)
