@@ -64,7 +64,7 @@ import pyarrow.compute as pc
 
 from plumbline_otel.errors import ConfigError, StoreError
 from plumbline_otel.model import Trajectory
-from plumbline_otel.store import Store
+from plumbline_otel.store import Store, meta_value, set_meta
 
 NAMESPACE = "plumbline"
 # Rows per appended batch: about one Parquet row group of runs (~1-5 KB a doc) per data file.
@@ -393,8 +393,7 @@ INSTANCE_KEY = "lake.instance"  # the store's `meta` row that keeps its name in 
 
 def stored_instance(connection: Any) -> str | None:
     """The name this store committed to a lake under, kept in its own `meta` table (None before its first sync)."""
-    row = connection.execute("SELECT value FROM meta WHERE key = ?", [INSTANCE_KEY]).fetchone()
-    return str(row[0]) if row else None
+    return meta_value(connection, INSTANCE_KEY)
 
 
 def resolve_instance(connection: Any, given: str | None, lake: Lake | None = None) -> str:
@@ -419,7 +418,7 @@ def resolve_instance(connection: Any, given: str | None, lake: Lake | None = Non
     if lake is not None:
         _refuse_a_second_name(connection, lake, name)
     try:
-        connection.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", [INSTANCE_KEY, name])
+        set_meta(connection, INSTANCE_KEY, name)
     except duckdb.Error:
         if not given:  # a read-only store cannot keep a name: a new one at every sync would be a new instance each time
             raise ConfigError("this store is read-only and has no lake instance name yet: give one (--instance NAME)") from None

@@ -111,15 +111,15 @@ def rename(lake_uri: str, old: str, new: str, db: str | None) -> None:
     """Move an instance's rows to a new name (the instance stopped); the store keeps the new name."""
     from plumbline_otel.lake import INSTANCE_KEY, Lake
     from plumbline_otel.lake import rename as run
-    from plumbline_otel.store import Store
+    from plumbline_otel.store import Store, meta_value, set_meta
 
     if db is not None:
         with Store(db) as store:
-            kept = store.connection.execute("SELECT value FROM meta WHERE key = ?", [INSTANCE_KEY]).fetchone()
-            if kept is not None and kept[0] != old:
-                raise click.ClickException(f"{db} is instance {kept[0]!r} in the lake, not {old!r}")
+            kept = meta_value(store.connection, INSTANCE_KEY)
+            if kept is not None and kept != old:
+                raise click.ClickException(f"{db} is instance {kept!r} in the lake, not {old!r}")
             moved = run(Lake(lake_uri), old, new)
-            store.connection.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", [INSTANCE_KEY, new])
+            set_meta(store.connection, INSTANCE_KEY, new)
     else:
         moved = run(Lake(lake_uri), old, new)
     click.echo(json.dumps({"from": old, "to": new, "rows_moved": moved}))

@@ -39,7 +39,7 @@ from plumbline_otel.store._read import (
     ViolationSummary,
 )
 from plumbline_otel.store._schema import SCHEMA_VERSION, VIOLATION_COLUMNS, schema_version
-from plumbline_otel.store._store import DEFAULT_DB, WRITER_MEMORY_LIMIT_MIB, Store, WriteResult
+from plumbline_otel.store._store import DEFAULT_DB, WRITER_MEMORY_LIMIT_MIB, Store, WriteResult, meta_value, set_meta
 
 __all__ = [
     "DEFAULT_DB",
@@ -68,6 +68,8 @@ __all__ = [
     "ViolationSummary",
     "WriteResult",
     "invalidated",
+    "meta_value",
+    "set_meta",
     "open_assembled",
     "pending_note",
     "schema_version",

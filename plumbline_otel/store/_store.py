@@ -66,6 +66,17 @@ class WriteResult:
     duplicate: int
 
 
+def meta_value(connection: Any, key: str) -> str | None:
+    """A setting a store keeps about itself (its `meta` table), e.g. its lake instance name; on any connection to it."""
+    row = connection.execute("SELECT value FROM meta WHERE key = ?", [key]).fetchone()
+    return None if row is None else str(row[0])
+
+
+def set_meta(connection: Any, key: str, value: str) -> None:
+    """Keep a setting in the store's `meta` table (raises duckdb.Error on a read-only connection)."""
+    connection.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", [key, value])
+
+
 def _trace_ids(ids: Iterable[str]) -> pa.Table:
     return pa.table({"trace_id": pa.array(list(ids), pa.string())})
 
@@ -115,10 +126,10 @@ class Store(Reader):
 
     def _stored_task_keys(self) -> tuple[str, ...]:
         try:
-            row = self.connection.execute("SELECT value FROM meta WHERE key = 'task_keys'").fetchone()
+            kept = meta_value(self.connection, "task_keys")
         except duckdb.Error:
-            row = None
-        return tuple(orjson.loads(row[0])) if row else DEFAULT_TASK_KEYS
+            kept = None
+        return tuple(orjson.loads(kept)) if kept else DEFAULT_TASK_KEYS
 
     def set_task_keys(self, keys: Iterable[str]) -> None:
         """Change which attributes name a run's task; every trajectory is rebuilt on next assembly."""
@@ -128,7 +139,7 @@ class Store(Reader):
             return
         self.task_keys = keys
         with self._transaction():
-            self.connection.execute("INSERT OR REPLACE INTO meta VALUES ('task_keys', ?)", [orjson.dumps(list(keys)).decode()])
+            set_meta(self.connection, "task_keys", orjson.dumps(list(keys)).decode())
             self.connection.execute("INSERT OR IGNORE INTO dirty_traces SELECT DISTINCT trace_id FROM spans")
 
     @contextmanager
