@@ -151,8 +151,10 @@ def _bug_sentences(spans: dict[str, Any]) -> list[str]:
     out = []
     lone = spans.get("lone_step_traces", 0)
     if lone >= 2:
-        out.append(f"{lone} traces hold a single tool or model span and no agent span: the instrumentation lost the parent"
-                   " context, so every span became its own trace and a run's steps are split across traces (in Node,"
+        out.append(f"{lone} traces hold a single tool or model span and no agent span. Either the agent has no span of its"
+                   " own (only an LLM client's instrumentation is on, e.g. zero-code OpenAI or LiteLLM: each model call is a"
+                   " trace; wrap each run in a span of the app's, or trace the framework), or the instrumentation lost the"
+                   " parent context, so every span became its own trace and a run's steps are split across traces (in Node,"
                    " register a context manager: NodeTracerProvider.register(), or AsyncLocalStorageContextManager from"
                    " @opentelemetry/context-async-hooks; in Python, spans started on another thread or task without the"
                    " context attached).")

@@ -56,7 +56,8 @@ _KNOWN_PREFIXES = (
     "langfuse.observation.type", "langfuse.observation.input", "langfuse.observation.output", "langfuse.observation.model.",
     "langfuse.observation.usage_details", "langfuse.observation.level", "langfuse.observation.status_message",
     "langfuse.observation.metadata.", "langfuse.observation.completion_start_time", "langfuse.internal.",
-    "langfuse.observation.cost_details", "langfuse.trace.", "langfuse.environment", "langfuse.release", "langfuse.version",
+    "langfuse.observation.cost_details", "langfuse.trace.input", "langfuse.trace.output", "langfuse.trace.name",
+    "langfuse.trace.tags", "langfuse.environment", "langfuse.release", "langfuse.version",
 )
 
 

@@ -683,8 +683,8 @@ def _agent(rec: SpanRecord, attrs: dict[str, Any], events: list[tuple[str, dict[
     if rec.convention == "traceloop" or "traceloop.entity.input" in attrs:
         rec.agent_name = _or_text(rec.agent_name, attrs.get("traceloop.entity.name"))
         _run_texts(rec, attrs.get("traceloop.entity.input"), attrs.get("traceloop.entity.output"))
-    if LANGFUSE_TYPE in attrs:
-        _run_texts(rec, attrs.get(_LANGFUSE_IN), attrs.get(_LANGFUSE_OUT))
+    if LANGFUSE_TYPE in attrs:  # the observation's, else the trace's input and output (set on the root)
+        _run_texts(rec, _first(attrs, _LANGFUSE_IN, "langfuse.trace.input"), _first(attrs, _LANGFUSE_OUT, "langfuse.trace.output"))
     inputs, outputs = _messages_genai(attrs, events)
     _apply_messages(rec, inputs, outputs)
     _run_texts(rec, None, attrs.get("final_result"))
@@ -766,8 +766,8 @@ def extract(rec: SpanRecord, attrs: dict[str, Any], events: list[tuple[str, dict
     elif rec.step_kind == "agent":
         _agent(rec, attrs, events)
     elif rec.parent_span_id is None or _program_call(rec, attrs):  # a root chain or workflow span: the run's request and answer
-        _run_texts(rec, _first(attrs, "input.value", "traceloop.entity.input", _LANGFUSE_IN),
-                   _first(attrs, "output.value", "traceloop.entity.output", _LANGFUSE_OUT))
+        _run_texts(rec, _first(attrs, "input.value", "traceloop.entity.input", _LANGFUSE_IN, "langfuse.trace.input"),
+                   _first(attrs, "output.value", "traceloop.entity.output", _LANGFUSE_OUT, "langfuse.trace.output"))
         if rec.convention == "genai" and _run_wrapper(attrs):  # its texts are the run's request and answer
             _note(rec, "step", "run_wrapper")
             _run_texts(rec, attrs.get("gen_ai.input.messages"), attrs.get("gen_ai.output.messages"))

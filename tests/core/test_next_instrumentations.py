@@ -131,9 +131,17 @@ def test_langfuse_observations_are_steps_and_level_error_is_a_failure() -> None:
 
     run = _run(build, scope="langfuse-sdk")
     (llm,) = [s for s in run.steps if s.kind == "llm_call"]
+    assert _run(lambda tracer: _langfuse_root_of_type_span(tracer, build), scope="langfuse-sdk").input == "Pay invoice nine"
     assert (llm.model, llm.input_tokens, llm.output_tokens) == ("m-1", 12, 3)
     assert [(s.name, s.args, s.error, s.call_id) for s in run.tool_steps] == [("pay", {"id": "INV-9"}, "bank refused", "c9")]
     assert (run.input, run.final_output, run.context.get("session.id")) == ("Pay INV-9", "Could not pay INV-9.", "s-1")
+
+
+def _langfuse_root_of_type_span(tracer: Tracer, inner: Any) -> None:
+    """A plain `span` observation around the run, with the trace's input set on it (`update_current_trace`)."""
+    with tracer.start_as_current_span("request", attributes={"langfuse.observation.type": "span",
+                                                             "langfuse.trace.input": "Pay invoice nine"}):
+        inner(tracer)
 
 
 # --- item 4: tool calls recorded the old way ----------------------------------------------------------------------
@@ -277,3 +285,17 @@ def test_coverage_names_a_run_span_holding_the_whole_thread(store: Store) -> Non
     section = coverage_report(store)["overall"]
     assert section["shapes"]["unwrapped"].get("output:whole_thread", 0) >= 2  # the second and third turns' graphs
     assert "run spans holding the whole thread" in "\n".join(section["findings"])
+
+
+# --- item 12 (coverage part): a lightly traced agent is named as such, not only as lost context ---------------------
+
+
+def test_coverage_names_an_agent_with_no_span_of_its_own_for_one_trace_per_model_call(store: Store, tmp_path: Path) -> None:
+    def call(n: int) -> Any:
+        def build(tracer: Tracer) -> None:
+            _chat(tracer, [_msgs("user", _text(f"Pay INV-{n}"))], [_msgs("assistant", _text("Paid."))])
+        return build
+
+    findings = _coverage_of(store, tmp_path, call(1), call(2), call(3))
+    assert "3 traces hold a single tool or model span and no agent span" in findings
+    assert "the agent has no span of its own" in findings and "wrap each run in a span of the app's" in findings
