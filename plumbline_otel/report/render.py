@@ -181,6 +181,22 @@ def _cell_notes(c: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _profile_lines(cells: list[dict[str, Any]]) -> list[str]:
+    """Branch-point cells (``tool_fault@3``: the perturbation applied at step 3, `replay --branch-at`) as a profile over
+    steps: where along a run the agent's conformance falls, each point with its n, rate and gate interval."""
+    by_base: dict[str, list[tuple[int, dict[str, Any]]]] = {}
+    for c in cells:
+        base, _, step = str(c["perturbation"]).rpartition("@")
+        if base and step.isdigit():
+            by_base.setdefault(base, []).append((int(step), c))
+    lines = []
+    for base, points in sorted(by_base.items()):
+        shown = "  ".join(f"@{k} {c['conforming']}/{c['n']} [{c['gate_lower']:.2f}, {c['gate_upper']:.2f}]"
+                          for k, c in sorted(points, key=lambda p: p[0]))
+        lines.append(f"  profile over steps, {base} (conforming/n [gate bounds]): {shown}")
+    return lines
+
+
 def _violation_lines(cells: list[dict[str, Any]]) -> list[str]:
     totals: dict[str, list[int]] = {}
     for c in cells:
@@ -244,6 +260,7 @@ def render_text(cert: dict[str, Any]) -> str:
             lines += _cell_notes(c)
             if (curve := _curve_line(c)) is not None:
                 lines.append(curve)
+        lines += _profile_lines(cells)
         lines += _violation_lines(cells)
     prov = cert["provenance"]
     untrusted = prov.get("untrusted_records") or []
