@@ -36,7 +36,7 @@ _NAMESPACES = ("gen_ai.", "llm.", "tool.", "openinference.", "traceloop.", "ai."
 _KNOWN_PREFIXES = (
     "gen_ai.operation.", "gen_ai.provider.", "gen_ai.system", "gen_ai.request.", "gen_ai.response.",
     "gen_ai.usage.", "gen_ai.tool.", "gen_ai.input.messages", "gen_ai.output.messages",
-    "gen_ai.conversation.", "gen_ai.agent.", "gen_ai.prompt", "gen_ai.completion", "gen_ai.output.type", "gen_ai.guardrail.",
+    "gen_ai.conversation.", "gen_ai.agent.", "gen_ai.handoff.", "gen_ai.prompt", "gen_ai.completion", "gen_ai.output.type", "gen_ai.guardrail.",
     "gen_ai.openai.", "gen_ai.data_source.", "gen_ai.workflow.",
     "llm.input_messages", "llm.output_messages", "llm.model_name", "llm.token_count.", "llm.provider",
     "llm.system", "llm.invocation_parameters", "llm.tools", "llm.request.", "llm.response.",

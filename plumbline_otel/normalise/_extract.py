@@ -44,7 +44,8 @@ _GENAI_KINDS: dict[str, StepKind] = {
     "fetch_response": "llm_call",
 }
 # Hand-off attributes (semantic-conventions-genai examples) and the span name OpenInference gives an OpenAI Agents hand-off.
-HANDOFF_KEYS = ("gen_ai.agent.handoff.target.name", "gen_ai.transfer.target.name")
+# OpenTelemetry's openai-agents-v2 writes an `agent_handoff` span with `gen_ai.handoff.from_agent`/`.to_agent`.
+HANDOFF_KEYS = ("gen_ai.agent.handoff.target.name", "gen_ai.transfer.target.name", "gen_ai.handoff.to_agent")
 _HANDOFF_PREFIX = "handoff to "
 _OI_KINDS: dict[str, StepKind] = {"TOOL": "tool_call", "LLM": "llm_call", "AGENT": "agent"}
 # The Vercel AI SDK's own spans (AI SDK 6 and earlier, and AI SDK 7's `LegacyOpenTelemetry`; scope `ai`): the

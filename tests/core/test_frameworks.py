@@ -152,7 +152,7 @@ def test_coverage_names_evidence_task_key_source_and_shapes(setup: str, store: S
     assert section["tool_calls"]["with_structured_args"] == structured
 
 
-@pytest.mark.parametrize("setup", ["openai_agents_js_handoff"])
+@pytest.mark.parametrize("setup", ["openai_agents_js_handoff", "openai_agents_otel_handoff"])
 def test_a_recorded_hand_off_is_a_step_named_by_the_function_the_model_called(setup: str, store: Store) -> None:
     """The model hands the run to `payer` by calling `transfer_to_payer` (the framework's function, no tool of the user's):
     one agent step of that name, with the model's call id, in the model turn the script gave it, and `payer` after it."""
