@@ -590,8 +590,8 @@ class _Runner:
         basis = budget.basis
         if basis != "reservation" or (ran and self.cap.limit is not None):  # with no cap and no meter, its cost is unknown
             record.metered, record.cost_basis = basis == "metered", basis
-        record.overrun_usd = round(budget.overrun, 8)
-        if budget.overrun > 0 and self.cap.limit is not None:
+        record.overrun_usd = round(budget.overrun, 8) if self.cap.limit is not None else 0.0  # no cap, nothing to overrun
+        if record.overrun_usd > 0:
             self._halt(f"adapter reported ${cost:.4f} for {record.trial_id}, over its ${budget.reserved:.4f} "
                        "reservation: the cap can no longer be guaranteed")
         return cost

@@ -203,3 +203,12 @@ def test_model_ids_resolve_by_longest_prefix_and_unknown_models_are_unpriced() -
     assert model_price("anthropic/claude-haiku-4-5") == model_price("claude-haiku-4-5")
     assert model_price("mystery-7b") is None and price("mystery-7b", Usage(1, 1)) is None
     assert price("simulated-model", Usage(10**6, 10**6)) == 0.0
+
+
+def test_no_cap_means_no_cap_an_adapter_s_reported_cost_stops_nothing(tmp_path: Path) -> None:
+    """Issue 39 item 6: with no --budget-usd and no --trial-max-usd, a reported cost is recorded, never an overrun."""
+    summary = run_study(StudyConfig("c", state_dir=tmp_path / "s", concurrency=1, grace_s=0.0,
+                                    sink=SpanSink(otlp_file=str(tmp_path / "o.jsonl"))), tasks(4), ToyAgent(cost_usd=0.5))
+    assert (summary.ok, summary.missing) == (4, 0)
+    assert "OVERRUN" not in summary.render() and summary.spent_usd == pytest.approx(2.0)
+    assert {r.cost_basis for r in summary.records} == {"adapter"}
