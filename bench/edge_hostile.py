@@ -1,6 +1,7 @@
 """Hostile peers at the edge (issue 30): memory and normal clients' service under each attack, beside no attack.
 
-    python bench/edge_hostile.py [--workers 0] [--only held,steady,steady-noshare,slow,grpc,burst] [--burst-spans 50000]
+    python bench/edge_hostile.py [--workers 0] [--only held,steady,steady-noshare,slow,grpc,idle,idle-http,large-json,burst]
+                                 [--burst-spans 50000] [--json-spans 200000]
 
 Each scenario starts its own `plumbline serve` on loopback, measures the server's process tree RSS
 (sampled every 50 ms) and a normal client's requests while the attack runs, then stops the server:
@@ -16,6 +17,14 @@ Each scenario starts its own `plumbline serve` on loopback, measures the server'
           a fifth from a second address, against 32 connections (16 per address).
 - grpc:   160 gRPC export calls that send headers and never a message (past the 128-call cap),
           with a 5 s message deadline; the normal client uses gRPC (export and health).
+- idle, idle-http: issue 43's attack on a default serve (256 MiB budget, 128 export calls, 30 s
+          message deadline): 4 idle gRPC exports from 127.0.0.2 and 127.0.0.3 (through relays) and
+          200 from 127.0.0.1, the normal client's own address; the normal client uses gRPC (idle) or
+          OTLP/HTTP (idle-http). Before issue 43, each idle call reserved 64 MiB for its deadline.
+- large-json: one OTLP JSON request of `--json-spans` spans on a default serve (body limit raised to
+          256 MiB, the queue to the request), sent twice: the answers, their times and the spans
+          stored (once, if the resend is deduplicated). Before issue 43, 200,000 spans were answered
+          503 "the store did not commit in time" after 35 s under load, though all were committed.
 - burst:  one request of `--burst-spans` spans; the row's RSS columns are the idle tree before, the
           peak, and the idle tree 10 s after the answer (does memory go back? issue 30 item 7).
           Run it with `--workers 2` to include the shard workers.
@@ -280,6 +289,76 @@ def attack_grpc(server: Server, seconds: float) -> str:
     return "160 idle export calls (cap 128, 5 s message deadline)"
 
 
+class _Relay:
+    """A TCP relay whose connections reach `port` from `source`: gRPC calls seen from another address."""
+
+    def __init__(self, port: int, source: str) -> None:
+        self.port, self.source = port, source
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.address = f"127.0.0.1:{self._listener.getsockname()[1]}"
+        self._socks: list[socket.socket] = [self._listener]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        with suppress(OSError):
+            while True:
+                client, _ = self._listener.accept()
+                upstream = socket.create_connection(("127.0.0.1", self.port), source_address=(self.source, 0))
+                self._socks += [client, upstream]
+                for a, b in ((client, upstream), (upstream, client)):
+                    threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pump(src: socket.socket, dst: socket.socket) -> None:
+        with suppress(OSError):
+            while data := src.recv(1 << 16):
+                dst.sendall(data)
+        with suppress(OSError):
+            dst.shutdown(socket.SHUT_WR)
+
+    def close(self) -> None:
+        for sock in self._socks:
+            sock.close()
+
+
+def _queue_bytes(server: Server) -> float:
+    connection = http.client.HTTPConnection("127.0.0.1", server.http_port, timeout=30)
+    try:
+        connection.request("GET", "/metrics")
+        text = connection.getresponse().read().decode()
+    finally:
+        connection.close()
+    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith("plumbline_queue_bytes"))
+
+
+def attack_idle(server: Server, seconds: float) -> str:
+    stop = threading.Event()
+    relays = [_Relay(server.grpc_port, source) for source in ("127.0.0.2", "127.0.0.3")]
+    local = [("grpc.use_local_subchannel_pool", 1)]  # a connection of its own per channel (100 streams each)
+    held: list[float] = []
+    try:
+        with ExitStack() as stack:
+            channels = [stack.enter_context(grpc.insecure_channel(relay.address, options=local)) for relay in relays]
+            channels += [stack.enter_context(grpc.insecure_channel(f"127.0.0.1:{server.grpc_port}", options=local)) for _ in range(2)]
+            calls = []
+            for i, channel in enumerate(channels):
+                export = channel.stream_unary(_TRACES, request_serializer=None, response_deserializer=None)
+                calls += [export.future(_never(stop), timeout=120) for _ in range(2 if i < 2 else 100)]
+            ends = time.monotonic() + seconds
+            while time.monotonic() < ends:
+                held.append(_queue_bytes(server))
+                time.sleep(0.5)
+            stop.set()
+            for call in calls:
+                with suppress(grpc.RpcError, grpc.FutureCancelledError):
+                    call.result(timeout=30)
+    finally:
+        stop.set()
+        for relay in relays:
+            relay.close()
+    return f"204 idle gRPC exports (4 from two other addresses), budget held by them at most {max(held) / _MIB:.2f} MiB"
+
+
 SCENARIOS: dict[str, tuple[Callable[[Server, float], str], str, tuple[str, ...]]] = {
     "none": (attack_none, "http", ()),
     "held": (attack_held, "http", ("--queue-max-bytes-mib", "64", "--max-request-body-size-mib", "8", "--http-read-timeout", "30")),
@@ -289,6 +368,8 @@ SCENARIOS: dict[str, tuple[Callable[[Server, float], str], str, tuple[str, ...]]
     "slow": (attack_slow, "http", ("--max-connections", "32", "--max-connections-per-address", "16",
                                    "--http-read-header-timeout", "30", "--http-read-timeout", "30", "--http-idle-timeout", "30")),
     "grpc": (attack_grpc, "grpc", ("--grpc-message-timeout", "5")),
+    "idle": (attack_idle, "grpc", ()),
+    "idle-http": (attack_idle, "http", ()),
 }
 
 
@@ -329,6 +410,35 @@ def run_burst(workdir: Path, workers: int, spans: int) -> dict[str, Any]:
         server.stop()
 
 
+def run_large_json(workdir: Path, workers: int, spans: int) -> dict[str, Any]:
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+    from otlp import to_otlp_json
+
+    server = Server(workdir, "--workers", str(workers), "--max-request-body-size-mib", "256", "--queue-max-spans", str(spans))
+    try:
+        body = json.dumps(to_otlp_json(ExportTraceServiceRequest.FromString(_request(spans, text=100)))).encode()
+        answers = []
+        with Peak(server.proc.pid) as peak:
+            baseline = tree_rss_mib(server.proc.pid)
+            for _ in range(2):
+                connection = http.client.HTTPConnection("127.0.0.1", server.http_port, timeout=1800)
+                began = time.monotonic()
+                connection.request("POST", "/v1/traces", body=body, headers={"Content-Type": "application/json"})
+                response = connection.getresponse()
+                response.read()
+                answers.append(f"{response.status} in {time.monotonic() - began:.1f} s")
+                connection.close()
+    finally:
+        server.stop()
+    import duckdb
+
+    with duckdb.connect(str(workdir / f"{server.http_port}.duckdb"), read_only=True) as db:
+        stored = db.execute("SELECT count(*) FROM spans").fetchone()
+    return {"scenario": "large-json", "attack": f"{spans} spans, {len(body) / _MIB:.0f} MiB of OTLP JSON, sent twice: "
+            f"{', then '.join(answers)}; {stored[0] if stored else 0} spans stored", "transport": "http",
+            "rss_before_mib": baseline, "rss_peak_mib": peak.peak}
+
+
 def _fmt(value: Any, spec: str = ".0f") -> str:
     return "-" if value is None else format(value, spec)
 
@@ -339,6 +449,7 @@ def main() -> None:
     parser.add_argument("--only", default="none,held,steady,steady-noshare,slow,grpc,burst", help="scenarios to run, comma-separated")
     parser.add_argument("--seconds", type=float, default=6.0, help="how long each attack is held")
     parser.add_argument("--burst-spans", type=int, default=50_000)
+    parser.add_argument("--json-spans", type=int, default=200_000, help="spans of the large-json scenario's request")
     opts = parser.parse_args()
     rows = []
     with tempfile.TemporaryDirectory(prefix="plumbline-edge-") as tmp:
@@ -346,6 +457,8 @@ def main() -> None:
             print(f"running {name} ...", file=sys.stderr, flush=True)
             if name == "burst":
                 rows.append(run_burst(Path(tmp), opts.workers, opts.burst_spans))
+            elif name == "large-json":
+                rows.append(run_large_json(Path(tmp), opts.workers, opts.json_spans))
             else:
                 rows.append(run_scenario(name, Path(tmp), opts.workers, opts.seconds))
     print(f"\nplumbline serve under hostile peers (workers={opts.workers}; current code only; attacks held {opts.seconds:g} s)\n")

@@ -192,14 +192,22 @@ class _Normal:
     def __init__(self, port: int) -> None:
         self.port, self._stop = port, threading.Event()
         self.statuses: list[int] = []
+        self.started: list[float] = []  # when each request was sent (monotonic), beside its status
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
         while not self._stop.wait(0.2):
+            began = time.monotonic()
             try:
-                self.statuses.append(_post(self.port, _request(service="normal"))[0])
+                status = _post(self.port, _request(service="normal"))[0]
             except OSError:
-                self.statuses.append(0)
+                status = 0
+            self.started.append(began)
+            self.statuses.append(status)
+
+    def since(self, moment: float) -> list[int]:
+        """The statuses of the requests sent after `moment`."""
+        return [status for began, status in zip(list(self.started), list(self.statuses)) if began >= moment]
 
     def __enter__(self) -> _Normal:
         self._thread.start()
@@ -213,9 +221,11 @@ class _Normal:
 def test_bodies_held_one_byte_short_neither_grow_memory_nor_keep_normal_clients_out(tmp_path: Path) -> None:
     """40 bodies of 8 MiB held one byte short of complete (320 MiB sent) against a 32 MiB budget, from
     the normal client's own address: the tree grows by at most the budget (plus slack), the excess
-    gets 503 + Retry-After at once, and a normal client sending meanwhile is served: the held bodies'
-    reservations are reclaimed for it once they stop arriving (a second), not at their 20 s deadline.
-    Before the reclaim, every normal export during the attack was a 503 (bench: 0/31)."""
+    gets 503 + Retry-After, and a normal client sending once the bodies are held is served: the held
+    bodies' reservations are reclaimed for it once they stop arriving (a second), not at their 20 s
+    deadline. Before the reclaim, every normal export during the attack was a 503 (bench: 0/31). The
+    normal client is judged on what it sends once the attack is in place, however long a loaded
+    machine takes to send 320 MiB (a fixed 4 s window let it judge only the sending, issue 42)."""
     server = ServeProcess(tmp_path, "--queue-max-bytes-mib", "32", "--max-request-body-size-mib", "8", "--workers", "0",
                           "--http-read-timeout", "20", "--max-connections", "128").start()
     try:
@@ -243,7 +253,10 @@ def test_bodies_held_one_byte_short_neither_grow_memory_nor_keep_normal_clients_
                         status, headers, _ = _response(sock)
                         if status == 503:
                             pushed_back.append(headers.get("retry-after", ""))
-                time.sleep(max(0.0, 4.0 - (time.monotonic() - began)))  # inside the 5 s rate window: reclaimed, not yet too slow
+                held_at = time.monotonic()
+                deadline = held_at + 120  # generous: ends as soon as the normal client sent 10 requests after the attack was in place
+                while len(normal.since(held_at)) < 10 and time.monotonic() < deadline:
+                    time.sleep(0.05)
             reclaimed = _metric(server.http_port, 'plumbline_http_bodies_cut_total{reason="reclaimed"}')
             budget_peak = _metric(server.http_port, "plumbline_memory_budget_peak_bytes")
             for sock in held:
@@ -251,9 +264,12 @@ def test_bodies_held_one_byte_short_neither_grow_memory_nor_keep_normal_clients_
     finally:
         assert server.stop() == 0
     assert len(pushed_back) >= 30 and set(pushed_back) == {"1"}, pushed_back
-    served = normal.statuses.count(200)
-    assert served >= 0.6 * len(normal.statuses) and len(normal.statuses) >= 12, normal.statuses
+    after = normal.since(held_at)
+    print(f"normal exports: {normal.statuses.count(200)} of {len(normal.statuses)} served, "
+          f"{after.count(200)} of {len(after)} once the bodies were held ({held_at - began:.1f} s after the attack began)")
+    assert len(after) >= 10 and after.count(200) >= 0.6 * len(after), after
     assert set(normal.statuses) <= {200, 503}, normal.statuses
+    served = normal.statuses.count(200)
     assert reclaimed >= 1
     assert budget_peak <= 32 * _MIB
     grown = peak.peak - baseline
