@@ -40,7 +40,7 @@ def test_clean_unexposed_runs_cannot_carry_a_cell_over_the_gate(tmp_path):
     assert "INCONCLUSIVE agent / tool_fault: 40/40 conforming" in result.output
     assert "n=40 (40 exposed + 0 errored) from 40 task(s), 0 missing, 40 unexposed" in result.output
     # The tasks it needs come from the exposed tasks alone: 73 clean tasks in all, 33 more than the 40 exposed.
-    assert "needs 33 more distinct clean task(s)" in result.output
+    assert "33 more clean task(s) in the cell that needs the most" in result.output
     # Without the attribute there is no evidence either: before issue 8 these 80 runs passed 0.95.
     bare = [run(*t.steps, task=t.task_key, id=t.trajectory_id, plumbline__perturbation="tool_fault") for t in data[80:]]
     result = CliRunner().invoke(gate, [write_cert(tmp_path, build_certificate(SPEC, data[:80] + bare)), "--min-bound", "0.95"])
@@ -89,7 +89,10 @@ def test_certify_reads_fault_fired_back_from_the_store(tmp_path):
     assert (cells["baseline"]["n"], cells["baseline"]["unexposed"]) == (10, 0)
     assert cert["provenance"]["runs"] == 30 and cert["provenance"]["scored_runs"] == 20
     assert CliRunner().invoke(gate, [str(out), "--min-bound", "0.4"]).exit_code == 0
-    assert CliRunner().invoke(gate, [str(out), "--min-bound", "0.95"]).exit_code == 1  # 8/10: shown below 0.95
+    # 8/10: Bentkus's upper end (issue 38 item 1) cannot show it below 0.95 with ten tasks, nor above: INCONCLUSIVE;
+    # it is shown below 0.99
+    assert CliRunner().invoke(gate, [str(out), "--min-bound", "0.95"]).exit_code == 3
+    assert CliRunner().invoke(gate, [str(out), "--min-bound", "0.99"]).exit_code == 1
 
 
 FAULT_MSG = "503 Service Unavailable: the post_audit_log backend is temporarily unavailable"
