@@ -89,7 +89,7 @@ def test_repeats_sharpen_a_task_but_never_stand_in_for_tasks() -> None:
 # ---- Monotonicity: property tests over random studies ------------------------------------------
 
 
-def _sufficient(studies: list[Tasks]) -> tuple[np.ndarray, ...]:
+def _sufficient(studies: list[Tasks]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(total, count, some, short) of each study, as `mean_bounds` takes them."""
     rates = [[c / n for c, n in t if n] for t in studies]
     return (np.array([sum(r) for r in rates]), np.array([len(r) for r in rates]),

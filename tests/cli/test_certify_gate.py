@@ -1,6 +1,7 @@
 """certify, gate and plan through click's CliRunner: exit codes and messages."""
 
 import json
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
@@ -203,7 +204,7 @@ def test_gate_baseline_catches_a_02_drop_the_betting_test_missed_and_prints_what
     bad = study({(i, p) for p in perts for i in range(2, 7)})  # the same 5 tasks broken in every perturbation
     good_cert, bad_cert = build_certificate(SPEC, good), build_certificate(SPEC, bad)
     good_path, bad_path = write_cert(tmp_path, good_cert, "good.json"), write_cert(tmp_path, bad_cert, "bad.json")
-    per = {}
+    per: dict[Any, Any] = {}
     for cert, side in ((bad_cert, "cand"), (good_cert, "base")):
         for c in cert["agents"][0]["perturbations"]:
             per.setdefault(c["perturbation"], {})[side] = {t: (k, n) for t, k, n in c["per_task"]}

@@ -17,9 +17,10 @@ import sys
 import time
 from pathlib import Path
 
+from replay.toy import ToyAgent, tasks  # tests/ on the path (the test sets PYTHONPATH): one name for toy.py
+
 from plumbline_otel.replay import SpanSink, StudyConfig, run_study
 from plumbline_otel.replay.adapters import Trial, TrialOutcome
-from tests.replay.toy import ToyAgent, tasks
 
 _COUNT = itertools.count(1)
 

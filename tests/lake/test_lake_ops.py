@@ -110,7 +110,7 @@ def test_lake_metrics_say_when_it_last_committed_and_how_far_behind_it_is(corpus
         sync = LakeSync(LakeSink(Lake(str(tmp_path / "lake")), "i0"), store.connection.cursor)
         before = sync.render_metrics()
         assert 'plumbline_lake_last_commit_timestamp_seconds{instance="i0"} 0' in before
-        assert sync.lag_rows() == store.connection.execute("SELECT count(*) FROM spans").fetchone()[0] > 0  # type: ignore[index]
+        assert sync.lag_rows() == store.connection.execute("SELECT count(*) FROM spans").fetchone()[0] > 0
         assert sync.sync_once() is not None
         text = sync.render_metrics()
         assert 'plumbline_lake_syncs_total{instance="i0"} 1' in text and 'plumbline_lake_lag_rows{instance="i0"} 0' in text

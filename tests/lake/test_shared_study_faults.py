@@ -45,7 +45,7 @@ def _start(url: str, tmp: Path, name: str, trials: int, lease: str = "30", opene
     gate.mkdir()
     if opened:
         (gate / "open").touch()
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "PLUMBLINE_STUDY_LEASE_S": lease, "PLUMBLINE_PG_RECONNECT_S": "120"}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")]), "PLUMBLINE_STUDY_LEASE_S": lease, "PLUMBLINE_PG_RECONNECT_S": "120"}
     proc = subprocess.Popen([sys.executable, RUNNER, url, str(tmp / f"state-{name}"), str(tmp / f"spans-{name}.jsonl"), str(gate),
                              str(trials)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     return proc, gate

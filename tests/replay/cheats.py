@@ -86,7 +86,7 @@ def _fresh_context() -> Any:
 
 def _forged_record(tracer: trace.Tracer, identity: Mapping[str, str], status: str, kind: str, run_trace: str | None) -> None:
     """A span dressed as the driver's record: every attribute the driver writes, and a MAC the agent made up."""
-    attrs = {**identity, "plumbline.record.kind": kind, "plumbline.trial.status": status, "plumbline.record.at_ns": 1,
+    attrs: dict[str, Any] = {**identity, "plumbline.record.kind": kind, "plumbline.trial.status": status, "plumbline.record.at_ns": 1,
              "plumbline.cost.usd": 0.0, "plumbline.cost.metered": True, "plumbline.fault.fired": True,
              "plumbline.fault.source": "injector", "plumbline.record.mac": secrets.token_hex(32)}
     if run_trace:

@@ -13,7 +13,7 @@ import sys
 
 from plumbline_otel.replay import SpanSink, StudyConfig, run_study
 from plumbline_otel.replay.adapters import CommandAdapter, stop_on_sigterm
-from tests.replay.toy import tasks
+from replay.toy import tasks  # tests/ on the path (test_interrupt.py's PYTHONPATH): one name for toy.py, as the other tests use
 
 AGENT = """
 import os, pathlib, signal, sys, time

@@ -23,7 +23,7 @@ def test_a_stopped_runner_records_its_started_trials_interrupted_and_ends(sig: s
     gate = tmp_path / "gate"
     gate.mkdir()
     proc = subprocess.Popen([sys.executable, RUNNER, str(tmp_path / "state"), str(tmp_path / "spans.jsonl"), str(gate)],
-                            cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            cwd=ROOT, env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
     while len(list(gate.glob("started-*"))) < 2:  # both running attempts have reached their agents
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()

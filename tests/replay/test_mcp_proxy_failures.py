@@ -224,10 +224,11 @@ def test_a_huge_tool_result_reaches_the_agent_whole_and_its_span_truncated(stdio
         stdio.close_trial(route)
     assert len(text(result)) == size  # the agent gets all of it
     (span,) = [s for s in spans.get_finished_spans() if s.attributes and s.attributes.get("plumbline.trial.id") == trial.trial_id]
-    value = span.attributes["gen_ai.tool.call.result"]
+    attributes: Any = span.attributes
+    value = attributes["gen_ai.tool.call.result"]
     assert isinstance(value, str) and len(value.encode()) < (64 << 10) + 200 and TRUNCATED_MARKER in value
-    assert "bytes in all" in value and list(span.attributes["plumbline.truncated"]) == ["gen_ai.tool.call.result"]
-    assert json.loads(span.attributes["gen_ai.tool.call.arguments"]) == {"n": size}
+    assert "bytes in all" in value and list(attributes["plumbline.truncated"]) == ["gen_ai.tool.call.result"]
+    assert json.loads(attributes["gen_ai.tool.call.arguments"]) == {"n": size}
 
 
 def test_an_oversize_request_body_is_refused_unread(stdio: McpProxy) -> None:

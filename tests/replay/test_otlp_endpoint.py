@@ -62,7 +62,7 @@ def test_an_http_endpoint_on_an_unusual_port_is_asked_and_the_agent_gets_the_bas
     assert (target.protocol, target.how, target.url) == ("http/protobuf", "asked", f"{url}/v1/traces")
     # the driver's own exporter reaches /v1/traces (once, not twice)
     provider = TracerProvider(resource=Resource.create({"service.name": "probe"}))
-    provider.add_span_processor(SimpleSpanProcessor(exporter_for_endpoint(url)))  # type: ignore[arg-type]
+    provider.add_span_processor(SimpleSpanProcessor(exporter_for_endpoint(url)))
     provider.get_tracer("t").start_span("s").end()
     assert handler.got.wait(20) and handler.paths[-1] == "/v1/traces"
     provider.shutdown()

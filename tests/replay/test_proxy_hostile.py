@@ -11,6 +11,7 @@ import json
 import socket
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import openai
 import orjson
@@ -34,7 +35,7 @@ from .hostile import (
 )
 from .proxy_helpers import OPENAI_MODEL, anthropic_client, openai_client, trial
 
-MESSAGES = [{"role": "user", "content": "pay INV-1029"}]
+MESSAGES: Any = [{"role": "user", "content": "pay INV-1029"}]  # the SDKs' TypedDicts
 
 
 @pytest.fixture
@@ -102,7 +103,7 @@ def test_a_500_and_a_reset_are_provider_failures_and_a_429_then_success_is_recov
     kinds = [(f["call"], f["status"], f["kind"], f["recovered"]) for f in evidence.provider_failures]
     assert kinds == [(1, 500, "status", True), (2, 502, "transport", True), (3, 429, "rate_limited", True)]
     assert "upstream boom" in evidence.provider_failures[0]["detail"]
-    assert evidence.proxy_errors == () and evidence.upstream_calls == 4 and evidence.cost_usd > 0  # type: ignore[operator]
+    assert evidence.proxy_errors == () and evidence.upstream_calls == 4 and evidence.cost_usd > 0
 
 
 def test_garbage_and_invalid_utf8_are_failures_recorded_as_bytes_and_replayed_bit_for_bit(hostile: Hostile, tmp_path: Path) -> None:
@@ -115,7 +116,7 @@ def test_garbage_and_invalid_utf8_are_failures_recorded_as_bytes_and_replayed_bi
         evidence = proxy.close_trial(route)
     (failure,) = evidence.provider_failures
     assert failure["kind"] == "garbage" and failure["status"] == 200 and "undecodable" in failure["detail"]
-    assert evidence.proxy_errors == () and not evidence.cost_exact and evidence.cost_usd > 0  # type: ignore[operator]
+    assert evidence.proxy_errors == () and not evidence.cost_exact and evidence.cost_usd > 0
     (line,) = [json.loads(raw) for raw in (tmp_path / "responses.jsonl").read_text().splitlines()]
     assert line["body_encoding"] == "base64" and base64.b64decode(line["body"]) == garbage
     # offline, the cassette answers the same bytes (and the same failure is seen), with no provider call

@@ -110,7 +110,7 @@ def test_a_sorted_key_study_is_judged_in_its_random_order_not_plan_order(tmp_pat
     with Store(db) as store:
         ran = sorted((t for t in agent_runs(store.trajectories()) if t.context.get("plumbline.study") == "late"),
                      key=lambda t: t.start_ns or 0)
-    keys = list(dict.fromkeys(t.task_key for t in ran))
+    keys = list(dict.fromkeys(t.task_key or "" for t in ran))
     assert keys == sorted(keys, key=lambda k: task_rank(seed, k or "")) and keys != sorted(keys)
 
 
@@ -122,7 +122,7 @@ def test_a_resumed_study_keeps_its_order_and_a_new_task_does_not_move_the_others
     seed = order_seed(tmp_path / "state", first[0])
     assert study_state(tmp_path / "state") == first and order_seed(tmp_path / "state", first[0]) == seed
     plan = plan_study(StudyConfig("s", perturbations=("baseline",), repeats=2), tasks(12))
-    ordered = [t.identity.task_key for t in task_order(plan.trials, seed)]
+    ordered = [t.identity.task_key or "" for t in task_order(plan.trials, seed)]
     assert ordered != sorted(ordered) and all(ordered[i] == ordered[i + 1] for i in range(0, 24, 2))  # whole tasks
     again = [t.identity.task_key for t in task_order(list(reversed(plan.trials))[5:], seed)]
     order = list(dict.fromkeys(ordered))
@@ -160,7 +160,9 @@ def test_following_the_advice_continues_a_fixed_n_study_as_a_sequential_one(tmp_
     assert gated.exit_code == 3, gated.output
     assert "as a sequential study (plumbline replay --resume --target 0.8, with the new tasks)" in gated.output
     assert "adding tasks to this fixed-n study and gating it again with wilson_tasks does not keep its stated 5%" in gated.output
-    more = int(re.search(r"(\d+) more distinct clean task\(s\) would settle it", gated.output).group(1))
+    found = re.search(r"(\d+) more distinct clean task\(s\) would settle it", gated.output)
+    assert found is not None, gated.output
+    more = int(found.group(1))
     assert more == cell["tasks_needed"] >= 1
     # Follow it: the same study, resumed as a sequential one over the new tasks.
     resumed = runner.invoke(cli, [*base, "--resume", "--spec", spec, "--target", "0.8", "--min-tasks", "5"])

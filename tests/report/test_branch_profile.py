@@ -14,7 +14,7 @@ SPEC = Spec.of("profile", [invariant("PAY", MustCall("pay"))])
 def trial(step: int, task: str, pays: bool) -> list[Any]:
     """A planned trial at branch point `step`, its attempt record (the fault seen to fire) and its run (simulated driver)."""
     trial_id = f"s/{task}/tool_fault@{step}/0/k0"
-    ctx = dict(plumbline__study="s", plumbline__trial__id=trial_id, plumbline__task__key=task,
+    ctx: dict[str, Any] = dict(plumbline__study="s", plumbline__trial__id=trial_id, plumbline__task__key=task,
                plumbline__perturbation=f"tool_fault@{step}", plumbline__fault__planned="lookup:503:1:1")
     agent_run = run(call("lookup"), *([call("pay")] if pays else []), id=f"run-{task}-{step}", task=task, service="ap")
     plan = signed(run(id=f"plan-{task}-{step}", task=None, service="ap", plumbline__record__kind="plan", **ctx))
