@@ -465,7 +465,7 @@ def _apply_messages(rec: SpanRecord, inputs: list[Message], outputs: list[Messag
     if rec.step_kind != "llm_call":
         # A run's span may hold the whole thread (a conversation's graph state: every assistant message so far); its
         # answer is its last assistant message, not all of them.
-        said = [m for m in outputs if m.texts and m.role in (*_ASSISTANT_ROLES, None)]
+        said = [m for m in outputs if m.texts and (m.role is None or m.role in _ASSISTANT_ROLES)]  # mypyc: no starred tuple in `in`
         _note(rec, "output", "whole_thread" if len(said) > 1 and rec.output_text is None else None)
         outputs = said[-1:]
     texts = [t for m in outputs for t in m.texts]
