@@ -18,7 +18,7 @@ from plumbline_otel.replay.proxy import ModelProxy
 from plumbline_otel.replay.proxy.simulated import SimReply, SimulatedProvider
 
 from .proxy_helpers import OPENAI_MODEL
-from .toy import tasks
+from .toy import StandInProxy, tasks
 
 
 @pytest.fixture
@@ -84,32 +84,15 @@ def test_a_provider_that_is_down_is_missing_retried_and_named(tmp_path: Path) ->
     assert summary.errored == 0
 
 
-class _DeadToolServer:
-    """A stand-in (simulated) of the MCP proxy whose stdio tool server died during the attempt's second call: the
-    evidence `McpEvidence.as_dict()` gives (tests/replay/test_mcp_proxy_failures.py shows the real proxy saying so)."""
-
-    witness = "mcp_proxy"
-    calls = 2
-
-    def open_trial(self, trial: Any, budget: Any) -> Any:
-        return self
-
-    def env(self) -> dict[str, str]:
-        return {}
-
-    def close_trial(self, route: Any) -> Any:
-        return self
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"calls": 2, "server_died": [{"call": 2, "tool": "pay", "detail": "the stdio server exited with code 1",
-                                             "kind": "died", "relaunched": True}]}
-
-
 def test_a_tool_server_that_died_is_missing_with_that_cause_never_the_agent_s_error(tmp_path: Path) -> None:
     def fails(trial: Trial) -> TrialOutcome:  # the agent's tool call failed, so it exits non-zero
         raise RuntimeError("tool pay failed")
 
-    config = StudyConfig("t", sink=SpanSink(otlp_file=str(tmp_path / "o.jsonl")), proxies=[_DeadToolServer()], grace_s=0.0,
+    # the MCP proxy's stdio tool server died during the attempt's second call (as tests/replay/test_mcp_proxy_failures.py
+    # shows the real proxy saying)
+    died = StandInProxy("mcp_proxy", {"calls": 2, "server_died": [{"call": 2, "tool": "pay", "kind": "died", "relaunched": True,
+                                                                    "detail": "the stdio server exited with code 1"}]})
+    config = StudyConfig("t", sink=SpanSink(otlp_file=str(tmp_path / "o.jsonl")), proxies=[died], grace_s=0.0,
                          trace_wait_s=0.05, retry=RetryPolicy(max_attempts=2, base_delay_s=0.01))
     summary = run_study(config, tasks(2), fails)
     assert [(r.status, r.attempts) for r in summary.records] == [("missing", 2)] * 2  # retried: the server is relaunched

@@ -155,32 +155,14 @@ def test_a_record_the_agent_forges_in_its_own_trace_is_not_the_driver_s(tmp_path
     assert cell(lied, "baseline")["errored"] == cell(honest, "baseline")["errored"] == 0
 
 
-class _SlowSinkProxy:
-    """A stand-in (simulated) of a plumbline proxy that served every call of the attempt and wrote their spans into its
-    trace, though they reach the sink only later (ingest under load): what it witnessed reaches the driver directly."""
-
-    witness = "model_proxy"
-    calls = 2
-
-    def open_trial(self, trial: Any, budget: Any) -> Any:
-        return self
-
-    def env(self) -> dict[str, str]:
-        return {}
-
-    def close_trial(self, route: Any) -> Any:
-        return self
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"calls": self.calls}
-
-
 def test_a_trial_whose_only_late_evidence_is_plumbline_s_own_is_never_errored_for_it(tmp_path: Path) -> None:
     from plumbline_otel.replay import SpanSink, StudyConfig, TrialOutcome, run_study
 
-    from .toy import tasks
+    from .toy import StandInProxy, tasks
 
+    # the model proxy served every call of the attempt and wrote their spans into its trace; they reach the sink only
+    # later (ingest under load): what it witnessed reaches the driver directly
     config = StudyConfig("p", sink=SpanSink(otlp_file=str(tmp_path / "o.jsonl")), trace_wait_s=0.05, grace_s=0.0,
-                         proxies=[_SlowSinkProxy()])
+                         proxies=[StandInProxy("model_proxy", {"calls": 2})])
     summary = run_study(config, tasks(3), lambda trial: TrialOutcome(output="done"))  # exports nothing itself
     assert (summary.ok, summary.errored) == (3, 0)

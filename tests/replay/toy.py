@@ -207,3 +207,24 @@ def study(tmp_path: Path, db: Path, adapter: str, *extra: str, perturbations: st
 
 def cell(cert: dict[str, Any], perturbation: str = "baseline") -> dict[str, Any]:
     return next(c for a in cert["agents"] for c in a["perturbations"] if c["perturbation"] == perturbation)
+
+
+class StandInProxy:
+    """A stand-in (simulated) of a plumbline proxy for driver tests: it opens a route for each attempt and, when the
+    attempt ends, reports `evidence` (what `ProxyEvidence`/`McpEvidence.as_dict()` would) as `witness`."""
+
+    def __init__(self, witness: str, evidence: dict[str, Any]) -> None:
+        self.witness, self.evidence = witness, evidence
+        self.calls = int(evidence.get("calls") or 0)
+
+    def open_trial(self, trial: Any, budget: Any) -> Any:
+        return self
+
+    def env(self) -> dict[str, str]:
+        return {}
+
+    def close_trial(self, route: Any) -> Any:
+        return self
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.evidence)
