@@ -36,7 +36,7 @@ import orjson
 from plumbline_otel.errors import ConfigError
 from plumbline_otel.replay.budget import price_of
 from plumbline_otel.replay.identity import TrialIdentity
-from plumbline_otel.replay.ledger import append_line
+from plumbline_otel.replay.ledger import append_line, read_jsonl
 from plumbline_otel.replay.pricing import Usage, UsageAccumulator, extract_usage, parse_sse, price
 from plumbline_otel.replay.scope import TrialScope, current_scope
 
@@ -83,13 +83,8 @@ class ResponseCache:
         self.misses = 0
         self.recorded = 0
         if self.path.exists():
-            for line in self.path.read_bytes().splitlines():
-                if line.strip():
-                    try:
-                        entry = orjson.loads(line)
-                    except orjson.JSONDecodeError:
-                        continue  # a torn last line from a crash: the rest is good
-                    self._entries[entry["key"]] = entry
+            for entry in read_jsonl(self.path.read_bytes().splitlines()):  # a torn last line from a crash: the rest is good
+                self._entries[entry["key"]] = entry
 
     def __len__(self) -> int:
         return len(self._entries)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import tempfile
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -43,14 +43,7 @@ class Ledger:
 
     def reload(self) -> None:
         """Re-read the file (another process may have appended since)."""
-        self.rows = []
-        if self.path.exists():
-            for line in self.path.read_bytes().splitlines():
-                if line.strip():
-                    try:
-                        self.rows.append(orjson.loads(line))
-                    except orjson.JSONDecodeError:
-                        continue  # a torn last line after a crash
+        self.rows = list(read_jsonl(self.path.read_bytes().splitlines())) if self.path.exists() else []
 
     def latest(self) -> dict[str, dict[str, Any]]:
         """The last outcome row per trial id."""
@@ -87,6 +80,20 @@ class Ledger:
         with self._lock:
             append_line(self.path, line)
             self.rows.append(row)
+
+
+def read_jsonl(lines: Iterable[bytes]) -> Iterator[dict[str, Any]]:
+    """The JSON objects of an append-only JSON-lines file's lines; a blank line, or a torn last line a crash left, is
+    skipped (every line before it is whole: each was written by one O_APPEND write)."""
+    for line in lines:
+        if not line.strip():
+            continue
+        try:
+            row = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            continue
+        if isinstance(row, dict):
+            yield row
 
 
 def write_jsonl(path: str | Path, rows: Iterable[dict[str, Any]]) -> None:

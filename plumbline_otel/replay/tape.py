@@ -36,6 +36,7 @@ from typing import Any, Literal
 import orjson
 
 from plumbline_otel.model import Trajectory
+from plumbline_otel.replay.ledger import read_jsonl
 from plumbline_otel.replay.pricing import parse_sse
 from plumbline_otel.replay.proxy.wire import Api, Reply, input_messages, reply_from_body, reply_from_events, tool_name
 
@@ -222,18 +223,7 @@ def branch_points(tape: Tape, perturbation: str, wanted: str | Sequence[int]) ->
 
 def cassette_entries(lines: Iterable[bytes], trial_suffix: str) -> list[dict[str, Any]]:
     """The entries of one trial (its id without the study's name: ``task/perturbation/variant/kN``), in recorded order."""
-    out = []
-    for line in lines:
-        if not line.strip():
-            continue
-        try:
-            entry = orjson.loads(line)
-        except orjson.JSONDecodeError:
-            continue  # a torn last line
-        tid = str(entry.get("trial_id") or "")
-        if tid.partition("/")[2] == trial_suffix:
-            out.append(entry)
-    return out
+    return [entry for entry in read_jsonl(lines) if str(entry.get("trial_id") or "").partition("/")[2] == trial_suffix]
 
 
 def _entry_body(entry: Mapping[str, Any]) -> bytes:
@@ -526,13 +516,7 @@ def tape_for_task(cassette: Path, task_key: str, run: Trajectory | None = None) 
     """The tape of a task's recorded baseline trial (repeat 0) in a study's cassette (``<state>/responses.jsonl``)."""
     lines = cassette.read_bytes().splitlines() if cassette.is_file() else []
     chosen: dict[str, list[dict[str, Any]]] = {}
-    for line in lines:
-        if not line.strip():
-            continue
-        try:
-            entry = orjson.loads(line)
-        except orjson.JSONDecodeError:
-            continue
+    for entry in read_jsonl(lines):
         parts = str(entry.get("trial_id") or "").split("/")
         if len(parts) == 5 and parts[1] == task_key and parts[2] == "baseline" and parts[4] == "k0":
             chosen.setdefault(parts[3], []).append(entry)
