@@ -123,8 +123,10 @@ class Server:
     def _console(self) -> Console:
         """The console, reading through its own cursor of the store: pages never wait on ingest, nor it on them."""
         cursor = self.queue.call(lambda store: store.connection.cursor())
+        from plumbline_otel.replay.tape import replay_from_here
+
         return Console(cursor, self.config.db_path, self.config.console_certificate, api=self.config.grpc_endpoint or None,
-                       token=bool(self.config.auth_token), check_spec=self.config.check_spec)
+                       token=bool(self.config.auth_token), check_spec=self.config.check_spec, branch_view=replay_from_here)
 
     def _render_metrics(self) -> str:
         """/metrics: the receiver's own, then the lake sync's (`LakeSync.render_metrics`) when PLUMBLINE_LAKE is set."""

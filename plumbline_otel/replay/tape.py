@@ -28,6 +28,7 @@ All functions here are pure.
 from __future__ import annotations
 
 import re
+import shlex
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -524,3 +525,28 @@ def tape_for_task(cassette: Path, task_key: str, run: Trajectory | None = None) 
         raise TapeError(f"{cassette}: no recorded baseline trial (repeat 0) of task {task_key}")
     variant = sorted(chosen)[0]
     return tape_from_cassette(chosen[variant], f"{cassette} task {task_key}", run)
+
+
+def replay_from_here(run: Trajectory, db: str | None) -> dict[str, Any]:
+    """Each step a run can be replayed from (`replay --branch-at`, issue 44): its command, or why it cannot be, with
+    what the run's recording lacks. A tool step branches under a tool fault, a model step under a model fault."""
+    try:
+        tape = tape_from_trajectory(run)
+    except TapeError as exc:
+        return {"error": str(exc), "points": [], "gaps": []}
+    where = f"--db {shlex.quote(db)} " if db else ""
+    points = []
+    for step in tape.steps:
+        perturbation = "tool_fault" if isinstance(step, ToolStep) else "model_fault"
+        try:
+            tape.check_branch(step.index, perturbation)
+            why = None
+        except TapeError as exc:
+            why = str(exc)
+        points.append({"index": step.index, "kind": step.kind, "name": step.name if isinstance(step, ToolStep) else (step.model or "model"),
+                       "perturbation": perturbation, "why": why,
+                       "command": None if why else (
+                           f"plumbline replay {where}--agent {shlex.quote(run.service or 'AGENT')} --task {shlex.quote(run.task_key or 'TASK')} "
+                           f"--study branch-{step.index} --branch-at {step.index} --perturbations {perturbation} --proxy "
+                           f"--adapter 'command:YOUR AGENT' --otlp-file branch.jsonl")})
+    return {"error": None, "points": points, "gaps": list(tape.gaps)}

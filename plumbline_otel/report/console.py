@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, quote, unquote, urlencode
@@ -27,6 +28,7 @@ import duckdb
 
 from plumbline_otel.coverage import coverage_report
 from plumbline_otel.errors import PlumblineError
+from plumbline_otel.model import Trajectory
 from plumbline_otel.report import data
 from plumbline_otel.report.html import chart_rows, render
 from plumbline_otel.report.pages import advice, diff_page, run_page, spec_violations
@@ -55,10 +57,12 @@ class Console:
     """Renders console pages from `connection` (a cursor of the store's database); `handle(path, query)` gives (HTTP status, HTML)."""
 
     def __init__(self, connection: Any, source: str, certificate: str | Path | None = None, slow_ttl: float = 60.0,
-                 slow_wait: float = 3.0, api: str | None = None, token: bool = False, check_spec: str | None = None) -> None:
+                 slow_wait: float = 3.0, api: str | None = None, token: bool = False, check_spec: str | None = None,
+                 branch_view: Callable[[Trajectory, str | None], dict[str, Any]] | None = None) -> None:
         self._connection, self._source, self._certificate = connection, source, certificate
         self._store = Reader(connection)
         self._api, self._token, self._check_spec = api, token, check_spec
+        self._branch_view = branch_view  # "replay from here" on a run's page (`replay.tape.replay_from_here`)
         self._lock = threading.Lock()
         self._ttl, self._wait = slow_ttl, slow_wait
         self._slow: tuple[float, dict[str, Any]] | None = None  # (when, {"coverage": ..., "candidates": ...})
@@ -97,7 +101,8 @@ class Console:
             run = self._store.load_run(unquote(path[len("/runs/"):]))
             if run is None:
                 return self._error(404, "no stored run with that id")
-            return 200, run_page(self._store, run, console_href, how=self._advice())
+            branch = self._branch_view(run, self._store.file_path()) if self._branch_view is not None else None
+            return 200, run_page(self._store, run, console_href, how=self._advice(), branch=branch)
         if path == "/diff":
             return self._diff(params)
         return self._error(404, f"no such page {path}")

@@ -176,13 +176,16 @@ def report_html(store: Reader, cert: dict[str, Any] | None, source: str, coverag
     )
 
 
-def run_page(store: Reader, run: Trajectory, href: Callable[..., str], how: dict[str, Any] | None = None) -> str:
+def run_page(store: Reader, run: Trajectory, href: Callable[..., str], how: dict[str, Any] | None = None,
+             branch: dict[str, Any] | None = None) -> str:
     """One run: its status, the span waterfall (durations, messages, tokens, cost), the steps with the
-    violations at the step that broke them, and a link to the aligned diff against another run of its task."""
+    violations at the step that broke them, a link to the aligned diff against another run of its task, and,
+    given `branch` (`replay.tape.replay_from_here`, which `serve` wires in), "replay from here": the command that
+    re-runs the agent from each step it can be branched at."""
     marks = store.run_violations(run.trajectory_id)
     status = data.runs_page(store, filters=RunFilters(), size=1, only=run.trajectory_id).rows
     return render("run.html", href, run=run, marks=marks, extra=timeline_view(store, run), how=how,
-                  status=status[0] if status else None)
+                  status=status[0] if status else None, branch=branch)
 
 
 def diff_page(store: Reader, a: Trajectory, b: Trajectory, href: Callable[..., str]) -> str:

@@ -364,11 +364,16 @@ class Reader:
                                     params=[study]).to_arrow_table()
         return spans, self._docs(f"SELECT doc FROM trajectories WHERE {_STUDY_SQL} = ? ORDER BY start_ns, trajectory_id", [study])
 
+    def file_path(self) -> str | None:
+        """The store's file (None for a store in memory)."""
+        found = self.connection.execute("SELECT path FROM duckdb_databases() WHERE database_name = current_database()").fetchone()
+        return str(found[0]) if found and found[0] else None
+
     def study_keys(self) -> KeyRing:
         """The keys of the replay studies whose state sits beside this file (``<db>.replay/<study>/study.json``):
-        what verifies the driver's records it holds (`trials.verify_record`). None for a store in memory."""
-        found = self.connection.execute("SELECT path FROM duckdb_databases() WHERE database_name = current_database()").fetchone()
-        return KeyRing.beside([found[0]]) if found and found[0] else KeyRing()
+        what verifies the driver's records it holds (`trials.verify_record`). Empty for a store in memory."""
+        path = self.file_path()
+        return KeyRing.beside([path]) if path else KeyRing()
 
     def trial_records(self, studies: list[str], trial_ids: list[str]) -> list[Trajectory]:
         """The replay driver's records of these trials of these studies."""

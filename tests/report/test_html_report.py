@@ -216,3 +216,23 @@ def test_terminal_output_cannot_be_steered_by_trace_values() -> None:
     for sequence in ("\x1b[2J", "\x1b]0;", "\x07", "\x1b[31mfake", "X\x1b[1m"):
         assert sequence not in out
     assert "clear?[2J" in out, "the name is shown, its escape character made harmless"
+
+
+def test_a_run_page_says_how_to_replay_it_from_each_step_and_why_not_past_a_gap(tmp_path: Path) -> None:
+    from plumbline_otel.replay.tape import replay_from_here
+    from plumbline_otel.report.pages import file_href, run_page
+
+    run = Trajectory("r1", "r1", "INV-7", "attribute:session.id", "ap-agent", None, None, "pay INV-7", "paid", (), (
+        Step("llm_call", "m", result="looking it up", model="m"), Step("tool_call", "lookup", {"id": "INV-7"}, result={"ok": True}),
+        Step("llm_call", "m", result="paying", model="m"), Step("tool_call", "pay", {"id": "INV-7"}),  # its result not captured
+        Step("llm_call", "m", result="done", model="m")))
+    with Store(tmp_path / "s.duckdb") as store:
+        doc = parse(run_page(store, run, file_href({}), branch=replay_from_here(run, store.file_path())))
+    section = doc.find(".//*[@data-testid='replay-from-here']", _NS)
+    assert section is not None
+    commands = [text_of(c) for c in section.iterfind(".//*[@data-testid='branch-command']", _NS)]
+    # steps 1-4 can be branched at (step 4's own result is what the fault replaces); step 5's prefix lacks pay's result
+    assert [c.split("--branch-at ")[1].split()[0] for c in commands] == ["1", "2", "3", "4"]
+    assert all(f"--db {tmp_path / 's.duckdb'}" in c and "--task INV-7" in c and "--agent ap-agent" in c for c in commands)
+    assert "--perturbations tool_fault" in commands[1] and "--perturbations model_fault" in commands[0]
+    assert "step 4 (pay) has no recorded result" in text_of(section)
