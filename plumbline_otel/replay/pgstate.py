@@ -99,18 +99,22 @@ def _say(message: str) -> None:
     print(f"plumbline replay: {message}", file=sys.stderr, flush=True)
 
 
-def connect(url: str) -> Any:
-    """A psycopg connection to the study state, its tables made on first use (by whichever runner comes first)."""
+def connect(url: str, schema: bool = True) -> Any:
+    """A psycopg connection to the study state, its tables made on first use (by whichever runner comes first).
+
+    A reconnection (`reconnect`) skips the schema: it was made when this runner first connected, and its DDL takes
+    table locks that deadlock against the other runners' transactions all reconnecting at once after a restart."""
     import psycopg
 
     try:
         connection = psycopg.connect(url, autocommit=False)
     except psycopg.Error as exc:
         raise ReplayError(f"--state-url: cannot connect: {str(exc).strip()}") from None
-    with connection.transaction():
-        connection.execute("SELECT pg_advisory_xact_lock(hashtext('plumbline_study_schema'))")
-        for statement in _SCHEMA:
-            connection.execute(statement)
+    if schema:
+        with connection.transaction():
+            connection.execute("SELECT pg_advisory_xact_lock(hashtext('plumbline_study_schema'))")
+            for statement in _SCHEMA:
+                connection.execute(statement)
     return connection
 
 
@@ -129,7 +133,7 @@ def reconnect(url: str, old: Any, why: BaseException, what: str) -> Any:
     while True:
         tries += 1
         try:
-            connection = connect(url)
+            connection = connect(url, schema=False)
         except ReplayError as exc:
             if time.monotonic() + delay > deadline:
                 raise ReplayError(f"--state-url: Postgres unreachable for {_reconnect_s():g}s after {tries} attempt(s): {exc}") from None
