@@ -60,6 +60,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from corpus import burst_request  # noqa: E402  (the bursts the memory test sends, too)
+from receive_support import Relay  # noqa: E402  (the idle callers' other addresses, as the test makes them)
 
 _TRACES = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
 _MIB = 1 << 20
@@ -289,38 +290,6 @@ def attack_grpc(server: Server, seconds: float) -> str:
     return "160 idle export calls (cap 128, 5 s message deadline)"
 
 
-class _Relay:
-    """A TCP relay whose connections reach `port` from `source`: gRPC calls seen from another address."""
-
-    def __init__(self, port: int, source: str) -> None:
-        self.port, self.source = port, source
-        self._listener = socket.create_server(("127.0.0.1", 0))
-        self.address = f"127.0.0.1:{self._listener.getsockname()[1]}"
-        self._socks: list[socket.socket] = [self._listener]
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        with suppress(OSError):
-            while True:
-                client, _ = self._listener.accept()
-                upstream = socket.create_connection(("127.0.0.1", self.port), source_address=(self.source, 0))
-                self._socks += [client, upstream]
-                for a, b in ((client, upstream), (upstream, client)):
-                    threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
-
-    @staticmethod
-    def _pump(src: socket.socket, dst: socket.socket) -> None:
-        with suppress(OSError):
-            while data := src.recv(1 << 16):
-                dst.sendall(data)
-        with suppress(OSError):
-            dst.shutdown(socket.SHUT_WR)
-
-    def close(self) -> None:
-        for sock in self._socks:
-            sock.close()
-
-
 def _queue_bytes(server: Server) -> float:
     connection = http.client.HTTPConnection("127.0.0.1", server.http_port, timeout=30)
     try:
@@ -333,7 +302,7 @@ def _queue_bytes(server: Server) -> float:
 
 def attack_idle(server: Server, seconds: float) -> str:
     stop = threading.Event()
-    relays = [_Relay(server.grpc_port, source) for source in ("127.0.0.2", "127.0.0.3")]
+    relays = [Relay(server.grpc_port, source) for source in ("127.0.0.2", "127.0.0.3")]
     local = [("grpc.use_local_subchannel_pool", 1)]  # a connection of its own per channel (100 streams each)
     held: list[float] = []
     try:

@@ -8,8 +8,10 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Sequence
+from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
@@ -191,3 +193,35 @@ class LoadsAsAnError:
 
     def __reduce__(self) -> tuple[Any, tuple[str]]:
         return _cannot_load, ("this worker cannot start (the test's doing)",)
+
+
+class Relay:
+    """A TCP relay whose connections reach `port` from `source`: a gRPC client seen as another address (the idle-caller test and bench/edge_hostile.py)."""
+
+    def __init__(self, port: int, source: str) -> None:
+        self.port, self.source = port, source
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.address = f"127.0.0.1:{self._listener.getsockname()[1]}"
+        self._socks: list[socket.socket] = [self._listener]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        with suppress(OSError):
+            while True:
+                client, _ = self._listener.accept()
+                upstream = socket.create_connection(("127.0.0.1", self.port), source_address=(self.source, 0))
+                self._socks += [client, upstream]
+                for a, b in ((client, upstream), (upstream, client)):
+                    threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pump(src: socket.socket, dst: socket.socket) -> None:
+        with suppress(OSError):
+            while data := src.recv(1 << 16):
+                dst.sendall(data)
+        with suppress(OSError):
+            dst.shutdown(socket.SHUT_WR)
+
+    def close(self) -> None:
+        for sock in self._socks:
+            sock.close()

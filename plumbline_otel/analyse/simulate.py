@@ -235,18 +235,24 @@ def one_more_run(tasks: list[tuple[int, int]], conforming: bool, where: int) -> 
     return [*tasks[:where], (c + int(conforming), n + 1), *tasks[where + 1:]]
 
 
-def monotonicity_violations(method: str, rng: np.random.Generator, cases: int) -> int:
-    """How many of `cases` random (study, extra run) pairs move `method`'s lower bound the wrong way."""
-    bound = METHODS[method]
+def _wrong_moves(value: Callable[[np.ndarray, np.ndarray], float], rng: np.random.Generator, cases: int) -> int:
+    """How many of `cases` random (study, extra run) pairs move `value` (a bound of one study's per-task counts) the
+    wrong way: down after a conforming run, up after a failing one."""
     wrong = 0
     for _ in range(cases):
         tasks = random_tasks(rng)
         where = int(rng.integers(0, len(tasks) + 1))
         conforming = bool(rng.random() < 0.5)
         after = one_more_run(tasks, conforming, where)
-        before_l, after_l = (float(bound(np.array([[c for c, _ in t]]), np.array([n for _, n in t]))[0]) for t in (tasks, after))
-        wrong += (after_l < before_l - 1e-9) if conforming else (after_l > before_l + 1e-9)
+        before_v, after_v = (value(np.array([[c for c, _ in t]]), np.array([n for _, n in t])) for t in (tasks, after))
+        wrong += (after_v < before_v - 1e-9) if conforming else (after_v > before_v + 1e-9)
     return wrong
+
+
+def monotonicity_violations(method: str, rng: np.random.Generator, cases: int) -> int:
+    """How many of `cases` random (study, extra run) pairs move `method`'s lower bound the wrong way."""
+    bound = METHODS[method]
+    return _wrong_moves(lambda ks, ns: float(bound(ks, ns)[0]), rng, cases)
 
 
 # ---- Sequential stopping ---------------------------------------------------------------------------
@@ -398,13 +404,4 @@ def verdict_cell(
 
 def upper_monotonicity_violations(rng: np.random.Generator, cases: int) -> int:
     """How many of `cases` random (study, extra run) pairs move the gate's upper end the wrong way."""
-    wrong = 0
-    for _ in range(cases):
-        tasks = random_tasks(rng)
-        where = int(rng.integers(0, len(tasks) + 1))
-        conforming = bool(rng.random() < 0.5)
-        after = one_more_run(tasks, conforming, where)
-        before_u, after_u = (float(task_bounds(np.array([[c for c, _ in t]]), np.array([n for _, n in t]))[1][0])
-                             for t in (tasks, after))
-        wrong += (after_u < before_u - 1e-9) if conforming else (after_u > before_u + 1e-9)
-    return wrong
+    return _wrong_moves(lambda ks, ns: float(task_bounds(ks, ns)[1][0]), rng, cases)

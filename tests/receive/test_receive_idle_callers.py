@@ -21,7 +21,7 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import ExitStack, suppress
+from contextlib import ExitStack
 from pathlib import Path
 
 import grpc
@@ -29,7 +29,7 @@ import orjson
 import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from otlp import to_otlp_json
-from receive_support import TOKEN, ServeProcess, query
+from receive_support import TOKEN, Relay, ServeProcess, query
 
 from plumbline_otel.receive._grpc import EVICT_AFTER
 
@@ -83,38 +83,6 @@ def _never(stop: threading.Event) -> Iterator[bytes]:
     yield b""  # pragma: no cover - a generator that sends nothing until told to end
 
 
-class _Relay:
-    """A TCP relay whose connections reach `port` from `source`: a gRPC client seen as another address."""
-
-    def __init__(self, port: int, source: str) -> None:
-        self.port, self.source = port, source
-        self._listener = socket.create_server(("127.0.0.1", 0))
-        self.address = f"127.0.0.1:{self._listener.getsockname()[1]}"
-        self._socks: list[socket.socket] = [self._listener]
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        with suppress(OSError):
-            while True:
-                client, _ = self._listener.accept()
-                upstream = socket.create_connection(("127.0.0.1", self.port), source_address=(self.source, 0))
-                self._socks += [client, upstream]
-                for a, b in ((client, upstream), (upstream, client)):
-                    threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
-
-    @staticmethod
-    def _pump(src: socket.socket, dst: socket.socket) -> None:
-        with suppress(OSError):
-            while data := src.recv(1 << 16):
-                dst.sendall(data)
-        with suppress(OSError):
-            dst.shutdown(socket.SHUT_WR)
-
-    def close(self) -> None:
-        for sock in self._socks:
-            sock.close()
-
-
 @pytest.mark.parametrize("token", [None, TOKEN], ids=["no-token", "token"])
 def test_idle_grpc_callers_hold_no_budget_and_the_normal_client_is_served(tmp_path: Path, token: str | None) -> None:
     """Issue 43's attack on a default `serve` (256 MiB budget, 128 export calls, 30 s message deadline):
@@ -126,7 +94,7 @@ def test_idle_grpc_callers_hold_no_budget_and_the_normal_client_is_served(tmp_pa
     auth = (("authorization", f"Bearer {token}"),) if token else ()
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     stop = threading.Event()
-    relays = [_Relay(server.grpc_port, source) for source in ("127.0.0.2", "127.0.0.3")]
+    relays = [Relay(server.grpc_port, source) for source in ("127.0.0.2", "127.0.0.3")]
     idle: list[grpc.Future] = []
     try:
         with ExitStack() as stack:
