@@ -117,7 +117,9 @@ _CURRENCY_AFTER = re.compile(
     + r"|" + "|".join(sorted(_CURRENCY_CODES)) + r")\b))", re.I)
 _UNIT_AFTER = re.compile(r"^\s+(?P<u>[a-z]+)", re.I)
 
-_NUMBER = re.compile(r"(?<![\w.,])(?P<n>\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?)(?![\w])")
+_NUMBER = re.compile(r"(?<![\w.,])(?P<n>\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?)(?P<scale>[kKmM]|bn)?(?![\w])")
+_SCALED = re.compile(r"^\d+(?:\.\d+)?(?:[kKmM]|bn)$")  # "25k", "1.5m": an amount, not an id
+_SCALE_OF = {"k": 1000, "m": 1_000_000, "bn": 1_000_000_000}
 _UNITS_WORDS = {w: i for i, w in enumerate(_words(
     "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen "
     "seventeen eighteen nineteen"))}
@@ -200,15 +202,31 @@ _MODALS = {"must": "must", "should": "must", "shall": "must", "have to": "must",
            "mustn't": "prohibit", "must not": "prohibit", "cannot": "prohibit", "can't": "prohibit",
            "shouldn't": "prohibit", "may not": "prohibit", "not allowed": "prohibit", "not permitted": "prohibit",
            "not allowed to": "prohibit", "not permitted to": "prohibit", "is not to": "prohibit",
-           "are not to": "prohibit"}
+           "are not to": "prohibit",
+           # a predicate that permits what it is said of ("paying for the quantity ordered is fine")
+           "acceptable": "may", "is acceptable": "may", "are acceptable": "may", "is fine": "may", "are fine": "may",
+           "is ok": "may", "is okay": "may", "is alright": "may", "is all right": "may", "is allowed": "may",
+           "is permitted": "may", "are allowed": "may", "are permitted": "may", "tolerated": "may",
+           "unacceptable": "prohibit", "not acceptable": "prohibit", "is not acceptable": "prohibit",
+           "is not ok": "prohibit", "is not okay": "prohibit", "is not fine": "prohibit", "is not allowed": "prohibit"}
 _MODAL_NAMES = {"must": "obligation", "may": "permission", "exempt": "exemption", "prohibit": "prohibition"}
 # "can"/"could" open a request, not a permission, when they ask ("Could you …", "Can invoice X be …").
 _REQUEST_MODALS = frozenset(["can", "could"])
 _ASKED = frozenset(["you", "i", "we", "u"])
 # Limits: a bound word before or after a quantity ("up to GBP 3,000", "5% or less", "may not exceed").
+# A negated comparison is its converse ("must not be more than", "can't go above" are "<="); the
+# negation and the modal before it belong to the limit, not to the action.
+_BOUND_NEGATION = (r"(?:(?:(?:may|must|should|shall|can|could|will|would|does|do|did|is|are|to)\s+)?(?:not|never)"
+                   r"(?:\s+to)?|mustn't|can't|cannot|shouldn't|won't|isn't|aren't|doesn't|don't)"
+                   r"(?:\s+(?:be|go|rise|run|get|come\s+to|amount\s+to))?")
+# the words limits are stated in, known to the typo reader so that "exceeding" is not "excluding"
+_LIMIT_WORDS = """exceed exceeds exceeding exceeded excess maximum max minimum min capped cap ceiling limited limit
+restricted greater higher larger lower smaller fewer beneath precisely exactly above below under over within
+much least most"""
 _BOUND_BEFORE = re.compile(
-    r"\b(?P<b>(?:(?:may|must|should|shall|can|will|does|do|did|to)\s+)?not\s+(?:to\s+)?exceed(?:ing)?|"
-    r"up\s+to(?:\s+a\s+(?:maximum|max|limit)\s+of)?|no\s+more\s+than|not\s+more\s+than|at\s+(?:the\s+)?most|"
+    r"\b(?P<b>(?:" + _BOUND_NEGATION + r"\s+)?(?:(?:limited|capped|restricted)\s+(?:to|at)\s+(?=a\s+m))?(?:"
+    r"up\s+to(?:\s+and\s+including)?(?:\s+a\s+(?:maximum|max|limit)\s+of)?|as\s+much\s+as|a\s+ceiling\s+of|a\s+cap\s+of|"
+    r"no\s+more\s+than|not\s+more\s+than|at\s+(?:the\s+)?most|"
     r"a\s+maximum\s+of|maximum(?:\s+of)?|max\.?|capped\s+at|limited\s+to|a\s+limit\s+of|no\s+higher\s+than|"
     r"no\s+greater\s+than|not\s+over|no\s+over|not\s+above|no\s+above|within|"
     r"at\s+least|a\s+minimum\s+of|minimum(?:\s+of)?|min\.?|no\s+less\s+than|not\s+less\s+than|no\s+fewer\s+than|"
@@ -216,19 +234,25 @@ _BOUND_BEFORE = re.compile(
     r"more\s+th[ae]n|greater\s+th[ae]n|higher\s+th[ae]n|larger\s+th[ae]n|in\s+excess\s+of|over|above|"
     r"exceed(?:s|ing|ed)?(?:\s+by)?(?:\s+over)?|"
     r"less\s+th[ae]n|lower\s+th[ae]n|fewer\s+th[ae]n|smaller\s+th[ae]n|under|below|beneath|"
-    r"exactly|precisely)\s+(?:(?:the|a|an|of)\s+)?$", re.I)
+    r"exactly|precisely))\s+(?:(?:the|a|an|of)\s+)?$", re.I)
 _BOUND_AFTER = re.compile(
     r"^\s*(?P<b>or\s+(?:less|fewer|under|below|lower|lesser)|and\s+(?:under|below|less)|at\s+(?:the\s+)?most|"
     r"max(?:imum)?\b|or\s+(?:more|over|above|greater|higher)|and\s+(?:over|above|up|more)|at\s+(?:the\s+)?least|"
     r"minimum\b)", re.I)
 
 
+_CONVERSE = {">": "<=", "<": ">=", "<=": ">", ">=": "<", "=": "!="}
+
+
 def _bound_of(phrase: str) -> str:
-    """The relation a limit phrase states: <=, >=, >, < or =."""
+    """The relation a limit phrase states: <=, >=, >, < or =; a negated comparison states its converse."""
     p = re.sub(r"\s+", " ", phrase.lower()).strip()
+    negation = re.match(_BOUND_NEGATION + r"\s+", p)
+    if negation:
+        return _CONVERSE[_bound_of(p[negation.end():])]
     if p in ("exactly", "precisely"):
         return "="
-    if re.search(r"not (?:to )?exceed|up to|no more|not more|at (?:the )?most|maximum|max|capped|limited|limit|"
+    if re.search(r"not (?:to )?exceed|up to|as much as|ceiling|cap of|no more|not more|at (?:the )?most|maximum|max|capped|limited|limit|"
                  r"no higher|no greater|not over|no over|not above|no above|within|or less|or fewer|or under|"
                  r"or below|or lower|or lesser|and under|and below|and less", p):
         return "<="
@@ -256,12 +280,17 @@ _CONDITIONS = frozenset(["until", "till", "until after", "as soon as", "only aft
                          "let", "otherwise", "provided", "providing", "as long as", "in which case", "only",
                          "except", "excluding", "despite", "notwithstanding", "whatever", "once", "fine",
                          "in case", "assuming", "irrespective", "no checks", "without checking", "forget about",
-                         "don't worry about", "do not worry about", "never mind"])
+                         "don't worry about", "do not worry about", "never mind", "when", "whenever", "where",
+                         "in the event", "in the event that"])
 # Condition words that say the same thing: "provided (that)" and "as long as" are "if"; "except
 # if" is "unless"; "till" is "until"; "as soon as" and "only after" are "once".
 _CONDITION_CANON = {"provided": "if", "providing": "if", "as long as": "if", "assuming": "if",
                     "on condition that": "if", "if and only if": "if", "except if": "unless", "except when": "unless",
-                    "till": "until", "as soon as": "once", "only after": "once"}
+                    "till": "until", "as soon as": "once", "only after": "once",
+                    # "when" and its kin may state a condition or only a time ("when you process it"): soft, see
+                    # _soft_conditions
+                    "whenever": "when", "where": "when", "in case": "when", "in the event": "when",
+                    "in the event that": "when"}
 _FACTS = frozenset(["already", "verified", "validated", "confirmed", "cleared", "arrived", "delivered",
                     "received", "matches", "matched", "correct", "accurate", "valid", "genuine", "legitimate",
                     "trusted", "trustworthy", "reliable", "long standing", "longstanding", "established", "known",
@@ -331,7 +360,11 @@ _IGNORABLE_PHRASES = ("would you mind", "be so kind as to", "would you be so kin
                       "when you are free", "at your convenience", "in due course", "as usual",
                       "at your earliest convenience", "when you have a minute", "when you get a moment",
                       "would you be able to", "be able to", "are you able to", "thanks in advance",
-                      "in advance", "hope your week is going well", "have a great day", "have a good day")
+                      "in advance", "hope your week is going well", "have a great day", "have a good day",
+                      # a condition that only asks leave ("if that's OK") is politeness, not a condition
+                      "if that's ok", "if that's okay", "if that is ok", "if that is okay", "if that's alright",
+                      "if that's all right", "if that's fine", "if that works", "if you please",
+                      "if you get a chance", "if you have a moment", "if you have time", "when you have time")
 # Who can do or receive an action: a name (a run of unknown words), these role nouns, or "we"/"us".
 _PARTY_TERMS = frozenset(["controller", "cfo", "manager", "director", "finance", "approver", "compliance", "vendor",
                           "payee", "consultant"])
@@ -639,6 +672,8 @@ def _read_identifiers(s: _Sentence, work: str) -> str:
         word = m.group(0)
         has_digit = any(c.isdigit() for c in word)
         has_alpha = any(c.isalpha() for c in word)
+        if _SCALED.match(word):
+            continue
         if (has_digit and (has_alpha or re.search(r"\d[-_/]\d", word))) or ("_" in word and has_alpha):
             s.identifiers.add(word.upper())
             direction(word.upper(), m.start())
@@ -646,8 +681,13 @@ def _read_identifiers(s: _Sentence, work: str) -> str:
     return work
 
 
+def _scaled(value: Decimal | None, scale: str | None) -> Decimal | None:
+    """A figure with its thousands or millions suffix applied: "25k" is 25000."""
+    return value * _SCALE_OF[scale.lower()] if value is not None and scale else value
+
+
 def _read_quantities(s: _Sentence, work: str) -> str:
-    spans = [(m.start(), m.end(), _decimal(m.group("n"))) for m in _NUMBER.finditer(work)]
+    spans = [(m.start(), m.end(), _scaled(_decimal(m.group("n")), m.group("scale"))) for m in _NUMBER.finditer(work)]
     spans += [(a, b, Decimal(v)) for a, b, v in _spelled_numbers(work)]
     for start, end, value in sorted(spans, key=lambda t: t[0], reverse=True):  # right to left: offsets hold
         if value is None:
@@ -744,6 +784,9 @@ def _tokenise(s: _Sentence, work: str) -> None:
                     group[0].text = bare
             if hit is None and n == 1 and surface.endswith("n't"):
                 hit = ("neg", "not")
+            if hit is None and n == 1 and surface.endswith("able"):  # "payable by X": X is to pay
+                stem = next((f for f in (surface[:-4], surface[:-4] + "e") if f in _ACTION_FORMS), None)
+                hit = ("action", _ACTION_FORMS[stem]) if stem else None
             if hit is None and n == 1 and surface.startswith("un") and _PHRASES.get(surface[2:], ("", ""))[0] == "action":
                 hit = ("action", "not " + _PHRASES[surface[2:]][1])
             if hit is not None or n == 1:
@@ -778,8 +821,65 @@ def _is_chatter(s: _Sentence) -> bool:
                    for t in s.tokens)
 
 
-def read_meaning(text: str) -> Meaning:
-    """The structured meaning of ``text`` (see the module docstring)."""
+_CAPITALISED = re.compile(r"(?<![\w'-])[A-Z][A-Za-z]*(?:'[a-z]*)?")
+_OPENS = re.compile(r"(?:^|[.!?:;(\n\-*•]\s*|^\s*(?:\d+[.)]\s*)?)$")
+
+
+def name_words(*texts: str) -> frozenset[str]:
+    """The words written as names: capitalised where a sentence, clause or list item does not open.
+
+    English capitalises names, not ordinary words, so a word no reading places ("shifted",
+    "acceptable", "sorry") is a name only when one of the texts writes it as one; reading both
+    texts lets "Northwind sent us …" place the "Northwind" the other text writes mid-sentence.
+    """
+    out: set[str] = set()
+    for text in texts:
+        norm = _normalise(text)
+        for m in _CAPITALISED.finditer(norm):
+            if m.group(0) != "I" and not _OPENS.search(norm[:m.start()]):
+                out.add(re.sub(r"'s?$", "", m.group(0).lower()))
+    return frozenset(out)
+
+
+def _cased(text: str) -> bool:
+    """Whether the text uses letter case at all: all lower or all upper case says nothing of names."""
+    letters = [c for c in text if c.isalpha()]
+    return any(c.isupper() for c in letters) and any(c.islower() for c in letters)
+
+
+def _place_unknown(toks: list[_Token], names: frozenset[str], cased: bool) -> None:
+    """Words no reading places are names only if written as names (see :func:`name_words`).
+
+    The rest are ordinary words the guard cannot read ("word"): chatter and politeness ("sorry to
+    bother you", "ta very much") mean nothing to the task, so they neither reject nor stand as
+    parties. One stands for an action it does not know when it takes the document as its object
+    where a request puts its verb ("please archive it", "and file the invoice"): an added or
+    dropped verb is a different task.
+    """
+    for i, t in enumerate(toks):
+        if t.role != "unknown" or not cased or t.text in names:
+            continue
+        following = toks[i + 1] if i + 1 < len(toks) and toks[i + 1].clause == t.clause else None
+        if t.raw[:1].isupper() and following is not None and following.role == "unknown" and following.text in names:
+            continue  # a name's first word opening its sentence ("Northwind Supplies sent us …")
+        preceding = toks[i - 1] if i > 0 and toks[i - 1].clause == t.clause else None
+        verb_slot = preceding is None or preceding.role == "modal" or preceding.text in _IMPERATIVE_OPENERS
+        object_follows = following is not None and (following.text in ("it", "them", "this", "these", "the")
+                                                     or following.role in ("doc", "doc+"))
+        t.role, t.value = ("action", t.text) if verb_slot and object_follows else ("word", t.text)
+
+
+_IMPERATIVE_OPENERS = frozenset(["please", "pls", "plz", "kindly", "then", "and", "also", "just", "to", "can",
+                                 "could", "you", "so", "but", "or", "now"])
+
+
+def read_meaning(text: str, names: frozenset[str] | None = None) -> Meaning:
+    """The structured meaning of ``text`` (see the module docstring).
+
+    ``names`` are the words written as names (:func:`name_words`); by default, those of ``text``.
+    """
+    names = name_words(text) if names is None else names
+    cased = _cased(text)
     actions: set[str] = set()
     bare: list[str] = []
     identifiers: set[str] = set()
@@ -809,6 +909,7 @@ def read_meaning(text: str) -> Meaning:
         dates |= s.dates
         display.update({f"date:{k}": v for k, v in s.date_display.items()})
         toks = s.tokens
+        _place_unknown(toks, names, cased)
         # a vendor word naming the party that follows it ("the vendor Delmar Packaging") adds nothing
         for i, t in enumerate(toks):
             if t.role == "domain" and t.value == "vendor" and i + 1 < len(toks) and toks[i + 1].role == "unknown":
@@ -853,7 +954,7 @@ def read_meaning(text: str) -> Meaning:
                 run = [t] if t.role == "unknown" else []
             if t.role == "rel":
                 relations.add(t.value)
-            elif t.role == "mult":
+            elif t.role == "mult" and (t.value != "any" or _counts_documents(toks, t)):
                 multiplicity.add(t.value)
             elif t.role == "doc+":
                 documents.add(t.value)
@@ -867,8 +968,8 @@ def read_meaning(text: str) -> Meaning:
             elif t.role == "fact":
                 facts.add(t.text)
                 display.setdefault(f"fact:{t.text}", s.quote(toks, t, back=4))
-            elif t.role == "domain":
-                terms.add(t.value)
+            elif t.role == "domain" and not (t.value == "amount" and s.quantities):
+                terms.add(t.value)  # "an amount of GBP 400" names the amount it gives: no term of its own
         values = [v for _, v in sentence_actions]
         _same_condition(values, sentence_conditions, display)
         actions.update(values)
@@ -884,6 +985,29 @@ def read_meaning(text: str) -> Meaning:
                    tuple(sorted(bare_modals)), display)
 
 
+def _counts_documents(toks: list[_Token], at: _Token) -> bool:
+    """Whether "any" ranges over documents or parties ("pay any invoice", "any vendor"), which it
+    multiplies, rather than over an amount ("any amount over GBP 25,000"), where it is generic."""
+    index = next(i for i, t in enumerate(toks) if t is at)
+    following = toks[index + 1] if index + 1 < len(toks) and toks[index + 1].clause == at.clause else None
+    return following is None or following.role in ("doc", "doc+", "unknown") or following.text in _PARTY_TERMS
+
+
+def _soft_conditions(before: frozenset[str], after: frozenset[str]) -> tuple[frozenset[str], frozenset[str]]:
+    """Conditions compared with "when" (and "where", "in case") read softly: it says what "if" or
+    "once" says when the other text has one ("when it is under GBP 5,000" is "if it is under …"),
+    and may only say when ("deduct it when you process the invoice"), so on its own it is no change."""
+    a, b = set(before), set(after)
+    for this, other in ((a, b), (b, a)):
+        if "when" in this and "when" not in other:
+            match = next((c for c in ("if", "once") if c in other and c not in this), None)
+            if match:
+                other.discard(match)
+    a.discard("when")
+    b.discard("when")
+    return frozenset(a), frozenset(b)
+
+
 def _settle_readings(s: _Sentence) -> None:
     """Readings that depend on a word's neighbours, settled before scopes are read.
 
@@ -893,7 +1017,8 @@ def _settle_readings(s: _Sentence) -> None:
     - "should" opening a clause that is not a question to someone opens a condition ("Should the
       price be more than 2% above the PO, hold it" is "if");
     - "can"/"could" that ask ("Could you …", "Please could you …", "Could invoice X be processed?")
-      make a request, not a permission.
+      make a request, not a permission;
+    - "bill" or "invoice" where a request puts its verb, before a party, is the verb ("bill them").
     """
     toks = s.tokens
     first_of_clause: dict[int, int] = {}
@@ -910,6 +1035,9 @@ def _settle_readings(s: _Sentence) -> None:
                 not s.text[s.clause_spans[t.clause][0]:t.start].strip(" ,;:") and \
                 (after is None or after.text not in _ASKED):
             t.role, t.value = "cond", "if"
+        elif t.role == "doc" and t.value == "invoice" and (before is None or before.role == "modal" or before.text in
+                _IMPERATIVE_OPENERS) and after is not None and (after.role == "unknown" or after.text in _WE | _THEY):
+            t.role, t.value = "action", "bill"  # "bill Ashfield Logistics for it": the noun where a verb stands
         elif t.role == "modal" and t.text in _REQUEST_MODALS and (
                 (after is not None and after.text in _ASKED) or (i == 0 and question)
                 or (before is not None and before.text in ("please", "pls", "plz"))):
@@ -942,7 +1070,10 @@ def _scoped_actions(toks: list[_Token], bare: list[str], bare_modals: list[str])
 
     A negation or modal governs the next action in its clause; a modal with no action after it
     governs the last action before it in the clause ("Processing it is optional"), else it is kept
-    on its own (bare), as a negation governing nothing is ("Actually, don't.").
+    on its own (bare). A negation with no action after it negates the last verb said, which English
+    leaves out rather than repeats, when it ends its clause or goes before a preposition ("pay for
+    the quantity ordered, but not for the extra units"; "Please process it. Actually, don't."); else
+    ("pay Ashfield Logistics, not Corvin Industrial") or with no verb said, it is kept on its own.
     """
     out: list[tuple[_Token, str]] = []
     explicit: list[bool] = []
@@ -959,12 +1090,17 @@ def _scoped_actions(toks: list[_Token], bare: list[str], bare_modals: list[str])
                 explicit[-1] = True
             elif mod.value != "must":
                 bare_modals.append(str(mod.value))
-        if neg is not None:
+        if neg is not None and out and elided:
+            token, value = out[-1]  # "pay for X, but not for Y": the verb left out is the last one said
+            out.append((neg, _with_modality(_modality_of(value)[1], "must", True)))
+            explicit.append(True)
+        elif neg is not None:
             bare.append(neg.text)
         neg = mod = None
 
     clause = toks[0].clause if toks else 0
-    for t in toks:
+    elided = False  # the negation ends its clause or goes before a preposition: a verb was left out
+    for i, t in enumerate(toks):
         if t.clause != clause:
             close()
             clause, clause_start = t.clause, len(out)
@@ -972,6 +1108,8 @@ def _scoped_actions(toks: list[_Token], bare: list[str], bare_modals: list[str])
             if neg is not None:
                 bare.append(neg.text)
             neg = t
+            after = toks[i + 1] if i + 1 < len(toks) and toks[i + 1].clause == t.clause else None
+            elided = after is None or after.text in _PREPOSITIONS
         elif t.role == "modal":
             if mod is not None and mod.value != "must":
                 bare_modals.append(str(mod.value))
@@ -984,18 +1122,24 @@ def _scoped_actions(toks: list[_Token], bare: list[str], bare_modals: list[str])
     return out
 
 
+# A determiner makes the unplaced words after it a noun phrase: "the treasury team" can do or receive.
+_DETERMINERS = frozenset(["the", "a", "an", "our", "their", "its", "your", "this", "that", "his", "her"])
+
+
 def _parties(toks: list[_Token]) -> dict[int, tuple[str, int]]:
     """Token index -> (party, index of the party's first token) for every token naming a party:
-    runs of unknown words (names), role nouns ("the finance director") and "we"/"us"/"they"."""
+    runs of names, of ordinary words after a determiner ("the treasury team"), role nouns ("the
+    finance director") and "we"/"us"/"they"."""
     out: dict[int, tuple[str, int]] = {}
     i = 0
     while i < len(toks):
         t = toks[i]
-        if t.role == "unknown" or (t.role == "domain" and t.text in _PARTY_TERMS):
-            kind = t.role
+        common = t.role == "word" and i > 0 and toks[i - 1].text in _DETERMINERS and toks[i - 1].clause == t.clause
+        if t.role == "unknown" or common or (t.role == "domain" and t.text in _PARTY_TERMS):
+            kind = "unknown" if common else t.role
             j = i
             while j + 1 < len(toks) and toks[j + 1].clause == t.clause and not toks[j].possessive and (
-                    toks[j + 1].role == kind == "unknown" or (kind == "domain" and toks[j + 1].text in _PARTY_TERMS)):
+                    (kind == "unknown" and toks[j + 1].role in ("unknown", "word")) or (kind == "domain" and toks[j + 1].text in _PARTY_TERMS)):
                 j += 1
             name = " ".join(x.text for x in toks[i:j + 1])
             for k in range(i, j + 1):
@@ -1132,8 +1276,14 @@ def _edit_distance(a: str, b: str, limit: int) -> int:
 _KNOWN_WORDS: frozenset[str] = frozenset(
     {w for phrase in _PHRASES for w in phrase.split()} | _IGNORABLE | _NUMBER_WORDS | set(_MONTHS)
     | set(_WEEKDAYS) | {w for c in _CURRENCY_WORDS for w in c.split()} | {c.lower() for c in _CURRENCY_CODES}
-    | _PARTY_TERMS | _WE | _THEY | _PREPOSITIONS | {"you", "or", "more", "less", "than", "most", "least"})
+    | _PARTY_TERMS | _WE | _THEY | _PREPOSITIONS | {"you", "or", "more", "less", "than", "most", "least"}
+    | set(_words(_LIMIT_WORDS)))
 _WORD = re.compile(r"(?<![\w'-])[A-Za-z]+(?:'[A-Za-z]*)?(?![\w'-])")
+
+
+def _shared_prefix(a: str, b: str) -> int:
+    """How many letters two words share from their start ("move": 4 with "moved", 2 with "more")."""
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
 def _allowed_edits(word: str) -> int:
@@ -1177,10 +1327,8 @@ def correct_typos(original: str, variant: str) -> str:
                 limit = _allowed_edits(max(word, cand, key=len))
                 d = _edit_distance(word, cand, limit) if limit and len(cand) >= 4 else 3
                 d = d if d <= limit else 3
-            if d < best_d:
-                best, best_d = cand, d
-                if d == 1 and cand in source:
-                    break
+            if d < best_d or (d == best_d < 3 and _shared_prefix(word, cand) > _shared_prefix(word, best)):
+                best, best_d = cand, d  # at equal distance, the likelier slip keeps more of the word's start
         if not best:
             return raw
         return best.upper() if raw.isupper() and len(raw) > 1 else best.capitalize() if raw[0].isupper() else best
@@ -1336,7 +1484,7 @@ def compare(before: Meaning, after: Meaning) -> list[str]:
     changes += [f"multiplicity '{m}' added" for m in sorted(after.multiplicity - before.multiplicity)]
     changes += [f"multiplicity '{m}' dropped" for m in sorted(before.multiplicity - after.multiplicity)]
     quoted: set[str] = set()
-    changes += _clauses("condition", before, after, before.conditions, after.conditions, quoted)
+    changes += _clauses("condition", before, after, *_soft_conditions(before.conditions, after.conditions), quoted)
     changes += _clauses("fact", before, after, before.facts, after.facts, quoted)
     changes += list(dict.fromkeys(f"redirected: '{after.show('redirect:' + r)}'"
                                   for r in sorted(after.redirects - before.redirects)))
@@ -1393,7 +1541,9 @@ def check_equivalent(original: str, variant: str, model: EquivalenceModel | None
     The rule guard decides first; when it accepts and a ``model`` check is configured, the model
     must accept too (it can only reject more).
     """
-    changes = compare(read_meaning(original), read_meaning(correct_typos(original, variant)))
+    corrected = correct_typos(original, variant)
+    names = name_words(original, corrected)
+    changes = compare(read_meaning(original, names), read_meaning(corrected, names))
     if changes:
         return GuardVerdict(False, tuple(changes))
     if model is not None:
