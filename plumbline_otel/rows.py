@@ -17,61 +17,15 @@ import pyarrow as pa
 
 from plumbline_otel.assemble import CONTEXT_ONLY, assembly_attributes
 from plumbline_otel.model import RunEvent, SpanLink, SpanRecord, Step, ToolCallRef, ToolDecision, ToolResultRef, Trajectory
+from plumbline_otel.shapes import SPANS, TRAJECTORIES
 
-# Column name -> DuckDB type, in table order. JSON columns hold orjson text. Version 1's columns
-# stay as they were; later versions append theirs (ALTER TABLE adds at the end).
-SPAN_COLUMNS_V1: dict[str, str] = {
-    "trace_id": "VARCHAR NOT NULL",
-    "span_id": "VARCHAR NOT NULL",
-    "parent_span_id": "VARCHAR",
-    "name": "VARCHAR",
-    "start_ns": "BIGINT",
-    "end_ns": "BIGINT",
-    "kind": "INTEGER",
-    "status_code": "INTEGER",
-    "status_message": "VARCHAR",
-    "service_name": "VARCHAR",
-    "service_version": "VARCHAR",
-    "scope_name": "VARCHAR",
-    "convention": "VARCHAR",
-    "step_kind": "VARCHAR",
-    "tool_name": "VARCHAR",
-    "call_id": "VARCHAR",
-    "args": "JSON",
-    "args_state": "VARCHAR",
-    "result": "JSON",
-    "error": "VARCHAR",
-    "model": "VARCHAR",
-    "provider": "VARCHAR",
-    "response_id": "VARCHAR",
-    "input_tokens": "BIGINT",
-    "output_tokens": "BIGINT",
-    "agent_name": "VARCHAR",
-    "input_text": "VARCHAR",
-    "output_text": "VARCHAR",
-    "content_captured": "BOOLEAN",
-    "proposed_calls": "JSON",
-    "tool_results": "JSON",
-    "unknown_keys": "VARCHAR[]",
-    "dropped_attributes_count": "INTEGER",
-    "context": "JSON",
-    "attributes": "JSON",
-    "resource": "JSON",
-    "received_ns": "BIGINT",
-}
-SPAN_COLUMNS_V4: dict[str, str] = {
-    "cache_read_tokens": "BIGINT", "cache_write_tokens": "BIGINT", "finish_reasons": "VARCHAR[]",
-    "handoff_to": "VARCHAR", "evidence": "VARCHAR[]", "decisions": "JSON",
-}
-SPAN_COLUMNS_V8: dict[str, str] = {
-    "cost_amount": "DOUBLE", "cost_currency": "VARCHAR", "cost_source": "VARCHAR", "run_events": "JSON",
-}
-SPAN_COLUMNS_V9: dict[str, str] = {"links": "JSON"}
-SPAN_COLUMNS: dict[str, str] = {**SPAN_COLUMNS_V1, "shapes": "VARCHAR[]", **SPAN_COLUMNS_V4, **SPAN_COLUMNS_V8, **SPAN_COLUMNS_V9}
-# JSON text goes to DuckDB as Arrow's JSON type: sent as plain strings, every value was parsed again
-# on insert to check it (7% of a span write in a profile, 9-11% timed alone), though orjson made it.
-_JSON = pa.json_(pa.string())
-_ARROW_TYPES = {"BIGINT": pa.int64(), "INTEGER": pa.int32(), "DOUBLE": pa.float64(), "BOOLEAN": pa.bool_(), "VARCHAR[]": pa.list_(pa.string()), "JSON": _JSON}
+# The span columns (name -> DuckDB type, in table order), from their declaration in `shapes.py`: version 1's, and
+# those each later migration appended (ALTER TABLE adds at the end).
+SPAN_COLUMNS_V1: dict[str, str] = SPANS.duckdb_types(until=1)
+SPAN_COLUMNS_V4: dict[str, str] = {c.name: c.duckdb_type for c in SPANS.added_in(4)}
+SPAN_COLUMNS_V8: dict[str, str] = {c.name: c.duckdb_type for c in SPANS.added_in(8)}
+SPAN_COLUMNS_V9: dict[str, str] = {c.name: c.duckdb_type for c in SPANS.added_in(9)}
+SPAN_COLUMNS: dict[str, str] = SPANS.duckdb_types()
 
 
 def _json(value: Any) -> str | None:
@@ -82,7 +36,7 @@ def _context(attributes: dict[str, Any]) -> dict[str, Any]:
     return assembly_attributes(attributes, CONTEXT_ONLY)
 
 
-_SCHEMA = pa.schema([(n, _ARROW_TYPES.get(t.split()[0], pa.string())) for n, t in SPAN_COLUMNS.items()])
+_SCHEMA: pa.Schema = SPANS.arrow()
 
 
 def _resource_columns(records: list[SpanRecord]) -> tuple[list[str | None], list[str | None]]:
@@ -144,13 +98,7 @@ def span_table(records: list[SpanRecord], now: int) -> pa.Table:
     return pa.Table.from_arrays([pa.array(columns[f.name], type=f.type) for f in _SCHEMA], schema=_SCHEMA)
 
 
-_TRAJECTORY_SCHEMA = pa.schema([
-    ("trajectory_id", pa.string()), ("trace_id", pa.string()), ("task_key", pa.string()),
-    ("task_key_source", pa.string()), ("service", pa.string()), ("service_version", pa.string()),
-    ("agent_name", pa.string()), ("input", pa.string()), ("final_output", pa.string()),
-    ("conventions", pa.list_(pa.string())), ("start_ns", pa.int64()), ("end_ns", pa.int64()),
-    ("n_steps", pa.int32()), ("n_tool_calls", pa.int32()), ("doc", _JSON), ("assembled_ns", pa.int64()),
-])
+_TRAJECTORY_SCHEMA: pa.Schema = TRAJECTORIES.arrow()
 _TRAJECTORY_BATCH = 256  # trajectories turned into Arrow at a time: a long trace's thousands of runs are never all held
 
 

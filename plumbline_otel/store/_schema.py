@@ -11,60 +11,47 @@ from __future__ import annotations
 from typing import Any
 
 from plumbline_otel.errors import StoreError
-from plumbline_otel.rows import SPAN_COLUMNS, SPAN_COLUMNS_V1, SPAN_COLUMNS_V4, SPAN_COLUMNS_V8, SPAN_COLUMNS_V9
+from plumbline_otel.shapes import LOGS, PROBLEMS, SPANS, TRAJECTORIES, VIOLATIONS, Shape
 
 SCHEMA_VERSION = 9
 
-# One row per (spec, run, invariant) that failed: an invariant has one verdict per run and spec.
-_VIOLATIONS_TABLE = """CREATE TABLE IF NOT EXISTS violations (
-    spec_hash VARCHAR NOT NULL, invariant_id VARCHAR NOT NULL, trajectory_id VARCHAR NOT NULL, severity VARCHAR NOT NULL,
-    task_key VARCHAR, step_index INTEGER, step_name VARCHAR, detail VARCHAR,
-    PRIMARY KEY (spec_hash, trajectory_id, invariant_id))"""
-VIOLATION_COLUMNS = ("invariant_id", "trajectory_id", "severity", "task_key", "step_index", "step_name", "detail")
+# Every table's columns are declared in `shapes.py` (SPANS, TRAJECTORIES, LOGS, PROBLEMS, VIOLATIONS); the steps below
+# take their columns from there, each as it was when the step was written (the columns added up to its version, zstd
+# from version 6 on), so a file made by any version migrates to the same tables a new file gets.
 
-# Columns of long text (JSON maps, payloads, documents) are stored with zstd. DuckDB's default for
+# One row per (spec, run, invariant) that failed: an invariant has one verdict per run and spec.
+_VIOLATIONS_TABLE = (f"CREATE TABLE IF NOT EXISTS violations ({VIOLATIONS.ddl()}, "
+                     "PRIMARY KEY (spec_hash, trajectory_id, invariant_id))")
+VIOLATION_COLUMNS = VIOLATIONS.names[1:]  # what a check's batch holds (the spec's hash is the batch's)
+
+# Columns of long text (JSON maps, payloads, documents) are stored with zstd (`Column.zstd`). DuckDB's default for
 # strings (a dictionary and FSST per segment, chosen by analysing each one) made the checkpoint,
 # where appended rows are compressed, a fifth of a file ingest's time (2.2-2.9 s per 100,000 spans),
 # for a file six times larger: zstd took 0.6-0.8 s and 96 MB became 15 (bench/ingest_files.py corpus).
-_ZSTD_COLUMNS = frozenset({"attributes", "resource", "args", "result", "proposed_calls", "tool_results", "context",
-                           "decisions", "run_events", "input_text", "output_text", "status_message", "input", "final_output", "doc", "body"})
 
 
-def _column_sql(name: str, kind: str) -> str:
-    return f"{name} {kind} USING COMPRESSION zstd" if name in _ZSTD_COLUMNS else f"{name} {kind}"
-
-
-def _rebuilt_table(table: str, columns: dict[str, str]) -> list[str]:
-    """Statements that re-create `table` with `columns` (in its column order) and keep its rows."""
-    body = ", ".join(_column_sql(name, kind) for name, kind in columns.items())
-    return [f"CREATE TABLE {table}_rebuilt ({body})", f"INSERT INTO {table}_rebuilt SELECT * FROM {table}",
+def _rebuilt_table(shape: Shape, until: int) -> list[str]:
+    """Statements that re-create `shape`'s table with its columns up to version `until` (in order) and keep its rows."""
+    table = shape.name
+    return [f"CREATE TABLE {table}_rebuilt ({shape.ddl(until)})", f"INSERT INTO {table}_rebuilt SELECT * FROM {table}",
             f"DROP TABLE {table}", f"ALTER TABLE {table}_rebuilt RENAME TO {table}"]
 
 
-_TRAJECTORY_COLUMNS = {
-    "trajectory_id": "VARCHAR PRIMARY KEY", "trace_id": "VARCHAR", "task_key": "VARCHAR", "task_key_source": "VARCHAR",
-    "service": "VARCHAR", "service_version": "VARCHAR", "agent_name": "VARCHAR", "input": "VARCHAR", "final_output": "VARCHAR",
-    "conventions": "VARCHAR[]", "start_ns": "BIGINT", "end_ns": "BIGINT", "n_steps": "INTEGER", "n_tool_calls": "INTEGER",
-    "doc": "JSON", "assembled_ns": "BIGINT",
-}
-_LOG_COLUMNS = {
-    "log_id": "VARCHAR PRIMARY KEY", "trace_id": "VARCHAR", "span_id": "VARCHAR", "time_ns": "BIGINT", "observed_ns": "BIGINT",
-    "event_name": "VARCHAR", "severity_number": "INTEGER", "severity_text": "VARCHAR", "body": "JSON", "attributes": "JSON",
-    "service_name": "VARCHAR", "scope_name": "VARCHAR", "resource": "JSON", "received_ns": "BIGINT",
-}
-_LOGS_TABLE = "CREATE TABLE IF NOT EXISTS logs (" + ", ".join(f"{name} {kind}" for name, kind in _LOG_COLUMNS.items()) + ")"
+def _added_columns(shape: Shape, version: int, compressed: bool = True) -> list[str]:
+    """The ALTER TABLE statements that add the columns of `shape` declared `since=version`."""
+    return [f"ALTER TABLE {shape.name} ADD COLUMN {c.ddl(compressed)}" for c in shape.added_in(version)]
+
+
+_LOGS_TABLE = f"CREATE TABLE IF NOT EXISTS logs ({LOGS.ddl(4, compressed=False)})"
 
 # The statements that turn a file of the version before into this version, by version.
 MIGRATIONS: dict[int, list[str]] = {
     1: [
         "CREATE TABLE IF NOT EXISTS meta (key VARCHAR PRIMARY KEY, value VARCHAR)",
-        "CREATE TABLE spans ("
-        + ", ".join(f"{name} {kind}" for name, kind in SPAN_COLUMNS_V1.items())
-        + ", PRIMARY KEY (trace_id, span_id))",
+        f"CREATE TABLE spans ({SPANS.ddl(1, compressed=False)}, PRIMARY KEY (trace_id, span_id))",
         "CREATE TABLE dirty_traces (trace_id VARCHAR PRIMARY KEY)",
-        "CREATE TABLE trajectories (" + ", ".join(f"{name} {kind}" for name, kind in _TRAJECTORY_COLUMNS.items()) + ")",
-        """CREATE TABLE problems (
-            received_ns BIGINT, source VARCHAR, location VARCHAR, reason VARCHAR, spans INTEGER)""",
+        f"CREATE TABLE trajectories ({TRAJECTORIES.ddl(1, compressed=False)})",
+        f"CREATE TABLE problems ({PROBLEMS.ddl(1)})",
     ],
     # Spans lose their primary-key index (it halved insert speed); `SpanKeys` (_keys.py) keeps retries idempotent.
     2: [
@@ -74,19 +61,17 @@ MIGRATIONS: dict[int, list[str]] = {
     ],
     # Framework wrappers and dumps unwrapped per span, for coverage; every trajectory is
     # rebuilt, because a conversation id is no longer a default task key.
-    3: ["ALTER TABLE spans ADD COLUMN shapes VARCHAR[]",
+    3: [*_added_columns(SPANS, 3),
         "INSERT OR IGNORE INTO dirty_traces SELECT DISTINCT trace_id FROM spans"],
     # GenAI log records (a server before this version made the table itself) are folded into
     # their spans at assembly; cache tokens, finish reasons, hand-offs and each field's evidence per span.
     4: [_LOGS_TABLE,
-        *(f"ALTER TABLE spans ADD COLUMN {name} {kind}" for name, kind in SPAN_COLUMNS_V4.items()),
+        *_added_columns(SPANS, 4, compressed=False),
         "INSERT OR IGNORE INTO dirty_traces SELECT DISTINCT trace_id FROM spans"],
     # Violations join the store's own tables (`plumbline check` made the table itself before this version).
     5: [_VIOLATIONS_TABLE],
-    # Long text columns stored with zstd (`_ZSTD_COLUMNS`); the rows are copied as they are.
-    6: [*_rebuilt_table("spans", {k: v for k, v in SPAN_COLUMNS.items() if k not in SPAN_COLUMNS_V8 and k not in SPAN_COLUMNS_V9}),
-        *_rebuilt_table("trajectories", _TRAJECTORY_COLUMNS),
-        *_rebuilt_table("logs", _LOG_COLUMNS)],
+    # Long text columns stored with zstd (`Column.zstd`); the rows are copied as they are.
+    6: [*_rebuilt_table(SPANS, 6), *_rebuilt_table(TRAJECTORIES, 6), *_rebuilt_table(LOGS, 6)],
     # What `check` and `certify` keep for the console beside the violations: which runs were judged under which
     # spec (a run with no violation is "conforming" only if it was judged), each check, and the certificates.
     7: ["CREATE TABLE IF NOT EXISTS checked_runs (spec_hash VARCHAR NOT NULL, trajectory_id VARCHAR NOT NULL, checked_ns BIGINT, "
@@ -97,12 +82,12 @@ MIGRATIONS: dict[int, list[str]] = {
         "lower_bound DOUBLE, doc VARCHAR)"],
     # Producer-reported cost (`gen_ai.usage.cost.*`) and guardrail / execution-state events per span; every
     # trajectory is rebuilt so its steps carry them.
-    8: [*(f"ALTER TABLE spans ADD COLUMN {_column_sql(name, kind)}" for name, kind in SPAN_COLUMNS_V8.items()),
+    8: [*_added_columns(SPANS, 8),
         "INSERT OR IGNORE INTO dirty_traces SELECT DISTINCT trace_id FROM spans"],
     # Span links (`SpanLink`), and `trace_links`: trace -> the other trace its root span continues (an unattributed
     # link), so a run spread over traces (AutoGen's Swarm) is assembled as one. Links were dropped at decode before
     # this version: stored spans have none, and nothing is rebuilt.
-    9: [*(f"ALTER TABLE spans ADD COLUMN {_column_sql(name, kind)}" for name, kind in SPAN_COLUMNS_V9.items()),
+    9: [*_added_columns(SPANS, 9),
         "CREATE TABLE IF NOT EXISTS trace_links (trace_id VARCHAR NOT NULL, linked_trace_id VARCHAR NOT NULL, "
         "PRIMARY KEY (trace_id, linked_trace_id))"],
 }

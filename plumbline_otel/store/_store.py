@@ -39,7 +39,7 @@ from plumbline_otel.store._schema import VIOLATION_COLUMNS, pending_migrations
 DEFAULT_DB = "plumbline.duckdb"
 # DuckDB checkpoints (folds its write-ahead log into the file) when the log passes this size, and
 # until then keeps the logged rows in memory. Each checkpoint recompresses the unfilled row group
-# (up to 122,880 rows); with long text in zstd (`_schema._ZSTD_COLUMNS`) that is cheap enough to do every
+# (up to 122,880 rows); with long text in zstd (`Column.zstd` in shapes.py) that is cheap enough to do every
 # ~15,000 spans: at 256 MB the writer's peak memory was ~90 MB higher for the same ingest speed.
 _CHECKPOINT_THRESHOLD = "32MB"
 # A writer's DuckDB cache (DuckDB's default is 80% of the machine's memory). The log above keeps up
