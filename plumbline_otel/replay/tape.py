@@ -252,8 +252,25 @@ def _request_results(api: Api, request: Mapping[str, Any]) -> dict[str, Any]:
     for message in input_messages(api, request):
         for part in message.get("parts") or []:
             if part.get("type") == "tool_call_response" and part.get("id") is not None:
-                out[str(part["id"])] = part.get("response")
+                out[str(part["id"])] = _content_text(part.get("response"))
     return out
+
+
+_TEXT_ITEMS = frozenset({"text", "input_text", "output_text"})
+
+
+def _content_text(value: Any) -> Any:
+    """A tool result as the tool returned it: a list of text content items (the Responses API's structured
+    ``function_call_output``, as the OpenAI Agents SDK sends an MCP result), or its JSON, is its text."""
+    items = value
+    if isinstance(value, str) and value.startswith("[{"):
+        try:
+            items = orjson.loads(value)
+        except orjson.JSONDecodeError:
+            return value
+    if isinstance(items, list) and items and all(isinstance(i, Mapping) and i.get("type") in _TEXT_ITEMS for i in items):
+        return "".join(str(i.get("text") or "") for i in items)
+    return value
 
 
 def tape_from_cassette(entries: Sequence[Mapping[str, Any]], source: str, run: Trajectory | None = None) -> Tape:
@@ -372,6 +389,36 @@ def _as_object(value: Any) -> dict[str, Any]:
             return {"input": value}
     return dict(value) if isinstance(value, dict) else {"input": value}
 
+
+
+def structured_for(text: str, output_schema: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """The structured content a tool with ``output_schema`` would have returned beside its text ``text``, for a tape's
+    result served by the MCP proxy (a recorded run keeps the text; an MCP client checks structured content against
+    the tool's declared output schema and refuses a result without it). None: the tool declares no output schema,
+    or the text cannot be read as its structured content."""
+    if not isinstance(output_schema, Mapping):
+        return None
+    props = output_schema.get("properties")
+    props = props if isinstance(props, Mapping) else {}
+    try:
+        parsed: Any = orjson.loads(text)
+    except orjson.JSONDecodeError:
+        parsed = None
+    if set(props) == {"result"} and list(output_schema.get("required") or ["result"]) == ["result"] and not (
+            isinstance(parsed, Mapping) and set(parsed) == {"result"}):
+        wrapped = props["result"] if isinstance(props["result"], Mapping) else {}
+        return {"result": text if wrapped.get("type") == "string" or parsed is None else parsed}  # a wrapped return value
+    return dict(parsed) if isinstance(parsed, Mapping) else None
+
+
+def shape_tool_result(result: Any, output_schema: Mapping[str, Any] | None) -> Any:
+    """An MCP ``CallToolResult`` served from a tape, with the structured content its tool's output schema asks for
+    (``structured_for``) when the recording had only its text; an error result, or one that has it, unchanged."""
+    if getattr(result, "is_error", False) or getattr(result, "structured_content", None) is not None:
+        return result
+    text = "".join(str(getattr(c, "text", "") or "") for c in getattr(result, "content", None) or [])
+    structured = structured_for(text, output_schema)
+    return result if structured is None else result.model_copy(update={"structured_content": structured})
 
 # --- divergence ------------------------------------------------------------------------------------
 

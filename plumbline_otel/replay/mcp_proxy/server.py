@@ -48,7 +48,7 @@ from plumbline_otel.replay.mcp_proxy.evidence import McpEvidence, McpTrialState
 from plumbline_otel.replay.mcp_proxy.spans import ToolCallRecord, emit
 from plumbline_otel.replay.mcp_proxy.upstream import Upstream, UpstreamGone, session_closed
 from plumbline_otel.replay.proxy.record import ConversationRecorder
-from plumbline_otel.replay.tape import Branch, Tape
+from plumbline_otel.replay.tape import Branch, Tape, shape_tool_result
 from plumbline_otel.runs import TRIAL_ATTEMPT, TRIAL_ID
 
 if TYPE_CHECKING:
@@ -139,6 +139,7 @@ class McpProxy(LoopbackService):
         self.unroutable_reasons: deque[str] = deque(maxlen=50)
         self.span_errors = 0
         self.upstream_tools: tuple[str, ...] = ()  # the server's tools, as last listed
+        self.output_schemas: dict[str, Any] = {}  # their declared output schemas: a tape's result is shaped to them (issue 44)
         self._routes: dict[str, McpTrialState] = {}
         self._by_attempt: dict[tuple[str, int], McpTrialState] = {}
         self._by_trace: dict[str, McpTrialState] = {}
@@ -388,6 +389,7 @@ class McpProxy(LoopbackService):
         cursor = types.PaginatedRequestParams(cursor=params.cursor if params else None)
         page = await self._idempotent(state, "tools/list", lambda client: client.session.list_tools(params=cursor))
         names = {tool.name for tool in page.tools}
+        self.output_schemas.update((tool.name, tool.output_schema) for tool in page.tools)
         if params is None or params.cursor is None:
             self.upstream_tools = tuple(sorted(names))
         tools = list(page.tools)
@@ -414,7 +416,7 @@ class McpProxy(LoopbackService):
         try:
             if served is not None:  # the prefix of a branch-point replay: the recorded result, the server never called
                 rec.source = "tape"
-                result = state.from_tape(served, tool, arguments)
+                result = shape_tool_result(state.from_tape(served, tool, arguments), self.output_schemas.get(tool))
             elif tool in state.decoys and tool not in self.upstream_tools:
                 state.add_decoy_call(tool, call)
                 rec.source = "decoy"

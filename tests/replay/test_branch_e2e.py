@@ -1,0 +1,125 @@
+"""Branch-point replay end to end (issue 44) with an unmodified agent from tests/replay/agents through both proxies:
+the OpenAI Agents SDK agent whose tools are on an MCP server (`openai_agents_mcp_ap`), its model the scripted
+simulated provider and its tools the scripted tool server (`branch_tools_server.py`); both count what reached them.
+
+* a prefix is served from a study's cassette with zero provider and zero tool-server calls;
+* a production trace (the recorded framework fixture `mcp_openai_agents`, content captured) is taped from the stored
+  run and replayed from step 3: the prefix served, the perturbation at 3, live after it.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from click.testing import CliRunner
+
+from plumbline_otel.cli.main import cli
+from plumbline_otel.replay.proxy.simulated import SimReply, SimulatedProvider
+from plumbline_otel.replay.proxy.wire import Api, request_tool_calls, tool_name
+from plumbline_otel.store import Store
+
+ROOT = Path(__file__).resolve().parents[2]
+FIXTURE = ROOT / "tests" / "fixtures" / "frameworks" / "mcp_openai_agents" / "trace.otlp.jsonl"
+SERVER = Path(__file__).with_name("branch_tools_server.py")
+AGENT = f"command:sh -c 'AP_MCP_URL=\"$PLUMBLINE_MCP_URL\" exec {sys.executable} -m tests.replay.agents.openai_agents_mcp_ap'"
+ENV = {"OPENAI_API_KEY": "sk-not-a-real-key", "OPENAI_AGENTS_DISABLE_TRACING": "1", "OPENAI_BASE_URL": None}
+ARGS = {"lookup_invoice": {"invoice_id": "INV-1001"}, "check_duplicate": {"invoice_id": "INV-1001", "vendor": "Acme GmbH"},
+        "schedule_payment": {"invoice_id": "INV-1001", "amount": 4820.0, "currency": "EUR"}}
+
+
+def scripted_model(api: Api, body: dict[str, Any]) -> SimReply:
+    """The fixture's clean script: look up, check for a duplicate, schedule the payment, say so (never a decoy)."""
+    called = {c.name for c in request_tool_calls(api, body)}
+    offered = [tool_name(api, t) for t in body.get("tools") or []]
+    for tool, args in ARGS.items():
+        if tool in offered and tool not in called:
+            return SimReply(tool_calls=[(tool, args)], input_tokens=200, output_tokens=20)
+    failed = "error" in orjson.dumps(body).decode().lower()
+    return SimReply(text="Could not pay INV-1001." if failed else "Paid INV-1001.", input_tokens=300, output_tokens=10)
+
+
+@pytest.fixture
+def provider() -> Any:
+    sim = SimulatedProvider(scripted_model).start()
+    yield sim
+    sim.stop()
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Path:
+    """The production traffic: the framework fixture's six runs (the OpenAI Agents SDK over MCP, content captured)."""
+    path = tmp_path / "prod.duckdb"
+    assert CliRunner().invoke(cli, ["ingest", str(FIXTURE), "--db", str(path), "--quiet"]).exit_code == 0
+    return path
+
+
+def task_key(db: Path) -> str:
+    with Store(db) as store:
+        store.assemble()
+        (key,) = {t.task_key for t in store.trajectories() if t.input == "Please pay invoice INV-1001 from Acme GmbH."}
+    assert key is not None
+    return key
+
+
+def replay(tmp_path: Path, db: Path, provider: Any, study: str, perturbations: str, *extra: str) -> tuple[Any, list[dict[str, Any]]]:
+    """`plumbline replay` of the fixture's INV-1001 task; the tool server logs each call to <study>.tools.jsonl."""
+    log = tmp_path / f"{study}.tools.jsonl"
+    log.touch()
+    spans = tmp_path / f"{study}.jsonl"
+    result = CliRunner().invoke(cli, [
+        "replay", "--db", str(db), "--study", study, "--agent", "plumbline-fixture-mcp-openai-agents", "--task", task_key(db),
+        "--service", f"{study}-agent@1", "--adapter", AGENT, "--adapter-option", f"cwd={ROOT}", "--adapter-option", "timeout_s=120",
+        "--perturbations", perturbations, "--proxy", "--upstream", f"openai={provider.openai_url}",
+        "--mcp-upstream", f"{sys.executable} {SERVER} {log}", "--otlp-file", str(spans), "--concurrency", "1",
+        "--trace-wait", "10", "--grace", "1", *extra], env=ENV)
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.output
+    return result, [json.loads(line) for line in log.read_text().splitlines()]
+
+
+def records(db: Path, spans: Path, study: str) -> list[Any]:
+    """The driver's records of the study's attempts (ingested from its OTLP file), by perturbation."""
+    from plumbline_otel.runs import is_record
+    from plumbline_otel.trials import record_of
+
+    assert CliRunner().invoke(cli, ["ingest", str(spans), "--db", str(db), "--quiet"]).exit_code in (0, 3)
+    with Store(db) as store:
+        store.assemble()
+        found = [record_of(t) for t in store.trajectories() if is_record(t)]
+    out = [r for r in found if r is not None and r.study == study and r.attempt and r.status in ("ok", "errored", "missing")]
+    return sorted(out, key=lambda r: (r.perturbation, r.attempt))
+
+
+def state_dir(db: Path, study: str) -> Path:
+    return Path(str(db.with_suffix("")) + ".replay") / study
+
+
+@pytest.mark.slow
+@pytest.mark.e2e
+def test_a_prefix_is_served_from_the_cassette_with_no_provider_and_no_tool_server_call(tmp_path: Path, db: Path,
+                                                                                        provider: Any) -> None:
+    # The recorded run: the agent's baseline trial through both proxies (7 steps: 3 tool calls between 4 model calls).
+    first, tools = replay(tmp_path, db, provider, "src", "baseline")
+    assert "ran 1 (1 ok" in first.output, first.output
+    assert [c["tool"] for c in tools] == ["lookup_invoice", "check_duplicate", "schedule_payment"]
+    assert len(provider.requests) == 4
+
+    # Branch at step 6 (the schedule_payment call) under tool_fault: steps 1-5 are the tape's (three model answers, two
+    # tool results), the fault is the MCP proxy's own answer, and only step 7 (the agent's answer to the fault) is live.
+    before = len(provider.requests)
+    result, tools = replay(tmp_path, db, provider, "br", "tool_fault", "--branch-at", "6",
+                           "--branch-from", str(state_dir(db, "src")), "--fault-tools", "schedule_payment")
+    assert "branch-at: task" in result.output and "7 steps (4 model, 3 tool)" in result.output, result.output
+    assert "ran 1 (1 ok" in result.output, result.output
+    assert tools == []  # zero tool-server calls: the prefix's two from the tape, the faulted one never sent
+    live = provider.requests[before:]
+    assert len(live) == 1  # zero provider calls in the prefix: only the call after the branch point
+    assert "the schedule_payment backend is temporarily unavailable" in orjson.dumps(live[0]["body"]).decode()  # the fault, as the agent saw it
+    (record,) = records(db, tmp_path / "br.jsonl", "br")
+    assert (record.perturbation, record.status, record.fault_fired, record.fault_source) == ("tool_fault@6", "ok", True, "mcp_proxy")
+    assert record.evidence["model_proxy"]["tape_served"] == 3 and record.evidence["model_proxy"]["upstream_calls"] == 1
+    assert record.evidence["mcp_proxy"]["tape_served"] == 2 and record.evidence["mcp_proxy"]["upstream_calls"] == 0
