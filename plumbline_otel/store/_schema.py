@@ -13,7 +13,7 @@ from typing import Any
 from plumbline_otel.errors import StoreError
 from plumbline_otel.shapes import LOGS, PROBLEMS, SPANS, TRAJECTORIES, VIOLATIONS, Shape
 
-SCHEMA_VERSION = 9
+SCHEMA_VERSION = 10
 
 # Every table's columns are declared in `shapes.py` (SPANS, TRAJECTORIES, LOGS, PROBLEMS, VIOLATIONS); the steps below
 # take their columns from there, each as it was when the step was written (the columns added up to its version, zstd
@@ -90,6 +90,13 @@ MIGRATIONS: dict[int, list[str]] = {
     9: [*_added_columns(SPANS, 9),
         "CREATE TABLE IF NOT EXISTS trace_links (trace_id VARCHAR NOT NULL, linked_trace_id VARCHAR NOT NULL, "
         "PRIMARY KEY (trace_id, linked_trace_id))"],
+    # The conversation keys of model calls that are the root of their trace (`threads.py`): an agent loop under only
+    # an SDK's zero-code instrumentation exports a trace per model call, and a trace whose request continues another's
+    # conversation is linked to it in `trace_links`, so the run's traces are assembled as one (issue 40 item 12).
+    # Spans stored before this version are not keyed: their per-call traces stay apart, as they were.
+    10: ["CREATE TABLE IF NOT EXISTS conversation_keys (trace_id VARCHAR NOT NULL, span_id VARCHAR NOT NULL, start_ns BIGINT, "
+         "end_ns BIGINT, continues VARCHAR, continues_loose VARCHAR, after VARCHAR, after_loose VARCHAR, "
+         "PRIMARY KEY (trace_id, span_id))"],
 }
 
 

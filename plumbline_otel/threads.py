@@ -1,0 +1,184 @@
+"""Threads: which per-call traces are one run, by the conversation each model request continues (issue 40 item 12).
+
+An agent loop with only an SDK's zero-code instrumentation (OpenTelemetry's openai-v2 over the OpenAI client, with
+no span of the app's around the loop) exports every model call as a trace of its own: a root LLM span and nothing
+above it. Nothing in the trace says which run it belongs to, but the request does: each request of a tool loop sends
+the conversation so far, so a call's input messages begin with the previous call's input messages followed by that
+call's output message, then the tool results (or the user's next message). Such a trace continues the earlier one,
+and the two are one run.
+
+Per model call this module computes two keys over the conversation, each a hash of its messages normalised to what
+every instrumentation records alike (role, text with whitespace collapsed, tool calls by name and canonical JSON
+arguments, tool results by canonical content; message boundaries, message and response ids, finish reasons and
+empty texts left out):
+
+- `continues`: the conversation this request continues: its input messages up to and including the model's last
+  message in them; None for a request the model has not spoken in yet (the first call of a run).
+- `after`: the conversation after this call: its input messages and then its output.
+
+A call continues another when its `continues` equals the other's `after`. Each key comes twice: `strict`, with the
+call ids the model gave its tool calls (and the results that answer them), and `loose` without, for an
+instrumentation that records the ids on one side only. The store (`Store.write_span_table`) keeps the keys of every
+root LLM span (a trace with an agent or run span above its model calls is a run already) and records a link from a
+continuing trace to the trace it continues in `trace_links`, so the traces are assembled together (rule 8 of
+`assemble`) as one run with the first trace's id; a new user message in the conversation still opens a new run there
+(rule 6). A request is joined to a call only when that call is unique: by strict key when one matches, else by loose
+key; two conversations alike in every message (the same first user message and the same model replies, ids aside)
+stay apart. An identical first user message alone never joins anything: a first request continues nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from plumbline_otel.normalise._messages import Message, parse_messages
+from plumbline_otel.normalise._values import maybe_json, unflatten
+
+# Where the request's and the response's messages are, per convention: GenAI's JSON lists, then the flattened forms
+# (OpenInference's `llm.input_messages.N.message.*`, Traceloop's older `gen_ai.prompt.N.*`).
+_MESSAGE_KEYS = (("gen_ai.input.messages", "gen_ai.output.messages"), ("llm.input_messages", "llm.output_messages"),
+                 ("gen_ai.prompt", "gen_ai.completion"))
+_ROLES = {"assistant": "assistant", "model": "assistant", "ai": "assistant", "bot": "assistant", "chatbot": "assistant",
+          "system": "system", "developer": "system", "user": "user", "human": "user", "tool": "tool", "function": "tool"}
+_SPACE = re.compile(r"\s+")
+# The columns of the store's `conversation_keys` table (schema version 10).
+KEY_COLUMNS = ("trace_id", "span_id", "start_ns", "end_ns", "continues", "continues_loose", "after", "after_loose")
+
+
+@dataclass(frozen=True)
+class ThreadKeys:
+    """A model call's conversation keys (see the module's docstring); None where there is nothing to key."""
+
+    continues: str | None
+    continues_loose: str | None
+    after: str | None
+    after_loose: str | None
+
+
+def _text(value: Any) -> str:
+    return _SPACE.sub(" ", value).strip() if isinstance(value, str) else _canonical(value)
+
+
+def _canonical(value: Any) -> str:
+    """A value as one text however it was written: JSON text and the structure it encodes alike, keys sorted."""
+    value = maybe_json(value) if isinstance(value, str) else value
+    if isinstance(value, str):
+        return _SPACE.sub(" ", value).strip()
+    try:
+        return orjson.dumps(value, option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS).decode()
+    except TypeError:
+        return _SPACE.sub(" ", str(value)).strip()
+
+
+def _items(messages: Iterable[Message], role: str | None = None) -> list[tuple[str, ...]]:
+    """The conversation as a sequence of items, message boundaries dropped: (role, text) per text, ("call", id, name,
+    args) per tool call, ("result", id, content) per tool result. `role` stands in for messages that name none."""
+    out: list[tuple[str, ...]] = []
+    for m in messages:
+        said = _ROLES.get((m.role or role or "").lower(), m.role or role or "?")
+        out.extend((said, t) for t in (_text(t) for t in m.texts) if t)
+        out.extend(("call", c.call_id or "", c.name, _canonical(c.args)) for c in m.calls)
+        out.extend(("result", r.call_id or "", _canonical(r.result)) for r in m.results)
+    return out
+
+
+def _is_model(item: tuple[str, ...]) -> bool:
+    return item[0] in ("assistant", "call")
+
+
+def _key(items: list[tuple[str, ...]], strict: bool) -> str:
+    kept = items if strict else [(i[0], *i[2:]) if i[0] in ("call", "result") else i for i in items]
+    return hashlib.sha256(orjson.dumps(kept)).hexdigest()[:32]
+
+
+def messages_of(attributes: dict[str, Any]) -> tuple[list[Message], list[Message]]:
+    """A model call's input and output messages, from the first convention's keys that hold any."""
+    for in_key, out_key in _MESSAGE_KEYS:
+        inputs = parse_messages(attributes[in_key] if in_key in attributes else unflatten(attributes, in_key))
+        outputs = parse_messages(attributes[out_key] if out_key in attributes else unflatten(attributes, out_key))
+        if inputs or outputs:
+            return inputs, outputs
+    return [], []
+
+
+def thread_keys(inputs: list[Message], outputs: list[Message]) -> ThreadKeys:
+    """The keys of a model call with these input and output messages."""
+    before = _items(inputs)
+    said = max((i for i, item in enumerate(before) if _is_model(item)), default=-1)
+    reply = _items(outputs, "assistant")
+    continues = before[:said + 1] if said >= 0 else None
+    after = before + reply if reply and any(_is_model(item) for item in reply) else None
+    return ThreadKeys(continues=None if continues is None else _key(continues, True),
+                      continues_loose=None if continues is None else _key(continues, False),
+                      after=None if after is None else _key(after, True),
+                      after_loose=None if after is None else _key(after, False))
+
+
+def keys_of_attributes(attributes: dict[str, Any]) -> ThreadKeys | None:
+    """The keys of a model call's span from its attributes; None when it recorded no messages."""
+    inputs, outputs = messages_of(attributes)
+    if not inputs and not outputs:
+        return None
+    keys = thread_keys(inputs, outputs)
+    return keys if keys.continues or keys.after else None
+
+
+def continuation_links(calls: list[tuple[str, str, int, int, ThreadKeys]]) -> list[tuple[str, str]]:
+    """(continuing trace, trace it continues) for calls given as (trace id, span id, start, end, keys): what the
+    store's `LINK_SQL` records, for calls held in memory.
+
+    A call continues the call, in another trace and ended before it started, whose `after` is its `continues`: by
+    strict keys when any match, else by loose ones; a request that calls of more than one trace could have led to
+    is joined to none."""
+    out: set[tuple[str, str]] = set()
+    for trace_id, _span, start, _end, keys in calls:
+        if keys.continues is None:
+            continue
+        earlier = [(t, k) for t, _s, _start, end, k in calls if t != trace_id and end <= start]
+        found = {t for t, k in earlier if k.after == keys.continues} or \
+            {t for t, k in earlier if k.after_loose == keys.continues_loose}
+        if len(found) == 1:
+            out.add((trace_id, found.pop()))
+    return sorted(out)
+
+
+def keyed_calls(batch: pa.Table) -> pa.Table | None:
+    """The conversation keys (`KEY_COLUMNS`) of a span batch's root model calls (a `rows.span_table`), for the store's
+    `conversation_keys`; None when it holds none. A model call under any other span (an agent's, a run's, the app's)
+    is part of that trace's run already and is not keyed."""
+    roots = batch.filter(pc.and_(pc.is_null(batch["parent_span_id"]), pc.equal(batch["step_kind"], "llm_call")))
+    if not roots.num_rows:
+        return None
+    rows: dict[str, list[Any]] = {name: [] for name in KEY_COLUMNS}
+    for row in roots.select(["trace_id", "span_id", "start_ns", "end_ns", "attributes"]).to_pylist():
+        attributes = maybe_json(row["attributes"]) if row["attributes"] else None
+        keys = keys_of_attributes(attributes) if isinstance(attributes, dict) else None
+        if keys is None:
+            continue
+        for name in ("trace_id", "span_id", "start_ns", "end_ns"):
+            rows[name].append(row[name])
+        for name in KEY_COLUMNS[4:]:
+            rows[name].append(getattr(keys, name))
+    if not rows["trace_id"]:
+        return None
+    return pa.table({name: pa.array(values, pa.int64() if name.endswith("_ns") else pa.string()) for name, values in rows.items()})
+
+
+# Keep a batch's keys (`keyed_calls`, registered as `thread_batch`) and link its traces to the traces they continue and
+# that continue them, as `continuation_links` does, in `trace_links` (traces linked there are assembled together).
+KEYS_SQL = f"INSERT OR IGNORE INTO conversation_keys SELECT {', '.join(KEY_COLUMNS)} FROM thread_batch"
+LINK_SQL = """INSERT OR IGNORE INTO trace_links SELECT trace_id, min(linked_trace_id) FROM (
+    SELECT b.trace_id, b.span_id, a.trace_id AS linked_trace_id, (b.continues = a.after) AS strict,
+           bool_or(b.continues = a.after) OVER (PARTITION BY b.trace_id, b.span_id) AS any_strict
+    FROM conversation_keys b JOIN conversation_keys a ON b.continues_loose = a.after_loose
+    WHERE a.trace_id <> b.trace_id AND a.end_ns <= b.start_ns
+      AND (b.trace_id IN (SELECT trace_id FROM thread_batch) OR a.trace_id IN (SELECT trace_id FROM thread_batch)))
+    WHERE strict = any_strict GROUP BY trace_id, span_id HAVING count(DISTINCT linked_trace_id) = 1"""
