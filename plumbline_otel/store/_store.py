@@ -35,6 +35,7 @@ from plumbline_otel.store._files import connect, disconnect, reattach
 from plumbline_otel.store._keys import SpanKeys, TraceCounts
 from plumbline_otel.store._read import Reader
 from plumbline_otel.store._schema import VIOLATION_COLUMNS, pending_migrations
+from plumbline_otel.threads import KEYS_SQL, LINK_SQL, keyed_calls
 
 DEFAULT_DB = "plumbline.duckdb"
 # DuckDB checkpoints (folds its write-ahead log into the file) when the log passes this size, and
@@ -177,6 +178,7 @@ class Store(Reader):
                     self.connection.execute("INSERT INTO spans SELECT * FROM fresh")
                     self.connection.execute("INSERT OR IGNORE INTO dirty_traces SELECT DISTINCT trace_id FROM fresh")
                     self.connection.execute(_TRACE_LINKS_SQL)
+                    self._link_continuations(fresh)
             if problems:
                 self.connection.executemany(
                     "INSERT INTO problems VALUES (?, ?, ?, ?, ?)",
@@ -188,6 +190,15 @@ class Store(Reader):
             keys.add(hashes)
             counts.add(traces)
         return WriteResult(stored=stored, duplicate=rows - stored)
+
+    def _link_continuations(self, fresh: pa.Table) -> None:
+        """Keep the conversation keys of the batch's root model calls and link each trace to the trace whose
+        conversation its request continues (`threads`): an agent loop traced only per model call is one run."""
+        keyed = keyed_calls(fresh)
+        if keyed is not None:
+            with self._registered("thread_batch", keyed):
+                self.connection.execute(KEYS_SQL)
+                self.connection.execute(LINK_SQL)
 
     def write_logs(self, rows: LogRows) -> int:
         """Commit GenAI log records in one transaction; returns how many were new.
