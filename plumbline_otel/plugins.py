@@ -6,12 +6,14 @@ A package declares, in its `pyproject.toml`::
     accounts_payable = "domains.accounts_payable.plugin:PLUGIN"
 
 and `PLUGIN` is a `DomainPlugin`: its `plumbline domain run <name>` command and, optionally, the
-study `plumbline demo` runs on it. A second domain plugs in the same way without editing the CLI.
+study `plumbline demo` runs on it and the words of its trade the replay's equivalence guard reads
+(`DomainLexicon`). A second domain plugs in the same way without editing the CLI.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any, Protocol
@@ -43,13 +45,37 @@ class DemoStudy(Protocol):
         ...
 
 
+@dataclass(frozen=True, eq=False)  # compared and hashed by identity: the guard caches what it builds from one
+class DomainLexicon:
+    """The words of a domain's trade, for the replay's equivalence guard (`replay/guard.py`).
+
+    The guard reads English (negation, modality, conditions, limits, dates, amounts, who does what
+    to whom) and nothing of any trade; a domain tells it which words name its documents, ids,
+    terms and parties, so that "the invoice" is a document and "inv 1029" an id. Every field is
+    optional: a word the guard cannot place is an ordinary word, or a name where it is written as one.
+    """
+
+    name: str
+    verbs: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # verb class -> lemmas and phrases ("pay": ("remit",))
+    documents: Mapping[str, str] = field(default_factory=dict)  # noun -> document kind ("bill" -> "invoice")
+    plural_documents: Mapping[str, str] = field(default_factory=dict)  # plural noun -> document kind
+    verb_nouns: Mapping[str, str] = field(default_factory=dict)  # a document noun where a verb stands -> verb class
+    terms: Mapping[str, str] = field(default_factory=dict)  # word or phrase -> the term it names ("po" -> "purchase order")
+    parties: frozenset[str] = frozenset()  # role nouns that can do or receive an action ("controller")
+    counterparties: frozenset[str] = frozenset()  # nouns for the other side ("vendor"): "the vendor Acme" names Acme
+    id_prefixes: tuple[str, ...] = ()  # prefixes of the domain's ids, so "inv 1029" is INV-1029
+    transfers: frozenset[str] = frozenset()  # words that send money or a document somewhere ("remit", "charge")
+
+
 @dataclass(frozen=True)
 class DomainPlugin:
-    """One domain: its name, its `plumbline domain run <name>` command, and its demo study if it has one."""
+    """One domain: its name, its `plumbline domain run <name>` command, its demo study if it has one, and
+    its lexicon for the equivalence guard if it has one."""
 
     name: str
     run_command: click.Command
     demo: DemoStudy | None = None
+    lexicon: DomainLexicon | None = None
 
 
 def domain_plugins() -> dict[str, DomainPlugin]:
@@ -75,4 +101,10 @@ def domain_plugin(name: str) -> DomainPlugin:
     return plugins[name]
 
 
-__all__ = ["ENTRY_POINT_GROUP", "DemoStudy", "DomainPlugin", "domain_plugin", "domain_plugins"]
+def installed_lexicons() -> tuple[DomainLexicon, ...]:
+    """The lexicons of every installed domain, by domain name: what the guard reads when a caller names none."""
+    return tuple(p.lexicon for _, p in sorted(domain_plugins().items()) if p.lexicon is not None)
+
+
+__all__ = ["ENTRY_POINT_GROUP", "DemoStudy", "DomainLexicon", "DomainPlugin", "domain_plugin", "domain_plugins",
+           "installed_lexicons"]

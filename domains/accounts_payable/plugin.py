@@ -12,6 +12,7 @@ import click
 from domains.accounts_payable import run as ap_run
 from domains.accounts_payable.arms import FaultPlan
 from domains.accounts_payable.replay_adapter import DEMO_IMPERFECTIONS, APAdapter
+from domains.accounts_payable.vocabulary import LEXICON
 from plumbline_otel.errors import ConfigError, ReplayError
 from plumbline_otel.plugins import DomainPlugin
 
@@ -94,4 +95,4 @@ class Demo:
         return APAdapter(arm, imperfections=DEMO_IMPERFECTIONS)
 
 
-PLUGIN = DomainPlugin("accounts_payable", run_command, Demo())
+PLUGIN = DomainPlugin("accounts_payable", run_command, Demo(), LEXICON)

@@ -25,9 +25,12 @@ Payable,"):
   and relative ("today", "next week", "the end of the month", "Friday"), each with its relation
   ("by", "before", "after", "on"): "before 2026-03-31" is not "after 2026-03-31", "prior to"
   is "before", "no later than" is "by";
-- entities: runs of words the guard has no other reading for (vendor and people names, in any
-  letter case), so "Northwind Supply Co" is not "Northwind Supplies"; and relations to an
-  entity ("its parent company", "a … affiliate", "the company that acquired …");
+- entities: runs of names, so "Northwind Supply Co" is not "Northwind Supplies"; and relations
+  to an entity ("its parent company", "a … affiliate", "the company that acquired …"). A word
+  no reading places is a name when either text writes it as one (capitalised where no sentence
+  or clause opens, or in a text without letter case); otherwise it is an ordinary word ("sorry
+  to bother you", "the rate has shifted"), which neither rejects nor names a party, unless it
+  stands where a request's verb stands with the document as its object ("please archive it");
 - multiplicity ("twice", "again", "both", "all", "every", "each", "other", plural documents,
   "two copies", "three times");
 - conditions and overrides ("even if", "regardless", "whether or not", "no matter", "anyway",
@@ -36,7 +39,9 @@ Payable,"):
 - redirection: where a payment or the document is sent ("pay it to …", "paying into account …",
   "route it to …", "… instead");
 - the document type (an invoice is not a credit note) and the domain terms mentioned (vendor,
-  PO, goods, price, tax, bank account …).
+  PO, goods, price, tax, bank account …). These, the domain's id prefixes, party nouns and ledger
+  verbs are the domain's: they come from its plug-in's lexicon
+  (:class:`~plumbline_otel.plugins.DomainLexicon`); this module knows English only.
 - roles: who does each action ("the controller must approve", "approved by the controller",
   "ask Northwind Supplies to process") and to whom ("pay Ashfield Logistics", "refund us"), and
   which side of "from"/"to" a party or id stands on ("from S20 to R05", "from us");
@@ -44,8 +49,13 @@ Payable,"):
   permitted ("may pay", "you can pay", "is optional", "feel free to"), forbidden ("not pay",
   "must not", "may not") or exempted ("need not pay"); "Could you …" asks, it does not permit;
 - limits and connectives: a bound goes with its quantity ("up to", "no more than", "or less" are
-  ``<=``; "more than 2% above" is not "more than 2% below"), the count of "or"s ("and" into "or"),
-  and conditions that say the same ("don't pay unless X" is "pay only if X"; "provided" is "if").
+  ``<=``; a negated comparison is its converse, "must not be more than" is ``<=``; "more than 2%
+  above" is not "more than 2% below"; "25k" is 25000), the count of "or"s ("and" into "or"), and
+  conditions that say the same ("don't pay unless X" is "pay only if X"; "provided" is "if";
+  "when", "where" and "in case" say "if" where the other text does, and may only say when);
+- ellipsis: a negation that ends its clause or goes before a preposition negates the last verb
+  said ("pay for the quantity ordered, but not for the extra units");
+- permission predicates: "… is fine / acceptable / allowed" permits what it is said of.
 
 Before reading, misspelt words of the variant are spelt as the original or the lexicon spells
 them (same first letter, one edit up to eight letters, two beyond; never digits, ids or codes).
@@ -69,7 +79,10 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
+from functools import lru_cache
 from typing import Any
+
+from plumbline_otel.plugins import DomainLexicon, installed_lexicons
 
 # --- lexicons ------------------------------------------------------------------------------------
 
@@ -127,7 +140,6 @@ _TENS_WORDS = {w: 10 * (i + 2) for i, w in enumerate(_words("twenty thirty forty
 _SCALES = {"hundred": 100, "thousand": 1000, "million": 1_000_000, "billion": 1_000_000_000}
 _NUMBER_WORDS = set(_UNITS_WORDS) | set(_TENS_WORDS) | set(_SCALES)
 
-_ID_PREFIXED = re.compile(r"\b(?P<p>inv|po|cn|gr|pr)[\s#:]+(?P<n>\d{3,})\b", re.I)
 _ID_TOKEN = re.compile(r"(?<![\w-])[A-Za-z0-9]+(?:[-_/][A-Za-z0-9]+)*(?![\w-])")
 _WORD_TOKEN = re.compile(r"[a-z0-9]+(?:'[a-z]+)*'?|[,;:!?()]|\.")
 _SENTENCE_BREAK = re.compile(r"(?<=[.!?])\s+")
@@ -144,20 +156,18 @@ _ACTIONS: dict[str, tuple[str, ...]] = {
     "process": ("process", "handle", "deal with", "dealt with", "take care of", "taken care of", "took care of",
                 "taking care of", "action", "work through", "worked through", "see to", "sort out", "sorted out",
                 "look after", "attend to", "work on"),
-    "pay": ("pay", "paid", "payment", "payments", "settle", "remit", "remittance", "disburse", "pay out", "paid out",
-            "release", "released", "releasing"),
+    "pay": ("pay", "paid", "payment", "payments", "settle", "release", "released", "releasing"),
     "approve": ("approve", "approval", "authorise", "authorize", "authorisation", "authorization", "sign off",
                 "signed off", "sign-off", "ok"),
     "reject": ("reject", "rejection", "decline", "refuse", "deny", "denied", "dispute", "send back", "sent back",
                "return to sender", "bounce"),
     "hold": ("hold", "held", "on hold", "hold off", "block", "freeze", "froze", "frozen", "suspend", "pause",
              "defer", "delay", "postpone"),
-    "cancel": ("cancel", "cancelled", "cancelling", "cancellation", "void", "delete", "remove", "withdraw",
-               "withdrawn", "withdrew", "reverse", "reversal", "write off", "written off", "revoke", "retract",
-               "annul", "scrap"),
+    "cancel": ("cancel", "cancelled", "cancelling", "cancellation", "delete", "remove", "withdraw",
+               "withdrawn", "withdrew", "revoke", "retract", "annul", "scrap"),
     "stop": ("stop", "stopped", "stopping", "halt", "cease", "abort", "terminate", "quit", "discontinue"),
-    "review": ("review", "check", "verify", "verification", "inspect", "examine", "audit", "validate",
-               "look over", "look at", "double check", "go over", "investigate", "query", "match"),
+    "review": ("review", "check", "verify", "verification", "inspect", "examine", "validate",
+               "look over", "look at", "double check", "go over", "investigate"),
     "forward": ("forward", "send", "sending", "route", "email", "transfer", "wire", "pass on", "hand over",
                 "reassign", "assign"),
     "escalate": ("escalate", "flag", "refer"),
@@ -165,14 +175,12 @@ _ACTIONS: dict[str, tuple[str, ...]] = {
                  "immediately", "right away", "straight away", "quickly", "promptly", "fast", "hurry"),
     "split": ("split", "splitting", "partial", "partially", "merge", "combine", "instalment", "instalments"),
     "change": ("change", "update", "amend", "modify", "edit", "alter", "switch", "replace", "use", "correct", "fix",
-               "adjust", "redirect", "treat", "reissue", "recode"),
-    "create": ("create", "raise", "issue a", "book", "post", "enter", "record"),
-    # verbs whose roles (who owes, refunds or bills whom) carry the meaning, read for their parties
+               "adjust", "redirect", "treat"),
+    "create": ("create",),
+    # verbs whose roles (who owes or refunds whom) carry the meaning, read for their parties
     "refund": ("refund", "pay back", "paid back", "reimburse", "repay"),
     "owe": ("owe", "owed", "owing"),
-    "bill": ("invoiced", "invoicing", "billed", "billing", "overcharged"),
-    "offset": ("offset", "deduct", "subtract", "net off", "set off", "apply", "applied", "applying"),
-    "allocate": ("charge", "code", "allocate", "recharge"),
+    "offset": ("offset", "deduct", "subtract"),
 }
 _IRREGULAR = {"pay": ("paid",), "hold": ("held",), "deal": ("dealt",), "freeze": ("froze", "frozen"),
               "withdraw": ("withdrawn", "withdrew"), "take": ("took", "taken"), "write": ("written", "wrote")}
@@ -309,27 +317,6 @@ _RELATIONS = {"parent": "parent", "parent company": "parent", "subsidiary": "sub
               "subcontractor": "subcontractor", "contractor": "contractor", "daughter": "daughter",
               "spin off": "spin-off", "supplier of": "supplier", "franchise": "franchise",
               "sibling": "sister", "trading arm": "branch", "arm": "branch", "unit": "division"}
-_DOCUMENTS = {"invoice": "invoice", "bill": "invoice", "credit note": "credit note", "credit memo": "credit note",
-              "debit note": "debit note", "statement": "statement", "quote": "quote"}
-_PLURAL_DOCUMENTS = {"invoices": "invoice", "bills": "invoice", "credit notes": "credit note", "statements": "statement"}
-_DOMAIN = {"po": "purchase order", "pos": "purchase order", "purchase order": "purchase order",
-           "purchase orders": "purchase order", "order": "purchase order", "receipt": "receipt", "vendor": "vendor", "vendors": "vendor", "supplier": "vendor", "suppliers": "vendor", "seller": "vendor",
-           "payee": "payee", "goods": "goods", "delivery": "goods", "shipment": "goods", "price": "price",
-           "prices": "price", "pricing": "price", "tax": "tax", "taxes": "tax", "vat": "tax", "tax code": "tax code",
-           "tax codes": "tax code", "rate": "rate", "exchange rate": "exchange rate", "fx": "exchange rate",
-           "freight": "freight", "shipping": "freight", "account": "account", "accounts": "account",
-           "bank": "bank", "bank details": "bank details", "bank account": "bank account", "sort code": "sort code",
-           "iban": "iban", "card": "card", "cheque": "cheque", "tolerance": "tolerance", "tolerances": "tolerance",
-           "goods receipt": "goods receipt", "compliance": "compliance", "sanctions": "sanctions",
-           "sanction": "sanctions", "sanctioned": "sanctions", "screening": "screening", "controller": "controller",
-           "cfo": "cfo", "manager": "manager", "director": "director", "finance": "finance", "approver": "approver",
-           "amount": "amount", "balance": "balance", "total": "total", "discount": "discount", "fee": "fee",
-           "fees": "fee", "deposit": "deposit", "budget": "budget", "cost centre": "cost centre",
-           "cost center": "cost centre", "ledger": "ledger", "line": "line", "lines": "line", "item": "item",
-           "items": "item", "quantity": "quantity", "work": "work", "funds": "funds", "money": "money",
-           "matrix": "matrix", "rules": "rule", "rule": "rule", "policy": "policy", "warning": "warning",
-           "limit": "limit", "terms": "terms", "consultant": "consultant", "personally": "personally",
-           "cash": "cash", "interest": "interest", "penalty": "penalty", "contract": "contract"}
 # Words that carry no task meaning here: function words, politeness, greetings, auxiliaries, the
 # wrappers of imperatives and of the passive, and words saying where the document came from.
 _IGNORABLE = frozenset(_words("""
@@ -365,9 +352,7 @@ _IGNORABLE_PHRASES = ("would you mind", "be so kind as to", "would you be so kin
                       "if that's ok", "if that's okay", "if that is ok", "if that is okay", "if that's alright",
                       "if that's all right", "if that's fine", "if that works", "if you please",
                       "if you get a chance", "if you have a moment", "if you have time", "when you have time")
-# Who can do or receive an action: a name (a run of unknown words), these role nouns, or "we"/"us".
-_PARTY_TERMS = frozenset(["controller", "cfo", "manager", "director", "finance", "approver", "compliance", "vendor",
-                          "payee", "consultant"])
+# Who can do or receive an action: a name, a noun phrase, the domain's role nouns, or "we"/"us".
 _WE = frozenset(["we", "us", "our", "ours", "i", "me", "my"])
 _THEY = frozenset(["they", "them", "their", "theirs"])
 _PREPOSITIONS = frozenset(["from", "to", "for", "with", "by", "against", "of", "on", "in", "into", "at", "onto",
@@ -375,13 +360,12 @@ _PREPOSITIONS = frozenset(["from", "to", "for", "with", "by", "against", "of", "
 _BE = frozenset(["be", "being", "get", "gets", "got", "getting", "is", "are", "was", "were"])
 _PRONOUNS = frozenset(["it", "its", "them", "they", "their", "theirs", "he", "she", "him", "her", "his"])
 _CLAUSE_PUNCT = frozenset([",", ";", ":", "!", "?", "(", ")", "."])
-_TRANSFER = frozenset(["pay", "pays", "paying", "paid", "payment", "payments", "remit", "remitting", "remitted",
-                       "remittance", "send", "sending", "sent", "route", "routing", "routed", "credit", "credited",
-                       "crediting", "charge", "charged", "charging", "transfer", "transferred", "transferring",
-                       "wire", "wired", "wiring", "forward", "forwarded", "forwarding", "funds", "going", "release",
-                       "released", "releasing", "settle", "settled", "settling", "deposit", "deposited", "money",
-                       "allocate", "allocated", "code", "coded", "coding", "assign", "assigned", "reassign", "redirect", "redirected", "post",
-                       "posted", "book", "booked", "move", "moved", "give", "given"])
+_TRANSFER = frozenset(["pay", "pays", "paying", "paid", "payment", "payments", "send", "sending", "sent", "route",
+                       "routing", "routed", "credit", "credited", "crediting", "transfer", "transferred",
+                       "transferring", "wire", "wired", "wiring", "forward", "forwarded", "forwarding", "funds", "going",
+                       "release", "released", "releasing", "settle", "settled", "settling", "deposit", "deposited",
+                       "money", "assign", "assigned", "reassign", "redirect", "redirected", "move", "moved", "give",
+                       "given"])
 _DESTINATION = frozenset(["to", "into", "towards", "onto"])
 
 KINDS = ("identifier", "currency", "date", "amount", "entity", "intent", "negation")
@@ -400,41 +384,90 @@ def _forms(phrase: str) -> set[str]:
     return {" ".join([h, *tail]) for h in heads}
 
 
-_PHRASES: dict[str, tuple[str, str]] = {}  # surface phrase -> (role, value)
+@dataclass(frozen=True, eq=False)
+class _Vocabulary:
+    """What the reader matches: English with the domains' lexicons merged in (built once per set of lexicons)."""
+
+    phrases: dict[str, tuple[str, str]]  # surface phrase -> (role, value)
+    max_phrase: int
+    action_forms: dict[str, str]  # every inflected form of an action, whatever else it could be read as
+    known_words: frozenset[str]  # what the typo reader leaves as written
+    parties: frozenset[str]
+    counterparties: frozenset[str]
+    transfers: frozenset[str]
+    id_prefixed: re.Pattern[str] | None
+    verb_nouns: dict[str, str]
+    document_units: frozenset[str]  # "two invoices": a count of documents, read as multiplicity
 
 
-def _register(role: str, entries: Iterable[tuple[str, str]], *, inflect: bool = False) -> None:
-    for surface, value in entries:
-        for form in (_forms(surface) if inflect else {surface}):
-            _PHRASES.setdefault(form, (role, value))
+def _merged_verbs(lexicons: tuple[DomainLexicon, ...]) -> dict[str, tuple[str, ...]]:
+    verbs = dict(_ACTIONS)
+    for lexicon in lexicons:
+        for cls, phrases in lexicon.verbs.items():
+            verbs[cls] = (*verbs.get(cls, ()), *phrases)
+    return verbs
 
 
-# Order sets precedence: the first reading of a surface form wins.
-_register("ignore", ((p, p) for p in _IGNORABLE_PHRASES))
-_register("ignore", ((p, p) for p in _NOT_NEGATIONS))
-_register("modal", ((p, v) for p, v in _MODALS.items() if " " in p))
-_register("modal", ((p, v) for p, v in _MODALS.items() if " " not in p))
-_register("cond", ((p, p) for p in _CONDITIONS if " " in p))
-_register("neg", ((p, p) for p in _NEGATIONS if " " in p))
-_register("mult", ((p, v) for p, v in _MULTIPLICITY.items() if " " in p))
-_register("rel", ((p, v) for p, v in _RELATIONS.items() if " " in p))
-_register("doc+", ((p, v) for p, v in _PLURAL_DOCUMENTS.items()))
-_register("doc", ((p, v) for p, v in _DOCUMENTS.items() if " " in p))
-_register("domain", ((p, v) for p, v in _DOMAIN.items() if " " in p))
-_register("fact", ((p, p) for p in _FACTS if " " in p))
-_register("action", ((p, cls) for cls, ps in _ACTIONS.items() for p in ps if " " in p), inflect=True)
-_register("fact", ((p, p) for p in _FACTS))
-_register("cond", ((p, p) for p in _CONDITIONS))
-_register("neg", ((p, p) for p in _NEGATIONS))
-_register("mult", _MULTIPLICITY.items())
-_register("doc", _DOCUMENTS.items())
-_register("rel", _RELATIONS.items())
-_register("domain", _DOMAIN.items())
-_register("action", ((p, cls) for cls, ps in _ACTIONS.items() for p in ps), inflect=True)
-_register("ignore", ((w, w) for w in _IGNORABLE))
-_MAX_PHRASE = max(len(p.split()) for p in _PHRASES)
-# every inflected form of an action, whatever else it could be read as ("approved" is also a fact)
-_ACTION_FORMS = {form: cls for cls, ps in _ACTIONS.items() for p in ps for form in _forms(p)}
+@lru_cache(maxsize=8)
+def _vocabulary(lexicons: tuple[DomainLexicon, ...]) -> _Vocabulary:
+    """The reader's vocabulary for these lexicons. Order sets precedence: the first reading of a surface wins."""
+    phrases: dict[str, tuple[str, str]] = {}
+    verbs = _merged_verbs(lexicons)
+    documents = {k: v for x in lexicons for k, v in x.documents.items()}
+    plurals = {k: v for x in lexicons for k, v in x.plural_documents.items()}
+    terms = {k: v for x in lexicons for k, v in x.terms.items()}
+
+    def register(role: str, entries: Iterable[tuple[str, str]], *, inflect: bool = False) -> None:
+        for surface, value in entries:
+            for form in (_forms(surface) if inflect else {surface}):
+                phrases.setdefault(form, (role, value))
+
+    def multi(d: dict[str, str]) -> Iterable[tuple[str, str]]:
+        return ((p, v) for p, v in d.items() if " " in p)
+
+    register("ignore", ((p, p) for p in _IGNORABLE_PHRASES))
+    register("ignore", ((p, p) for p in _NOT_NEGATIONS))
+    register("modal", multi(_MODALS))
+    register("modal", ((p, v) for p, v in _MODALS.items() if " " not in p))
+    register("cond", ((p, p) for p in _CONDITIONS if " " in p))
+    register("neg", ((p, p) for p in _NEGATIONS if " " in p))
+    register("mult", multi(_MULTIPLICITY))
+    register("rel", multi(_RELATIONS))
+    register("doc+", plurals.items())
+    register("doc", multi(documents))
+    register("domain", multi(terms))
+    register("fact", ((p, p) for p in _FACTS if " " in p))
+    register("action", ((p, cls) for cls, ps in verbs.items() for p in ps if " " in p), inflect=True)
+    register("fact", ((p, p) for p in _FACTS))
+    register("cond", ((p, p) for p in _CONDITIONS))
+    register("neg", ((p, p) for p in _NEGATIONS))
+    register("mult", _MULTIPLICITY.items())
+    register("doc", documents.items())
+    register("rel", _RELATIONS.items())
+    register("domain", terms.items())
+    register("action", ((p, cls) for cls, ps in verbs.items() for p in ps), inflect=True)
+    register("ignore", ((w, w) for w in _IGNORABLE))
+    parties = frozenset(w for x in lexicons for w in x.parties)
+    prefixes = sorted({p for x in lexicons for p in x.id_prefixes}, key=len, reverse=True)
+    known = frozenset(
+        {w for phrase in phrases for w in phrase.split()} | _IGNORABLE | _NUMBER_WORDS | set(_MONTHS)
+        | set(_WEEKDAYS) | {w for c in _CURRENCY_WORDS for w in c.split()} | {c.lower() for c in _CURRENCY_CODES}
+        | parties | _WE | _THEY | _PREPOSITIONS | {"you", "or", "more", "less", "than", "most", "least"}
+        | set(_words(_LIMIT_WORDS)))
+    return _Vocabulary(
+        phrases, max(len(p.split()) for p in phrases),
+        {form: cls for cls, ps in verbs.items() for p in ps for form in _forms(p)}, known, parties,
+        frozenset(w for x in lexicons for w in x.counterparties),
+        _TRANSFER | {w for x in lexicons for w in x.transfers},
+        re.compile(r"\b(?P<p>" + "|".join(map(re.escape, prefixes)) + r")[\s#:]+(?P<n>\d{3,})\b", re.I) if prefixes else None,
+        {k: v for x in lexicons for k, v in x.verb_nouns.items()},
+        frozenset({"time", "copy"} | {_singular(d) for d in (*documents, *plurals)}))
+
+
+def _lexicons(lexicon: DomainLexicon | None) -> tuple[DomainLexicon, ...]:
+    """The lexicon named, else every installed domain's (a study's driver does not know its domain)."""
+    return (lexicon,) if lexicon is not None else installed_lexicons()
+
 
 # --- the structured meaning ----------------------------------------------------------------------
 
@@ -657,14 +690,14 @@ def _read_dates(s: _Sentence, work: str) -> str:
     return work
 
 
-def _read_identifiers(s: _Sentence, work: str) -> str:
+def _read_identifiers(s: _Sentence, work: str, v: _Vocabulary) -> str:
     def direction(ident: str, start: int) -> None:
         """An id after "from" or "to" has a direction: "from S20 to R05" is not "from R05 to S20"."""
         m = re.search(r"\b(from|to|into)\s+(?:the\s+)?$", work[:start], re.I)
         if m:
             s.id_directions.add(f"{ident} {'from' if m.group(1).lower() == 'from' else 'to'}")
 
-    for m in list(_ID_PREFIXED.finditer(work)):
+    for m in list(v.id_prefixed.finditer(work)) if v.id_prefixed else ():
         s.identifiers.add(f"{m.group('p').upper()}-{m.group('n')}")
         direction(f"{m.group('p').upper()}-{m.group('n')}", m.start())
         work = _blank(work, m.start(), m.end())
@@ -751,7 +784,7 @@ def _read_currencies(s: _Sentence, work: str) -> str:
     return work
 
 
-def _tokenise(s: _Sentence, work: str) -> None:
+def _tokenise(s: _Sentence, work: str, v: _Vocabulary) -> None:
     clause, clause_start = 0, 0
     tokens: list[_Token] = []
     for m in _WORD_TOKEN.finditer(work.lower()):
@@ -770,25 +803,25 @@ def _tokenise(s: _Sentence, work: str) -> None:
     # phrase matching: longest first, possessives stripped when the whole form is unknown
     i = 0
     while i < len(tokens):
-        for n in range(min(_MAX_PHRASE, len(tokens) - i), 0, -1):
+        for n in range(min(v.max_phrase, len(tokens) - i), 0, -1):
             group = tokens[i:i + n]
             if len({t.clause for t in group}) > 1:
                 continue
             surface = " ".join(t.text for t in group)
-            hit = _PHRASES.get(surface)
+            hit = v.phrases.get(surface)
             possessive = False
             if hit is None and n == 1:
                 bare = re.sub(r"'s$|'$", "", surface)
                 if bare != surface:
-                    hit, possessive = _PHRASES.get(bare), True
+                    hit, possessive = v.phrases.get(bare), True
                     group[0].text = bare
             if hit is None and n == 1 and surface.endswith("n't"):
                 hit = ("neg", "not")
             if hit is None and n == 1 and surface.endswith("able"):  # "payable by X": X is to pay
-                stem = next((f for f in (surface[:-4], surface[:-4] + "e") if f in _ACTION_FORMS), None)
-                hit = ("action", _ACTION_FORMS[stem]) if stem else None
-            if hit is None and n == 1 and surface.startswith("un") and _PHRASES.get(surface[2:], ("", ""))[0] == "action":
-                hit = ("action", "not " + _PHRASES[surface[2:]][1])
+                stem = next((f for f in (surface[:-4], surface[:-4] + "e") if f in v.action_forms), None)
+                hit = ("action", v.action_forms[stem]) if stem else None
+            if hit is None and n == 1 and surface.startswith("un") and v.phrases.get(surface[2:], ("", ""))[0] == "action":
+                hit = ("action", "not " + v.phrases[surface[2:]][1])
             if hit is not None or n == 1:
                 role, value = hit if hit is not None else ("unknown", group[0].text)
                 merged = _Token(" ".join(t.text for t in group), " ".join(dict.fromkeys(t.raw for t in group)),
@@ -801,15 +834,15 @@ def _tokenise(s: _Sentence, work: str) -> None:
                 break
 
 
-def _parse_sentence(text: str) -> _Sentence:
+def _parse_sentence(text: str, v: _Vocabulary) -> _Sentence:
     s = _Sentence(text)
     vocative = _VOCATIVE.match(text)
     work = _blank(text, 0, vocative.end()) if vocative else text
     work = _read_dates(s, work)
-    work = _read_identifiers(s, work)
+    work = _read_identifiers(s, work, v)
     work = _read_quantities(s, work)
     work = _read_currencies(s, work)
-    _tokenise(s, work)
+    _tokenise(s, work, v)
     return s
 
 
@@ -873,11 +906,13 @@ _IMPERATIVE_OPENERS = frozenset(["please", "pls", "plz", "kindly", "then", "and"
                                  "could", "you", "so", "but", "or", "now"])
 
 
-def read_meaning(text: str, names: frozenset[str] | None = None) -> Meaning:
+def read_meaning(text: str, names: frozenset[str] | None = None, lexicon: DomainLexicon | None = None) -> Meaning:
     """The structured meaning of ``text`` (see the module docstring).
 
     ``names`` are the words written as names (:func:`name_words`); by default, those of ``text``.
+    ``lexicon`` is the domain's (by default, every installed domain's: :func:`_lexicons`).
     """
+    v = _vocabulary(_lexicons(lexicon))
     names = name_words(text) if names is None else names
     cased = _cased(text)
     actions: set[str] = set()
@@ -900,31 +935,25 @@ def read_meaning(text: str, names: frozenset[str] | None = None) -> Meaning:
     bare_modals: list[str] = []
     display: dict[str, str] = {}
     for raw in _sentences(_normalise(text)):
-        s = _parse_sentence(raw)
+        s = _parse_sentence(raw, v)
         if _is_chatter(s):
             continue
         identifiers |= s.identifiers
         quantities += s.quantities
         currencies |= s.currencies
         dates |= s.dates
-        display.update({f"date:{k}": v for k, v in s.date_display.items()})
+        display.update({f"date:{k}": shown for k, shown in s.date_display.items()})
         toks = s.tokens
         _place_unknown(toks, names, cased)
-        # a vendor word naming the party that follows it ("the vendor Delmar Packaging") adds nothing
-        for i, t in enumerate(toks):
-            if t.role == "domain" and t.value == "vendor" and i + 1 < len(toks) and toks[i + 1].role == "unknown":
-                t.role = "ignore"
-            if t.role in ("domain", "rel") and t.text in ("supplier", "suppliers", "vendor", "company", "firm") \
-                    and i > 0 and toks[i - 1].possessive and toks[i - 1].clause == t.clause:
-                t.role, t.value = "rel", "supplier" if t.text.startswith("supplier") else t.value or "company"
-        _settle_readings(s)
+        _read_counterparties(toks, v)
+        _settle_readings(s, v)
         # negation and modality scope: each governs the next action in its clause
         sentence_actions: list[tuple[_Token, str]] = []
         for token, value in _scoped_actions(toks, bare, bare_modals):
             sentence_actions.append((token, value))
             display.setdefault(f"action:{value}", token.raw)
-        roles |= _roles(toks)
-        directions |= _directions(toks) | s.id_directions
+        roles |= _roles(toks, v)
+        directions |= _directions(toks, v) | s.id_directions
         disjunctions += sum(t.text == "or" and (i == 0 or toks[i - 1].text != "whether") for i, t in enumerate(toks))
         sentence_conditions: set[str] = set()
         # redirection: a transfer word, then "to"/"into" somewhere later in its clause
@@ -932,7 +961,7 @@ def read_meaning(text: str, names: frozenset[str] | None = None) -> Meaning:
             if t.text == "instead":
                 redirects.add("instead")
                 display["redirect:instead"] = s.quote(toks, t, back=6)
-            movers = [p for p in toks[:i] if p.clause == t.clause and (p.text.split()[0] in _TRANSFER or p.text in _TRANSFER)]
+            movers = [p for p in toks[:i] if p.clause == t.clause and (p.text.split()[0] in v.transfers or p.text in v.transfers)]
             if t.text in _DESTINATION and movers:
                 dest = [d for d in toks[i + 1:] if d.clause == t.clause]
                 if dest and dest[0].role == "action":
@@ -954,7 +983,7 @@ def read_meaning(text: str, names: frozenset[str] | None = None) -> Meaning:
                 run = [t] if t.role == "unknown" else []
             if t.role == "rel":
                 relations.add(t.value)
-            elif t.role == "mult" and (t.value != "any" or _counts_documents(toks, t)):
+            elif t.role == "mult" and (t.value != "any" or _counts_documents(toks, t, v)):
                 multiplicity.add(t.value)
             elif t.role == "doc+":
                 documents.add(t.value)
@@ -975,7 +1004,7 @@ def read_meaning(text: str, names: frozenset[str] | None = None) -> Meaning:
         actions.update(values)
         conditions |= sentence_conditions
     for q in quantities:
-        if q.unit in ("time", "copy", "invoice", "bill"):
+        if q.unit in v.document_units:
             multiplicity.add(f"{q.key}")
     return Meaning(frozenset(actions), tuple(sorted(bare)), frozenset(identifiers),
                    tuple(sorted(quantities, key=lambda q: q.key)), frozenset(currencies), frozenset(dates),
@@ -985,12 +1014,23 @@ def read_meaning(text: str, names: frozenset[str] | None = None) -> Meaning:
                    tuple(sorted(bare_modals)), display)
 
 
-def _counts_documents(toks: list[_Token], at: _Token) -> bool:
+def _read_counterparties(toks: list[_Token], v: _Vocabulary) -> None:
+    """A counterparty noun naming the party after it ("the vendor Delmar Packaging") adds nothing; after
+    a possessive ("Hansa Technik's supplier", "… 's company") it names a relation of that party."""
+    for i, t in enumerate(toks):
+        if t.text in v.counterparties and t.role == "domain" and i + 1 < len(toks) and toks[i + 1].role == "unknown":
+            t.role = "ignore"
+        if t.role in ("domain", "rel") and (t.text in v.counterparties or t.text in ("company", "firm")) \
+                and i > 0 and toks[i - 1].possessive and toks[i - 1].clause == t.clause:
+            t.role, t.value = "rel", t.value if t.role == "rel" else _singular(t.text)
+
+
+def _counts_documents(toks: list[_Token], at: _Token, v: _Vocabulary) -> bool:
     """Whether "any" ranges over documents or parties ("pay any invoice", "any vendor"), which it
     multiplies, rather than over an amount ("any amount over GBP 25,000"), where it is generic."""
     index = next(i for i, t in enumerate(toks) if t is at)
     following = toks[index + 1] if index + 1 < len(toks) and toks[index + 1].clause == at.clause else None
-    return following is None or following.role in ("doc", "doc+", "unknown") or following.text in _PARTY_TERMS
+    return following is None or following.role in ("doc", "doc+", "unknown") or following.text in v.parties
 
 
 def _soft_conditions(before: frozenset[str], after: frozenset[str]) -> tuple[frozenset[str], frozenset[str]]:
@@ -1008,7 +1048,7 @@ def _soft_conditions(before: frozenset[str], after: frozenset[str]) -> tuple[fro
     return frozenset(a), frozenset(b)
 
 
-def _settle_readings(s: _Sentence) -> None:
+def _settle_readings(s: _Sentence, v: _Vocabulary) -> None:
     """Readings that depend on a word's neighbours, settled before scopes are read.
 
     - a participle read as an asserted fact is an action when "be" or "get" governs it: "it must
@@ -1018,7 +1058,8 @@ def _settle_readings(s: _Sentence) -> None:
       price be more than 2% above the PO, hold it" is "if");
     - "can"/"could" that ask ("Could you …", "Please could you …", "Could invoice X be processed?")
       make a request, not a permission;
-    - "bill" or "invoice" where a request puts its verb, before a party, is the verb ("bill them").
+    - a document noun the lexicon also reads as a verb, where a request puts its verb, before a
+      party, is the verb ("bill them").
     """
     toks = s.tokens
     first_of_clause: dict[int, int] = {}
@@ -1028,16 +1069,16 @@ def _settle_readings(s: _Sentence) -> None:
     for i, t in enumerate(toks):
         before = toks[i - 1] if i > 0 and toks[i - 1].clause == t.clause else None
         after = toks[i + 1] if i + 1 < len(toks) and toks[i + 1].clause == t.clause else None
-        if t.role == "fact" and t.text in _ACTION_FORMS and (before is None or before.text in (
+        if t.role == "fact" and t.text in v.action_forms and (before is None or before.text in (
                 "be", "being", "get", "gets", "got", "getting", "and", "please", "to", "then", "also", "kindly")):
-            t.role, t.value = "action", _ACTION_FORMS[t.text]
+            t.role, t.value = "action", v.action_forms[t.text]
         elif t.role == "modal" and t.text == "should" and first_of_clause[t.clause] == i and \
                 not s.text[s.clause_spans[t.clause][0]:t.start].strip(" ,;:") and \
                 (after is None or after.text not in _ASKED):
             t.role, t.value = "cond", "if"
-        elif t.role == "doc" and t.value == "invoice" and (before is None or before.role == "modal" or before.text in
+        elif t.role == "doc" and t.text in v.verb_nouns and (before is None or before.role == "modal" or before.text in
                 _IMPERATIVE_OPENERS) and after is not None and (after.role == "unknown" or after.text in _WE | _THEY):
-            t.role, t.value = "action", "bill"  # "bill Ashfield Logistics for it": the noun where a verb stands
+            t.role, t.value = "action", v.verb_nouns[t.text]  # "bill Ashfield Logistics for it": a noun where a verb stands
         elif t.role == "modal" and t.text in _REQUEST_MODALS and (
                 (after is not None and after.text in _ASKED) or (i == 0 and question)
                 or (before is not None and before.text in ("please", "pls", "plz"))):
@@ -1126,7 +1167,7 @@ def _scoped_actions(toks: list[_Token], bare: list[str], bare_modals: list[str])
 _DETERMINERS = frozenset(["the", "a", "an", "our", "their", "its", "your", "this", "that", "his", "her"])
 
 
-def _parties(toks: list[_Token]) -> dict[int, tuple[str, int]]:
+def _parties(toks: list[_Token], v: _Vocabulary) -> dict[int, tuple[str, int]]:
     """Token index -> (party, index of the party's first token) for every token naming a party:
     runs of names, of ordinary words after a determiner ("the treasury team"), role nouns ("the
     finance director") and "we"/"us"/"they"."""
@@ -1135,11 +1176,11 @@ def _parties(toks: list[_Token]) -> dict[int, tuple[str, int]]:
     while i < len(toks):
         t = toks[i]
         common = t.role == "word" and i > 0 and toks[i - 1].text in _DETERMINERS and toks[i - 1].clause == t.clause
-        if t.role == "unknown" or common or (t.role == "domain" and t.text in _PARTY_TERMS):
+        if t.role == "unknown" or common or (t.role == "domain" and t.text in v.parties):
             kind = "unknown" if common else t.role
             j = i
             while j + 1 < len(toks) and toks[j + 1].clause == t.clause and not toks[j].possessive and (
-                    (kind == "unknown" and toks[j + 1].role in ("unknown", "word")) or (kind == "domain" and toks[j + 1].text in _PARTY_TERMS)):
+                    (kind == "unknown" and toks[j + 1].role in ("unknown", "word")) or (kind == "domain" and toks[j + 1].text in v.parties)):
                 j += 1
             name = " ".join(x.text for x in toks[i:j + 1])
             for k in range(i, j + 1):
@@ -1156,7 +1197,7 @@ def _parties(toks: list[_Token]) -> dict[int, tuple[str, int]]:
     return out
 
 
-def _roles(toks: list[_Token]) -> set[str]:
+def _roles(toks: list[_Token], v: _Vocabulary) -> set[str]:
     """Who does each action and to whom: "controller approve", "sam approve", "pay > ashfield logistics".
 
     The doer is the party named by "by" after the action ("approved by the controller") or the
@@ -1165,7 +1206,7 @@ def _roles(toks: list[_Token]) -> set[str]:
     receiver is the party right after it or after "to" ("pay Ashfield Logistics", "refund us",
     "refer it to the treasury team"). "You", the one asked, is nobody's role.
     """
-    parties = _parties(toks)
+    parties = _parties(toks, v)
     doers: dict[int, str] = {}
     out: set[str] = set()
     skip = ("ignore", "modal", "neg")
@@ -1220,10 +1261,10 @@ def _roles(toks: list[_Token]) -> set[str]:
     return out
 
 
-def _directions(toks: list[_Token]) -> set[str]:
+def _directions(toks: list[_Token], v: _Vocabulary) -> set[str]:
     """Parties after "from" or "to": "delmar packaging from", "us from" ("the invoice we sent")."""
     out: set[str] = set()
-    for j, (name, first) in _parties(toks).items():
+    for j, (name, first) in _parties(toks, v).items():
         if j != first or first == 0 or name in ("you", "them"):
             continue
         prep = toks[first - 1].text.split()[-1]  # "received from us": the phrase ends in its preposition
@@ -1273,11 +1314,6 @@ def _edit_distance(a: str, b: str, limit: int) -> int:
     return prev[-1]
 
 
-_KNOWN_WORDS: frozenset[str] = frozenset(
-    {w for phrase in _PHRASES for w in phrase.split()} | _IGNORABLE | _NUMBER_WORDS | set(_MONTHS)
-    | set(_WEEKDAYS) | {w for c in _CURRENCY_WORDS for w in c.split()} | {c.lower() for c in _CURRENCY_CODES}
-    | _PARTY_TERMS | _WE | _THEY | _PREPOSITIONS | {"you", "or", "more", "less", "than", "most", "least"}
-    | set(_words(_LIMIT_WORDS)))
 _WORD = re.compile(r"(?<![\w'-])[A-Za-z]+(?:'[A-Za-z]*)?(?![\w'-])")
 
 
@@ -1292,7 +1328,7 @@ def _allowed_edits(word: str) -> int:
     return 0 if len(word) < 4 else 1 if len(word) < 9 else 2
 
 
-def correct_typos(original: str, variant: str) -> str:
+def correct_typos(original: str, variant: str, lexicon: DomainLexicon | None = None) -> str:
     """``variant`` with its misspelt words spelt as the original or the guard's lexicon spells them.
 
     Only letters are corrected, never a number, id or code (a typo there is another document);
@@ -1301,8 +1337,9 @@ def correct_typos(original: str, variant: str) -> str:
     the edits its length allows, with the same first letter; three-letter words take one dropped
     letter ("frm") or one swap ("nto").
     """
+    v = _vocabulary(_lexicons(lexicon))
     source = {w.lower() for w in _WORD.findall(original)}
-    pool = sorted(source) + sorted(_KNOWN_WORDS - source)
+    pool = sorted(source) + sorted(v.known_words - source)
 
     def fix(m: re.Match[str]) -> str:
         raw = m.group(0)
@@ -1313,7 +1350,7 @@ def correct_typos(original: str, variant: str) -> str:
 
     def fix_word(raw: str) -> str:
         word = raw.lower()
-        if word in _KNOWN_WORDS or word in source:
+        if word in v.known_words or word in source:
             return raw
         best, best_d = "", 3
         for cand in pool:
@@ -1334,7 +1371,7 @@ def correct_typos(original: str, variant: str) -> str:
         return best.upper() if raw.isupper() and len(raw) > 1 else best.capitalize() if raw[0].isupper() else best
 
     # chatter stays as written: a corrected word could make "the printer is out of toner" a request
-    return " ".join(s if _is_chatter(_parse_sentence(s)) else _WORD.sub(fix, s)
+    return " ".join(s if _is_chatter(_parse_sentence(s, v)) else _WORD.sub(fix, s)
                     for s in _sentences(_normalise(variant)))
 
 
@@ -1504,9 +1541,9 @@ def compare(before: Meaning, after: Meaning) -> list[str]:
     return changes
 
 
-def protected_tokens(text: str) -> dict[str, frozenset[str]]:
+def protected_tokens(text: str, lexicon: DomainLexicon | None = None) -> dict[str, frozenset[str]]:
     """The normalised tokens of ``text`` by kind (identifiers, currencies, dates, amounts, …)."""
-    m = read_meaning(text)
+    m = read_meaning(text, lexicon=lexicon)
     dates = frozenset(d.split(" ", 1)[1] if " " in d and d.split(" ", 1)[0] in ("by", "before", "after", "on") else d
                       for d in m.dates)
     currencies = m.currencies | {q.unit for q in m.quantities if q.currency}
@@ -1535,15 +1572,17 @@ class GuardVerdict:
 EquivalenceModel = Callable[[str, str], GuardVerdict]
 
 
-def check_equivalent(original: str, variant: str, model: EquivalenceModel | None = None) -> GuardVerdict:
+def check_equivalent(original: str, variant: str, model: EquivalenceModel | None = None,
+                     lexicon: DomainLexicon | None = None) -> GuardVerdict:
     """Accept ``variant`` only if it means what ``original`` means.
 
-    The rule guard decides first; when it accepts and a ``model`` check is configured, the model
-    must accept too (it can only reject more).
+    The rule guard decides first, reading English and the domain's ``lexicon`` (by default every
+    installed domain's); when it accepts and a ``model`` check is configured, the model must
+    accept too (it can only reject more).
     """
-    corrected = correct_typos(original, variant)
+    corrected = correct_typos(original, variant, lexicon)
     names = name_words(original, corrected)
-    changes = compare(read_meaning(original, names), read_meaning(corrected, names))
+    changes = compare(read_meaning(original, names, lexicon), read_meaning(corrected, names, lexicon))
     if changes:
         return GuardVerdict(False, tuple(changes))
     if model is not None:

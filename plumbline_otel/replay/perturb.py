@@ -41,6 +41,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from plumbline_otel.plugins import DomainLexicon
 from plumbline_otel.replay.guard import check_equivalent
 from plumbline_otel.replay.identity import TRANSIENT_FAULT_KINDS, FaultPlan
 from plumbline_otel.replay.tasks import ReplayTask
@@ -163,6 +164,8 @@ class PerturbOptions:
     paraphraser: Paraphraser | None = None  # None: the templates
     # A model's reading beside the guard's rules (guard.ModelEquivalenceCheck), which can only reject more.
     equivalence: Callable[[str, str], Any] | None = None
+    # The domain's words for the guard (its plug-in's DomainLexicon); None: every installed domain's.
+    lexicon: DomainLexicon | None = None
     distractors: tuple[str, ...] = DISTRACTORS
     decoy_tools: tuple[dict[str, Any], ...] = DECOY_TOOLS
     fault_tools: tuple[str, ...] = ()  # fault these tools; empty: the preferred ones the source run called, else all it called
@@ -402,7 +405,7 @@ def build_variants(task: ReplayTask, perturbations: Sequence[str], options: Pert
             seen.add(blob)
             rejected = None
             if spec.changes_text or text != task.input:
-                verdict = check_equivalent(task.input, text, model=options.equivalence)
+                verdict = check_equivalent(task.input, text, model=options.equivalence, lexicon=options.lexicon)
                 rejected = verdict.reason
             out.append(Variant(task.task_key, name, _variant_id(index, name, text, metadata), text, metadata, rejected))
     return out
