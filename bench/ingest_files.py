@@ -21,6 +21,7 @@ import resource
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -45,7 +46,14 @@ def write_files(total: int, directory: Path, name: str = "spans", per_request: i
     return jsonl, proto, size
 
 
-_NESTED: list[float] = []  # per running timed call, the time of the timed calls inside it
+class _Nesting(threading.local):
+    """Per thread (one process writes on a thread of its own), per running timed call, the time of the timed calls inside it."""
+
+    def __init__(self) -> None:
+        self.calls: list[float] = []
+
+
+_NESTING = _Nesting()
 _DONE = object()  # what `_timed_iter` gets from `next` when its generator is exhausted
 
 
@@ -55,15 +63,15 @@ def _timed(owner: object, name: str, bucket: str, t: dict[str, float]) -> None:
     inner = getattr(owner, name)
 
     def wrapper(*args, **kwargs):  # type: ignore[no-untyped-def]
-        start = time.perf_counter()
-        _NESTED.append(0.0)
+        start, nested = time.perf_counter(), _NESTING.calls
+        nested.append(0.0)
         try:
             return inner(*args, **kwargs)
         finally:
             spent = time.perf_counter() - start
-            t[bucket] += spent - _NESTED.pop()
-            if _NESTED:
-                _NESTED[-1] += spent
+            t[bucket] += spent - nested.pop()
+            if nested:
+                nested[-1] += spent
 
     setattr(owner, name, wrapper)
 
@@ -77,15 +85,15 @@ def _timed_iter(owner: object, name: str, bucket: str, t: dict[str, float]) -> N
     def wrapper(*args, **kwargs):  # type: ignore[no-untyped-def]
         items = inner(*args, **kwargs)
         while True:
-            start = time.perf_counter()
-            _NESTED.append(0.0)
+            start, nested = time.perf_counter(), _NESTING.calls
+            nested.append(0.0)
             try:
                 item = next(items, _DONE)
             finally:
                 spent = time.perf_counter() - start
-                t[bucket] += spent - _NESTED.pop()
-                if _NESTED:
-                    _NESTED[-1] += spent
+                t[bucket] += spent - nested.pop()
+                if nested:
+                    nested[-1] += spent
             if item is _DONE:
                 return
             yield item
@@ -113,7 +121,6 @@ class _Peaks:
     """
 
     def __init__(self) -> None:
-        import threading
 
         self.peaks: dict[int, int] = {}
         self.tree_kib = 0

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
+import queue
 import threading
 import time
 from collections.abc import Callable, Generator, Iterable, Iterator
@@ -106,10 +107,14 @@ def _ingest_units(store: Store, units: Iterable[Unit], summary: IngestSummary, s
     with store.beside_workers(workers), ShardPool(settings, workers, collector=workers > 0) as pool:
         parts = _fed(pool, units, summary) if workers else _in_process(pool, units, summary)
         with contextlib.closing(parts):  # a failed write stops the feeder before the pool closes
-            for part in parts:
-                summary.count(part)
-                writer.take(part)
-    writer.commit()
+            if workers:
+                for part in parts:
+                    summary.count(part)
+                    writer.take(part)
+            else:
+                _written_beside(writer, parts, summary)  # and committed
+    if workers:
+        writer.commit()
     store.assemble()  # traces whose stored spans differ from what their shard held
     # Counted from the store, not from the writes: a trace assembled early (to bound a shard's memory)
     # and rebuilt when more of its spans came was written twice.
@@ -123,6 +128,62 @@ def _in_process(pool: ShardPool, units: Iterable[Unit], summary: IngestSummary) 
         summary.requests += 1
         yield from pool.parts()
     yield from pool.flush()
+
+
+_WRITES_AHEAD = 4  # parts made in one process and not yet taken by its writer thread
+
+
+def _written_beside(writer: PartWriter, parts: Iterable[Part], summary: IngestSummary) -> None:
+    """In one process, the writer takes the parts (and commits the last of them) on a thread of its own.
+
+    The store's commits are DuckDB's work, done without Python's lock: on the caller's thread a
+    commit stopped normalisation for its whole length, a fifth of an ingest in one process
+    (`bench/ingest_files.py`'s stages: write 23 of ~100 µs a span), while the other core idled. The
+    writer takes the parts in the order they were made, exactly as before, and at most
+    `_WRITES_AHEAD` wait for it; a failed write stops the shards, and a failed shard stops the
+    writer before it commits what it gathered.
+    """
+    waiting: queue.Queue[Part | None] = queue.Queue(_WRITES_AHEAD)
+    failed: list[BaseException] = []
+    stop = threading.Event()  # the caller failed: commit nothing more
+
+    def write() -> None:
+        try:
+            while (part := waiting.get()) is not None:
+                if stop.is_set():
+                    return
+                writer.take(part)
+            if not stop.is_set():
+                writer.commit()
+        except BaseException as exc:  # re-raised on the caller's thread
+            failed.append(exc)
+            stop.set()
+
+    def give(part: Part | None) -> None:
+        while not failed:
+            try:
+                waiting.put(part, timeout=0.1)
+                return
+            except queue.Full:
+                continue
+        raise failed[0]
+
+    thread = threading.Thread(target=write, name="plumbline-write", daemon=True)
+    thread.start()
+    try:
+        for part in parts:
+            summary.count(part)
+            give(part)
+        give(None)
+    except BaseException:
+        stop.set()
+        with contextlib.suppress(queue.Full):
+            waiting.put_nowait(None)
+        raise
+    finally:
+        thread.join()
+    if failed:
+        raise failed[0]
 
 
 _UNITS_AHEAD = 16  # units sent to the workers and not yet taken by the writer: bounds the parts waiting in the spool

@@ -27,6 +27,7 @@ from corpus import build_requests, odd_type_requests
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from otlp import to_otlp_json
 
+from plumbline_otel import ingest as ingest_mod
 from plumbline_otel.assemble import assemble, assemble_runs
 from plumbline_otel.decode import Unit, iter_units
 from plumbline_otel.ingest import _UNITS_AHEAD, IngestSummary, _fed, ingest_files, transaction_spans
@@ -808,6 +809,29 @@ def test_an_input_that_fails_midway_or_a_failed_write_stops_the_feeder_and_the_w
         ingest_files(store, [path], workers=2, batch_spans=50)
     assert not [t for t in threading.enumerate() if t.name == "plumbline-feed"]
     assert not [p for p in multiprocessing.active_children() if p.name.startswith("plumbline-shard")]
+
+
+def test_in_one_process_a_failed_write_or_a_failed_input_stops_the_writer_thread(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One process writes on a thread of its own (`ingest._written_beside`): either side failing ends both, and commits nothing more."""
+    requests = list(build_requests(300, 10))
+    path = str(_write_pb(tmp_path / "a.otlp.pb", requests))
+    with Store(tmp_path / "s.duckdb") as store:
+        summary = ingest_files(store, [path], workers=0, batch_spans=50)
+        assert summary.stored == summary.spans_read == sum(len(r.resource_spans[0].scope_spans[0].spans) for r in requests)
+        assert _exports(store) == _reference(requests)
+    assert not [t for t in threading.enumerate() if t.name == "plumbline-write"]
+
+    with Store(tmp_path / "u.duckdb") as store, pytest.raises(OSError, match="the input went away"):
+        ingest_mod._ingest_units(store, _units(requests, [], fail_after=5), IngestSummary(), "file", None, 10, 0)
+    assert not [t for t in threading.enumerate() if t.name == "plumbline-write"]
+
+    def full(*_: object, **__: object) -> None:
+        raise OSError("disk full")
+
+    monkeypatch.setattr(Store, "write_span_table", full)
+    with Store(tmp_path / "t.duckdb") as store, pytest.raises(OSError, match="disk full"):
+        ingest_files(store, [path], workers=0, batch_spans=50)
+    assert not [t for t in threading.enumerate() if t.name == "plumbline-write"]
 
 
 def _two_requests_through_a_shard() -> tuple[Shard, list[ExportTraceServiceRequest], SpanPart, TrajectoryPart, SpanPart]:
