@@ -91,8 +91,15 @@ def findings(section: dict[str, Any]) -> list[str]:
     if trajs["traces_with_several_runs"]:
         out.append(f"{trajs['traces_with_several_runs']} traces held more than one run (several root agent spans, or a"
                    " conversation's turns): each run is its own trajectory, with id <trace id>:<root span id>.")
-    if spans["traces"] > n:
-        text = f"{spans['traces'] - n} of {spans['traces']} traces hold no steps (no tool, LLM or agent call, e.g. a lone create_agent span) and are not runs."
+    if trajs.get("joined_runs"):
+        out.append(f"{trajs['joined_runs']} runs were assembled from {trajs['joined_traces']} traces of one model call each"
+                   " (an agent loop with no span of its own around a run, traced only per model call): each request's trace"
+                   " joined the trace whose conversation it continues. A span around each run (e.g. `invoke_agent`) makes"
+                   " the run a trace of its own.")
+    # a joined run's traces are one run's, not traces holding no steps
+    traces = spans["traces"] - trajs.get("joined_traces", 0) + trajs.get("joined_runs", 0)
+    if traces > n:
+        text = f"{traces - n} of {traces} traces hold no steps (no tool, LLM or agent call, e.g. a lone create_agent span) and are not runs."
         if section["unrecognised_keys"]:  # what was there and not read, not only that nothing came of it
             text += (" Their spans may say more under keys plumbline does not read: "
                      + ", ".join(list(section["unrecognised_keys"])[:5]) + " (present, not read).")

@@ -196,7 +196,25 @@ def _trajectories(reader: Reader, where: str, params: list[Any]) -> dict[str, An
         FROM t""", params)
     counts["task_runs"] = dict(reader.connection.execute(
         f"SELECT task_key, count(*) FROM trajectories WHERE {where} AND task_key IS NOT NULL GROUP BY 1", params).fetchall())
+    counts.update(_joined_runs(reader, where, params))
     return counts
+
+
+def _joined_runs(reader: Reader, where: str, params: list[Any]) -> dict[str, int]:
+    """Runs assembled from traces of one model call each, joined by the conversation each request continues
+    (`threads.py`), and their model calls (one per such trace)."""
+    if reader.schema_version < 10:  # no conversation keys before version 10 (opened read-only)
+        return {"joined_runs": 0, "joined_traces": 0}
+    return _one(reader, f"""
+        WITH links AS (SELECT l.trace_id, l.linked_trace_id FROM trace_links l
+                       WHERE l.trace_id IN (SELECT trace_id FROM conversation_keys)
+                         AND l.linked_trace_id IN (SELECT trace_id FROM conversation_keys)),
+             joined AS (SELECT trace_id FROM links UNION SELECT linked_trace_id FROM links),
+             t AS (SELECT doc FROM trajectories WHERE {where} AND trace_id IN (SELECT trace_id FROM joined))
+        SELECT count(*) AS joined_runs,
+               coalesce(sum((SELECT count(*) FROM (SELECT unnest(from_json(json_extract(doc, '$.steps'), '["json"]')) AS step)
+                             WHERE json_extract_string(step, '$.kind') = 'llm_call')), 0) AS joined_traces
+        FROM t""", params)
 
 
 def _task_key_sources(reader: Reader, where: str, params: list[Any]) -> dict[str, int]:
