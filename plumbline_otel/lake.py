@@ -64,7 +64,8 @@ import pyarrow.compute as pc
 
 from plumbline_otel.errors import ConfigError, StoreError
 from plumbline_otel.model import Trajectory
-from plumbline_otel.store import Store, meta_value, set_meta
+from plumbline_otel.shapes import LAKE_SHAPES, iceberg_type
+from plumbline_otel.store import RunFilter, Store, meta_value, set_meta
 
 NAMESPACE = "plumbline"
 # Rows per appended batch: about one Parquet row group of runs (~1-5 KB a doc) per data file.
@@ -74,37 +75,13 @@ COMMIT_ATTEMPTS = 30
 # Rows are partitioned by instance and by the hour of their run (span, record): a late span rewrites files of its hour only.
 HOUR_NS = 3_600_000_000_000
 
-_S, _I64, _I32, _B, _F64 = pa.string(), pa.int64(), pa.int32(), pa.bool_(), pa.float64()
-_LIST = pa.list_(pa.string())
-SCHEMAS: dict[str, pa.Schema] = {
-    "runs": pa.schema([("instance", _S), ("trajectory_id", _S), ("trace_id", _S), ("task_key", _S), ("task_key_source", _S),
-                       ("service", _S), ("service_version", _S), ("agent_name", _S), ("input", _S), ("final_output", _S),
-                       ("conventions", _LIST), ("start_ns", _I64), ("end_ns", _I64), ("n_steps", _I32), ("n_tool_calls", _I32),
-                       ("doc", _S), ("assembled_ns", _I64), ("hour", _I32)]),
-    "steps": pa.schema([("instance", _S), ("trajectory_id", _S), ("trace_id", _S), ("assembled_ns", _I64), ("service", _S),
-                        ("task_key", _S), ("step_index", _I32), ("kind", _S), ("name", _S), ("span_id", _S), ("call_id", _S),
-                        ("error", _S), ("step", _S), ("hour", _I32)]),
-    "spans": pa.schema([("instance", _S), ("trace_id", _S), ("span_id", _S), ("parent_span_id", _S), ("name", _S), ("scope_name", _S),
-                        ("start_ns", _I64), ("end_ns", _I64), ("service_name", _S), ("service_version", _S), ("convention", _S),
-                        ("step_kind", _S), ("tool_name", _S), ("model", _S), ("args_state", _S), ("content_captured", _B),
-                        ("input_tokens", _I64), ("output_tokens", _I64), ("dropped_attributes_count", _I32), ("shapes", _LIST),
-                        ("unknown_keys", _LIST), ("status_code", _I32), ("received_ns", _I64), ("hour", _I32)]),
-    "logs": pa.schema([("instance", _S), ("log_id", _S), ("trace_id", _S), ("span_id", _S), ("time_ns", _I64), ("observed_ns", _I64),
-                       ("event_name", _S), ("severity_number", _I32), ("service_name", _S), ("received_ns", _I64), ("hour", _I32)]),
-    "problems": pa.schema([("instance", _S), ("received_ns", _I64), ("source", _S), ("location", _S), ("reason", _S), ("spans", _I32),
-                           ("hour", _I32)]),
-    "violations": pa.schema([("instance", _S), ("spec_hash", _S), ("invariant_id", _S), ("trajectory_id", _S), ("severity", _S),
-                             ("task_key", _S), ("step_index", _I32), ("step_name", _S), ("detail", _S), ("hour", _I32)]),
-    # Each cell of every certificate the instance kept (`certify` on its store, or `certify --server`): the cell as JSON
-    # beside the columns a dashboard groups and filters by.
-    "certificate_cells": pa.schema([("instance", _S), ("stored_ns", _I64), ("spec_hash", _S), ("study", _S), ("agent", _S),
-                                    ("perturbation", _S), ("verdict", _S), ("gate_method", _S), ("n", _I64), ("conforming", _I64),
-                                    ("tasks", _I64), ("gate_lower", _F64), ("gate_upper", _F64), ("cell", _S), ("hour", _I32)]),
-}
+# Each table's columns are declared in `shapes.py` (LAKE_SHAPES: the store's columns the lake copies, and its own tables'),
+# from which its Arrow schema here and its Iceberg schema (`Lake.table`, which also evolves an older table's) come.
+SCHEMAS: dict[str, pa.Schema] = {name: shape.arrow() for name, shape in LAKE_SHAPES.items() if name != "syncs"}
 TABLES = tuple(SCHEMAS)
 # The watermark: one row per complete sync of an instance, naming the snapshot of each table that holds that sync.
 SYNCS = "syncs"
-SYNCS_SCHEMA = pa.schema([("instance", _S), ("sync_ns", _I64), ("snapshots", _S), ("rows", _I64), ("hour", _I32)])
+SYNCS_SCHEMA = LAKE_SHAPES[SYNCS].arrow()
 _ALL_SCHEMAS = {**SCHEMAS, SYNCS: SYNCS_SCHEMA}
 # pyiceberg rebases a refused commit on the new table (its data files reused, its manifests rewritten) after checking that
 # the concurrent commits touched none of the rows it deletes (another instance's commits never do: they are in another
@@ -138,6 +115,13 @@ def _fp(source: str, key: str, hashed: str, hour: str = "hour") -> str:
 
 
 _CHANGED = "{key} IN (SELECT key FROM changed)"
+
+
+def _columns(name: str, **computed: str) -> str:
+    """The columns of lake table `name` (but `instance`) as a sync selects them from the store: by name, or as `computed` says."""
+    return ", ".join(f"{computed[c]} AS {c}" if c in computed else c for c in LAKE_SHAPES[name].row_names)
+
+
 _LOG_TIME = "coalesce(nullif(time_ns, 0), nullif(observed_ns, 0), received_ns)"
 _STEPS_SQL = f"""
     SELECT t.trajectory_id, t.trace_id, t.assembled_ns, t.service, t.task_key, (x.idx - 1)::INTEGER AS step_index,
@@ -166,9 +150,8 @@ _VIOLATION_HASH = "spec_hash, invariant_id, trajectory_id, severity, task_key, s
 _PROBLEM_HASH = "received_ns, source, location, reason, spans"
 _KINDS: dict[str, _Kind] = {
     "runs": _Kind(
-        rows="SELECT trajectory_id, trace_id, task_key, task_key_source, service, service_version, agent_name, input, final_output, "
-             "conventions, start_ns, end_ns, n_steps, n_tool_calls, doc::VARCHAR AS doc, assembled_ns, "
-             f"{_hour('start_ns')} AS hour FROM trajectories WHERE " + _CHANGED.format(key="trace_id"),
+        rows=f"SELECT {_columns('runs', doc='doc::VARCHAR', hour=_hour('start_ns'))} FROM trajectories WHERE "
+             + _CHANGED.format(key="trace_id"),
         key="trace_id",
         store_fp=_fp("trajectories", "trace_id", "trajectory_id, assembled_ns", _hour("start_ns")),
         lake_fp=_fp("lake_rows", "trace_id", "trajectory_id, assembled_ns"),
@@ -182,23 +165,20 @@ _KINDS: dict[str, _Kind] = {
                 "FROM (SELECT trace_id, trajectory_id, assembled_ns, hour, count(*) AS c FROM lake_rows GROUP BY ALL) GROUP BY 1",
         lake_fields=("trace_id", "trajectory_id", "assembled_ns", "hour")),
     "spans": _Kind(
-        rows="SELECT trace_id, span_id, parent_span_id, name, scope_name, start_ns, end_ns, service_name, service_version, convention, step_kind, "
-             "tool_name, model, args_state, content_captured, input_tokens, output_tokens, dropped_attributes_count, shapes, "
-             f"unknown_keys, status_code, received_ns, {_hour('start_ns')} AS hour FROM spans WHERE " + _CHANGED.format(key="trace_id"),
+        rows=f"SELECT {_columns('spans', hour=_hour('start_ns'))} FROM spans WHERE " + _CHANGED.format(key="trace_id"),
         key="trace_id",
         store_fp=_fp("spans", "trace_id", "span_id", _hour("start_ns")), lake_fp=_fp("lake_rows", "trace_id", "span_id"),
         lake_fields=("trace_id", "span_id", "hour")),
     # Log records without a trace are one group, keyed ''.
     "logs": _Kind(
-        rows="SELECT log_id, trace_id, span_id, time_ns, observed_ns, event_name, severity_number, service_name, received_ns, "
-             f"{_hour(_LOG_TIME)} AS hour FROM logs WHERE " + _CHANGED.format(key="coalesce(trace_id, '')"),
+        rows=f"SELECT {_columns('logs', hour=_hour(_LOG_TIME))} FROM logs WHERE " + _CHANGED.format(key="coalesce(trace_id, '')"),
         key="trace_id",
         store_fp=_fp("logs", "coalesce(trace_id, '')", "log_id", _hour(_LOG_TIME)),
         lake_fp=_fp("lake_rows", "coalesce(trace_id, '')", "log_id"),
         lake_fields=("trace_id", "log_id", "hour")),
     # Problems are grouped by the hour they were received in: a new one replaces its hour's, not the instance's.
     "problems": _Kind(
-        rows=f"SELECT received_ns, source, location, reason, spans, {_hour('received_ns')} AS hour FROM problems "
+        rows=f"SELECT {_columns('problems', hour=_hour('received_ns'))} FROM problems "
              f"WHERE " + _CHANGED.format(key=f"{_hour('received_ns')}::VARCHAR"),
         key="",
         store_fp=_fp("problems", f"{_hour('received_ns')}::VARCHAR", _PROBLEM_HASH, _hour("received_ns")),
@@ -334,7 +314,7 @@ class Lake:
             except Exception:  # noqa: BLE001 - NamespaceAlreadyExistsError or the driver's IntegrityError
                 if NAMESPACE not in {n[0] for n in self.catalog.list_namespaces()}:
                     raise
-            schema = _fresh_schema(_ALL_SCHEMAS[name])
+            schema = LAKE_SHAPES[name].iceberg()
             try:
                 table = self.catalog.create_table(identifier, schema=schema, partition_spec=_partition_spec(schema),
                                                   properties=_TABLE_PROPERTIES)
@@ -346,6 +326,7 @@ class Lake:
         if "hour" not in {f.name for f in table.schema().fields}:
             raise StoreError(f"lake {self.label}: table {identifier} predates partitioning by hour (plumbline_otel/lake.py); "
                              "sync each instance into a new lake (a sync is a diff: it rebuilds the instance's rows)")
+        table = _evolved(table, name)
         self._tables[name] = table
         return table
 
@@ -371,21 +352,29 @@ def catalog_of(uri: str) -> str:
     return query.get("catalog") or os.environ.get("PLUMBLINE_LAKE_CATALOG") or "plumbline"
 
 
-def _fresh_schema(arrow: pa.Schema) -> Any:
-    """An Iceberg schema of `arrow` with ids 1.. in column order (lists' elements after)."""
-    from pyiceberg.schema import Schema
-    from pyiceberg.types import BooleanType, DoubleType, IntegerType, ListType, LongType, NestedField, StringType
+def _evolved(table: Any, name: str) -> Any:
+    """`table` with every column its declaration (`shapes.LAKE_SHAPES`) has and it lacks: a table an older plumbline made.
 
-    kinds = {_S: StringType(), _I64: LongType(), _I32: IntegerType(), _B: BooleanType(), _F64: DoubleType()}
-    fields, next_id = [], len(arrow) + 1
-    for i, f in enumerate(arrow, start=1):
-        if f.type == _LIST:
-            kind: Any = ListType(element_id=next_id, element_type=StringType(), element_required=False)
-            next_id += 1
-        else:
-            kind = kinds[f.type]
-        fields.append(NestedField(field_id=i, name=f.name, field_type=kind, required=False))
-    return Schema(*fields)
+    Iceberg's schema evolution: each new column is added (optional, at the end, with a fresh field id) in one
+    schema update, and rows written before it read it as null; no data file is rewritten. Whoever opens the
+    table first adds them (a writer or a reader); two at once are told apart by the catalog's commit check,
+    and the loser finds the columns there when it reloads.
+    """
+    from pyiceberg.exceptions import CommitFailedException
+
+    for attempt in range(COMMIT_ATTEMPTS):
+        have = {f.name for f in table.schema().fields}
+        missing = [c for c in LAKE_SHAPES[name].all_columns if c.name not in have]
+        if not missing:
+            return table
+        try:
+            with table.update_schema() as update:
+                for column in missing:
+                    update.add_column(column.name, iceberg_type(column.type, 0)[0])  # a list's element id is reassigned
+        except CommitFailedException:
+            time.sleep(random.uniform(0.02, 0.05) * min(2 ** attempt, 20))  # noqa: S311 (jitter, not secrecy)
+        table.refresh()
+    raise StoreError(f"table {NAMESPACE}.{name}: {COMMIT_ATTEMPTS} schema updates refused for concurrent ones; try again")
 
 
 INSTANCE_KEY = "lake.instance"  # the store's `meta` row that keeps its name in the lake
@@ -730,29 +719,30 @@ class LakeReader:
                 if name in ("steps", "certificate_cells"):
                     continue  # steps are in the runs' documents; certificate cells are for engines reading the lake
                 target = {"runs": "trajectories"}.get(name, name)
-                rows = self.scan(name, (row_filter or {}).get(name)).drop_columns(["instance", "hour"])
-                with _registered(store.connection, lake_rows=rows):
-                    # a misrouted trace's run is under two instances: one copy is kept (readers leave it out anyway)
-                    ignore = "OR IGNORE " if target in ("trajectories", "logs") else ""  # the tables with a primary key
-                    store.connection.execute(f"INSERT {ignore}INTO {target} BY NAME SELECT * FROM lake_rows")
+                # a misrouted trace's run is under two instances: one copy is kept (readers leave it out anyway)
+                store.insert_rows(target, self.scan(name, (row_filter or {}).get(name)).drop_columns(["instance", "hour"]))
         except BaseException:
             store.close()
             raise
         return store
 
     def trajectories(self, service: str | None = None, task: str | None = None, since_ns: int | None = None,
-                     where: str | None = None) -> Iterator[Trajectory]:
-        """The lake's runs in start order (filters pushed into the scan; `where` is SQL over the trajectories table)."""
-        from pyiceberg.expressions import AlwaysTrue, And, EqualTo, GreaterThanOrEqual
+                     where: str | None = None, runs: RunFilter | None = None) -> Iterator[Trajectory]:
+        """The lake's runs in start order, of `runs` when given (filters on columns pushed into the scan; `where` is SQL
+        over the trajectories table, `Reader.trajectories`')."""
+        from pyiceberg.expressions import AlwaysTrue, And, EqualTo, GreaterThanOrEqual, In
 
         condition: Any = AlwaysTrue()
-        for column, value in (("service", service), ("task_key", task)):
+        trace = runs.trace_id if runs is not None else None
+        for column, value in (("service", service), ("task_key", task), ("trace_id", trace)):
             if value is not None:
                 condition = And(condition, EqualTo(column, value))
         if since_ns is not None:
             condition = And(condition, GreaterThanOrEqual("start_ns", since_ns))
+        if runs is not None and runs.run_ids is not None:
+            condition = And(condition, In("trajectory_id", list(runs.run_ids)))
         with self.memory_store(("runs",), {"runs": condition}) as store:
-            yield from store.trajectories(service=service, task=task, since_ns=since_ns, where=where)
+            yield from store.trajectories(service=service, task=task, since_ns=since_ns, where=where, runs=runs)
 
 
 # --- maintenance -----------------------------------------------------------------------------------

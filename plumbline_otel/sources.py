@@ -37,7 +37,7 @@ from plumbline_otel.coverage import report_from_counts
 from plumbline_otel.errors import ConfigError
 from plumbline_otel.model import Trajectory
 from plumbline_otel.rows import trajectory_from_doc
-from plumbline_otel.store import Store, open_assembled
+from plumbline_otel.store import RunFilter, Store, open_assembled
 
 if TYPE_CHECKING:
     from plumbline_otel.api.client import PlumblineClient
@@ -210,10 +210,11 @@ class Sources:
         return find_misrouted(ids)
 
     def trajectories(self, service: str | None = None, task: str | None = None, since_ns: int | None = None,
-                     where: str | None = None) -> Iterator[Trajectory]:
-        """Every store's trajectories merged in start order, misrouted traces left out.
+                     where: str | None = None, runs: RunFilter | None = None) -> Iterator[Trajectory]:
+        """Every store's trajectories merged in start order, of `runs` when given, misrouted traces left out.
 
-        `where` is SQL over a file's trajectories table; a server cannot take it (ConfigError).
+        `where` is the user's SQL over a file's trajectories table (`--where`); a server cannot take it
+        (ConfigError). `runs` is bound by each store and the lake, and tested on a server's runs as they come.
         """
         if where and self.servers:
             raise ConfigError("--where is SQL over a store file; it cannot be used with --server")
@@ -222,11 +223,12 @@ class Sources:
             streams: list[Iterator[Trajectory]] = []
             for path in self.dbs:
                 store = stack.enter_context(self._store(path))
-                streams.append(store.trajectories(service=service, task=task, since_ns=since_ns, where=where))
+                streams.append(store.trajectories(service=service, task=task, since_ns=since_ns, where=where, runs=runs))
             for address in self.servers:
-                streams.append(self._served(stack.enter_context(self._client(address)), service, task, since_ns))
+                served = self._served(stack.enter_context(self._client(address)), service, task, since_ns)
+                streams.append(served if runs is None else filter(runs.matches, served))
             if self.lake is not None:
-                streams.append(self.lake.trajectories(service=service, task=task, since_ns=since_ns, where=where))
+                streams.append(self.lake.trajectories(service=service, task=task, since_ns=since_ns, where=where, runs=runs))
             for t in heapq.merge(*streams, key=_order):
                 if t.trace_id not in left_out:
                     yield t

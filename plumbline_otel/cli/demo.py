@@ -27,10 +27,10 @@ from plumbline_otel.ingest import ingest_files
 from plumbline_otel.pipeline import collect_less_often
 from plumbline_otel.plugins import DemoStudy, domain_plugin
 from plumbline_otel.report import write_report
-from plumbline_otel.store import Store
+from plumbline_otel.store import RunFilter, Store
 from plumbline_otel.trials import states_beside
 
-_DEMO_RUNS = "json_extract_string(doc, '$.context.\"plumbline.study\"') LIKE 'ap-demo-%'"
+_DEMO_RUNS = RunFilter(study_prefix="ap-demo-")  # the demo's studies' runs and records
 
 
 def repo_dir(*parts: str) -> Path:
@@ -111,10 +111,10 @@ def _check_certify_gate(study: DemoStudy, store: Store, runs_dir: Path, min_boun
 
     spec = load_spec(study.spec_path)
     click.secho(f"\n6. Conformance: every replayed run against {study.spec_path.name}", bold=True)
-    summary = conformance.check(spec, store.trajectories(where=_DEMO_RUNS), store)
+    summary = conformance.check(spec, store.trajectories(runs=_DEMO_RUNS), store)
     click.echo(conformance.render_text(summary))
     click.secho("7. Certificate: critical conformance per agent and perturbation", bold=True)
-    cert = build_certificate(spec, store.trajectories(where=_DEMO_RUNS), target=min_bound, keys=store.study_keys())
+    cert = build_certificate(spec, store.trajectories(runs=_DEMO_RUNS), target=min_bound, keys=store.study_keys())
     cert_path = runs_dir / "certificate.json"
     cert_path.write_text(json.dumps(cert, indent=2) + "\n")
     click.echo(render_certificate(cert))

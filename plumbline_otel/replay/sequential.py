@@ -132,7 +132,9 @@ class Judge:
         the driver's, never one its spans claim), None when no run of it has arrived."""
         with self._lock:
             self._read_new()
-            runs = [t for t in self.store.trajectories(where=f"trace_id = '{trace_id}'") if t.steps]
+            from plumbline_otel.store import RunFilter
+
+            runs = [t for t in self.store.trajectories(runs=RunFilter(trace_id=trace_id)) if t.steps]
         return evaluate(self.spec, placed(runs[0], identity)).conforms("critical") if runs else None
 
     def _read_new(self) -> None:

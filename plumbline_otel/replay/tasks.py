@@ -17,7 +17,7 @@ from plumbline_otel.errors import ConfigError
 from plumbline_otel.model import Trajectory
 from plumbline_otel.runs import STUDY, TRIAL_ID, agent_label, is_missing, is_record, perturbation_of
 from plumbline_otel.sources import Sources
-from plumbline_otel.store import Store
+from plumbline_otel.store import RunFilter, Store
 from plumbline_otel.trials import DECIDED, KeyRing, record_of, verify_record
 
 
@@ -84,12 +84,9 @@ def select_tasks(store: Store | Sources, agent: str | None = None, task_keys: Se
     (service or service@version), optionally only ``task_keys``, started at/after ``since_ns`` and
     matching the SQL filter ``where`` over the trajectories table (files only)."""
     service = agent.split("@", 1)[0] if agent else None
-    clauses = ["task_key IS NOT NULL", "input IS NOT NULL"]
-    if where:
-        clauses.append(f"({where})")
     keys = list(task_keys) if task_keys else None
     runs = store.trajectories(service=service, task=keys[0] if keys and len(keys) == 1 else None,
-                              since_ns=since_ns, where=" AND ".join(clauses) if where else None)
+                              since_ns=since_ns, where=where)
     return tasks_from_trajectories(runs, keys, agent)
 
 
@@ -127,8 +124,7 @@ def trials_of(trajectories: Iterable[Trajectory], study: str, keys: KeyRing) -> 
 def stored_trials(store: Store, study: str, keys: KeyRing) -> tuple[set[str], set[str]]:
     """(trial ids decided, trial ids recorded only as missing) of ``study`` in one store (`trials_of`)."""
     store.assemble()
-    quoted = study.replace("'", "''")
-    return trials_of(store.trajectories(where=f"json_extract_string(doc, '$.context.\"{STUDY}\"') = '{quoted}'"), study, keys)
+    return trials_of(store.trajectories(runs=RunFilter(study=study)), study, keys)
 
 
 @dataclass(frozen=True)

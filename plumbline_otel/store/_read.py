@@ -91,6 +91,41 @@ _EXPORTS = {"trajectories": (_TRAJECTORIES, "trajectories"), "steps": (_STEPS, "
 
 
 @dataclass(frozen=True)
+class RunFilter:
+    """Which stored runs a product module reads, as values the store binds as parameters (never SQL).
+
+    Each field left as None means any; the fields given must all hold. `--where` (the user's own SQL
+    over the trajectories table) is the expert option beside it; product code passes a `RunFilter`.
+    """
+
+    trace_id: str | None = None  # the run(s) of one trace
+    study: str | None = None  # runs and records of one replay study (`plumbline.study`)
+    study_prefix: str | None = None  # of the studies whose name starts so (the demo's `ap-demo-…`)
+    run_ids: tuple[str, ...] | None = None  # these trajectory ids
+
+    def sql(self) -> tuple[list[str], list[Any]]:
+        """The conditions over the trajectories table, with their parameters."""
+        clauses: list[str] = []
+        params: list[Any] = []
+        for condition, value in (("trace_id = ?", self.trace_id), (f"{_STUDY_SQL} = ?", self.study),
+                                 (f"starts_with({_STUDY_SQL}, ?)", self.study_prefix),
+                                 ("trajectory_id IN (SELECT unnest(?::VARCHAR[]))", list(self.run_ids) if self.run_ids is not None else None)):
+            if value is not None:
+                clauses.append(condition)
+                params.append(value)
+        return clauses, params
+
+    def matches(self, run: Trajectory) -> bool:
+        """The same test on a run already read (a server's, which takes no filter)."""
+        study = run.context.get(STUDY)
+        study_text = None if study is None else str(study)
+        return ((self.trace_id is None or run.trace_id == self.trace_id)
+                and (self.study is None or study_text == self.study)
+                and (self.study_prefix is None or (study_text is not None and study_text.startswith(self.study_prefix)))
+                and (self.run_ids is None or run.trajectory_id in self.run_ids))
+
+
+@dataclass(frozen=True)
 class RunFilters:
     """What the runs list is narrowed to (each empty means any) and how it is sorted."""
 
@@ -301,10 +336,14 @@ class Reader:
     # --- runs ---------------------------------------------------------------------------------
 
     def trajectories(self, service: str | None = None, task: str | None = None, since_ns: int | None = None,
-                     where: str | None = None) -> Iterator[Trajectory]:
-        """Stored trajectories in start order; `where` is the user's own SQL filter over the trajectories table (`--where`)."""
-        clauses: list[str] = ["TRUE"]
-        params: list[Any] = []
+                     where: str | None = None, runs: RunFilter | None = None) -> Iterator[Trajectory]:
+        """Stored trajectories in start order, of `runs` when given.
+
+        `where` is the user's own SQL filter over the trajectories table (`--where`, an expert option
+        of the CLI); product code narrows the runs with `runs`, whose values are bound as parameters.
+        """
+        clauses, params = runs.sql() if runs is not None else ([], [])
+        clauses.insert(0, "TRUE")
         for column, value in (("service", service), ("task_key", task)):
             if value is not None:
                 clauses.append(f"{column} = ?")

@@ -31,6 +31,7 @@ from plumbline_otel.errors import StoreError
 from plumbline_otel.model import SpanRecord, Trajectory
 from plumbline_otel.normalise import LogRows, fold_logs, log_event_attributes
 from plumbline_otel.rows import SPAN_COLUMNS, record_from_row, span_table, trajectory_table
+from plumbline_otel.shapes import LOGS, PROBLEMS, SPANS, TRAJECTORIES, VIOLATIONS
 from plumbline_otel.store._files import connect, disconnect, reattach
 from plumbline_otel.store._keys import SpanKeys, TraceCounts
 from plumbline_otel.store._read import Reader
@@ -56,6 +57,7 @@ _TRACE_LINKS_SQL = """INSERT OR IGNORE INTO trace_links SELECT DISTINCT trace_id
     SELECT trace_id, unnest(CAST(links AS JSON[])) AS link FROM fresh WHERE links IS NOT NULL AND parent_span_id IS NULL)
     WHERE link->>'link_type' IS NULL AND link->>'trace_id' <> trace_id"""
 
+_INSERTABLE = {shape.name: shape for shape in (SPANS, TRAJECTORIES, LOGS, PROBLEMS, VIOLATIONS)}
 _LOG_TYPES = {"time_ns": pa.int64(), "observed_ns": pa.int64(), "severity_number": pa.int32(), "received_ns": pa.int64()}
 
 
@@ -249,6 +251,21 @@ class Store(Reader):
                                      filters.get("agent"), head.get("verdict"), head["lower_bound"], orjson.dumps(cert).decode()])
         row = self.connection.execute("SELECT count(*) FROM certificates").fetchone()
         return int(row[0]) if row else 0
+
+    def insert_rows(self, table: str, rows: pa.Table) -> int:
+        """Add rows (columns matched by name; a declared column they lack is null) to one of the declared tables.
+
+        For a store made of rows read elsewhere (the lake's reader fills an in-memory store). In a table with a key
+        column (trajectories, logs) a row whose key is stored already is skipped: a misrouted trace's run comes
+        from two instances, and one copy is kept.
+        """
+        shape = _INSERTABLE.get(table)
+        if shape is None:
+            raise StoreError(f"insert_rows: {table!r} is not one of the store's tables ({', '.join(sorted(_INSERTABLE))})")
+        ignore = "OR IGNORE " if any(c.key for c in shape.columns) else ""
+        with self._registered("given_rows", rows):
+            self.connection.execute(f"INSERT {ignore}INTO {shape.name} BY NAME SELECT * FROM given_rows")
+        return int(rows.num_rows)
 
     def set_memory_limit(self, mib: int) -> None:
         """Cap DuckDB's buffer cache (it defaults to 80% of the machine's memory)."""
