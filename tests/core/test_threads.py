@@ -73,11 +73,15 @@ def test_each_conversation_of_per_call_traces_is_one_run_with_its_first_trace_id
     assert store.pending_traces() == 0
 
 
-def test_interleaved_conversations_are_joined_whatever_order_their_traces_arrive_in(store: Store, tmp_path: Path) -> None:
-    """Each model call's trace in a request of its own, the last first, each ingested and assembled on its own: a
-    trace continued by one stored earlier, and one continuing a trace not stored yet, are joined all the same."""
+@pytest.mark.parametrize("last_first", [False, True])
+def test_interleaved_conversations_are_joined_whatever_order_their_traces_arrive_in(
+        last_first: bool, store: Store, tmp_path: Path) -> None:
+    """Each model call's trace in a request of its own, each ingested and assembled on its own (in call order, or the
+    last first): a trace continuing one stored and assembled before, and one continued by a trace already stored, are
+    joined all the same, the earlier run's trajectory replaced by the joined one."""
     setup = "openai_v2_loop_interleaved"
-    for i, request in enumerate(reversed(_spans(setup))):
+    requests = _spans(setup)
+    for i, request in enumerate(reversed(requests) if last_first else requests):
         path = tmp_path / f"{i:02d}.otlp.jsonl"
         path.write_text(json.dumps(request) + "\n")
         assert ingest_files(store, [str(path)]).exit_code == 0
