@@ -26,8 +26,8 @@ Rules users meet on day one, in the order they are applied:
    span linked `CAUSED_BY_GENERATION` to an LLM span carries out a call of that generation; a span another
    links `RETRY_OF` to was an earlier attempt of the same step, and only the last attempt is a step.
    Traces of one model call each (an agent loop under an SDK's zero-code instrumentation only) are linked the same
-   way by the store when a request continues another trace's conversation (`threads.py`): given together, their
-   records are one run, or one per user turn (rule 6), with the first trace's id.
+   way by the store when a request continues another trace's conversation without opening a new user turn
+   (`threads.py`): given together, their records are one run with the first trace's id.
 9. A tool span calling `transfer_to_<agent>` (or `handoff_to_<agent>`) of an agent that then runs in the same run
    is a hand-off, named by the function the model called, not a tool call.
 Steps are ordered by start time, then span order. Tokens add up over LLM steps only.
