@@ -21,8 +21,11 @@ call ids the model gave its tool calls (and the results that answer them), and `
 instrumentation that records the ids on one side only. The store (`Store.write_span_table`) keeps the keys of every
 root LLM span (a trace with an agent or run span above its model calls is a run already) and records a link from a
 continuing trace to the trace it continues in `trace_links`, so the traces are assembled together (rule 8 of
-`assemble`) as one run with the first trace's id; a new user message in the conversation still opens a new run there
-(rule 6). A request is joined to a call only when that call is unique: by strict key when one matches, else by loose
+`assemble`) as one run with the first trace's id. A request that opens a new user turn (a new user message after the
+model's answer: normalise's `step:new_user_turn`) starts a run of its own, as assembly's rule 6 makes it where one
+trace holds a whole conversation, so it is linked to nothing before it: each turn is one run, whose id is the trace id
+of its first call, and a long chat is not one ever-growing group of traces to assemble again with each new call. A
+request is joined to a call only when that call is unique: by strict key when one matches, else by loose
 key; two conversations alike in every message (the same first user message and the same model replies, ids aside)
 stay apart. An identical first user message alone never joins anything: a first request continues nothing.
 """
@@ -50,6 +53,9 @@ _ROLES = {"assistant": "assistant", "model": "assistant", "ai": "assistant", "bo
           "system": "system", "developer": "system", "user": "user", "human": "user", "tool": "tool", "function": "tool"}
 _SPACE = re.compile(r"\s+")
 # The columns of the store's `conversation_keys` table (schema version 10).
+# normalise's mark of a request that opens a new user turn: a run of its own (assembly's rule 6), so it is linked to no
+# earlier call (the conversation's earlier turns are other runs) and a run's traces stay one turn's.
+NEW_TURN = "step:new_user_turn"
 KEY_COLUMNS = ("trace_id", "span_id", "start_ns", "end_ns", "continues", "continues_loose", "after", "after_loose")
 
 
@@ -158,11 +164,13 @@ def keyed_calls(batch: pa.Table) -> pa.Table | None:
     if not roots.num_rows:
         return None
     rows: dict[str, list[Any]] = {name: [] for name in KEY_COLUMNS}
-    for row in roots.select(["trace_id", "span_id", "start_ns", "end_ns", "attributes"]).to_pylist():
+    for row in roots.select(["trace_id", "span_id", "start_ns", "end_ns", "attributes", "shapes"]).to_pylist():
         attributes = maybe_json(row["attributes"]) if row["attributes"] else None
         keys = keys_of_attributes(attributes) if isinstance(attributes, dict) else None
         if keys is None:
             continue
+        if NEW_TURN in (row["shapes"] or []):  # it opens a run of its own (assembly's rule 6): it continues none
+            keys = ThreadKeys(None, None, keys.after, keys.after_loose)
         for name in ("trace_id", "span_id", "start_ns", "end_ns"):
             rows[name].append(row[name])
         for name in KEY_COLUMNS[4:]:

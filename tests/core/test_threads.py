@@ -186,9 +186,10 @@ def test_the_same_first_user_message_alone_never_joins_but_a_request_that_contin
     assert joined.final_output == "INV-2 is paid." and sum(1 for s in joined.steps if s.kind == "llm_call") == 2
 
 
-def test_a_conversation_of_per_call_traces_is_joined_then_split_at_each_new_user_turn(store: Store, tmp_path: Path) -> None:
-    """Three calls of one conversation: the second opens a new user turn (rule 6: a run of its own) and the third
-    carries out its tool call; without the join the third would be a run of its own."""
+def test_a_conversation_of_per_call_traces_is_one_run_per_user_turn_each_with_its_first_trace_id(
+        store: Store, tmp_path: Path) -> None:
+    """Three calls of one conversation: the second opens a new user turn (a run of its own, as rule 6 makes it in one
+    trace) and the third carries out its tool call; without the join the third would be a run of its own."""
     first = [SYSTEM, _user("Please pay INV-1.")]
     second = [*first, _answer("INV-1 is paid."), _user("Now pay INV-2.")]
     third = [*second, _asks("call_b", "schedule_payment", {"invoice_id": "INV-2"}), _result("call_b", "ok")]
@@ -198,7 +199,9 @@ def test_a_conversation_of_per_call_traces_is_joined_then_split_at_each_new_user
         _call_trace(3, third, _answer("INV-2 is paid.")),
     ])
     assert [(t.input, t.final_output) for t in runs] == [("Please pay INV-1.", "INV-1 is paid."), ("Now pay INV-2.", "INV-2 is paid.")]
+    assert [t.trajectory_id for t in runs] == [f"{1:032x}", f"{2:032x}"]
     assert [s.call_id for s in runs[1].tool_steps] == ["call_b"]
+    assert sum(1 for s in runs[1].steps if s.kind == "llm_call") == 2
 
 
 # --- the keys --------------------------------------------------------------------------------------------------------
