@@ -45,6 +45,9 @@ from plumbline_otel.replay.proxy.wire import Api, Reply, input_messages, reply_f
 BRANCH_SEP = "@"
 #: Perturbations that act on a tool step (the others act on a model step).
 TOOL_STEP_PERTURBATIONS = frozenset({"tool_fault", "tool_result_fault"})
+#: Perturbations that act on a user turn: at step k > 1 the user message of the turn step k opens is rewritten on
+#: the wire (``Branch.rewrite_turn``); at step 1 the driver hands the agent the rewritten request, as without a branch.
+TURN_PERTURBATIONS = frozenset({"paraphrase"})
 
 
 class TapeError(ValueError):
@@ -132,10 +135,28 @@ class Tape:
         return steps[ordinal - 1] if 1 <= ordinal <= len(steps) else None
 
     def branch_points(self, perturbation: str) -> list[int]:
-        """The steps ``perturbation`` can branch at: tool steps for tool faults, model steps for the rest."""
+        """The steps ``perturbation`` can branch at: tool steps for tool faults, the model steps that open a user
+        turn for a paraphrase (``user_turns``), model steps for the rest."""
         if perturbation in TOOL_STEP_PERTURBATIONS:
             return [s.index for s in self.tool_steps]
+        if perturbation in TURN_PERTURBATIONS:
+            return sorted(self.user_turns())
         return [s.index for s in self.model_steps]
+
+    def user_turns(self) -> dict[int, str]:
+        """The model steps that open a user turn, with the turn's user text: step 1 always (its text, when recorded),
+        and each later model step whose recorded request carries a user message the previous one did not (a
+        conversation's next turn). A run with no recorded requests (a production run) has only its first turn."""
+        turns: dict[int, str] = {}
+        before = 0
+        for n, step in enumerate(self.model_steps):
+            texts = user_texts(step.api or "chat", step.request) if step.request is not None else []
+            if n == 0:
+                turns[step.index] = texts[-1] if texts else ""
+            elif len(texts) > before and texts:
+                turns[step.index] = texts[-1]
+            before = len(texts) if step.request is not None else before
+        return turns
 
     def check_branch(self, at: int, perturbation: str) -> ModelStep | ToolStep:
         """The step ``at`` is, if the run can be branched there under ``perturbation``; else ``TapeError`` saying why."""
@@ -146,6 +167,10 @@ class Tape:
         if perturbation not in TOOL_STEP_PERTURBATIONS and not isinstance(step, ModelStep):
             raise TapeError(f"{self.source}: {perturbation} branches at a model step; step {at} is a tool result "
                             f"(model steps: {', '.join(map(str, self.branch_points(perturbation))) or 'none'})")
+        if perturbation in TURN_PERTURBATIONS and at not in self.user_turns():
+            raise TapeError(f"{self.source}: {perturbation} branches at a user turn; step {at} continues an earlier turn "
+                            f"(user turns: {', '.join(map(str, self.branch_points(perturbation)))}; a run that is no "
+                            "conversation has only step 1)")
         for earlier in self.steps[:at - 1]:
             if isinstance(earlier, ToolStep) and not earlier.known:
                 raise TapeError(f"{self.source}: step {earlier.index} ({earlier.name}) has no recorded result, so the prefix "
@@ -420,6 +445,54 @@ def shape_tool_result(result: Any, output_schema: Mapping[str, Any] | None) -> A
     structured = structured_for(text, output_schema)
     return result if structured is None else result.model_copy(update={"structured_content": structured})
 
+
+# --- user turns -------------------------------------------------------------------------------------
+
+
+def user_texts(api: Api, body: Mapping[str, Any]) -> list[str]:
+    """The text of each user message a request carries, in order (tool results, which the Messages API puts in user
+    messages, are not user text)."""
+    out = []
+    for message in input_messages(api, body):
+        if message.get("role") != "user":
+            continue
+        texts = [str(p.get("content") or "") for p in message.get("parts") or [] if p.get("type") == "text"]
+        if texts:
+            out.append("".join(texts))
+    return out
+
+
+def replace_user_text(api: Api, body: dict[str, Any], original: str, new: str) -> int:
+    """Rewrite, in place, every user message of ``body`` whose text is ``original`` (whitespace aside) to ``new``;
+    how many were rewritten. A message whose content is a list keeps its first text block, with the new text."""
+    want = original.strip()
+    if not want:
+        return 0
+    if api == "responses" and isinstance(body.get("input"), str):
+        if body["input"].strip() == want:
+            body["input"] = new
+            return 1
+        return 0
+    messages = body.get("input") if api == "responses" else body.get("messages")
+    count = 0
+    for message in messages if isinstance(messages, list) else []:
+        if not isinstance(message, dict) or message.get("role") != "user" or message.get("type") not in (None, "message"):
+            continue
+        content = message.get("content")
+        if isinstance(content, str):
+            if content.strip() == want:
+                message["content"] = new
+                count += 1
+            continue
+        if not isinstance(content, list):
+            continue
+        texts = [b for b in content if isinstance(b, dict) and b.get("type") in _TEXT_ITEMS]
+        if texts and "".join(str(b.get("text") or "") for b in texts).strip() == want:
+            texts[0]["text"] = new
+            message["content"] = [b for b in content if not any(b is t for t in texts[1:])]
+            count += 1
+    return count
+
 # --- divergence ------------------------------------------------------------------------------------
 
 _TIMESTAMP = re.compile(r"\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}(:\d{2}(\.\d+)?)?(Z|[+-]\d{2}:?\d{2})?")
@@ -526,13 +599,35 @@ class Branch:
         step = self.tape.tool_call(call)
         return step if step is not None and step.index < self.at else None
 
+    def decoys_due(self, tool_calls: int) -> bool:
+        """Whether a ``tools/list`` made after ``tool_calls`` tool calls is for step ``at`` or later: decoys are offered
+        from the branch point on, never in the prefix (whose requests must match the recording, which had none)."""
+        return tool_calls >= sum(1 for s in self.tape.tool_steps if s.index < self.at)
+
+    def rewrite_turn(self, metadata: Mapping[str, Any], api: Api, body: dict[str, Any], call: int) -> bool:
+        """A paraphrased user turn at step ``at`` (``metadata["turn_paraphrase"]``, made by ``branch_variants``): from
+        the model call that step is on, the turn's user message is the guard-checked paraphrase in every request (the
+        agent keeps the original in its history). At that call, a request without the recorded turn is a divergence:
+        the paraphrase cannot reach the model, so the trial is missing with why, never scored. Whether ``body`` changed."""
+        turn = metadata.get("turn_paraphrase")
+        if not isinstance(turn, Mapping) or call < int(turn.get("call") or 0):
+            return False
+        changed = replace_user_text(api, body, str(turn.get("original") or ""), str(turn.get("text") or ""))
+        if not changed and call == int(turn.get("call") or 0):
+            self.diverged.append({"step": self.at, "call": call, "detail": (
+                f"the user turn the paraphrase replaces is not in the agent's request: recorded {_short(turn.get('original'))}")})
+        return changed > 0
+
 
 def branch_variants(variants: Sequence[Any], tape: Tape | None, wanted: str | Sequence[int] | None,
-                    missing: str = "") -> list[Any]:
+                    missing: str = "", options: Any = None, task_input: str | None = None) -> list[Any]:
     """A task's variants (``perturb.Variant``) as branch points: one per step, labelled ``perturbation@k``.
 
     ``wanted`` None: the variants unchanged (no ``--branch-at``). Without a tape, or when a step cannot be
-    branched at, the variant is kept rejected with the reason (what the run lacks), never run from the start."""
+    branched at, the variant is kept rejected with the reason (what the run lacks), never run from the start.
+    A paraphrase at a later user turn (``turn_variant``) paraphrases that turn's text through ``options``'
+    paraphraser and the guard, and hands the agent the task's own request (``task_input``, else the tape's first
+    user turn): the prefix stays the recorded one."""
     from dataclasses import replace
 
     if wanted is None:
@@ -556,8 +651,43 @@ def branch_variants(variants: Sequence[Any], tape: Tape | None, wanted: str | Se
             except TapeError as exc:
                 out.append(replace(v, perturbation=branch_label(v.perturbation, at), rejected=f"branch-at: {exc}"))
                 continue
+            if v.perturbation in TURN_PERTURBATIONS and at > 1:
+                out.append(turn_variant(v, tape, at, meta, options, task_input))
+                continue
             out.append(replace(v, perturbation=branch_label(v.perturbation, at), metadata=meta))
     return out
+
+
+def turn_variant(variant: Any, tape: Tape, at: int, metadata: Mapping[str, Any], options: Any = None,
+                 task_input: str | None = None) -> Any:
+    """A paraphrase variant at the user turn step ``at`` opens: that turn's recorded text paraphrased by the study's
+    paraphraser (``perturb.PerturbOptions``; the templates by default) and checked by the guard against it, the
+    variant's own index chosen; the agent gets the task's request unchanged, the model-API proxy rewrites the turn
+    from step ``at`` on (``Branch.rewrite_turn``). Rejected with the guard's reason, or when the turn's text was not
+    recorded."""
+    from dataclasses import replace
+
+    from plumbline_otel.replay.perturb import PerturbOptions, build_variants
+    from plumbline_otel.replay.tasks import ReplayTask
+
+    label = branch_label(variant.perturbation, at)
+    original = tape.user_turns().get(at, "")
+    first = tape.user_turns().get(1, "")
+    request = task_input if task_input is not None else first
+    if not original or not request:
+        return replace(variant, perturbation=label, text=request or variant.text,
+                       rejected=f"branch-at: step {at}: the user turn's text was not recorded")
+    turn = ReplayTask(variant.task_key, original, tape.source)
+    built = [v for v in build_variants(turn, [variant.perturbation], options or PerturbOptions())]
+    index = str(variant.variant_id).partition("-")[0]
+    chosen = next((v for v in built if str(v.variant_id).partition("-")[0] == index), built[0] if built else None)
+    if chosen is None:
+        return replace(variant, perturbation=label, text=request, rejected=f"branch-at: step {at}: no paraphrase of the turn")
+    meta = {**dict(metadata), **dict(chosen.metadata),
+            "turn_paraphrase": {"call": tape.step(at).ordinal if isinstance(tape.step(at), ModelStep) else at,
+                                "original": original, "text": chosen.text}}
+    return replace(variant, perturbation=label, variant_id=chosen.variant_id, text=request, metadata=meta,
+                   rejected=None if chosen.rejected is None else f"guard (user turn at step {at}): {chosen.rejected}")
 
 
 def tape_for_task(cassette: Path, task_key: str, run: Trajectory | None = None) -> Tape:

@@ -394,7 +394,7 @@ class McpProxy(LoopbackService):
             self.upstream_tools = tuple(sorted(names))
         tools = list(page.tools)
         offered: list[str] = []
-        if page.next_cursor is None:  # the decoys go on the last page, after every tool of the server's
+        if page.next_cursor is None and (state.branch is None or state.branch.decoys_due(state.calls)):  # the decoys go on the last page, after every tool of the server's (a branch-point replay: from the branch point on)
             for name, spec in state.decoys.items():
                 if name not in names and name not in self.upstream_tools:
                     tools.append(decoy_tool(spec))

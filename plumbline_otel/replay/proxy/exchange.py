@@ -90,6 +90,8 @@ def estimate_usd(model: str | None, request_bytes: int, body: Mapping[str, Any])
 
 def rewrite(state: TrialState, api: Api, body: dict[str, Any], call: int) -> None:
     """Apply the trial's request-side perturbations to ``body`` and note what changed."""
+    if state.branch is not None:  # a paraphrased user turn from the branch point on (issue 44, replay.tape)
+        state.branch.rewrite_turn(state.trial.metadata, api, body, call)
     plan = state.tool_result_fault
     if plan is not None:
         state.learn_tool_calls([(c.id, c.name) for c in request_tool_calls(api, body)])
