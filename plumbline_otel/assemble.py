@@ -44,7 +44,7 @@ from typing import Any
 
 import orjson
 
-from plumbline_otel.model import SpanRecord, Step, ToolCallRef, ToolResultRef, Trajectory
+from plumbline_otel.model import CONTEXT_PREFIX, SpanRecord, Step, ToolCallRef, ToolResultRef, Trajectory
 from plumbline_otel.normalise import VENDOR_ARGS_KEYS, VENDOR_RESULT_KEYS, unwrap_scoped_result
 from plumbline_otel.runs import TASK_KEY
 
@@ -52,7 +52,6 @@ from plumbline_otel.runs import TASK_KEY
 # per conversation, and one conversation holds many tasks): by default only an explicit task key
 # names the task, else the normalised request. Session and conversation ids stay in the context.
 DEFAULT_TASK_KEYS = (TASK_KEY,)
-CONTEXT_PREFIX = "plumbline."
 RESOURCE_PREFIX = "resource."  # a task key naming an attribute of the resource only (`task_key_value`)
 CONTEXT_KEYS = ("session.id", "gen_ai.conversation.id")
 # A trace of more spans is never held whole as records: a shard lets it go when it reaches this
@@ -500,16 +499,29 @@ def task_key_value(key: str, attributes: dict[str, Any], resource: dict[str, Any
 
 def _path_value(key: str, attributes: dict[str, Any]) -> Any:
     """`a.b.c` as attribute `a.b.c`, else field `c` of JSON attribute `a.b`, else field `b.c` of `a`."""
+    if not attributes:  # a held record's map, trimmed to what assembly reads, is mostly empty
+        return None
     if attributes.get(key) not in (None, ""):
         return attributes[key]
-    parts = key.split(".")
-    for cut in range(len(parts) - 1, 0, -1):
-        head = ".".join(parts[:cut])
+    for head, path in _cuts(key):
         if head in attributes:
-            value = _field(attributes[head], parts[cut:])
+            value = _field(attributes[head], path)
             if value is not None:
                 return value
     return None
+
+
+_CUTS: dict[str, list[tuple[str, list[str]]]] = {}
+
+
+def _cuts(key: str) -> list[tuple[str, list[str]]]:
+    """`key`'s (attribute, path in it) readings for `_path_value`, longest attribute first; split once per key
+    (a run's every span is asked for every task key)."""
+    cuts = _CUTS.get(key)
+    if cuts is None:
+        parts = key.split(".")
+        cuts = _CUTS[key] = [(".".join(parts[:cut]), parts[cut:]) for cut in range(len(parts) - 1, 0, -1)]
+    return cuts
 
 
 def _field(value: Any, path: list[str]) -> Any:

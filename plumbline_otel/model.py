@@ -20,6 +20,9 @@ StepSource = Literal["tool_span", "llm_output", "tool_span+llm_output", "span"]
 ArgsState = Literal["structured", "unparsed", "redacted", "absent"]
 
 REDACTED = "__REDACTED__"
+# plumbline's own attributes (`runs.py` names them: task key, study, trial, …): a run's context keeps every one of
+# them, whatever the task keys, and assembly and the span rows read them from any span.
+CONTEXT_PREFIX = "plumbline."
 
 
 class Frozen:
