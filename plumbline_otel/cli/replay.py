@@ -107,7 +107,8 @@ class _PerturbationsOption(click.Option):
 @click.option("--study", required=True, help="study name (plumbline.study on every trial)")
 @click.option("--agent", default=None, help="tasks from this agent's runs: service or service@version")
 @click.option("--task", "task_keys", multiple=True, help="only these task keys (repeatable, or comma-separated)")
-@click.option("--where", default=None, help="extra SQL filter over the trajectories table")
+@click.option("--where", default=None, help="expert option: your own SQL condition over the trajectories table of the "
+              "store files (or --lake), run as written; not with --server")
 @since_option
 @click.option("--perturbations", cls=_PerturbationsOption, default="baseline", show_default=True)
 @click.option("--repeats", type=click.IntRange(1), default=1, show_default=True, help="trials per variant")
