@@ -123,3 +123,34 @@ def test_a_prefix_is_served_from_the_cassette_with_no_provider_and_no_tool_serve
     assert (record.perturbation, record.status, record.fault_fired, record.fault_source) == ("tool_fault@6", "ok", True, "mcp_proxy")
     assert record.evidence["model_proxy"]["tape_served"] == 3 and record.evidence["model_proxy"]["upstream_calls"] == 1
     assert record.evidence["mcp_proxy"]["tape_served"] == 2 and record.evidence["mcp_proxy"]["upstream_calls"] == 0
+
+    # decoy_tools at step 3: the agent lists its tools before every model call; the decoys are listed only from step 3
+    # on (a decoy in the prefix's requests would be a divergence at step 1), and the rest runs live.
+    before = len(provider.requests)
+    result, tools = replay(tmp_path, db, provider, "decoy", "decoy_tools", "--branch-at", "3", "--branch-from", str(state_dir(db, "src")))
+    assert "ran 1 (1 ok" in result.output, result.output
+    assert [c["tool"] for c in tools] == ["check_duplicate", "schedule_payment"]
+    live = [[t.get("name") for t in r["body"]["tools"]] for r in provider.requests[before:]]
+    assert len(live) == 3 and all(len(names) > 3 for names in live)  # every live request offered the decoys
+    (record,) = records(db, tmp_path / "decoy.jsonl", "decoy")
+    assert (record.perturbation, record.status, record.seen) == ("decoy_tools@3", "ok", True)
+    assert record.evidence["model_proxy"]["tape_served"] == 1 and record.evidence["mcp_proxy"]["tape_served"] == 1
+
+
+@pytest.mark.slow
+@pytest.mark.e2e
+def test_a_production_trace_is_replayed_from_step_3(tmp_path: Path, db: Path, provider: Any) -> None:
+    """The stored run is the framework fixture's (recorded with content by the OpenAI Agents SDK over MCP): taped from
+    the store, its step 1 (the model's lookup_invoice call) and step 2 (the lookup's result) are served, the model call
+    at step 3 is faulted, and the agent runs on live: the provider and the tool server see only what comes after."""
+    result, tools = replay(tmp_path, db, provider, "prod3", "model_fault", "--branch-at", "3")
+    assert "7 steps (4 model, 3 tool)" in result.output, result.output
+    assert "ran 1 (1 ok" in result.output, result.output
+    assert [c["tool"] for c in tools] == ["check_duplicate", "schedule_payment"]  # lookup_invoice (step 2) came from the tape
+    bodies = [orjson.dumps(r["body"]).decode() for r in provider.requests]
+    assert len(bodies) == 3  # the agent's retry of the faulted call, then steps 5 and 7: never step 1
+    assert all("Acme GmbH" in b and "4820.0" in b for b in bodies)  # the recorded lookup result reached the live model
+    (record,) = records(db, tmp_path / "prod3.jsonl", "prod3")
+    assert (record.perturbation, record.status, record.fault_fired, record.fault_source) == ("model_fault@3", "ok", True, "model_proxy")
+    assert record.evidence["model_proxy"]["tape_served"] == 1 and record.evidence["mcp_proxy"]["tape_served"] == 1
+    assert record.evidence["mcp_proxy"]["upstream_calls"] == 2
