@@ -366,7 +366,7 @@ def tape_from_trajectory(run: Trajectory) -> Tape:
             while j < len(ordered) and ordered[j].kind == "tool_call":
                 proposed.append(ordered[j])
                 j += 1
-            text = s.result if isinstance(s.result, str) else ("" if s.result is None else orjson.dumps(s.result).decode())
+            text = _llm_text(s.result)
             calls = tuple(TapeCall(p.call_id or f"call_{model_ordinal}_{n}", p.name, p.args) for n, p in enumerate(proposed))
             if any(g.startswith("content") for g in s.gaps) or (s.result is None and not proposed):
                 gaps.append(f"step {len(steps) + 1}: the model call's output was not captured ({', '.join(s.gaps) or 'no output'})")
@@ -387,6 +387,38 @@ def tape_from_trajectory(run: Trajectory) -> Tape:
         raise TapeError(f"{source}: no model call in the run, so there is nothing to tape")
     return Tape(source, tuple(steps), tuple(gaps), ("a production run: answers are rendered from its messages, "
                                                      "its requests are not recorded, so the prefix is checked on tool results only",))
+
+
+_SDK_REPR = re.compile(r"^\[?(Response\w*|ChatCompletion\w*)\(")
+
+
+def _llm_text(result: Any) -> str:
+    """The text a recorded model step answered. Some tracings record the output message itself (a dict, or its
+    Python repr: ``{'content': None, 'role': 'assistant', …}``) or an SDK object's repr
+    (``ResponseFunctionToolCall(…)``) where the answer was only tool calls: those are no text of the answer."""
+    if result is None:
+        return ""
+    value = result
+    if isinstance(result, str):
+        if _SDK_REPR.match(result):
+            return ""
+        if not result.startswith("{"):
+            return result
+        try:
+            value = orjson.loads(result)
+        except orjson.JSONDecodeError:
+            import ast
+
+            try:
+                value = ast.literal_eval(result)
+            except (ValueError, SyntaxError, MemoryError, RecursionError):
+                return result
+    if isinstance(value, Mapping) and ("content" in value or value.get("role") == "assistant"):
+        content = value.get("content")
+        if isinstance(content, list):
+            return "".join(str(c.get("text") or "") for c in content if isinstance(c, Mapping))
+        return "" if content is None else str(content)
+    return result if isinstance(result, str) else orjson.dumps(result, default=str).decode()
 
 
 def render_reply(step: ModelStep, api: Api, stream: bool, model: str, include_usage: bool) -> tuple[str, bytes]:

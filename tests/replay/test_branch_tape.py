@@ -1,0 +1,51 @@
+"""The tape's pure pieces (issue 44): what a recorded model step answered, a served tool result's structured content,
+and a user turn rewritten in each API's request shape."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from plumbline_otel.model import Step, Trajectory
+from plumbline_otel.replay.tape import replace_user_text, structured_for, tape_from_trajectory, user_texts
+
+
+def test_a_model_step_recorded_as_its_message_or_an_sdk_repr_answers_no_text() -> None:
+    outputs = ["{'content': None, 'refusal': None, 'role': 'assistant', 'annotations': [], 'tool_calls': []}",
+               "ResponseFunctionToolCall(arguments='{\"invoice_id\": \"INV-1\"}', call_id='c1', name='lookup', type='function_call')",
+               '{"role": "assistant", "content": "done"}', "Paid INV-1."]
+    steps: list[Step] = []
+    for n, out in enumerate(outputs):
+        steps.append(Step(kind="llm_call", name="m", result=out))
+        if n < 2:
+            steps.append(Step(kind="tool_call", name="lookup", args={"invoice_id": "INV-1"}, call_id=f"c{n}", source="llm_output", result="{}"))
+    tape = tape_from_trajectory(Trajectory("r", "t", "k", "attribute:x", "svc", None, None, "pay", "paid", (), tuple(steps)))
+    assert [s.text for s in tape.model_steps] == ["", "", "done", "Paid INV-1."]
+
+
+@pytest.mark.parametrize(("schema", "text", "expected"), [
+    ({"type": "object", "properties": {"result": {"type": "string"}}, "required": ["result"]}, '{"a": 1}', {"result": '{"a": 1}'}),
+    ({"type": "object", "properties": {"result": {"type": "integer"}}, "required": ["result"]}, "3", {"result": 3}),
+    ({"type": "object", "properties": {"a": {"type": "integer"}}}, '{"a": 1}', {"a": 1}),
+    (None, '{"a": 1}', None),
+    ({"type": "object", "properties": {"a": {"type": "integer"}}}, "not json", None),
+])
+def test_a_served_tool_result_gets_the_structured_content_its_output_schema_asks_for(schema: Any, text: str, expected: Any) -> None:
+    assert structured_for(text, schema) == expected
+
+
+@pytest.mark.parametrize(("api", "body", "path"), [
+    ("chat", {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yes"}, {"role": "user", "content": "pay it"}]},
+     lambda b: b["messages"][2]["content"]),
+    ("responses", {"input": [{"role": "user", "content": "hi"}, {"role": "user", "content": [{"type": "input_text", "text": "pay it"}]}]},
+     lambda b: b["input"][1]["content"][0]["text"]),
+    ("messages", {"messages": [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": "pay it"}]},
+                               {"role": "user", "content": [{"type": "text", "text": "pay "}, {"type": "text", "text": "it"}]}]},
+     lambda b: b["messages"][1]["content"][0]["text"]),
+])
+def test_a_user_turn_is_rewritten_in_each_api(api: Any, body: dict[str, Any], path: Any) -> None:
+    assert user_texts(api, body)[-1] == "pay it"
+    assert replace_user_text(api, body, "pay it", "please settle it") == 1
+    assert path(body) == "please settle it" and user_texts(api, body)[-1] == "please settle it"
+    assert replace_user_text(api, body, "something else", "x") == 0
