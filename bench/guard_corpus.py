@@ -3,9 +3,10 @@
     python bench/guard_corpus.py [--corpus PATH ...] [--split dev|held_out|all] [--wrong]
 
 Each corpus is JSON lines with ``original``, ``variant``, ``equivalent``, ``category`` and
-``split`` (``tests/replay/data/guard_corpus_v2.jsonl``, written for issue 38 before its rules
-changed, and ``guard_rewrites.jsonl``, the older 300-row corpus, by default). Two error rates
-are printed for each split:
+``split``. By default: ``tests/replay/data/guard_corpus_v3.jsonl`` (574 rows written for issue
+38 by someone who never read the guard or the other corpora), ``guard_corpus_v2.jsonl`` (424
+rows, written before that round's rules changed) and ``guard_rewrites.jsonl`` (the older 300
+rows). Two error rates are printed for each corpus and split:
 
 * false accepts: meaning changes the guard let through (a variant that would be run as if it
   were the task, though it asks for something else);
@@ -31,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 from plumbline_otel.replay.guard import check_equivalent  # noqa: E402
 
 DATA = ROOT / "tests" / "replay" / "data"
-DEFAULT_CORPORA = (DATA / "guard_corpus_v2.jsonl", DATA / "guard_rewrites.jsonl")
+DEFAULT_CORPORA = (DATA / "guard_corpus_v3.jsonl", DATA / "guard_corpus_v2.jsonl", DATA / "guard_rewrites.jsonl")
 
 
 def load(path: Path) -> list[dict[str, object]]:

@@ -80,6 +80,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
 from functools import lru_cache
+from itertools import takewhile
 from typing import Any
 
 from plumbline_otel.plugins import DomainLexicon, installed_lexicons
@@ -104,6 +105,9 @@ _DATE_PATTERNS = [
     re.compile(r"\b" + _MONTH + r"\s+(?P<d>\d{1,2})" + _ORD + r"(?:,?\s+(?P<y>\d{4}))?\b", re.I),
 ]
 _WEEKDAYS = ("monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday")
+# A time of day, in either clock: "5 pm", "5:30pm", "17:00", "noon"
+_TIME = re.compile(r"\b(?:(?P<h>\d{1,2})(?::(?P<m>\d{2}))?\s*(?P<ap>[ap])\.?m\b\.?|(?P<h24>\d{1,2}):(?P<m24>\d{2})\b|"
+                   r"(?P<noon>noon|midday|midnight)\b)", re.I)
 _RELATIVE_DATE = re.compile(
     r"\b(?:(?P<simple>today|tonight|tomorrow|yesterday|eod|eom|asap)"
     r"|(?P<this>this|next|last|coming)\s+(?P<unit>morning|afternoon|evening|week|month|quarter|year|"
@@ -111,11 +115,14 @@ _RELATIVE_DATE = re.compile(
     r"|(?:the\s+)?(?P<edge>end|start|beginning)\s+of\s+(?:the\s+)?(?P<span>day|week|month|quarter|year)"
     r"|(?P<wd>" + "|".join(_WEEKDAYS) + r"))\b", re.I)
 _DATE_RELATION = re.compile(
-    r"(?P<rel>no\s+later\s+than|not\s+later\s+than|on\s+or\s+before|prior\s+to|before|until|till|due\s+by|due\s+on|"
-    r"due|by|after|since|from|on)\s+(?:the\s+)?$", re.I)
+    r"(?P<rel>no\s+later\s+than|not\s+later\s+than|on\s+or\s+before|no\s+earlier\s+than|not\s+earlier\s+than|"
+    r"not\s+before|on\s+or\s+after|not\s+after|prior\s+to|before|until|till|due\s+by|due\s+on|"
+    r"due|by|after|since|from|on)\s+(?:the\s+)?(?:(?:" + "|".join(_WEEKDAYS) + r"),?\s+)?$", re.I)
 _RELATION_OF = {"before": "before", "prior to": "before", "no later than": "by", "not later than": "by",
                 "on or before": "by", "until": "by", "till": "by", "due by": "by", "due": "by", "by": "by",
-                "after": "after", "since": "after", "from": "after", "on": "on", "due on": "on"}
+                "after": "after", "since": "after", "from": "after", "on": "on", "due on": "on",
+                "no earlier than": "from", "not earlier than": "from", "not before": "from", "on or after": "from",
+                "not after": "by"}
 
 _CURRENCY_CODES = {"USD", "EUR", "GBP", "JPY", "CHF", "CAD", "AUD", "NZD", "CNY", "INR", "SEK", "NOK", "DKK", "PLN", "CZK"}
 _LOWER_CODES = {"usd", "eur", "gbp", "chf", "jpy"}  # safe to read in lower case ("cad" is a word)
@@ -464,9 +471,15 @@ def _vocabulary(lexicons: tuple[DomainLexicon, ...]) -> _Vocabulary:
         frozenset({"time", "copy"} | {_singular(d) for d in (*documents, *plurals)}))
 
 
+@lru_cache(maxsize=1)
+def _installed() -> tuple[DomainLexicon, ...]:
+    """The installed domains' lexicons, looked up once: entry points are read from disk."""
+    return installed_lexicons()
+
+
 def _lexicons(lexicon: DomainLexicon | None) -> tuple[DomainLexicon, ...]:
     """The lexicon named, else every installed domain's (a study's driver does not know its domain)."""
-    return (lexicon,) if lexicon is not None else installed_lexicons()
+    return (lexicon,) if lexicon is not None else _installed()
 
 
 # --- the structured meaning ----------------------------------------------------------------------
@@ -521,6 +534,7 @@ class Meaning:
     directions: frozenset[str] = frozenset()  # "delmar packaging from", "S20 from", "us to"
     disjunctions: int = 0  # how many "or"s join what the request names
     bare_modals: tuple[str, ...] = ()  # a modal that governs no action ("otherwise the controller may")
+    correspondents: frozenset[str] = frozenset()  # "to priya" (greeted: the one asked), "from elena" (signed)
     display: dict[str, str] = field(default_factory=dict, compare=False, hash=False)  # key -> text as written
 
     def show(self, key: str) -> str:
@@ -542,10 +556,31 @@ def _normalise(text: str) -> str:
     text = unicodedata.normalize("NFKC", text)
     text = (text.replace("\u2019", "'").replace("\u2018", "'").replace("\u201c", '"').replace("\u201d", '"')
             .replace("\u2014", ", ").replace("\u2013", ", ").replace("\r", ""))
+    text = _SIGN_OFF.sub("", text)
+    text = re.sub(r"\(\s*(?=(?:PS|P\.S\.|btw|BTW|FYI|fyi)\b)", "\n\n", text)  # an aside in brackets stands alone
     text = re.sub(r" - ", ", ", text)
+    # "the receipt's posted", "the vendor's on hold": "'s" before a participle or "on" is "is"
+    text = re.sub(r"\b([A-Za-z]+)'s\s+(?=(?:been|not|on|[a-z]+ed)\b)", r"\1 is ", text)
     # "sign it off", "pay us back": the particle goes with its verb ("sign off it", "pay back us")
     return re.sub(r"\b([A-Za-z]+)\s+(it|them|us|this|that|him|her)\s+(off|out|back|over|through)\b", r"\1 \3 \2",
                   text, flags=re.I)
+
+
+# A sign-off ending a line ("Thanks, Tom", "- cheers", "ta, Priya") signs the request; it asks nothing.
+_SIGN_OFF = re.compile(r"(?:^|(?<=[\s,;.!?-]))(?i:many\s+thanks|thanks(?:\s+so\s+much|\s+again)?|thank\s+you|cheers|"
+                       r"ta|thx|regards|best|kind\s+regards|best\s+regards|br)[\s,!.]*(?P<name>[A-Z][a-z]+)?[\s.!]*$", re.M)
+
+
+def _correspondents(text: str) -> frozenset[str]:
+    """Who a message greets (the one asked: "Hi Priya,") and who signs it ("Thanks, Elena"): a
+    greeting or signature added or dropped is courtesy, but one that names someone else is not."""
+    text = unicodedata.normalize("NFKC", text)
+    out = {f"from {m.group('name').lower()}" for m in _SIGN_OFF.finditer(text) if m.group("name")}
+    greeting = _VOCATIVE.match(text.strip())
+    if greeting:
+        words = [w.lower() for w in re.findall(r"[A-Za-z']+", greeting.group(0))[1:]]
+        out |= {f"to {w}" for w in words if w not in _IGNORABLE}
+    return frozenset(out)
 
 
 def _sentences(text: str) -> list[str]:
@@ -649,6 +684,16 @@ class _Sentence:
         return self.text[max(start, same[max(0, index - back)].start):end].strip(" ,;:")
 
 
+def _clock(m: re.Match[str]) -> str:
+    """A time of day as the 24-hour clock has it: "5 pm" and "17:00" are both "17:00"."""
+    if m.group("noon"):
+        return "00:00" if m.group("noon").lower() == "midnight" else "12:00"
+    if m.group("h24"):
+        return f"{int(m.group('h24')):02d}:{m.group('m24')}"
+    hour = int(m.group("h")) % 12 + (12 if m.group("ap").lower() == "p" else 0)
+    return f"{hour:02d}:{m.group('m') or '00'}"
+
+
 def _read_dates(s: _Sentence, work: str) -> str:
     def relation(start: int) -> tuple[str, int]:
         m = _DATE_RELATION.search(work[:start])
@@ -656,6 +701,12 @@ def _read_dates(s: _Sentence, work: str) -> str:
             return "", start
         return _RELATION_OF[re.sub(r"\s+", " ", m.group("rel").lower())], m.start()
 
+    for m in list(_TIME.finditer(work)):
+        rel, start = relation(m.start())
+        key = f"{rel} {_clock(m)}".strip()
+        s.dates.add(key)
+        s.date_display[key] = work[start:m.end()].strip()
+        work = _blank(work, start, m.end())
     for pattern in _DATE_PATTERNS:
         for m in list(pattern.finditer(work)):
             g = m.groupdict()
@@ -692,10 +743,12 @@ def _read_dates(s: _Sentence, work: str) -> str:
 
 def _read_identifiers(s: _Sentence, work: str, v: _Vocabulary) -> str:
     def direction(ident: str, start: int) -> None:
-        """An id after "from" or "to" has a direction: "from S20 to R05" is not "from R05 to S20"."""
-        m = re.search(r"\b(from|to|into)\s+(?:the\s+)?$", work[:start], re.I)
+        """An id after "from" or "to" has a direction: "from S20 to R05" is not "from R05 to S20"; one
+        after "against" or "than" has a part ("apply X against Y", "the new PO rather than Y")."""
+        m = re.search(r"\b(from|to|into|against|than)\s+(?:the\s+)?$", work[:start], re.I)
         if m:
-            s.id_directions.add(f"{ident} {'from' if m.group(1).lower() == 'from' else 'to'}")
+            side = m.group(1).lower()
+            s.id_directions.add(f"{ident} {'to' if side == 'into' else side}")
 
     for m in list(v.id_prefixed.finditer(work)) if v.id_prefixed else ():
         s.identifiers.add(f"{m.group('p').upper()}-{m.group('n')}")
@@ -847,13 +900,19 @@ def _parse_sentence(text: str, v: _Vocabulary) -> _Sentence:
 
 
 def _is_chatter(s: _Sentence) -> bool:
-    """A sentence that asks for nothing and mentions nothing the task is about."""
-    if s.identifiers or s.quantities or s.currencies:
+    """A sentence that asks for nothing and mentions nothing the task is about; or an aside ("FYI …",
+    "PS: …", "btw …") that names no document, id, sum of money or term of the trade, whatever it says."""
+    if s.identifiers or any(q.currency for q in s.quantities) or s.currencies:
+        return False
+    if _ASIDE.match(s.text):
+        return not any(t.role in ("doc", "doc+", "domain") for t in s.tokens)
+    if s.quantities:
         return False
     return not any(t.role in ("action", "neg", "doc", "doc+", "domain", "cond", "fact", "rel") or t.text in _PRONOUNS
                    for t in s.tokens)
 
 
+_ASIDE = re.compile(r"^\W*(?:PS|P\.S\.|btw|by\s+the\s+way|fyi|unrelated|off\s+topic)\b", re.I)
 _CAPITALISED = re.compile(r"(?<![\w'-])[A-Z][A-Za-z]*(?:'[a-z]*)?")
 _OPENS = re.compile(r"(?:^|[.!?:;(\n\-*•]\s*|^\s*(?:\d+[.)]\s*)?)$")
 
@@ -958,14 +1017,15 @@ def read_meaning(text: str, names: frozenset[str] | None = None, lexicon: Domain
         sentence_conditions: set[str] = set()
         # redirection: a transfer word, then "to"/"into" somewhere later in its clause
         for i, t in enumerate(toks):
-            if t.text == "instead":
-                redirects.add("instead")
+            if t.text == "instead" or (t.text == "rather" and i + 1 < len(toks) and toks[i + 1].text == "than"):
+                redirects.add("instead")  # "rather than" and "instead of" draw the same contrast
                 display["redirect:instead"] = s.quote(toks, t, back=6)
             movers = [p for p in toks[:i] if p.clause == t.clause and (p.text.split()[0] in v.transfers or p.text in v.transfers)]
             if t.text in _DESTINATION and movers:
                 dest = [d for d in toks[i + 1:] if d.clause == t.clause]
                 if dest and dest[0].role == "action":
                     continue  # "to process": an infinitive, not a destination
+                dest = list(takewhile(_in_noun_phrase, dest))  # where it goes, not what the clause says next
                 words = [d.value if d.role == "domain" else d.text for d in dest if d.text not in ("the", "a", "an")]
                 key = f"{t.text} {' '.join(words)}".strip()
                 redirects.add(key)
@@ -984,7 +1044,7 @@ def read_meaning(text: str, names: frozenset[str] | None = None, lexicon: Domain
             if t.role == "rel":
                 relations.add(t.value)
             elif t.role == "mult" and (t.value != "any" or _counts_documents(toks, t, v)):
-                multiplicity.add(t.value)
+                multiplicity.add(_UNIVERSAL.get(t.value, t.value))
             elif t.role == "doc+":
                 documents.add(t.value)
                 multiplicity.add("plural " + t.value)
@@ -1006,12 +1066,25 @@ def read_meaning(text: str, names: frozenset[str] | None = None, lexicon: Domain
     for q in quantities:
         if q.unit in v.document_units:
             multiplicity.add(f"{q.key}")
-    return Meaning(frozenset(actions), tuple(sorted(bare)), frozenset(identifiers),
+    if multiplicity & {"every", "any"}:  # "all invoices" is "every invoice": the plural adds nothing
+        multiplicity = {m for m in multiplicity if not m.startswith("plural ")}
+    return Meaning(frozenset(actions), tuple(sorted(_NEGATION_CANON.get(b, b) for b in bare)), frozenset(identifiers),
                    tuple(sorted(quantities, key=lambda q: q.key)), frozenset(currencies), frozenset(dates),
                    frozenset(entities), frozenset(relations), frozenset(multiplicity), frozenset(conditions),
                    frozenset(facts), frozenset(redirects), frozenset(documents), frozenset(terms),
                    frozenset(roles), frozenset(directions | _implied_directions(directions)), disjunctions,
-                   tuple(sorted(bare_modals)), display)
+                   tuple(sorted(bare_modals)), _correspondents(text), display)
+
+
+# "all", "each" and "every" say the same of what a request acts on; "isn't" and "doesn't" say "not"
+_UNIVERSAL = {"all": "every", "each": "every"}
+_NEGATION_CANON = {"cannot": "not", **{w + "n't": "not" for w in _words(
+    "is are was were do does did has have had ca wo should would could must need")}, "don't": "not"}
+
+
+def _in_noun_phrase(t: _Token) -> bool:
+    """Whether a token can stand in a noun phrase ("the vendor's new bank account", "us")."""
+    return t.role in ("unknown", "word", "domain", "doc", "doc+", "rel", "mult") or t.text in _DETERMINERS | _WE | _THEY
 
 
 def _read_counterparties(toks: list[_Token], v: _Vocabulary) -> None:
@@ -1030,7 +1103,7 @@ def _counts_documents(toks: list[_Token], at: _Token, v: _Vocabulary) -> bool:
     multiplies, rather than over an amount ("any amount over GBP 25,000"), where it is generic."""
     index = next(i for i, t in enumerate(toks) if t is at)
     following = toks[index + 1] if index + 1 < len(toks) and toks[index + 1].clause == at.clause else None
-    return following is None or following.role in ("doc", "doc+", "unknown") or following.text in v.parties
+    return following is None or following.role in ("doc", "doc+", "unknown") or following.text in v.parties | {"of"}
 
 
 def _soft_conditions(before: frozenset[str], after: frozenset[str]) -> tuple[frozenset[str], frozenset[str]]:
@@ -1113,8 +1186,8 @@ def _scoped_actions(toks: list[_Token], bare: list[str], bare_modals: list[str])
     governs the last action before it in the clause ("Processing it is optional"), else it is kept
     on its own (bare). A negation with no action after it negates the last verb said, which English
     leaves out rather than repeats, when it ends its clause or goes before a preposition ("pay for
-    the quantity ordered, but not for the extra units"; "Please process it. Actually, don't."); else
-    ("pay Ashfield Logistics, not Corvin Industrial") or with no verb said, it is kept on its own.
+    the quantity ordered, but not for the extra units"); else ("pay Ashfield Logistics, not Corvin
+    Industrial") or with no verb said in its sentence ("Actually, don't."), it is kept on its own.
     """
     out: list[tuple[_Token, str]] = []
     explicit: list[bool] = []
@@ -1204,7 +1277,8 @@ def _roles(toks: list[_Token], v: _Vocabulary) -> set[str]:
     party just before it that no preposition governs ("the controller must approve", "ask
     Northwind Supplies to process"); an action joined by "and" to one with a doer shares it. The
     receiver is the party right after it or after "to" ("pay Ashfield Logistics", "refund us",
-    "refer it to the treasury team"). "You", the one asked, is nobody's role.
+    "refer it to the treasury team"), or the party before it in the passive ("Kestrel Consulting
+    must not be paid"). "You", the one asked, is nobody's role.
     """
     parties = _parties(toks, v)
     doers: dict[int, str] = {}
@@ -1236,12 +1310,18 @@ def _roles(toks: list[_Token], v: _Vocabulary) -> set[str]:
             j += 1
         if not doer:
             j = k - 1
+            passive = False  # "X must be approved": X is approved, not approving
             while j >= 0 and toks[j].clause == t.clause:
                 if j in parties:
                     first = parties[j][1]
                     if first == 0 or toks[first - 1].text not in _PREPOSITIONS or toks[first - 1].clause != t.clause:
-                        doer = parties[j][0]
+                        if passive and not t.text.endswith("ing"):
+                            receiver = receiver or parties[j][0]
+                        else:
+                            doer = parties[j][0]
                     break
+                if toks[j].text in _BE or toks[j].text == "been":
+                    passive = True
                 if toks[j].role == "action":
                     doer = doers.get(j, "")
                     break
@@ -1456,7 +1536,9 @@ def _role_changes(before: Meaning, after: Meaning) -> list[str]:
     A doer the variant names for an action the original has is a change when the original names
     another doer or none ("Please ask Northwind Supplies to process …"); a variant that names no
     doer (a passive without "by") says less, not something else. A receiver changes only when both
-    name one. A party "from" in one text and "to" in the other swapped sides.
+    name one. A party that does an action in one text and receives it in the other ("X must
+    approve" against "X must be approved") swapped roles; so did a party "from" in one text and
+    "to" in the other.
     """
     def split(roles: frozenset[str]) -> tuple[dict[str, set[str]], dict[str, set[str]]]:
         doers: dict[str, set[str]] = {}
@@ -1483,10 +1565,18 @@ def _role_changes(before: Meaning, after: Meaning) -> list[str]:
             out.append(f"'{base}' by {', '.join(old)} became by {', '.join(new)}")
         elif new:
             out.append(f"'{base}' is now done by {', '.join(new)}")
+    for base in sorted(set(a_doers) | set(b_doers)):
+        for party in sorted((b_doers.get(base, set()) & a_receivers.get(base, set()))
+                            | (b_receivers.get(base, set()) & a_doers.get(base, set()))):
+            out.append(f"'{base}': {party} swapped doing and receiving it")
     for base in sorted(set(a_receivers) & set(b_receivers)):
         if a_receivers[base] != b_receivers[base]:
             out.append(f"'{base}' to {', '.join(sorted(b_receivers[base]))} became to "
                        f"{', '.join(sorted(a_receivers[base]))}")
+    for d in sorted(after.directions ^ before.directions):
+        party, side = d.rsplit(" ", 1)
+        if side in ("against", "than") and party in before.identifiers & after.identifiers:
+            out.append(f"'{side} {party}' {'added' if d in after.directions else 'dropped'}")
     for d in sorted(after.directions - before.directions):
         party, side = d.rsplit(" ", 1)
         other = f"{party} {'to' if side == 'from' else 'from'}"
@@ -1528,6 +1618,11 @@ def compare(before: Meaning, after: Meaning) -> list[str]:
     changes += list(dict.fromkeys(f"redirection dropped: '{before.show('redirect:' + r)}'"
                                   for r in sorted(before.redirects - after.redirects) if not _same_payee(r, after)))
     changes += _role_changes(before, after)
+    for side in ("to", "from"):
+        was = {c for c in before.correspondents if c.startswith(side + " ")}
+        now = {c for c in after.correspondents if c.startswith(side + " ")}
+        if was and now and was != now:
+            changes.append(f"{'greeted' if side == 'to' else 'signed'} {', '.join(sorted(was))} became {', '.join(sorted(now))}")
     if after.disjunctions != before.disjunctions:
         more = after.disjunctions > before.disjunctions
         changes.append("connective 'and' became 'or'" if more else "connective 'or' became 'and'")

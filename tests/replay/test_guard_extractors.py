@@ -6,7 +6,7 @@ from decimal import Decimal
 
 import pytest
 
-from plumbline_otel.replay.guard import check_equivalent, parse_number_words, protected_tokens, read_meaning
+from plumbline_otel.replay.guard import check_equivalent, compare, parse_number_words, protected_tokens, read_meaning
 
 REQUEST = "Please process invoice INV-1001 from Northwind Supplies."
 
@@ -110,9 +110,14 @@ def test_actions_and_their_polarity(text: str, actions: set[str]) -> None:
     assert read_meaning(text).actions == actions
 
 
-def test_a_negation_that_governs_no_action_is_counted() -> None:
+def test_a_negation_that_governs_no_action_negates_the_verb_left_out_or_is_counted() -> None:
     meaning = read_meaning("Please process invoice INV-1001. Actually, don't.")
-    assert meaning.actions == {"process"} and meaning.bare_negations == ("don't",)
+    assert meaning.actions == {"process"} and meaning.bare_negations == ("not",)  # no verb in its sentence
+    elided = read_meaning("You may pay for the quantity ordered, but not for the extra units.")
+    assert elided.actions == {"may pay", "not pay"} and elided.bare_negations == ()
+    contrast = read_meaning("Please pay Ashfield Logistics, not Corvin Industrial.")  # a party, not a verb, is negated
+    assert contrast.actions == {"pay"} and contrast.bare_negations == ("not",)
+    assert read_meaning("Don't. Please.").bare_negations == ("not",)  # "don't", "isn't" and "not" say the same
 
 
 @pytest.mark.parametrize("text", [
@@ -148,7 +153,8 @@ def test_relations_to_the_named_entity(text: str, relations: set[str]) -> None:
     ("Please process invoice INV-1001 twice.", {"twice"}),
     ("Please process invoice INV-1001 again.", {"again"}),
     ("Please process both invoices from Northwind Supplies.", {"both", "plural invoice"}),
-    ("Please process all invoices from Northwind Supplies.", {"all", "plural invoice"}),
+    ("Please process all invoices from Northwind Supplies.", {"every"}),  # "all invoices" is "every invoice"
+    ("Please process each invoice from Northwind Supplies.", {"every"}),
     ("Please process every invoice from Northwind Supplies.", {"every"}),
     ("Please process invoice INV-1001 three times.", {"3 time"}),
 ])
@@ -200,8 +206,8 @@ def test_an_infinitive_is_not_a_destination() -> None:
     "Hello there.",
 ])
 def test_chatter_is_set_aside(chatter: str) -> None:
-    assert read_meaning(f"{REQUEST} {chatter}") == read_meaning(REQUEST)
-    assert read_meaning(f"{chatter}\n\n{REQUEST}") == read_meaning(REQUEST)
+    assert compare(read_meaning(REQUEST), read_meaning(f"{REQUEST} {chatter}")) == []
+    assert compare(read_meaning(REQUEST), read_meaning(f"{chatter}\n\n{REQUEST}")) == []
 
 
 def test_a_sentence_about_the_task_is_not_chatter() -> None:
