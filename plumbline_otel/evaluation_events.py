@@ -39,6 +39,7 @@ from plumbline_otel import __version__
 from plumbline_otel.analyse.conformance import RunResult, evaluate
 from plumbline_otel.errors import ConfigError, PlumblineError
 from plumbline_otel.model import Trajectory
+from plumbline_otel.report.model import Cell, Certificate
 from plumbline_otel.runs import STUDY, TASK_KEY, TRIAL_ID, agent_label, perturbation_of
 from plumbline_otel.spec import DeclaredInvariant, Spec, Verdict
 from plumbline_otel.trials import KeyRing, account
@@ -76,43 +77,26 @@ def _label(ok: bool) -> str:
     return "pass" if ok else "fail"
 
 
-def _bound(cell: dict[str, Any]) -> tuple[float, str]:
-    """The cell's gating bound and its method: the clustered gate bound where the certificate has one, else Wilson."""
-    if cell.get("gate_lower") is not None:
-        return float(cell["gate_lower"]), str(cell.get("gate_method") or "clustered")
-    return float(cell["lower"]), "wilson"
+def _cell_attributes(cert: Certificate, cell: Cell) -> dict[str, Any]:
+    return {"plumbline.spec.name": cert.spec.name, "plumbline.spec.hash": cert.spec.hash,
+            "plumbline.evidence.sha256": cert.provenance.evidence_sha256,
+            "plumbline.cell.agent": cell.agent, "plumbline.cell.perturbation": cell.perturbation,
+            "plumbline.cell.n": cell.n, "plumbline.cell.conforming": cell.conforming,
+            "plumbline.bound.lower": cell.gate_lower, "plumbline.bound.method": cell.gate_method,
+            "plumbline.bound.confidence": cert.confidence, "plumbline.target": cert.target_bound}
 
 
-def _interval(cert: dict[str, Any], cell: dict[str, Any]) -> dict[str, Any]:
-    """The cell's interval as the proposed `score.ci.*`: the gate's when the certificate has one, else Wilson's."""
-    lower, _ = _bound(cell)
-    upper = cell.get("gate_upper") if cell.get("gate_lower") is not None else cell.get("upper")
-    ci = {"gen_ai.evaluation.score.ci.lower": lower, "gen_ai.evaluation.score.ci.level": float(cert.get("confidence", 0.95))}
-    return ci if upper is None else {**ci, "gen_ai.evaluation.score.ci.upper": float(upper)}
+def _interval(cert: Certificate, cell: Cell) -> dict[str, Any]:
+    """The cell's gate interval as the proposed `score.ci.*`."""
+    return {"gen_ai.evaluation.score.ci.lower": cell.gate_lower, "gen_ai.evaluation.score.ci.level": cert.confidence,
+            "gen_ai.evaluation.score.ci.upper": cell.gate_upper}
 
 
-def _cell_attributes(cert: dict[str, Any], cell: dict[str, Any]) -> dict[str, Any]:
-    lower, method = _bound(cell)
-    provenance = cert.get("provenance", {})
-    return {"plumbline.spec.name": cert["spec"]["name"], "plumbline.spec.hash": cert["spec"]["hash"],
-            "plumbline.evidence.sha256": provenance.get("evidence_sha256", ""),
-            "plumbline.cell.agent": cell["agent"], "plumbline.cell.perturbation": cell["perturbation"],
-            "plumbline.cell.n": int(cell["n"]), "plumbline.cell.conforming": int(cell["conforming"]),
-            "plumbline.bound.lower": lower, "plumbline.bound.method": method,
-            "plumbline.bound.confidence": float(cert.get("confidence", 0.95)),
-            "plumbline.target": float(cert.get("target_bound", 0.0))}
-
-
-def _cells(cert: dict[str, Any]) -> dict[tuple[str, str], dict[str, Any]]:
-    return {(c["agent"], c["perturbation"]): c for a in cert.get("agents", []) for c in a.get("perturbations", [])}
-
-
-def cell_event(cert: dict[str, Any], cell: dict[str, Any], now_ns: int) -> EvaluationEvent:
+def cell_event(cert: Certificate, cell: Cell, now_ns: int) -> EvaluationEvent:
     """A certificate cell: its gating lower bound, pass when it meets the certificate's target."""
-    lower, method = _bound(cell)
-    target = float(cert.get("target_bound", 0.0))
-    explanation = (f"{cell['agent']} under {cell['perturbation']}: {cell['conforming']} of {cell['n']} runs hold every critical "
-                   f"invariant; lower 95% bound {lower:.4f} ({method}) against a target of {target:.4f}")
+    lower, target = cell.gate_lower, cert.target_bound
+    explanation = (f"{cell.agent} under {cell.perturbation}: {cell.conforming} of {cell.n} runs hold every critical "
+                   f"invariant; lower 95% bound {lower:.4f} ({cell.gate_method}) against a target of {target:.4f}")
     return EvaluationEvent(CELL_EVALUATION, lower, _label(lower >= target), explanation,
                            {**_cell_attributes(cert, cell), **_interval(cert, cell)}, time_ns=now_ns)
 
@@ -131,7 +115,7 @@ def _run_attributes(trajectory: Trajectory) -> dict[str, Any]:
     return attributes
 
 
-def run_event(cert: dict[str, Any], cell: dict[str, Any], trajectory: Trajectory, result: RunResult,
+def run_event(cert: Certificate, cell: Cell, trajectory: Trajectory, result: RunResult,
               errored_reason: str | None, now_ns: int) -> EvaluationEvent:
     """One run of a certificate: 1 when it held every critical invariant, 0 when not (or when it errored)."""
     critical = [(i, v) for i, v in result.violations if i.severity == "critical"]
@@ -141,23 +125,23 @@ def run_event(cert: dict[str, Any], cell: dict[str, Any], trajectory: Trajectory
     elif critical:
         explanation = "; ".join(f"violates {i.id}: {v.detail}" for i, v in critical)
     else:
-        explanation = f"holds every critical invariant of {cert['spec']['name']}"
+        explanation = f"holds every critical invariant of {cert.spec.name}"
     attributes = {**_cell_attributes(cert, cell), **_run_attributes(trajectory)}
     return EvaluationEvent(RUN_EVALUATION, 1.0 if ok else 0.0, _label(ok), explanation, attributes,
                            trajectory.trace_id, _blamed_span(trajectory, [v for _, v in critical]), now_ns)
 
 
-def certificate_events(cert: dict[str, Any], spec: Spec, trajectories: Iterable[Trajectory], keys: KeyRing | None = None,
+def certificate_events(cert: Certificate, spec: Spec, trajectories: Iterable[Trajectory], keys: KeyRing | None = None,
                        now_ns: int | None = None) -> list[EvaluationEvent]:
     """Every cell of `cert`, then every trial it scored (`trials.account`: unexposed, unwitnessed and missing ones have no score)."""
     now_ns = time.time_ns() if now_ns is None else now_ns
-    cells = _cells(cert)
+    cells = {(c.agent, c.perturbation): c for c in cert.cells}
     events = [cell_event(cert, cell, now_ns) for cell in cells.values()]
-    errored = {key: {str(e.get("run")): str(e.get("reason", "")) for e in cell.get("errored_runs", ())} for key, cell in cells.items()}
-    study = cert.get("provenance", {}).get("filters", {}).get("study")
+    errored = {key: {e.run: e.reason for e in cell.errored_runs} for key, cell in cells.items()}
+    study = cert.provenance.filters.study
     books = account(trajectories, keys)
     witnessed = {id(r.run or r.record_trajectory) for r in books.results}
-    unexposed = {key: set(map(str, cell.get("unexposed_runs", ()))) for key, cell in cells.items()}
+    unexposed = {key: set(cell.unexposed_runs) for key, cell in cells.items()}
     for trajectory, status in books.judged():
         key = (agent_label(trajectory.service, trajectory.service_version), perturbation_of(trajectory))
         label = str(trajectory.context.get(TRIAL_ID) or trajectory.trajectory_id)  # how the certificate lists a run

@@ -78,7 +78,7 @@ def build_store(root: Path) -> Built:
         store.assemble()
         check(spec, store.trajectories(), store)
         cert = build_certificate(spec, store.trajectories())
-    cert_path.write_text(json.dumps(cert, indent=2))
+    cert_path.write_text(cert.to_json())
     return Built(db, cert_path, write_report(db, cert_path, root / "report.html"))
 
 

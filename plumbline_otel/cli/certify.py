@@ -6,7 +6,6 @@ through its API), where the console shows the latest one; `--no-store` keeps it 
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -61,7 +60,7 @@ def certify(spec_path: str, db: tuple[str, ...], server: tuple[str, ...], agent:
             from plumbline_otel.api.client import PlumblineClient
 
             with PlumblineClient(stores.servers[0]) as client:
-                client.store_certificate(cert)
+                client.store_certificate(cert.to_dict())
             click.echo(f"(certificate kept by the server at {stores.servers[0]}: its console shows it)", err=True)
     else:
         with open_store(stores.single_db) as store, progress:
@@ -71,12 +70,12 @@ def certify(spec_path: str, db: tuple[str, ...], server: tuple[str, ...], agent:
             progress.stage("certifying")
             cert = build_certificate(spec, kept(store.trajectories()), agent=agent, study=study, target=target, keys=keys)
             if keep:
-                store.store_certificate(cert)
-    Path(out).write_text(json.dumps(cert, indent=2) + "\n", encoding="utf-8")
+                store.store_certificate(cert.to_dict())
+    Path(out).write_text(cert.to_json(), encoding="utf-8")
     if fmt == "text":
         click.echo(render_text(cert))
     elif fmt == "json":
-        click.echo(json.dumps(cert, indent=2))
+        click.echo(cert.to_json(), nl=False)
     if emit_url:
         from plumbline_otel.evaluation_events import certificate_events, send
 

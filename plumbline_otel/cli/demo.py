@@ -12,7 +12,6 @@ JSON-lines files that are ingested; then check, certify and gate (`_check_certif
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 from typing import Any
@@ -116,7 +115,7 @@ def _check_certify_gate(study: DemoStudy, store: Store, runs_dir: Path, min_boun
     click.secho("7. Certificate: critical conformance per agent and perturbation", bold=True)
     cert = build_certificate(spec, store.trajectories(runs=_DEMO_RUNS), target=min_bound, keys=store.study_keys())
     cert_path = runs_dir / "certificate.json"
-    cert_path.write_text(json.dumps(cert, indent=2) + "\n")
+    cert_path.write_text(cert.to_json())
     click.echo(render_certificate(cert))
     from plumbline_otel.report import gate_verdict
 

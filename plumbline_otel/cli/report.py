@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 import click
 
@@ -50,12 +49,12 @@ def reading(stores: Sources, task: str | None = None) -> Iterator[Store]:
 def report(db: tuple[str, ...], server: tuple[str, ...], cert_path: str | None, spec_path: str | None, study: str | None, out: str) -> None:
     """Write one HTML file that opens offline: the bound, the chart, violations, coverage and run diffs."""
     from plumbline_otel.analyse.conformance import check
-    from plumbline_otel.report import build_certificate, load_certificate
+    from plumbline_otel.report import Certificate, build_certificate, load_certificate
     from plumbline_otel.report.pages import report_html, report_study
     from plumbline_otel.runs import STUDY
     from plumbline_otel.spec import load_spec
 
-    cert: dict[str, Any] | None = load_certificate(cert_path) if cert_path else None
+    cert: Certificate | None = load_certificate(cert_path) if cert_path else None
     study = report_study(cert, study)  # one study's report: every section holds its runs, and only they are judged
     stores = sources(db, server, assemble=True)
     coverage = stores.coverage() if stores.single_db is None else None

@@ -1,9 +1,10 @@
-"""Certificates (build, validate, render as text) and the pages: the HTML report, run views and diffs."""
+"""Certificates (the typed model: built, read and validated once, gated, rendered) and the pages: the HTML report, run views and diffs."""
 
 from plumbline_otel.report.certificate import (
     CERTIFICATE_KIND,
     CERTIFICATE_VERSION,
     Cell,
+    Certificate,
     build_certificate,
     evidence_digest,
     evidence_hash,
@@ -18,6 +19,7 @@ __all__ = [
     "CERTIFICATE_KIND",
     "CERTIFICATE_VERSION",
     "Cell",
+    "Certificate",
     "CertificateError",
     "GateVerdict",
     "agent_label",

@@ -1,8 +1,8 @@
 """Certificates: how far an agent can be trusted to hold its critical invariants, with the evidence pinned.
 
 The certificate's format is the typed model in `report.model` (its JSON schema ships beside it);
-this module computes one (`certificate_model`) and `build_certificate` gives it as the JSON-ready dict
-a file holds.
+`build_certificate` computes one. Everything downstream (the gate, the renderers, the evaluation
+events, the store) takes that model; a file is its `Certificate.to_json`.
 
 A certificate is built from runs (stored traffic or replay trials) and a spec. Runs are grouped
 into cells by agent (service name and version) and perturbation (``plumbline.perturbation``,
@@ -32,12 +32,19 @@ recorded (live traffic, older exports, imported studies) are counted by their ow
 
 So n = exposed + errored, and conforming counts exposed runs with no critical violation.
 
-Per cell: Wilson 95% (``lower``/``upper``: runs as if independent), the gate's bound
-(``gate_lower``/``gate_upper``, method ``gate_method``: `stats.clustered_interval`'s
-``cluster_kg``, valid when runs cluster by task and for few tasks; it equals Wilson when every
-task ran once and is 0 for a single task), the distinct ``tasks``, pass^k over each task's repeats
-and the flip rate (tasks whose repeats disagree), and the violations per invariant with the runs
-it applied to.
+Per cell: Wilson 95% (``lower``/``upper``: runs as if independent), the gate's bounds on the mean
+conformance over tasks (``gate_lower``/``gate_upper``, method ``gate_method``: ``wilson_tasks``,
+`stats.task_interval`, for a number of tasks fixed in advance; ``betting_cs``,
+`stats.sequential_interval`, for a study that stopped when its answer was known; `report.gate`
+says how each is gated), the distinct ``tasks``, pass^k over each task's repeats and the flip
+rate (tasks whose repeats disagree), and the violations per invariant with the runs it applied to.
+
+An instrumented agent whose SDK did not continue the trial's ``TRACEPARENT`` exports its run in a
+trace of its own, with the trial's identity on its resource (``OTEL_RESOURCE_ATTRIBUTES``). That
+trace is never taken for the trial (a trial's run is the trace the driver minted): the run is
+listed once, in the certificate's ``unattributed_runs``, with the trial it claims, and the trial
+whose minted trace holds no run is missing with one reason that says so, not a warning per run
+in every cell.
 
 The headline is exactly ``min`` over cells of ``gate_lower``. Every cell attaining it is reported
 (no order-dependent tie-breaking), and it is never replaced by the cell with the worst point
@@ -61,7 +68,6 @@ from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any
 
 import orjson
 
@@ -101,10 +107,11 @@ from plumbline_otel.report.model import (
     RunNote,
     RunReason,
     SpecRef,
+    UnattributedRun,
 )
-from plumbline_otel.runs import agent_label, errored_reason, perturbation_of, run_label, run_status
+from plumbline_otel.runs import STUDY, TRIAL_ID, agent_label, errored_reason, perturbation_of, run_label, run_status
 from plumbline_otel.spec import Spec
-from plumbline_otel.trials import RAN, KeyRing, TrialResult, account
+from plumbline_otel.trials import RAN, Accounting, KeyRing, TrialResult, account
 
 GATE_METHOD = TASK_METHOD
 _TIE = 1e-12  # lower bounds within this are the same bound (float noise, not a difference)
@@ -115,15 +122,15 @@ class _Tally:
     exposed: int = 0
     conforming: int = 0
     missing: int = 0
-    errored: list[dict[str, str]] = field(default_factory=list)
+    errored: list[RunReason] = field(default_factory=list)
     unexposed: list[str] = field(default_factory=list)
     per_task: dict[str, list[int]] = field(default_factory=lambda: defaultdict(lambda: [0, 0]))
     missing_per_task: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     violations: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     applicable: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     unwitnessed: list[str] = field(default_factory=list)
-    missing_runs: list[dict[str, str]] = field(default_factory=list)
-    notes: list[dict[str, str]] = field(default_factory=list)
+    missing_runs: list[RunReason] = field(default_factory=list)
+    notes: list[RunNote] = field(default_factory=list)
     evidence_from: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     witnessed: int = 0
     trace_judged: int = 0
@@ -180,19 +187,6 @@ def build_certificate(
     study: str | None = None,
     target: float = 0.95,
     keys: KeyRing | None = None,
-) -> dict[str, Any]:
-    """The certificate as a JSON-ready dict (``version`` first): `certificate_model`'s, as written to a file."""
-    return certificate_model(spec, trajectories, agent=agent, study=study, target=target, keys=keys).to_dict()
-
-
-def certificate_model(
-    spec: Spec,
-    trajectories: Iterable[Trajectory],
-    *,
-    agent: str | None = None,
-    study: str | None = None,
-    target: float = 0.95,
-    keys: KeyRing | None = None,
 ) -> Certificate:
     """The certificate (`report.model.Certificate`) for the runs that match `agent` and `study`.
 
@@ -223,22 +217,27 @@ def certificate_model(
         if wanted(record.agent):
             digests.append((t.trajectory_id, evidence_digest(t)))
             records += 1
+    unattributed, joined_elsewhere = _unattributed(books)
     for result in books.results:
         if wanted(result.agent):
             if result.run is not None:
                 pin(result.run)
-            _count_trial(tallies[(result.agent, result.perturbation)], spec, result)
+            _count_trial(tallies[(result.agent, result.perturbation)], spec, result,
+                         (result.study, result.trial_id) in joined_elsewhere)
     for t in books.legacy:
         label = agent_label(t.service, t.service_version)
         if wanted(label):
             pin(t)
             _count(tallies[(label, perturbation_of(t))], spec, t)
     claimed: list[RunReason] = []
+    listed: list[UnattributedRun] = []
     for t in books.unwitnessed:  # listed beside the cell it claims when there is one; a cell no driver recorded is never made of them
         label = agent_label(t.service, t.service_version)
         if wanted(label):
             pin(t)
-            if (label, perturbation_of(t)) in tallies:
+            if id(t) in unattributed:
+                listed.append(UnattributedRun(run=t.trajectory_id, trial=run_label(t)))
+            elif (label, perturbation_of(t)) in tallies:
                 tallies[(label, perturbation_of(t))].unwitnessed.append(run_label(t))
             else:
                 claimed.append(RunReason(run=run_label(t), reason=f"unwitnessed: claims {label} under {perturbation_of(t)}, a cell "
@@ -269,7 +268,25 @@ def certificate_model(
             evidence_method="sha256 over sorted 'trajectory_id:sha256(canonical run JSON)' lines, the driver's records included",
             untrusted_records=untrusted or None,
         ),
+        unattributed_runs=tuple(sorted(listed, key=lambda u: (u.trial, u.run))) or None,
     )
+
+
+UNJOINED = ("ran, but its run is in a trace of the agent's own, not the one the driver minted for it (the agent's "
+            "tracing did not continue the trial's TRACEPARENT): see the certificate's unattributed_runs")
+
+
+def _unattributed(books: Accounting) -> tuple[set[int], set[tuple[str, str]]]:
+    """The unwitnessed runs that claim a trial the driver did record (an instrumented agent's own trace, which could not
+    join its trial), by id(), and the (study, trial id) of the trials they claim."""
+    recorded = {(r.study, r.trial_id) for r in books.results}
+    runs, trials = set(), set()
+    for t in books.unwitnessed:
+        claim = (str(t.context.get(STUDY) or ""), str(t.context.get(TRIAL_ID) or ""))
+        if claim in recorded:
+            runs.add(id(t))
+            trials.add(claim)
+    return runs, trials
 
 
 def _task(t: Trajectory) -> str:
@@ -293,8 +310,8 @@ def _judge(tally: _Tally, spec: Spec, t: Trajectory, task: str) -> None:
             tally.violations[inv.id] += 1
 
 
-def _count_trial(tally: _Tally, spec: Spec, result: TrialResult) -> None:
-    """One planned trial, as the driver's record decided it."""
+def _count_trial(tally: _Tally, spec: Spec, result: TrialResult, joined_elsewhere: bool = False) -> None:
+    """One planned trial, as the driver's record decided it; `joined_elsewhere`: a run claiming it is in a trace of its own."""
     tally.witnessed += 1
     tally.sequential |= result.sequential
     label = result.trial_id
@@ -303,18 +320,19 @@ def _count_trial(tally: _Tally, spec: Spec, result: TrialResult) -> None:
     if record is not None:
         tally.cost_usd += record.cost_usd
         tally.unmetered += record.metered is False and record.status in RAN
-    tally.notes.extend({"run": label, "note": note} for note in result.notes)
+    tally.notes.extend(RunNote(label, note) for note in result.notes)
     if result.status == "stopped":
         tally.stopped += 1
     elif result.status == "missing":
         tally.missing += 1
         tally.missing_per_task[task] += 1
-        tally.missing_runs.append({"run": label, "reason": result.reason or "missing"})
+        unjoined = joined_elsewhere and result.run is None and result.record is not None and result.record.status in RAN
+        tally.missing_runs.append(RunReason(label, UNJOINED if unjoined else result.reason or "missing"))
     elif result.status == "unexposed":
         tally.unexposed.append(label)
     elif result.status == "errored":
         tally.per_task[task][1] += 1
-        tally.errored.append({"run": label, "reason": result.reason or "errored"})
+        tally.errored.append(RunReason(label, result.reason or "errored"))
     else:
         assert result.run is not None
         witness = record.fault_source if record is not None and record.fault_fired else (record.seen_by if record is not None and record.seen else None)
@@ -336,7 +354,7 @@ def _count(tally: _Tally, spec: Spec, t: Trajectory) -> None:
         return
     if status == "errored":
         tally.per_task[_task(t)][1] += 1
-        tally.errored.append({"run": run_label(t), "reason": errored_reason(t)})
+        tally.errored.append(RunReason(run_label(t), errored_reason(t)))
         return
     _judge(tally, spec, t, _task(t))
 
@@ -389,15 +407,15 @@ def _cell(agent: str, perturbation: str, tally: _Tally, target: float) -> Cell:
         per_task=tuple((task, k, n) for task, (k, n) in tasks),
         violations=dict(sorted(tally.violations.items())),
         applicable=dict(sorted(tally.applicable.items())),
-        errored_runs=tuple(RunReason(r["run"], r["reason"]) for r in sorted(tally.errored, key=lambda r: (r["run"], r["reason"]))),
+        errored_runs=tuple(sorted(tally.errored, key=lambda r: (r.run, r.reason))),
         unexposed_runs=tuple(sorted(tally.unexposed)),
-        missing_runs=tuple(RunReason(r["run"], r["reason"]) for r in sorted(tally.missing_runs, key=lambda r: (r["run"], r["reason"]))),
+        missing_runs=tuple(sorted(tally.missing_runs, key=lambda r: (r.run, r.reason))),
         unwitnessed=len(tally.unwitnessed),
         unwitnessed_runs=tuple(sorted(tally.unwitnessed)),
         witnessed=tally.witnessed,
         trace_judged=tally.trace_judged,
         evidence_from=dict(sorted(tally.evidence_from.items())),
-        notes=tuple(RunNote(r["run"], r["note"]) for r in sorted(tally.notes, key=lambda r: (r["run"], r["note"]))),
+        notes=tuple(sorted(tally.notes, key=lambda r: (r.run, r.note))),
         cost_usd=round(tally.cost_usd, 8),
         unmetered=tally.unmetered,
         stopped=tally.stopped,
@@ -472,6 +490,6 @@ def _agents(cells: list[Cell], target: float) -> tuple[Agent, ...]:
 
 
 __all__ = [
-    "CERTIFICATE_KIND", "CERTIFICATE_VERSION", "GATE_METHOD", "GATE_METHODS", "Cell", "build_certificate", "certificate_model",
+    "CERTIFICATE_KIND", "CERTIFICATE_VERSION", "GATE_METHOD", "GATE_METHODS", "UNJOINED", "Cell", "Certificate", "build_certificate",
     "evidence_digest", "evidence_hash", "fault_unexposed", "overall",
 ]

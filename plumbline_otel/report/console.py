@@ -31,6 +31,7 @@ from plumbline_otel.errors import PlumblineError
 from plumbline_otel.model import Trajectory
 from plumbline_otel.report import data
 from plumbline_otel.report.html import chart_rows, render
+from plumbline_otel.report.model import Certificate
 from plumbline_otel.report.pages import advice, diff_page, run_page, spec_violations
 from plumbline_otel.store import Reader, RunFilters
 
@@ -153,7 +154,7 @@ class Console:
             cursor.close()
         self._slow = (time.monotonic(), figures)
 
-    def _load_certificate(self) -> dict[str, Any] | None:
+    def _load_certificate(self) -> Certificate | None:
         """The configured certificate, re-read each time so a new `plumbline certify` shows at once."""
         if self._certificate is None:
             return None

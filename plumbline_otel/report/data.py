@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from plumbline_otel.model import Trajectory
+from plumbline_otel.report.model import Certificate, CertificateFormatError, read_certificate
 from plumbline_otel.runs import PERTURBATION, VARIANT
 from plumbline_otel.store import PAGE_SIZE, Page, Reader, RunFilters, RunRow, TaskRun, TimelineSpan
 
@@ -136,13 +137,13 @@ def other_run(store: Reader, run: Trajectory) -> str | None:
     return best[1] if best else None
 
 
-def latest_certificate(store: Reader) -> dict[str, Any] | None:
+def latest_certificate(store: Reader) -> Certificate | None:
     """The certificate stored last (`certify --server`, or `certify` on the file) that this plumbline reads, or None."""
-    from plumbline_otel.report.render import validate
-
-    for cert in store.certificates(20):
-        if validate(cert) is None:  # one an older plumbline kept, that this one cannot read, is passed over
-            return dict(cert)
+    for kept in store.certificates(20):
+        try:
+            return read_certificate(kept)
+        except CertificateFormatError:  # one an older plumbline kept, that this one cannot read, is passed over
+            continue
     return None
 
 

@@ -23,15 +23,14 @@ caught a true 0.2 drop 6.5% of the time at the demo's size; this one 95% (bench/
 Every verdict names the errored, missing and unexposed counts beside n, so a pass is never read
 without what it left out.
 
-Both take the typed certificate (`report.model.Certificate`) or its dict, and read the typed cells;
-the verdict is `report.model.GateVerdict` (its schema ships as ``gate_verdict.schema.json``).
+Both take the typed certificate (`report.model.Certificate`, read and validated once by
+`load_certificate` or built by `build_certificate`); the verdict is `report.model.GateVerdict` (its
+schema ships as ``gate_verdict.schema.json``).
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Mapping
-from typing import Any
 
 from plumbline_otel.analyse.regression import drop_test
 from plumbline_otel.analyse.stats import (
@@ -49,8 +48,6 @@ from plumbline_otel.analyse.stats import (
 )
 from plumbline_otel.report.certificate import overall
 from plumbline_otel.report.model import EXIT_CODES, Cell, CellVerdict, Certificate, GateVerdict
-
-CertificateLike = Certificate | Mapping[str, Any]  # the model, or a certificate's dict (built, or loaded by load_certificate)
 
 
 def _counts(c: Cell) -> str:
@@ -72,9 +69,8 @@ def cell_bounds(c: Cell) -> Interval:
     return sequential_interval(counts) if c.gate_method == SEQUENTIAL_METHOD else task_interval(counts)
 
 
-def cell_verdict(c: Cell | Mapping[str, Any], min_bound: float) -> tuple[str, int | None]:
+def cell_verdict(c: Cell, min_bound: float) -> tuple[str, int | None]:
     """A cell's verdict at `min_bound`, and the more distinct clean tasks a sequential continuation needs (None: no number will do)."""
-    c = c if isinstance(c, Cell) else Cell.from_dict(c)
     if c.n == 0:
         return INCONCLUSIVE, tasks_to_settle(INCONCLUSIVE, [], min_bound)
     bounds = cell_bounds(c)
@@ -113,9 +109,8 @@ def _why(c: Cell, verdict: str, more: int | None, min_bound: float, bounds: Inte
     return why
 
 
-def gate_verdict(cert: CertificateLike, min_bound: float) -> GateVerdict:
-    """The verdict on a certificate (the model, or a dict `load_certificate` accepted)."""
-    model = Certificate.of(cert)
+def gate_verdict(model: Certificate, min_bound: float) -> GateVerdict:
+    """The verdict on a certificate at `min_bound` (module docstring)."""
     bound = model.headline.lower_bound
     cells = sorted(model.cells, key=lambda c: (c.gate_lower, c.agent, c.perturbation))
     judged = [(c, *cell_verdict(c, min_bound)) for c in cells]
@@ -150,7 +145,7 @@ def _per_task(cert: Certificate) -> dict[str, dict[str, tuple[int, int]]]:
     return out
 
 
-def regression_verdict(candidate: CertificateLike, baseline: CertificateLike, margin: float) -> GateVerdict:
+def regression_verdict(candidate: Certificate, baseline: Certificate, margin: float) -> GateVerdict:
     """The candidate against the baseline on shared tasks (module docstring).
 
     FAIL when the paired sign-flip test (`regression.drop_test`: tasks as units, all perturbations
@@ -158,8 +153,7 @@ def regression_verdict(candidate: CertificateLike, baseline: CertificateLike, ma
     perturbation is shown not worse by more than the margin (betting bound, Holm); INCONCLUSIVE
     otherwise. It prints the smallest drop this evidence would catch with 80% power.
     """
-    cand_model = Certificate.of(candidate)
-    cand, base = _per_task(cand_model), _per_task(Certificate.of(baseline))
+    cand, base = _per_task(candidate), _per_task(baseline)
     shared = sorted(set(cand) & set(base))
     results = {p: paired_task_regression(cand[p], base[p], margin=margin) for p in shared}
     fine = regression_verdicts(results)
@@ -185,7 +179,7 @@ def regression_verdict(candidate: CertificateLike, baseline: CertificateLike, ma
                      f"p(not worse) {r.p_not_worse:.4f}")
     for p in sorted(set(cand) ^ set(base)):
         lines.append(f"  not compared {p}: only the {'candidate' if p in cand else 'baseline'} has it")
-    return GateVerdict(verdict, cand_model.headline.lower_bound, margin, tuple(lines))
+    return GateVerdict(verdict, candidate.headline.lower_bound, margin, tuple(lines))
 
 
 __all__ = ["EXIT_CODES", "CellVerdict", "GateVerdict", "advice", "cell_bounds", "cell_verdict", "gate_verdict", "regression_verdict"]

@@ -5,8 +5,8 @@ untrusted text: templates never mark anything safe, autoescaping is on for every
 the only markup built in Python is the chart's geometry (numbers). Pages carry their CSS inline
 and make no network request, so a written report opens offline and the console needs no assets.
 
-Certificates are read defensively: a cell field newer than the reader (``gate_lower``,
-``exposed``, ``pass_k``, ...) is shown when present and left out when not.
+Certificates reach a page as the typed model (`report.model.Certificate`), read and validated once
+by whoever loaded or built it; templates read its attributes, never a certificate's JSON keys.
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ import jinja2
 
 from plumbline_otel import __version__
 from plumbline_otel.report.diff import show_value
-from plumbline_otel.report.render import headline_sentence
+from plumbline_otel.report.model import Cell, CellRef, Certificate, PassKPoint
+from plumbline_otel.report.render import headline_sentence, unattributed_lines
 
 CHART_WIDTH = 420  # px of the [0, 1] axis
 
@@ -75,34 +76,24 @@ def _x(value: float | None) -> float:
     return round(CHART_WIDTH * min(1.0, max(0.0, value or 0.0)), 1)
 
 
-def _gate(cell: dict[str, Any]) -> tuple[float, float, str]:
-    """The interval the gate uses (a certificate `load_certificate` accepted always has it)."""
-    return cell["gate_lower"], cell["gate_upper"], str(cell["gate_method"])
+def counts_text(cell: Cell | CellRef) -> str:
+    """n and the exposed / unexposed / errored / missing counts and the tasks of a cell."""
+    return (f"n={cell.n}, exposed {cell.exposed}, unexposed {cell.unexposed}, errored {cell.errored}, missing {cell.missing}, "
+            f"tasks {cell.tasks}")
 
 
-def counts_text(cell: dict[str, Any]) -> str:
-    """n and the exposed / unexposed / errored / missing counts a cell has (only those it reports)."""
-    parts = [f"n={cell['n']}"]
-    for name in ("exposed", "unexposed", "errored", "missing", "tasks"):
-        if isinstance(cell.get(name), int):
-            parts.append(f"{name} {cell[name]}")
-    return ", ".join(parts)
-
-
-def chart_rows(cert: dict[str, Any]) -> list[ChartRow]:
+def chart_rows(cert: Certificate) -> list[ChartRow]:
     """The chart's rows, lowest gate bound first (the cells that drag the headline down on top)."""
-    setters = {(c["agent"], c["perturbation"]) for c in cert["headline"].get("cells", [])}
+    setters = {(c.agent, c.perturbation) for c in cert.headline.cells}
     rows = []
-    for agent in cert["agents"]:
-        for cell in agent["perturbations"]:
-            lo, hi, method = _gate(cell)
-            rate = cell.get("rate")
-            tip = (f"{cell['agent']} / {cell['perturbation']}: rate {_pct(rate)}; Wilson [{_pct(cell['lower'])}, {_pct(cell['upper'])}]; "
-                   f"{method} [{_pct(lo)}, {_pct(hi)}]; {counts_text(cell)}")
-            rows.append(ChartRow(cell["agent"], cell["perturbation"], None if rate is None else _x(rate),
-                                 (_x(cell["lower"]), _x(cell["upper"])), (_x(lo), _x(hi)), method,
-                                 (cell["agent"], cell["perturbation"]) in setters, tip,
-                                 f"{cell.get('verdict', '')} {cell['conforming']}/{cell['n']}, {cell.get('tasks', '?')} tasks".strip()))
+    for cell in cert.cells:
+        lo, hi, method, rate = cell.gate_lower, cell.gate_upper, cell.gate_method, cell.rate
+        tip = (f"{cell.agent} / {cell.perturbation}: rate {_pct(rate)}; Wilson [{_pct(cell.lower)}, {_pct(cell.upper)}]; "
+               f"{method} [{_pct(lo)}, {_pct(hi)}]; {counts_text(cell)}")
+        rows.append(ChartRow(cell.agent, cell.perturbation, None if rate is None else _x(rate),
+                             (_x(cell.lower), _x(cell.upper)), (_x(lo), _x(hi)), method,
+                             (cell.agent, cell.perturbation) in setters, tip,
+                             f"{cell.verdict} {cell.conforming}/{cell.n}, {cell.tasks} tasks"))
     return sorted(rows, key=lambda r: (r.gate[0], r.agent, r.perturbation))
 
 
@@ -136,22 +127,21 @@ class CurvePoint:
     tip: str
 
 
-def pass_k_points(curve: list[dict[str, Any]], width: int = 220, height: int = 90) -> list[CurvePoint]:
+def pass_k_points(curve: Sequence[PassKPoint], width: int = 220, height: int = 90) -> list[CurvePoint]:
     """A cell's `pass_k_curve` as points of a small chart: k across, pass^k up (0 at the bottom, 1 at the top)."""
-    points = [p for p in curve if isinstance(p.get("k"), int) and p.get("estimate") is not None]
+    points = [p for p in curve if p.estimate is not None]
     if not points:
         return []
-    most = max(p["k"] for p in points)
+    most = max(p.k for p in points)
 
     def y(v: float | None) -> float:
         return round(height * (1 - min(1.0, max(0.0, v or 0.0))), 1)
 
     out = []
     for p in points:
-        x = round(width * ((p["k"] - 1) / (most - 1) if most > 1 else 0.5), 1)
-        tip = (f"pass^{p['k']} {_pct(p['estimate'])}, 95% [{_pct(p.get('lower'))}, {_pct(p.get('upper'))}] "
-               f"over {p.get('tasks', '?')} task(s)")
-        out.append(CurvePoint(p["k"], x, y(p["estimate"]), y(p.get("lower")), y(p.get("upper")), tip))
+        x = round(width * ((p.k - 1) / (most - 1) if most > 1 else 0.5), 1)
+        tip = f"pass^{p.k} {_pct(p.estimate)}, 95% [{_pct(p.lower)}, {_pct(p.upper)}] over {p.tasks} task(s)"
+        out.append(CurvePoint(p.k, x, y(p.estimate), y(p.lower), y(p.upper), tip))
     return out
 
 
@@ -205,7 +195,8 @@ def _environment() -> jinja2.Environment:
     )
     env.filters.update(pct=_pct, when=_when, value=show_value, counts=counts_text, anchor=anchor, by_step=by_step, duration=_duration,
                        money=_money, curve=pass_k_points, hashed_task=task_is_hashed)
-    env.globals.update(task_label=task_label, version=__version__, chart_width=CHART_WIDTH, headline_sentence=headline_sentence, gloss=GLOSSARY)
+    env.globals.update(task_label=task_label, version=__version__, chart_width=CHART_WIDTH, headline_sentence=headline_sentence, gloss=GLOSSARY,
+                       unattributed_lines=unattributed_lines)
     return env
 
 

@@ -145,6 +145,14 @@ class RunNote(Record):
 
 
 @dataclass(frozen=True)
+class UnattributedRun(Record):
+    """A run whose spans claim a recorded trial, in a trace that is not the one the driver minted for it."""
+
+    run: Annotated[str, "the run's trajectory id"]
+    trial: Annotated[str, "the trial its spans claim (plumbline.trial.id)"]
+
+
+@dataclass(frozen=True)
 class PassK(Record):
     """pass^k at k = the fewest repeats of any task: the chance all k repeats of a task conform, averaged over tasks."""
 
@@ -368,6 +376,10 @@ class Certificate(Record):
     agents: Annotated[tuple[Agent, ...], "sorted by agent"]
     spec: SpecRef
     provenance: Provenance
+    unattributed_runs: Annotated[tuple[UnattributedRun, ...] | None, Rule("not a list of {run, trial}", omit_none=True),
+                                 "runs whose spans claim a recorded trial in a trace of their own (an instrumented agent that "
+                                 "did not continue the trial's TRACEPARENT): listed once here, never scored, in no cell; "
+                                 "absent when there are none"] = None
 
     _READ_FIRST = ("kind", "version", "headline", "agents")
 
@@ -385,10 +397,9 @@ class Certificate(Record):
             return "headline.cells is empty although there are cells"
         return None
 
-    @classmethod
-    def of(cls, cert: Certificate | Mapping[str, Any]) -> Certificate:
-        """`cert` itself, or the dict (a built or loaded certificate) read into the model."""
-        return cert if isinstance(cert, Certificate) else read_certificate(cert)
+    def to_json(self) -> str:
+        """The certificate as its file holds it (what ``certify --out`` writes and ``--format json`` prints)."""
+        return json.dumps(self.to_dict(), indent=2) + "\n"
 
 
 @dataclass(frozen=True)
@@ -667,6 +678,6 @@ if __name__ == "__main__":  # python -m plumbline_otel.report.model: rewrite the
 __all__ = [
     "CERTIFICATE_KIND", "CERTIFICATE_VERSION", "EXIT_CODES", "GATE_METHODS", "REFUSED_VERSIONS", "Agent", "AgentHeadline", "Cell",
     "CellRef", "CellVerdict", "Certificate", "CertificateFormatError", "DataWindow", "Filters", "GateVerdict", "Headline",
-    "InvariantRef", "PassK", "PassKPoint", "Provenance", "Record", "Rule", "RunNote", "RunReason", "SpecRef", "json_schema",
+    "InvariantRef", "PassK", "PassKPoint", "Provenance", "Record", "Rule", "RunNote", "RunReason", "SpecRef", "UnattributedRun", "json_schema",
     "read_certificate", "schemas", "version_problem", "write_schemas",
 ]

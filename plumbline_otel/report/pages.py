@@ -21,6 +21,7 @@ from plumbline_otel.model import Trajectory
 from plumbline_otel.report import data
 from plumbline_otel.report.diff import RunDiff, diff_runs
 from plumbline_otel.report.html import anchor, chart_rows, render
+from plumbline_otel.report.model import Certificate
 from plumbline_otel.store import Reader, RunFilters, ViolationSummary
 
 WINDOW_RUNS = 2000  # consistency and equivalence look at this many most recent runs, whatever the store's size
@@ -106,22 +107,22 @@ def _after_a_failure(d: RunDiff) -> bool:
     return any(s is not None and s.error is not None for s in (before.a, before.b))
 
 
-def spec_violations(store: Reader, cert: dict[str, Any] | None, study: str | None = None) -> list[ViolationSummary]:
+def spec_violations(store: Reader, cert: Certificate | None, study: str | None = None) -> list[ViolationSummary]:
     """Violations stored under the certificate's spec; all stored ones when none match (or no certificate); of one
     study's runs when `study` is given."""
     if cert is not None:
-        mine = store.violations_summary(cert["spec"]["hash"], study=study)
+        mine = store.violations_summary(cert.spec.hash, study=study)
         if mine:
             return mine
     return store.violations_summary(study=study)
 
 
-def report_study(cert: dict[str, Any] | None, study: str | None) -> str | None:
+def report_study(cert: Certificate | None, study: str | None) -> str | None:
     """The study a report is of: the one asked for, else the certificate's (a certificate of one study's runs makes
     a report of those runs, so no section counts runs the headline did not). Two different ones are an InputError."""
     from plumbline_otel.errors import InputError
 
-    certified = ((cert or {}).get("provenance") or {}).get("filters", {}).get("study")
+    certified = cert.provenance.filters.study if cert is not None else None
     if study is not None and certified is not None and certified != study:
         raise InputError(f"the certificate is of study {certified!r}, not {study!r}: certify study {study!r} or leave --study out")
     return study if study is not None else certified
@@ -138,7 +139,7 @@ def study_coverage(store: Reader, study: str) -> dict[str, Any]:
         scoped.add_trajectories(runs)
         return coverage_report(scoped)
 
-def report_html(store: Reader, cert: dict[str, Any] | None, source: str, coverage: dict[str, Any] | None = None,
+def report_html(store: Reader, cert: Certificate | None, source: str, coverage: dict[str, Any] | None = None,
                 study: str | None = None) -> str:
     """The whole report as one HTML document; `coverage` replaces the store's own (a served store's, read over the API,
     or one study's). With `study` (or a certificate of one study), every section holds that study's runs only."""
@@ -151,9 +152,8 @@ def report_html(store: Reader, cert: dict[str, Any] | None, source: str, coverag
     for v in violations:
         shown.update({e["trajectory_id"]: None for e in v["examples"]})
     if cert is not None:
-        for agent in cert["agents"]:
-            for cell in agent["perturbations"]:
-                shown.update({e["run"]: None for e in cell.get("errored_runs") or [] if isinstance(e, dict) and "run" in e})
+        for cell in cert.cells:
+            shown.update({e.run: None for e in cell.errored_runs})
     loaded = {i: store.load_run(i) for i in itertools.islice(shown, _RUNS_SHOWN)}
     runs = [(r, store.run_violations(r.trajectory_id)) for r in loaded.values() if r is not None]
     embedded = {i: r.trajectory_id for i, r in loaded.items() if r is not None}

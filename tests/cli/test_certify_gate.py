@@ -9,7 +9,7 @@ from click.testing import CliRunner
 from plumbline_otel.cli.certify import certify
 from plumbline_otel.cli.gate import gate
 from plumbline_otel.cli.plan import plan
-from plumbline_otel.report import build_certificate
+from plumbline_otel.report import Certificate, build_certificate, load_certificate
 from plumbline_otel.spec import MustCall, Spec, invariant
 from plumbline_otel.spec.testing import call, run, span_records
 from plumbline_otel.store import Store
@@ -27,8 +27,9 @@ def runs(perturbation, conforming, n, tasks=None, **ctx):
 
 
 def write_cert(tmp_path, data, name="cert.json"):
+    """A certificate file: the model as `certify` writes it, or a JSON document as someone edited it."""
     path = tmp_path / name
-    path.write_text(json.dumps(data))
+    path.write_text(data.to_json() if isinstance(data, Certificate) else json.dumps(data))
     return str(path)
 
 
@@ -94,7 +95,7 @@ def test_gate_fails_a_cell_shown_below_the_bound_and_compares_with_a_baseline(tm
     good = build_certificate(SPEC, runs("baseline", 60, 60, tasks=30) + runs("paraphrase", 60, 60, tasks=30))
     bad = build_certificate(SPEC, runs("baseline", 60, 60, tasks=30) + runs("paraphrase", 20, 60, tasks=30))
     bad_path, good_path = write_cert(tmp_path, bad), str(tmp_path / "good.json")
-    (tmp_path / "good.json").write_text(json.dumps(good))
+    (tmp_path / "good.json").write_text(good.to_json())
     failed = runner.invoke(gate, [bad_path, "--min-bound", "0.9"])
     assert failed.exit_code == 1 and "FAIL         agent / paraphrase" in failed.output
     worse = runner.invoke(gate, [bad_path, "--baseline", good_path])
@@ -125,7 +126,7 @@ def test_gate_exits_2_on_an_unusable_certificate(tmp_path, runner, content, reas
 
 
 def test_gate_rejects_a_hand_raised_headline(tmp_path, runner):
-    cert = build_certificate(SPEC, runs("baseline", 34, 34))
+    cert = build_certificate(SPEC, runs("baseline", 34, 34)).to_dict()
     cert["headline"]["lower_bound"] = 0.99
     result = runner.invoke(gate, [write_cert(tmp_path, cert)])
     assert result.exit_code == 2 and "not the minimum" in result.output
@@ -155,10 +156,10 @@ def test_certify_reads_the_store_and_writes_a_certificate_the_gate_reads(tmp_pat
     result = runner.invoke(certify, ["--spec", str(spec_path), "--db", db, "--out", str(out)])
     assert result.exit_code == 0, result.output
     assert "INCONCLUSIVE: the evidence neither reaches nor rules out the target 95%" in result.output
-    cert = json.loads(out.read_text())
-    cells = {c["perturbation"]: c for c in cert["agents"][0]["perturbations"]}
-    assert (cells["baseline"]["n"], cells["baseline"]["conforming"], cells["baseline"]["missing"]) == (10, 9, 1)
-    assert len(cert["provenance"]["evidence_sha256"]) == 64
+    cert = load_certificate(out)
+    cells = {c.perturbation: c for c in cert.agents[0].perturbations}
+    assert (cells["baseline"].n, cells["baseline"].conforming, cells["baseline"].missing) == (10, 9, 1)
+    assert len(cert.provenance.evidence_sha256) == 64
     gated = runner.invoke(gate, [str(out), "--min-bound", "0.5"])
     assert gated.exit_code == 0, gated.output
     assert runner.invoke(gate, [str(out), "--min-bound", "0.95"]).exit_code == 3
@@ -181,7 +182,7 @@ def test_48_of_50_single_run_tasks_is_inconclusive_at_099_not_fail(tmp_path, run
 def test_gate_recomputes_a_stored_upper_end_from_the_per_task_counts(tmp_path, runner):
     # A certificate written before issue 38 stored Wilson's upper end (0.9890 for 48 of 50), which
     # FAILs at 0.99; the gate recomputes each cell's bounds from its per_task counts.
-    cert = build_certificate(SPEC, runs("baseline", 48, 50))
+    cert = build_certificate(SPEC, runs("baseline", 48, 50)).to_dict()
     cell = cert["agents"][0]["perturbations"][0]
     cell["gate_upper"], cell["verdict"] = 0.9890, "FAIL"
     result = runner.invoke(gate, [write_cert(tmp_path, cert), "--min-bound", "0.99"])
@@ -206,8 +207,8 @@ def test_gate_baseline_catches_a_02_drop_the_betting_test_missed_and_prints_what
     good_path, bad_path = write_cert(tmp_path, good_cert, "good.json"), write_cert(tmp_path, bad_cert, "bad.json")
     per: dict[Any, Any] = {}
     for cert, side in ((bad_cert, "cand"), (good_cert, "base")):
-        for c in cert["agents"][0]["perturbations"]:
-            per.setdefault(c["perturbation"], {})[side] = {t: (k, n) for t, k, n in c["per_task"]}
+        for c in cert.agents[0].perturbations:
+            per.setdefault(c.perturbation, {})[side] = {t: (k, n) for t, k, n in c.per_task}
     old = regression_verdicts({p: paired_task_regression(v["cand"], v["base"], margin=0.05) for p, v in per.items()})
     assert "worse" not in old.values()
     result = runner.invoke(gate, [bad_path, "--baseline", good_path])

@@ -17,6 +17,7 @@ from receive_support import ServeProcess, agent_run, query
 
 from plumbline_otel import __version__
 from plumbline_otel.cli.main import cli
+from plumbline_otel.report import load_certificate
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
@@ -71,18 +72,18 @@ def test_certify_emit_sends_every_cell_and_run_as_evaluation_events_linked_to_th
             assert result.exit_code == 0, result.output
             assert f"sent 5 gen_ai.evaluation.result events to {url}" in result.stderr
         assert collector.stop() == 0
-    cert = json.loads(cert_path.read_text())
-    cell = cert["agents"][0]["perturbations"][0]
+    cert = load_certificate(cert_path)
+    cell = cert.agents[0].perturbations[0]
     events = _events(collector.db)
     assert len(events) == 10  # (1 cell + 4 runs) by gRPC and again by HTTP
     common = {"event_name": "gen_ai.evaluation.result", "severity": "INFO", "service": "plumbline",
               "scope": "plumbline_otel.evaluation_events", "plumbline.evaluator.name": "plumbline",
               "gen_ai.evaluation.evaluator.id": "plumbline", "gen_ai.evaluation.evaluator.version": __version__,
               "gen_ai.evaluation.evaluator.type": "deterministic",
-              "plumbline.evaluator.version": __version__, "plumbline.spec.name": "payments", "plumbline.spec.hash": cert["spec"]["hash"],
-              "plumbline.evidence.sha256": cert["provenance"]["evidence_sha256"], "plumbline.cell.agent": "payer@2.1",
+              "plumbline.evaluator.version": __version__, "plumbline.spec.name": "payments", "plumbline.spec.hash": cert.spec.hash,
+              "plumbline.evidence.sha256": cert.provenance.evidence_sha256, "plumbline.cell.agent": "payer@2.1",
               "plumbline.cell.perturbation": "baseline", "plumbline.cell.n": 4, "plumbline.cell.conforming": 2,
-              "plumbline.bound.lower": cell.get("gate_lower", cell["lower"]), "plumbline.bound.confidence": 0.95,
+              "plumbline.bound.lower": cell.gate_lower, "plumbline.bound.confidence": 0.95,
               "plumbline.target": 0.95}
     for event in events:
         assert {k: event.get(k) for k in common} == common

@@ -7,7 +7,6 @@ The certificate of each cheat must count what its honest twin's counts; what the
 
 from __future__ import annotations
 
-import json
 import random
 import sys
 import time
@@ -21,7 +20,8 @@ import pytest
 from click.testing import CliRunner
 
 from plumbline_otel.cli.main import cli
-from plumbline_otel.report import build_certificate, render_text
+from plumbline_otel.report import Certificate, build_certificate, load_certificate, render_text
+from plumbline_otel.report.model import RunReason
 from plumbline_otel.runs import INSTANCE, RECORD_KIND, RECORD_MAC, is_record
 from plumbline_otel.spec import load_spec
 from plumbline_otel.store import Store
@@ -44,20 +44,20 @@ def agent(kind: str, mode: str, tmp_path: Path, name: str) -> Iterator[list[str]
             yield [f"http:{url}/{mode}"]
 
 
-def certified(kind: str, mode: str, tmp_path: Path, db: Path, name: str, *extra: str, repeats: int = 2) -> tuple[Any, dict[str, Any]]:
+def certified(kind: str, mode: str, tmp_path: Path, db: Path, name: str, *extra: str, repeats: int = 2) -> tuple[Any, Certificate]:
     with agent(kind, mode, tmp_path, name) as adapter:
         replayed, cert, _ = study(tmp_path, db, adapter[0], *adapter[1:], *extra, repeats=repeats, name=name)
     return replayed, cert
 
 
-def counts(cert: dict[str, Any]) -> list[tuple[Any, ...]]:
+def counts(cert: Certificate) -> list[tuple[Any, ...]]:
     """What a gate and a reader rely on, cell by cell."""
-    return [(c["agent"], c["perturbation"], c["n"], c["conforming"], c["exposed"], c["errored"], c["unexposed"], c["missing"],
-             c["witnessed"], round(c["cost_usd"], 6), c["unmetered"]) for a in cert["agents"] for c in a["perturbations"]]
+    return [(c.agent, c.perturbation, c.n, c.conforming, c.exposed, c.errored, c.unexposed, c.missing,
+             c.witnessed, round(c.cost_usd, 6), c.unmetered) for a in cert.agents for c in a.perturbations]
 
 
-def untrusted(cert: dict[str, Any]) -> list[dict[str, str]]:
-    return cert["provenance"].get("untrusted_records") or []
+def untrusted(cert: Certificate) -> tuple[RunReason, ...]:
+    return cert.provenance.untrusted_records or ()
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -65,9 +65,9 @@ def test_a_forged_ok_record_after_a_crash_counts_nowhere_and_is_shown_as_a_forge
     _, honest = certified(kind, "crash", tmp_path, db, "honest")
     _, cheat = certified(kind, "forge_ok_crash", tmp_path, db, "cheat")
     assert counts(cheat) == counts(honest)
-    assert (cell(cheat)["n"], cell(cheat)["errored"], cell(cheat)["conforming"]) == (4, 4, 0)
+    assert (cell(cheat).n, cell(cheat).errored, cell(cheat).conforming) == (4, 4, 0)
     forged = untrusted(cheat)
-    assert len(forged) == 4 and all(f["reason"].startswith("forged") for f in forged)
+    assert len(forged) == 4 and all(f.reason.startswith("forged") for f in forged)
     assert not untrusted(honest)
     # shown as forgeries on the terminal and in the report's certificate
     assert "NOT BELIEVED (counted nowhere): 4 forged" in render_text(cheat)
@@ -82,7 +82,7 @@ def test_invented_trials_with_forged_records_are_never_scored(kind: str, tmp_pat
     _, cheat = certified(kind, "forge_many", tmp_path, db, "cheat")
     assert counts(cheat) == counts(honest) == [("toy-agent@1", "baseline", 4, 0, 4, 0, 0, 0, 4, 0.0, 0)]
     assert len(untrusted(cheat)) == 4 * 25 * 2  # a plan and an "ok" record for each invented trial, from each real one
-    assert cell(cheat)["unwitnessed"] == 4 * 25  # the invented runs claim the study: listed, never scored
+    assert cell(cheat).unwitnessed == 4 * 25  # the invented runs claim the study: listed, never scored
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -91,9 +91,9 @@ def test_an_agent_cannot_choose_the_run_it_is_judged_on(kind: str, tmp_path: Pat
     _, honest = certified(kind, "silent", tmp_path, db, "honest")
     _, cheat = certified(kind, "point", tmp_path, db, "cheat")
     assert counts(cheat) == counts(honest)
-    assert (cell(cheat)["n"], cell(cheat)["errored"], cell(cheat)["conforming"]) == (4, 4, 0)
-    assert all("no trace received" in r["reason"] for r in cell(cheat)["errored_runs"])
-    assert len([n for n in cell(cheat)["notes"] if "named trace" in n["note"]]) == 4  # the named trace: a conflict, shown
+    assert (cell(cheat).n, cell(cheat).errored, cell(cheat).conforming) == (4, 4, 0)
+    assert all("no trace received" in r.reason for r in cell(cheat).errored_runs)
+    assert len([n for n in cell(cheat).notes if "named trace" in n.note]) == 4  # the named trace: a conflict, shown
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -101,8 +101,8 @@ def test_relabelling_a_run_moves_it_out_of_no_study_task_or_cell(kind: str, tmp_
     _, honest = certified(kind, "skips", tmp_path, db, "honest")
     _, cheat = certified(kind, "relabel", tmp_path, db, "cheat")
     assert counts(cheat) == counts(honest)
-    assert [c["perturbation"] for a in cheat["agents"] for c in a["perturbations"]] == ["baseline"]
-    assert cell(cheat)["per_task"] == cell(honest)["per_task"]  # judged against its own task's ground truth
+    assert [c.perturbation for a in cheat.agents for c in a.perturbations] == ["baseline"]
+    assert cell(cheat).per_task == cell(honest).per_task  # judged against its own task's ground truth
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -111,7 +111,7 @@ def test_an_agent_that_says_it_cost_nothing_is_charged_its_reservation(kind: str
     honest_run, honest = certified(kind, "pays", tmp_path, db, "honest", *cap, repeats=3)
     cheat_run, cheat = certified(kind, "free", tmp_path, db, "cheat", *cap, repeats=3)
     assert counts(cheat) == counts(honest)
-    assert (cell(cheat)["n"], cell(cheat)["missing"], cell(cheat)["cost_usd"], cell(cheat)["unmetered"]) == (4, 2, pytest.approx(0.2), 4)
+    assert (cell(cheat).n, cell(cheat).missing, cell(cheat).unmetered) == (4, 2, 4) and cell(cheat).cost_usd == pytest.approx(0.2)
     assert "ran 6 (4 ok, 2 missing, 0 errored)" in honest_run.output and "ran 6 (4 ok, 2 missing, 0 errored)" in cheat_run.output
 
 
@@ -147,8 +147,8 @@ def test_without_the_study_state_no_record_is_believed_and_certify_says_where_to
     with Store(db) as store:
         stored = list(store.trajectories())
     cert = build_certificate(spec, stored, study="honest")  # no keys at hand
-    assert cert["agents"] == [] or all(c["n"] == 0 for a in cert["agents"] for c in a["perturbations"])
-    reasons = [r["reason"] for r in untrusted(cert)]
+    assert cert.agents == () or all(c.n == 0 for a in cert.agents for c in a.perturbations)
+    reasons = [r.reason for r in untrusted(cert)]
     assert sum(r.startswith("unverified") and "--state" in r for r in reasons) == 4 + 4 + 4  # plans, attempts and seals
     assert sum(r.startswith("unwitnessed") for r in reasons) == 4  # its runs: no believed record stands for them
 
@@ -168,7 +168,7 @@ def test_spans_after_a_trial_s_evidence_window_are_stored_marked_late_and_change
     out = tmp_path / "again.cert.json"
     assert runner.invoke(cli, ["certify", "--spec", str(tmp_path / "spec.yaml"), "--db", str(db), "--study", "late",
                                "--out", str(out), "--format", "none"]).exit_code == 0
-    again = json.loads(out.read_text())
-    assert counts(again) == counts(first) and (cell(again)["n"], cell(again)["conforming"]) == (4, 0)  # same answer twice
-    late = [n["note"] for n in cell(again)["notes"] if n["note"].startswith("late:")]
+    again = load_certificate(out)
+    assert counts(again) == counts(first) and (cell(again).n, cell(again).conforming) == (4, 0)  # same answer twice
+    late = [n.note for n in cell(again).notes if n.note.startswith("late:")]
     assert len(late) == 4 and all("(pay)" in n for n in late)  # and it says which runs received spans after their window

@@ -24,7 +24,7 @@ from domains.accounts_payable.tasks import TASKS
 from plumbline_otel.cli.main import cli
 from plumbline_otel.ingest import ingest_files
 from plumbline_otel.replay import Ledger, SpanSink, StudyConfig, run_study, select_tasks
-from plumbline_otel.report import build_certificate
+from plumbline_otel.report import Certificate, build_certificate, load_certificate
 from plumbline_otel.spec import load_spec
 from plumbline_otel.store import Store
 
@@ -53,9 +53,9 @@ def db(traffic: Path, tmp_path: Path) -> Iterator[Path]:
     yield path
 
 
-def cells(cert: dict) -> dict[tuple[str, str], tuple[int, int, int]]:
-    return {(a["agent"], c["perturbation"]): (c["n"], c["missing"], c["unexposed"])
-            for a in cert["agents"] for c in a["perturbations"]}
+def cells(cert: Certificate) -> dict[tuple[str, str], tuple[int, int, int]]:
+    return {(a.agent, c.perturbation): (c.n, c.missing, c.unexposed)
+            for a in cert.agents for c in a.perturbations}
 
 
 def test_replay_the_stored_tasks_and_certify_every_cell(db: Path, tmp_path: Path) -> None:
@@ -82,7 +82,7 @@ def test_replay_the_stored_tasks_and_certify_every_cell(db: Path, tmp_path: Path
         cert = build_certificate(load_spec(SPEC), store.trajectories(), study="e2e", keys=summary.keys)
     label = f"{AGENT}@1.0.0"
     assert cells(cert) == {(label, "baseline"): (6, 0, 0), (label, "distractor"): (6, 0, 0), (label, "tool_fault"): (6, 0, 0)}
-    assert cert["provenance"]["trials"] == 18
+    assert cert.provenance.trials == 18
     by_trial = {t.context["plumbline.trial.id"]: t for t in replayed}
     records = {r.trial_id: r for r in summary.records}
     assert set(by_trial) == set(records)
@@ -147,13 +147,13 @@ def test_the_cli_replays_resumes_and_says_what_to_run_next(db: Path, tmp_path: P
     cert_path = tmp_path / "cert.json"
     certified = runner.invoke(cli, ["certify", "--spec", str(SPEC), "--db", str(db), "--study", "cli",
                                     "--agent", AGENT, "--out", str(cert_path), "--format", "none"])
-    unkeyed = json.loads(cert_path.read_text())  # the state is not beside the store, and not named: no record is believed
-    assert certified.exit_code == 0 and all(c["n"] == 0 for a in unkeyed["agents"] for c in a["perturbations"])
-    assert all("--state" in r["reason"] for r in unkeyed["provenance"]["untrusted_records"] if r["reason"].startswith("unverified"))
+    unkeyed = load_certificate(cert_path)  # the state is not beside the store, and not named: no record is believed
+    assert certified.exit_code == 0 and all(c.n == 0 for a in unkeyed.agents for c in a.perturbations)
+    assert all("--state" in r.reason for r in unkeyed.provenance.untrusted_records or () if r.reason.startswith("unverified"))
     certified = runner.invoke(cli, ["certify", "--spec", str(SPEC), "--db", str(db), "--study", "cli", "--state", str(tmp_path / "state"),
                                     "--agent", AGENT, "--out", str(cert_path), "--format", "none"])
     assert certified.exit_code == 0, certified.output
-    cert = json.loads(cert_path.read_text())
+    cert = load_certificate(cert_path)
     assert {p: n for (_, p), (n, _, _) in cells(cert).items()} == {"baseline": 6, "paraphrase": 6, "tool_fault": 6}
 
 

@@ -44,8 +44,8 @@ def certify(tmp_path: Path, study: str) -> dict[str, dict[str, int]]:
     with Store(tmp_path / "p.duckdb") as store:
         ingest_files(store, [str(tmp_path / "replay.otlp.jsonl")])
         cert = build_certificate(SPEC, store.trajectories(), study=study, keys=KeyRing.load([tmp_path / "state"]))
-    return {c["perturbation"]: {"n": c["n"], "missing": c["missing"], "unexposed": c["unexposed"]}
-            for a in cert["agents"] for c in a["perturbations"]}
+    return {c.perturbation: {"n": c.n, "missing": c.missing, "unexposed": c.unexposed}
+            for a in cert.agents for c in a.perturbations}
 
 
 def test_every_trial_of_a_variant_sees_its_own_fault(tmp_path: Path) -> None:

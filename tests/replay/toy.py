@@ -17,6 +17,8 @@ from opentelemetry.trace import Status, StatusCode
 
 from plumbline_otel.model import Trajectory
 from plumbline_otel.replay import InjectedFault, ReplayTask, Trial, TrialOutcome, TrialSpanBuffer, inject_fault
+from plumbline_otel.report import Certificate, load_certificate
+from plumbline_otel.report.model import Cell
 from plumbline_otel.runs import is_record
 from plumbline_otel.trials import AttemptRecord, KeyRing, record_of, verify_record
 
@@ -184,7 +186,7 @@ invariants:
 
 
 def study(tmp_path: Path, db: Path, adapter: str, *extra: str, perturbations: str = "baseline", repeats: int = 2,
-          name: str = "s", min_bound: float = 0.3) -> tuple[Any, dict[str, Any], Any]:
+          name: str = "s", min_bound: float = 0.3) -> tuple[Any, Certificate, Any]:
     """replay → ingest → certify → gate through the CLI, as a user runs them: (replay result, certificate, gate result)."""
     from click.testing import CliRunner
 
@@ -202,11 +204,11 @@ def study(tmp_path: Path, db: Path, adapter: str, *extra: str, perturbations: st
                                     "--out", str(out), "--format", "none"])
     assert certified.exit_code == 0, certified.output
     gate = runner.invoke(cli, ["gate", str(out), "--min-bound", str(min_bound)])
-    return replayed, json.loads(out.read_text()), gate
+    return replayed, load_certificate(out), gate
 
 
-def cell(cert: dict[str, Any], perturbation: str = "baseline") -> dict[str, Any]:
-    return next(c for a in cert["agents"] for c in a["perturbations"] if c["perturbation"] == perturbation)
+def cell(cert: Certificate, perturbation: str = "baseline") -> Cell:
+    return next(c for c in cert.cells if c.perturbation == perturbation)
 
 
 class StandInProxy:

@@ -14,7 +14,7 @@ def _runs(perturbation: str, clean: int, failing: int = 0) -> list:
 
 def test_the_verdict_passes_at_the_bound_and_is_inconclusive_just_above_it() -> None:
     cert = build_certificate(SPEC, _runs("baseline", 80) + _runs("paraphrase", 75))
-    bound = cert["headline"]["lower_bound"]
+    bound = cert.headline.lower_bound
     assert gate_verdict(cert, bound).passed  # reaching the minimum is enough
     above = gate_verdict(cert, bound + 1e-6)
     assert (above.verdict, above.exit_code, above.bound) == ("INCONCLUSIVE", 3, bound)

@@ -1,14 +1,13 @@
 """certify and gate on runs whose fault never fired (or that carry no evidence it did): they are not in n,
 so they never pass a gate."""
 
-import json
 from typing import Any
 
 from click.testing import CliRunner
 
 from plumbline_otel.cli.certify import certify
 from plumbline_otel.cli.gate import gate
-from plumbline_otel.report import build_certificate
+from plumbline_otel.report import build_certificate, load_certificate
 from plumbline_otel.spec import MustCall, Spec, invariant
 from plumbline_otel.spec.testing import call, run, span_records
 from plumbline_otel.store import Store
@@ -27,7 +26,7 @@ def runs(perturbation, conforming, n, start=0, **ctx):
 
 def write_cert(tmp_path, cert):
     path = tmp_path / "cert.json"
-    path.write_text(json.dumps(cert))
+    path.write_text(cert.to_json())
     return str(path)
 
 
@@ -83,11 +82,11 @@ def test_certify_reads_fault_fired_back_from_the_store(tmp_path):
         "tool_fault", 10, 10, start=10, plumbline__fault__fired=False) + runs("baseline", 10, 10)
     result, out = _certify_stored(tmp_path, data)
     assert "10 tool_fault runs never met their fault and are not scored" in result.output
-    cert = json.loads(out.read_text())
-    cells = {c["perturbation"]: c for c in cert["agents"][0]["perturbations"]}
-    assert (cells["tool_fault"]["n"], cells["tool_fault"]["conforming"], cells["tool_fault"]["unexposed"]) == (10, 8, 10)
-    assert (cells["baseline"]["n"], cells["baseline"]["unexposed"]) == (10, 0)
-    assert cert["provenance"]["runs"] == 30 and cert["provenance"]["scored_runs"] == 20
+    cert = load_certificate(out)
+    cells = {c.perturbation: c for c in cert.cells}
+    assert (cells["tool_fault"].n, cells["tool_fault"].conforming, cells["tool_fault"].unexposed) == (10, 8, 10)
+    assert (cells["baseline"].n, cells["baseline"].unexposed) == (10, 0)
+    assert cert.provenance.runs == 30 and cert.provenance.scored_runs == 20
     assert CliRunner().invoke(gate, [str(out), "--min-bound", "0.4"]).exit_code == 0
     # 8/10: Bentkus's upper end (issue 38 item 1) cannot show it below 0.95 with ten tasks, nor above: INCONCLUSIVE;
     # it is shown below 0.99
@@ -109,6 +108,6 @@ def test_certify_matches_the_injected_error_to_a_failed_step_in_the_store(tmp_pa
     other_error = [run(call("post_audit_log", error="ToolError: 500 internal"), call("post_audit_log"), task="O0", id="other-0",
                        plumbline__perturbation="tool_fault", **fault)]
     result, out = _certify_stored(tmp_path, hit + missed + other_error)
-    c = json.loads(out.read_text())["agents"][0]["perturbations"][0]
-    assert (c["n"], c["conforming"], c["exposed"], c["unexposed"]) == (8, 6, 8, 6)
+    c = load_certificate(out).cells[0]
+    assert (c.n, c.conforming, c.exposed, c.unexposed) == (8, 6, 8, 6)
     assert "6 tool_fault runs never met their fault and are not scored" in result.output

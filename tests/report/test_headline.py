@@ -35,7 +35,7 @@ def _text(node) -> str:
 
 def test_a_clean_agent_that_is_not_certified_says_why_in_words() -> None:
     cert = build_certificate(SPEC, _runs("clean-agent", 22, 2))
-    assert validate(cert) is None and cert["headline"]["verdict"] == "INCONCLUSIVE"
+    assert validate(cert.to_dict()) is None and cert.headline.verdict == "INCONCLUSIVE"
     how: dict[str, object] = {"checks": [], "note": None, "then": None, "standing": None, "check": None, "certify": None}
     page = render("console.html", lambda kind, **p: "/", cert=cert, stored_cert=False, chart=[], source="s", how=how,
                   totals={"spans": 0, "runs": 44, "agents": 1, "tasks": 22}, violations=[], coverage=None, candidates=None)
@@ -43,7 +43,7 @@ def test_a_clean_agent_that_is_not_certified_says_why_in_words() -> None:
     assert _text(doc.find(".//*[@data-testid='headline']", _NS)).startswith("INCONCLUSIVE at least")
     assert _text(doc.find(".//*[@data-testid='headline-sentence']", _NS)) == headline_sentence(cert)
     why = _text(doc.find(".//*[@data-testid='why-not-pass']", _NS))
-    needed = cert["headline"]["short_cells"][0]["tasks_needed"]
+    needed = cert.headline.short_cells[0].tasks_needed
     assert "44/44 conforming over 22 task(s)" in why and f"22 task(s) cannot show 95.0%; about {needed} more distinct task(s)" in why
     terms = {el.get("title") for el in doc.iter() if el.get("class") == "term"}
     assert {GLOSSARY["bound"], GLOSSARY["tasks"], GLOSSARY["pass_k_curve"], GLOSSARY["flip_rate"]} <= terms, "glosses on hover"

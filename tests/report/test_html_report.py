@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import json
+import dataclasses
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
@@ -24,12 +25,20 @@ from pages_support import (
 from plumbline_otel.cli.main import cli
 from plumbline_otel.errors import InputError
 from plumbline_otel.model import Step, Trajectory
-from plumbline_otel.report import data
+from plumbline_otel.report import Certificate, data, load_certificate
 from plumbline_otel.report.diff import diff_runs
 from plumbline_otel.report.html import chart_rows
+from plumbline_otel.report.model import PassK, PassKPoint, RunReason
 from plumbline_otel.store import Store
 
 _NS = {"h": "http://www.w3.org/1999/xhtml"}
+
+
+def _with_cell(cert: Certificate, agent: str, **changes: Any) -> Certificate:
+    """`cert` with the first cell of `agent` changed (the model is frozen; a page renders whatever it is given)."""
+    agents = tuple(dataclasses.replace(a, perturbations=(dataclasses.replace(a.perturbations[0], **changes), *a.perturbations[1:]))
+                   if a.agent == agent else a for a in cert.agents)
+    return dataclasses.replace(cert, agents=agents)
 
 
 @pytest.fixture(scope="module")
@@ -44,11 +53,11 @@ def test_report_is_valid_self_contained_html(built: Built) -> None:
 def test_report_shows_headline_chart_violations_and_the_retry_diff(built: Built) -> None:
     html = built.report.read_text()
     doc = parse(html)
-    cert = json.loads(built.cert.read_text())
+    cert = load_certificate(built.cert)
     headline = doc.find(".//*[@data-testid='headline']", _NS)
-    assert text_of(headline) == f"{cert['headline']['verdict']} at least {100 * cert['headline']['lower_bound']:.1f}%"
-    assert text_of(doc.find(".//*[@data-testid='headline-sentence']", _NS)).startswith(f"{cert['headline']['verdict']}: ")
-    cells = [c for a in cert["agents"] for c in a["perturbations"]]
+    assert text_of(headline) == f"{cert.headline.verdict} at least {100 * cert.headline.lower_bound:.1f}%"
+    assert text_of(doc.find(".//*[@data-testid='headline-sentence']", _NS)).startswith(f"{cert.headline.verdict}: ")
+    cells = cert.cells
     bars = [r for r in doc.iter("{http://www.w3.org/2000/svg}rect") if "bar" in (r.get("class") or "")]
     assert len(bars) == 2 * len(cells), "a Wilson bar and a gate bar per cell"
     violations = doc.findall(".//h:tr[@class='violation']", _NS)
@@ -118,12 +127,12 @@ def test_diff_marks_skipped_extra_and_failed_steps() -> None:
 
 
 def test_chart_draws_the_interval_the_gate_uses_with_every_count(built: Built) -> None:
-    cert = json.loads(built.cert.read_text())
+    cert = load_certificate(built.cert)
     assert all(r.gate_method == "wilson_tasks" for r in chart_rows(cert))
-    cell = cert["agents"][0]["perturbations"][0]
-    cell.update(gate_lower=0.25, gate_upper=0.75, gate_method="cluster bootstrap", exposed=3, errored=1, missing=2)
-    row = next(r for r in chart_rows(cert) if (r.agent, r.perturbation) == (cell["agent"], cell["perturbation"]))
-    assert row.gate == (105.0, 315.0) and row.gate_method == "cluster bootstrap"
+    cell = cert.cells[0]
+    cert = _with_cell(cert, cell.agent, gate_lower=0.25, gate_upper=0.75, gate_method="betting_cs", exposed=3, errored=1, missing=2)
+    row = next(r for r in chart_rows(cert) if (r.agent, r.perturbation) == (cell.agent, cell.perturbation))
+    assert row.gate == (105.0, 315.0) and row.gate_method == "betting_cs"
     assert "exposed 3" in row.tip and "errored 1" in row.tip and "missing 2" in row.tip
 
 
@@ -185,22 +194,23 @@ def test_show_colours_a_terminal(built: Built) -> None:
 def test_cells_table_renders_the_new_certificate_fields_when_present(built: Built) -> None:
     from plumbline_otel.report.pages import report_html
 
-    cert = json.loads(built.cert.read_text())
-    cert["headline"].update(method="cluster_kg", method_description="Wilson on an effective n", wilson_lower_bound=0.1, errored=1)
+    cert = load_certificate(built.cert)
+    cert = dataclasses.replace(cert, headline=dataclasses.replace(cert.headline, method="betting_cs", method_description="a betting sequence",
+                                                                  wilson_lower_bound=0.1, errored=1))
     with Store(built.db) as store:
         run_id = data.runs_page(store, agent=NO_RETRY).rows[0]["trajectory_id"]
-        cell = next(c for a in cert["agents"] for c in a["perturbations"] if c["agent"].startswith(NO_RETRY + "@"))
-        cell.update(gate_lower=0.0, gate_upper=0.8, gate_method="cluster_kg", exposed=1, errored=1, tasks=1,
-                    pass_k={"k": 3, "value": 0.25}, flip_rate=0.5, errored_runs=[{"run": run_id, "reason": SCRIPT}],
-                    pass_k_curve=[{"k": 1, "estimate": 0.6, "lower": 0.3, "upper": 0.8, "tasks": 4},
-                                  {"k": 3, "estimate": 0.25, "lower": 0.05, "upper": 0.6, "tasks": 4}])
+        agent = next(c.agent for c in cert.cells if c.agent.startswith(NO_RETRY + "@"))
+        cert = _with_cell(cert, agent, gate_lower=0.0, gate_upper=0.8, gate_method="betting_cs", exposed=1, errored=1, tasks=1,
+                          pass_k=PassK(k=3, value=0.25), flip_rate=0.5, errored_runs=(RunReason(run_id, SCRIPT),),
+                          pass_k_curve=(PassKPoint(k=1, estimate=0.6, lower=0.3, upper=0.8, tasks=4),
+                                        PassKPoint(k=3, estimate=0.25, lower=0.05, upper=0.6, tasks=4)))
         doc = parse(report_html(store, cert, "test"))
     headline = text_of(doc.find(".//h:section[@id='headline']", _NS))
-    assert "(cluster_kg)" in headline and "lower bound over runs (as if independent), for comparison: 10.0%" in headline
+    assert "(betting_cs)" in headline and "lower bound over runs (as if independent), for comparison: 10.0%" in headline
     cells = text_of(doc.find(".//h:section[@id='cells']", _NS))
     assert "pass^1 60.0% → pass^3 25.0%" in cells, "pass^k as a curve, its ends in words"
     curves = doc.findall(".//h:section[@id='cells']//{http://www.w3.org/2000/svg}svg[@class='passk']", _NS)
-    assert sorted(len(c.findall(".//{http://www.w3.org/2000/svg}circle")) for c in curves)[-1] == 2, "a point per k" and "50.0%" in cells and "[0.0%, 80.0%] cluster_kg" in cells
+    assert sorted(len(c.findall(".//{http://www.w3.org/2000/svg}circle")) for c in curves)[-1] == 2, "a point per k" and "50.0%" in cells and "[0.0%, 80.0%] betting_cs" in cells
     assert f"({SCRIPT})" in cells, "an errored run's reason is shown, as text"
     link = next(a for a in doc.find(".//h:section[@id='cells']", _NS).iter("{http://www.w3.org/1999/xhtml}a"))
     target = doc.find(f".//*[@id='{link.get('href')[1:]}']", _NS)
