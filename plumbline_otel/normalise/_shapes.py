@@ -270,6 +270,8 @@ def unwrap_result(raw: Any) -> tuple[Any, str | None]:
 def tool_message_call(raw: Any) -> tuple[str | None, str | None]:
     """The tool name and call id a tool's output names when it is a LangChain ToolMessage dump (either form, or
     inside Traceloop's `{"output": …}`): where the span names the tool by its class, only this names the tool."""
+    if isinstance(raw, str) and "tool_call_id" not in raw and "\\u" not in raw:
+        return None, None  # text without the key, written out or escaped: no parse can find it (most tools' results)
     value = maybe_json(raw)
     if isinstance(value, dict) and set(value) <= {"output", "kwargs"} and "output" in value:
         value = maybe_json(value["output"])
