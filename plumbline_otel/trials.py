@@ -1,6 +1,6 @@
 """What happened in each trial, as the replay driver saw it: the records, and how a trial's result is decided.
 
-The driver (`replay/runner.py`) writes one *record* per planned trial (``plan``, attempt 0) and
+The driver (`replay/runner.py`) writes (`AttemptRecord`, one class for writer and reader) one *record* per planned trial (``plan``, attempt 0) and
 one per attempt (``attempt``), each a plain root span in a trace of its own, so an agent's spans
 can never share, shadow or outvote it (the old marker shared the attempt's trace and lost to the
 agent's root span: a crash after export certified as a pass). Records reach the store the way
@@ -46,6 +46,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
+import time
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -56,7 +57,9 @@ import orjson
 
 from plumbline_otel.model import Trajectory
 from plumbline_otel.runs import (
+    COST_BASIS,
     COST_METERED,
+    COST_REPORTED,
     COST_USD,
     EVIDENCE,
     FAULT_CLAIMED,
@@ -97,22 +100,32 @@ RAN = frozenset({"ok", "errored"})  # attempt statuses in which the agent ran: t
 DECIDED = RAN | {"stopped"}  # "stopped": never run, its cell's answer was known first (replay --target)
 
 
-@dataclass(frozen=True)
+@dataclass(kw_only=True)
 class AttemptRecord:
-    """One record the driver wrote: a planned trial (attempt 0) or one attempt of it."""
+    """The driver's record of a planned trial (attempt 0) or of one attempt of it: one class for the driver that writes
+    it (`replay.runner`: ``attributes`` as a span beside the runs, ``row`` in the ledger) and for every reader
+    (`record_of`: what a stored record says).
 
-    study: str
-    instance: str
+    ``status``: ok (the agent ran and its run reached the sink), errored (the agent ran and crashed, hung, exited non-zero
+    or left no trace) or missing (no attempt reached the agent: cap, interrupted, refused at the door); a reader also
+    sees planned and sealed. ``fault_fired`` is what the driver (or a proxy) saw; the adapter's own report is kept apart
+    in ``fault_claimed``. ``metered`` is false when the cost is the adapter's own report (or the whole reservation), not
+    what a plumbline meter counted. The fields after ``context`` are the driver's account of this run of the study
+    (its ledger and summary); they are not in the stored record.
+    """
+
     trial_id: str
-    attempt: int
-    status: str  # planned | ok | errored | missing
-    reason: str | None
-    agent: str
-    perturbation: str
-    task_key: str | None
-    variant: str | None
-    repeat: int | None
-    trace_id: str | None  # the attempt's trace (where its run is)
+    status: str  # planned | sealed | ok | errored | missing | stopped | elsewhere | duplicate
+    perturbation: str = "baseline"
+    task_key: str | None = None
+    variant: str | None = None
+    repeat: int | None = None
+    study: str = ""
+    instance: str = ""
+    agent: str = ""
+    attempt: int = 0  # the attempt's number (0: the plan record, or never started)
+    reason: str | None = None
+    trace_id: str | None = None  # the attempt's trace (where its run is)
     fault: str | None = None
     fault_fired: bool | None = None
     fault_source: str | None = None
@@ -121,12 +134,44 @@ class AttemptRecord:
     seen_by: str | None = None
     cost_usd: float = 0.0
     metered: bool | None = None
+    cost_basis: str | None = None  # whose figure cost_usd is (`runs.COST_BASIS`)
+    cost_reported_usd: float | None = None  # what the run's own spans reported (gen_ai.usage.cost.*), never what settles it
     at_ns: int = 0
     sequential: bool = False  # a plan record of a study that stops a cell once its answer is known
-    evidence: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
-    trace_claimed: str | None = None  # a trace the adapter named that is not the attempt's: shown, never judged
+    evidence: dict[str, Any] = field(default_factory=dict, compare=False)  # what each proxy witnessed, by witness
+    trace_claimed: str | None = None  # a trace the adapter named that is not the attempt's: a conflict, never judged
     sealed: frozenset[str] | None = None  # a seal: the span ids of the attempt's trace that had arrived when its window closed
-    context: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)  # the trial's identity (`runs.IDENTITY_KEYS`)
+    context: dict[str, Any] = field(default_factory=dict, compare=False)  # the trial's identity (`runs.IDENTITY_KEYS`)
+    # The driver's account of this run of the study:
+    attempts: int = 0  # executions in this run of the study
+    seconds: float = 0.0
+    model_calls: int = 0
+    cache_hits: int = 0
+    cache_misses: int = 0
+    reserved_usd: float = 0.0
+    overrun_usd: float = 0.0  # an adapter's reported cost beyond its reservation
+
+    def row(self) -> dict[str, Any]:
+        """The attempt as the study's ledger keeps it (resume, the summary)."""
+        return {**{k: getattr(self, k) for k in _LEDGER_FIELDS}, "evidence": dict(self.evidence), "at": time.time()}
+
+    def attributes(self, cost_usd: float) -> dict[str, Any]:
+        """The driver's record of the current attempt, as span attributes (``record_of`` reads them back)."""
+        return {
+            RECORD_KIND: "attempt", TRIAL_STATUS: self.status, TRIAL_REASON: (self.reason or "")[:500] or None,
+            RUN_TRACE: self.trace_id, FAULT_PLANNED: self.fault, FAULT_FIRED: self.fault_fired, FAULT_SOURCE: self.fault_source,
+            FAULT_CLAIMED: self.fault_claimed, SEEN: self.seen, SEEN_BY: self.seen_by, COST_USD: round(cost_usd, 8),
+            COST_METERED: self.metered, COST_BASIS: self.cost_basis, COST_REPORTED: self.cost_reported_usd,
+            TRACE_CLAIMED: self.trace_claimed,
+            RECORD_AT: time.time_ns(), EVIDENCE: orjson.dumps(self.evidence).decode() if self.evidence else None,
+        }
+
+
+# What a ledger row holds of a record (its keys are what `replay.ledger` and resume read).
+_LEDGER_FIELDS = ("trial_id", "task_key", "perturbation", "variant", "repeat", "status", "reason", "attempts", "attempt",
+                  "cost_usd", "trace_id", "seconds", "model_calls", "cache_hits", "cache_misses", "fault", "fault_fired",
+                  "fault_source", "fault_claimed", "seen", "seen_by", "metered", "cost_basis", "cost_reported_usd",
+                  "reserved_usd", "overrun_usd", "trace_claimed")
 
 
 def placed(run: Trajectory, identity: Mapping[str, Any]) -> Trajectory:

@@ -32,6 +32,7 @@ from domains.accounts_payable import tracing
 from domains.accounts_payable.arms import ARMS, TRANSIENT_KINDS, run_trial
 from domains.accounts_payable.run import Backend, model_backend
 from plumbline_otel.replay import (
+    AdapterBase,
     AdapterError,
     SpanSink,
     TransientAdapterError,
@@ -91,8 +92,9 @@ def _transient(exc: BaseException) -> bool:
     return isinstance(exc, (anthropic.APIConnectionError, anthropic.RateLimitError, anthropic.InternalServerError))
 
 
-class APAdapter:
-    """One AP arm as a replay adapter (thread-safe; the model backend starts on first use)."""
+class APAdapter(AdapterBase):
+    """One AP arm as a replay adapter (thread-safe; the model backend starts on first use): its label, the domain's
+    decoys and preferred fault targets, and ``describe``/``close`` (`replay.contracts.Adapter`)."""
 
     def __init__(self, arm: str = "react", *, live: bool | str = False, model: str | None = None,
                  model_url: str | None = None, imperfections: str | dict[str, float] | None = None,
@@ -186,7 +188,7 @@ class APAdapter:
         task_id = self.task_id_of(trial)
         if trial.fault is not None and trial.fault.kind not in TRANSIENT_KINDS:
             raise AdapterError(f"fault kind {trial.fault.kind!r} is not one of {', '.join(TRANSIENT_KINDS)}")
-        decoys = list(trial.metadata.get("decoy_tools") or ())
+        decoys = trial.decoy_specs()
         sampling = {"temperature": trial.metadata["temperature"]} if trial.metadata.get("temperature") is not None else {}
         try:
             result = run_trial(

@@ -25,7 +25,11 @@ from plumbline_otel.store import DEFAULT_DB
 from plumbline_otel.trials import KeyRing, states_beside
 
 if TYPE_CHECKING:
-    from plumbline_otel.replay import StudyConfig
+    from plumbline_otel.replay import Study, StudyConfig
+    from plumbline_otel.replay.contracts import Adapter
+    from plumbline_otel.replay.mcp_proxy import McpProxy
+    from plumbline_otel.replay.proxy import ModelProxy
+    from plumbline_otel.replay.tasks import ReplayTask
 
 
 def _split(values: tuple[str, ...] | str | None) -> list[str]:
@@ -306,7 +310,7 @@ def _print_plan(plan: Any) -> None:
         click.echo(f"  {v.task_key} {v.perturbation}/{v.variant_id} {status}\n    {v.text!r} {json.dumps(meta, default=str)}")
 
 
-def _start_proxies(opts: ReplayOptions, prepared: Any, adapter: Any, tasks: list[Any]) -> list[Any]:
+def _start_proxies(opts: ReplayOptions, prepared: Study, adapter: Adapter, tasks: list[ReplayTask]) -> list[ModelProxy | McpProxy]:
     """The study's witnesses in the agent's path: the model-API proxy (the study's cassette) and the MCP proxy,
     their spans to the study's sink under the agent's name."""
     import shlex
@@ -316,7 +320,10 @@ def _start_proxies(opts: ReplayOptions, prepared: Any, adapter: Any, tasks: list
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
-    label = opts.service or getattr(adapter, "service", None) or (tasks[0].service if tasks else None) or "unknown_service"
+    from plumbline_otel.replay.mcp_proxy import McpProxy
+    from plumbline_otel.replay.proxy import ModelProxy
+
+    label = opts.service or adapter.service or (tasks[0].service if tasks else None) or "unknown_service"
     service, _, version = label.partition("@")
     provider: TracerProvider | None = None
     sink = prepared.config.sink
@@ -324,20 +331,16 @@ def _start_proxies(opts: ReplayOptions, prepared: Any, adapter: Any, tasks: list
         attrs = {"service.name": service, **({"service.version": version} if version else {})}
         provider = TracerProvider(resource=Resource.create(attrs))
         provider.add_span_processor(SimpleSpanProcessor(sink.exporter()))
-    proxies: list[Any] = []
+    proxies: list[ModelProxy | McpProxy] = []
     if opts.use_proxy:
-        from plumbline_otel.replay.proxy import ModelProxy
-
         proxies.append(ModelProxy(parse_upstreams(opts.upstreams), prepared.cache, tracer_provider=provider))
     if opts.mcp_upstream:
-        from plumbline_otel.replay.mcp_proxy import McpProxy
-
         upstream = opts.mcp_upstream if opts.mcp_upstream.startswith(("http://", "https://")) else shlex.split(opts.mcp_upstream)
         state = Path(prepared.config.state_dir or ".")
         state.mkdir(parents=True, exist_ok=True)
         errlog = (state / "mcp-server.log").open("a", encoding="utf-8")  # a stdio server's stderr; open while the proxy runs
         proxies.append(McpProxy(upstream, tracer_provider=provider, errlog=errlog))
-    started: list[Any] = []
+    started: list[ModelProxy | McpProxy] = []
     try:
         for proxy in proxies:
             proxy.start()
@@ -375,7 +378,7 @@ def _state_keys(config: StudyConfig) -> KeyRing:
 def run_replay(opts: ReplayOptions) -> None:
     """Source the tasks, open the study, run it (or print its plan), write its summary, say what comes next."""
     from plumbline_otel.replay import CommandAdapter, HttpAdapter, IsolatedAdapter, load_adapter, open_study, source_tasks
-    from plumbline_otel.replay.adapters import stop_on_sigterm
+    from plumbline_otel.replay.adapters import adapter_of, stop_on_sigterm
     from plumbline_otel.replay.perturb import PROXY_PERTURBATIONS
 
     stop_on_sigterm()  # a service manager's stop records the started trials as interrupted, as Ctrl-C does
@@ -403,7 +406,7 @@ def run_replay(opts: ReplayOptions) -> None:
         warn_misrouted(stores)
     if opts.branch_at:
         config = _with_tapes(config, opts, stores, source.tasks)
-    adapter = load_adapter(opts.adapter_spec, _options(opts.adapter_options))
+    adapter = adapter_of(load_adapter(opts.adapter_spec, _options(opts.adapter_options)))
     if opts.isolate:
         if isinstance(adapter, (CommandAdapter, HttpAdapter)):
             raise ConfigError("--isolate applies to python: adapters; a command or HTTP agent already runs in its own process")
@@ -411,15 +414,14 @@ def run_replay(opts: ReplayOptions) -> None:
     if opts.endpoint and not opts.server and isinstance(adapter, (CommandAdapter, HttpAdapter)):
         click.echo("note: with --endpoint the driver sees only spans exported through it; give --server (the server's "
                    "gRPC address) so runs of an agent in another process are confirmed in the store", err=True)
-    proxies: list[Any] = []
+    proxies: list[ModelProxy | McpProxy] = []
     try:
-        describe = getattr(adapter, "describe", None)
         prepared = open_study(config, source.tasks, adapter)
         plan = prepared.plan
         if (opts.use_proxy or opts.mcp_upstream) and not opts.dry_run:
             proxies = _start_proxies(opts, prepared, adapter, source.tasks)
         click.echo(f"{len(source.tasks)} task(s) × {', '.join(names)} × {opts.repeats} repeat(s): {len(plan.trials)} trials, "
-                   f"{len(plan.rejected)} variant(s) rejected; agent {describe() if callable(describe) else opts.adapter_spec}")
+                   f"{len(plan.rejected)} variant(s) rejected; agent {adapter.describe() or opts.adapter_spec}")
         if source.missing:
             click.echo(f"{len(source.missing)} trial(s) of this study have no attempt that reached the agent yet; "
                        "they run (again) as new attempts")
@@ -439,9 +441,7 @@ def run_replay(opts: ReplayOptions) -> None:
     finally:
         for proxy in proxies:
             proxy.stop()
-        close = getattr(adapter, "close", None)
-        if callable(close):
-            close()
+        adapter.close()
         if isinstance(config.trace_stored, _ServerTraces):
             config.trace_stored.close()
         close_judge = getattr(config.judge, "close", None)
@@ -453,7 +453,7 @@ def run_replay(opts: ReplayOptions) -> None:
     (state / "summary.json").write_text(json.dumps(summary.as_dict(), indent=2) + "\n", encoding="utf-8")
     click.echo(summary.render())
     click.echo(f"state: {state} (ledger.jsonl, variants.jsonl, responses.jsonl, summary.json)")
-    agent_label = opts.service or getattr(adapter, "service", None)
+    agent_label = opts.service or adapter.service
     click.echo(_next_steps(stores, config, opts.otlp_file, opts.endpoint, opts.spec, agent_label))
     if summary.missing or summary.errored:
         sys.exit(3)

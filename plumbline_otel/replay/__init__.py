@@ -12,7 +12,8 @@ Stages, one module each: ``tasks`` (selection), ``perturb`` and ``guard`` (varia
 ``identity`` (trial ids and the carriers), ``adapters`` (python / command / http), ``scope``
 (the running trial: cache, budget, fault), ``cache`` (model responses), ``budget`` (spend cap),
 ``export`` (span sink, markers), ``ledger`` (resume state and spend), ``lock`` (one runner per
-study) and ``runner`` (the driver).
+study), ``contracts`` (what the driver reads of an adapter and a proxy), ``routing`` (which open attempt
+a proxied request belongs to) and ``runner`` (the driver: ``plan``, ``engine``, ``records``, ``study``).
 """
 
 from plumbline_otel.replay.adapters import (
@@ -29,6 +30,7 @@ from plumbline_otel.replay.adapters import (
 )
 from plumbline_otel.replay.budget import BudgetExceeded, SpendCap, TrialBudget, cost_usd, price_of
 from plumbline_otel.replay.cache import ResponseCache, anthropic_client, cache_key, caching_transport
+from plumbline_otel.replay.contracts import AdapterBase, TrialProxy, TrialRoute
 from plumbline_otel.replay.export import OtlpJsonFileExporter, RecordWriter, SpanSink, TrialSpanBuffer, exporter_for_endpoint, to_otlp_json
 from plumbline_otel.replay.guard import GuardVerdict, check_equivalent, protected_tokens
 from plumbline_otel.replay.identity import FaultPlan, TrialIdentity, trial_id_for
@@ -42,18 +44,8 @@ from plumbline_otel.replay.perturb import (
     build_variants,
     register,
 )
-from plumbline_otel.replay.runner import (
-    Plan,
-    RetryPolicy,
-    Study,
-    StudyConfig,
-    StudySummary,
-    TrialRecord,
-    open_study,
-    plan_study,
-    reservations_for,
-    run_study,
-)
+from plumbline_otel.replay.plan import Plan, RetryPolicy, StudyConfig, plan_study, reservations_for
+from plumbline_otel.replay.records import StudySummary
 from plumbline_otel.replay.scope import (
     InjectedFault,
     TrialScope,
@@ -61,6 +53,7 @@ from plumbline_otel.replay.scope import (
     current_trial_attributes,
     inject_fault,
 )
+from plumbline_otel.replay.study import Study, open_study, run_study
 from plumbline_otel.replay.tasks import ReplayTask, TaskSource, select_tasks, source_tasks, stored_trials, tasks_from_trajectories, trials_of
 
 __all__ = [
@@ -68,7 +61,7 @@ __all__ = [
     "FaultPlan", "GuardVerdict", "HttpAdapter", "IsolatedAdapter", "InjectedFault", "Ledger", "RecordWriter", "OtlpJsonFileExporter",
     "PerturbOptions", "Plan", "PythonAdapter", "ReplayTask", "ResponseCache", "TaskSource", "RetryPolicy", "SpanSink", "SpendCap",
     "Study", "StudyConfig", "StudyLock", "StudyLocked", "StudySummary", "TransientAdapterError", "Trial", "TrialBudget", "TrialIdentity", "TrialOutcome",
-    "TrialRecord", "TrialScope", "TrialSpanBuffer", "Variant", "anthropic_client", "build_variants", "cache_key",
+    "TrialProxy", "TrialRoute", "AdapterBase", "TrialScope", "TrialSpanBuffer", "Variant", "anthropic_client", "build_variants", "cache_key",
     "caching_transport", "check_equivalent", "cost_usd", "current_scope", "current_trial_attributes", "inject_fault", "load_adapter",
     "open_study", "plan_study", "reservations_for", "price_of", "protected_tokens", "register", "run_study", "select_tasks", "source_tasks", "stored_trials",
     "tasks_from_trajectories", "to_otlp_json", "trial_id_for", "trials_of", "exporter_for_endpoint",

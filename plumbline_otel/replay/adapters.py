@@ -1,13 +1,15 @@
-"""Adapters: how the driver reaches the agent under test. One small protocol, three kinds.
+"""Adapters: how the driver reaches the agent under test. The contract is `contracts.Adapter`:
 
     class Adapter(Protocol):
-        def run(self, trial: Trial) -> TrialOutcome: ...
+        def run(self, trial: Trial) -> TrialOutcome | dict | str | None: ...
 
-Optional members the driver reads (and nothing else): ``service`` / ``service_version`` (the agent
-label on the driver's records), ``decoy_tools`` (the domain's decoys), ``fault_tools`` (preferred
-fault targets among the tools a task's source run called), ``describe()`` (one line for the
-console), ``cancel()`` and ``grace_s`` (stopping running agents when the runner is stopped), and
-``close()``.
+and seven optional members, each with a meaning and a default (`contracts.AdapterBase`): ``service`` /
+``service_version`` (the agent label on the driver's records), ``decoy_tools`` (the domain's decoys),
+``fault_tools`` (preferred fault targets among the tools a task's source run called), ``grace_s`` and
+``cancel()`` (stopping running agents when the runner is stopped), ``describe()`` (one line for the
+console) and ``close()`` (after the study). The driver reads the first six and ``run``; the command also
+``describe`` and ``close``. An adapter object that does not inherit `AdapterBase` is read through
+`adapter_of` (what it declares, the defaults for the rest), a trial function becomes a ``PythonAdapter``.
 
 - ``PythonAdapter``: a callable in this process, ``fn(trial)``. The driver runs it inside the
   trial's OTel context (trace and baggage) and trial scope (cache, budget, fault).
@@ -48,32 +50,31 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, TypedDict, cast
 
-from plumbline_otel.errors import ConfigError, ReplayError
-from plumbline_otel.replay.identity import FaultPlan, TrialIdentity
-from plumbline_otel.runs import FAULT
+from plumbline_otel.errors import ConfigError
+from plumbline_otel.replay.contracts import (
+    Adapter,
+    AdapterBase,
+    AdapterError,
+    AttemptInterrupted,
+    DeclaredAdapter,
+    JsonObject,
+    Runs,
+    TransientAdapterError,
+    Trial,
+    TrialOutcome,
+)
 
 if TYPE_CHECKING:
-    from plumbline_otel.replay.export import SpanSink
-    from plumbline_otel.replay.tasks import ReplayTask
+    from multiprocessing.connection import Connection
+    from types import FrameType
 
+    from plumbline_otel.replay.scope import TrialScope
 
-class AdapterError(ReplayError):
-    """The agent could not be run for this trial (not retried)."""
-
-
-class TransientAdapterError(AdapterError):
-    """A failure worth retrying (the agent did not run); ``retry_after`` seconds if the peer said."""
-
-    def __init__(self, message: str, retry_after: float | None = None) -> None:
-        super().__init__(message)
-        self.retry_after = retry_after
-
-
-class AttemptInterrupted(ReplayError):
-    """The runner was stopped (SIGTERM, Ctrl-C) while this attempt ran, and stopped the agent: never the agent's result."""
+__all__ = ["EX_TEMPFAIL", "TRANSIENT_HTTP", "Adapter", "AdapterBase", "AdapterError", "AttemptInterrupted", "CommandAdapter",
+           "HttpAdapter", "IsolatedAdapter", "PythonAdapter", "TransientAdapterError", "Trial", "TrialOutcome", "adapter_of",
+           "load_adapter", "stop_on_sigterm"]
 
 
 def stop_on_sigterm() -> None:
@@ -86,7 +87,7 @@ def stop_on_sigterm() -> None:
     if threading.current_thread() is not threading.main_thread():
         return
 
-    def stop(signum: int, frame: Any) -> None:
+    def stop(signum: int, frame: FrameType | None) -> None:
         raise KeyboardInterrupt(f"stopped by {signal.Signals(signum).name}")
 
     signal.signal(signal.SIGTERM, stop)
@@ -96,102 +97,20 @@ TRANSIENT_HTTP = frozenset({408, 425, 429, 503})  # refused at the door: the age
 EX_TEMPFAIL = 75
 
 
-@dataclass(frozen=True)
-class Trial:
-    """One run to make: who (identity), what (text, metadata, fault), where spans go (sink)."""
-
-    identity: TrialIdentity
-    task: ReplayTask
-    text: str
-    metadata: dict[str, Any] = field(default_factory=dict, hash=False)
-    fault: FaultPlan | None = None
-    sink: SpanSink | None = field(default=None, hash=False, compare=False)
-    routes: dict[str, str] = field(default_factory=dict, hash=False, compare=False)  # the attempt's proxy URLs, as env variables
-
-    @property
-    def trial_id(self) -> str:
-        return self.identity.trial_id
-
-    @property
-    def trace_id(self) -> str:
-        return self.identity.trace_id
-
-    def headers(self) -> dict[str, str]:
-        """W3C trace context and baggage for an HTTP call."""
-        extra = {FAULT: str(self.fault)} if self.fault else None
-        return {"traceparent": self.identity.traceparent(), "baggage": self.identity.baggage(extra)}
-
-    def payload(self) -> dict[str, Any]:
-        """The JSON body the HTTP adapter sends."""
-        return {"input": self.text, "trial": self.identity.as_dict(), "metadata": self.metadata,
-                "fault": self.fault.as_dict() if self.fault else None,
-                "traceparent": self.identity.traceparent(), "routes": self.routes}
-
-    def env(self, base: Mapping[str, str] | None = None) -> dict[str, str]:
-        """Environment for a subprocess agent: OTel carriers, resource attributes, PLUMBLINE_*."""
-        env = dict(os.environ if base is None else base)
-        ident = self.identity
-        env["OTEL_RESOURCE_ATTRIBUTES"] = ident.resource_attributes(env.get("OTEL_RESOURCE_ATTRIBUTES"))
-        env["TRACEPARENT"] = ident.traceparent()
-        env["BAGGAGE"] = ident.baggage({FAULT: str(self.fault)} if self.fault else None)
-        env.update({
-            "PLUMBLINE_TRIAL_ID": ident.trial_id, "PLUMBLINE_PERTURBATION": ident.perturbation,
-            "PLUMBLINE_VARIANT": ident.variant, "PLUMBLINE_STUDY": ident.study,
-            "PLUMBLINE_REPEAT": str(ident.repeat), "PLUMBLINE_TRIAL_ATTEMPT": str(ident.attempt),
-            "PLUMBLINE_TASK_KEY": ident.task_key or "",
-            "PLUMBLINE_TRIAL_METADATA": json.dumps(self.metadata, sort_keys=True, default=str),
-        })
-        if self.fault:
-            env["PLUMBLINE_FAULT"] = str(self.fault)
-        else:
-            env.pop("PLUMBLINE_FAULT", None)
-        if self.sink is not None and self.sink.endpoint:
-            # each variable in the form the SDKs read it: the base URL (no /v1/traces), the full traces URL, the protocol
-            from plumbline_otel.replay.otlp import resolve_endpoint
-
-            env.update(resolve_endpoint(self.sink.endpoint).agent_env())
-        if self.sink is not None and self.sink.otlp_file:
-            env["PLUMBLINE_OTLP_FILE"] = str(self.sink.otlp_file)
-        env.update(self.routes)  # OPENAI_BASE_URL, ANTHROPIC_BASE_URL, PLUMBLINE_MCP_URL: this attempt's proxy routes
-        return env
+def adapter_of(value: Adapter | Runs | Callable[[Trial], object]) -> Adapter:
+    """``value`` as an `Adapter`: an `AdapterBase` as it is; another object with ``run``, with the optional members
+    it declares and the defaults for the rest (`contracts.DeclaredAdapter`); a function of the trial, in process."""
+    if isinstance(value, AdapterBase):
+        return value
+    if isinstance(value, Runs):
+        return DeclaredAdapter(value)
+    return PythonAdapter(value)
 
 
-@dataclass
-class TrialOutcome:
-    """What an adapter reports about a trial that ran (failures are raised instead)."""
-
-    trace_id: str | None = None
-    cost_usd: float | None = None  # None: unknown (metered model calls are counted anyway)
-    output: str | None = None
-    fault_fired: bool | None = None
-    input_tokens: int | None = None
-    output_tokens: int | None = None
-    detail: dict[str, Any] = field(default_factory=dict)
-
-    @classmethod
-    def coerce(cls, value: Any) -> TrialOutcome:
-        if isinstance(value, TrialOutcome):
-            return value
-        if value is None:
-            return cls()
-        if isinstance(value, str):
-            return cls(output=value)
-        if isinstance(value, Mapping):
-            known = {k: value[k] for k in cls.__dataclass_fields__ if k in value and k != "detail"}
-            rest = {k: v for k, v in value.items() if k not in cls.__dataclass_fields__}
-            return cls(**known, detail={**dict(value.get("detail") or {}), **rest})
-        raise AdapterError(f"an adapter returned {type(value).__name__}; expected TrialOutcome, dict, str or None")
-
-
-@runtime_checkable
-class Adapter(Protocol):
-    def run(self, trial: Trial) -> TrialOutcome: ...
-
-
-class PythonAdapter:
+class PythonAdapter(AdapterBase):
     """An in-process callable ``fn(trial) -> TrialOutcome | dict | str | None``."""
 
-    def __init__(self, fn: Callable[[Trial], Any], service: str | None = None, service_version: str | None = None) -> None:
+    def __init__(self, fn: Callable[[Trial], object], service: str | None = None, service_version: str | None = None) -> None:
         self.fn = fn
         self.service = service
         self.service_version = service_version
@@ -200,15 +119,23 @@ class PythonAdapter:
         return TrialOutcome.coerce(self.fn(trial))
 
 
-class IsolatedAdapter:
-    """Run ``inner`` for each attempt in a forked child (see module docstring)."""
+class IsolatedAdapter(AdapterBase):
+    """Run ``inner`` for each attempt in a forked child (see module docstring); its other members are ``inner``'s."""
 
-    def __init__(self, inner: Any, timeout_s: float = 600.0) -> None:
-        self.inner = inner
+    def __init__(self, inner: Adapter | Runs, timeout_s: float = 600.0) -> None:
+        self.inner = adapter_of(inner)
         self.timeout_s = timeout_s
+        self.service, self.service_version = self.inner.service, self.inner.service_version
+        self.decoy_tools, self.fault_tools, self.grace_s = self.inner.decoy_tools, self.inner.fault_tools, self.inner.grace_s
 
-    def __getattr__(self, name: str) -> Any:  # service, decoy_tools, fault_tools, describe, … of the agent
-        return getattr(self.inner, name)
+    def describe(self) -> str | None:
+        return self.inner.describe()
+
+    def cancel(self) -> int:
+        return self.inner.cancel()
+
+    def close(self) -> None:
+        self.inner.close()
 
     def run(self, trial: Trial) -> TrialOutcome:
         import multiprocessing
@@ -239,11 +166,22 @@ class IsolatedAdapter:
             trial.sink.delivered(report["delivered"])
         if report["error"] is not None:
             raise AdapterError(report["error"])
-        outcome: TrialOutcome = report["outcome"]
-        return outcome
+        return report["outcome"] or TrialOutcome()
 
 
-def _adopt(scope: Any, report: dict[str, Any]) -> None:
+class _ChildReport(TypedDict):
+    """What the child of an isolated attempt sends back through its pipe."""
+
+    outcome: TrialOutcome | None
+    error: str | None
+    delivered: list[str]
+    fired_calls: list[int]
+    calls: tuple[int, int, int]
+    budget: tuple[float, bool] | None
+    abort_reason: str | None
+
+
+def _adopt(scope: TrialScope, report: _ChildReport) -> None:
     """What the child's injector and meter saw becomes the driver's (the child ran the driver's own code)."""
     if scope.fault is not None:
         scope.fault.fired_calls[:] = report["fired_calls"]
@@ -253,7 +191,7 @@ def _adopt(scope: Any, report: dict[str, Any]) -> None:
     scope.abort_reason = scope.abort_reason or report["abort_reason"]
 
 
-def _isolated_attempt(inner: Any, trial: Trial, writer: Any) -> None:
+def _isolated_attempt(inner: Adapter, trial: Trial, writer: Connection) -> None:
     """The child: run the attempt, flush its spans, report, and leave without running the parent's exit handlers."""
     from plumbline_otel.replay.scope import current_scope
 
@@ -267,18 +205,19 @@ def _isolated_attempt(inner: Any, trial: Trial, writer: Any) -> None:
     if trial.sink is not None:
         delivered = trial.sink.flush_delivered()
     scope = current_scope()
-    writer.send({
+    report: _ChildReport = {
         "outcome": outcome, "error": error, "delivered": delivered,
         "fired_calls": list(scope.fault.fired_calls) if scope is not None and scope.fault is not None else [],
         "calls": (scope.model_calls, scope.cache_hits, scope.cache_misses) if scope is not None else (0, 0, 0),
         "budget": (scope.budget.used, scope.budget.metered) if scope is not None and scope.budget is not None else None,
         "abort_reason": scope.abort_reason if scope is not None else None,
-    })
+    }
+    writer.send(report)
     writer.close()
     os._exit(0)
 
 
-def _last_json_line(text: str) -> dict[str, Any]:
+def _last_json_line(text: str) -> JsonObject:
     for line in reversed(text.strip().splitlines()):
         line = line.strip()
         if line.startswith("{"):
@@ -292,7 +231,7 @@ def _last_json_line(text: str) -> dict[str, Any]:
     return {}
 
 
-class CommandAdapter:
+class CommandAdapter(AdapterBase):
     """One subprocess per trial (see module docstring)."""
 
     def __init__(self, command: str | list[str], timeout_s: float = 600.0, service: str | None = None,
@@ -372,7 +311,7 @@ def _signal_group(proc: subprocess.Popen[str], sig: int) -> None:
         pass
 
 
-class HttpAdapter:
+class HttpAdapter(AdapterBase):
     """POST the trial to an HTTP endpoint (see module docstring)."""
 
     def __init__(self, url: str, timeout_s: float = 600.0, headers: Mapping[str, str] | None = None,
@@ -415,11 +354,12 @@ def _retry_after(value: str | None) -> float | None:
         return None
 
 
-def load_adapter(spec: str, options: Mapping[str, Any] | None = None) -> Any:
+def load_adapter(spec: str, options: Mapping[str, object] | None = None) -> Runs:
     """An adapter from ``python:module:attr``, ``command:CMD`` or ``http:URL`` (or a bare http(s) URL).
 
     For ``python:``, ``attr`` may be an adapter object (has ``run``), a class (built with
-    ``options``), a factory (called with ``options`` when there are any) or a trial function.
+    ``options``), a factory (called with ``options`` when there are any) or a trial function. What the user's code
+    made is returned as it is; the driver reads it through `adapter_of`.
     """
     options = dict(options or {})
     kind, _, rest = spec.partition(":")
@@ -432,17 +372,17 @@ def load_adapter(spec: str, options: Mapping[str, Any] | None = None) -> Any:
         except (ImportError, AttributeError) as exc:
             raise ConfigError(f"--adapter {spec!r}: {exc}") from exc
         if inspect.isclass(target):
-            return target(**options)
-        if hasattr(target, "run"):
+            return cast(Runs, target(**options))  # the user's adapter class, as it built it (`adapter_of` reads it)
+        if isinstance(target, Runs):
             if options:
                 raise ConfigError(f"--adapter {spec!r} is an adapter object; options apply to classes and factories")
             return target
         if options:
-            return target(**options)
+            return cast(Runs, target(**options))
         return PythonAdapter(target)
     if kind == "command":
-        return CommandAdapter(rest, **options)
+        return CommandAdapter(rest, **options)  # type: ignore[arg-type]  # the user's --adapter-option values, checked by the class
     if kind in ("http", "https"):
         url = f"{kind}:{rest}" if rest.startswith("//") else rest
-        return HttpAdapter(url, **options)
+        return HttpAdapter(url, **options)  # type: ignore[arg-type]
     raise ConfigError(f"--adapter {spec!r}: expected python:module:callable, command:CMD or http:URL")

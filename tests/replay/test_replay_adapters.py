@@ -30,6 +30,7 @@ from plumbline_otel.replay import (
     plan_study,
     run_study,
 )
+from plumbline_otel.replay.adapters import adapter_of
 
 from .toy import ToyAgent, one_task
 
@@ -76,11 +77,11 @@ def test_command_adapter_gives_stdin_env_and_reads_the_report(tmp_path: Path) ->
     t = trial(tmp_path=tmp_path)
     outcome = CommandAdapter([sys.executable, str(script)]).run(t)
     assert outcome.output == t.text and outcome.cost_usd == 0.25 and outcome.trace_id == t.trace_id
-    assert f"plumbline.trial.id={t.trial_id}" in outcome.detail["resource"]
+    assert f"plumbline.trial.id={t.trial_id}" in str(outcome.detail["resource"])
     assert outcome.detail["traceparent"] == t.identity.traceparent()
     assert outcome.detail["fault"] == str(FaultPlan("lookup_invoice", "503"))
     assert outcome.detail["otlp_file"] == str(tmp_path / "x.jsonl")
-    as_arg = load_adapter(f"command:{sys.executable} {script} {{input}}").run(t)
+    as_arg = adapter_of(load_adapter(f"command:{sys.executable} {script} {{input}}")).run(t)
     assert as_arg.output == t.text
     with pytest.raises(TransientAdapterError):  # exit 75 (EX_TEMPFAIL)
         CommandAdapter(f"env FAIL_REPEAT_1=1 {sys.executable} {script}").run(trial(repeat=1, tmp_path=tmp_path))
@@ -120,7 +121,7 @@ def server() -> Iterator[HTTPServer]:
 def test_http_adapter_posts_the_trial_with_baggage_and_traceparent(server: HTTPServer) -> None:
     url = f"http://127.0.0.1:{server.server_port}/run"
     t = trial("sampling")
-    outcome = load_adapter(f"http:{url}").run(t)
+    outcome = adapter_of(load_adapter(f"http:{url}")).run(t)
     assert outcome.output == "done" and outcome.cost_usd == 0.01 and outcome.trace_id == t.trace_id
     [seen] = server.seen  # type: ignore[attr-defined]
     assert seen["body"]["input"] == t.text and seen["body"]["trial"]["trial_id"] == t.trial_id
@@ -153,7 +154,8 @@ def test_load_adapter_forms() -> None:
     fn = load_adapter("python:json:dumps")
     assert isinstance(fn, PythonAdapter)
     assert isinstance(load_adapter("https://example.invalid/run"), HttpAdapter)
-    assert load_adapter("command:agent --flag 'two words'").argv == ["agent", "--flag", "two words"]
+    command = load_adapter("command:agent --flag 'two words'")
+    assert isinstance(command, CommandAdapter) and command.argv == ["agent", "--flag", "two words"]
     with pytest.raises(ConfigError):
         load_adapter("python:no.such.module:x")
     with pytest.raises(ConfigError):

@@ -43,20 +43,20 @@ from mcp.shared.exceptions import MCPError
 
 from plumbline_otel.errors import ConfigError
 from plumbline_otel.replay.limits import ProxyLimits, truncate_text
-from plumbline_otel.replay.loopback import LoopbackService, loopback_only, parse_baggage
+from plumbline_otel.replay.loopback import LoopbackService, loopback_only
 from plumbline_otel.replay.mcp_proxy.evidence import McpEvidence, McpTrialState
 from plumbline_otel.replay.mcp_proxy.spans import ToolCallRecord, emit
 from plumbline_otel.replay.mcp_proxy.upstream import Upstream, UpstreamGone, session_closed
 from plumbline_otel.replay.proxy.record import ConversationRecorder
+from plumbline_otel.replay.routing import Route, RoutingTable, split_token
 from plumbline_otel.replay.tape import Branch, Tape, shape_tool_result
-from plumbline_otel.runs import TRIAL_ATTEMPT, TRIAL_ID
 
 if TYPE_CHECKING:
     from opentelemetry.trace import TracerProvider
     from starlette.types import Receive, Scope, Send
 
-    from plumbline_otel.replay.adapters import Trial
     from plumbline_otel.replay.budget import TrialBudget
+    from plumbline_otel.replay.contracts import JsonObject, Trial, TrialRoute
 
 MCP_PATH = "/mcp"
 ENV_URL = "PLUMBLINE_MCP_URL"
@@ -67,13 +67,8 @@ _CALL_ID_KEYS = ("gen_ai.tool.call.id", "toolCallId", "tool_call_id", "callId") 
 
 
 @dataclass(frozen=True)
-class McpRoute:
+class McpRoute(Route):
     """One attempt's way into the MCP proxy: hand ``url`` (or ``env()``) to the agent as its MCP server."""
-
-    proxy_url: str
-    token: str
-    trial_id: str
-    attempt: int
 
     @property
     def url(self) -> str:
@@ -140,10 +135,8 @@ class McpProxy(LoopbackService):
         self.span_errors = 0
         self.upstream_tools: tuple[str, ...] = ()  # the server's tools, as last listed
         self.output_schemas: dict[str, Any] = {}  # their declared output schemas: a tape's result is shaped to them (issue 44)
-        self._routes: dict[str, McpTrialState] = {}
-        self._by_attempt: dict[tuple[str, int], McpTrialState] = {}
-        self._by_trace: dict[str, McpTrialState] = {}
         self._lock = threading.Lock()
+        self._table: RoutingTable[McpTrialState] = RoutingTable("MCP proxy", self._lock)
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._uvicorn: uvicorn.Server | None = None
@@ -213,37 +206,32 @@ class McpProxy(LoopbackService):
         ``budget`` is accepted so both proxies are opened alike; tool calls cost nothing here. ``tape``: a
         branch-point replay (``metadata["branch_at"]``): tool calls before that step are answered with the
         tape's results, the tool server never called (``replay.tape``)."""
-        decoys: dict[str, dict[str, Any]] = {}
-        for spec in trial.metadata.get("decoy_tools") or []:
-            if not isinstance(spec, Mapping) or not spec.get("name"):
+        decoys: dict[str, JsonObject] = {}
+        for spec in trial.decoy_specs():
+            if not spec.get("name"):
                 raise ConfigError(f"trial {trial.trial_id}: decoy tool spec {spec!r} has no name")
-            decoys[str(spec["name"])] = dict(spec)
+            decoys[str(spec["name"])] = spec
         state = McpTrialState(trial, budget, secrets.token_urlsafe(12), fault=trial.fault or trial.identity.fault,
                               decoys=decoys)
-        if tape is not None and trial.metadata.get("branch_at"):
-            state.branch = Branch(tape, int(trial.metadata["branch_at"]))
-        identity = trial.identity
-        with self._lock:
-            if (identity.trial_id, identity.attempt) in self._by_attempt:
-                raise ConfigError(f"trial {identity.trial_id} attempt {identity.attempt} already has an open MCP proxy route")
+        if tape is not None and trial.branch_at:
+            state.branch = Branch(tape, trial.branch_at)
+
+        def opened(state: McpTrialState) -> None:  # the counters it is measured against, as the route opens
             state.unroutable_at_open = self.unroutable
             state.relaunches_at_open = len(self._upstream.relaunches) if self._upstream is not None else 0
-            self._routes[state.token] = state
-            self._by_attempt[(identity.trial_id, identity.attempt)] = state
-            self._by_trace[identity.trace_id] = state
-        return McpRoute(self.url, state.token, identity.trial_id, identity.attempt)
 
-    def close_trial(self, route: McpRoute) -> McpEvidence:
+        self._table.open(state, opened)
+        return McpRoute(self.url, state.token, trial.identity.trial_id, trial.identity.attempt)
+
+    def close_trial(self, route: TrialRoute) -> McpEvidence:
         """Stop routing the attempt and return what the proxy witnessed in it."""
-        with self._lock:
-            state = self._routes.pop(route.token, None)
-            if state is None:
-                raise ConfigError(f"no open MCP proxy route for trial {route.trial_id} attempt {route.attempt}")
-            identity = state.trial.identity
-            self._by_attempt.pop((identity.trial_id, identity.attempt), None)
-            self._by_trace.pop(identity.trace_id, None)
-            state.closed = True
+        unroutable = 0
+
+        def closed(_: McpTrialState) -> None:
+            nonlocal unroutable
             unroutable = self.unroutable
+
+        state = self._table.close(route, closed)
         upstream = self._upstream
         return state.evidence(unroutable, upstream.generation if upstream else 0, upstream.snapshot() if upstream else [])
 
@@ -254,22 +242,7 @@ class McpProxy(LoopbackService):
 
     def resolve(self, token: str | None, headers: Mapping[str, str]) -> tuple[McpTrialState | None, str]:
         """The open trial a request belongs to, or None and why not."""
-        with self._lock:
-            if token is not None:
-                state = self._routes.get(token)
-                return (state, "") if state else (None, f"path token {token[:6]}… is not an open trial route")
-            bag = parse_baggage(headers.get("baggage"))
-            if TRIAL_ID in bag:
-                try:
-                    key = (bag[TRIAL_ID], int(bag.get(TRIAL_ATTEMPT, "")))
-                except ValueError:
-                    return None, f"baggage names trial {bag[TRIAL_ID]!r} without a numeric {TRIAL_ATTEMPT}"
-                state = self._by_attempt.get(key)
-                return (state, "") if state else (None, f"baggage names trial {key[0]!r} attempt {key[1]}, which is not open")
-            parts = (headers.get("traceparent") or "").split("-")
-            if len(parts) >= 2 and parts[1] in self._by_trace:
-                return self._by_trace[parts[1]], ""
-        return None, "no /t/<token> path prefix, no plumbline.trial.id baggage and no traceparent of an open trial"
+        return self._table.resolve(token, headers.get("baggage"), headers.get("traceparent"))
 
     # --- the loop thread -------------------------------------------------------------------------
 
@@ -344,11 +317,7 @@ class McpProxy(LoopbackService):
     async def _asgi(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return
-        path: str = scope["path"]
-        token = None
-        if path.startswith("/t/"):
-            token, _, rest = path[3:].partition("/")
-            path = "/" + rest
+        token, path = split_token(scope["path"])
         if path.rstrip("/") != MCP_PATH:
             await _reply(send, 404, {"jsonrpc": "2.0", "id": None,
                                      "error": {"code": -32601, "message": f"plumbline MCP proxy: no endpoint {path} (use {MCP_PATH})"}})
@@ -416,7 +385,7 @@ class McpProxy(LoopbackService):
         try:
             if served is not None:  # the prefix of a branch-point replay: the recorded result, the server never called
                 rec.source = "tape"
-                result = shape_tool_result(state.from_tape(served, tool, arguments), self.output_schemas.get(tool))
+                result = cast(types.CallToolResult, shape_tool_result(state.from_tape(served, tool, arguments), self.output_schemas.get(tool)))
             elif tool in state.decoys and tool not in self.upstream_tools:
                 state.add_decoy_call(tool, call)
                 rec.source = "decoy"

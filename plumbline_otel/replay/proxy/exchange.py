@@ -22,8 +22,8 @@ from plumbline_otel.replay.budget import BudgetExceeded
 from plumbline_otel.replay.cache import cache_key, content_digest, request_content
 from plumbline_otel.replay.limits import Holding
 from plumbline_otel.replay.pricing import Usage, UsageAccumulator, model_price, parse_sse, price, usage_from_body
-from plumbline_otel.replay.proxy import spans
 from plumbline_otel.replay.proxy.evidence import TrialState
+from plumbline_otel.replay.proxy.spans import CallRecord, emit
 from plumbline_otel.replay.proxy.wire import (
     PROVIDER,
     Api,
@@ -38,11 +38,64 @@ from plumbline_otel.replay.proxy.wire import (
 )
 
 if TYPE_CHECKING:
-    from plumbline_otel.replay.proxy.server import ModelProxy
+    from opentelemetry.trace import TracerProvider
+
+    from plumbline_otel.replay.cache import ResponseCache
+    from plumbline_otel.replay.limits import MemoryBudget, ProxyLimits
+    from plumbline_otel.replay.proxy.record import ConversationRecorder
 
 DEFAULT_MAX_OUTPUT = 32_768  # the output bound assumed for a request that states none
 _OVERHEAD_TOKENS = 1000  # the provider's own prompt for tools and formatting
-_HOP = {"connection", "keep-alive", "transfer-encoding", "content-length", "content-encoding", "te", "trailer", "upgrade"}
+HOP_BY_HOP = frozenset({"connection", "keep-alive", "transfer-encoding", "content-length", "content-encoding", "te", "trailer",
+                        "upgrade"})
+
+
+class ProxyServices(Protocol):
+    """What one model call needs of the proxy serving it, and nothing more: the server passes itself as this, so this
+    module never imports the server, and the one thing a call changes there (a span that failed) goes through
+    ``span_failed``. Called from the server's handler threads, concurrently."""
+
+    @property
+    def cache(self) -> ResponseCache | None:
+        """The study's cassette (record or replay mode), or None."""
+        ...
+
+    @property
+    def http(self) -> httpx.Client:
+        """The pooled client to the providers."""
+        ...
+
+    @property
+    def memory(self) -> MemoryBudget:
+        """What all calls together may hold."""
+        ...
+
+    @property
+    def limits(self) -> ProxyLimits:
+        """One answer's and one span payload's limits."""
+        ...
+
+    @property
+    def tracer_provider(self) -> TracerProvider | None:
+        """Where the call's span goes (None: no spans)."""
+        ...
+
+    @property
+    def recorder(self) -> ConversationRecorder | None:
+        """Record mode: the agent conversation a call's span joins."""
+        ...
+
+    def upstream_url(self, provider: str, path: str) -> str:
+        """The provider's URL for ``path``."""
+        ...
+
+    def upstream_headers(self, provider: str, headers: Mapping[str, str]) -> dict[str, str]:
+        """The headers forwarded to the provider (the proxy's key unless the agent's passes)."""
+        ...
+
+    def span_failed(self) -> None:
+        """Count a span that could not be written (telemetry never fails the agent's call)."""
+        ...
 
 
 class Responder(Protocol):
@@ -302,7 +355,7 @@ def _relay_stream(out: Responder, status: int, headers: list[tuple[str, str]], c
 # --- the call ----------------------------------------------------------------------------------
 
 
-def handle_call(proxy: ModelProxy, state: TrialState, api: Api, path: str, raw: bytes, headers: Mapping[str, str],
+def handle_call(proxy: ProxyServices, state: TrialState, api: Api, path: str, raw: bytes, headers: Mapping[str, str],
                 out: Responder) -> None:
     """Serve one model-API call of the trial behind ``state``."""
     provider = PROVIDER[api]
@@ -367,7 +420,7 @@ def handle_call(proxy: ModelProxy, state: TrialState, api: Api, path: str, raw: 
     _forward(proxy, state, api, call, path, body, forwarded, headers, out, started, key, strip_usage, cut_after, estimate)
 
 
-def serve_from_tape(proxy: ModelProxy, state: TrialState, api: Api, call: int, body: dict[str, Any], started: int,
+def serve_from_tape(proxy: ProxyServices, state: TrialState, api: Api, call: int, body: dict[str, Any], started: int,
                     out: Responder) -> None:
     """Answer a prefix call of a branch-point replay with the tape's response (issue 44), never the provider's.
 
@@ -432,7 +485,7 @@ def _ensure(state: TrialState, model: str | None, size: int, body: Mapping[str, 
     return reason, estimate
 
 
-def _forward(proxy: ModelProxy, state: TrialState, api: Api, call: int, path: str, body: dict[str, Any], forwarded: bytes,
+def _forward(proxy: ProxyServices, state: TrialState, api: Api, call: int, path: str, body: dict[str, Any], forwarded: bytes,
              headers: Mapping[str, str], out: Responder, started: int, key: str, strip_usage: bool, cut_after: int | None,
              estimate: float | None) -> None:
     provider = PROVIDER[api]
@@ -444,7 +497,7 @@ def _forward(proxy: ModelProxy, state: TrialState, api: Api, call: int, path: st
         try:
             with proxy.http.stream("POST", url, content=forwarded, headers=proxy.upstream_headers(provider, headers)) as response:
                 ctype = response.headers.get("content-type") or ""
-                kept = [(k, v) for k, v in response.headers.items() if k.lower() not in _HOP]
+                kept = [(k, v) for k, v in response.headers.items() if k.lower() not in HOP_BY_HOP]
                 relayed = relay(out, response.status_code, kept, response.iter_bytes(), sse="event-stream" in ctype,
                                 strip_usage=strip_usage, cut_after=cut_after, provider=provider, limit=proxy.limits.max_response_bytes,
                                 holding=holding)
@@ -483,7 +536,7 @@ def received_usd(model: str | None, usage: Usage | None, reply: Reply | None, re
     return price(model, bound)
 
 
-def _after(proxy: ModelProxy, state: TrialState, api: Api, call: int, body: dict[str, Any], started: int, status: int,
+def _after(proxy: ProxyServices, state: TrialState, api: Api, call: int, body: dict[str, Any], started: int, status: int,
            source: str, relayed: Relayed, ctype: str, estimate: float | None, key: str, cut_after: int | None, url: str | None,
            request_bytes: int) -> None:
     """Account a relayed answer: usage and exact cost (live only), cassette, failures seen, decoys proposed, tool ids, span."""
@@ -566,7 +619,7 @@ def _usage(events: list[dict[str, Any]], parsed: Any) -> Usage | None:
     return usage_from_body(parsed) if isinstance(parsed, dict) else None
 
 
-def _record(proxy: ModelProxy, state: TrialState, key: str, api: Api, model: str | None, status: int, ctype: str,
+def _record(proxy: ProxyServices, state: TrialState, key: str, api: Api, model: str | None, status: int, ctype: str,
             payload: bytes, started: int, url: str | None, *, incomplete: bool = False,
             request: Mapping[str, Any] | None = None) -> None:
     """The exchange's cassette line: the answer as text, or base64 (``body_encoding``) when it is not UTF-8;
@@ -601,7 +654,7 @@ def _note_reply(state: TrialState, reply: Reply) -> None:
                 state.decoys_proposed.append(c.name)
 
 
-def _finish(proxy: ModelProxy, state: TrialState, api: Api, call: int, body: dict[str, Any], started: int, status: int,
+def _finish(proxy: ProxyServices, state: TrialState, api: Api, call: int, body: dict[str, Any], started: int, status: int,
             source: str, reply: Reply | None, usage: Usage | None, cost: float | None, *, fault: str | None, key: str | None,
             incomplete: bool = False) -> None:
     """The exchange's line in the evidence, and its span."""
@@ -617,8 +670,8 @@ def _finish(proxy: ModelProxy, state: TrialState, api: Api, call: int, body: dic
             parent = proxy.recorder.model_call(api, body) if proxy.recorder is not None else None
             if parent is not None and reply is not None:
                 proxy.recorder.proposed(parent, [c.name for c in reply.tool_calls])  # type: ignore[union-attr]
-            spans.emit(proxy.tracer_provider, spans.CallRecord(state.trial.identity, api, call, body, started, ended, status,
+            emit(proxy.tracer_provider, CallRecord(state.trial.identity, api, call, body, started, ended, status,
                                                                 source, reply, usage, cost, fault), proxy.limits.span_payload_bytes,
                        parent)
         except Exception:  # noqa: BLE001 - telemetry never fails the agent's call
-            proxy.span_errors += 1
+            proxy.span_failed()

@@ -33,19 +33,21 @@ import httpx
 from plumbline_otel.errors import ConfigError
 from plumbline_otel.replay.cache import ResponseCache
 from plumbline_otel.replay.limits import Holding, MemoryBudget, ProxyLimits
-from plumbline_otel.replay.loopback import LoopbackService, loopback_only, parse_baggage
+from plumbline_otel.replay.loopback import LoopbackService, loopback_only
 from plumbline_otel.replay.perturb import ModelFaultPlan, ToolResultFaultPlan
 from plumbline_otel.replay.proxy.evidence import ProxyEvidence, TrialState
-from plumbline_otel.replay.proxy.exchange import _HOP, Responder, handle_call, refuse, relay
+from plumbline_otel.replay.proxy.exchange import HOP_BY_HOP, Responder, handle_call, refuse, relay
 from plumbline_otel.replay.proxy.record import ConversationRecorder
 from plumbline_otel.replay.proxy.wire import api_for
-from plumbline_otel.runs import TRIAL_ATTEMPT, TRIAL_ID
+from plumbline_otel.replay.routing import Route, RoutingTable, split_token
 
 if TYPE_CHECKING:
+    from email.message import Message
+
     from opentelemetry.trace import TracerProvider
 
-    from plumbline_otel.replay.adapters import Trial
     from plumbline_otel.replay.budget import TrialBudget
+    from plumbline_otel.replay.contracts import Trial, TrialRoute
     from plumbline_otel.replay.tape import Tape
 
 DEFAULT_UPSTREAMS = {"openai": "https://api.openai.com/v1", "anthropic": "https://api.anthropic.com"}
@@ -53,13 +55,8 @@ _FREE_PATHS = ("/v1/models", "/v1/messages/count_tokens")  # endpoints that cost
 
 
 @dataclass(frozen=True)
-class ProxyRoute:
+class ProxyRoute(Route):
     """One attempt's way into the proxy: hand ``env()`` (or the base URLs) to the agent."""
-
-    proxy_url: str
-    token: str
-    trial_id: str
-    attempt: int
 
     @property
     def url(self) -> str:
@@ -118,10 +115,8 @@ class ModelProxy(LoopbackService):
         self.span_errors = 0
         self.http = httpx.Client(timeout=httpx.Timeout(timeout_s, connect=10.0), trust_env=False,
                                  limits=httpx.Limits(max_connections=512, max_keepalive_connections=128))
-        self._routes: dict[str, TrialState] = {}
-        self._by_attempt: dict[tuple[str, int], TrialState] = {}
-        self._by_trace: dict[str, TrialState] = {}
         self._lock = threading.Lock()
+        self._table: RoutingTable[TrialState] = RoutingTable("proxy", self._lock)
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
 
@@ -158,68 +153,33 @@ class ModelProxy(LoopbackService):
         the tape, never the provider, and checked against the recorded requests (``replay.tape``)."""
         from plumbline_otel.replay.tape import Branch  # the tape reads the wire module of this package
 
-        meta = trial.metadata
+        meta, step = trial.metadata, trial.branch_at
         state = TrialState(trial, budget, secrets.token_urlsafe(12),
-                           model_fault=ModelFaultPlan.from_dict(meta.get("model_fault")),
-                           tool_result_fault=ToolResultFaultPlan.from_dict(meta.get("tool_result_fault")),
-                           decoys=[dict(d) for d in meta.get("decoy_tools") or []],
+                           model_fault=ModelFaultPlan.from_dict(trial.plan("model_fault")),
+                           tool_result_fault=ToolResultFaultPlan.from_dict(trial.plan("tool_result_fault")),
+                           decoys=trial.decoy_specs(),
                            sampling={k: meta[k] for k in ("temperature", "top_p", "seed") if meta.get(k) is not None},
-                           branch=Branch(tape, int(meta["branch_at"])) if tape is not None and meta.get("branch_at") else None)
-        identity = trial.identity
-        with self._lock:
-            if (identity.trial_id, identity.attempt) in self._by_attempt:
-                raise ConfigError(f"trial {identity.trial_id} attempt {identity.attempt} already has an open proxy route")
-            self._routes[state.token] = state
-            self._by_attempt[(identity.trial_id, identity.attempt)] = state
-            self._by_trace[identity.trace_id] = state
-        return ProxyRoute(self.url, state.token, identity.trial_id, identity.attempt)
+                           branch=Branch(tape, step) if tape is not None and step else None)
+        self._table.open(state)
+        return ProxyRoute(self.url, state.token, trial.identity.trial_id, trial.identity.attempt)
 
-    def close_trial(self, route: ProxyRoute, wait_s: float = 30.0) -> ProxyEvidence:
+    def close_trial(self, route: TrialRoute, wait_s: float = 30.0) -> ProxyEvidence:
         """Stop routing the attempt and return what the proxy witnessed in it.
 
         Calls still being served (an answer relayed but not yet accounted, a held timeout fault)
         are waited for up to ``wait_s``, so their cost and faults are in the evidence.
         """
-        with self._lock:
-            state = self._routes.pop(route.token, None)
-            if state is None:
-                raise ConfigError(f"no open proxy route for trial {route.trial_id} attempt {route.attempt}")
-            identity = state.trial.identity
-            self._by_attempt.pop((identity.trial_id, identity.attempt), None)
-            self._by_trace.pop(identity.trace_id, None)
-            state.closed = True
+        state = self._table.close(route)
         state.wait_idle(wait_s)
         return state.evidence()
 
-    def resolve(self, token: str | None, headers: Any) -> tuple[TrialState | None, str]:
+    def resolve(self, token: str | None, headers: Message) -> tuple[TrialState | None, str]:
         """The open trial a request belongs to, entered (``TrialState.leave`` when served), or None and why not.
 
         Entered under the routing lock, so a concurrent ``close_trial`` either refuses the request
         or waits for it: a call is never served on a route whose evidence was already taken.
         """
-        with self._lock:
-            state, why = self._lookup(token, headers)
-            if state is not None:
-                state.enter()
-            return state, why
-
-    def _lookup(self, token: str | None, headers: Any) -> tuple[TrialState | None, str]:
-        """The open trial by path token, else baggage, else traceparent (caller holds the routing lock)."""
-        if token is not None:
-            state = self._routes.get(token)
-            return (state, "") if state else (None, f"path token {token[:6]}… is not an open trial route")
-        bag = parse_baggage(headers.get_all("baggage") or [])
-        if TRIAL_ID in bag:
-            try:
-                key = (bag[TRIAL_ID], int(bag.get(TRIAL_ATTEMPT, "")))
-            except ValueError:
-                return None, f"baggage names trial {bag[TRIAL_ID]!r} without a numeric {TRIAL_ATTEMPT}"
-            state = self._by_attempt.get(key)
-            return (state, "") if state else (None, f"baggage names trial {key[0]!r} attempt {key[1]}, which is not open")
-        parts = (headers.get("traceparent") or "").split("-")
-        if len(parts) >= 2 and parts[1] in self._by_trace:
-            return self._by_trace[parts[1]], ""
-        return None, "no /t/<token> path prefix, no plumbline.trial.id baggage and no traceparent of an open trial"
+        return self._table.resolve(token, headers.get_all("baggage") or [], headers.get("traceparent"), TrialState.enter)
 
     # --- upstream ----------------------------------------------------------------------------------
 
@@ -231,7 +191,7 @@ class ModelProxy(LoopbackService):
 
     def upstream_headers(self, provider: str, headers: Mapping[str, str]) -> dict[str, str]:
         """The agent's headers minus hop-by-hop ones, with the proxy's key unless the agent's passes."""
-        out = {k: v for k, v in headers.items() if k.lower() not in _HOP and k.lower() not in ("host", "accept-encoding")}
+        out = {k: v for k, v in headers.items() if k.lower() not in HOP_BY_HOP and k.lower() not in ("host", "accept-encoding")}
         key = self.api_keys.get(provider)
         if key and not self.pass_agent_auth:
             for name in [k for k in out if k.lower() in ("authorization", "x-api-key")]:
@@ -239,6 +199,10 @@ class ModelProxy(LoopbackService):
             out["x-api-key" if provider == "anthropic" else "authorization"] = key if provider == "anthropic" else f"Bearer {key}"
         out["accept-encoding"] = "identity"
         return out
+
+    def span_failed(self) -> None:
+        """A call's span could not be written (`exchange.ProxyServices`): counted, the call served all the same."""
+        self.span_errors += 1
 
     def passthrough(self, state: TrialState, method: str, path: str, raw: bytes, headers: Mapping[str, str],
                     out: Responder) -> None:
@@ -254,7 +218,7 @@ class ModelProxy(LoopbackService):
         try:
             with self.http.stream(method, self.upstream_url(provider, path), content=raw or None,
                                   headers=self.upstream_headers(provider, headers)) as response:
-                relay(out, response.status_code, [(k, v) for k, v in response.headers.items() if k.lower() not in _HOP],
+                relay(out, response.status_code, [(k, v) for k, v in response.headers.items() if k.lower() not in HOP_BY_HOP],
                       response.iter_bytes(), sse="event-stream" in (response.headers.get("content-type") or ""), strip_usage=False,
                       cut_after=None, provider=provider, limit=self.limits.max_response_bytes, holding=holding)
         except httpx.HTTPError as exc:
@@ -428,10 +392,7 @@ class _Handler(BaseHTTPRequestHandler):
     def _dispatch(self, method: str) -> None:
         proxy = self.server.proxy
         path, _, query = self.path.partition("?")
-        token = None
-        if path.startswith("/t/"):
-            token, _, rest = path[3:].partition("/")
-            path = "/" + rest
+        token, path = split_token(path)
         out = _Responder(self)
         state, why = proxy.resolve(token, self.headers)
         provider = "anthropic" if path.startswith("/v1/messages") else "openai"
@@ -487,3 +448,4 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:  # noqa: N802
         self._dispatch("GET")
+
