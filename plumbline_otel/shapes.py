@@ -87,18 +87,16 @@ class Shape:
         """A shape named `name` of some of these columns, in the order given (a lake table's copy of a store table)."""
         return Shape(name, tuple(self.column(n) for n in names))
 
-    def arrow(self) -> Any:
+    def arrow(self, json_text: bool = False) -> Any:
         """The Arrow schema of the rows the store inserts (every field nullable: the store checks its constraints).
 
         JSON text goes to DuckDB as Arrow's JSON type: sent as plain strings, every value was parsed
         again on insert to check it (7% of a span write in a profile, 9-11% timed alone), though orjson made it.
+        `json_text`: as plain strings (checked on insert; the log records' writer).
         """
         import pyarrow as pa
 
-        json = pa.json_(pa.string())
-        kinds = {"string": pa.string(), "json": json, "int64": pa.int64(), "int32": pa.int32(), "float64": pa.float64(),
-                 "bool": pa.bool_(), "strings": pa.list_(pa.string())}
-        return pa.schema([(c.name, kinds[c.type]) for c in self.columns])
+        return pa.schema([(c.name, _arrow_type(c.type, json_text)) for c in self.columns])
 
 
 @dataclass(frozen=True)
@@ -125,9 +123,7 @@ class LakeShape:
         """The Arrow schema of the table's rows (JSON as plain strings: Iceberg has no JSON type)."""
         import pyarrow as pa
 
-        kinds = {"string": pa.string(), "json": pa.string(), "int64": pa.int64(), "int32": pa.int32(), "float64": pa.float64(),
-                 "bool": pa.bool_(), "strings": pa.list_(pa.string())}
-        return pa.schema([(c.name, kinds[c.type]) for c in self.all_columns])
+        return pa.schema([(c.name, _arrow_type(c.type, json_text=True)) for c in self.all_columns])
 
     def iceberg(self) -> Any:
         """The Iceberg schema of a new table: field ids 1.. in column order, then lists' element ids; every field optional."""
@@ -139,6 +135,15 @@ class LakeShape:
             kind, next_id = iceberg_type(c.type, next_id)
             fields.append(NestedField(field_id=i, name=c.name, field_type=kind, required=False))
         return Schema(*fields)
+
+
+def _arrow_type(kind: LogicalType, json_text: bool) -> Any:
+    import pyarrow as pa
+
+    if kind == "json":
+        return pa.string() if json_text else pa.json_(pa.string())
+    return {"string": pa.string(), "int64": pa.int64(), "int32": pa.int32(), "float64": pa.float64(), "bool": pa.bool_(),
+            "strings": pa.list_(pa.string())}[kind]
 
 
 def iceberg_type(kind: LogicalType, next_id: int) -> tuple[Any, int]:

@@ -58,7 +58,7 @@ _TRACE_LINKS_SQL = """INSERT OR IGNORE INTO trace_links SELECT DISTINCT trace_id
     WHERE link->>'link_type' IS NULL AND link->>'trace_id' <> trace_id"""
 
 _INSERTABLE = {shape.name: shape for shape in (SPANS, TRAJECTORIES, LOGS, PROBLEMS, VIOLATIONS)}
-_LOG_TYPES = {"time_ns": pa.int64(), "observed_ns": pa.int64(), "severity_number": pa.int32(), "received_ns": pa.int64()}
+_LOG_SCHEMA = LOGS.arrow(json_text=True)  # as `normalise.log_rows` makes them: JSON as text
 
 
 @dataclass(frozen=True)
@@ -210,7 +210,7 @@ class Store(Reader):
         """
         if not rows.kept:
             return 0
-        log_batch = pa.table({n: pa.array(v, _LOG_TYPES.get(n, pa.string())) for n, v in rows.columns.items()})  # noqa: F841
+        log_batch = pa.table({n: pa.array(v, _LOG_SCHEMA.field(n).type) for n, v in rows.columns.items()})  # noqa: F841
         with self._transaction():
             row = self.connection.execute("INSERT OR IGNORE INTO logs SELECT * FROM log_batch").fetchone()
             self.connection.execute("INSERT OR IGNORE INTO dirty_traces SELECT DISTINCT trace_id FROM log_batch WHERE trace_id IS NOT NULL")

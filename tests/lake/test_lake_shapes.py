@@ -9,7 +9,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from core.test_sources import _runs
 
-from plumbline_otel.lake import _TABLE_PROPERTIES, NAMESPACE, SCHEMAS, Lake, LakeReader, LakeSink, _partition_spec
+from plumbline_otel.lake import _TABLE_PROPERTIES, NAMESPACE, SCHEMAS, Lake, LakeReader, LakeSink, _evolved, _partition_spec
 from plumbline_otel.shapes import LAKE_SHAPES, LakeShape
 from plumbline_otel.spec.testing import span_records
 from plumbline_otel.store import RunFilter, Store
@@ -41,6 +41,7 @@ def _old_runs_table(lake: Lake) -> tuple[LakeShape, dict[str, int]]:
 def test_a_lake_table_made_by_an_older_version_gains_the_new_columns_and_keeps_its_rows(tmp_path: Path, postgres_db: str) -> None:
     uri = f"{postgres_db}?warehouse={tmp_path / 'warehouse'}"
     _, ids = _old_runs_table(Lake(uri))
+    stale = Lake(uri).catalog.load_table(f"{NAMESPACE}.runs")  # another instance's copy, loaded before the table evolves
 
     lake = Lake(uri)
     with Store(_store(tmp_path / "i0.duckdb"), read_only=True) as store:
@@ -60,6 +61,10 @@ def test_a_lake_table_made_by_an_older_version_gains_the_new_columns_and_keeps_i
 
     schema_id = table.schema().schema_id
     assert Lake(uri).table("runs").schema().schema_id == schema_id  # nothing more to add: no new schema
+    # The other instance evolves its stale copy at once: its update is refused (the schema changed), and reloaded it finds
+    # the columns there.
+    assert [f.name for f in _evolved(stale, "runs").schema().fields] == [*ids, *LATER]
+    assert Lake(uri).table("runs").schema().schema_id == schema_id
 
 
 def test_the_lake_reader_takes_a_typed_run_filter(tmp_path: Path) -> None:
