@@ -46,7 +46,7 @@ LEXICON = DomainLexicon(
            "amount": "amount", "balance": "balance", "total": "total", "discount": "discount", "fee": "fee",
            "fees": "fee", "deposit": "deposit", "budget": "budget", "cost centre": "cost centre",
            "cost center": "cost centre", "ledger": "ledger", "line": "line", "lines": "line", "item": "item",
-           "items": "item", "quantity": "quantity", "work": "work", "funds": "funds", "money": "money",
+           "items": "item", "quantity": "quantity", "qty": "quantity", "work": "work", "funds": "funds", "money": "money",
            "matrix": "matrix", "rules": "rule", "rule": "rule", "policy": "policy", "warning": "warning",
            "limit": "limit", "terms": "terms", "consultant": "consultant", "personally": "personally",
            "cash": "cash", "interest": "interest", "penalty": "penalty", "contract": "contract"},

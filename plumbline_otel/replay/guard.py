@@ -296,12 +296,15 @@ _CONDITIONS = frozenset(["until", "till", "until after", "as soon as", "only aft
                          "except", "excluding", "despite", "notwithstanding", "whatever", "once", "fine",
                          "in case", "assuming", "irrespective", "no checks", "without checking", "forget about",
                          "don't worry about", "do not worry about", "never mind", "when", "whenever", "where",
-                         "in the event", "in the event that"])
+                         "in the event", "in the event that", "after", "alone", "yet", "for now",
+                         "for the time being", "at this stage", "at the moment", "for the moment"])
 # Condition words that say the same thing: "provided (that)" and "as long as" are "if"; "except
 # if" is "unless"; "till" is "until"; "as soon as" and "only after" are "once".
 _CONDITION_CANON = {"provided": "if", "providing": "if", "as long as": "if", "assuming": "if",
                     "on condition that": "if", "if and only if": "if", "except if": "unless", "except when": "unless",
-                    "till": "until", "as soon as": "once", "only after": "once",
+                    "till": "until", "as soon as": "once", "only after": "once", "after": "once",
+                    "alone": "only by", "yet": "for now", "for the time being": "for now", "at this stage": "for now",
+                    "at the moment": "for now", "for the moment": "for now",
                     # "when" and its kin may state a condition or only a time ("when you process it"): soft, see
                     # _soft_conditions
                     "whenever": "when", "where": "when", "in case": "when", "in the event": "when",
@@ -340,7 +343,7 @@ quick one fyi btw re note put leave noted usual way queue waiting awaiting pendi
 submitted numbered number no. named called titled attached enclosed below above following up for help assist
 assistance request requested requesting ask asked asking job task thing bit little following possible soon
 whenever convenient hand work's there's here's that's what's let's kindly cheers ta thx tx ty pls plz
-either against though although
+either against though although since because while whereas hence therefore thus however meanwhile
 """))
 _IGNORABLE_PHRASES = ("would you mind", "be so kind as to", "would you be so kind as to", "when you have a moment",
                       "when you get a chance", "when you can", "if you could", "if you can", "if possible",
@@ -927,6 +930,7 @@ def name_words(*texts: str) -> frozenset[str]:
     out: set[str] = set()
     for text in texts:
         norm = _normalise(text)
+        out |= {h.lower() for h in re.findall(r"(?<![\w.])@([A-Za-z][\w.]*)", norm)}  # "@tom": a handle names someone
         for m in _CAPITALISED.finditer(norm):
             if m.group(0) != "I" and not _OPENS.search(norm[:m.start()]):
                 out.add(re.sub(r"'s?$", "", m.group(0).lower()))
@@ -1051,7 +1055,8 @@ def read_meaning(text: str, names: frozenset[str] | None = None, lexicon: Domain
             elif t.role == "doc":
                 documents.add(t.value)
             elif t.role == "cond":
-                canon = _CONDITION_CANON.get(t.text, t.text)
+                word = t.value if t.value == "only by" else t.text
+                canon = _CONDITION_CANON.get(word, word)
                 sentence_conditions.add(canon)
                 display.setdefault(f"condition:{canon}", s.quote(toks, t))
             elif t.role == "fact":
@@ -1121,12 +1126,25 @@ def _soft_conditions(before: frozenset[str], after: frozenset[str]) -> tuple[fro
     return frozenset(a), frozenset(b)
 
 
+def _names_doer(toks: list[_Token], at: int, v: _Vocabulary) -> bool:
+    """Whether "by" later in the clause of ``toks[at]`` names a party ("… changed by the controller"),
+    not a measure ("moved by 2%")."""
+    clause = [t for t in toks[at + 1:] if t.clause == toks[at].clause]
+    for index, t in enumerate(clause):
+        named = next((x for x in clause[index + 1:] if x.text not in _DETERMINERS), None)
+        if t.text == "by" and named is not None and (named.role in ("unknown", "word") or named.text in v.parties):
+            return True
+    return False
+
+
 def _settle_readings(s: _Sentence, v: _Vocabulary) -> None:
     """Readings that depend on a word's neighbours, settled before scopes are read.
 
-    - a participle read as an asserted fact is an action when "be" or "get" governs it: "it must
-      be approved by the controller" asks for an approval; "it has been approved" asserts one; so
+    - a participle read as an asserted fact is an action when "be" or "get" governs it or "by"
+      names its doer: "it must be approved by the controller" asks for an approval, "payments
+      are approved by Elena" states who approves them; "it has been approved" asserts one; so
       is such a word where an imperative stands ("… and correct the tax code");
+    - "only" with a doer named by "by" restricts who may act ("only by"), as "alone" does;
     - "should" opening a clause that is not a question to someone opens a condition ("Should the
       price be more than 2% above the PO, hold it" is "if");
     - "can"/"could" that ask ("Could you …", "Please could you …", "Could invoice X be processed?")
@@ -1143,8 +1161,15 @@ def _settle_readings(s: _Sentence, v: _Vocabulary) -> None:
         before = toks[i - 1] if i > 0 and toks[i - 1].clause == t.clause else None
         after = toks[i + 1] if i + 1 < len(toks) and toks[i + 1].clause == t.clause else None
         if t.role == "fact" and t.text in v.action_forms and (before is None or before.text in (
-                "be", "being", "get", "gets", "got", "getting", "and", "please", "to", "then", "also", "kindly")):
+                "be", "being", "get", "gets", "got", "getting", "and", "please", "to", "then", "also", "kindly")
+                or (after is not None and after.text == "by" and (before is None or before.text != "been"))):
             t.role, t.value = "action", v.action_forms[t.text]
+        elif t.role == "cond" and t.text == "only" and _names_doer(toks, i, v):
+            t.value = "only by"  # "may only be changed by the controller": only that party may
+        elif t.role == "cond" and t.text in ("anyway", "anyhow") and i == 0:
+            t.role = "ignore"  # "Anyway: please hold …" turns the talk; "pay it anyway" overrides
+        elif t.role == "fact" and t.text == "before" and after is not None:
+            t.role, t.value = "cond", "before"  # "before it is paid": a clause follows, so a condition of time
         elif t.role == "modal" and t.text == "should" and first_of_clause[t.clause] == i and \
                 not s.text[s.clause_spans[t.clause][0]:t.start].strip(" ,;:") and \
                 (after is None or after.text not in _ASKED):
@@ -1224,6 +1249,10 @@ def _scoped_actions(toks: list[_Token], bare: list[str], bare_modals: list[str])
             neg = t
             after = toks[i + 1] if i + 1 < len(toks) and toks[i + 1].clause == t.clause else None
             elided = after is None or after.text in _PREPOSITIONS
+        elif neg is not None and neg.text == "without" and (t.text in _DETERMINERS or t.role in ("doc", "doc+", "domain",
+                                                                                                "unknown")):
+            bare.append(neg.text)  # "without the freight": it governs a noun phrase, not the next verb
+            neg = None
         elif t.role == "modal":
             if mod is not None and mod.value != "must":
                 bare_modals.append(str(mod.value))
@@ -1250,10 +1279,11 @@ def _parties(toks: list[_Token], v: _Vocabulary) -> dict[int, tuple[str, int]]:
         t = toks[i]
         common = t.role == "word" and i > 0 and toks[i - 1].text in _DETERMINERS and toks[i - 1].clause == t.clause
         if t.role == "unknown" or common or (t.role == "domain" and t.text in v.parties):
-            kind = "unknown" if common else t.role
+            kind = "common" if common else t.role
             j = i
             while j + 1 < len(toks) and toks[j + 1].clause == t.clause and not toks[j].possessive and (
-                    (kind == "unknown" and toks[j + 1].role in ("unknown", "word")) or (kind == "domain" and toks[j + 1].text in v.parties)):
+                    (kind == "unknown" and toks[j + 1].role == "unknown")
+                    or (kind == "common" and toks[j + 1].role in ("unknown", "word")) or (kind == "domain" and toks[j + 1].text in v.parties)):
                 j += 1
             name = " ".join(x.text for x in toks[i:j + 1])
             for k in range(i, j + 1):
@@ -1322,6 +1352,9 @@ def _roles(toks: list[_Token], v: _Vocabulary) -> set[str]:
                     break
                 if toks[j].text in _BE or toks[j].text == "been":
                     passive = True
+                if toks[j].role == "word" and j - 1 in parties:
+                    j -= 1  # "the AP clerk": a common noun after a name heads the party's noun phrase
+                    continue
                 if toks[j].role == "action":
                     doer = doers.get(j, "")
                     break
@@ -1418,7 +1451,7 @@ def correct_typos(original: str, variant: str, lexicon: DomainLexicon | None = N
     letter ("frm") or one swap ("nto").
     """
     v = _vocabulary(_lexicons(lexicon))
-    source = {w.lower() for w in _WORD.findall(original)}
+    source = {re.sub(r"'s?$", "", w.lower()) for w in _WORD.findall(original)}
     pool = sorted(source) + sorted(v.known_words - source)
 
     def fix(m: re.Match[str]) -> str:
@@ -1440,6 +1473,8 @@ def correct_typos(original: str, variant: str, lexicon: DomainLexicon | None = N
                 ok = len(cand) >= 3 and (_edit_distance(word, cand, 1) == 1 and (
                     len(cand) == 4 or sorted(cand) == sorted(word)))
                 d = 1 if ok else 3
+            elif abs(len(word) - len(cand)) > 1:
+                continue  # one slip drops or adds one letter: "Packing" is a word, not "Packaging" misspelt
             else:
                 limit = _allowed_edits(max(word, cand, key=len))
                 d = _edit_distance(word, cand, limit) if limit and len(cand) >= 4 else 3
