@@ -18,8 +18,8 @@ empty texts left out):
 
 A call continues another when its `continues` equals the other's `after`. Each key comes twice: `strict`, with the
 call ids the model gave its tool calls (and the results that answer them), and `loose` without, for an
-instrumentation that records the ids on one side only. The store (`Store.write_span_table`) keeps the keys of every
-root LLM span (a trace with an agent or run span above its model calls is a run already) and records a link from a
+instrumentation that records the ids on one side only. The store (`Store.write_span_table`, `store/_threads.py`)
+keeps the keys of every root LLM span (a trace with an agent or run span above its model calls is a run already) and records a link from a
 continuing trace to the trace it continues in `trace_links`, so the traces are assembled together (rule 8 of
 `assemble`) as one run with the first trace's id. A request that opens a new user turn (a new user message after the
 model's answer: normalise's `step:new_user_turn`) starts a run of its own, as assembly's rule 6 makes it where one
@@ -39,11 +39,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
-import pyarrow as pa
-import pyarrow.compute as pc
 
-from plumbline_otel.normalise._messages import Message, parse_messages
-from plumbline_otel.normalise._values import maybe_json, unflatten
+from plumbline_otel.normalise import Message, maybe_json, parse_messages, unflatten
 
 # Where the request's and the response's messages are, per convention: GenAI's JSON lists, then the flattened forms
 # (OpenInference's `llm.input_messages.N.message.*`, Traceloop's older `gen_ai.prompt.N.*`).
@@ -139,7 +136,7 @@ def keys_of_attributes(attributes: dict[str, Any]) -> ThreadKeys | None:
 
 def continuation_links(calls: list[tuple[str, str, int, int, ThreadKeys]]) -> list[tuple[str, str]]:
     """(continuing trace, trace it continues) for calls given as (trace id, span id, start, end, keys): what the
-    store's `LINK_SQL` records, for calls held in memory.
+    store records (`store/_threads.py`'s `LINK_SQL`), for calls held in memory.
 
     A call continues the call, in another trace and ended before it started, whose `after` is its `continues`: by
     strict keys when any match, else by loose ones; a request that calls of more than one trace could have led to
@@ -154,39 +151,3 @@ def continuation_links(calls: list[tuple[str, str, int, int, ThreadKeys]]) -> li
         if len(found) == 1:
             out.add((trace_id, found.pop()))
     return sorted(out)
-
-
-def keyed_calls(batch: pa.Table) -> pa.Table | None:
-    """The conversation keys (`KEY_COLUMNS`) of a span batch's root model calls (a `rows.span_table`), for the store's
-    `conversation_keys`; None when it holds none. A model call under any other span (an agent's, a run's, the app's)
-    is part of that trace's run already and is not keyed."""
-    roots = batch.filter(pc.and_(pc.is_null(batch["parent_span_id"]), pc.equal(batch["step_kind"], "llm_call")))
-    if not roots.num_rows:
-        return None
-    rows: dict[str, list[Any]] = {name: [] for name in KEY_COLUMNS}
-    for row in roots.select(["trace_id", "span_id", "start_ns", "end_ns", "attributes", "shapes"]).to_pylist():
-        attributes = maybe_json(row["attributes"]) if row["attributes"] else None
-        keys = keys_of_attributes(attributes) if isinstance(attributes, dict) else None
-        if keys is None:
-            continue
-        if NEW_TURN in (row["shapes"] or []):  # it opens a run of its own (assembly's rule 6): it continues none
-            keys = ThreadKeys(None, None, keys.after, keys.after_loose)
-        for name in ("trace_id", "span_id", "start_ns", "end_ns"):
-            rows[name].append(row[name])
-        for name in KEY_COLUMNS[4:]:
-            rows[name].append(getattr(keys, name))
-    if not rows["trace_id"]:
-        return None
-    return pa.table({name: pa.array(values, pa.int64() if name.endswith("_ns") else pa.string()) for name, values in rows.items()})
-
-
-# Keep a batch's keys (`keyed_calls`, registered as `thread_batch`) and link its traces to the traces they continue and
-# that continue them, as `continuation_links` does, in `trace_links` (traces linked there are assembled together).
-KEYS_SQL = f"INSERT OR IGNORE INTO conversation_keys SELECT {', '.join(KEY_COLUMNS)} FROM thread_batch"
-LINK_SQL = """INSERT OR IGNORE INTO trace_links SELECT trace_id, min(linked_trace_id) FROM (
-    SELECT b.trace_id, b.span_id, a.trace_id AS linked_trace_id, (b.continues = a.after) AS strict,
-           bool_or(b.continues = a.after) OVER (PARTITION BY b.trace_id, b.span_id) AS any_strict
-    FROM conversation_keys b JOIN conversation_keys a ON b.continues_loose = a.after_loose
-    WHERE a.trace_id <> b.trace_id AND a.end_ns <= b.start_ns
-      AND (b.trace_id IN (SELECT trace_id FROM thread_batch) OR a.trace_id IN (SELECT trace_id FROM thread_batch)))
-    WHERE strict = any_strict GROUP BY trace_id, span_id HAVING count(DISTINCT linked_trace_id) = 1"""

@@ -23,11 +23,13 @@ from plumbline_otel.model import SpanLink, SpanRecord
 from plumbline_otel.normalise import _extract
 from plumbline_otel.normalise._extract import VENDOR_ARGS_KEYS, VENDOR_RESULT_KEYS
 from plumbline_otel.normalise._logs import LogRows, log_rows
+from plumbline_otel.normalise._messages import Message, parse_messages
 from plumbline_otel.normalise._shapes import unwrap_scoped_result
-from plumbline_otel.normalise._values import Limits, ValueRejected, any_value, as_text, maybe_json
+from plumbline_otel.normalise._values import Limits, ValueRejected, any_value, as_text, maybe_json, unflatten
 
-__all__ = ["VENDOR_ARGS_KEYS", "VENDOR_RESULT_KEYS", "Limits", "LogRows", "ValueRejected", "any_value", "as_text", "fold_logs",
-           "log_event_attributes", "log_rows", "maybe_json", "normalise_request", "normalise_span", "unwrap_scoped_result"]
+__all__ = ["VENDOR_ARGS_KEYS", "VENDOR_RESULT_KEYS", "Limits", "LogRows", "Message", "ValueRejected", "any_value", "as_text",
+           "fold_logs", "log_event_attributes", "log_rows", "maybe_json", "normalise_request", "normalise_span", "parse_messages",
+           "unflatten", "unwrap_scoped_result"]
 
 # Attribute namespaces we read, and frameworks' own namespaces where content may sit: a key in them that we do
 # not know is reported by coverage, on any span (a framework's span in no convention we read included).

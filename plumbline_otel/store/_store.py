@@ -36,7 +36,7 @@ from plumbline_otel.store._files import connect, disconnect, reattach
 from plumbline_otel.store._keys import SpanKeys, TraceCounts
 from plumbline_otel.store._read import Reader
 from plumbline_otel.store._schema import VIOLATION_COLUMNS, pending_migrations
-from plumbline_otel.threads import KEYS_SQL, LINK_SQL, keyed_calls
+from plumbline_otel.store._threads import KEYS_SQL, LINK_SQL, keyed_calls
 
 DEFAULT_DB = "plumbline.duckdb"
 # DuckDB checkpoints (folds its write-ahead log into the file) when the log passes this size, and

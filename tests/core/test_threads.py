@@ -19,7 +19,7 @@ import pytest
 from plumbline_otel.coverage import coverage_report
 from plumbline_otel.ingest import ingest_files
 from plumbline_otel.model import Trajectory
-from plumbline_otel.normalise._messages import parse_messages
+from plumbline_otel.normalise import parse_messages
 from plumbline_otel.store import Store
 from plumbline_otel.threads import ThreadKeys, continuation_links, thread_keys
 
