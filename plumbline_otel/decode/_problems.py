@@ -1,4 +1,4 @@
-"""The values decoding produces: a request, or a problem that says where."""
+"""The values decoding produces: a request, or a problem that says where (`errors.Problem`, the core's)."""
 
 from __future__ import annotations
 
@@ -7,17 +7,7 @@ from dataclasses import dataclass, field
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-
-@dataclass(frozen=True)
-class Problem:
-    """Something in the input that was rejected; `where` is a file:line, a span id or a field path."""
-
-    where: str
-    reason: str
-    spans: int = 0  # how many spans this problem cost (0 when only an attribute or a whole unknown blob)
-
-    def __str__(self) -> str:
-        return f"{self.where}: {self.reason}"
+from plumbline_otel.errors import Problem
 
 
 @dataclass
@@ -35,3 +25,6 @@ class Decoded:
     def protobuf(self) -> bytes:
         """The request as protobuf bytes: as received when it was read whole, else what could be read."""
         return self.raw if self.raw is not None else self.request.SerializeToString()
+
+
+__all__ = ["Decoded", "Problem"]  # Problem: the core's, named here for the decoders that import it from this module

@@ -1,9 +1,18 @@
 """Normalise: where a span becomes a step.
 
-`normalise_request` turns every span of an `ExportTraceServiceRequest` into a `SpanRecord`,
-detecting the convention span by span. A value that breaks a limit is dropped from its span (and
-counted in `dropped_attributes_count`) with a `Problem` naming the span and key; the span and its
-neighbours are kept.
+`normalise_request` turns every span of an `ExportTraceServiceRequest` into a `SpanRecord`
+(`normalise_span`, one span), detecting the convention span by span (`_extract`: OpenInference,
+GenAI in its current and older forms, Traceloop, frameworks' own namespaces), reading chat messages
+in every producer's shape into one form (`parse_messages`) and unwrapping the wrappers frameworks
+put around arguments, requests and results (`_shapes`, named for coverage). A span's links are kept
+with their attribution. A value that breaks a limit (`Limits`) is dropped from its span (and
+counted in `dropped_attributes_count`) with a `Problem` naming the span and key, and impossible
+timestamps are repaired and reported; the span and its neighbours are kept.
+
+Content some distributions write to log records rather than span attributes is read here too:
+`log_rows` makes the store's ``logs`` rows (``gen_ai.*`` events, keyed by trace and span), and
+`fold_logs` folds a span's records into it when the store assembles its trace
+(`log_event_attributes` reads one stored record).
 """
 
 from __future__ import annotations
