@@ -55,10 +55,11 @@ class Column:
 
 @dataclass(frozen=True)
 class Shape:
-    """A stored table's columns, in table order."""
+    """A stored table's columns, in table order, and its primary key when it has one of several columns."""
 
     name: str
     columns: tuple[Column, ...]
+    primary_key: tuple[str, ...] = ()
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -80,8 +81,9 @@ class Shape:
         return tuple(c for c in self.columns if c.since == version)
 
     def ddl(self, until: int | None = None, compressed: bool = True) -> str:
-        """The column definitions of the table's DDL (those added up to version `until` when given)."""
-        return ", ".join(c.ddl(compressed) for c in self.columns if until is None or c.since <= until)
+        """The column definitions of the table's DDL (those added up to version `until` when given), and its primary key."""
+        body = ", ".join(c.ddl(compressed) for c in self.columns if until is None or c.since <= until)
+        return f"{body}, PRIMARY KEY ({', '.join(self.primary_key)})" if self.primary_key else body
 
     def pick(self, name: str, *names: str) -> Shape:
         """A shape named `name` of some of these columns, in the order given (a lake table's copy of a store table)."""
@@ -203,10 +205,24 @@ LOGS = Shape("logs", _columns(
 # Input rejected on the way in.
 PROBLEMS = Shape("problems", _columns("received_ns:int64 source:string location:string reason:string spans:int32"))
 
-# One row per (spec, run, invariant) that failed (primary key: spec_hash, trajectory_id, invariant_id).
+# One row per (spec, run, invariant) that failed: an invariant has one verdict per run and spec.
 VIOLATIONS = Shape("violations", _columns(
     """spec_hash:string! invariant_id:string! trajectory_id:string! severity:string! task_key:string step_index:int32
-       step_name:string detail:string""", 5))
+       step_name:string detail:string""", 5), primary_key=("spec_hash", "trajectory_id", "invariant_id"))
+
+# The store's own bookkeeping (`store/_schema.py` says what each is for): settings, traces to assemble again, what
+# `check` and `certify` keep for the console, links between traces, and model calls' conversation keys (`threads.py`).
+META = Shape("meta", _columns("key:string* value:string"))
+DIRTY_TRACES = Shape("dirty_traces", _columns("trace_id:string*"))
+CHECKED_RUNS = Shape("checked_runs", _columns("spec_hash:string! trajectory_id:string! checked_ns:int64", 7),
+                     primary_key=("spec_hash", "trajectory_id"))
+CHECKS = Shape("checks", _columns("spec_hash:string* spec_name:string spec_path:string checked_ns:int64 runs:int64", 7))
+CERTIFICATES = Shape("certificates", _columns(
+    "stored_ns:int64 spec_hash:string study:string agent:string verdict:string lower_bound:float64 doc:string", 7))
+TRACE_LINKS = Shape("trace_links", _columns("trace_id:string! linked_trace_id:string!", 9), primary_key=("trace_id", "linked_trace_id"))
+CONVERSATION_KEYS = Shape("conversation_keys", _columns(
+    """trace_id:string! span_id:string! start_ns:int64 end_ns:int64 continues:string continues_loose:string after:string
+       after_loose:string""", 10), primary_key=("trace_id", "span_id"))
 
 _INSTANCE, _HOUR = Column("instance", "string"), Column("hour", "int32")
 
@@ -236,5 +252,5 @@ LAKE_SHAPES: dict[str, LakeShape] = {
 }
 
 
-__all__ = ["LAKE_SHAPES", "LOGS", "PROBLEMS", "SPANS", "TRAJECTORIES", "VIOLATIONS", "Column", "LakeShape", "LogicalType", "Shape",
-           "iceberg_type"]
+__all__ = ["CERTIFICATES", "CHECKED_RUNS", "CHECKS", "CONVERSATION_KEYS", "DIRTY_TRACES", "LAKE_SHAPES", "LOGS", "META", "PROBLEMS",
+           "SPANS", "TRACE_LINKS", "TRAJECTORIES", "VIOLATIONS", "Column", "LakeShape", "LogicalType", "Shape", "iceberg_type"]

@@ -11,17 +11,30 @@ from __future__ import annotations
 from typing import Any
 
 from plumbline_otel.errors import StoreError
-from plumbline_otel.shapes import LOGS, PROBLEMS, SPANS, TRAJECTORIES, VIOLATIONS, Shape
+from plumbline_otel.shapes import (
+    CERTIFICATES,
+    CHECKED_RUNS,
+    CHECKS,
+    CONVERSATION_KEYS,
+    DIRTY_TRACES,
+    LOGS,
+    META,
+    PROBLEMS,
+    SPANS,
+    TRACE_LINKS,
+    TRAJECTORIES,
+    VIOLATIONS,
+    Shape,
+)
 
 SCHEMA_VERSION = 10
 
-# Every table's columns are declared in `shapes.py` (SPANS, TRAJECTORIES, LOGS, PROBLEMS, VIOLATIONS); the steps below
+# Every table's columns are declared in `shapes.py` (SPANS, TRAJECTORIES, LOGS, PROBLEMS, VIOLATIONS, …); the steps below
 # take their columns from there, each as it was when the step was written (the columns added up to its version, zstd
 # from version 6 on), so a file made by any version migrates to the same tables a new file gets.
 
 # One row per (spec, run, invariant) that failed: an invariant has one verdict per run and spec.
-_VIOLATIONS_TABLE = (f"CREATE TABLE IF NOT EXISTS violations ({VIOLATIONS.ddl()}, "
-                     "PRIMARY KEY (spec_hash, trajectory_id, invariant_id))")
+_VIOLATIONS_TABLE = f"CREATE TABLE IF NOT EXISTS violations ({VIOLATIONS.ddl(5)})"
 VIOLATION_COLUMNS = VIOLATIONS.names[1:]  # what a check's batch holds (the spec's hash is the batch's)
 
 # Columns of long text (JSON maps, payloads, documents) are stored with zstd (`Column.zstd`). DuckDB's default for
@@ -47,9 +60,9 @@ _LOGS_TABLE = f"CREATE TABLE IF NOT EXISTS logs ({LOGS.ddl(4, compressed=False)}
 # The statements that turn a file of the version before into this version, by version.
 MIGRATIONS: dict[int, list[str]] = {
     1: [
-        "CREATE TABLE IF NOT EXISTS meta (key VARCHAR PRIMARY KEY, value VARCHAR)",
+        f"CREATE TABLE IF NOT EXISTS meta ({META.ddl(1)})",
         f"CREATE TABLE spans ({SPANS.ddl(1, compressed=False)}, PRIMARY KEY (trace_id, span_id))",
-        "CREATE TABLE dirty_traces (trace_id VARCHAR PRIMARY KEY)",
+        f"CREATE TABLE dirty_traces ({DIRTY_TRACES.ddl(1)})",
         f"CREATE TABLE trajectories ({TRAJECTORIES.ddl(1, compressed=False)})",
         f"CREATE TABLE problems ({PROBLEMS.ddl(1)})",
     ],
@@ -74,12 +87,7 @@ MIGRATIONS: dict[int, list[str]] = {
     6: [*_rebuilt_table(SPANS, 6), *_rebuilt_table(TRAJECTORIES, 6), *_rebuilt_table(LOGS, 6)],
     # What `check` and `certify` keep for the console beside the violations: which runs were judged under which
     # spec (a run with no violation is "conforming" only if it was judged), each check, and the certificates.
-    7: ["CREATE TABLE IF NOT EXISTS checked_runs (spec_hash VARCHAR NOT NULL, trajectory_id VARCHAR NOT NULL, checked_ns BIGINT, "
-        "PRIMARY KEY (spec_hash, trajectory_id))",
-        "CREATE TABLE IF NOT EXISTS checks (spec_hash VARCHAR PRIMARY KEY, spec_name VARCHAR, spec_path VARCHAR, checked_ns BIGINT, "
-        "runs BIGINT)",
-        "CREATE TABLE IF NOT EXISTS certificates (stored_ns BIGINT, spec_hash VARCHAR, study VARCHAR, agent VARCHAR, verdict VARCHAR, "
-        "lower_bound DOUBLE, doc VARCHAR)"],
+    7: [f"CREATE TABLE IF NOT EXISTS {shape.name} ({shape.ddl(7)})" for shape in (CHECKED_RUNS, CHECKS, CERTIFICATES)],
     # Producer-reported cost (`gen_ai.usage.cost.*`) and guardrail / execution-state events per span; every
     # trajectory is rebuilt so its steps carry them.
     8: [*_added_columns(SPANS, 8),
@@ -88,15 +96,12 @@ MIGRATIONS: dict[int, list[str]] = {
     # link), so a run spread over traces (AutoGen's Swarm) is assembled as one. Links were dropped at decode before
     # this version: stored spans have none, and nothing is rebuilt.
     9: [*_added_columns(SPANS, 9),
-        "CREATE TABLE IF NOT EXISTS trace_links (trace_id VARCHAR NOT NULL, linked_trace_id VARCHAR NOT NULL, "
-        "PRIMARY KEY (trace_id, linked_trace_id))"],
+        f"CREATE TABLE IF NOT EXISTS trace_links ({TRACE_LINKS.ddl(9)})"],
     # The conversation keys of model calls that are the root of their trace (`threads.py`): an agent loop under only
     # an SDK's zero-code instrumentation exports a trace per model call, and a trace whose request continues another's
     # conversation is linked to it in `trace_links`, so the run's traces are assembled as one (issue 40 item 12).
     # Spans stored before this version are not keyed: their per-call traces stay apart, as they were.
-    10: ["CREATE TABLE IF NOT EXISTS conversation_keys (trace_id VARCHAR NOT NULL, span_id VARCHAR NOT NULL, start_ns BIGINT, "
-         "end_ns BIGINT, continues VARCHAR, continues_loose VARCHAR, after VARCHAR, after_loose VARCHAR, "
-         "PRIMARY KEY (trace_id, span_id))"],
+    10: [f"CREATE TABLE IF NOT EXISTS conversation_keys ({CONVERSATION_KEYS.ddl(10)})"],
 }
 
 
