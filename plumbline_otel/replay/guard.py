@@ -178,6 +178,7 @@ _ACTIONS: dict[str, tuple[str, ...]] = {
     "forward": ("forward", "send", "sending", "route", "email", "transfer", "wire", "pass on", "hand over",
                 "reassign", "assign"),
     "escalate": ("escalate", "flag", "refer"),
+    "copy in": ("cc", "copy in", "copied in", "copying", "keep in the loop", "keep posted"),
     "expedite": ("expedite", "rush", "prioritise", "prioritize", "priority", "urgent", "urgently", "asap",
                  "immediately", "right away", "straight away", "quickly", "promptly", "fast", "hurry"),
     "split": ("split", "splitting", "partial", "partially", "merge", "combine", "instalment", "instalments"),
@@ -534,6 +535,8 @@ class Meaning:
     documents: frozenset[str] = frozenset()
     terms: frozenset[str] = frozenset()  # domain terms mentioned
     roles: frozenset[str] = frozenset()  # "controller approve" (who does it), "pay > ashfield logistics" (to whom)
+    objects: frozenset[str] = frozenset()  # "pay > INV-0905": the document an action is done to, where it says
+    sequence: frozenset[str] = frozenset()  # "approve then pay": steps put in order with "then"
     directions: frozenset[str] = frozenset()  # "delmar packaging from", "S20 from", "us to"
     disjunctions: int = 0  # how many "or"s join what the request names
     bare_modals: tuple[str, ...] = ()  # a modal that governs no action ("otherwise the controller may")
@@ -561,6 +564,7 @@ def _normalise(text: str) -> str:
             .replace("\u2014", ", ").replace("\u2013", ", ").replace("\r", ""))
     text = _SIGN_OFF.sub("", text)
     text = re.sub(r"\(\s*(?=(?:PS|P\.S\.|btw|BTW|FYI|fyi)\b)", "\n\n", text)  # an aside in brackets stands alone
+    text = re.sub(r"\n[ \t]*(?:[-*•]|\d+[.)])[ \t]+", "; ", text)  # a list's items are clauses of their own
     text = re.sub(r" - ", ", ", text)
     # "the receipt's posted", "the vendor's on hold": "'s" before a participle or "on" is "is"
     text = re.sub(r"\b([A-Za-z]+)'s\s+(?=(?:been|not|on|[a-z]+ed)\b)", r"\1 is ", text)
@@ -676,6 +680,7 @@ class _Sentence:
     date_display: dict[str, str] = field(default_factory=dict)
     tokens: list[_Token] = field(default_factory=list)
     id_directions: set[str] = field(default_factory=set)  # "S20 from", "R05 to"
+    id_starts: list[tuple[int, str]] = field(default_factory=list)  # where each id stands in the sentence
     clauses: list[str] = field(default_factory=list)
     clause_spans: list[tuple[int, int]] = field(default_factory=list)
 
@@ -748,6 +753,7 @@ def _read_identifiers(s: _Sentence, work: str, v: _Vocabulary) -> str:
     def direction(ident: str, start: int) -> None:
         """An id after "from" or "to" has a direction: "from S20 to R05" is not "from R05 to S20"; one
         after "against" or "than" has a part ("apply X against Y", "the new PO rather than Y")."""
+        s.id_starts.append((start, ident))
         m = re.search(r"\b(from|to|into|against|than)\s+(?:the\s+)?$", work[:start], re.I)
         if m:
             side = m.group(1).lower()
@@ -993,6 +999,8 @@ def read_meaning(text: str, names: frozenset[str] | None = None, lexicon: Domain
     documents: set[str] = set()
     terms: set[str] = set()
     roles: set[str] = set()
+    objects: set[str] = set()
+    sequence: set[str] = set()
     directions: set[str] = set()
     disjunctions = 0
     bare_modals: list[str] = []
@@ -1016,6 +1024,8 @@ def read_meaning(text: str, names: frozenset[str] | None = None, lexicon: Domain
             sentence_actions.append((token, value))
             display.setdefault(f"action:{value}", token.raw)
         roles |= _roles(toks, v)
+        objects |= _id_objects(s)
+        sequence |= _sequence(toks)
         directions |= _directions(toks, v) | s.id_directions
         disjunctions += sum(t.text == "or" and (i == 0 or toks[i - 1].text != "whether") for i, t in enumerate(toks))
         sentence_conditions: set[str] = set()
@@ -1045,7 +1055,9 @@ def read_meaning(text: str, names: frozenset[str] | None = None, lexicon: Domain
                 entities.add(name)
                 display.setdefault(f"entity:{name}", " ".join(dict.fromkeys(re.sub(r"'s$|'$", "", r.raw) for r in run)))
                 run = [t] if t.role == "unknown" else []
-            if t.role == "rel":
+            if t.role == "action" and t.text.endswith(("ments", "als", "ions")) and any(q.bound for q in s.quantities):
+                multiplicity.add("any")  # a limit on "payments over €10,000" is one on "any payment over €10,000"
+            elif t.role == "rel":
                 relations.add(t.value)
             elif t.role == "mult" and (t.value != "any" or _counts_documents(toks, t, v)):
                 multiplicity.add(_UNIVERSAL.get(t.value, t.value))
@@ -1055,8 +1067,7 @@ def read_meaning(text: str, names: frozenset[str] | None = None, lexicon: Domain
             elif t.role == "doc":
                 documents.add(t.value)
             elif t.role == "cond":
-                word = t.value if t.value == "only by" else t.text
-                canon = _CONDITION_CANON.get(word, word)
+                canon = _CONDITION_CANON.get(t.value, t.value)
                 sentence_conditions.add(canon)
                 display.setdefault(f"condition:{canon}", s.quote(toks, t))
             elif t.role == "fact":
@@ -1077,7 +1088,8 @@ def read_meaning(text: str, names: frozenset[str] | None = None, lexicon: Domain
                    tuple(sorted(quantities, key=lambda q: q.key)), frozenset(currencies), frozenset(dates),
                    frozenset(entities), frozenset(relations), frozenset(multiplicity), frozenset(conditions),
                    frozenset(facts), frozenset(redirects), frozenset(documents), frozenset(terms),
-                   frozenset(roles), frozenset(directions | _implied_directions(directions)), disjunctions,
+                   frozenset(roles), frozenset(objects), frozenset(sequence),
+                   frozenset(directions | _implied_directions(directions)), disjunctions,
                    tuple(sorted(bare_modals)), _correspondents(text), display)
 
 
@@ -1090,6 +1102,40 @@ _NEGATION_CANON = {"cannot": "not", **{w + "n't": "not" for w in _words(
 def _in_noun_phrase(t: _Token) -> bool:
     """Whether a token can stand in a noun phrase ("the vendor's new bank account", "us")."""
     return t.role in ("unknown", "word", "domain", "doc", "doc+", "rel", "mult") or t.text in _DETERMINERS | _WE | _THEY
+
+
+def _base(value: str) -> str:
+    """An action's verb class without its polarity ("not pay" -> "pay")."""
+    return value[4:] if value.startswith("not ") else value
+
+
+def _id_objects(s: _Sentence) -> set[str]:
+    """The ids an action is done to: an id right after its verb ("pays INV-0905", "approve invoice
+    INV-1003"; determiners and document nouns between). An id elsewhere (a subject, after a
+    preposition) says nothing here."""
+    out: set[str] = set()
+    for start, ident in s.id_starts:
+        clause = next((i for i, (a, b) in enumerate(s.clause_spans) if a <= start < b), -1)
+        for t in reversed([t for t in s.tokens if t.start < start and t.clause == clause]):
+            if t.role in ("doc", "doc+") or t.text in _DETERMINERS:
+                continue
+            if t.role == "action":
+                out.add(f"{_base(t.value)} > {ident}")
+            break
+    return out
+
+
+def _sequence(toks: list[_Token]) -> set[str]:
+    """Steps ordered by "then" in a sentence: "approve it and then pay it" is "approve then pay"."""
+    out: set[str] = set()
+    for i, t in enumerate(toks):
+        if t.text != "then":
+            continue
+        before = next((x for x in reversed(toks[:i]) if x.role == "action"), None)
+        after = next((x for x in toks[i + 1:] if x.role == "action"), None)
+        if before is not None and after is not None:
+            out.add(f"{_base(before.value)} then {_base(after.value)}")
+    return out
 
 
 def _read_counterparties(toks: list[_Token], v: _Vocabulary) -> None:
@@ -1620,6 +1666,22 @@ def _role_changes(before: Meaning, after: Meaning) -> list[str]:
     return out
 
 
+def _object_changes(before: Meaning, after: Meaning) -> list[str]:
+    """An action done to other documents: both texts say which ids it is done to, and they differ
+    ("apply it before anyone pays INV-0905" against "… pays INV-1013"). A text that does not say
+    (a passive, "pay it") says less, not something else."""
+    def by_verb(objects: frozenset[str]) -> dict[str, set[str]]:
+        out: dict[str, set[str]] = {}
+        for o in objects:
+            verb, ident = o.split(" > ", 1)
+            out.setdefault(verb, set()).add(ident)
+        return out
+
+    was, now = by_verb(before.objects), by_verb(after.objects)
+    return [f"'{verb}' of {', '.join(sorted(was[verb]))} became of {', '.join(sorted(now[verb]))}"
+            for verb in sorted(set(was) & set(now)) if was[verb] != now[verb]]
+
+
 def compare(before: Meaning, after: Meaning) -> list[str]:
     """What changed from ``before`` to ``after``, one phrase per change; empty when nothing did."""
     def shown(m: Meaning, prefix: str) -> Callable[[str], str]:
@@ -1653,6 +1715,9 @@ def compare(before: Meaning, after: Meaning) -> list[str]:
     changes += list(dict.fromkeys(f"redirection dropped: '{before.show('redirect:' + r)}'"
                                   for r in sorted(before.redirects - after.redirects) if not _same_payee(r, after)))
     changes += _role_changes(before, after)
+    changes += _object_changes(before, after)
+    changes += [f"order '{s}' reversed" for s in sorted(after.sequence)
+                if " then ".join(reversed(s.split(" then "))) in before.sequence - after.sequence]
     for side in ("to", "from"):
         was = {c for c in before.correspondents if c.startswith(side + " ")}
         now = {c for c in after.correspondents if c.startswith(side + " ")}
