@@ -12,10 +12,13 @@ period again, logs how many traces it left pending (the next start takes them up
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import sys
 import threading
+from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from plumbline_otel.api.servicer import PlumblineServicer, add_to_server
 from plumbline_otel.config import ServeConfig
@@ -35,6 +38,7 @@ from plumbline_otel.receive import (
     WriteQueue,
     make_ssl_context,
 )
+from plumbline_otel.receive._http import _Handler
 from plumbline_otel.report.console import Console
 from plumbline_otel.spec import load_spec
 from plumbline_otel.store import Store
@@ -121,12 +125,28 @@ class Server:
         self.queue.on_store_state.append(lambda problem: grpc_server.set_serving(problem is None))
 
     def _console(self) -> Console:
-        """The console, reading through its own cursor of the store: pages never wait on ingest, nor it on them."""
+        """The console, reading through its own cursor of the store: pages never wait on ingest, nor it on them.
+        "Replay from here" gives each step's command; starting it (`replay.branch.ConsoleReplay`) is on only when
+        the operator set PLUMBLINE_CONSOLE_REPLAY_ADAPTER and serve has a token."""
         cursor = self.queue.call(lambda store: store.connection.cursor())
+        from plumbline_otel.replay.branch import ConsoleReplay
         from plumbline_otel.replay.tape import replay_from_here
 
+        launcher, note = ConsoleReplay.from_env(os.environ, self.config.db_path, bool(self.config.auth_token), ingest=self._take_spans)
         return Console(cursor, self.config.db_path, self.config.console_certificate, api=self.config.grpc_endpoint or None,
-                       token=bool(self.config.auth_token), check_spec=self.config.check_spec, branch_view=replay_from_here)
+                       token=bool(self.config.auth_token), check_spec=self.config.check_spec, branch_view=replay_from_here,
+                       replay=launcher, replay_note=note)
+
+    def _take_spans(self, path: Path) -> str:
+        """A console replay's spans (its OTLP JSON-lines file) into this server's store, through the same intake as an
+        export, so its runs and records show beside the run it started from; what happened, in words."""
+        stored = refused = 0
+        with path.open("rb") as lines:
+            for line in lines:
+                if line.strip():
+                    outcome = self.intake.traces(line, "application/json", "", "console-replay", self.config.http_max_body_bytes)
+                    stored, refused = (stored + 1, refused) if outcome.status in ("ok", "partial") else (stored, refused + 1)
+        return f"{stored} export request(s) of its spans taken into the store" + (f", {refused} refused" if refused else "")
 
     def _render_metrics(self) -> str:
         """/metrics: the receiver's own, then the lake sync's (`LakeSync.render_metrics`) when PLUMBLINE_LAKE is set."""
@@ -147,6 +167,7 @@ class Server:
                                    max_head_bytes=cfg.http_max_head_bytes)
         except OSError as exc:
             raise ConfigError(f"receivers.otlp.protocols.http.endpoint: cannot listen on {cfg.http_endpoint}: {exc.strerror}") from None
+        self.http.RequestHandlerClass = _ConsoleHandler  # the console's one POST (starting a replay), then OTLP/HTTP's
         self._http_thread = threading.Thread(target=self.http.serve_forever, name="plumbline-http", daemon=True)
         self._http_thread.start()
 
@@ -228,5 +249,34 @@ class Server:
                 signal.signal(sig, handler)
         print("plumbline serve: stopped", file=sys.stderr, flush=True)
 
+
+class _ConsoleHandler(_Handler):
+    """OTLP/HTTP's handler, with the console's POST (``Console.answers_post``: starting a replay from a run's page)
+    under the same bearer-token rule; every other request is OTLP/HTTP's as before."""
+
+    def do_POST(self) -> None:  # noqa: N802 - stdlib naming
+        console = self.server.console
+        path = urlsplit(self.path).path
+        if console is None or not console.answers_post(path):
+            super().do_POST()
+            return
+        if not self._authorised():
+            self.close_connection = True
+            self._error(401, "missing or wrong bearer token", headers={"WWW-Authenticate": "Bearer"})
+            return
+        try:
+            length = int(self.headers.get("Content-Length") or 0)
+        except ValueError:
+            length = -1
+        if not 0 <= length <= _CONSOLE_POST_MAX:
+            self.close_connection = True
+            self._error(413 if length > 0 else 411, f"a replay request is a Content-Length of at most {_CONSOLE_POST_MAX} bytes")
+            return
+        body = self.rfile.read(length)
+        status, media, payload, headers = console.handle_post(path, body, self.headers)
+        self._send(status, payload, media, headers)
+
+
+_CONSOLE_POST_MAX = 4096
 
 __all__ = ["Server", "split_endpoint"]

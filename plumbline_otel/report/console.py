@@ -7,6 +7,9 @@
     /runs/<id>              one run: span waterfall, messages, steps, violations where they broke, a diff link
     /diff?a=<id>&b=<id>     two runs side by side
     /diff?task=K&vs=AGENT[&agent=A][&perturbation=P]   the same, chosen by task
+    /replays, /replays/<id>  replays started from a run's page ("replay from here"), each with its state and output
+    POST /runs/<id>/replay  start one (step=K[&perturbation=P]): only when serve turned the console's replay on
+                            (`replay.branch`, behind serve's token); a form post answers 303 to the replay's page
 
 The console reads through a DuckDB connection of its own (a cursor of the writer's database):
 it sees what has been committed and never queues behind ingest, and ingest never waits for a
@@ -17,12 +20,13 @@ scan the store, so the overview is kept for `overview_ttl` seconds.
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs, quote, unquote, urlencode
+from urllib.parse import parse_qs, quote, unquote, urlencode, urlsplit
 
 import duckdb
 
@@ -36,7 +40,9 @@ from plumbline_otel.report.pages import advice, diff_page, run_page, spec_violat
 from plumbline_otel.store import Reader, RunFilters
 
 log = logging.getLogger("plumbline.console")
-PREFIXES = ("/runs", "/diff")
+PREFIXES = ("/runs", "/diff", "/replays")
+_REPLAY_POST = re.compile(r"^/runs/([^/]+)/replay$")
+_FORM = "application/x-www-form-urlencoded"
 
 
 def console_href(kind: str, **params: Any) -> str:
@@ -59,11 +65,14 @@ class Console:
 
     def __init__(self, connection: Any, source: str, certificate: str | Path | None = None, slow_ttl: float = 60.0,
                  slow_wait: float = 3.0, api: str | None = None, token: bool = False, check_spec: str | None = None,
-                 branch_view: Callable[[Trajectory, str | None], dict[str, Any]] | None = None) -> None:
+                 branch_view: Callable[[Trajectory, str | None], dict[str, Any]] | None = None,
+                 replay: Any | None = None, replay_note: str | None = None) -> None:
         self._connection, self._source, self._certificate = connection, source, certificate
         self._store = Reader(connection)
         self._api, self._token, self._check_spec = api, token, check_spec
         self._branch_view = branch_view  # "replay from here" on a run's page (`replay.tape.replay_from_here`)
+        # Starting those replays (`replay.branch.ConsoleReplay`), when serve turned it on; else why it is off.
+        self._replay, self._replay_note = replay, replay_note
         self._lock = threading.Lock()
         self._ttl, self._wait = slow_ttl, slow_wait
         self._slow: tuple[float, dict[str, Any]] | None = None  # (when, {"coverage": ..., "candidates": ...})
@@ -103,7 +112,12 @@ class Console:
             if run is None:
                 return self._error(404, "no stored run with that id")
             branch = self._branch_view(run, self._store.file_path()) if self._branch_view is not None else None
+            if branch is not None:
+                branch = {**branch, "start": self._replay is not None, "note": self._replay_note,
+                          "action": console_href("run", id=run.trajectory_id) + "/replay"}
             return 200, run_page(self._store, run, console_href, how=self._advice(), branch=branch)
+        if path == "/replays" or path.startswith("/replays/"):
+            return self._replays(unquote(path[len("/replays/"):]) if path.startswith("/replays/") else None)
         if path == "/diff":
             return self._diff(params)
         return self._error(404, f"no such page {path}")
@@ -120,6 +134,65 @@ class Console:
                 return self._error(404, "no stored run with that id")
             return 200, diff_page(self._store, a, b, console_href)
         return self._error(400, "a diff takes ?a=RUN&b=RUN or ?task=K&vs=AGENT")
+
+    def _replays(self, job_id: str | None) -> tuple[int, str]:
+        """The replays started from the console, or one of them: state, command, output, where its files are."""
+        if self._replay is None:
+            return self._error(404, f"the console's replay is {self._replay_note or 'off'}")
+        jobs = [j.as_dict() for j in self._replay.jobs()] if job_id is None else None
+        job = self._replay.job(job_id) if job_id is not None else None
+        if job_id is not None and job is None:
+            return self._error(404, f"no replay {job_id} was started here")
+        return 200, render("replays.html", console_href, jobs=jobs, job=job.as_dict() if job is not None else None)
+
+    @staticmethod
+    def answers_post(path: str) -> bool:
+        """True for the one path the console takes a POST on: starting a replay from a run's page."""
+        return _REPLAY_POST.match(path) is not None
+
+    def handle_post(self, path: str, body: bytes, headers: Any) -> tuple[int, str, bytes, dict[str, str]]:
+        """Start a replay from a run's step (``step``, optional ``perturbation``: JSON or a form); (status, media type,
+        body, headers). Serve checked the bearer token before this; a browser's cross-site post is refused here (its
+        ``Origin`` or ``Sec-Fetch-Site`` says another site), so a page elsewhere cannot start one with a proxy's token."""
+        import orjson
+
+        def answer(status: int, payload: dict[str, Any], extra: dict[str, str] | None = None) -> tuple[int, str, bytes, dict[str, str]]:
+            return status, "application/json", orjson.dumps(payload), extra or {}
+
+        matched = _REPLAY_POST.match(path)
+        if matched is None:
+            return answer(404, {"error": f"no such path {path}"})
+        if self._replay is None:
+            return answer(403, {"error": f"the console's replay is {self._replay_note or 'off'}"})
+        origin, site, host = headers.get("Origin"), headers.get("Sec-Fetch-Site"), headers.get("Host")
+        if (site is not None and site not in ("same-origin", "none")) or (origin and urlsplit(origin).netloc != host):
+            return answer(403, {"error": "a replay is started from this console's own pages, not from another site"})
+        media = (headers.get("Content-Type") or "").split(";")[0].strip().lower()
+        try:
+            if media == "application/json":
+                params = orjson.loads(body)
+                if not isinstance(params, dict):
+                    raise ValueError("the body is not a JSON object")
+            elif media == _FORM:
+                params = {k: v[-1] for k, v in parse_qs(body.decode("utf-8")).items()}
+            else:
+                return answer(415, {"error": f"send application/json or {_FORM}, not {media or 'no Content-Type'}"})
+            step = int(str(params.get("step")))
+            perturbation = params.get("perturbation") or None
+        except (ValueError, TypeError, UnicodeDecodeError, orjson.JSONDecodeError) as exc:
+            return answer(400, {"error": f"bad request: give step=K (and perturbation=P): {exc}"})
+        with self._lock:
+            run = self._store.load_run(unquote(matched.group(1)))
+        if run is None:
+            return answer(404, {"error": "no stored run with that id"})
+        try:
+            job = self._replay.start(run, step, None if perturbation is None else str(perturbation))
+        except ValueError as exc:  # the run cannot be branched there (TapeError), or replays are busy
+            return answer(409, {"error": str(exc)})
+        href = "/replays/" + quote(job.id, safe="")
+        if media == _FORM:
+            return 303, "text/plain; charset=utf-8", f"started: {href}\n".encode(), {"Location": href}
+        return answer(202, {"job": job.as_dict(), "href": href}, {"Location": href})
 
     def _advice(self) -> dict[str, Any]:
         return advice(self._store, self._source, api=self._api, served=True, token=self._token, check_spec=self._check_spec)
@@ -166,7 +239,9 @@ class Console:
         return status, render("error.html", console_href, status=status, message=message)
 
     def close(self) -> None:
-        """Stop the background computation and close the read connections."""
+        """Stop the replays still running, the background computation, and close the read connections."""
+        if self._replay is not None:
+            self._replay.close()
         deadline = time.monotonic() + 10
         while self._worker is not None and self._worker.is_alive() and time.monotonic() < deadline:
             self._worker_cursor.interrupt()  # a query may start after an interrupt: repeat until the thread ends
