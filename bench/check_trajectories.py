@@ -138,8 +138,8 @@ def main() -> None:
     print(f"  violations written {first.violations_written:,} then {again.violations_written:,}; rows stored {stored:,}")
 
     cert = timed("build certificate", args.n, lambda: build_certificate(spec, runs))
-    head = cert["headline"]
-    print(f"  headline {head['lower_bound']:.4f} set by {[c['perturbation'] for c in head['cells']]}")
+    head = cert.headline
+    print(f"  headline {head.lower_bound:.4f} set by {[c.perturbation for c in head.cells]}")
 
     if args.store:
         from plumbline_otel.spec.testing import span_records
