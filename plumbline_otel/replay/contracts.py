@@ -99,7 +99,7 @@ class Trial:
         extra = {FAULT: str(self.fault)} if self.fault else None
         return {"traceparent": self.identity.traceparent(), "baggage": self.identity.baggage(extra)}
 
-    def payload(self) -> JsonObject:
+    def payload(self) -> dict[str, object]:
         """The JSON body the HTTP adapter sends."""
         return {"input": self.text, "trial": self.identity.as_dict(), "metadata": self.metadata,
                 "fault": self.fault.as_dict() if self.fault else None,
@@ -110,7 +110,10 @@ class Trial:
         env = dict(os.environ if base is None else base)
         ident = self.identity
         env["OTEL_RESOURCE_ATTRIBUTES"] = ident.resource_attributes(env.get("OTEL_RESOURCE_ATTRIBUTES"))
+        # The specification's environment carriers (what the SDKs' EnvironmentGetter reads): the attempt's trace, under its
+        # virtual root, and its identity in baggage. A TRACESTATE the runner inherited belongs to another trace: dropped.
         env["TRACEPARENT"] = ident.traceparent()
+        env.pop("TRACESTATE", None)
         env["BAGGAGE"] = ident.baggage({FAULT: str(self.fault)} if self.fault else None)
         env.update({
             "PLUMBLINE_TRIAL_ID": ident.trial_id, "PLUMBLINE_PERTURBATION": ident.perturbation,

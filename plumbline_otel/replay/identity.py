@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import hashlib
 import secrets
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import Any
 from urllib.parse import quote
 
 from plumbline_otel.runs import (
@@ -86,12 +86,19 @@ class FaultPlan:
             raise ValueError(f"fault {text!r}: expected tool:kind[:on_call[:times]]")
         return cls(parts[0], parts[1], *(int(p) for p in parts[2:4]))
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, str | int]:
+        """The plan as JSON (``from_dict`` reads it back)."""
         return {"tool": self.tool, "kind": self.kind, "on_call": self.on_call, "times": self.times}
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any] | None) -> FaultPlan | None:
-        return cls(**data) if data else None
+    def from_dict(cls, data: Mapping[str, object] | None) -> FaultPlan | None:
+        """A plan from its JSON (``as_dict``), or None for none."""
+        if not data:
+            return None
+        on_call, times = data.get("on_call", 1), data.get("times", 1)
+        if not isinstance(on_call, int) or not isinstance(times, int):
+            raise ValueError(f"fault plan {dict(data)!r}: on_call and times are whole numbers")
+        return cls(str(data["tool"]), str(data.get("kind", "503")), on_call, times)
 
 
 def trial_id_for(study: str, task_key: str, perturbation: str, variant: str, repeat: int) -> str:
@@ -123,9 +130,9 @@ class TrialIdentity:
         beforehand (a fresh random nonce unless one is given)."""
         return replace(self, attempt=attempt, nonce=secrets.token_hex(16) if nonce is None else nonce)
 
-    def attributes(self) -> dict[str, Any]:
+    def attributes(self) -> dict[str, str | int]:
         """Span / resource attributes (``plumbline.*``), fault evidence included on a faulted trial."""
-        attrs: dict[str, Any] = {
+        attrs: dict[str, str | int] = {
             TRIAL_ID: self.trial_id,
             TRIAL_ATTEMPT: self.attempt,
             PERTURBATION: self.perturbation,
@@ -141,7 +148,8 @@ class TrialIdentity:
             attrs.update(self.fault.attributes())
         return attrs
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, str | int | None]:
+        """The identity as JSON (the HTTP adapter's ``trial``)."""
         return {"trial_id": self.trial_id, "attempt": self.attempt, "perturbation": self.perturbation,
                 "variant": self.variant, "study": self.study, "repeat": self.repeat, "task_key": self.task_key,
                 "instance": self.instance}
@@ -169,7 +177,7 @@ class TrialIdentity:
 
     # --- carriers for agents in other processes ----------------------------------------------
 
-    def baggage(self, extra: dict[str, Any] | None = None) -> str:
+    def baggage(self, extra: Mapping[str, object] | None = None) -> str:
         """W3C ``baggage`` header value: ``key=value`` pairs, values percent-encoded."""
         items = {**self.attributes(), **(extra or {})}
         return ",".join(f"{k}={_encode(v)}" for k, v in items.items() if v is not None)
@@ -182,5 +190,5 @@ class TrialIdentity:
         return ",".join([*kept, ours])
 
 
-def _encode(value: Any) -> str:
+def _encode(value: object) -> str:
     return quote(str(value), safe="/:@-._~")

@@ -445,7 +445,6 @@ _ANY_NOT_YET = {
     "replay/cache.py": "cassette entries (provider JSON)",
     "replay/export.py": "span attributes",
     "replay/guard.py": "the model check's client",
-    "replay/identity.py": "identity attributes and fault plans as JSON",
     "replay/ledger.py": "ledger rows (JSON lines)",
     "replay/perturb.py": "variant metadata and fault plans as JSON",
     "replay/pgstate.py": "Postgres rows",
