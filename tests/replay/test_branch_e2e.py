@@ -28,7 +28,7 @@ FIXTURE = ROOT / "tests" / "fixtures" / "frameworks" / "mcp_openai_agents" / "tr
 SERVER = Path(__file__).with_name("branch_tools_server.py")
 AGENT = f"command:sh -c 'AP_MCP_URL=\"$PLUMBLINE_MCP_URL\" exec {sys.executable} -m tests.replay.agents.openai_agents_mcp_ap'"
 ENV = {"OPENAI_API_KEY": "sk-not-a-real-key", "OPENAI_AGENTS_DISABLE_TRACING": "1", "OPENAI_BASE_URL": None}
-ARGS = {"lookup_invoice": {"invoice_id": "INV-1001"}, "check_duplicate": {"invoice_id": "INV-1001", "vendor": "Acme GmbH"},
+ARGS: dict[str, dict[str, Any]] = {"lookup_invoice": {"invoice_id": "INV-1001"}, "check_duplicate": {"invoice_id": "INV-1001", "vendor": "Acme GmbH"},
         "schedule_payment": {"invoice_id": "INV-1001", "amount": 4820.0, "currency": "EUR"}}
 
 

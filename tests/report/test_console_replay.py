@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[2]
 FIXTURE = ROOT / "tests" / "fixtures" / "frameworks" / "mcp_openai_agents" / "trace.otlp.jsonl"
 SERVER = ROOT / "tests" / "replay" / "branch_tools_server.py"
 AGENT = f"command:sh -c 'AP_MCP_URL=\"$PLUMBLINE_MCP_URL\" exec {sys.executable} -m tests.replay.agents.openai_agents_mcp_ap'"
-ARGS = {"lookup_invoice": {"invoice_id": "INV-1001"}, "check_duplicate": {"invoice_id": "INV-1001", "vendor": "Acme GmbH"},
+ARGS: dict[str, dict[str, Any]] = {"lookup_invoice": {"invoice_id": "INV-1001"}, "check_duplicate": {"invoice_id": "INV-1001", "vendor": "Acme GmbH"},
         "schedule_payment": {"invoice_id": "INV-1001", "amount": 4820.0, "currency": "EUR"}}
 
 
