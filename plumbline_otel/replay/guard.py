@@ -317,6 +317,11 @@ _FACTS = frozenset(["already", "verified", "validated", "confirmed", "cleared", 
                     "okay", "good", "fine", "legit", "within", "exempt", "compliant", "cleared", "previously",
                     "before", "earlier", "last", "new", "old", "same", "different", "wrong", "missing", "late",
                     "overdue", "outstanding", "registered", "whitelisted", "approved", "authorised", "authorized"])
+# Which way a figure moves: "the rate drop" is not "the rate rise", "reduces" is not "increases".
+_DIRECTIONS = {"up": ("increase", "rise", "rose", "risen", "grow", "grew", "grown", "gain", "go up", "went up",
+                      "mark up", "inflate"),
+               "down": ("decrease", "reduce", "reduction", "drop", "fall", "fell", "fallen", "cut", "go down",
+                        "went down", "lower", "shrink", "shrank")}
 _RELATIONS = {"parent": "parent", "parent company": "parent", "subsidiary": "subsidiary", "subsidiaries": "subsidiary",
               "sister": "sister", "affiliate": "affiliate", "affiliated": "affiliate", "affiliates": "affiliate",
               "branch": "branch", "division": "division", "holding": "holding", "holdings": "holding",
@@ -453,6 +458,7 @@ def _vocabulary(lexicons: tuple[DomainLexicon, ...]) -> _Vocabulary:
     register("cond", ((p, p) for p in _CONDITIONS))
     register("neg", ((p, p) for p in _NEGATIONS))
     register("mult", _MULTIPLICITY.items())
+    register("dir", ((form, way) for way, verbs in _DIRECTIONS.items() for verb in verbs for form in _forms(verb)))
     register("doc", documents.items())
     register("rel", _RELATIONS.items())
     register("domain", terms.items())
@@ -564,7 +570,8 @@ def _normalise(text: str) -> str:
             .replace("\u2014", ", ").replace("\u2013", ", ").replace("\r", ""))
     text = _SIGN_OFF.sub("", text)
     text = re.sub(r"\(\s*(?=(?:PS|P\.S\.|btw|BTW|FYI|fyi)\b)", "\n\n", text)  # an aside in brackets stands alone
-    text = re.sub(r"\n[ \t]*(?:[-*•]|\d+[.)])[ \t]+", "; ", text)  # a list's items are clauses of their own
+    text = re.sub(r"\n[ \t]*(?:[-*•]|\d+[.)])[ \t]+", "; ", text)
+    text = re.sub(r"\blet\s+((?:\w+\s+){1,3}?)know\b", r"tell \1", text, flags=re.I)  # "let Elena know": tell her  # a list's items are clauses of their own
     text = re.sub(r" - ", ", ", text)
     # "the receipt's posted", "the vendor's on hold": "'s" before a participle or "on" is "is"
     text = re.sub(r"\b([A-Za-z]+)'s\s+(?=(?:been|not|on|[a-z]+ed)\b)", r"\1 is ", text)
@@ -966,8 +973,9 @@ def _place_unknown(toks: list[_Token], names: frozenset[str], cased: bool) -> No
             continue  # a name's first word opening its sentence ("Northwind Supplies sent us …")
         preceding = toks[i - 1] if i > 0 and toks[i - 1].clause == t.clause else None
         verb_slot = preceding is None or preceding.role == "modal" or preceding.text in _IMPERATIVE_OPENERS
-        object_follows = following is not None and (following.text in ("it", "them", "this", "these", "the")
-                                                     or following.role in ("doc", "doc+"))
+        object_follows = following is not None and (
+            following.text in ("it", "them", "this", "these", "the") or following.role in ("doc", "doc+")
+            or (following.role == "action" and following.text.endswith(("ment", "ments", "al", "als"))))
         t.role, t.value = ("action", t.text) if verb_slot and object_follows else ("word", t.text)
 
 
@@ -1070,6 +1078,9 @@ def read_meaning(text: str, names: frozenset[str] | None = None, lexicon: Domain
                 canon = _CONDITION_CANON.get(t.value, t.value)
                 sentence_conditions.add(canon)
                 display.setdefault(f"condition:{canon}", s.quote(toks, t))
+            elif t.role == "dir":
+                facts.add(f"goes {t.value}")
+                display.setdefault(f"fact:goes {t.value}", s.quote(toks, t, back=4))
             elif t.role == "fact":
                 facts.add(t.text)
                 display.setdefault(f"fact:{t.text}", s.quote(toks, t, back=4))
@@ -1183,6 +1194,11 @@ def _names_doer(toks: list[_Token], at: int, v: _Vocabulary) -> bool:
     return False
 
 
+# Participles that usually say where a document came from ("sent by", "issued by"), unless "be"
+# governs them ("it should be sent to Northwind")
+_PASSIVE_ONLY = {"sent": "forward", "issued": "create"}
+
+
 def _settle_readings(s: _Sentence, v: _Vocabulary) -> None:
     """Readings that depend on a word's neighbours, settled before scopes are read.
 
@@ -1196,7 +1212,11 @@ def _settle_readings(s: _Sentence, v: _Vocabulary) -> None:
     - "can"/"could" that ask ("Could you …", "Please could you …", "Could invoice X be processed?")
       make a request, not a permission;
     - a document noun the lexicon also reads as a verb, where a request puts its verb, before a
-      party, is the verb ("bill them").
+      party, is the verb ("bill them");
+    - a verb after "who" or "which" describes ("Priya, who raised the request"), it asks nothing;
+    - "sent" and "issued" say where a document came from, unless "be" governs them;
+    - "before" with a clause after it is a condition of time; "Anyway" opening a sentence turns
+      the talk (an override only elsewhere); "falls in band B" says where, not which way.
     """
     toks = s.tokens
     first_of_clause: dict[int, int] = {}
@@ -1212,6 +1232,14 @@ def _settle_readings(s: _Sentence, v: _Vocabulary) -> None:
             t.role, t.value = "action", v.action_forms[t.text]
         elif t.role == "cond" and t.text == "only" and _names_doer(toks, i, v):
             t.value = "only by"  # "may only be changed by the controller": only that party may
+        elif t.role == "action" and before is not None and before.text in ("who", "which") and i + 1 < len(toks):
+            t.role = "ignore"  # "Priya Shah, who raised the request": a description, not a step
+        elif t.role == "ignore" and t.text in _PASSIVE_ONLY and before is not None and before.text in (
+                "be", "being", "get", "gets", "got", "getting"):
+            t.role, t.value = "action", _PASSIVE_ONLY[t.text]  # "should be sent to …" asks for it to be sent
+        elif t.role == "dir" and t.text.startswith(("fall", "fell")) and after is not None and after.text in (
+                "in", "into", "within", "under", "outside"):
+            t.role = "ignore"  # "it falls in band B": where it belongs, not which way it moves
         elif t.role == "cond" and t.text in ("anyway", "anyhow") and i == 0:
             t.role = "ignore"  # "Anyway: please hold …" turns the talk; "pay it anyway" overrides
         elif t.role == "fact" and t.text == "before" and after is not None:
@@ -1346,6 +1374,11 @@ def _parties(toks: list[_Token], v: _Vocabulary) -> dict[int, tuple[str, int]]:
     return out
 
 
+# Verbs whose subject wants, asks or expects an action of someone else ("X wants INV-1020 paid")
+_COMPLEMENT_VERBS = frozenset(_words("want wants wanted ask asks asked asking like likes expect expects expected "
+                                     "request requests requested requesting"))
+
+
 def _roles(toks: list[_Token], v: _Vocabulary) -> set[str]:
     """Who does each action and to whom: "controller approve", "sam approve", "pay > ashfield logistics".
 
@@ -1401,6 +1434,8 @@ def _roles(toks: list[_Token], v: _Vocabulary) -> set[str]:
                 if toks[j].role == "word" and j - 1 in parties:
                     j -= 1  # "the AP clerk": a common noun after a name heads the party's noun phrase
                     continue
+                if toks[j].text in _COMPLEMENT_VERBS:
+                    break  # "Meridian wants it paid": who wants is not who pays
                 if toks[j].role == "action":
                     doer = doers.get(j, "")
                     break
@@ -1511,8 +1546,9 @@ def correct_typos(original: str, variant: str, lexicon: DomainLexicon | None = N
         word = raw.lower()
         if word in v.known_words or word in source:
             return raw
+        candidates = pool if len(word) >= 5 else sorted(source)  # a short word is likelier a word the guard lacks
         best, best_d = "", 3
-        for cand in pool:
+        for cand in candidates:
             if cand[0] != word[0] and not (len(word) == 3 and sorted(cand) == sorted(word)):
                 continue  # a different first letter is another word ("unprocessed" is not "processed")
             if len(word) == 3:
