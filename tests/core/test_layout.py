@@ -460,9 +460,7 @@ _ANY_NOT_YET = {
     "replay/proxy/spans.py": "request bodies",
     "replay/proxy/wire.py": "provider wire JSON",
     "replay/mcp_proxy/evidence.py": "evidence entries",
-    "replay/mcp_proxy/server.py": "decoy specs, relaunch records",
     "replay/mcp_proxy/spans.py": "tool arguments",
-    "replay/mcp_proxy/upstream.py": "relaunch records",
 }
 
 

@@ -9,6 +9,7 @@ exposure to a ``tool_fault`` never depends on the agent's own report.
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -175,7 +176,7 @@ class McpTrialState:
             self.tape_served += 1
         return tool_result(step)
 
-    def evidence(self, unroutable_now: int, generation_now: int = 0, relaunches: list[dict[str, Any]] | None = None) -> McpEvidence:
+    def evidence(self, unroutable_now: int, generation_now: int = 0, relaunches: Sequence[object] | None = None) -> McpEvidence:
         """The frozen summary; ``generation_now`` (the upstream connection's number now) tells whether a dead
         server was relaunched, ``relaunches`` (the proxy's list so far) how many relaunches fell in this route's life."""
         with self.lock:

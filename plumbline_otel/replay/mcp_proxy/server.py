@@ -46,7 +46,7 @@ from plumbline_otel.replay.limits import ProxyLimits, truncate_text
 from plumbline_otel.replay.loopback import LoopbackService, loopback_only
 from plumbline_otel.replay.mcp_proxy.evidence import McpEvidence, McpTrialState
 from plumbline_otel.replay.mcp_proxy.spans import ToolCallRecord, emit
-from plumbline_otel.replay.mcp_proxy.upstream import Upstream, UpstreamGone, session_closed
+from plumbline_otel.replay.mcp_proxy.upstream import RelaunchDoc, Upstream, UpstreamGone, session_closed
 from plumbline_otel.replay.proxy.record import ConversationRecorder
 from plumbline_otel.replay.routing import Route, RoutingTable, split_token
 from plumbline_otel.replay.tape import Branch, Tape, shape_tool_result
@@ -79,10 +79,14 @@ class McpRoute(Route):
         return {ENV_URL: self.url}
 
 
-def decoy_tool(spec: Mapping[str, Any]) -> types.Tool:
+def decoy_tool(spec: Mapping[str, object]) -> types.Tool:
     """An MCP tool from a decoy spec (``perturb.DECOY_TOOLS`` shape: name, description, input_schema)."""
     schema = spec.get("input_schema") or spec.get("inputSchema") or spec.get("parameters") or {"type": "object", "properties": {}}
-    return types.Tool(name=str(spec["name"]), description=spec.get("description"), input_schema=dict(schema))
+    description = spec.get("description")
+    if not isinstance(schema, Mapping):
+        raise ConfigError(f"decoy tool {spec.get('name')!r}: its input schema is not a JSON object")
+    return types.Tool(name=str(spec["name"]), description=description if isinstance(description, str) else None,
+                      input_schema=dict(schema))
 
 
 class McpProxy(LoopbackService):
@@ -236,7 +240,7 @@ class McpProxy(LoopbackService):
         return state.evidence(unroutable, upstream.generation if upstream else 0, upstream.snapshot() if upstream else [])
 
     @property
-    def relaunches(self) -> list[dict[str, Any]]:
+    def relaunches(self) -> list[RelaunchDoc]:
         """Every relaunch of the tool server so far: when, why, whether it came back."""
         return self._upstream.snapshot() if self._upstream is not None else []
 

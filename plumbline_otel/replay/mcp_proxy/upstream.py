@@ -21,7 +21,7 @@ import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import NotRequired, TypedDict
 
 from mcp.client.client import Client
 
@@ -55,6 +55,15 @@ class Relaunch:
     reason: str
     ok: bool = False
     error: str | None = None
+
+
+class RelaunchDoc(TypedDict):
+    """One relaunch as the proxy's evidence and ``McpProxy.relaunches`` show it."""
+
+    at: float
+    reason: str
+    ok: bool
+    error: NotRequired[str]
 
 
 @dataclass
@@ -154,5 +163,12 @@ class Upstream:
         """A call went through: the count of deaths in a row starts again."""
         self._failures_in_a_row = 0
 
-    def snapshot(self) -> list[dict[str, Any]]:
-        return [{"at": r.at, "reason": r.reason, "ok": r.ok, **({"error": r.error} if r.error else {})} for r in self.relaunches]
+    def snapshot(self) -> list[RelaunchDoc]:
+        """Every relaunch so far, as JSON."""
+        out: list[RelaunchDoc] = []
+        for r in self.relaunches:
+            doc: RelaunchDoc = {"at": r.at, "reason": r.reason, "ok": r.ok}
+            if r.error:
+                doc["error"] = r.error
+            out.append(doc)
+        return out
