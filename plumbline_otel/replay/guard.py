@@ -188,7 +188,7 @@ _ACTIONS: dict[str, tuple[str, ...]] = {
     # verbs whose roles (who owes or refunds whom) carry the meaning, read for their parties
     "refund": ("refund", "pay back", "paid back", "reimburse", "repay"),
     "owe": ("owe", "owed", "owing"),
-    "offset": ("offset", "deduct", "subtract"),
+    "offset": ("offset", "deduct", "subtract", "take off"),
 }
 _IRREGULAR = {"pay": ("paid",), "hold": ("held",), "deal": ("dealt",), "freeze": ("froze", "frozen"),
               "withdraw": ("withdrawn", "withdrew"), "take": ("took", "taken"), "write": ("written", "wrote")}
@@ -298,14 +298,14 @@ _CONDITIONS = frozenset(["until", "till", "until after", "as soon as", "only aft
                          "in case", "assuming", "irrespective", "no checks", "without checking", "forget about",
                          "don't worry about", "do not worry about", "never mind", "when", "whenever", "where",
                          "in the event", "in the event that", "after", "alone", "yet", "for now",
-                         "for the time being", "at this stage", "at the moment", "for the moment"])
+                         "for the time being", "at this stage", "at the moment", "for the moment", "prior to"])
 # Condition words that say the same thing: "provided (that)" and "as long as" are "if"; "except
 # if" is "unless"; "till" is "until"; "as soon as" and "only after" are "once".
 _CONDITION_CANON = {"provided": "if", "providing": "if", "as long as": "if", "assuming": "if",
                     "on condition that": "if", "if and only if": "if", "except if": "unless", "except when": "unless",
                     "till": "until", "as soon as": "once", "only after": "once", "after": "once",
                     "alone": "only by", "yet": "for now", "for the time being": "for now", "at this stage": "for now",
-                    "at the moment": "for now", "for the moment": "for now",
+                    "at the moment": "for now", "for the moment": "for now", "prior to": "before",
                     # "when" and its kin may state a condition or only a time ("when you process it"): soft, see
                     # _soft_conditions
                     "whenever": "when", "where": "when", "in case": "when", "in the event": "when",
@@ -1183,6 +1183,12 @@ def _soft_conditions(before: frozenset[str], after: frozenset[str]) -> tuple[fro
     return frozenset(a), frozenset(b)
 
 
+def _next_action(toks: list[_Token], at: int, skip: tuple[str, ...] = ()) -> bool:
+    """Whether the next token of ``toks[at]``'s clause (past ``skip`` words) is an action."""
+    rest = [t for t in toks[at + 1:] if t.clause == toks[at].clause and t.text not in skip]
+    return bool(rest) and rest[0].role == "action"
+
+
 def _names_doer(toks: list[_Token], at: int, v: _Vocabulary) -> bool:
     """Whether "by" later in the clause of ``toks[at]`` names a party ("… changed by the controller"),
     not a measure ("moved by 2%")."""
@@ -1240,6 +1246,8 @@ def _settle_readings(s: _Sentence, v: _Vocabulary) -> None:
         elif t.role == "dir" and t.text.startswith(("fall", "fell")) and after is not None and after.text in (
                 "in", "into", "within", "under", "outside"):
             t.role = "ignore"  # "it falls in band B": where it belongs, not which way it moves
+        elif t.role == "action" and t.text == "hold off" and _next_action(toks, i, skip=("on",)):
+            t.role = "neg"  # "hold off (on) paying it" is "do not pay it (yet)"
         elif t.role == "cond" and t.text in ("anyway", "anyhow") and i == 0:
             t.role = "ignore"  # "Anyway: please hold …" turns the talk; "pay it anyway" overrides
         elif t.role == "fact" and t.text == "before" and after is not None:
@@ -1448,9 +1456,9 @@ def _roles(toks: list[_Token], v: _Vocabulary) -> set[str]:
                     break
                 j -= 1
         doers[k] = doer
-        if doer and doer != "you":
+        if doer and doer not in ("you", "them"):  # "they" names whom the text named before: no one new
             out.add(f"{doer} {base}")
-        if receiver and receiver not in ("you", doer):
+        if receiver and receiver not in ("you", "them", doer):
             out.add(f"{base} > {receiver}")
     return out
 
@@ -1475,7 +1483,7 @@ def _implied_directions(directions: set[str]) -> set[str]:
 def _same_condition(values: list[str], conditions: set[str], display: dict[str, str]) -> None:
     """One reading for conditions that say the same: "don't pay unless X" is "pay only if X", "don't
     pay until X" is "pay once X", and "only" beside "if" or "once" adds nothing."""
-    for word, canon in (("unless", "if"), ("until", "once")):
+    for word, canon in (("unless", "if"), ("until", "once"), ("before", "once")):
         negated = [i for i, v in enumerate(values) if v.startswith("not ")]
         if word in conditions and negated:
             values[negated[0]] = values[negated[0]][4:]
