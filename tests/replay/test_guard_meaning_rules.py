@@ -73,7 +73,8 @@ APPROVE = "Please process invoice INV-1002 from Delmar Packaging; the controller
 @pytest.mark.parametrize("variant, why", [
     ("the controller may approve it", "obligation 'must approve' became permission 'may approve'"),
     ("the controller need not approve it", "obligation 'must approve' became exemption 'need not approve'"),
-    ("the controller must not approve it", "action approve became not approve"),
+    # "must not approve it before it is paid" is "approve it only once it is paid": the condition changed
+    ("the controller must not approve it", "condition added: 'before it is paid'"),
 ])
 def test_obligation_is_not_permission_exemption_or_prohibition(variant: str, why: str) -> None:
     assert reason(APPROVE, APPROVE.replace("the controller must approve it", variant)) == why
