@@ -1406,6 +1406,9 @@ def _roles(toks: list[_Token], v: _Vocabulary) -> set[str]:
             continue
         base = t.value[4:] if t.value.startswith("not ") else t.value
         doer = receiver = ""
+        if k + 1 < len(toks) and toks[k + 1].clause == t.clause and toks[k + 1].text in _BE - {"be", "being"}:
+            doers[k] = ""
+            continue  # "the vendor hold is lifted": a noun, the subject of "is", neither done nor received
         j = k + 1
         while j < len(toks) and toks[j].clause == t.clause and toks[j].role != "action":
             if toks[j].text in ("and", "or", "but"):
@@ -1612,6 +1615,13 @@ def _clauses(kind: str, before: Meaning, after: Meaning, a: frozenset[str], b: f
     return out
 
 
+def _paid_before(redirect: str, before: Meaning) -> bool:
+    """An added "to Delmar Packaging" whose destination the original already receives the action
+    ("pay Delmar Packaging £7,480" against "pay £7,480 to Delmar Packaging"): the same payee."""
+    destination = redirect.split(" ", 1)[1] if " " in redirect else ""
+    return bool(destination) and any(r.endswith(" > " + destination) for r in before.roles)
+
+
 def _same_payee(redirect: str, after: Meaning) -> bool:
     """A dropped "to Acme Ltd" whose destination the variant still names ("for Acme Ltd", "Acme Ltd's
     invoice") moved no money elsewhere: only its preposition changed."""
@@ -1755,7 +1765,7 @@ def compare(before: Meaning, after: Meaning) -> list[str]:
     changes += _clauses("condition", before, after, *_soft_conditions(before.conditions, after.conditions), quoted)
     changes += _clauses("fact", before, after, before.facts, after.facts, quoted)
     changes += list(dict.fromkeys(f"redirected: '{after.show('redirect:' + r)}'"
-                                  for r in sorted(after.redirects - before.redirects)))
+                                  for r in sorted(after.redirects - before.redirects) if not _paid_before(r, before)))
     changes += list(dict.fromkeys(f"redirection dropped: '{before.show('redirect:' + r)}'"
                                   for r in sorted(before.redirects - after.redirects) if not _same_payee(r, after)))
     changes += _role_changes(before, after)
