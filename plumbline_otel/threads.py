@@ -40,7 +40,7 @@ from typing import Any
 
 import orjson
 
-from plumbline_otel.normalise import Message, maybe_json, parse_messages, unflatten
+from plumbline_otel.normalise import Message, begins_new_turn, maybe_json, parse_messages, unflatten
 
 # Where the request's and the response's messages are, per convention: GenAI's JSON lists, then the flattened forms
 # (OpenInference's `llm.input_messages.N.message.*`, Traceloop's older `gen_ai.prompt.N.*`).
@@ -125,12 +125,16 @@ def thread_keys(inputs: list[Message], outputs: list[Message]) -> ThreadKeys:
                       after_loose=None if after is None else _key(after, False))
 
 
-def keys_of_attributes(attributes: dict[str, Any]) -> ThreadKeys | None:
-    """The keys of a model call's span from its attributes; None when it recorded no messages."""
+def keys_of_attributes(attributes: dict[str, Any], opens_turn: bool = False) -> ThreadKeys | None:
+    """The keys of a model call from its span's attributes (or its log record's: openai-v2's
+    `gen_ai.client.inference.operation.details` holds the same messages); None when they hold no messages. A request
+    that opens a new user turn (`opens_turn`: normalise marked it so; or its messages say so) continues no run."""
     inputs, outputs = messages_of(attributes)
     if not inputs and not outputs:
         return None
     keys = thread_keys(inputs, outputs)
+    if opens_turn or begins_new_turn(inputs):
+        keys = ThreadKeys(None, None, keys.after, keys.after_loose)
     return keys if keys.continues or keys.after else None
 
 

@@ -36,7 +36,7 @@ from plumbline_otel.store._files import connect, disconnect, reattach
 from plumbline_otel.store._keys import SpanKeys, TraceCounts
 from plumbline_otel.store._read import Reader
 from plumbline_otel.store._schema import VIOLATION_COLUMNS, pending_migrations
-from plumbline_otel.store._threads import KEYS_SQL, LINK_SQL, keyed_calls
+from plumbline_otel.store._threads import link_logs, link_spans
 
 DEFAULT_DB = "plumbline.duckdb"
 # DuckDB checkpoints (folds its write-ahead log into the file) when the log passes this size, and
@@ -193,14 +193,16 @@ class Store(Reader):
             counts.add(traces)
         return WriteResult(stored=stored, duplicate=rows - stored)
 
-    def _link_continuations(self, fresh: pa.Table) -> None:
-        """Keep the conversation keys of the batch's root model calls and link each trace to the trace whose
-        conversation its request continues (`threads`): an agent loop traced only per model call is one run."""
-        keyed = keyed_calls(fresh)
-        if keyed is not None:
-            with self._registered("thread_batch", keyed):
-                self.connection.execute(KEYS_SQL)
-                self.connection.execute(LINK_SQL)
+    def _link_continuations(self, fresh: pa.Table | None = None, logs: pa.Table | None = None) -> None:
+        """Key the root model calls a write brought (their span, or their log record) and link each trace to the trace
+        whose conversation its request continues (`threads`): an agent loop traced only per model call is one run."""
+        def fetch(sql: str) -> list[Any]:
+            return list(self.connection.execute(sql).fetchall())
+
+        if fresh is not None:
+            link_spans(self.connection.execute, fetch, self._registered, fresh)
+        if logs is not None:
+            link_logs(self.connection.execute, fetch, self._registered, logs)
 
     def write_logs(self, rows: LogRows) -> int:
         """Commit GenAI log records in one transaction; returns how many were new.
@@ -214,6 +216,7 @@ class Store(Reader):
         with self._transaction():
             row = self.connection.execute("INSERT OR IGNORE INTO logs SELECT * FROM log_batch").fetchone()
             self.connection.execute("INSERT OR IGNORE INTO dirty_traces SELECT DISTINCT trace_id FROM log_batch WHERE trace_id IS NOT NULL")
+            self._link_continuations(logs=log_batch)
         self.logs_written = True
         return int(row[0]) if row else 0
 

@@ -1,44 +1,29 @@
-"""The store's side of `plumbline_otel/threads.py`: a span batch's root model calls keyed, the keys kept in
+"""The store's side of `plumbline_otel/threads.py`: the root model calls of each write keyed, the keys kept in
 `conversation_keys` (schema version 10), and each trace linked in `trace_links` to the trace whose conversation its
-request continues, so `Store.assemble` builds the traces of one run together (issue 40 item 12)."""
+request continues, so `Store.assemble` builds the traces of one run together (issue 40 item 12).
+
+A call's messages are on its span, or in its log record (openai-v2 with content captured as events writes one
+`gen_ai.client.inference.operation.details` record per call, holding `gen_ai.input.messages`/`.output.messages`):
+whichever of the span and the record is stored second keys the call, so they may arrive in either order.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from plumbline_otel.normalise import maybe_json
-from plumbline_otel.threads import KEY_COLUMNS, NEW_TURN, ThreadKeys, keys_of_attributes
+from plumbline_otel.normalise import log_event_attributes, maybe_json
+from plumbline_otel.threads import KEY_COLUMNS, NEW_TURN, keys_of_attributes
 
+Registered = Callable[[str, pa.Table], AbstractContextManager[None]]
+"""`Store._registered`: an Arrow table readable in SQL under a name for the block."""
 
-def keyed_calls(batch: pa.Table) -> pa.Table | None:
-    """The conversation keys (`KEY_COLUMNS`) of a span batch's root model calls (a `rows.span_table`), for the store's
-    `conversation_keys`; None when it holds none. A model call under any other span (an agent's, a run's, the app's)
-    is part of that trace's run already and is not keyed."""
-    roots = batch.filter(pc.and_(pc.is_null(batch["parent_span_id"]), pc.equal(batch["step_kind"], "llm_call")))
-    if not roots.num_rows:
-        return None
-    rows: dict[str, list[Any]] = {name: [] for name in KEY_COLUMNS}
-    for row in roots.select(["trace_id", "span_id", "start_ns", "end_ns", "attributes", "shapes"]).to_pylist():
-        attributes = maybe_json(row["attributes"]) if row["attributes"] else None
-        keys = keys_of_attributes(attributes) if isinstance(attributes, dict) else None
-        if keys is None:
-            continue
-        if NEW_TURN in (row["shapes"] or []):  # it opens a run of its own (assembly's rule 6): it continues none
-            keys = ThreadKeys(None, None, keys.after, keys.after_loose)
-        for name in ("trace_id", "span_id", "start_ns", "end_ns"):
-            rows[name].append(row[name])
-        for name in KEY_COLUMNS[4:]:
-            rows[name].append(getattr(keys, name))
-    if not rows["trace_id"]:
-        return None
-    return pa.table({name: pa.array(values, pa.int64() if name.endswith("_ns") else pa.string()) for name, values in rows.items()})
-
-
-# Keep a batch's keys (`keyed_calls`, registered as `thread_batch`) and link its traces to the traces they continue and
-# that continue them, as `continuation_links` does, in `trace_links` (traces linked there are assembled together).
+# Keep a write's keys (registered as `thread_batch`) and link its traces to the traces they continue and that continue
+# them, as `threads.continuation_links` does, in `trace_links` (traces linked there are assembled together).
 KEYS_SQL = f"INSERT OR IGNORE INTO conversation_keys SELECT {', '.join(KEY_COLUMNS)} FROM thread_batch"
 LINK_SQL = """INSERT OR IGNORE INTO trace_links SELECT trace_id, min(linked_trace_id) FROM (
     SELECT b.trace_id, b.span_id, a.trace_id AS linked_trace_id, (b.continues = a.after) AS strict,
@@ -47,3 +32,92 @@ LINK_SQL = """INSERT OR IGNORE INTO trace_links SELECT trace_id, min(linked_trac
     WHERE a.trace_id <> b.trace_id AND a.end_ns <= b.start_ns
       AND (b.trace_id IN (SELECT trace_id FROM thread_batch) OR a.trace_id IN (SELECT trace_id FROM thread_batch)))
     WHERE strict = any_strict GROUP BY trace_id, span_id HAVING count(DISTINCT linked_trace_id) = 1"""
+# The stored log records of root model calls whose span recorded no messages (`unkeyed`: trace and span ids).
+_LOGGED_SQL = """SELECT l.trace_id, l.span_id, l.attributes, l.body FROM logs l
+    JOIN unkeyed u ON l.trace_id = u.trace_id AND l.span_id = u.span_id
+    WHERE l.trace_id IN (SELECT trace_id FROM unkeyed) ORDER BY l.time_ns, l.observed_ns, l.log_id"""
+# The stored root model-call spans a write's log records (`logged`) belong to, not keyed yet.
+_CALLS_SQL = """SELECT s.trace_id, s.span_id, s.start_ns, s.end_ns, s.shapes FROM spans s
+    JOIN logged l ON s.trace_id = l.trace_id AND s.span_id = l.span_id
+    WHERE s.trace_id IN (SELECT trace_id FROM logged) AND s.parent_span_id IS NULL AND s.step_kind = 'llm_call'
+      AND NOT EXISTS (SELECT 1 FROM conversation_keys k WHERE k.trace_id = s.trace_id AND k.span_id = s.span_id)"""
+_MESSAGE_KEYS = ("gen_ai.input.messages", "gen_ai.output.messages")
+
+
+def _key_table(rows: Iterable[tuple[dict[str, Any], dict[str, Any], bool]]) -> pa.Table | None:
+    """(call: trace_id, span_id, start_ns, end_ns; attributes; opens a turn) as `KEY_COLUMNS` rows; None for none."""
+    columns: dict[str, list[Any]] = {name: [] for name in KEY_COLUMNS}
+    for call, attributes, opens_turn in rows:
+        keys = keys_of_attributes(attributes, opens_turn)
+        if keys is None:
+            continue
+        for name in KEY_COLUMNS[:4]:
+            columns[name].append(call[name])
+        for name in KEY_COLUMNS[4:]:
+            columns[name].append(getattr(keys, name))
+    if not columns["trace_id"]:
+        return None
+    return pa.table({name: pa.array(values, pa.int64() if name.endswith("_ns") else pa.string()) for name, values in columns.items()})
+
+
+def _link(execute: Callable[[str], Any], registered: Registered, keyed: pa.Table | None) -> None:
+    if keyed is not None:
+        with registered("thread_batch", keyed):
+            execute(KEYS_SQL)
+            execute(LINK_SQL)
+
+
+def link_spans(execute: Callable[[str], Any], fetch: Callable[[str], list[Any]], registered: Registered, fresh: pa.Table) -> None:
+    """Key a span write's root model calls (a `rows.span_table`) and link their traces. A call whose span holds no
+    messages is keyed from its stored log record, if that came first. A model call under any other span (an
+    agent's, a run's, the app's) is part of that trace's run already and is not keyed."""
+    roots = fresh.filter(pc.and_(pc.is_null(fresh["parent_span_id"]), pc.equal(fresh["step_kind"], "llm_call")))
+    if not roots.num_rows:
+        return
+    rows, bare = [], []
+    for call in roots.select(["trace_id", "span_id", "start_ns", "end_ns", "attributes", "shapes"]).to_pylist():
+        attributes = maybe_json(call["attributes"]) if call["attributes"] else None
+        attributes = attributes if isinstance(attributes, dict) else {}
+        opens_turn = NEW_TURN in (call["shapes"] or [])
+        if any(k in attributes or any(a.startswith(k + ".") for a in attributes) for k in ("gen_ai.input.messages", "llm.input_messages",
+                                                                                              "gen_ai.prompt")):
+            rows.append((call, attributes, opens_turn))
+        else:
+            bare.append(call)
+    if bare:
+        unkeyed = pa.table({"trace_id": [c["trace_id"] for c in bare], "span_id": [c["span_id"] for c in bare]})
+        with registered("unkeyed", unkeyed):
+            logged = fetch(_LOGGED_SQL)
+        found = _log_messages(logged)
+        rows += [(c, found[(c["trace_id"], c["span_id"])], NEW_TURN in (c["shapes"] or [])) for c in bare
+                 if (c["trace_id"], c["span_id"]) in found]
+    _link(execute, registered, _key_table(rows))
+
+
+def link_logs(execute: Callable[[str], Any], fetch: Callable[[str], list[Any]], registered: Registered, logs: pa.Table) -> None:
+    """Key the stored root model calls whose messages a log write brought (their spans came first) and link them."""
+    wanted = logs.filter(pc.or_(*(pc.match_substring(pc.fill_null(logs["attributes"], ""), k) for k in _MESSAGE_KEYS)))
+    if not wanted.num_rows:
+        return
+    found = _log_messages([(r["trace_id"], r["span_id"], r["attributes"], r["body"])
+                           for r in wanted.select(["trace_id", "span_id", "attributes", "body"]).to_pylist()])
+    if not found:
+        return
+    with registered("logged", pa.table({"trace_id": [t for t, _ in found], "span_id": [s for _, s in found]})):
+        calls = fetch(_CALLS_SQL)
+    rows = [({"trace_id": t, "span_id": s, "start_ns": start, "end_ns": end}, found[(t, s)], NEW_TURN in (shapes or []))
+            for t, s, start, end, shapes in calls]
+    _link(execute, registered, _key_table(rows))
+
+
+def _log_messages(records: Iterable[Any]) -> dict[tuple[str, str], dict[str, Any]]:
+    """(trace id, span id) -> the message keys of its log records (trace, span, attributes, body), the first record
+    holding them per span."""
+    out: dict[tuple[str, str], dict[str, Any]] = {}
+    for trace_id, span_id, attributes, body in records:
+        if trace_id is None or span_id is None or (trace_id, span_id) in out:
+            continue
+        event = log_event_attributes(attributes, body)
+        if any(k in event for k in _MESSAGE_KEYS):
+            out[(trace_id, span_id)] = {k: event[k] for k in _MESSAGE_KEYS if k in event}
+    return out

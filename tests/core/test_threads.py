@@ -24,7 +24,7 @@ from plumbline_otel.store import Store
 from plumbline_otel.threads import ThreadKeys, continuation_links, thread_keys
 
 FRAMEWORKS = Path(__file__).resolve().parents[1] / "fixtures" / "frameworks"
-LOOPS = ["openai_v2_loop", "openai_v2_loop_interleaved", "openai_v2_loop_same_request"]
+LOOPS = ["openai_v2_loop", "openai_v2_loop_events", "openai_v2_loop_interleaved", "openai_v2_loop_same_request"]
 
 
 def _expected(setup: str) -> dict[str, Any]:
@@ -67,10 +67,22 @@ def _assert_runs(setup: str, got: list[Trajectory]) -> None:
 
 @pytest.mark.parametrize("setup", LOOPS)
 def test_each_conversation_of_per_call_traces_is_one_run_with_its_first_trace_id(setup: str, store: Store) -> None:
-    summary = ingest_files(store, [str(FRAMEWORKS / setup / "trace.otlp.jsonl")])
+    summary = ingest_files(store, [str(p) for p in sorted((FRAMEWORKS / setup).glob("*.otlp.jsonl"))])
     assert summary.problems == [] and summary.exit_code == 0
     _assert_runs(setup, list(store.trajectories()))
     assert store.pending_traces() == 0
+
+
+@pytest.mark.parametrize("logs_first", [False, True])
+def test_calls_whose_messages_are_in_log_records_are_joined_whichever_of_span_and_record_comes_first(
+        logs_first: bool, store: Store) -> None:
+    """openai-v2 with content captured as events: each call's messages are only in its log record
+    (`gen_ai.client.inference.operation.details`); the span or the record, whichever is stored second, keys the call."""
+    setup = "openai_v2_loop_events"
+    files = [FRAMEWORKS / setup / "trace.otlp.jsonl", FRAMEWORKS / setup / "logs.otlp.jsonl"]
+    for path in reversed(files) if logs_first else files:
+        assert ingest_files(store, [str(path)]).exit_code == 0
+    _assert_runs(setup, list(store.trajectories()))
 
 
 @pytest.mark.parametrize("last_first", [False, True])
