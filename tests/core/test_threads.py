@@ -180,20 +180,24 @@ def _ingest_calls(store: Store, tmp_path: Path, calls: list[dict[str, Any]]) -> 
 
 def test_the_same_first_user_message_alone_never_joins_but_a_request_that_continues_a_call_does(
         store: Store, tmp_path: Path) -> None:
-    """Two calls ask the same question and get the same answer; a third continues that exchange: it could continue
-    either, so it joins neither (three runs). Beside them a tool loop whose second request continues its first: one."""
+    """Two calls ask the same and get the same reply, call id and all (two runs alike so far); a third sends the tool's
+    result back: it could continue either, so it joins neither. A fourth asks the same as the first two and continues
+    nothing (a first request). Beside them a tool loop whose second request continues its first: one run."""
     hello = [SYSTEM, _user("Please pay INV-1.")]
+    asks = _asks("call_x", "lookup_invoice", {"invoice_id": "INV-1"})
     loop = [SYSTEM, _user("Please pay INV-2.")]
     runs = _ingest_calls(store, tmp_path, [
-        _call_trace(1, hello, _answer("Which account?")),
-        _call_trace(2, hello, _answer("Which account?")),
-        _call_trace(3, [*hello, _answer("Which account?"), _user("The main one.")], _answer("Paid.")),
-        _call_trace(4, loop, _asks("call_a", "lookup_invoice", {"invoice_id": "INV-2"})),
-        _call_trace(5, [*loop, _asks("call_a", "lookup_invoice", {"invoice_id": "INV-2"}), _result("call_a", '{"amount": 5}')],
+        _call_trace(1, hello, asks),
+        _call_trace(2, hello, asks),
+        _call_trace(3, [*hello, asks, _result("call_x", '{"amount": 1}')], _answer("Paid.")),
+        _call_trace(4, hello, _answer("Which account?")),
+        _call_trace(5, loop, _asks("call_a", "lookup_invoice", {"invoice_id": "INV-2"})),
+        _call_trace(6, [*loop, _asks("call_a", "lookup_invoice", {"invoice_id": "INV-2"}), _result("call_a", '{"amount": 5}')],
                     _answer("INV-2 is paid.")),
     ])
-    assert [t.trace_id for t in runs] == [f"{n:032x}" for n in (1, 2, 3, 4)]
-    joined = runs[3]
+    assert [t.trace_id for t in runs] == [f"{n:032x}" for n in (1, 2, 3, 4, 5)]
+    assert len({t.task_key for t in runs[:4]}) == 1  # one task, four runs
+    joined = runs[4]
     assert [(s.name, s.args, s.call_id) for s in joined.tool_steps] == [("lookup_invoice", {"invoice_id": "INV-2"}, "call_a")]
     assert joined.final_output == "INV-2 is paid." and sum(1 for s in joined.steps if s.kind == "llm_call") == 2
 
