@@ -151,8 +151,10 @@ _ID_TOKEN = re.compile(r"(?<![\w-])[A-Za-z0-9]+(?:[-_/][A-Za-z0-9]+)*(?![\w-])")
 _WORD_TOKEN = re.compile(r"[a-z0-9]+(?:'[a-z]+)*'?|[,;:!?()]|\.")
 _SENTENCE_BREAK = re.compile(r"(?<=[.!?])\s+")
 _VOCATIVE = re.compile(
-    r"^\s*(?:hi|hiya|hello|hey|dear|greetings|good\s+(?:morning|afternoon|evening|day)|morning|afternoon|evening|"
-    r"yo|howdy)\b(?:\s+[\w'&]+){0,3}\s*[,.!:;]+\s*", re.I)
+    r"^\s*(?:(?i:hi|hiya|hello|hey|dear|greetings|good\s+(?:morning|afternoon|evening|day)|morning|afternoon|evening|"
+    r"yo|howdy)\b(?:\s+[\w'&]+){0,3}\s*[,.!:;]+\s*"
+    # a name alone, then a request: "Grace, please approve …", "@tom can u pay …"
+    r"|@?[A-Z][a-z]+(?:\s+[A-Z][a-z]+)?\s*[,:]\s*(?=(?i:please|pls|plz|could|can|would|kindly)\b))")
 
 _NOT_A_UNIT = frozenset(_words(
     "a an the and or but for from by to of in on at as with against due before after until per each please "
@@ -322,6 +324,9 @@ _DIRECTIONS = {"up": ("increase", "rise", "rose", "risen", "grow", "grew", "grow
                       "mark up", "inflate"),
                "down": ("decrease", "reduce", "reduction", "drop", "fall", "fell", "fallen", "cut", "go down",
                         "went down", "lower", "shrink", "shrank")}
+# Asserted facts that say the same: goods that arrived were received
+_FACT_CANON = {"arrived": "received", "delivered": "received", "authorised": "approved", "authorized": "approved",
+               "validated": "verified"}
 _RELATIONS = {"parent": "parent", "parent company": "parent", "subsidiary": "subsidiary", "subsidiaries": "subsidiary",
               "sister": "sister", "affiliate": "affiliate", "affiliated": "affiliate", "affiliates": "affiliate",
               "branch": "branch", "division": "division", "holding": "holding", "holdings": "holding",
@@ -540,7 +545,7 @@ class Meaning:
     redirects: frozenset[str] = frozenset()  # "to acme ltd", "instead"
     documents: frozenset[str] = frozenset()
     terms: frozenset[str] = frozenset()  # domain terms mentioned
-    roles: frozenset[str] = frozenset()  # "controller approve" (who does it), "pay > ashfield logistics" (to whom)
+    roles: frozenset[str] = frozenset()  # "approve < controller" (who does it), "pay > ashfield logistics" (to whom)
     objects: frozenset[str] = frozenset()  # "pay > INV-0905": the document an action is done to, where it says
     sequence: frozenset[str] = frozenset()  # "approve then pay": steps put in order with "then"
     directions: frozenset[str] = frozenset()  # "delmar packaging from", "S20 from", "us to"
@@ -1031,7 +1036,7 @@ def read_meaning(text: str, names: frozenset[str] | None = None, lexicon: Domain
         for token, value in _scoped_actions(toks, bare, bare_modals):
             sentence_actions.append((token, value))
             display.setdefault(f"action:{value}", token.raw)
-        roles |= _roles(toks, v)
+        roles |= _roles(toks, v, {id(token): value for token, value in sentence_actions})
         objects |= _id_objects(s)
         sequence |= _sequence(toks)
         directions |= _directions(toks, v) | s.id_directions
@@ -1082,8 +1087,9 @@ def read_meaning(text: str, names: frozenset[str] | None = None, lexicon: Domain
                 facts.add(f"goes {t.value}")
                 display.setdefault(f"fact:goes {t.value}", s.quote(toks, t, back=4))
             elif t.role == "fact":
-                facts.add(t.text)
-                display.setdefault(f"fact:{t.text}", s.quote(toks, t, back=4))
+                fact = _FACT_CANON.get(t.text, t.text)
+                facts.add(fact)
+                display.setdefault(f"fact:{fact}", s.quote(toks, t, back=4))
             elif t.role == "domain" and not (t.value == "amount" and s.quantities):
                 terms.add(t.value)  # "an amount of GBP 400" names the amount it gives: no term of its own
         values = [v for _, v in sentence_actions]
@@ -1387,15 +1393,17 @@ _COMPLEMENT_VERBS = frozenset(_words("want wants wanted ask asks asked asking li
                                      "request requests requested requesting"))
 
 
-def _roles(toks: list[_Token], v: _Vocabulary) -> set[str]:
-    """Who does each action and to whom: "controller approve", "sam approve", "pay > ashfield logistics".
+def _roles(toks: list[_Token], v: _Vocabulary, scoped: dict[int, str]) -> set[str]:
+    """Who does each action and to whom: "approve < controller", "may approve < sam", "pay > ashfield logistics".
 
     The doer is the party named by "by" after the action ("approved by the controller") or the
     party just before it that no preposition governs ("the controller must approve", "ask
     Northwind Supplies to process"); an action joined by "and" to one with a doer shares it. The
     receiver is the party right after it or after "to" ("pay Ashfield Logistics", "refund us",
     "refer it to the treasury team"), or the party before it in the passive ("Kestrel Consulting
-    must not be paid"). "You", the one asked, is nobody's role.
+    must not be paid"). "You", the one asked, is nobody's role. An action keeps its modality
+    (``scoped``, by token): "Tom may approve; otherwise the controller must" is not "the
+    controller may approve; otherwise Tom must".
     """
     parties = _parties(toks, v)
     doers: dict[int, str] = {}
@@ -1404,7 +1412,7 @@ def _roles(toks: list[_Token], v: _Vocabulary) -> set[str]:
     for k, t in enumerate(toks):
         if t.role != "action":
             continue
-        base = t.value[4:] if t.value.startswith("not ") else t.value
+        base = _base(scoped.get(id(t), t.value))
         doer = receiver = ""
         if k + 1 < len(toks) and toks[k + 1].clause == t.clause and toks[k + 1].text in _BE - {"be", "being"}:
             doers[k] = ""
@@ -1460,7 +1468,7 @@ def _roles(toks: list[_Token], v: _Vocabulary) -> set[str]:
                 j -= 1
         doers[k] = doer
         if doer and doer not in ("you", "them"):  # "they" names whom the text named before: no one new
-            out.add(f"{doer} {base}")
+            out.add(f"{base} < {doer}")
         if receiver and receiver not in ("you", "them", doer):
             out.add(f"{base} > {receiver}")
     return out
@@ -1683,11 +1691,11 @@ def _role_changes(before: Meaning, after: Meaning) -> list[str]:
                 base, party = r.split(" > ", 1)
                 receivers.setdefault(base, set()).add(party)
             else:
-                party, base = r.rsplit(" ", 1)
+                base, party = r.split(" < ", 1)
                 doers.setdefault(base, set()).add(party)
         return doers, receivers
 
-    verbs_before = {_modality_of(a)[1] for a in before.actions}
+    verbs_before = {_base(a) for a in before.actions}
     b_doers, b_receivers = split(before.roles)
     a_doers, a_receivers = split(after.roles)
     out: list[str] = []
