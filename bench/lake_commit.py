@@ -11,15 +11,25 @@ and, with --pg, Postgres alone as the shared store: the same runs rows (doc as J
 by N processes at once, 10 runs replaced, and every run read back in order.
 Times are wall-clock seconds, best of one (2 shared cores: read them as orders of magnitude).
 
-    python bench/lake_commit.py --simulate 10,30,100 [--pg postgresql://…] [--seconds 20] [--interval 10]
+    python bench/lake_commit.py --simulate 10,30,100 [--pg postgresql://…] [--seconds 60] [--interval 10] [--workers 4] [--growth 100]
 
-simulates that many instances committing against a Postgres catalog (one started for the bench when --pg is
-not given): 4 processes, each running its share of the instances as threads; each instance commits every
---interval seconds (first commit at a random offset) what a sync of 10 changed runs commits to one table (its
-rows of 10 traces deleted and 10 new appended, in its own partitions) plus its watermark. Reported per scale:
-commits offered and done per second, commit latency (median, p95), retries per commit, and the estimated
-sync time (eight such commits: seven tables and the watermark). `--growth N` also times one instance's
-small commit after N earlier ones (does a commit's cost grow with the table and its history?).
+simulates that many instances committing to one lake through a Postgres catalog (one started for the bench
+when --pg is not given). It is a commit simulator, not 100 servers: on 2 cores 100 processes do not fit, so
+--workers processes share the instances, each instance a thread of one of them with its own name and so its
+own partitions, making real commits (pyiceberg, Parquet files on local disk, the catalog's row in Postgres)
+through `LakeSink._commit`, the code a sync commits with. Each instance syncs at a fixed rate: every
+--interval seconds from a random offset (a sync that falls behind starts at once), until --seconds have
+passed. A simulated sync is what a sync of 10 changed runs commits to one table, the runs table (5 runs rebuilt
+by late spans: their rows deleted and new ones appended, and 5 new runs, ~2 KB a doc), then its watermark
+(the syncs table); a real sync commits up to seven tables so, plus the watermark. Reported per scale:
+syncs offered and done per second; sync wall time p50/p95/max (and p95 of the syncs with and without a
+refused commit); the committing thread's CPU per sync and the workers' whole CPU per sync (pyiceberg's
+helper threads, and the simulator's own reading of snapshot summaries after each commit, included);
+commits refused (retries) per sync; how late syncs started (the host keeping up or not); data files added
+and removed per commit (from the snapshot summaries); manifests and snapshots of the table after each
+commit and at the end, and its metadata file's size; the load average before and after. `--growth N`
+first times one instance's N syncs back to back (does a commit's cost grow with the table's history?).
+Wall times on a shared 2-core host measure the host as much as the lake: read them beside the load.
 """
 
 from __future__ import annotations
@@ -27,11 +37,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -145,11 +157,12 @@ def pg_figures(url: str, dbs: list[Path]) -> dict[str, object]:
 
 
 _SIM = """
-import json, random, sys, threading, time
+import json, random, resource, sys, threading, time
 import pyarrow as pa
-from plumbline_otel.lake import HOUR_NS, SCHEMAS, Lake, LakeSink, SyncResult
-lake_uri, first, count, seconds, interval = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]), float(sys.argv[5])
+from plumbline_otel import lake as L
+from plumbline_otel.lake import HOUR_NS, SCHEMAS, SYNCS, Lake, LakeSink, SyncResult
 from pyiceberg.expressions import And, EqualTo, In
+lake_uri, first, count, seconds, interval = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]), float(sys.argv[5])
 
 def rows(instance, keys):
     now = time.time_ns()
@@ -160,35 +173,67 @@ def rows(instance, keys):
                 doc=pa.array(['x' * 2000] * n))
     return pa.table(cols).cast(SCHEMAS['runs'])
 
+def mine(table, name, seq):
+    # this instance's snapshots committed after sequence number `seq`: files added and removed, from their summaries
+    added = removed = 0
+    for snap in table.snapshots():
+        props = snap.summary.additional_properties if snap.summary is not None else {}
+        if props.get('plumbline.instance') == name and (snap.sequence_number or 0) > seq:
+            added += int(props.get('added-data-files', 0))
+            removed += int(props.get('deleted-data-files', 0))
+    return added, removed
+
 out = []
 lock = threading.Lock()
+def commit(sink, table_name, delete, data, name):
+    table = sink.lake.table(table_name)
+    seq = table.metadata.last_sequence_number
+    result = SyncResult()
+    L._RETRIES.take()
+    wall, cpu = time.monotonic(), time.thread_time()
+    sink._commit(table_name, delete, data, result)
+    cpu, wall = time.thread_time() - cpu, time.monotonic() - wall
+    retries = result.retries + L._RETRIES.take()
+    added, removed = mine(table, name, seq)
+    manifests = len(table.current_snapshot().manifests(table.io))
+    return {'table': table_name, 'wall': wall, 'cpu': cpu, 'retries': retries, 'added': added, 'removed': removed,
+            'manifests': manifests, 'snapshots': len(table.snapshots())}
+
 def instance(i):
     lake = Lake(lake_uri)
     name = f'sim{i}'
     sink = LakeSink(lake, name)
     sink._resolved = True
     sink.instance = name
+    start = time.monotonic() + random.uniform(0, interval)
     end = time.monotonic() + seconds
-    time.sleep(random.uniform(0, interval))
     n = 0
     previous = []
-    while time.monotonic() < end:
-        started = time.monotonic()
-        keys = [f'{name}-{n}-{k}' for k in range(10)]
-        result = SyncResult()
-        delete = And(EqualTo('instance', name), In('trace_id', previous)) if previous else None
-        sink._commit('runs', delete, rows(name, keys), result)
-        sink._write_watermark(result)
-        took = time.monotonic() - started
+    while True:
+        due = start + n * interval  # a fixed arrival rate: the next sync is due at its time, or at once when late
+        if due >= end:
+            break
+        time.sleep(max(0.0, due - time.monotonic()))
+        late = time.monotonic() - due
+        # a sync of 10 changed runs: 5 rebuilt by late spans (the lake's rows deleted, new ones appended) and 5 new
+        keys = previous[:5] + [f'{name}-{n}-{k}' for k in range(5)]
+        delete = And(EqualTo('instance', name), In('trace_id', previous[:5])) if previous else None
+        a = commit(sink, 'runs', delete, rows(name, keys), name)
+        w = commit(sink, SYNCS, None, pa.table({'instance': [name], 'sync_ns': [time.time_ns()], 'snapshots': ['{}'], 'rows': [10],
+                                                 'hour': [time.time_ns() // HOUR_NS]}).cast(L.SYNCS_SCHEMA), name)
         with lock:
-            out.append((took, result.retries))
-        previous, n = keys[:5], n + 1
-        time.sleep(max(0.0, interval - took))
+            out.append({'late': late, 'runs': a, 'watermark': w})
+        previous, n = keys[-5:], n + 1
 
+failed = []
+threading.excepthook = lambda args: failed.append(args) or sys.__excepthook__(args.exc_type, args.exc_value, args.exc_traceback)
 threads = [threading.Thread(target=instance, args=(i,)) for i in range(first, first + count)]
 [t.start() for t in threads]
 [t.join() for t in threads]
-print(json.dumps(out))
+if failed:
+    sys.exit(1)  # an instance that failed is not a measurement
+usage = resource.getrusage(resource.RUSAGE_SELF)
+print(json.dumps({'syncs': out, 'process_cpu_s': usage.ru_utime + usage.ru_stime}))
 """
 
 
@@ -214,52 +259,112 @@ def start_postgres(root: Path) -> tuple[str, list[str]]:
     return f"postgresql://postgres@127.0.0.1:{port}/postgres", [*as_user, str(binaries / "pg_ctl"), "-D", str(root / "pg"), "-m", "fast", "stop"]
 
 
-def simulate(url: str, scales: list[int], seconds: float, interval: float, tmp: Path) -> dict[str, object]:
+def _pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return round(ordered[min(len(ordered) - 1, int(len(ordered) * q))], 3) if ordered else 0.0
+
+
+def _load() -> str:
+    """The load averages (1, 5, 15 min) of this shared machine."""
+    return " ".join(Path("/proc/loadavg").read_text().split()[:3]) if Path("/proc/loadavg").exists() else "?"
+
+
+def _table_state(lake: str, name: str) -> dict[str, object]:
+    from plumbline_otel.lake import Lake
+
+    table = Lake(lake).table(name)
+    current = table.current_snapshot()
+    path = table.metadata_location.removeprefix("file://")
+    return {"snapshots": len(table.snapshots()), "manifests": len(current.manifests(table.io)) if current else 0,
+            "data_files": int(table.inspect.files().num_rows) if current else 0,
+            "metadata_json_bytes": os.path.getsize(path) if os.path.exists(path) else None}
+
+
+def _figures(syncs: list[dict[str, Any]], process_cpu: float, n: int, seconds: float, interval: float) -> dict[str, object]:
+    runs = [s["runs"] for s in syncs]
+    marks = [s["watermark"] for s in syncs]
+    wall = [r["wall"] + w["wall"] for r, w in zip(runs, marks)]
+    retries = [r["retries"] + w["retries"] for r, w in zip(runs, marks)]
+    calm = [t for t, k in zip(wall, retries) if k == 0]
+    refused = [t for t, k in zip(wall, retries) if k > 0]
+    return {
+        "instances": n, "syncs": len(syncs), "offered_syncs_per_s": round(n / interval, 2), "done_syncs_per_s": round(len(syncs) / seconds, 2),
+        "sync_wall_p50_s": _pct(wall, 0.5), "sync_wall_p95_s": _pct(wall, 0.95), "sync_wall_max_s": _pct(wall, 1.0),
+        "runs_commit_wall_p50_s": _pct([r["wall"] for r in runs], 0.5), "runs_commit_wall_p95_s": _pct([r["wall"] for r in runs], 0.95),
+        "watermark_commit_wall_p50_s": _pct([w["wall"] for w in marks], 0.5),
+        "sync_thread_cpu_p50_s": _pct([r["cpu"] + w["cpu"] for r, w in zip(runs, marks)], 0.5),
+        "sync_thread_cpu_p95_s": _pct([r["cpu"] + w["cpu"] for r, w in zip(runs, marks)], 0.95),
+        "process_cpu_per_sync_s": round(process_cpu / max(1, len(syncs)), 3),
+        "retries_per_sync": round(sum(retries) / max(1, len(syncs)), 2), "syncs_retried_share": round(len(refused) / max(1, len(syncs)), 3),
+        "retries_max": max(retries, default=0),
+        "wall_p95_of_syncs_without_retry_s": _pct(calm, 0.95), "wall_p95_of_syncs_with_retry_s": _pct(refused, 0.95),
+        "start_late_p95_s": _pct([s["late"] for s in syncs], 0.95),
+        "runs_files_added_mean": round(sum(r["added"] for r in runs) / max(1, len(runs)), 2),
+        "runs_files_removed_mean": round(sum(r["removed"] for r in runs) / max(1, len(runs)), 2),
+        "runs_files_removed_max": max((r["removed"] for r in runs), default=0),
+        "runs_manifests_max": max((r["manifests"] for r in runs), default=0),
+        "runs_snapshots_max": max((r["snapshots"] for r in runs), default=0),
+    }
+
+
+def simulate(url: str, scales: list[int], seconds: float, interval: float, tmp: Path, workers: int) -> dict[str, object]:
     import psycopg
 
     out: dict[str, object] = {}
     for n in scales:
         db = f"sim{n}"
         with psycopg.connect(url, autocommit=True) as c:
+            c.execute(f"DROP DATABASE IF EXISTS {db}")
             c.execute(f"CREATE DATABASE {db}")
         lake = f"{url.rsplit('/', 1)[0]}/{db}?warehouse={tmp / ('w' + str(n))}"
         from plumbline_otel.lake import SYNCS, Lake
 
         Lake(lake).table("runs"), Lake(lake).table(SYNCS)
-        workers = 4
         share = [n // workers + (1 if w < n % workers else 0) for w in range(workers)]
         commands, first = [], 0
         for count in share:
-            commands.append([sys.executable, "-c", _SIM, lake, str(first), str(count), str(seconds), str(interval)])
+            if count:
+                commands.append([sys.executable, "-c", _SIM, lake, str(first), str(count), str(seconds), str(interval)])
             first += count
-        wall, outs = parallel(commands, timeout=4 * seconds + 120)
-        done = [tuple(x) for o in outs for x in json.loads(o)]
-        took = sorted(t for t, _ in done)
-        retries = sum(r for _, r in done)
-        out[f"{n}_instances"] = {
-            "commits": len(done), "offered_per_s": round(n / interval, 2), "done_per_s": round(len(done) / seconds, 2),
-            "commit_median_s": round(took[len(took) // 2], 3), "commit_p95_s": round(took[int(len(took) * 0.95)], 3),
-            "retries_per_commit": round(retries / max(1, len(done)), 2), "est_sync_s": round(8 * took[len(took) // 2], 2)}
-        print(n, out[f"{n}_instances"], flush=True)
+        load_before = _load()
+        _, outs = parallel(commands, timeout=6 * seconds + 300)
+        parsed = [json.loads(o) for o in outs]
+        syncs = [x for p in parsed for x in p["syncs"]]
+        figures = _figures(syncs, sum(p["process_cpu_s"] for p in parsed), n, seconds, interval)
+        figures["runs_table_at_end"] = _table_state(lake, "runs")
+        figures["syncs_table_at_end"] = _table_state(lake, SYNCS)
+        figures["load_before"], figures["load_after"] = load_before, _load()
+        out[f"{n}_instances"] = figures
+        print(n, json.dumps(figures), flush=True)
     return out
 
 
-def growth(url: str, tmp: Path, seconds: float) -> dict[str, object]:
-    """One instance committing 10 changed runs back to back for `seconds`: are its last commits slower than its first?"""
+def growth(url: str, tmp: Path, commits: int) -> dict[str, object]:
+    """One instance committing a sync of 10 changed runs back to back, `commits` times: do its last cost more than its first?"""
     import psycopg
 
     with psycopg.connect(url, autocommit=True) as c:
+        c.execute("DROP DATABASE IF EXISTS growth")
         c.execute("CREATE DATABASE growth")
     lake = f"{url.rsplit('/', 1)[0]}/growth?warehouse={tmp / 'g'}"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    result = subprocess.run([sys.executable, "-c", _SIM, lake, "0", "1", str(seconds), "0.0"], check=True, env=env, capture_output=True, text=True)
-    took = [x[0] for x in json.loads(result.stdout)]
-    from plumbline_otel.lake import Lake
+    # interval 0.001 s: back to back; `seconds` large enough for `commits` of them is cut by the count below
+    result = subprocess.run([sys.executable, "-c", _SIM.replace("if due >= end:", f"if n >= {commits}:"), lake, "0", "1", "1e9", "0.001"],
+                            check=True, env=env, capture_output=True, text=True)
+    syncs = json.loads(result.stdout)["syncs"]
+    first, last = syncs[:10], syncs[-10:]
 
-    table = Lake(lake).table("runs")
-    first, last = sorted(took[:10]), sorted(took[-10:])
-    return {"commits": len(took), "snapshots": len(table.snapshots()), "manifests": len(table.current_snapshot().manifests(table.io)),
-            "first_10_median_s": round(first[len(first) // 2], 3), "last_10_median_s": round(last[len(last) // 2], 3)}
+    def cpu(part: list[dict[str, Any]]) -> float:
+        return _pct([s["runs"]["cpu"] + s["watermark"]["cpu"] for s in part], 0.5)
+
+    def wall(part: list[dict[str, Any]]) -> float:
+        return _pct([s["runs"]["wall"] + s["watermark"]["wall"] for s in part], 0.5)
+
+    return {"commits": len(syncs), "first_10_sync_cpu_p50_s": cpu(first), "last_10_sync_cpu_p50_s": cpu(last),
+            "first_10_sync_wall_p50_s": wall(first), "last_10_sync_wall_p50_s": wall(last),
+            "manifests_after_each_10th": [s["runs"]["manifests"] for s in syncs[9::10]],
+            "files_removed_per_commit_max": max(s["runs"]["removed"] for s in syncs),
+            "runs_table_at_end": _table_state(lake, "runs")}
 
 
 def main() -> None:
@@ -271,7 +376,10 @@ def main() -> None:
     parser.add_argument("--simulate", default=None, help="instance counts to simulate, e.g. 10,30,100")
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--interval", type=float, default=10.0)
+    parser.add_argument("--workers", type=int, default=4, help="processes the simulated instances share (each instance a thread)")
+    parser.add_argument("--growth", type=int, default=100, help="one instance's back-to-back syncs, to see whether cost grows (0: none)")
     args = parser.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # a killed bench still stops the Postgres it started
     tmp = Path(tempfile.mkdtemp(prefix="lake-bench-"))
     if args.simulate:
         stop: list[str] = []
@@ -281,13 +389,16 @@ def main() -> None:
             pgroot.chmod(0o755)
             url, stop = start_postgres(pgroot)
         try:
-            figures = {"simulate": simulate(url, [int(n) for n in args.simulate.split(",")], args.seconds, args.interval, tmp),
-                       "seconds": args.seconds, "interval_s": args.interval}
-            figures["one_instance_back_to_back"] = growth(url, tmp, args.seconds)
+            sim: dict[str, object] = {"machine": {"cores": os.cpu_count(), "load_at_start": _load()}, "seconds": args.seconds,
+                                      "interval_s": args.interval, "workers": args.workers}
+            if args.growth:
+                sim["one_instance_back_to_back"] = growth(url, tmp, args.growth)
+                print(json.dumps(sim["one_instance_back_to_back"]), flush=True)
+            sim["simulate"] = simulate(url, [int(n) for n in args.simulate.split(",")], args.seconds, args.interval, tmp, args.workers)
         finally:
             if stop:
                 subprocess.run(stop, check=False, stdout=subprocess.DEVNULL)
-        text = json.dumps(figures, indent=2)
+        text = json.dumps(sim, indent=2)
         print(text)
         if args.out:
             Path(args.out).write_text(text + "\n")
