@@ -1228,7 +1228,8 @@ def _settle_readings(s: _Sentence, v: _Vocabulary) -> None:
     - a verb after "who" or "which" describes ("Priya, who raised the request"), it asks nothing;
     - "sent" and "issued" say where a document came from, unless "be" governs them;
     - "before" with a clause after it is a condition of time; "Anyway" opening a sentence turns
-      the talk (an override only elsewhere); "falls in band B" says where, not which way.
+      the talk (an override only elsewhere); "falls in band B" says where, not which way;
+    - "if not," ending its clause is "otherwise".
     """
     toks = s.tokens
     first_of_clause: dict[int, int] = {}
@@ -1254,6 +1255,9 @@ def _settle_readings(s: _Sentence, v: _Vocabulary) -> None:
             t.role = "ignore"  # "it falls in band B": where it belongs, not which way it moves
         elif t.role == "action" and t.text == "hold off" and _next_action(toks, i, skip=("on",)):
             t.role = "neg"  # "hold off (on) paying it" is "do not pay it (yet)"
+        elif t.role == "cond" and t.text == "if" and after is not None and after.role == "neg" and (
+                i + 2 >= len(toks) or toks[i + 2].clause != t.clause):
+            t.value, after.role = "otherwise", "ignore"  # "if not, the controller must" is "otherwise"
         elif t.role == "cond" and t.text in ("anyway", "anyhow") and i == 0:
             t.role = "ignore"  # "Anyway: please hold …" turns the talk; "pay it anyway" overrides
         elif t.role == "fact" and t.text == "before" and after is not None:
