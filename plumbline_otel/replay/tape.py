@@ -664,6 +664,10 @@ def branch_variants(variants: Sequence[Any], tape: Tape | None, wanted: str | Se
 
     if wanted is None:
         return list(variants)
+    if task_input is None:  # a variant that leaves the text alone carries the task's request as it is
+        from plumbline_otel.replay.perturb import PERTURBATIONS
+
+        task_input = next((v.text for v in variants if v.perturbation in PERTURBATIONS and not PERTURBATIONS[v.perturbation].changes_text), None)
     out: list[Any] = []
     for v in variants:
         if v.rejected:
