@@ -143,7 +143,12 @@ class Console:
         job = self._replay.job(job_id) if job_id is not None else None
         if job_id is not None and job is None:
             return self._error(404, f"no replay {job_id} was started here")
-        return 200, render("replays.html", console_href, jobs=jobs, job=job.as_dict() if job is not None else None)
+        runs = []
+        if job is not None and job.returncode is not None:  # its runs, in serve's store once taken in: each beside the original
+            runs = [{"id": r["trajectory_id"], "perturbation": r["perturbation"], "status": r.get("status"),
+                     "diff": console_href("diff", a=job.run_id, b=r["trajectory_id"])}
+                    for r in data.runs_page(self._store, 0, filters=RunFilters(study=job.study)).rows]
+        return 200, render("replays.html", console_href, jobs=jobs, job=job.as_dict() if job is not None else None, runs=runs)
 
     @staticmethod
     def answers_post(path: str) -> bool:

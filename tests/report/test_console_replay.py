@@ -129,6 +129,12 @@ def test_replay_from_here_starts_the_replay_and_shows_its_state(tmp_path: Path, 
                 break
             time.sleep(0.5)
         assert "model_fault@3" in runs
+        job_html = get(job_page).text  # and the replay's page links its run to the aligned diff against the original
+        parse(job_html)
+        diff = re.search(r'data-testid="replay-diff" href="([^"]+)"', job_html)
+        assert diff is not None, job_html
+        assert f"a={run}" in diff.group(1).replace("&amp;", "&")
+        assert served.get(diff.group(1).replace("&amp;", "&")).status_code == 200
         assert started.headers["Location"] in served.get("/replays").text  # the list of replays started here
     finally:
         served.server.stop()
