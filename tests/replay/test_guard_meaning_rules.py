@@ -3,9 +3,10 @@
 Each test pairs a meaning change the older, word-level guard accepted with a paraphrase it
 rejected, so that removing the rule fails one side or the other. Figures on the 424-row
 ``data/guard_corpus_v2.jsonl`` (written before these rules) come from ``bench/guard_corpus.py``.
-The held-out split was measured once after the rules were written (3/92 meaning changes
-accepted, 21/76 paraphrases rejected: short of the issue's 2% and 10%); the last test keeps it
-from getting worse and must be tightened, not loosened, as rules improve.
+The held-out split was measured once after the first round of rules (3/92 meaning changes
+accepted, 21/76 paraphrases rejected) and again after the second, which was developed on
+``guard_corpus_v3.jsonl``'s dev split (2/92, 16/76: still short of the issue's 2% and 10%); the
+last test keeps it from getting worse and must be tightened, not loosened, as rules improve.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from domains.accounts_payable.vocabulary import LEXICON as AP
+from plumbline_otel.plugins import DomainLexicon, installed_lexicons
 from plumbline_otel.replay.guard import check_equivalent, correct_typos, read_meaning
 
 DATA = Path(__file__).parent / "data"
@@ -177,10 +180,68 @@ def test_modality_is_part_of_the_meaning() -> None:
     assert read_meaning("Pay it.").actions == {"pay"}
 
 
+# --- the second round: English, not corpus phrases ------------------------------------------------
+
+
+def test_an_ordinary_word_is_not_a_name_unless_written_as_one() -> None:
+    original = "Please process invoice INV-1001 from Northwind Supplies."
+    assert check_equivalent(original, "Sorry to bother you, but could you process invoice INV-1001 from Northwind "
+                                      "Supplies when you get a sec?").ok
+    assert reason(original, "Please process invoice INV-1001 from Northwind Supplies and Acme.") == "entity 'Acme' added"
+    assert reason(original, "Please process invoice INV-1001 from Northwind Supplies and archive it.") == \
+        "action archive added"
+
+
+def test_a_negated_comparison_is_its_converse() -> None:
+    cap = "Please process invoice INV-1004; the payment may not exceed GBP 180,000.00."
+    for same in ("must not be more than GBP 180,000.00", "can't go above £180k", "is capped at GBP 180,000.00"):
+        assert check_equivalent(cap, cap.replace("may not exceed GBP 180,000.00", same)).ok, same
+    assert reason(cap, cap.replace("may not exceed", "must not be less than")) == \
+        "amount <= 180000.00 GBP became >= 180000.00 GBP"
+
+
+def test_the_passive_turns_the_doer_into_the_receiver() -> None:
+    original = "Elena Marsh must approve INV-1002 before it is scheduled for payment."
+    assert check_equivalent(original, "INV-1002 must be approved by Elena Marsh before it is scheduled for payment.").ok
+    assert reason(original, "Elena Marsh must be approved by INV-1002 before it is scheduled for payment.") == \
+        "'approve': elena marsh swapped doing and receiving it"
+
+
+def test_which_document_an_action_is_done_to_and_against_which() -> None:
+    credit = "Apply credit note INV-1013 against INV-0905, then pay INV-0905."
+    assert not check_equivalent(credit, "Apply credit note INV-0905 against INV-1013, then pay INV-0905.").ok
+    assert reason(credit, "Apply credit note INV-1013 against INV-0905, then pay INV-1013.") == \
+        "'pay' of INV-0905 became of INV-1013"
+    assert check_equivalent(credit, "Apply credit note INV-1013 against INV-0905, then INV-0905 is to be paid.").ok
+
+
+def test_greetings_and_sign_offs_are_courtesy_unless_they_name_someone_else() -> None:
+    original = "Hi Priya, please hold INV-1016 from Corvin Industrial. Thanks, Elena"
+    assert check_equivalent(original, "Please hold INV-1016 from Corvin Industrial.").ok
+    assert check_equivalent(original, "Priya, please hold INV-1016 from Corvin Industrial - cheers, Elena").ok
+    assert not check_equivalent(original, "Hi Elena, please hold INV-1016 from Corvin Industrial. Thanks, Priya").ok
+
+
+def test_times_of_day_and_ways_a_figure_moves() -> None:
+    tell = "Hold INV-1014 and flag it before 5 pm."
+    assert check_equivalent(tell, "Hold INV-1014 and flag it before 17:00.").ok
+    assert not check_equivalent(tell, "Hold INV-1014 and flag it before 5 am.").ok
+    drop = "Approve INV-1011 only if David Brennan confirms the 2.9% rate drop in writing."
+    assert not check_equivalent(drop, drop.replace("drop", "rise")).ok
+
+
+def test_the_guard_reads_a_domain_s_words_from_its_plug_in() -> None:
+    english = DomainLexicon("none")
+    assert read_meaning("Please process inv 1029.", lexicon=english).identifiers == frozenset()
+    assert read_meaning("Please process inv 1029.", lexicon=AP).identifiers == {"INV-1029"}
+    assert read_meaning("Please don't pay it.", lexicon=english).actions == {"not pay"}  # English needs no domain
+    assert AP in installed_lexicons()
+
+
 # --- the held-out part of the corpus written before these rules -----------------------------------
 
-HELD_OUT_MAX_ACCEPTED = 3  # of 92, measured once after development; the issue asks for at most 2%
-HELD_OUT_MAX_REJECTED = 21  # of 76, measured once after development; the issue asks for at most 10%
+HELD_OUT_MAX_ACCEPTED = 2  # of 92 (3 after the first round); the issue asks for at most 2%
+HELD_OUT_MAX_REJECTED = 16  # of 76 (21 after the first round); the issue asks for at most 10%
 
 def test_the_corpus_was_split_before_the_rules_and_its_held_out_part_holds() -> None:
     held = [r for r in CORPUS if r["split"] == "held_out"]

@@ -28,6 +28,14 @@ one sitting, so the held-out figure says less than a corpus from someone else wo
 
 ``data/guard_corpus.jsonl`` is the older 72-row corpus (36 preserving, 36 changing); every row
 must still be right.
+
+``data/guard_corpus_v2.jsonl`` (424 rows, issue 38) and ``data/guard_corpus_v3.jsonl`` (574 rows,
+written by someone who never read the guard or the other corpora) carry the issue's target: at
+most 2% of meaning changes accepted and at most 10% of paraphrases rejected on text the rules
+never saw. The thresholds below are the figures reached, not the target where it was missed (see
+docs/statistics.md): v3's held-out split was measured once, after its rules were written on its
+dev split, and only its counts are asserted (a failure names no held-out row). Each may only
+tighten.
 """
 
 from __future__ import annotations
@@ -35,7 +43,10 @@ from __future__ import annotations
 import json
 import random
 from collections import Counter
+from functools import cache
 from pathlib import Path
+
+import pytest
 
 from domains.accounts_payable.tasks import TASKS
 from plumbline_otel.replay import PerturbOptions, ReplayTask, StudyConfig, build_variants, check_equivalent, run_study
@@ -57,6 +68,20 @@ KNOWN_DEV_MISSES: dict[str, str] = {}
 # Held-out thresholds: the figures measured once after development (see the module docstring).
 HELD_OUT_MAX_ACCEPTED_CHANGES = 0  # of 54
 HELD_OUT_MAX_REJECTED_PARAPHRASES = 0  # of 39
+
+# (corpus, split) -> (meaning changes, most accepted; paraphrases, most rejected), as measured at the
+# end of issue 38 item 5's second round; the issue asks for at most 2% and 10%
+FIGURES = {
+    ("guard_corpus_v3.jsonl", "dev"): (180, 3, 163, 11),
+    ("guard_corpus_v3.jsonl", "held_out"): (123, 6, 108, 23),  # unseen: 4.9% and 21.3%, the target missed
+    ("guard_corpus_v2.jsonl", "dev"): (139, 1, 117, 2),
+    ("guard_corpus_v2.jsonl", "held_out"): (92, 2, 76, 16),  # read as a second check: 2.2% and 21.1%
+}
+
+
+@cache
+def _accepts(original: str, variant: str) -> bool:
+    return check_equivalent(original, variant).ok
 
 
 def _wrong(rows: list[dict[str, object]], label: str) -> list[dict[str, object]]:
@@ -147,4 +172,19 @@ def test_the_study_summary_lists_what_the_guard_rejected(tmp_path: Path) -> None
                         [task], ToyAgent())
     assert summary.planned == 1 and len(summary.rejected) == 1
     assert "rejected INV-1001 paraphrase/" in summary.render() and "action process became not process" in summary.render()
-    assert summary.as_dict()["rejections"][0]["text"].startswith("Do not process")
+    assert summary.rejected[0].text.startswith("Do not process") and summary.as_dict()["rejected_variants"] == 1
+
+
+@pytest.mark.parametrize("corpus, split", sorted(FIGURES))
+def test_the_issue_38_corpora_hold_their_measured_figures(corpus: str, split: str) -> None:
+    rows = [json.loads(line) for line in (DATA / corpus).read_text().splitlines() if line.strip()]
+    part = [r for r in rows if r["split"] == split]
+    changes = [r for r in part if not r["equivalent"]]
+    keeps = [r for r in part if r["equivalent"]]
+    accepted = sum(_accepts(r["original"], r["variant"]) for r in changes)
+    rejected = sum(not _accepts(r["original"], r["variant"]) for r in keeps)
+    n_changes, most_accepted, n_keeps, most_rejected = FIGURES[(corpus, split)]
+    print(f"\n{corpus} {split}: accepted {accepted}/{len(changes)} meaning changes, "
+          f"rejected {rejected}/{len(keeps)} paraphrases")
+    assert (len(changes), len(keeps)) == (n_changes, n_keeps)
+    assert accepted <= most_accepted and rejected <= most_rejected, (accepted, rejected)
