@@ -1,9 +1,10 @@
 """Adapters: how the driver reaches the agent under test. The contract is `contracts.Adapter`:
 
     class Adapter(Protocol):
-        def run(self, trial: Trial) -> TrialOutcome | dict | str | None: ...
+        def run(self, trial: Trial) -> TrialOutcome: ...   # an object's run, or a trial function, may return a dict,
+                                                           # text or None: `TrialOutcome.coerce` reads it
 
-and seven optional members, each with a meaning and a default (`contracts.AdapterBase`): ``service`` /
+and eight optional members, each with a meaning and a default (`contracts.AdapterBase`): ``service`` /
 ``service_version`` (the agent label on the driver's records), ``decoy_tools`` (the domain's decoys),
 ``fault_tools`` (preferred fault targets among the tools a task's source run called), ``grace_s`` and
 ``cancel()`` (stopping running agents when the runner is stopped), ``describe()`` (one line for the

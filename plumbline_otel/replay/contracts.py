@@ -3,14 +3,16 @@ an adapter and of a proxy.
 
     Trial          one attempt to make: identity, variant text, metadata, fault, sink, proxy routes
     TrialOutcome   what an adapter reports about an attempt that ran (claims, kept beside the driver's record)
-    Adapter        how the driver reaches the agent: ``run`` and seven optional members, each with a default
+    Adapter        how the driver reaches the agent: ``run`` and eight optional members, each with a default
     AdapterBase    those defaults, for an adapter class to inherit
     DeclaredAdapter  another object with ``run`` as an ``Adapter`` (the one place optional members are looked up;
                    ``adapters.adapter_of`` picks it)
-    TrialProxy     a witness in the agent's path (the model-API proxy, the MCP proxy): start, route, close, stop
+    DomainTools    what planning reads of an adapter (its decoys and preferred fault targets)
+    TrialProxy     a witness in the agent's path (the model-API proxy, the MCP proxy): open and close an attempt's route;
+                   ``BranchingProxy`` one that also serves a branch-point replay's prefix from its tape
     TrialRoute     one attempt's way into a proxy; ``Evidence`` what the proxy saw in it
 
-Who reads what: the driver (`replay.runner`, `replay.study`) reads ``run``, ``service``, ``service_version``,
+Who reads what: the driver (`replay.plan`, `replay.engine`, `replay.study`) reads ``run``, ``service``, ``service_version``,
 ``decoy_tools``, ``fault_tools``, ``cancel`` and ``grace_s``; the command (`cli.replay`) reads ``describe`` and
 ``close`` as well. Nothing else of an adapter is read. Whatever an adapter reports is the agent's claim: it never
 decides a trial's status or exposure (`plumbline_otel.trials`).
