@@ -112,6 +112,7 @@ def findings(section: dict[str, Any]) -> list[str]:
     out += _shape_sentences(section["shapes"], tools)
     if n and trajs["with_input"] < n:
         out.append(f"{n - trajs['with_input']} of {n} trajectories have no recorded input, so they cannot be replayed.")
+    out += _tape_sentences(n, llm, content, n_tools, tools["with_results"])
     if n and trajs["with_final_output"] < n:
         out.append(f"{n - trajs['with_final_output']} of {n} trajectories have no final output: neither the agent span nor the last"
                    " LLM response records the answer (content capture off, or an instrumentation that records no model output).")
@@ -128,6 +129,22 @@ def findings(section: dict[str, Any]) -> list[str]:
         out.append(f"Unrecognised keys on GenAI-looking spans (kept raw, not interpreted): {keys}"
                    + (f" and {more} more (see unrecognised_keys)" if more > 0 else "") + ".")
     return out
+
+
+def _tape_sentences(runs: int, llm: int, content: int, n_tools: int, with_results: int) -> list[str]:
+    """Whether stored runs can be taped for a branch-point replay (issue 44: `replay --branch-at`, the console's "replay
+    from here"): the steps before the branch point are served from the run's recorded model outputs and tool results."""
+    if not runs or not llm:
+        return []
+    no_content, no_result = llm - content, n_tools - with_results
+    if not no_content and not no_result:
+        return ["Every LLM call's content and every tool call's result were captured: a run with an input can be replayed"
+                " from any of its steps (`replay --branch-at`), the steps before it served from its recording."]
+    missing = " and ".join(part for part in (
+        f"{no_content} of {llm} LLM calls have no captured content" if no_content else "",
+        f"{no_result} of {n_tools} tool calls no captured result" if no_result else "") if part)
+    return [f"Replay from a step (`replay --branch-at`) serves the steps before it from the run's recording: {missing}, so a"
+            " run holding one can be branched only up to that step (the console's run page and `replay --branch-at` say which)."]
 
 
 # Each instrumentation's own content switch, by the scope its spans carry (a prefix of it).

@@ -67,3 +67,23 @@ def test_a_paraphrase_at_a_later_turn_hands_the_agent_the_task_s_own_request() -
     assert turn.metadata["turn_paraphrase"]["original"] == "Now pay invoice INV-1 please."
     assert turn.metadata["turn_paraphrase"]["text"] != "Now pay invoice INV-1 please." and turn.metadata["turn_paraphrase"]["call"] == 2
     assert out["baseline@2"].text == "pay INV-1"
+
+
+@pytest.mark.parametrize(("fixture", "said"), [
+    ("mcp_openai_agents", "a run with an input can be replayed from any of its steps"),
+    ("adk_nocontent", "24 of 24 LLM calls have no captured content and 19 of 19 tool calls no captured result, so a run holding "
+                      "one can be branched only up to that step"),
+])
+def test_coverage_says_whether_stored_runs_can_be_replayed_from_a_step(tmp_path: Any, fixture: str, said: str) -> None:
+    from pathlib import Path
+
+    from plumbline_otel.coverage import coverage_report
+    from plumbline_otel.ingest import ingest_files
+    from plumbline_otel.store import Store
+
+    trace = Path(__file__).resolve().parents[1] / "fixtures" / "frameworks" / fixture / "trace.otlp.jsonl"
+    with Store(tmp_path / "c.duckdb") as store:
+        ingest_files(store, [trace])
+        store.assemble()
+        findings = coverage_report(store)["overall"]["findings"]
+    assert any(said in f for f in findings), findings
