@@ -83,7 +83,7 @@ def test_coverage_says_whether_stored_runs_can_be_replayed_from_a_step(tmp_path:
 
     trace = Path(__file__).resolve().parents[1] / "fixtures" / "frameworks" / fixture / "trace.otlp.jsonl"
     with Store(tmp_path / "c.duckdb") as store:
-        ingest_files(store, [trace])
+        ingest_files(store, [str(trace)])
         store.assemble()
         findings = coverage_report(store)["overall"]["findings"]
     assert any(said in f for f in findings), findings
