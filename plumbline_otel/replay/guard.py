@@ -1736,11 +1736,14 @@ def _object_changes(before: Meaning, after: Meaning) -> list[str]:
     """An action done to other documents: both texts say which ids it is done to, and they differ
     ("apply it before anyone pays INV-0905" against "… pays INV-1013"). A text that does not say
     (a passive, "pay it") says less, not something else."""
+    shared = before.identifiers & after.identifiers  # an id in one text only is reported as an id change
+
     def by_verb(objects: frozenset[str]) -> dict[str, set[str]]:
         out: dict[str, set[str]] = {}
         for o in objects:
             verb, ident = o.split(" > ", 1)
-            out.setdefault(verb, set()).add(ident)
+            if ident in shared:
+                out.setdefault(verb, set()).add(ident)
         return out
 
     was, now = by_verb(before.objects), by_verb(after.objects)
