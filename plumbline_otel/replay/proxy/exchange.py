@@ -13,7 +13,7 @@ import base64
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any
 
 import httpx
 import orjson
@@ -23,6 +23,7 @@ from plumbline_otel.replay.cache import cache_key, content_digest, request_conte
 from plumbline_otel.replay.limits import Holding
 from plumbline_otel.replay.pricing import Usage, UsageAccumulator, model_price, parse_sse, price, usage_from_body
 from plumbline_otel.replay.proxy.evidence import TrialState
+from plumbline_otel.replay.proxy.services import HOP_BY_HOP, ProxyServices, Responder, refuse
 from plumbline_otel.replay.proxy.spans import CallRecord, emit
 from plumbline_otel.replay.proxy.wire import (
     PROVIDER,
@@ -37,90 +38,8 @@ from plumbline_otel.replay.proxy.wire import (
     request_tool_calls,
 )
 
-if TYPE_CHECKING:
-    from opentelemetry.trace import TracerProvider
-
-    from plumbline_otel.replay.cache import ResponseCache
-    from plumbline_otel.replay.limits import MemoryBudget, ProxyLimits
-    from plumbline_otel.replay.proxy.record import ConversationRecorder
-
 DEFAULT_MAX_OUTPUT = 32_768  # the output bound assumed for a request that states none
 _OVERHEAD_TOKENS = 1000  # the provider's own prompt for tools and formatting
-HOP_BY_HOP = frozenset({"connection", "keep-alive", "transfer-encoding", "content-length", "content-encoding", "te", "trailer",
-                        "upgrade"})
-
-
-class ProxyServices(Protocol):
-    """What one model call needs of the proxy serving it, and nothing more: the server passes itself as this, so this
-    module never imports the server, and the one thing a call changes there (a span that failed) goes through
-    ``span_failed``. Called from the server's handler threads, concurrently."""
-
-    @property
-    def cache(self) -> ResponseCache | None:
-        """The study's cassette (record or replay mode), or None."""
-        ...
-
-    @property
-    def http(self) -> httpx.Client:
-        """The pooled client to the providers."""
-        ...
-
-    @property
-    def memory(self) -> MemoryBudget:
-        """What all calls together may hold."""
-        ...
-
-    @property
-    def limits(self) -> ProxyLimits:
-        """One answer's and one span payload's limits."""
-        ...
-
-    @property
-    def tracer_provider(self) -> TracerProvider | None:
-        """Where the call's span goes (None: no spans)."""
-        ...
-
-    @property
-    def recorder(self) -> ConversationRecorder | None:
-        """Record mode: the agent conversation a call's span joins."""
-        ...
-
-    def upstream_url(self, provider: str, path: str) -> str:
-        """The provider's URL for ``path``."""
-        ...
-
-    def upstream_headers(self, provider: str, headers: Mapping[str, str]) -> dict[str, str]:
-        """The headers forwarded to the provider (the proxy's key unless the agent's passes)."""
-        ...
-
-    def span_failed(self) -> None:
-        """Count a span that could not be written (telemetry never fails the agent's call)."""
-        ...
-
-
-class Responder(Protocol):
-    """How the handler writes to the agent (implemented over the HTTP connection by the server).
-
-    ``gone``: the agent hung up (or the answer was cut); ``call``: the trial's call number being
-    answered, once known, so a failure inside the proxy is charged to the right call.
-    """
-
-    gone: bool
-    call: int | None
-
-    def send(self, status: int, headers: list[tuple[str, str]], payload: bytes) -> None: ...
-    def send_cut(self, status: int, headers: list[tuple[str, str]], payload: bytes) -> None: ...
-    def start_stream(self, status: int, headers: list[tuple[str, str]]) -> None: ...
-    def write(self, data: bytes) -> None: ...
-    def end_stream(self) -> None: ...
-    def abort(self) -> None: ...
-
-
-def refuse(out: Responder, provider: str, status: int, kind: str, message: str) -> None:
-    """A provider-shaped error the agent's SDK will not retry (``x-should-retry: false``)."""
-    out.send(status, [("content-type", "application/json"), ("x-should-retry", "false")], error_body(provider, status, kind, message))
-
-
 def estimate_usd(model: str | None, request_bytes: int, body: Mapping[str, Any]) -> float | None:
     """A conservative bound on a call's cost before it is made (None: the model has no price).
 

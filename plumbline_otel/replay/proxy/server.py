@@ -36,8 +36,9 @@ from plumbline_otel.replay.limits import Holding, MemoryBudget, ProxyLimits
 from plumbline_otel.replay.loopback import LoopbackService, loopback_only
 from plumbline_otel.replay.perturb import ModelFaultPlan, ToolResultFaultPlan
 from plumbline_otel.replay.proxy.evidence import ProxyEvidence, TrialState
-from plumbline_otel.replay.proxy.exchange import HOP_BY_HOP, Responder, handle_call, refuse, relay
+from plumbline_otel.replay.proxy.exchange import handle_call, relay
 from plumbline_otel.replay.proxy.record import ConversationRecorder
+from plumbline_otel.replay.proxy.services import HOP_BY_HOP, Responder, refuse
 from plumbline_otel.replay.proxy.wire import api_for
 from plumbline_otel.replay.routing import Route, RoutingTable, split_token
 
