@@ -470,3 +470,53 @@ def test_the_replay_wing_s_public_signatures_say_no_any() -> None:
     untyped = {str(p.relative_to(PACKAGE)): found for p in _replay_sources() if (found := _public_any(p))}
     assert {k: v for k, v in untyped.items() if k not in _ANY_NOT_YET} == {}, "type them (contracts.JsonValue for JSON)"
     assert sorted(set(_ANY_NOT_YET) - set(untyped)) == [], "typed now: take them off _ANY_NOT_YET"
+
+
+# --- the error tree (issue 42 item 4) ------------------------------------------------------------------------------------
+
+_TREE_LINE = re.compile(r"^ {4}(?P<lead>[ │├└─]*)(?P<name>[A-Z]\w*)")
+
+
+def _error_classes() -> dict[str, set[str]]:
+    """Every class of the package deriving from PlumblineError (by the names its bases are written with) -> its bases."""
+    bases: dict[str, set[str]] = {}
+    for path in _sources():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef):
+                names = {b.id if isinstance(b, ast.Name) else b.attr for b in node.bases if isinstance(b, (ast.Name, ast.Attribute))}
+                bases.setdefault(node.name, set()).update(names)
+    errors = {"PlumblineError"}
+    while grown := {name for name, of in bases.items() if name not in errors and of & errors}:
+        errors |= grown
+    return {name: bases[name] & errors for name in errors}
+
+
+def _drawn_tree(doc: str) -> dict[str, str | None]:
+    """The tree `errors.py`'s docstring draws: each class named -> the class it is drawn under (None for the root)."""
+    parents: dict[str, str | None] = {}
+    above: list[tuple[int, str]] = []
+    for line in doc.splitlines():
+        if (match := _TREE_LINE.match(line)) is None:
+            continue
+        column = len(match["lead"])
+        while above and above[-1][0] >= column:
+            above.pop()
+        parents[match["name"]] = above[-1][1] if above else None
+        above.append((column, match["name"]))
+    return parents
+
+
+def test_the_tree_finder_reads_a_drawn_tree() -> None:
+    doc = "Tree:\n\n    Root\n    ├── A   a\n    │   └── B   b\n    └── C   c\n\nText."
+    assert _drawn_tree(doc) == {"Root": None, "A": "Root", "B": "A", "C": "Root"}
+
+
+def test_every_plumbline_error_is_drawn_in_the_error_tree_under_its_base() -> None:
+    """The map in errors.py's docstring names every `PlumblineError` subclass, wherever it lives, under the class it
+    derives from, and nothing that is not one."""
+    tree = _drawn_tree(ast.get_docstring(ast.parse((PACKAGE / "errors.py").read_text())) or "")
+    classes = _error_classes()
+    assert sorted(set(classes) - set(tree)) == [], "draw them in the tree in plumbline_otel/errors.py's docstring"
+    assert sorted(set(tree) - set(classes)) == [], "drawn in errors.py's tree but no PlumblineError any more"
+    misplaced = {name: (tree[name], sorted(of)) for name, of in classes.items() if name != "PlumblineError" and tree[name] not in of}
+    assert misplaced == {}, "drawn under a class it does not derive from: (drawn under, its bases)"
