@@ -139,7 +139,7 @@ def plan_study(config: StudyConfig, tasks: Sequence[ReplayTask], adapter: Domain
         built = build_variants(task, config.perturbations, options)
         if config.branch_at is not None:  # each branch point a cell: its label carries the step (tool_fault@3)
             built = branch_variants(built, config.tapes.get(task.task_key), config.branch_at,
-                                    config.branch_missing.get(task.task_key, ""))
+                                    config.branch_missing.get(task.task_key, ""), options=options, task_input=task.input)
         for variant in built:
             variants.append(variant)
             if variant.rejected:
