@@ -23,11 +23,12 @@ import shutil
 import uuid
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
 
 import orjson
 import pyarrow as pa
 
+from plumbline_otel.report.model import Certificate
+from plumbline_otel.report.render import load_certificate
 from plumbline_otel.store import Reader
 
 _DAY_NS = 86_400 * 1_000_000_000
@@ -61,24 +62,20 @@ def _replace_days(staged: Path, dest: Path, first_day: str | None) -> None:
             shutil.move(str(part), str(dest / part.name))
 
 
-def certificate_rows(cert: dict[str, Any], key: str) -> pa.Table:
+def certificate_rows(cert: Certificate, key: str) -> pa.Table:
     """One row per (agent, perturbation) cell of a certificate; the whole cell rides along as JSON.
 
-    The named columns are the ones every certificate version has; fields later versions add
-    (gate bounds, pass^k, …) are in `cell`, so an older reader never drops them.
+    The named columns are the ones a warehouse filters and joins by; the rest of a cell (gate bounds, pass^k, …) is
+    in `cell`, as the certificate file holds it.
     """
-    provenance = cert.get("provenance", {})
-    spec = cert.get("spec", {})
-    generated = str(provenance.get("generated_at") or "")
+    spec, provenance = cert.spec, cert.provenance
     rows = [
-        {"certificate": key, "spec_name": spec.get("name"), "spec_hash": spec.get("hash"),
-         "evidence_sha256": provenance.get("evidence_sha256"), "generated_at": generated,
-         "agent": cell.get("agent"), "perturbation": cell.get("perturbation"), "n": cell.get("n"),
-         "conforming": cell.get("conforming"), "lower": cell.get("lower"), "upper": cell.get("upper"),
-         "missing": cell.get("missing"), "unexposed": cell.get("unexposed"),
-         "cell": orjson.dumps(cell).decode(), "date": generated[:10] or None,
-         "service": str(cell.get("agent") or "").split("@", 1)[0] or None}
-        for agent in cert.get("agents", []) for cell in agent.get("perturbations", [])
+        {"certificate": key, "spec_name": spec.name, "spec_hash": spec.hash, "evidence_sha256": provenance.evidence_sha256,
+         "generated_at": provenance.generated_at, "agent": cell.agent, "perturbation": cell.perturbation, "n": cell.n,
+         "conforming": cell.conforming, "lower": cell.lower, "upper": cell.upper, "missing": cell.missing,
+         "unexposed": cell.unexposed, "cell": orjson.dumps(cell.to_dict()).decode(),
+         "date": provenance.generated_at[:10] or None, "service": cell.agent.split("@", 1)[0] or None}
+        for cell in cert.cells
     ]
     schema = pa.schema([("certificate", pa.string()), ("spec_name", pa.string()), ("spec_hash", pa.string()),
                         ("evidence_sha256", pa.string()), ("generated_at", pa.string()), ("agent", pa.string()),
@@ -88,10 +85,15 @@ def certificate_rows(cert: dict[str, Any], key: str) -> pa.Table:
     return pa.Table.from_pylist(rows, schema=schema)
 
 
-def _export_certificate(store: Reader, cert_bytes: bytes, staging: Path, out: Path) -> int:
-    key = hashlib.sha256(cert_bytes).hexdigest()[:16]
-    written = store.copy_to_parquet(certificate_rows(orjson.loads(cert_bytes), key), None, staging / CERT_TABLE,
-                                    pattern=f"cert-{key}-{{i}}")
+def _read_certificate(path: str | Path) -> tuple[Certificate, str]:
+    """The certificate file at `path` as the typed model, and its key (the file's content hash); an unreadable or
+    invalid file raises `CertificateError` naming the file and the field."""
+    cert = load_certificate(path)
+    return cert, hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
+
+
+def _export_certificate(store: Reader, cert: Certificate, key: str, staging: Path, out: Path) -> int:
+    written = store.copy_to_parquet(certificate_rows(cert, key), None, staging / CERT_TABLE, pattern=f"cert-{key}-{{i}}")
     dest = out / CERT_TABLE
     for old in dest.glob(f"**/cert-{key}-*.parquet"):
         old.unlink()
@@ -102,11 +104,16 @@ def _export_certificate(store: Reader, cert_bytes: bytes, staging: Path, out: Pa
     return written
 
 
-def export_parquet(store: Reader, out: str | Path, since_ns: int | None = None, certificate: bytes | None = None) -> dict[str, int]:
-    """Write the store's runs, steps and violations (and a certificate's cells) under `out`; rows per table.
+def export_parquet(store: Reader, out: str | Path, since_ns: int | None = None,
+                   certificate: str | Path | None = None) -> dict[str, int]:
+    """Write the store's runs, steps and violations (and the cells of the certificate file `certificate`) under `out`;
+    rows per table.
 
-    The store should be assembled first (`open_assembled`): the export reads trajectories.
+    The store should be assembled first (`open_assembled`): the export reads trajectories. A certificate file the
+    typed model cannot read raises `report.CertificateError` (an `InputError`) naming the file and the field, before
+    anything is written.
     """
+    cert = None if certificate is None else _read_certificate(certificate)  # refused before any table is replaced
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     start = window_start(since_ns)
@@ -118,8 +125,8 @@ def export_parquet(store: Reader, out: str | Path, since_ns: int | None = None, 
             written[table] = store.copy_to_parquet(table, start, staging / table)
         for table in STORE_TABLES:
             _replace_days(staging / table, out / table, None if start is None else _day(start))
-        if certificate is not None:
-            written[CERT_TABLE] = _export_certificate(store, certificate, staging, out)
+        if cert is not None:
+            written[CERT_TABLE] = _export_certificate(store, *cert, staging, out)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return written

@@ -14,7 +14,7 @@ from plumbline_otel.api import plumbline_pb2 as pb
 from plumbline_otel.api import plumbline_pb2_grpc as pb_grpc
 from plumbline_otel.coverage import coverage_report
 from plumbline_otel.receive import Metrics, Overloaded, WriteQueue
-from plumbline_otel.store import Store
+from plumbline_otel.store import CertificateRow, Store
 
 log = logging.getLogger("plumbline.api")
 
@@ -120,16 +120,17 @@ class PlumblineServicer(pb_grpc.PlumblineServicer):
         return pb.StoreCheckResponse(violations_written=written, runs_checked=len(checked))
 
     def StoreCertificate(self, request: pb.StoreCertificateRequest, context: grpc.ServicerContext) -> pb.StoreCertificateResponse:
-        from plumbline_otel.report.render import validate
+        from plumbline_otel.report.model import CertificateFormatError, read_certificate
 
         try:
-            cert = orjson.loads(request.certificate_json)
+            cert = read_certificate(orjson.loads(request.certificate_json))
         except orjson.JSONDecodeError as exc:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"certificate_json is not JSON: {exc}")
-        problem = validate(cert)
-        if problem:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"not a usable certificate: {problem}")
-        kept = self._read(lambda store: store.store_certificate(cert), context)
+        except CertificateFormatError as exc:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"not a usable certificate: {exc}")
+        head, filters = cert.headline, cert.provenance.filters
+        row = CertificateRow(cert.spec.hash, filters.study, filters.agent, head.verdict, head.lower_bound)
+        kept = self._read(lambda store: store.store_certificate(row, request.certificate_json), context)
         return pb.StoreCertificateResponse(certificates=kept)
 
     def Health(self, request: pb.HealthRequest, context: grpc.ServicerContext) -> pb.HealthResponse:

@@ -6,6 +6,7 @@ through its API), where the console shows the latest one; `--no-store` keeps it 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ import click
 from plumbline_otel.cli.check import open_store
 from plumbline_otel.cli.options import keys_option, sources, stores_option, study_keys, warn_misrouted
 from plumbline_otel.cli.progress import Progress
+from plumbline_otel.store import CertificateRow
 
 
 @click.command("certify")
@@ -70,7 +72,9 @@ def certify(spec_path: str, db: tuple[str, ...], server: tuple[str, ...], agent:
             progress.stage("certifying")
             cert = build_certificate(spec, kept(store.trajectories()), agent=agent, study=study, target=target, keys=keys)
             if keep:
-                store.store_certificate(cert.to_dict())
+                head, filters = cert.headline, cert.provenance.filters
+                store.store_certificate(CertificateRow(cert.spec.hash, filters.study, filters.agent, head.verdict, head.lower_bound),
+                                        json.dumps(cert.to_dict()))
     Path(out).write_text(cert.to_json(), encoding="utf-8")
     if fmt == "text":
         click.echo(render_text(cert))

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import click
 
 from plumbline_otel.cli.options import db_option, parse_since, since_option
@@ -25,10 +23,9 @@ def export(fmt: str, out: str, db: str, since: str | None, cert_path: str | None
     """
     from plumbline_otel.parquet_export import export_parquet
 
-    certificate = Path(cert_path).read_bytes() if cert_path else None
     store, pending = open_assembled(db)
     with store:
-        written = export_parquet(store, out, since_ns=parse_since(since), certificate=certificate)
+        written = export_parquet(store, out, since_ns=parse_since(since), certificate=cert_path)
     for table, rows in written.items():
         click.echo(f"{table}: {rows} rows")
     if pending:

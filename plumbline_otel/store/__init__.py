@@ -40,7 +40,15 @@ from plumbline_otel.store._read import (
     ViolationSummary,
 )
 from plumbline_otel.store._schema import SCHEMA_VERSION, VIOLATION_COLUMNS, schema_version
-from plumbline_otel.store._store import DEFAULT_DB, WRITER_MEMORY_LIMIT_MIB, Store, WriteResult, meta_value, set_meta
+from plumbline_otel.store._store import (
+    DEFAULT_DB,
+    WRITER_MEMORY_LIMIT_MIB,
+    CertificateRow,
+    Store,
+    WriteResult,
+    meta_value,
+    set_meta,
+)
 
 __all__ = [
     "DEFAULT_DB",
@@ -52,6 +60,7 @@ __all__ = [
     "STATUSES",
     "VIOLATION_COLUMNS",
     "WRITER_MEMORY_LIMIT_MIB",
+    "CertificateRow",
     "CheckRow",
     "DiffCandidate",
     "InvariantMark",

@@ -26,8 +26,7 @@ import pyarrow.compute as pc
 
 from plumbline_otel.assemble import DEFAULT_TASK_KEYS, LONG_TRACE_SPANS, iter_runs, split_runs, task_key_attributes
 from plumbline_otel.assemble import assemble as assemble_run
-from plumbline_otel.decode import Problem
-from plumbline_otel.errors import StoreError
+from plumbline_otel.errors import Problem, StoreError
 from plumbline_otel.model import SpanRecord, Trajectory
 from plumbline_otel.normalise import LogRows, fold_logs, log_event_attributes
 from plumbline_otel.rows import SPAN_COLUMNS, record_from_row, span_table, trajectory_table
@@ -67,6 +66,21 @@ class WriteResult:
 
     stored: int
     duplicate: int
+
+
+@dataclass(frozen=True)
+class CertificateRow:
+    """The columns the store keeps beside a certificate's JSON (the console lists and filters by them).
+
+    The caller reads them from its typed certificate (`report.model.Certificate`): the store sits below report/ and
+    does not read a certificate itself.
+    """
+
+    spec_hash: str
+    study: str | None  # the certificate's filters (provenance.filters)
+    agent: str | None
+    verdict: str  # the headline's: PASS, FAIL or INCONCLUSIVE
+    lower_bound: float  # the headline's
 
 
 def meta_value(connection: Any, key: str) -> str | None:
@@ -244,16 +258,15 @@ class Store(Reader):
             self.connection.execute("INSERT OR REPLACE INTO checks SELECT ?, ?, ?, ?, (SELECT count(*) FROM checked_runs WHERE spec_hash = ?)",
                                     [spec_hash, spec_name, spec_path, now, spec_hash])
 
-    def store_certificate(self, cert: dict[str, Any], now_ns: int | None = None) -> int:
-        """Keep a certificate for the console; returns how many are kept."""
-        filters = cert.get("provenance", {}).get("filters", {})
-        head = cert["headline"]
+    def store_certificate(self, row: CertificateRow, certificate_json: str, now_ns: int | None = None) -> int:
+        """Keep a certificate for the console: its columns as the caller read them from the typed certificate, and its
+        JSON as written (the console reads it back whole); returns how many are kept."""
         with self._transaction():
             self.connection.execute("INSERT INTO certificates VALUES (?, ?, ?, ?, ?, ?, ?)",
-                                    [time.time_ns() if now_ns is None else now_ns, cert["spec"]["hash"], filters.get("study"),
-                                     filters.get("agent"), head.get("verdict"), head["lower_bound"], orjson.dumps(cert).decode()])
-        row = self.connection.execute("SELECT count(*) FROM certificates").fetchone()
-        return int(row[0]) if row else 0
+                                    [time.time_ns() if now_ns is None else now_ns, row.spec_hash, row.study, row.agent,
+                                     row.verdict, row.lower_bound, certificate_json])
+        count = self.connection.execute("SELECT count(*) FROM certificates").fetchone()
+        return int(count[0]) if count else 0
 
     def insert_rows(self, table: str, rows: pa.Table) -> int:
         """Add rows (columns matched by name; a declared column they lack is null) to one of the declared tables.

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import json
 import typing
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,8 @@ import plumbline_otel
 from plumbline_otel.cli.gate import gate
 from plumbline_otel.evaluation_events import certificate_events
 from plumbline_otel.model import Trajectory
-from plumbline_otel.report import Certificate, build_certificate, gate_verdict, load_certificate, render_text
+from plumbline_otel.parquet_export import export_parquet
+from plumbline_otel.report import Certificate, CertificateError, build_certificate, gate_verdict, load_certificate, render_text
 from plumbline_otel.report import model as report_model
 from plumbline_otel.report import render as report_render
 from plumbline_otel.report.certificate import UNJOINED
@@ -31,6 +33,7 @@ from plumbline_otel.report.model import Record, read_certificate
 from plumbline_otel.report.pages import report_html
 from plumbline_otel.spec import MustCall, Spec, invariant
 from plumbline_otel.spec.testing import TEST_KEYS, call, run, signed
+from plumbline_otel.store import Store
 
 PACKAGE = Path(plumbline_otel.__file__).parent
 MODEL = PACKAGE / "report" / "model.py"
@@ -45,13 +48,9 @@ SHARED_WORDS = frozenset({
     "note", "notes", "perturbation", "perturbations", "rate", "reason", "run", "runs", "severity", "source", "start", "start_ns",
     "stopped", "study", "tasks", "trial", "trials", "unexposed", "upper", "value", "verdict", "version", "violations",
 })
-# Modules that still read a certificate's JSON by its keys, outside the files the typed certificate was made in. Each is
+# Modules that still read a certificate's JSON by its keys, outside the files the typed certificate was made in (none now). Each is
 # a debt, not a licence: fixing one means taking it out of this list (the test says so), and no module may join it.
-KNOWN_READERS = {
-    "plumbline_otel/store/_store.py": "store_certificate takes the certificate's dict for its columns (the store may not "
-                                      "import report/: it would point upward)",
-    "plumbline_otel/parquet_export.py": "certificate_rows reads an exported certificate's JSON with .get()",
-}
+KNOWN_READERS: dict[str, str] = {}
 
 
 def _record_types() -> list[type[Record]]:
@@ -98,6 +97,18 @@ def test_no_module_outside_the_model_reads_a_certificate_by_its_json_keys() -> N
     assert not new, f"read the typed model (report.model.Certificate) instead of the certificate's JSON keys: {new}"
     fixed = sorted(set(KNOWN_READERS) - set(found))
     assert not fixed, f"no longer reads a certificate by its keys: take it out of KNOWN_READERS: {fixed}"
+
+
+def test_an_export_refuses_a_certificate_file_the_model_cannot_read_naming_the_file_and_field(tmp_path: Path) -> None:
+    data = build_certificate(SPEC, [run(call("post_audit_log"), task=f"T{i}") for i in range(3)]).to_dict()
+    del data["provenance"]["evidence_sha256"]
+    path = tmp_path / "cert.json"
+    path.write_text(json.dumps(data))
+    out = tmp_path / "lake"
+    with Store(tmp_path / "store.duckdb") as store, pytest.raises(CertificateError) as refused:
+        export_parquet(store, out, certificate=path)
+    assert str(path) in str(refused.value) and "evidence_sha256" in str(refused.value)
+    assert not out.exists()  # refused before anything is written
 
 
 def test_the_rule_sees_a_reader(tmp_path: Path) -> None:
