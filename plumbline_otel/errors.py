@@ -28,7 +28,7 @@ place each (cli/main.py, receive/).
 What is rejected *without* raising is a `Problem`: the same where and reason, as a value, so a bad
 line, span or attribute is reported and everything beside it is kept. Decoding, normalisation, the
 pipeline, the receiver and the store all record them; it lives here, in the core, so none of them
-imports another stage for it (`decode` re-exports it).
+imports another stage for it (`decode` still re-exports it for `normalise`, its last importer there).
 """
 
 from __future__ import annotations

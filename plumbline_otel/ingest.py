@@ -20,8 +20,8 @@ from pathlib import Path
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from plumbline_otel.decode import Problem, Unit, iter_trace_files, iter_units
-from plumbline_otel.errors import MalformedTraceFile
+from plumbline_otel.decode import Unit, iter_trace_files, iter_units
+from plumbline_otel.errors import MalformedTraceFile, Problem
 from plumbline_otel.normalise import Limits
 from plumbline_otel.pipeline import (
     Flushed,

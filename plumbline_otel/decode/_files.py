@@ -24,9 +24,9 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 from plumbline_otel.decode._json import SpanFilter, parse_json, request_from_json
 from plumbline_otel.decode._logs import is_logs_document, logs_from_json, logs_from_protobuf
-from plumbline_otel.decode._problems import Decoded, Problem
+from plumbline_otel.decode._problems import Decoded
 from plumbline_otel.decode._proto import request_from_protobuf
-from plumbline_otel.errors import MalformedRequest, MalformedTraceFile
+from plumbline_otel.errors import MalformedRequest, MalformedTraceFile, Problem
 
 _GZIP_MAGIC = b"\x1f\x8b"
 _JSON_START = (b"{", b"[")

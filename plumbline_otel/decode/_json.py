@@ -25,8 +25,8 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span, Status
 
-from plumbline_otel.decode._problems import Decoded, Problem
-from plumbline_otel.errors import MalformedRequest
+from plumbline_otel.decode._problems import Decoded
+from plumbline_otel.errors import MalformedRequest, Problem
 
 SpanFilter = Callable[[Any], bool]  # given a span's raw JSON trace id: decode this span?
 _SPAN_KINDS = {name: value for name, value in Span.SpanKind.items()}

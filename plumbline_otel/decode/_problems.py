@@ -27,4 +27,4 @@ class Decoded:
         return self.raw if self.raw is not None else self.request.SerializeToString()
 
 
-__all__ = ["Decoded", "Problem"]  # Problem: the core's, named here for the decoders that import it from this module
+__all__ = ["Decoded"]

@@ -20,7 +20,8 @@ from opentelemetry.proto.common.v1.common_pb2 import InstrumentationScope
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
 
-from plumbline_otel.decode._problems import Decoded, Problem
+from plumbline_otel.decode._problems import Decoded
+from plumbline_otel.errors import Problem
 
 _LEN = 2  # wire type of length-delimited fields
 _ZERO_TRACE, _ZERO_SPAN = bytes(16), bytes(8)

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 
-from plumbline_otel.decode import Problem
+from plumbline_otel.errors import Problem
 from plumbline_otel.normalise import LogRows
 
 

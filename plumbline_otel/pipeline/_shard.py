@@ -11,7 +11,8 @@ from typing import Any
 from plumbline_otel.assemble import DEFAULT_TASK_KEYS, LONG_TRACE_SPANS, assembly_keys, iter_runs, trim_for_assembly
 from plumbline_otel.config import ContentRules
 from plumbline_otel.content import ContentFilter
-from plumbline_otel.decode import Decoded, Problem, Unit, decode_unit
+from plumbline_otel.decode import Decoded, Unit, decode_unit
+from plumbline_otel.errors import Problem
 from plumbline_otel.model import SpanRecord, Trajectory
 from plumbline_otel.normalise import Limits, log_rows, normalise_request
 from plumbline_otel.pipeline._parts import Flushed, LogPart, Part, SpanPart, TrajectoryPart

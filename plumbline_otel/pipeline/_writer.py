@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
-from plumbline_otel.decode import Problem
+from plumbline_otel.errors import Problem
 from plumbline_otel.pipeline._parts import LogPart, Part, SpanPart, TrajectoryPart, concat_parts
 
 if TYPE_CHECKING:  # a shard worker imports this package and no database (docs/performance.md): the store is the writer's

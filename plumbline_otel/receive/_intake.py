@@ -30,8 +30,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 from plumbline_otel.content import ContentFilter
-from plumbline_otel.decode import BodyTooLarge, Problem, decode_logs, decode_request_body
-from plumbline_otel.errors import MalformedRequest, StoreError
+from plumbline_otel.decode import BodyTooLarge, decode_logs, decode_request_body
+from plumbline_otel.errors import MalformedRequest, Problem, StoreError
 from plumbline_otel.normalise import log_rows
 from plumbline_otel.receive._metrics import Metrics
 from plumbline_otel.receive._writer import OverBudget, Overloaded, Prepared, Ticket, WriteQueue

@@ -47,8 +47,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from plumbline_otel.decode import Decoded, Problem, Unit
-from plumbline_otel.errors import PlumblineError, StoreError
+from plumbline_otel.decode import Decoded, Unit
+from plumbline_otel.errors import PlumblineError, Problem, StoreError
 from plumbline_otel.memory import IdleRelease
 from plumbline_otel.pipeline import Flushed, PartWriter, ShardPool, ShardSettings, SpanPart, TrajectoryPart
 from plumbline_otel.receive._budget import MemoryBudget
