@@ -23,6 +23,13 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import Tracer
 
 TOKEN = "s3cret-token"
+# What the tests wait for from `plumbline serve`: its ready line, printed once it listens (`Service.describe`).
+READY_LINE = "plumbline serve: OTLP"
+# Deadlines for a server that hangs, not expectations of speed: on a loaded machine importing the package alone took
+# 20 s (load 17-25 on 2 cores), and a start or a drain may take several times that. A test waits for the event
+# (the ready line, the exit) and fails early when the process exits; these only bound a hang.
+STARTUP_DEADLINE = 600.0
+STOP_DEADLINE = 600.0
 
 
 def free_port() -> int:
@@ -57,22 +64,33 @@ class ServeProcess:
         scheme = "https" if "--tls-cert" in self.args else "http"
         return f"{scheme}://127.0.0.1:{self.http_port}"
 
-    def start(self, timeout: float = 30.0) -> ServeProcess:
+    def start(self, timeout: float = STARTUP_DEADLINE) -> ServeProcess:
+        """Start the server and wait for its ready line (printed once it listens), failing at once if it exits first.
+
+        The wait is for that event, not for a time: `timeout` is only how long a server that neither says it is ready
+        nor exits may hang before the test gives up, far beyond what a slow start takes.
+        """
         command = [sys.executable, "-m", "plumbline_otel.cli.serve", "--db", str(self.db),
                    "--grpc-port", str(self.grpc_port), "--http-port", str(self.http_port), *self.args]
         self.log = open(self.log_path, "ab")
+        start = self.log.tell()  # a restarted server's log holds the earlier one's ready line: read only what this one writes
         self.proc = subprocess.Popen(command, stdout=self.log, stderr=self.log, env=self.env)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if "plumbline serve: OTLP" in self.log_path.read_text():
+            if READY_LINE in self._written_since(start):
                 return self
             if self.proc.poll() is not None:
-                raise RuntimeError(f"plumbline serve exited with {self.proc.returncode}:\n{self.log_path.read_text()}")
-            time.sleep(0.05)
-        raise RuntimeError(f"plumbline serve did not start:\n{self.log_path.read_text()}")
+                raise RuntimeError(f"plumbline serve exited with {self.proc.returncode} before it was ready:\n{self.output()}")
+            time.sleep(0.1)
+        raise RuntimeError(f"plumbline serve neither said it was ready nor exited in {timeout:g} s:\n{self.output()}")
 
-    def stop(self, timeout: float = 60.0) -> int:
-        """SIGTERM and wait: the server drains, commits, assembles and exits."""
+    def _written_since(self, offset: int) -> str:
+        with open(self.log_path, "rb") as log:
+            log.seek(offset)
+            return log.read().decode(errors="replace")
+
+    def stop(self, timeout: float = STOP_DEADLINE) -> int:
+        """SIGTERM and wait: the server drains, commits, assembles and exits (`timeout`: how long a hung one may take)."""
         assert self.proc is not None
         self.proc.send_signal(signal.SIGTERM)
         code = self.proc.wait(timeout)
@@ -82,7 +100,7 @@ class ServeProcess:
     def kill(self) -> None:
         assert self.proc is not None
         self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait(10)
+        self.proc.wait(STOP_DEADLINE)
         self.log.close()
 
     def rss_mib(self) -> float:
