@@ -1,5 +1,6 @@
 """Branch-point replay of unmodified framework agents that run their own tools (issue 44): pydantic-ai and LangGraph
-(Chat Completions) and the OpenAI Agents SDK (Responses API) from tests/replay/agents, recorded through the model-API
+(Chat Completions), the OpenAI Agents SDK (Responses API) and a Node agent on the OpenAI JavaScript SDK from
+tests/replay/agents, recorded through the model-API
 proxy, then branched at every step from the study's cassette. Each framework builds its requests its own way (ids,
 orderings, tool-result shapes); a prefix it replays faithfully must never be taken for a divergence, and each branch
 point must be a cell of its own, its fault seen to reach the agent."""
@@ -15,7 +16,7 @@ import pytest
 
 from plumbline_otel.replay.proxy.simulated import SimulatedProvider
 
-from .test_replay_frameworks_e2e import SPEC, replay, scripted_model
+from .test_replay_frameworks_e2e import NODE_AGENT, SPEC, node_agent_packages, replay, scripted_model  # noqa: F401  (a fixture)
 from .toy import traffic_store
 
 
@@ -34,10 +35,14 @@ def db(tmp_path: Path) -> Path:
 
 @pytest.mark.slow
 @pytest.mark.e2e
-@pytest.mark.parametrize("agent", ["pydantic_ai_ap", "langgraph_ap", "openai_agents_ap"])
+@pytest.mark.parametrize("agent", ["pydantic_ai_ap", "langgraph_ap", "openai_agents_ap", "node"])
 def test_a_framework_agent_is_branched_at_every_step_with_no_false_divergence(tmp_path: Path, db: Path, provider: Any,
-                                                                               agent: str) -> None:
-    adapter = f"command:{sys.executable} -m tests.replay.agents.{agent}"
+                                                                               agent: str, request: pytest.FixtureRequest) -> None:
+    if agent == "node":  # the OpenAI JavaScript SDK's loop (tests/replay/agents/node), skipped where Node is not installed
+        request.getfixturevalue("node_agent_packages")
+        adapter = f"command:node {NODE_AGENT / 'ap_agent.mjs'}"
+    else:
+        adapter = f"command:{sys.executable} -m tests.replay.agents.{agent}"
     first, _ = replay(tmp_path, db, provider, "src", adapter, "baseline")
     assert "ran 2 (2 ok" in first.output, first.output
     state = Path(str(db.with_suffix("")) + ".replay") / "src"
