@@ -27,41 +27,46 @@ import hashlib
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from plumbline_otel.errors import ConfigError
 from plumbline_otel.replay.budget import price_of
 from plumbline_otel.replay.identity import TrialIdentity
+from plumbline_otel.replay.jsonvalue import JsonObject
 from plumbline_otel.replay.ledger import append_line, read_jsonl
 from plumbline_otel.replay.pricing import Usage, UsageAccumulator, extract_usage, parse_sse, price
-from plumbline_otel.replay.scope import TrialScope, current_scope
+from plumbline_otel.replay.scope import Cassette, TrialScope, current_scope
+
+if TYPE_CHECKING:
+    import anthropic
 
 MODES = ("record", "replay", "off")
 _OVERHEAD_TOKENS = 1000
 _DROP_HEADERS = {"content-encoding", "content-length", "transfer-encoding", "connection"}
 
 
-def _canonical(value: Any) -> bytes:
+def _canonical(value: object) -> bytes:
     return orjson.dumps(value, option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS, default=str)
 
 
-def request_content(method: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
+def request_content(method: str, path: str, body: JsonObject) -> JsonObject:
     """What identifies a request's content: method, path and body, tools in name order."""
     body = dict(body)
-    if isinstance(body.get("tools"), list):
-        body["tools"] = sorted(body["tools"], key=lambda t: str(t.get("name", "")) if isinstance(t, dict) else str(t))
+    if isinstance(tools := body.get("tools"), list):
+        body["tools"] = sorted(tools, key=lambda t: str(t.get("name", "")) if isinstance(t, dict) else str(t))
     return {"method": method.upper(), "path": path, "body": body}
 
 
-def content_digest(content: dict[str, Any]) -> str:
+def content_digest(content: Mapping[str, object]) -> str:
     return hashlib.sha256(_canonical(content)).hexdigest()
 
 
-def cache_key(identity: TrialIdentity, content: dict[str, Any], occurrence: int = 0) -> str:
+def cache_key(identity: TrialIdentity, content: Mapping[str, object], occurrence: int = 0) -> str:
     """The cache key: trial identity + occurrence + request content. The study's own name (the trial id's first part)
     is not in it, so another study of the same plan replays this one's exchanges (``replay --cassette``)."""
     trial = {"trial_id": identity.trial_id.partition("/")[2] or identity.trial_id, "perturbation": identity.perturbation,
@@ -70,26 +75,26 @@ def cache_key(identity: TrialIdentity, content: dict[str, Any], occurrence: int 
 
 
 class ResponseCache:
-    """Recorded responses of one study, in a JSONL file (loaded at open, appended per new entry)."""
+    """Recorded responses of one study, in a JSONL file (loaded at open, appended per new entry); a `scope.Cassette`."""
 
     def __init__(self, path: str | Path, mode: str = "record") -> None:
         if mode not in MODES:
             raise ConfigError(f"cache mode {mode!r}: expected one of {', '.join(MODES)}")
         self.path = Path(path)
         self.mode = mode
-        self._entries: dict[str, dict[str, Any]] = {}
+        self._entries: dict[str, JsonObject] = {}
         self._lock = threading.Lock()
         self.hits = 0
         self.misses = 0
         self.recorded = 0
         if self.path.exists():
             for entry in read_jsonl(self.path.read_bytes().splitlines()):  # a torn last line from a crash: the rest is good
-                self._entries[entry["key"]] = entry
+                self._entries[str(entry["key"])] = entry
 
     def __len__(self) -> int:
         return len(self._entries)
 
-    def get(self, key: str) -> dict[str, Any] | None:
+    def get(self, key: str) -> JsonObject | None:
         with self._lock:
             entry = self._entries.get(key)
             if entry is None:
@@ -98,25 +103,26 @@ class ResponseCache:
                 self.hits += 1
             return entry
 
-    def put(self, entry: dict[str, Any]) -> None:
+    def put(self, entry: JsonObject) -> None:
         line = orjson.dumps(entry) + b"\n"
+        key = str(entry["key"])
         with self._lock:
-            if entry["key"] in self._entries:
+            if key in self._entries:
                 return
             append_line(self.path, line)
-            self._entries[entry["key"]] = entry
+            self._entries[key] = entry
             self.recorded += 1
 
 
 # --- the transport -----------------------------------------------------------------------------
 
 
-def http_module() -> Any:
+def http_module() -> ModuleType:
     """The HTTP library the installed ``anthropic`` client is built on (``httpx`` or ``httpx2``)."""
     try:
         import anthropic._base_client as base
         module = getattr(base, "httpx2", None) or getattr(base, "httpx", None)
-        if module is not None:
+        if isinstance(module, ModuleType):
             return module
     except ImportError:  # pragma: no cover - anthropic is a dependency
         pass
@@ -209,7 +215,7 @@ def _handle(module: Any, inner: Any, scope: TrialScope, request: Any, raw: bytes
         if entry is not None:
             scope.cache_hits += 1
             headers = {"content-type": entry.get("content_type") or "application/json", "x-plumbline-cache": "hit"}
-            return module.Response(entry["status"], headers=headers, content=entry["body"].encode(), request=request)
+            return module.Response(entry["status"], headers=headers, content=str(entry["body"]).encode(), request=request)
         scope.cache_misses += 1
         if cache.mode == "replay":
             scope.abort_reason = (f"offline: no recorded response for trial {scope.identity.trial_id} "
@@ -244,7 +250,7 @@ def _handle(module: Any, inner: Any, scope: TrialScope, request: Any, raw: bytes
     return module.Response(response.status_code, headers=kept, content=payload, request=request)
 
 
-def _recorder(cache: ResponseCache | None, scope: TrialScope, key: str, occurrence: int, path: str, model: Any,
+def _recorder(cache: Cassette | None, scope: TrialScope, key: str, occurrence: int, path: str, model: Any,
               status: int, content_type: str | None, started: float) -> Any:
     """A function that records this exchange's response body in the cache (a no-op without one)."""
     def record(payload: bytes) -> None:
@@ -299,14 +305,15 @@ def _metered_stream(module: Any, response: Any, scope: TrialScope, model: Any, r
     return MeteredStream()
 
 
-def caching_transport(inner: Any = None, module: Any = None) -> Any:
-    """A caching, metering transport for the HTTP library ``module`` (default: the anthropic client's)."""
+def caching_transport(inner: object = None, module: ModuleType | None = None) -> object:
+    """A caching, metering transport for the HTTP library ``module`` (default: the anthropic client's), around ``inner``
+    (a transport of that library; default its ``HTTPTransport``): an instance of the library's ``BaseTransport``."""
     module = module or http_module()
     return _transport_class(module)(inner)
 
 
-def anthropic_client(base_url: str | None = None, api_key: str | None = None, *, inner_transport: Any = None,
-                     **kwargs: Any) -> Any:
+def anthropic_client(base_url: str | None = None, api_key: str | None = None, *, inner_transport: object = None,
+                     max_retries: int | None = None) -> anthropic.Anthropic:
     """An ``anthropic.Anthropic`` client whose requests go through the cache of the current trial.
 
     Outside a replay (no current trial) it behaves exactly like a plain client.
@@ -316,4 +323,5 @@ def anthropic_client(base_url: str | None = None, api_key: str | None = None, *,
     module = http_module()
     http_client = module.Client(transport=caching_transport(inner_transport, module), timeout=600.0)
     key = api_key or os.environ.get("ANTHROPIC_API_KEY") or "offline"
-    return anthropic.Anthropic(base_url=base_url, api_key=key, http_client=http_client, **kwargs)
+    retries = anthropic.DEFAULT_MAX_RETRIES if max_retries is None else max_retries
+    return anthropic.Anthropic(base_url=base_url, api_key=key, http_client=http_client, max_retries=retries)

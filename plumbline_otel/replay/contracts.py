@@ -24,10 +24,12 @@ import json
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol, TypeAlias, cast, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, cast, runtime_checkable
 
 from plumbline_otel.errors import ConfigError, ReplayError
 from plumbline_otel.replay.identity import FaultPlan, TrialIdentity
+from plumbline_otel.replay.jsonvalue import JsonObject as JsonObject  # a value as JSON carries it: metadata, evidence, reports
+from plumbline_otel.replay.jsonvalue import JsonValue as JsonValue
 from plumbline_otel.runs import FAULT
 
 if TYPE_CHECKING:
@@ -36,9 +38,6 @@ if TYPE_CHECKING:
     from plumbline_otel.replay.tape import Tape
     from plumbline_otel.replay.tasks import ReplayTask
 
-# A value as JSON carries it: what metadata, evidence and reports hold.
-JsonValue: TypeAlias = "None | bool | int | float | str | list[JsonValue] | dict[str, JsonValue]"
-JsonObject: TypeAlias = "dict[str, JsonValue]"
 
 
 class AdapterError(ReplayError):

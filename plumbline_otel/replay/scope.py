@@ -12,18 +12,28 @@ from __future__ import annotations
 
 import contextvars
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Protocol
 
 from plumbline_otel.errors import ReplayError
 from plumbline_otel.replay.budget import TrialBudget
 from plumbline_otel.replay.identity import FaultPlan, TrialIdentity
+from plumbline_otel.replay.jsonvalue import JsonObject
 from plumbline_otel.runs import FAULT_FIRED
 
-if TYPE_CHECKING:
-    from plumbline_otel.replay.cache import ResponseCache
+
+class Cassette(Protocol):
+    """What a trial's scope holds of the response cache (`cache.ResponseCache`): its mode, a lookup and a record.
+    Named here, so the cache imports the scope and never the other way round."""
+
+    @property
+    def mode(self) -> str: ...
+
+    def get(self, key: str) -> JsonObject | None: ...
+
+    def put(self, entry: JsonObject) -> None: ...
 
 
 class InjectedFault(Exception):
@@ -66,11 +76,11 @@ class TrialScope:
 
     identity: TrialIdentity
     budget: TrialBudget | None = None
-    cache: ResponseCache | None = None
+    cache: Cassette | None = None
     fault: FaultInjector | None = None
     attempt: int = 1
     abort_reason: str | None = None  # set when the budget or an offline cache stopped a model call
-    metadata: dict[str, Any] = field(default_factory=dict)  # the variant's: decoy_tools, temperature, seed, …
+    metadata: JsonObject = field(default_factory=dict)  # the variant's: decoy_tools, temperature, seed, …
     seen: set[str] = field(default_factory=set)  # request perturbations the metered client saw reach the model
     model_calls: int = 0
     cache_hits: int = 0
@@ -85,11 +95,11 @@ class TrialScope:
             self._occurrences[content_digest] = n + 1
             return n
 
-    def observe_request(self, body: dict[str, Any]) -> None:
+    def observe_request(self, body: Mapping[str, object]) -> None:
         """Before a metered model call: note whether the variant's decoys and sampling are in the request
         (an agent that drops them measured nothing about them, and its trial is not scored)."""
-        decoys = {str(d.get("name")) for d in self.metadata.get("decoy_tools") or [] if isinstance(d, dict)}
-        offered = {str(t.get("name") or (t.get("function") or {}).get("name")) for t in body.get("tools") or [] if isinstance(t, dict)}
+        decoys = {str(d.get("name")) for d in _items(self.metadata.get("decoy_tools")) if isinstance(d, dict)}
+        offered = {str(t.get("name") or (t.get("function") or {}).get("name")) for t in _items(body.get("tools")) if isinstance(t, dict)}
         if decoys and decoys <= offered:
             self.seen.add("decoy_tools")
         planned = {k: self.metadata[k] for k in ("temperature", "top_p", "seed") if self.metadata.get(k) is not None}
@@ -116,6 +126,11 @@ class TrialScope:
             self.budget.add_estimate(estimate_usd)
 
 
+def _items(value: object) -> list[object] | tuple[object, ...]:
+    """A JSON list's items; nothing for anything else (no object is found in it either)."""
+    return value if isinstance(value, list | tuple) else []
+
+
 _CURRENT: contextvars.ContextVar[TrialScope | None] = contextvars.ContextVar("plumbline_replay_trial", default=None)
 
 
@@ -140,7 +155,7 @@ def inject_fault(tool: str) -> None:
         scope.fault.before_call(tool)
 
 
-def current_trial_attributes() -> dict[str, Any]:
+def current_trial_attributes() -> dict[str, str | int | bool]:
     """The current attempt's ``plumbline.*`` attributes for an in-process agent's root span (empty
     outside a replay). Read it when the root span ends: on a faulted trial it then includes
     ``plumbline.fault.fired``, true exactly when this attempt's injector raised."""

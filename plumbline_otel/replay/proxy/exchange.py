@@ -20,6 +20,7 @@ import orjson
 
 from plumbline_otel.replay.budget import BudgetExceeded
 from plumbline_otel.replay.cache import cache_key, content_digest, request_content
+from plumbline_otel.replay.jsonvalue import to_int
 from plumbline_otel.replay.limits import Holding
 from plumbline_otel.replay.pricing import Usage, UsageAccumulator, model_price, parse_sse, price, usage_from_body
 from plumbline_otel.replay.proxy.evidence import TrialState
@@ -313,13 +314,13 @@ def handle_call(proxy: ProxyServices, state: TrialState, api: Api, path: str, ra
     if entry is not None:
         with state.lock:
             state.cache_hits += 1
-        ctype = entry.get("content_type") or "application/json"
-        relayed = relay(out, int(entry["status"]), [("content-type", ctype), ("x-plumbline-cache", "hit")], [entry_body(entry)],
+        ctype = str(entry.get("content_type") or "application/json")
+        relayed = relay(out, to_int(entry["status"]), [("content-type", ctype), ("x-plumbline-cache", "hit")], [entry_body(entry)],
                         sse="event-stream" in ctype, strip_usage=strip_usage, cut_after=cut_after, provider=provider,
                         recorded_cut=bool(entry.get("incomplete")))
         if entry.get("incomplete"):
             relayed.complete = False
-        _after(proxy, state, api, call, body, started, int(entry["status"]), "cache", relayed, ctype, None, key, cut_after, None, len(raw))
+        _after(proxy, state, api, call, body, started, to_int(entry["status"]), "cache", relayed, ctype, None, key, cut_after, None, len(raw))
         return
     if cache is not None and cache.mode == "replay":
         with state.lock:
