@@ -65,8 +65,9 @@ def sim() -> Iterator[SimulatedProvider]:
     provider.stop()
 
 
-def conversation(turn_2: str = TURN_2) -> Any:
-    """A two-turn conversation: the trial's request, then (after the agent's answer) the user's second message."""
+def conversation(turn_2: str = TURN_2, stream: bool = False) -> Any:
+    """A two-turn conversation: the trial's request, then (after the agent's answer) the user's second message;
+    ``stream``: each answer streamed (the SDK's stream helper assembles it)."""
     def run(trial: Trial) -> TrialOutcome:
         client = openai.OpenAI(base_url=trial.routes["OPENAI_BASE_URL"], api_key="agent-key", max_retries=2)
         messages: list[Any] = [{"role": "user", "content": trial.text}]
@@ -75,7 +76,11 @@ def conversation(turn_2: str = TURN_2) -> Any:
             if turn is not None:
                 messages.append({"role": "user", "content": turn})
             for _ in range(4):
-                answer = client.chat.completions.create(model=OPENAI_MODEL, messages=messages, tools=TOOLS)  # type: ignore[arg-type]
+                if stream:
+                    with client.chat.completions.stream(model=OPENAI_MODEL, messages=messages, tools=TOOLS) as events:  # type: ignore[arg-type]
+                        answer: Any = events.get_final_completion()
+                else:
+                    answer = client.chat.completions.create(model=OPENAI_MODEL, messages=messages, tools=TOOLS)  # type: ignore[arg-type]
                 message = answer.choices[0].message
                 messages.append(message.model_dump(exclude_none=True))
                 if not message.tool_calls:
@@ -201,3 +206,18 @@ def test_a_branch_at_each_step_of_a_six_step_run_is_certified_per_step(tmp_path:
     profile = {line.split(",")[1].split("(")[0].strip(): line for line in certified.output.splitlines() if "profile over steps" in line}
     assert "@1 1/1" in profile["model_fault"] and profile["model_fault"].index("@4 1/1") < profile["model_fault"].index("@6 1/1")
     assert profile["tool_fault"].index("@2 1/1") < profile["tool_fault"].index("@5 0/1"), certified.output
+
+
+def test_a_streaming_agent_is_served_its_prefix_as_a_stream(tmp_path: Path, sim: SimulatedProvider) -> None:
+    """Recorded streamed, the tape's answers are the recorded event streams, replayed byte for byte in the prefix."""
+    summary = study(tmp_path, "src", sim, conversation(stream=True))
+    assert [r.status for r in summary.records] == ["ok"]
+    tape = tape_for_task(tmp_path / "src" / "responses.jsonl", tasks(1)[0].task_key)
+    assert [s.kind for s in tape.steps] == ["model", "tool", "model", "model", "tool", "model"]
+    assert all("event-stream" in (s.content_type or "") for s in tape.model_steps)
+    before = len(sim.requests)
+    summary = study(tmp_path, "stream5", sim, conversation(stream=True), perturbations=("tool_fault",), branch_at=(5,),
+                    tapes={tasks(1)[0].task_key: tape})
+    (record,) = summary.records
+    assert (record.perturbation, record.status, record.fault_fired) == ("tool_fault@5", "ok", True), record.reason
+    assert record.evidence["model_proxy"]["tape_served"] == 3 and len(sim.requests) - before == 2  # pay tried again, then "paid"
