@@ -429,6 +429,32 @@ def _merged_verbs(lexicons: tuple[DomainLexicon, ...]) -> dict[str, tuple[str, .
     return verbs
 
 
+def _synonym_verbs(verbs: dict[str, tuple[str, ...]]) -> dict[str, tuple[str, ...]]:
+    """Verbs read as a class they are not listed in, from WordNet's verb senses (``_synonyms.py``).
+
+    A WordNet sense shared by two one-word verbs of a class (postpone and defer, annul and revoke)
+    is that class's sense, and its other verbs ("shelve", "rescind") are read as the class. A
+    sense is used only if it is among the commonest senses of each verb in it (the generator's
+    cut), and a verb two classes would claim, or one the class lists already, is left alone: the
+    classes the guard tells apart (pay, approve, hold …) are never merged.
+    """
+    from plumbline_otel.replay._synonyms import GROUPS
+
+    listed = {p for ps in verbs.values() for p in ps}
+    claims: dict[str, set[str]] = {}
+    for group in GROUPS:
+        for cls, ps in verbs.items():
+            if len({w for w in group if " " not in w} & set(ps)) >= 2:
+                for w in group:
+                    if w not in listed:
+                        claims.setdefault(w, set()).add(cls)
+    out: dict[str, list[str]] = {}
+    for w, classes in sorted(claims.items()):
+        if len(classes) == 1:
+            out.setdefault(next(iter(classes)), []).append(w)
+    return {cls: tuple(ws) for cls, ws in out.items()}
+
+
 @lru_cache(maxsize=8)
 def _vocabulary(lexicons: tuple[DomainLexicon, ...]) -> _Vocabulary:
     """The reader's vocabulary for these lexicons. Order sets precedence: the first reading of a surface wins."""
@@ -469,6 +495,8 @@ def _vocabulary(lexicons: tuple[DomainLexicon, ...]) -> _Vocabulary:
     register("domain", terms.items())
     register("action", ((p, cls) for cls, ps in verbs.items() for p in ps), inflect=True)
     register("ignore", ((w, w) for w in _IGNORABLE))
+    synonyms = _synonym_verbs(verbs)
+    register("action", ((p, cls) for cls, ps in synonyms.items() for p in ps), inflect=True)
     parties = frozenset(w for x in lexicons for w in x.parties)
     prefixes = sorted({p for x in lexicons for p in x.id_prefixes}, key=len, reverse=True)
     known = frozenset(
@@ -478,7 +506,7 @@ def _vocabulary(lexicons: tuple[DomainLexicon, ...]) -> _Vocabulary:
         | set(_words(_LIMIT_WORDS)))
     return _Vocabulary(
         phrases, max(len(p.split()) for p in phrases),
-        {form: cls for cls, ps in verbs.items() for p in ps for form in _forms(p)}, known, parties,
+        {form: cls for cls, ps in {**synonyms, **verbs}.items() for p in ps for form in _forms(p)}, known, parties,
         frozenset(w for x in lexicons for w in x.counterparties),
         _TRANSFER | {w for x in lexicons for w in x.transfers},
         re.compile(r"\b(?P<p>" + "|".join(map(re.escape, prefixes)) + r")[\s#:]+(?P<n>\d{3,})\b", re.I) if prefixes else None,
