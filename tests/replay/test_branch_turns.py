@@ -87,7 +87,7 @@ def conversation(turn_2: str = TURN_2, stream: bool = False) -> Any:
                     answers.append(message.content)
                     break
                 for call in message.tool_calls:
-                    name = call.function.name  # type: ignore[union-attr]
+                    name = call.function.name
                     try:
                         inject_fault(name)
                         content = orjson.dumps({"lookup_invoice": {"amount": "100.00"}, "pay": {"paid": True}}[name]).decode()
