@@ -52,7 +52,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -597,13 +597,11 @@ class LakeSink:
     def _commit(self, name: str, delete: Any, rows: pa.Table, result: SyncResult) -> None:
         """Delete, then append, as one Iceberg snapshot touching this instance's partitions and manifests only (`_stage`).
 
-        The data files are written before the commit, from the table as the catalog has it then. With a
-        Postgres catalog the commit itself (rebase on the newest table, manifests, metadata file, the
-        catalog's compare-and-swap) runs under a per-table advisory lock (`_commit_lock`), so
-        instances committing to one table at once queue for a few milliseconds each rather than
-        refuse each other and back off: the one rebase pyiceberg makes under the lock (its data files
-        kept, its manifests rewritten, after checking the commits since touched none of its rows:
-        another instance's never do) succeeds. One refused for a conflict (maintenance compacted
+        With a Postgres catalog, commits to one table take turns under a per-table advisory lock
+        (`_commit_lock`) rather than refuse each other and back off: a commit that deletes holds it
+        from reading the table to the catalog's compare-and-swap; an append-only one writes its data
+        files first and holds it for the rebase on the newest table (its data files kept, its
+        manifests rewritten) and the catalog update. One refused for a conflict (maintenance compacted
         these files meanwhile), or refused past pyiceberg's own retries (a writer that takes no lock),
         is redone whole on a refreshed table after a fully jittered backoff.
         """
@@ -612,19 +610,25 @@ class LakeSink:
         properties = {"plumbline.instance": self.instance}
         for attempt in range(COMMIT_ATTEMPTS):
             table = self.lake.table(name)
-            # Always from the table as it is now: the copy kept since this instance's last commit is an interval old, and a
-            # commit based on it is refused whenever any other instance committed since (nearly always, with many).
-            table.refresh()
             try:
-                tx = _transaction(table)
-                staged = _stage(tx, table, delete, rows, properties, self.instance)
+                # A commit that deletes takes the table's lock before it reads the table: no commit lands between the table it
+                # reads and its own, so pyiceberg has none to check it against (that check reads every manifest the commits in
+                # between added: it grew with instances and with the wait). An append-only one is written first and rebased.
+                with _commit_lock(self.lake, name) if delete is not None else nullcontext(False) as early:
+                    # Always from the table as it is now: the copy kept since this instance's last commit is an interval old, and
+                    # a commit based on it is refused whenever any other instance committed since (nearly always, with many).
+                    table.refresh()
+                    tx = _transaction(table)
+                    staged = _stage(tx, table, delete, rows, properties, self.instance)
+                    if staged is not None:
+                        if self._before_commit is not None:
+                            self._before_commit(name)
+                        # commits to one table take turns here instead of refusing each other
+                        with nullcontext(True) if early else _commit_lock(self.lake, name) as locked:
+                            if locked and not early:
+                                _rebase(tx, table)
+                            tx.commit_transaction()
                 if staged is not None:
-                    if self._before_commit is not None:
-                        self._before_commit(name)
-                    with _commit_lock(self.lake, name) as locked:  # commits to one table queue here instead of refusing each other
-                        if locked:
-                            _rebase(tx, table)
-                        tx.commit_transaction()
                     snapshot = table.metadata.snapshot_by_id(staged)
                     summary = snapshot.summary.additional_properties if snapshot is not None and snapshot.summary is not None else {}
                     result.files_added += int(summary.get("added-data-files", 0))
