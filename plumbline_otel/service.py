@@ -18,7 +18,6 @@ import sys
 import threading
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 from plumbline_otel.api.servicer import PlumblineServicer, add_to_server
 from plumbline_otel.config import ServeConfig
@@ -38,7 +37,6 @@ from plumbline_otel.receive import (
     WriteQueue,
     make_ssl_context,
 )
-from plumbline_otel.receive._http import _Handler
 from plumbline_otel.report.console import Console
 from plumbline_otel.spec import load_spec
 from plumbline_otel.store import Store
@@ -167,7 +165,6 @@ class Server:
                                    max_head_bytes=cfg.http_max_head_bytes)
         except OSError as exc:
             raise ConfigError(f"receivers.otlp.protocols.http.endpoint: cannot listen on {cfg.http_endpoint}: {exc.strerror}") from None
-        self.http.RequestHandlerClass = _ConsoleHandler  # the console's one POST (starting a replay), then OTLP/HTTP's
         self._http_thread = threading.Thread(target=self.http.serve_forever, name="plumbline-http", daemon=True)
         self._http_thread.start()
 
@@ -249,34 +246,5 @@ class Server:
                 signal.signal(sig, handler)
         print("plumbline serve: stopped", file=sys.stderr, flush=True)
 
-
-class _ConsoleHandler(_Handler):
-    """OTLP/HTTP's handler, with the console's POST (``Console.answers_post``: starting a replay from a run's page)
-    under the same bearer-token rule; every other request is OTLP/HTTP's as before."""
-
-    def do_POST(self) -> None:  # noqa: N802 - stdlib naming
-        console = self.server.console
-        path = urlsplit(self.path).path
-        if console is None or not console.answers_post(path):
-            super().do_POST()
-            return
-        if not self._authorised():
-            self.close_connection = True
-            self._error(401, "missing or wrong bearer token", headers={"WWW-Authenticate": "Bearer"})
-            return
-        try:
-            length = int(self.headers.get("Content-Length") or 0)
-        except ValueError:
-            length = -1
-        if not 0 <= length <= _CONSOLE_POST_MAX:
-            self.close_connection = True
-            self._error(413 if length > 0 else 411, f"a replay request is a Content-Length of at most {_CONSOLE_POST_MAX} bytes")
-            return
-        body = self.rfile.read(length)
-        status, media, payload, headers = console.handle_post(path, body, self.headers)
-        self._send(status, payload, media, headers)
-
-
-_CONSOLE_POST_MAX = 4096
 
 __all__ = ["Server", "split_endpoint"]

@@ -5,7 +5,8 @@ type (JSON `{}` on full success, `partialSuccess` when some spans were unusable)
 `google.rpc.Status` body for an undecodable request, 413 past the body limit, 415 for a content
 type other than protobuf or JSON, 405 for a method other than POST, 401 without the bearer token,
 503 with `Retry-After` when the queue is full. GET / and the console's other pages
-(`report.console`) answer under the same bearer-token rule, from their own read connection.
+(`report.console`) answer under the same bearer-token rule, from their own read connection, and so does
+the console's one POST (starting a replay from a run's page, when the console allows it).
 
 Hostile peers (`_budget.py` holds the shared pieces):
 - A body is read only after the token check, and only as far as the memory budget allows: it holds
@@ -63,6 +64,7 @@ log = logging.getLogger("plumbline.receive")
 
 _PROTOBUF, _JSON = "application/x-protobuf", "application/json"
 _SIGNALS = {"/v1/traces": "traces", "/v1/logs": "logs"}
+_CONSOLE_POST_MAX = 4096  # a replay request from the console is a small form
 _OPEN_PATHS = ("/healthz",)
 _GRPC_CODES = {400: 3, 401: 16, 404: 5, 405: 12, 408: 4, 413: 8, 415: 3, 503: 14}
 _STATUS = {"ok": 200, "partial": 200, "invalid": 400, "too_large": 413, "overloaded": 503, "exhausted": 503, "unavailable": 503}
@@ -454,8 +456,31 @@ class _Handler(BaseHTTPRequestHandler):
             budget.give(held, owner)
             raise
 
+    def _console_post(self, console: Any, path: str) -> None:
+        """The console's one POST (starting a replay from a run's page, ``Console.answers_post``), under the same
+        bearer-token rule as OTLP/HTTP, with a small body: the console decides whether it is allowed at all."""
+        if not self._authorised():
+            self.close_connection = True
+            self._error(401, "missing or wrong bearer token", headers={"WWW-Authenticate": "Bearer"})
+            return
+        try:
+            length = int(self.headers.get("Content-Length") or 0)
+        except ValueError:
+            length = -1
+        if not 0 <= length <= _CONSOLE_POST_MAX:
+            self.close_connection = True
+            self._error(413 if length > 0 else 411, f"a replay request is a Content-Length of at most {_CONSOLE_POST_MAX} bytes")
+            return
+        status, media, payload, headers = console.handle_post(path, self.rfile.read(length), self.headers)
+        self._send(status, payload, media, headers)
+
     def do_POST(self) -> None:  # noqa: N802 - stdlib naming
-        signal = _SIGNALS.get(urlsplit(self.path).path)
+        path = urlsplit(self.path).path
+        console = self.server.console
+        if console is not None and path not in _SIGNALS and console.answers_post(path):
+            self._console_post(console, path)
+            return
+        signal = _SIGNALS.get(path)
         if signal is None:
             self._error(404, f"no such path {self.path}; OTLP/HTTP takes POST /v1/traces and /v1/logs")
             return
