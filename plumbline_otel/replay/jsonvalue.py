@@ -21,3 +21,10 @@ def to_int(value: object) -> int:
     if isinstance(value, int | float | str):
         return int(value)
     raise TypeError(f"int() argument must be a string or a number, not '{type(value).__name__}'")
+
+
+def to_float(value: object) -> float:
+    """``float(value)`` for a JSON value (a number, or a number's text); TypeError for anything else, as ``float`` gives."""
+    if isinstance(value, int | float | str):
+        return float(value)
+    raise TypeError(f"float() argument must be a string or a real number, not '{type(value).__name__}'")

@@ -44,14 +44,19 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import orjson
 
 from plumbline_otel.errors import ReplayError
 from plumbline_otel.replay.budget import BudgetExceeded, Reservation, SpendCap
+from plumbline_otel.replay.jsonvalue import JsonObject, JsonValue, to_int
 from plumbline_otel.replay.ledger import Ledger
 from plumbline_otel.trials import KeyRing
+
+if TYPE_CHECKING:
+    from psycopg import Connection
+    from psycopg.rows import TupleRow
 
 _HOST = socket.gethostname()
 _SCHEMA = [
@@ -99,7 +104,7 @@ def _say(message: str) -> None:
     print(f"plumbline replay: {message}", file=sys.stderr, flush=True)
 
 
-def connect(url: str, schema: bool = True) -> Any:
+def connect(url: str, schema: bool = True) -> Connection[TupleRow]:
     """A psycopg connection to the study state, its tables made on first use (by whichever runner comes first).
 
     A reconnection (`reconnect`) skips the schema: it was made when this runner first connected, and its DDL takes
@@ -118,7 +123,7 @@ def connect(url: str, schema: bool = True) -> Any:
     return connection
 
 
-def reconnect(url: str, old: Any, why: BaseException, what: str) -> Any:
+def reconnect(url: str, old: Connection[TupleRow], why: BaseException, what: str) -> Connection[TupleRow]:
     """A new connection after ``old`` was lost, tried with back-off (0.25 s doubling to 8 s) for up to
     ``PLUMBLINE_PG_RECONNECT_S``: a restarted Postgres takes seconds to take connections again, and a runner that
     gave up at the first refusal would leave its running trials unrecorded."""
@@ -250,6 +255,7 @@ class _Rows:
     def _insert(self, row: dict[str, Any]) -> None:
         found = self.connection.execute("INSERT INTO plumbline_study_rows (study, kind, row) VALUES (%s, %s, %s::jsonb) RETURNING seq",
                                         [self.study, self.kind, orjson.dumps(row, default=str).decode()]).fetchone()
+        assert found is not None  # INSERT … RETURNING returns the row it inserted
         self.seq = int(found[0])
 
     def append(self, row: dict[str, Any]) -> None:
@@ -423,14 +429,14 @@ class PgLedger(Ledger):
     def begin_attempt(self, trial_id: str) -> int:
         with self._lock, self._rows.locked():
             self.rows.extend(self._rows.since())
-            attempt = 1 + max((int(r.get("attempt") or 0) for r in self.rows if r.get("trial_id") == trial_id), default=0)
-            row = {"trial_id": trial_id, "attempt": attempt, "status": "started", "pid": os.getpid(), "host": _HOST,
+            attempt = 1 + max((to_int(r.get("attempt") or 0) for r in self.rows if r.get("trial_id") == trial_id), default=0)
+            row: JsonObject = {"trial_id": trial_id, "attempt": attempt, "status": "started", "pid": os.getpid(), "host": _HOST,
                    "runner": self.fence.runner if self.fence is not None else f"{_HOST}:{os.getpid()}"}
             self._rows.append(row)
             self.rows.append(row)
             return attempt
 
-    def append(self, row: dict[str, Any]) -> None:
+    def append(self, row: JsonObject) -> None:
         row = orjson.loads(orjson.dumps(row, default=str))
         trial_id, status = row.get("trial_id"), row.get("status")
         fence = self.fence
@@ -450,7 +456,7 @@ class PgLedger(Ledger):
             self._rows.append(row)
             self.rows.append(row)
 
-    def unfinished(self) -> dict[str, tuple[int, Any]]:
+    def unfinished(self) -> dict[str, tuple[int, JsonValue]]:
         """Attempts started and never finished whose runner's lease has expired (dead, or paused past its lease): a live
         runner's attempts in flight are its own, never interrupted by a runner that joins or resumes the study."""
         with self._lock, self._rows.locked():

@@ -442,9 +442,7 @@ def _public_any(path: Path) -> list[str]:
 _ANY_NOT_YET = {
     "replay/export.py": "span attributes",
     "replay/guard.py": "the model check's client",
-    "replay/ledger.py": "ledger rows (JSON lines)",
     "replay/perturb.py": "variant metadata and fault plans as JSON",
-    "replay/pgstate.py": "Postgres rows",
     "replay/pricing.py": "provider usage JSON",
     "replay/sequential.py": "identity attributes",
     "replay/tape.py": "recorded requests and results (provider JSON)",

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from plumbline_otel.replay.jsonvalue import to_float
 from plumbline_otel.replay.pgstate import PgLedger, PgSpendCap, StudyClaims
 
 RUNNER = str(Path(__file__).with_name("pg_runner.py"))
@@ -44,7 +45,7 @@ def test_two_runners_run_every_trial_exactly_once(postgres_db: str, tmp_path: Pa
     assert len(outcomes) == 60 and len({r["trial_id"] for r in outcomes}) == 60
     assert all(r["attempt"] == 1 for r in outcomes)
     cap = PgSpendCap(postgres_db, "shared", 100.0)
-    assert cap.spent == pytest.approx(sum(r["attempt_cost_usd"] for r in outcomes)) and cap.reserved == 0
+    assert cap.spent == pytest.approx(sum(to_float(r["attempt_cost_usd"]) for r in outcomes)) and cap.reserved == 0
     assert StudyClaims(postgres_db, "shared").counts() == {"decided": 60, "held": 0, "planned": 60}
 
 
@@ -74,6 +75,6 @@ def test_a_killed_runner_s_claim_and_reservation_are_released_after_its_lease(po
     assert result["released"] == pytest.approx(0.1)  # at what its calls metered
     after = PgSpendCap(postgres_db, "lease", 10.0)
     assert after.reserved == 0 and after.spent == pytest.approx(0.1 + sum(
-        r["attempt_cost_usd"] for r in PgLedger(postgres_db, "lease").rows if r.get("status") == "ok"))
+        to_float(r["attempt_cost_usd"]) for r in PgLedger(postgres_db, "lease").rows if r.get("status") == "ok"))
     attempts = [r["attempt"] for r in PgLedger(postgres_db, "lease").rows if r.get("trial_id") == claimed and r.get("status") == "started"]
     assert attempts == [1, 2]  # the dead runner's attempt number is never reused
