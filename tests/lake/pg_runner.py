@@ -23,8 +23,12 @@ def _wait_for_start(seed: int) -> None:
     if not start:
         return
     open(os.path.join(start, f"ready-{seed}"), "w").close()
-    deadline = time.monotonic() + 60
-    while not os.path.exists(os.path.join(start, "go")) and time.monotonic() < deadline:
+    # `go` comes once every runner has joined: however slowly the machine starts them. This deadline (longer than the
+    # test's wait for the runners to join) only bounds a hang, and a runner never told to go fails rather than run alone.
+    deadline = time.monotonic() + 600
+    while not os.path.exists(os.path.join(start, "go")):
+        if time.monotonic() > deadline:
+            sys.exit("never told to go: the other runners did not join")
         time.sleep(0.01)
 
 

@@ -20,6 +20,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from receive_support import ServeProcess, query
+from waits import EVENT_DEADLINE_S
 
 pytestmark = pytest.mark.slow
 
@@ -54,7 +55,7 @@ def _request(spans: int) -> tuple[bytes, list[tuple[str, str]]]:
 
 
 def _post(port: int, body: bytes) -> tuple[int, dict[str, str], bytes]:
-    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=EVENT_DEADLINE_S)  # an answer, however slow
     try:
         connection.request("POST", "/v1/traces", body=body, headers={"Content-Type": "application/x-protobuf"})
         response = connection.getresponse()
@@ -64,7 +65,7 @@ def _post(port: int, body: bytes) -> tuple[int, dict[str, str], bytes]:
 
 
 def _get(port: int, path: str) -> tuple[int, str]:
-    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=EVENT_DEADLINE_S)
     try:
         connection.request("GET", path)
         response = connection.getresponse()
@@ -75,7 +76,7 @@ def _get(port: int, path: str) -> tuple[int, str]:
 
 def _grpc_health(address: str) -> int:
     with grpc.insecure_channel(address) as channel:
-        answer = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=""), timeout=5)
+        answer = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=""), timeout=EVENT_DEADLINE_S)
         return int(answer.status)
 
 
@@ -110,9 +111,10 @@ def test_a_full_disk_is_reported_backed_off_and_recovered_from_without_losing_an
         time.sleep(3)
         assert server.log_path.stat().st_size - logged < 8_000, "the writer logs in a loop while the store is unusable"
 
-        # room again: the store is attached again (within the backoff's 1, 2, 4, 8 ... s) and serves
+        # room again: the store is attached again (at the backoff's next try: 1, 2, 4, 8 ... s) and serves; the wait
+        # ends when health says so, its deadline only bounds a hang
         subprocess.run(["mount", "-o", "remount,size=400m", str(small_disk)], check=True)
-        deadline = time.monotonic() + 45
+        deadline = time.monotonic() + EVENT_DEADLINE_S
         while _get(server.http_port, "/healthz")[0] != 200:
             assert time.monotonic() < deadline, f"the store was not attached again once there was room:\n{server.output()[-2000:]}"
             time.sleep(0.5)

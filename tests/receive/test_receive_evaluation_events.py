@@ -11,9 +11,10 @@ from click.testing import CliRunner
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from receive_support import ServeProcess, agent_run, query
+from waits import EVENT_DEADLINE_S, wait_for
 
 from plumbline_otel import __version__
 from plumbline_otel.cli.main import cli
@@ -133,7 +134,7 @@ def test_certify_emit_to_a_dead_endpoint_says_how_many_events_were_lost(tmp_path
 def _metric(server: ServeProcess, name: str) -> float:
     import urllib.request
 
-    with urllib.request.urlopen(f"{server.http_url}/metrics", timeout=5) as response:
+    with urllib.request.urlopen(f"{server.http_url}/metrics", timeout=EVENT_DEADLINE_S) as response:
         lines = response.read().decode().splitlines()
     return next((float(line.split()[-1]) for line in lines if line.startswith(name + " ")), -1.0)
 
@@ -144,8 +145,6 @@ def _serve_checking(tmp_path: Path, spec: Path, collector: ServeProcess) -> Serv
 
 
 def test_serve_with_a_standing_check_emits_each_new_violation_once_linked_to_its_run(tmp_path: Path) -> None:
-    import time
-
     from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 
     spec = tmp_path / "spec.yaml"
@@ -160,12 +159,12 @@ def test_serve_with_a_standing_check_emits_each_new_violation_once_linked_to_its
     for task, tools in RUNS.items():
         agent_run(provider.get_tracer("tests"), task, tools)
     provider.shutdown()
-    exporter = OTLPSpanExporter(endpoint=server.grpc_address, insecure=True)
-    exporter.export(memory.get_finished_spans())
+    # Waits are for events (the export's answer, a metric), their deadlines only bound a hang: the exporter's
+    # 10 s default dropped spans under load.
+    exporter = OTLPSpanExporter(endpoint=server.grpc_address, insecure=True, timeout=EVENT_DEADLINE_S)
+    assert exporter.export(memory.get_finished_spans()) == SpanExportResult.SUCCESS
     exporter.shutdown()
-    deadline = time.monotonic() + 30
-    while _metric(server, "plumbline_violations_found_total") < 2 and time.monotonic() < deadline:
-        time.sleep(0.1)
+    wait_for(lambda: _metric(server, "plumbline_violations_found_total") >= 2, "two violations found")
     assert _metric(server, "plumbline_violations_found_total") == 2
     assert server.stop() == 0  # flushes the emitter
     assert collector.stop() == 0
@@ -191,9 +190,7 @@ def test_serve_with_a_standing_check_emits_each_new_violation_once_linked_to_its
 
     second = ServeProcess(tmp_path / "second").start()  # a restart re-reads every run and finds nothing new to send
     again = _serve_checking(tmp_path, spec, second)
-    deadline = time.monotonic() + 30
-    while _metric(again, "plumbline_runs_checked_total") < 4 and time.monotonic() < deadline:
-        time.sleep(0.1)
+    wait_for(lambda: _metric(again, "plumbline_runs_checked_total") >= 4, "the four runs checked again")
     assert _metric(again, "plumbline_runs_checked_total") == 4
     assert _metric(again, "plumbline_violations_found_total") == 0
     assert again.stop() == 0 and second.stop() == 0
