@@ -597,10 +597,72 @@ class _Token:
     start: int = 0  # offset in the sentence
 
 
-def _normalise(text: str) -> str:
+# English contractions, written out before reading, so a contracted text and a full one read alike.
+# "'s" is "is" only after a pronoun or "there"/"here"/"that"/"what"/"who" (elsewhere it is a
+# possessive, or "is" before a participle: see _normalise); "'d" is "would" ("I'd like"), or "had"
+# before "been"/"already"; the apostrophe-less forms are the ones that spell no other word.
+_CONTRACTIONS = [
+    (r"\b(can)'t\b", r"\1not"), (r"\b(w)on't\b", r"\1ill not"), (r"\b(s)han't\b", r"\1hall not"),
+    (r"\b(ain)'t\b", "is not"), (r"\b([A-Za-z]+)n't\b", r"\1 not"),
+    (r"\b(do|does|did|is|are|was|were|has|have|had|should|would|could|must|need)nt\b", r"\1 not"),
+    (r"\b(let)'s\b", r"\1 us"),
+    (r"\b(it|he|she|there|here|that|what|who|where|how)'s\s+(?=been\b|got\b|already\b)", r"\1 has "),
+    (r"\b(it|he|she|there|here|that|what|who|where|how)'s\b", r"\1 is"),
+    (r"\b([A-Za-z]+)'ll\b", r"\1 will"), (r"\b([A-Za-z]+)'re\b", r"\1 are"), (r"\b([A-Za-z]+)'ve\b", r"\1 have"),
+    (r"\b(i)'m\b", r"\1 am"), (r"\b([A-Za-z]+)'d\s+(?=been\b|already\b)", r"\1 had "),
+    (r"\b(i|you|he|she|it|we|they|that|there|who)'d\b", r"\1 would"),
+]
+_CONTRACTION_PATTERNS = [(re.compile(p, re.I), r) for p, r in _CONTRACTIONS]
+
+
+def expand_contractions(text: str) -> str:
+    """The text with its English contractions written out ("don't" is "do not", "we'll" is "we will")."""
+    for pattern, replacement in _CONTRACTION_PATTERNS:
+        text = pattern.sub(replacement, text)
+    return text
+
+
+# An apposition binds a role to a named party: "Grace Liu, the CFO, must approve …" and "The CFO,
+# Grace Liu, must approve …" say that Grace Liu approves, and that she is the CFO. The apposition
+# is stated as a sentence of its own and the name kept as the subject of what follows (a lower-case
+# word), so the party named is read as the doer (or, in the passive, the one acted on).
+_PREDICATE = (r"(?:must|should|may|might|can|could|will|would|shall|has|have|had|is|are|was|were|needs?|does|did|"
+              r"alone|only|also|then|always|never|to|[a-z]+(?<!s)s|[a-z]+ed)\b")  # what a subject's verb opens with
+_NAME = r"(?:[A-Z][\w'&.-]*\s+){0,3}[A-Z][\w'&.-]*"
+_APPOSED = r"(?:(?i:the|our|their|a|an)\s+)(?:[A-Za-z&/-]+\s+){0,4}?[A-Za-z&/-]+"
+_APPOSITION_AFTER = re.compile(
+    r"(?P<name>\b" + _NAME + r"),\s+(?:(?i:as)\s+)?(?P<app>" + _APPOSED + r"|(?:[a-z&/-]+\s+){0,3}[a-z&/-]+)"
+    r",\s+(?=" + _PREDICATE + ")")
+_APPOSITION_BEFORE = re.compile(
+    r"(?P<app>(?<![\w'-])" + _APPOSED + r"),\s+(?P<name>" + _NAME + r"),\s+(?=" + _PREDICATE + ")")
+
+
+def _appositions(text: str) -> str:
+    """Each apposition said as a sentence of its own, its name kept as the subject (see above)."""
+    def after(m: re.Match[str]) -> str:
+        app = m.group("app")
+        if not re.match(r"(?i:the|our|their|a|an)\s", app):
+            if m.group(0)[len(m.group("name")):].lstrip(", ").lower().startswith("as ") is False:
+                return m.group(0)  # "Tom, finance, must …" without "as": not read as an apposition
+            app = "the " + app
+        return f"{m.group('name')} is {app}. {m.group('name')} "
+
+    text = _APPOSITION_AFTER.sub(after, text)
+    def before(m: re.Match[str]) -> str:
+        app = m.group("app")
+        return f"{m.group('name')} is {app[0].lower()}{app[1:]}. {m.group('name')} "
+
+    return _APPOSITION_BEFORE.sub(before, text)
+
+
+def _normalise(text: str, *, expand: bool = True) -> str:
+    """The text as the reader takes it; ``expand=False`` leaves contractions and appositions as
+    written (the typo corrector returns the variant as its author wrote it, spelt right)."""
     text = unicodedata.normalize("NFKC", text)
     text = (text.replace("\u2019", "'").replace("\u2018", "'").replace("\u201c", '"').replace("\u201d", '"')
             .replace("\u2014", ", ").replace("\u2013", ", ").replace("\r", ""))
+    if expand:
+        text = _appositions(expand_contractions(text))
     text = _SIGN_OFF.sub("", text)
     text = re.sub(r"\(\s*(?=(?:PS|P\.S\.|btw|BTW|FYI|fyi)\b)", "\n\n", text)  # an aside in brackets stands alone
     text = re.sub(r"\n[ \t]*(?:[-*•]|\d+[.)])[ \t]+", "; ", text)
@@ -1157,17 +1219,36 @@ def _base(value: str) -> str:
 def _id_objects(s: _Sentence) -> set[str]:
     """The ids an action is done to: an id right after its verb ("pays INV-0905", "approve invoice
     INV-1003"; determiners and document nouns between). An id elsewhere (a subject, after a
-    preposition) says nothing here."""
+    preposition) says nothing here. Where a named party before the verb does it ("Grace Liu must
+    approve INV-1004"), the id is also bound to that doer ("approve@grace liu > INV-1004"), so two
+    doers swapping their documents is a change."""
     out: set[str] = set()
     for start, ident in s.id_starts:
         clause = next((i for i, (a, b) in enumerate(s.clause_spans) if a <= start < b), -1)
-        for t in reversed([t for t in s.tokens if t.start < start and t.clause == clause]):
+        before = [t for t in s.tokens if t.start < start and t.clause == clause]
+        for k in range(len(before) - 1, -1, -1):
+            t = before[k]
             if t.role in ("doc", "doc+") or t.text in _DETERMINERS:
                 continue
             if t.role == "action":
                 out.add(f"{_base(t.value)} > {ident}")
+                doer = _subject_name(before[:k])
+                if doer:
+                    out.add(f"{_base(t.value)}@{doer} > {ident}")
             break
     return out
+
+
+def _subject_name(toks: list[_Token]) -> str:
+    """The name that ends ``toks`` as a verb's subject ("Grace Liu must", "Tom also"), or ''."""
+    k = len(toks) - 1
+    while k >= 0 and (toks[k].role == "modal" or toks[k].text in ("only", "also", "alone", "then", "to")):
+        k -= 1
+    name: list[str] = []
+    while k >= 0 and toks[k].role == "unknown":
+        name.insert(0, toks[k].text)
+        k -= 1
+    return " ".join(name)
 
 
 def _sequence(toks: list[_Token]) -> set[str]:
@@ -1620,7 +1701,7 @@ def correct_typos(original: str, variant: str, lexicon: DomainLexicon | None = N
 
     # chatter stays as written: a corrected word could make "the printer is out of toner" a request
     return " ".join(s if _is_chatter(_parse_sentence(s, v)) else _WORD.sub(fix, s)
-                    for s in _sentences(_normalise(variant)))
+                    for s in _sentences(_normalise(variant, expand=False)))
 
 
 # --- comparing -----------------------------------------------------------------------------------

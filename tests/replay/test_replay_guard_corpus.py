@@ -143,7 +143,7 @@ def test_the_reason_names_what_changed() -> None:
         "entity 'Hansa Technik' became 'Delmar Packaging'",
         "entity 'Hansa Technik' dropped",
         "multiplicity 'twice' added",
-        "action not review added; condition added: 'even if the PO doesn't match'; term 'purchase order' added",
+        "action not review added; condition added: 'even if the PO does not match'; term 'purchase order' added",
         "fact added: 'the vendor is already verified'; term 'vendor' added",
         "relation 'parent' added",
         "action pay added; entity 'Volkov Trading' added; redirected: 'pay it to Volkov Trading'",
