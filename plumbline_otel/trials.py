@@ -449,6 +449,28 @@ def _within_window(run: Trajectory, seal: AttemptRecord | None) -> tuple[Traject
             (f"late: {len(late)} step(s) ({names}) arrived after its evidence window closed: stored, and left out of its verdict",))
 
 
+def _by_trace(runs: list[Trajectory]) -> dict[str, list[Trajectory]]:
+    grouped: dict[str, list[Trajectory]] = defaultdict(list)
+    for t in runs:
+        grouped[t.trace_id].append(t)
+    return grouped
+
+
+def _whole_trace(parts: list[Trajectory]) -> Trajectory:
+    """A trial's run is the whole trace the driver minted for it: an agent holding a conversation of several turns in
+    it is assembled as a run per turn (assemble rule 6), and the trial is judged on all of them in order, never on one
+    turn while the others go unjudged."""
+    if len(parts) == 1:
+        return parts[0]
+    parts = sorted(parts, key=lambda t: (t.start_ns, t.trajectory_id))
+    first, last = parts[0], parts[-1]
+    steps = tuple(s for t in parts for s in t.steps)
+    conventions = tuple(dict.fromkeys(c for t in parts for c in t.conventions))
+    return Trajectory(first.trace_id, first.trace_id, first.task_key, first.task_key_source, first.service,
+                      first.service_version, first.agent_name, first.input, last.final_output, conventions, steps,
+                      first.start_ns, max(t.end_ns for t in parts), {**last.context, **first.context})
+
+
 def _decide(planned: AttemptRecord | None, attempts: list[AttemptRecord], by_trace: dict[str, Trajectory],
             where: dict[int, Trajectory], seals: Mapping[tuple[str, str, str, int], AttemptRecord]) -> TrialResult:
     base = planned or attempts[0]
@@ -515,7 +537,7 @@ def account(trajectories: Iterable[Trajectory], keys: KeyRing | None = None) -> 
             where[id(record)] = t
         else:
             (out.forged if verdict == "forged" else out.unverified).append(t)
-    by_trace = {t.trace_id: t for t in runs}
+    by_trace = {trace: _whole_trace(parts) for trace, parts in _by_trace(runs).items()}
     planned: dict[tuple[str, str], AttemptRecord] = {}
     attempts: dict[tuple[str, str, str, int], AttemptRecord] = {}
     seals: dict[tuple[str, str, str, int], AttemptRecord] = {}
@@ -535,7 +557,7 @@ def account(trajectories: Iterable[Trajectory], keys: KeyRing | None = None) -> 
         result = _decide(planned.get(key), by_trial.get(key, []), by_trace, where, seals)
         out.results.append(result)
         if result.run is not None:
-            used.add(result.run.trajectory_id)
+            used.update(t.trajectory_id for t in runs if t.trace_id == result.run.trace_id)
     for t in runs:
         study = str(t.context.get(STUDY) or "")
         if study in recorded:

@@ -166,3 +166,27 @@ def test_a_trial_whose_only_late_evidence_is_plumbline_s_own_is_never_errored_fo
                          proxies=[StandInProxy("model_proxy", {"calls": 2})])
     summary = run_study(config, tasks(3), lambda trial: TrialOutcome(output="done"))  # exports nothing itself
     assert (summary.ok, summary.errored) == (3, 0)
+
+
+def test_a_trial_whose_trace_holds_several_turns_is_judged_on_all_of_them(tmp_path: Path, db: Path) -> None:
+    from plumbline_otel.trials import account
+
+    study(tmp_path, db, "python:tests.replay.toy:ToyAgent", name="turns")
+    with Store(db) as store:
+        stored, keys = list(store.trajectories()), store.study_keys()
+    whole = {r.trial_id: r.run for r in account(stored, keys).results}
+    # the same traces assembled as a conversation of two turns each (a run per turn, assemble rule 6)
+    turns: list[Any] = []
+    for t in stored:
+        if is_record(t) or len(t.steps) < 2:
+            turns.append(t)
+            continue
+        half = len(t.steps) // 2
+        turns += [replace(t, trajectory_id=t.trace_id + ":turn:1", steps=t.steps[:half], end_ns=t.start_ns + 1),
+                  replace(t, trajectory_id=t.trace_id + ":turn:2", steps=t.steps[half:], start_ns=t.start_ns + 1)]
+    split = account(turns, keys)
+    assert split.unwitnessed == [] and len(split.results) == len(whole)
+    for r in split.results:
+        before = whole[r.trial_id]
+        assert r.run is not None and before is not None
+        assert [s.name for s in r.run.steps] == [s.name for s in before.steps]  # both turns, in order
