@@ -33,13 +33,16 @@ import orjson
 from google.protobuf import json_format
 from google.protobuf.message import Message
 from opentelemetry import trace
+from opentelemetry.context import Context
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
+from opentelemetry.util.types import AttributeValue
 
 from plumbline_otel.replay.identity import TrialIdentity
+from plumbline_otel.replay.jsonvalue import JsonObject
 from plumbline_otel.runs import RECORD_MAC, RECORD_SPAN
 from plumbline_otel.trials import record_mac
 
@@ -96,9 +99,9 @@ def _hex_ids(node: Any) -> Any:
     return node
 
 
-def to_otlp_json(request: Message) -> dict[str, Any]:
+def to_otlp_json(request: Message) -> JsonObject:
     """A trace or logs export request as OTLP JSON: camelCase keys, integer enums, hex ids, 64-bit integers as strings."""
-    found: dict[str, Any] = _hex_ids(json_format.MessageToDict(request, use_integers_for_enums=True))
+    found: JsonObject = _hex_ids(json_format.MessageToDict(request, use_integers_for_enums=True))
     return found
 
 
@@ -307,7 +310,7 @@ class TrialSpanBuffer(SpanProcessor):
         self._held: dict[int, list[ReadableSpan]] = {}
         self._lock = threading.Lock()
 
-    def on_start(self, span: Any, parent_context: Any = None) -> None:
+    def on_start(self, span: Span, parent_context: Context | None = None) -> None:
         pass
 
     def on_end(self, span: ReadableSpan) -> None:
@@ -350,7 +353,7 @@ class _Collected(SpanProcessor):
         self.spans: list[ReadableSpan] = []
         self._lock = threading.Lock()
 
-    def on_start(self, span: Any, parent_context: Any = None) -> None:
+    def on_start(self, span: Span, parent_context: Context | None = None) -> None:
         pass
 
     def on_end(self, span: ReadableSpan) -> None:
@@ -393,7 +396,7 @@ class RecordWriter:
                 self._providers[key] = provider
             return self._providers[key]
 
-    def add(self, identity: TrialIdentity, attributes: Mapping[str, Any], *, service: str | None, version: str | None = None) -> None:
+    def add(self, identity: TrialIdentity, attributes: Mapping[str, AttributeValue | None], *, service: str | None, version: str | None = None) -> None:
         """One signed root span in a random trace of its own, sent at the next `flush`."""
         service = service or "unknown_service"
         tracer = self._provider(service, version).get_tracer(SCOPE_NAME)
@@ -413,7 +416,7 @@ class RecordWriter:
             with self._lock:
                 self.written += len(spans)
 
-    def write(self, identity: TrialIdentity, attributes: Mapping[str, Any], *, service: str | None, version: str | None = None) -> None:
+    def write(self, identity: TrialIdentity, attributes: Mapping[str, AttributeValue | None], *, service: str | None, version: str | None = None) -> None:
         """`add` one record and export it at once (an attempt's record survives the runner's crash)."""
         self.add(identity, attributes, service=service, version=version)
         self.flush()

@@ -20,7 +20,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields, replace
-from typing import Any
+
+from plumbline_otel.replay.jsonvalue import JsonObject
 
 
 @dataclass(frozen=True)
@@ -122,7 +123,7 @@ class Usage:
         models = {m for m in (self.model, other.model) if m}
         return Usage(**counts, model=models.pop() if len(models) == 1 else None)  # a sum over several models names none
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, int | str | None]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
@@ -142,11 +143,11 @@ def price(model: str | None, usage: Usage, table: Mapping[str, ModelPrice] = PRI
 # --- extraction ------------------------------------------------------------------------------
 
 
-def _int(value: Any) -> int:
+def _int(value: object) -> int:
     return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 0
 
 
-def _anthropic_usage(usage: Mapping[str, Any], model: str | None) -> Usage:
+def _anthropic_usage(usage: Mapping[str, object], model: str | None) -> Usage:
     split = usage.get("cache_creation")
     write_5m, write_1h = _int(usage.get("cache_creation_input_tokens")), 0
     if isinstance(split, Mapping) and ("ephemeral_1h_input_tokens" in split or "ephemeral_5m_input_tokens" in split):
@@ -156,7 +157,7 @@ def _anthropic_usage(usage: Mapping[str, Any], model: str | None) -> Usage:
                  cache_write_1h_tokens=write_1h, model=model)
 
 
-def _openai_usage(usage: Mapping[str, Any], model: str | None) -> Usage:
+def _openai_usage(usage: Mapping[str, object], model: str | None) -> Usage:
     """Chat (``prompt_tokens``) or Responses (``input_tokens``); the cached part is carved out of the input."""
     chat = "prompt_tokens" in usage
     total_in = _int(usage.get("prompt_tokens" if chat else "input_tokens"))
@@ -168,17 +169,17 @@ def _openai_usage(usage: Mapping[str, Any], model: str | None) -> Usage:
                  cache_read_tokens=cached, reasoning_tokens=reasoning, model=model)
 
 
-def _is_anthropic(usage: Mapping[str, Any]) -> bool:
+def _is_anthropic(usage: Mapping[str, object]) -> bool:
     return any(k in usage for k in ("cache_read_input_tokens", "cache_creation_input_tokens", "cache_creation")) or (
         "input_tokens" in usage and "input_tokens_details" not in usage and "total_tokens" not in usage)
 
 
-def usage_from_body(body: Mapping[str, Any]) -> Usage | None:
+def usage_from_body(body: Mapping[str, object]) -> Usage | None:
     """The usage of a whole (non-streamed) response of any of the three APIs, None if it has none."""
     usage = body.get("usage")
     if not isinstance(usage, Mapping):
         return None
-    model = body.get("model") if isinstance(body.get("model"), str) else None
+    model = name if isinstance(name := body.get("model"), str) else None
     if body.get("type") == "message" or _is_anthropic(usage):
         return _anthropic_usage(usage, model)
     return _openai_usage(usage, model)
@@ -195,13 +196,12 @@ class UsageAccumulator:
 
     def __init__(self) -> None:
         self.usage: Usage | None = None
-        self._anthropic: dict[str, Any] = {}
+        self._anthropic: dict[str, object] = {}
         self._model: str | None = None
 
-    def feed(self, event: Mapping[str, Any]) -> None:
+    def feed(self, event: Mapping[str, object]) -> None:
         kind = event.get("type")
-        if kind == "message_start" and isinstance(event.get("message"), Mapping):
-            message = event["message"]
+        if kind == "message_start" and isinstance(message := event.get("message"), Mapping):
             self._model = message.get("model") if isinstance(message.get("model"), str) else self._model
             self._merge_anthropic(message.get("usage"))
         elif kind == "message_delta":
@@ -210,17 +210,17 @@ class UsageAccumulator:
             response = event.get("response")
             if isinstance(response, Mapping):
                 self.usage = usage_from_body(response) or self.usage
-        elif isinstance(event.get("usage"), Mapping):  # the Chat stream's usage chunk
-            model = event.get("model") if isinstance(event.get("model"), str) else None
-            self.usage = _openai_usage(event["usage"], model)
+        elif isinstance(usage := event.get("usage"), Mapping):  # the Chat stream's usage chunk
+            model = name if isinstance(name := event.get("model"), str) else None
+            self.usage = _openai_usage(usage, model)
 
-    def _merge_anthropic(self, usage: Any) -> None:
+    def _merge_anthropic(self, usage: object) -> None:
         if isinstance(usage, Mapping):
             self._anthropic.update({k: v for k, v in usage.items() if v is not None})
             self.usage = _anthropic_usage(self._anthropic, self._model)
 
 
-def extract_usage(source: Mapping[str, Any] | Iterable[Mapping[str, Any]]) -> Usage | None:
+def extract_usage(source: Mapping[str, object] | Iterable[Mapping[str, object]]) -> Usage | None:
     """Usage from a response body (a mapping) or from a stream's parsed SSE events (an iterable of them)."""
     if isinstance(source, Mapping):
         return usage_from_body(source)
@@ -231,11 +231,11 @@ def extract_usage(source: Mapping[str, Any] | Iterable[Mapping[str, Any]]) -> Us
     return meter.usage
 
 
-def parse_sse(raw: bytes) -> list[dict[str, Any]]:
+def parse_sse(raw: bytes) -> list[JsonObject]:
     """The JSON ``data:`` payloads of an SSE body, in order (``[DONE]`` and non-JSON data skipped)."""
     import orjson
 
-    out: list[dict[str, Any]] = []
+    out: list[JsonObject] = []
     for block in raw.replace(b"\r\n", b"\n").split(b"\n\n"):
         data = b"\n".join(line[5:].lstrip(b" ") for line in block.split(b"\n") if line.startswith(b"data:"))
         if not data or data == b"[DONE]":

@@ -26,7 +26,7 @@ import threading
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import orjson
 
@@ -127,7 +127,7 @@ class Judge:
         self._offset = 0
         self._lock = threading.Lock()
 
-    def __call__(self, trace_id: str, identity: Mapping[str, Any]) -> bool | None:
+    def __call__(self, trace_id: str, identity: Mapping[str, object]) -> bool | None:
         """True/False for the run in `trace_id` judged as the trial `identity` places it (`trials.placed`: its task is
         the driver's, never one its spans claim), None when no run of it has arrived."""
         with self._lock:

@@ -440,11 +440,8 @@ def _public_any(path: Path) -> list[str]:
 # Replay modules whose public signatures still say `Any`, each with why; the list only shrinks (the test fails when a
 # module listed here no longer needs to be). What they carry is provider wire JSON and proxy evidence: typed next.
 _ANY_NOT_YET = {
-    "replay/export.py": "span attributes",
     "replay/guard.py": "the model check's client",
     "replay/perturb.py": "variant metadata and fault plans as JSON",
-    "replay/pricing.py": "provider usage JSON",
-    "replay/sequential.py": "identity attributes",
     "replay/tape.py": "recorded requests and results (provider JSON)",
     "replay/branch.py": "a replay job as JSON",
     "replay/proxy/evidence.py": "evidence entries",
