@@ -655,6 +655,30 @@ def _appositions(text: str) -> str:
     return _APPOSITION_BEFORE.sub(before, text)
 
 
+# Conditions said two ways: "without the controller's approval" is "unless the controller approves";
+# "pay it unless X, in which case hold it" is "if X, hold it. Otherwise, pay it".
+_CONSENT = r"(?:approval|authori[sz]ation|consent|sign-?off|say-so|permission|go-ahead|ok|okay)"
+_WITHOUT_CONSENT = re.compile(
+    r"\bwithout\s+(?:(?P<det>the|a|an|our|their)\s+)?(?P<party>(?:[\w-]+\s+){0,3}?[\w-]+)'s?\s+(?:prior\s+|written\s+)?"
+    + _CONSENT + r"\b|\bwithout\s+(?:prior\s+|written\s+)?" + _CONSENT
+    + r"\s+(?:from|by)\s+(?:(?P<det2>the|a|an|our|their)\s+)?(?P<party2>(?:[\w-]+\s+){0,3}?[\w-]+)\b(?=\s*[,.;:!?]|\s*$)",
+    re.I)
+_IN_WHICH_CASE = re.compile(
+    r"(?:^|(?<=[.!?;:]\s)|(?<=\n))(?P<main>(?:[^.;!?\n]|\.(?=\d))+?),?\s+unless\s+(?P<cond>(?:[^,.;!?\n]|\.(?=\d))+),"
+    r"\s+in\s+which\s+case,?\s+(?P<alt>(?:[^.;!?\n]|\.(?=\d))+)", re.M)
+
+
+def _reworded_conditions(text: str) -> str:
+    """Conditions said one way (see above)."""
+    def consent(m: re.Match[str]) -> str:
+        det = m.group("det") or m.group("det2") or ""
+        party = m.group("party") or m.group("party2")
+        return f"unless {det + ' ' if det else ''}{party} approves"
+
+    text = _WITHOUT_CONSENT.sub(consent, text)
+    return _IN_WHICH_CASE.sub(lambda m: f"If {m.group('cond')}, {m.group('alt')}. Otherwise, {m.group('main')}", text)
+
+
 def _normalise(text: str, *, expand: bool = True) -> str:
     """The text as the reader takes it; ``expand=False`` leaves contractions and appositions as
     written (the typo corrector returns the variant as its author wrote it, spelt right)."""
@@ -662,7 +686,7 @@ def _normalise(text: str, *, expand: bool = True) -> str:
     text = (text.replace("\u2019", "'").replace("\u2018", "'").replace("\u201c", '"').replace("\u201d", '"')
             .replace("\u2014", ", ").replace("\u2013", ", ").replace("\r", ""))
     if expand:
-        text = _appositions(expand_contractions(text))
+        text = _reworded_conditions(_appositions(expand_contractions(text)))
     text = _SIGN_OFF.sub("", text)
     text = re.sub(r"\(\s*(?=(?:PS|P\.S\.|btw|BTW|FYI|fyi)\b)", "\n\n", text)  # an aside in brackets stands alone
     text = re.sub(r"\n[ \t]*(?:[-*•]|\d+[.)])[ \t]+", "; ", text)
@@ -1320,11 +1344,17 @@ def _names_doer(toks: list[_Token], at: int, v: _Vocabulary) -> bool:
 _PASSIVE_ONLY = {"sent": "forward", "issued": "create"}
 
 
+# A condition that waits for an event: "unless the controller approves", "… has approved" and "…
+# approved it" name one event, so a participle there is the action, not an asserted fact.
+_EVENT_CONDITIONS = frozenset(["unless", "until", "till", "once", "until after", "only after", "as soon as"])
+
+
 def _settle_readings(s: _Sentence, v: _Vocabulary) -> None:
     """Readings that depend on a word's neighbours, settled before scopes are read.
 
-    - a participle read as an asserted fact is an action when "be" or "get" governs it or "by"
-      names its doer: "it must be approved by the controller" asks for an approval, "payments
+    - a participle read as an asserted fact is an action when "be" or "get" governs it, "by"
+      names its doer, or a condition that waits for an event ("unless", "until", "once") opens its
+      clause ("unless the controller has approved it" is "unless the controller approves"): "it must be approved by the controller" asks for an approval, "payments
       are approved by Elena" states who approves them; "it has been approved" asserts one; so
       is such a word where an imperative stands ("… and correct the tax code");
     - "only" with a doer named by "by" restricts who may act ("only by"), as "alone" does;
@@ -1350,7 +1380,8 @@ def _settle_readings(s: _Sentence, v: _Vocabulary) -> None:
         after = toks[i + 1] if i + 1 < len(toks) and toks[i + 1].clause == t.clause else None
         if t.role == "fact" and t.text in v.action_forms and (before is None or before.text in (
                 "be", "being", "get", "gets", "got", "getting", "and", "please", "to", "then", "also", "kindly")
-                or (after is not None and after.text == "by" and (before is None or before.text != "been"))):
+                or (after is not None and after.text == "by" and (before is None or before.text != "been"))
+                or any(c.role == "cond" and c.text in _EVENT_CONDITIONS for c in toks[first_of_clause[t.clause]:i])):
             t.role, t.value = "action", v.action_forms[t.text]
         elif t.role == "cond" and t.text == "only" and _names_doer(toks, i, v):
             t.value = "only by"  # "may only be changed by the controller": only that party may
