@@ -1145,6 +1145,7 @@ def read_meaning(text: str, names: frozenset[str] | None = None, lexicon: Domain
         _place_unknown(toks, names, cased)
         _read_counterparties(toks, v)
         _settle_readings(s, v)
+        _support_verbs(toks)
         # negation and modality scope: each governs the next action in its clause
         sentence_actions: list[tuple[_Token, str]] = []
         for token, value in _scoped_actions(toks, bare, bare_modals):
@@ -1344,6 +1345,35 @@ def _names_doer(toks: list[_Token], at: int, v: _Vocabulary) -> bool:
 _PASSIVE_ONLY = {"sent": "forward", "issued": "create"}
 
 
+# Support verbs: with an action noun as object they add nothing to it ("make/arrange/process the
+# payment" is "pay", "carry out a review" is "review"); before any other object they are verbs.
+_SUPPORT_VERBS = frozenset(_words("""make makes made making arrange arranges arranged arranging effect effects
+effected effecting do does did doing carry carries carried carrying complete completes completed completing
+execute executes executed executing process processes processed processing handle handles handled handling
+action actioned actioning initiate initiates initiated initiating issue issues issued issuing give gives gave
+giving grant grants granted granting perform performs performed performing conduct conducts conducted conducting"""))
+_STATE_VERBS = frozenset(_words("keep keeps kept keeping put puts putting leave leaves left leaving place places placed "
+                                 "placing set sets setting"))
+_ACTION_NOUN = re.compile(r"(?:ment|ments|al|als|ion|ions|ance|ances|ence|ences|ew|ews)$")
+
+
+def _support_verbs(toks: list[_Token]) -> None:
+    """A support verb before an action noun ("arrange payment of …") is read as nothing: the noun is the
+    action; so is a verb that puts its object in a state the lexicon reads as an action ("keep it on hold")."""
+    for i, t in enumerate(toks):
+        if t.text not in _SUPPORT_VERBS or t.role not in ("action", "word", "unknown", "ignore"):
+            continue
+        j = i + 1
+        while j < len(toks) and toks[j].clause == t.clause and (toks[j].text in ("the", "a", "an", "its", "their", "out")):
+            j += 1
+        if j < len(toks) and toks[j].clause == t.clause and toks[j].role == "action" and _ACTION_NOUN.search(toks[j].text):
+            t.role = "ignore"
+    for i, t in enumerate(toks):  # "keep/put/leave it on hold": the state is the action
+        if t.text in _STATE_VERBS and t.role in ("action", "word", "unknown") and any(
+                u.role == "action" and u.text.startswith("on ") for u in toks[i + 1:i + 6] if u.clause == t.clause):
+            t.role = "ignore"
+
+
 # A condition that waits for an event: "unless the controller approves", "… has approved" and "…
 # approved it" name one event, so a participle there is the action, not an asserted fact.
 _EVENT_CONDITIONS = frozenset(["unless", "until", "till", "once", "until after", "only after", "as soon as"])
@@ -1383,6 +1413,9 @@ def _settle_readings(s: _Sentence, v: _Vocabulary) -> None:
                 or (after is not None and after.text == "by" and (before is None or before.text != "been"))
                 or any(c.role == "cond" and c.text in _EVENT_CONDITIONS for c in toks[first_of_clause[t.clause]:i])):
             t.role, t.value = "action", v.action_forms[t.text]
+        elif t.role == "fact" and before is not None and before.text in ("has", "have", "had", "been") and any(
+                c.role == "cond" and c.text in _EVENT_CONDITIONS for c in toks[first_of_clause[t.clause]:i]):
+            t.role = "ignore"  # "until compliance has cleared the vendor": the event awaited ("clears"), not a fact
         elif t.role == "cond" and t.text == "only" and _names_doer(toks, i, v):
             t.value = "only by"  # "may only be changed by the controller": only that party may
         elif t.role == "action" and before is not None and before.text in ("who", "which") and i + 1 < len(toks):
