@@ -668,6 +668,24 @@ _IN_WHICH_CASE = re.compile(
     r"\s+in\s+which\s+case,?\s+(?P<alt>(?:[^.;!?\n]|\.(?=\d))+)", re.M)
 
 
+# "anything above that": "that" stands for the amount said last ("up to £5,000; anything above that")
+_AMOUNT_SAID = re.compile(r"(?:[£€$¥]\s?|\b(?:GBP|EUR|USD|CHF|JPY)\s?)\d[\d,]*(?:\.\d+)?(?:[kKmM]|bn)?\b|"
+                          r"\b\d[\d,]*(?:\.\d+)?(?:[kKmM]|bn)?\s?(?:GBP|EUR|USD|CHF|JPY|pounds|euros|dollars)\b")
+_BEYOND_THAT = re.compile(r"\b(above|over|beyond|more\s+than|less\s+than|under|below|in\s+excess\s+of)\s+(?:that|this)\b"
+                          r"(?!\s+(?:amount|figure|sum|limit|level|threshold)\b)", re.I)
+
+
+def _amount_referents(text: str) -> str:
+    """Each "above that" with the amount it stands for written out."""
+    out, last = [], 0
+    for m in _BEYOND_THAT.finditer(text):
+        said = list(_AMOUNT_SAID.finditer(text, 0, m.start()))
+        if said:
+            out.append(text[last:m.start()] + f"{m.group(1)} {said[-1].group(0)}")
+            last = m.end()
+    return "".join(out) + text[last:]
+
+
 def _reworded_conditions(text: str) -> str:
     """Conditions said one way (see above)."""
     def consent(m: re.Match[str]) -> str:
@@ -686,7 +704,7 @@ def _normalise(text: str, *, expand: bool = True) -> str:
     text = (text.replace("\u2019", "'").replace("\u2018", "'").replace("\u201c", '"').replace("\u201d", '"')
             .replace("\u2014", ", ").replace("\u2013", ", ").replace("\r", ""))
     if expand:
-        text = _reworded_conditions(_appositions(expand_contractions(text)))
+        text = _amount_referents(_reworded_conditions(_appositions(expand_contractions(text))))
     text = _SIGN_OFF.sub("", text)
     text = re.sub(r"\(\s*(?=(?:PS|P\.S\.|btw|BTW|FYI|fyi)\b)", "\n\n", text)  # an aside in brackets stands alone
     text = re.sub(r"\n[ \t]*(?:[-*•]|\d+[.)])[ \t]+", "; ", text)
@@ -910,10 +928,17 @@ def _scaled(value: Decimal | None, scale: str | None) -> Decimal | None:
 def _read_quantities(s: _Sentence, work: str) -> str:
     spans = [(m.start(), m.end(), _scaled(_decimal(m.group("n")), m.group("scale"))) for m in _NUMBER.finditer(work)]
     spans += [(a, b, Decimal(v)) for a, b, v in _spelled_numbers(work)]
+    right: Quantity | None = None  # the quantity read just before, to this one's right
+    said = work  # as written: what is read is blanked out of ``work``
     for start, end, value in sorted(spans, key=lambda t: t[0], reverse=True):  # right to left: offsets hold
         if value is None:
             continue
         unit, is_currency = "", False
+        # "over 5k and up to 25k GBP", "between 5,000 and 10,000 euros": a bare number joined to the
+        # amount after it by "and"/"or"/"to" shares that amount's currency
+        shared = right is not None and right.currency and _CURRENCY_AFTER.search(work[end:]) is None and re.match(
+            r"\s*(?:and|or|to|-)\s+(?:(?:up\s+to|at\s+most|no\s+more\s+than|under|below|over|above)\s+)?[\d(]",
+            said[end:], re.I)
         before = _CURRENCY_BEFORE.search(work[:start])
         after = _CURRENCY_AFTER.search(work[end:])
         cut_start, cut_end = start, end
@@ -929,6 +954,8 @@ def _read_quantities(s: _Sentence, work: str) -> str:
             code = re.sub(r"\s+", " ", after.group("c").lower())
             unit, is_currency = _CURRENCY_WORDS.get(code, code.upper()), True
             cut_end = end + after.end()
+        elif shared and right is not None:
+            unit, is_currency = right.unit, True
         else:
             noun = _UNIT_AFTER.match(work[end:])
             if noun and noun.group("u").lower() not in _NOT_A_UNIT and noun.group("u").lower() not in _NUMBER_WORDS:
@@ -949,7 +976,8 @@ def _read_quantities(s: _Sentence, work: str) -> str:
         if aside and bound:
             side = "below" if aside.group(1).lower().split()[0] in ("below", "under", "lower", "less") else "above"
             cut_end += aside.end()
-        s.quantities.append(Quantity(value, unit, is_currency, bound, side))
+        right = Quantity(value, unit, is_currency, bound, side)
+        s.quantities.append(right)
         work = _blank(work, cut_start, cut_end)
     return work
 
