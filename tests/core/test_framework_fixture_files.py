@@ -37,7 +37,10 @@ SETUPS = ["adk_content", "adk_content_events", "adk_nocontent", "langchain_openi
           # issue 40: the next instrumentations (generate_anthropic/_langfuse/…)
           "anthropic_openinference", "langfuse_openai", "openai_agents_otel_chat", "litellm_otel", "adk_openinference", "beeai_openinference", "openlit_langgraph", "crewai_traceloop", "openai_agents_otel_responses", "openai_agents_otel_handoff", "openlit_openai_agents", "langfuse_langchain",
           # issue 40 item 12: a plain loop under openai-v2 only, a trace per model call (generate_openai_loop.py)
-          "openai_v2_loop"]
+          "openai_v2_loop",
+          # the same loop under OpenInference's and Traceloop's OpenAI and OpenInference's Anthropic instrumentation
+          # (generate_per_call_loop.py)
+          "openai_openinference_loop", "openai_traceloop_loop", "anthropic_openinference_loop"]
 
 _spec = importlib.util.spec_from_file_location("producers_generate", FIXTURES / "producers" / "generate.py")
 assert _spec is not None and _spec.loader is not None

@@ -25,6 +25,10 @@ from plumbline_otel.threads import ThreadKeys, continuation_links, thread_keys
 
 FRAMEWORKS = Path(__file__).resolve().parents[1] / "fixtures" / "frameworks"
 LOOPS = ["openai_v2_loop", "openai_v2_loop_events", "openai_v2_loop_interleaved", "openai_v2_loop_same_request"]
+# The same loop under other instrumentations (generate_per_call_loop.py): OpenInference's and Traceloop's over the
+# OpenAI SDK, OpenInference's over the Anthropic SDK; in each `<x>_loop`, skipped_check streams.
+OTHER_LOOPS = [f"{kind}_loop{variant}" for kind in ("openai_openinference", "openai_traceloop", "anthropic_openinference")
+               for variant in ("", "_interleaved", "_same_request")]
 
 
 def _expected(setup: str) -> dict[str, Any]:
@@ -43,7 +47,11 @@ def _spans(setup: str) -> list[dict[str, Any]]:
 
 
 def _first_trace(setup: str, label: str) -> str:
-    """The trace of a run's first model call (the stand-in's response id `chatcmpl-<label>-0`)."""
+    """The trace of a run's first model call: as the recorder noted it (`trace_ids`), else the trace whose span holds
+    the stand-in's response id `chatcmpl-<label>-0`."""
+    run = next(r for r in _expected(setup)["runs"] if r["label"] == label)
+    if run.get("trace_ids"):
+        return str(run["trace_ids"][0])
     for request in _spans(setup):
         span = request["resourceSpans"][0]["scopeSpans"][0]["spans"][0]
         ids = [a["value"].get("stringValue") for a in span["attributes"] if a["key"] == "gen_ai.response.id"]
@@ -65,7 +73,7 @@ def _assert_runs(setup: str, got: list[Trajectory]) -> None:
         assert t.trajectory_id == t.trace_id == _first_trace(setup, run["label"]), where
 
 
-@pytest.mark.parametrize("setup", LOOPS)
+@pytest.mark.parametrize("setup", LOOPS + OTHER_LOOPS)
 def test_each_conversation_of_per_call_traces_is_one_run_with_its_first_trace_id(setup: str, store: Store) -> None:
     summary = ingest_files(store, [str(p) for p in sorted((FRAMEWORKS / setup).glob("*.otlp.jsonl"))])
     assert summary.problems == [] and summary.exit_code == 0
@@ -85,13 +93,13 @@ def test_calls_whose_messages_are_in_log_records_are_joined_whichever_of_span_an
     _assert_runs(setup, list(store.trajectories()))
 
 
+@pytest.mark.parametrize("setup", ["openai_v2_loop_interleaved", *(s for s in OTHER_LOOPS if s.endswith("_interleaved"))])
 @pytest.mark.parametrize("last_first", [False, True])
 def test_interleaved_conversations_are_joined_whatever_order_their_traces_arrive_in(
-        last_first: bool, store: Store, tmp_path: Path) -> None:
+        last_first: bool, setup: str, store: Store, tmp_path: Path) -> None:
     """Each model call's trace in a request of its own, each ingested and assembled on its own (in call order, or the
     last first): a trace continuing one stored and assembled before, and one continued by a trace already stored, are
     joined all the same, the earlier run's trajectory replaced by the joined one."""
-    setup = "openai_v2_loop_interleaved"
     requests = _spans(setup)
     for i, request in enumerate(reversed(requests) if last_first else requests):
         path = tmp_path / f"{i:02d}.otlp.jsonl"
