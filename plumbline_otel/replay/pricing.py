@@ -123,7 +123,7 @@ class Usage:
         models = {m for m in (self.model, other.model) if m}
         return Usage(**counts, model=models.pop() if len(models) == 1 else None)  # a sum over several models names none
 
-    def as_dict(self) -> dict[str, int | str | None]:
+    def as_dict(self) -> JsonObject:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
 

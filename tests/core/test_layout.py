@@ -444,14 +444,8 @@ _ANY_NOT_YET = {
     "replay/perturb.py": "variant metadata and fault plans as JSON",
     "replay/tape.py": "recorded requests and results (provider JSON)",
     "replay/branch.py": "a replay job as JSON",
-    "replay/proxy/evidence.py": "evidence entries",
-    "replay/proxy/exchange.py": "request bodies",
-    "replay/proxy/record.py": "request bodies",
     "replay/proxy/simulated.py": "scripted provider JSON",
-    "replay/proxy/spans.py": "request bodies",
     "replay/proxy/wire.py": "provider wire JSON",
-    "replay/mcp_proxy/evidence.py": "evidence entries",
-    "replay/mcp_proxy/spans.py": "tool arguments",
 }
 
 

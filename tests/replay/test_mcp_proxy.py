@@ -227,7 +227,8 @@ def test_tool_fault_fails_the_planned_call_without_the_server_and_decoys_are_off
     assert evidence.decoys_offered == (DECOY["name"],) and evidence.decoys_called == ({"tool": DECOY["name"], "call": 1},)
     assert evidence.lists >= 1 and evidence.unroutable == 0
     as_dict = evidence.as_dict()
-    assert json.loads(json.dumps(as_dict)) == as_dict and as_dict["faults"][0]["call"] == 1
+    loaded = json.loads(json.dumps(as_dict))
+    assert loaded == as_dict and loaded["faults"][0]["call"] == 1
 
 
 def test_fault_times_and_on_call_count_calls_of_the_planned_tool_only(stdio_proxy):

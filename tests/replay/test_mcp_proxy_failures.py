@@ -143,7 +143,7 @@ def test_a_stdio_server_that_crashes_on_a_call_is_relaunched_and_the_death_is_in
     assert not after.is_error and text(after) != text(before)  # a new process answered
     (death,) = evidence.server_died
     assert death == {"call": 1, "tool": "crash", "detail": death["detail"], "kind": "died", "relaunched": True}
-    assert "during this call" in death["detail"] and evidence.relaunches == 1 and evidence.proxy_errors == ()
+    assert "during this call" in str(death["detail"]) and evidence.relaunches == 1 and evidence.proxy_errors == ()
     assert evidence.as_dict()["server_died"] == [death]
     # the next trial finds a working server and no death of its own
     second = stdio.open_trial(make_trial(1))

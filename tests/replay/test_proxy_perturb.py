@@ -139,7 +139,7 @@ def test_sampling_is_skipped_where_the_model_would_refuse_it(proxy: ModelProxy, 
     evidence = proxy.close_trial(route)
     assert "temperature" not in sim.requests[-2]["body"] and "temperature" not in sim.requests[-1]["body"]
     assert evidence.sampling_changes == ()
-    assert [c["skipped"].split(" ")[0] for c in evidence.sampling_unchanged] == ["OpenAI", "Anthropic"]
+    assert [str(c["skipped"]).split(" ")[0] for c in evidence.sampling_unchanged] == ["OpenAI", "Anthropic"]
 
 
 @pytest.mark.parametrize("api", ["chat", "responses", "messages"])
@@ -202,7 +202,7 @@ def test_anthropic_sees_429_and_529(proxy: ModelProxy, kind: str, error: type[Ex
     with pytest.raises(error):
         anthropic_client(route).messages.create(model=ANTHROPIC_MODEL, max_tokens=10, messages=[{"role": "user", "content": "x"}])
     evidence = proxy.close_trial(route)
-    assert evidence.faults[0]["detail"].startswith("HTTP 529" if kind == "overloaded" else "HTTP 429") and evidence.cost_usd == 0
+    assert str(evidence.faults[0]["detail"]).startswith("HTTP 529" if kind == "overloaded" else "HTTP 429") and evidence.cost_usd == 0
 
 
 def test_a_cut_whole_body_fails_the_anthropic_sdk(proxy: ModelProxy) -> None:

@@ -9,7 +9,7 @@ exposure to a ``tool_fault`` never depends on the agent's own report.
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -17,6 +17,7 @@ import mcp.types as types
 import orjson
 
 from plumbline_otel.replay.identity import FaultPlan
+from plumbline_otel.replay.jsonvalue import JsonObject, to_int
 from plumbline_otel.replay.tape import Branch, ToolStep, first_difference
 
 if TYPE_CHECKING:
@@ -52,18 +53,18 @@ class McpEvidence:
     upstream_calls: int  # of those, how many reached the MCP server
     upstream_errors: int  # of those, how many the server (or the way to it) answered with a protocol error
     lists: int  # tools/list requests
-    faults: tuple[dict[str, Any], ...]  # {tool, call, error}
+    faults: tuple[JsonObject, ...]  # {tool, call, error}
     decoys_offered: tuple[str, ...]
-    decoys_called: tuple[dict[str, Any], ...]  # {tool, call}, in call order
+    decoys_called: tuple[JsonObject, ...]  # {tool, call}, in call order
     passthrough: int  # other methods forwarded (resources, prompts)
     unroutable: int
-    server_died: tuple[dict[str, Any], ...] = ()  # {call, tool, detail, kind, relaunched}
-    proxy_errors: tuple[dict[str, Any], ...] = ()  # {call, tool, detail, kind}
+    server_died: tuple[JsonObject, ...] = ()  # {call, tool, detail, kind, relaunched}
+    proxy_errors: tuple[JsonObject, ...] = ()  # {call, tool, detail, kind}
     relaunches: int = 0
     # Branch-point replay (issue 44): tool calls answered from the run's tape, and where the agent's call in the prefix
     # differed from the recorded one ({step, call, detail}; the driver makes the trial missing).
     tape_served: int = 0
-    diverged: tuple[dict[str, Any], ...] = ()
+    diverged: tuple[JsonObject, ...] = ()
 
     @property
     def fault_fired(self) -> bool:
@@ -73,7 +74,7 @@ class McpEvidence:
     def decoy_called(self) -> bool:
         return bool(self.decoys_called)
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> JsonObject:
         return {
             "trial_id": self.trial_id, "attempt": self.attempt, "calls": self.calls,
             "calls_by_tool": dict(self.calls_by_tool), "upstream_calls": self.upstream_calls,
@@ -95,20 +96,20 @@ class McpTrialState:
     budget: TrialBudget | None
     token: str
     fault: FaultPlan | None = None
-    decoys: dict[str, dict[str, Any]] = field(default_factory=dict)  # name -> spec, in the order offered
+    decoys: dict[str, JsonObject] = field(default_factory=dict)  # name -> spec, in the order offered
     calls: int = 0
     calls_by_tool: dict[str, int] = field(default_factory=dict)
     upstream_calls: int = 0
     upstream_errors: int = 0
     lists: int = 0
-    faults: list[dict[str, Any]] = field(default_factory=list)
+    faults: list[JsonObject] = field(default_factory=list)
     decoys_offered: list[str] = field(default_factory=list)
-    decoys_called: list[dict[str, Any]] = field(default_factory=list)
+    decoys_called: list[JsonObject] = field(default_factory=list)
     passthrough: int = 0
     unroutable_at_open: int = 0
     relaunches_at_open: int = 0
-    server_died: list[dict[str, Any]] = field(default_factory=list)
-    proxy_errors: list[dict[str, Any]] = field(default_factory=list)
+    server_died: list[JsonObject] = field(default_factory=list)
+    proxy_errors: list[JsonObject] = field(default_factory=list)
     closed: bool = False
     branch: Branch | None = None  # a branch-point replay: the prefix's tool calls are served from its tape (issue 44)
     tape_served: int = 0
@@ -157,7 +158,7 @@ class McpTrialState:
         with self.lock:
             self.proxy_errors.append({"call": call, "tool": tool, "detail": detail, "kind": kind})
 
-    def from_tape(self, step: ToolStep, tool: str, arguments: Any) -> types.CallToolResult:
+    def from_tape(self, step: ToolStep, tool: str, arguments: Mapping[str, object] | None) -> types.CallToolResult:
         """The recorded result of a prefix call, or (the agent called another tool, or with other arguments) an error
         result and the divergence noted: the trial is then missing, never scored."""
         difference = None
@@ -187,7 +188,7 @@ class McpTrialState:
                 upstream_errors=self.upstream_errors, lists=self.lists, faults=tuple(dict(f) for f in self.faults),
                 decoys_offered=tuple(self.decoys_offered), decoys_called=tuple(dict(d) for d in self.decoys_called),
                 passthrough=self.passthrough, unroutable=unroutable_now - self.unroutable_at_open,
-                server_died=tuple({**{k: v for k, v in d.items() if k != "_generation"}, "relaunched": generation_now > d["_generation"]}
+                server_died=tuple({**{k: v for k, v in d.items() if k != "_generation"}, "relaunched": generation_now > to_int(d["_generation"])}
                                   for d in self.server_died),
                 proxy_errors=tuple(dict(e) for e in self.proxy_errors),
                 relaunches=max(0, len(relaunches or []) - self.relaunches_at_open),

@@ -10,12 +10,13 @@ call the proxy failed on purpose carries ``plumbline.fault.injected`` and
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 import orjson
 from opentelemetry import trace
 from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, Status, StatusCode, TracerProvider
+from opentelemetry.util.types import AttributeValue
 
 from plumbline_otel.replay.identity import TrialIdentity
 from plumbline_otel.replay.limits import ProxyLimits, truncate_text
@@ -32,7 +33,7 @@ class ToolCallRecord:
     identity: TrialIdentity
     tool: str
     call: int  # 1-based index among this attempt's calls of the tool
-    arguments: dict[str, Any] | None
+    arguments: Mapping[str, object] | None
     started_ns: int
     ended_ns: int
     source: str  # upstream, fault, decoy
@@ -47,16 +48,16 @@ class ToolCallRecord:
     fault_kind: str | None = None
 
 
-def _json(value: Any) -> str:
+def _json(value: object) -> str:
     return orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS, default=str).decode()
 
 
-def attributes(rec: ToolCallRecord, max_payload: int = ProxyLimits.span_payload_bytes, identity: bool = True) -> dict[str, Any]:
+def attributes(rec: ToolCallRecord, max_payload: int = ProxyLimits.span_payload_bytes, identity: bool = True) -> dict[str, AttributeValue]:
     """The span's attributes; arguments and result past ``max_payload`` bytes truncated with ingest's marker rule
     (``limits.truncate_text``) and named in ``plumbline.truncated``, so a 100 MiB tool result costs a bounded span."""
     arguments, arguments_cut = truncate_text(_json(rec.arguments or {}), max_payload)
     truncated = [*(["gen_ai.tool.call.arguments"] if arguments_cut else []), *rec.truncated]
-    attrs: dict[str, Any] = {
+    attrs: dict[str, AttributeValue] = {
         **(rec.identity.attributes() if identity else {}),
         "gen_ai.operation.name": "execute_tool",
         "gen_ai.tool.name": rec.tool,

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
+from plumbline_otel.replay.jsonvalue import JsonObject, to_int
 from plumbline_otel.replay.perturb import ModelFaultPlan, ToolResultFaultPlan
 from plumbline_otel.replay.pricing import Usage
 
@@ -55,23 +56,23 @@ class ProxyEvidence:
     cost_usd: float | None
     cost_exact: bool
     unpriced_models: tuple[str, ...]
-    faults: tuple[dict[str, Any], ...]  # {kind, call, detail}
+    faults: tuple[JsonObject, ...]  # {kind, call, detail}
     decoys_offered: tuple[str, ...]
     decoys_proposed: tuple[str, ...]
-    sampling_changes: tuple[dict[str, Any], ...]  # {call, param, before, after}: the provider got a different value
-    exchanges: tuple[dict[str, Any], ...]  # {call, api, model, status, source, key, request_sha256}
+    sampling_changes: tuple[JsonObject, ...]  # {call, param, before, after}: the provider got a different value
+    exchanges: tuple[JsonObject, ...]  # {call, api, model, status, source, key, request_sha256}
     passthrough: int  # other endpoints forwarded unmetered (model lists, token counts)
-    provider_failures: tuple[dict[str, Any], ...] = ()  # {call, status, detail, kind, recovered}
-    proxy_errors: tuple[dict[str, Any], ...] = ()  # {call, status, detail, kind}
+    provider_failures: tuple[JsonObject, ...] = ()  # {call, status, detail, kind, recovered}
+    proxy_errors: tuple[JsonObject, ...] = ()  # {call, status, detail, kind}
     # Planned sampling that changed nothing the provider honours: skipped (the API or model takes no such parameter)
     # or equal to what the request already meant (its own value, or the API's default); never evidence of reach.
-    sampling_unchanged: tuple[dict[str, Any], ...] = ()
+    sampling_unchanged: tuple[JsonObject, ...] = ()
     # Branch-point replay (issue 44): calls answered from the run's tape (no provider call), and where the agent's
     # request in the prefix differed from the recorded one ({step, call, detail}; the driver makes the trial missing).
     tape_served: int = 0
-    diverged: tuple[dict[str, Any], ...] = ()
+    diverged: tuple[JsonObject, ...] = ()
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> JsonObject:
         return {
             "trial_id": self.trial_id, "attempt": self.attempt, "calls": self.calls, "upstream_calls": self.upstream_calls,
             "cache_hits": self.cache_hits, "refused_budget": self.refused_budget, "refused_offline": self.refused_offline,
@@ -96,8 +97,8 @@ class TrialState:
     token: str
     model_fault: ModelFaultPlan | None = None
     tool_result_fault: ToolResultFaultPlan | None = None
-    decoys: list[dict[str, Any]] = field(default_factory=list)
-    sampling: dict[str, Any] = field(default_factory=dict)
+    decoys: list[JsonObject] = field(default_factory=list)
+    sampling: JsonObject = field(default_factory=dict)
     calls: int = 0
     upstream_calls: int = 0
     cache_hits: int = 0
@@ -109,14 +110,14 @@ class TrialState:
     cost_usd: float = 0.0
     cost_exact: bool = True
     unpriced: set[str] = field(default_factory=set)
-    faults: list[dict[str, Any]] = field(default_factory=list)
+    faults: list[JsonObject] = field(default_factory=list)
     decoys_offered: list[str] = field(default_factory=list)
     decoys_proposed: list[str] = field(default_factory=list)
-    sampling_changes: list[dict[str, Any]] = field(default_factory=list)
-    sampling_unchanged: list[dict[str, Any]] = field(default_factory=list)
-    exchanges: list[dict[str, Any]] = field(default_factory=list)
-    provider_failures: list[dict[str, Any]] = field(default_factory=list)
-    proxy_errors: list[dict[str, Any]] = field(default_factory=list)
+    sampling_changes: list[JsonObject] = field(default_factory=list)
+    sampling_unchanged: list[JsonObject] = field(default_factory=list)
+    exchanges: list[JsonObject] = field(default_factory=list)
+    provider_failures: list[JsonObject] = field(default_factory=list)
+    proxy_errors: list[JsonObject] = field(default_factory=list)
     tool_ids: dict[str, list[str]] = field(default_factory=dict)  # tool name -> its call ids, first seen first
     fault_target: str | None = None  # the call id whose result tool_result_fault replaces
     branch: Branch | None = None  # a branch-point replay: the prefix is served from its tape (issue 44)
@@ -188,7 +189,7 @@ class TrialState:
 
     def _recovered(self, call: int) -> bool:
         """Whether a later call of this attempt got a whole 2xx answer (caller holds the lock)."""
-        return any(e["call"] > call and 200 <= int(e["status"]) < 300 and not e.get("incomplete") and e["source"] in ("live", "cache")
+        return any(to_int(e["call"]) > call and 200 <= to_int(e["status"]) < 300 and not e.get("incomplete") and e["source"] in ("live", "cache")
                    for e in self.exchanges)
 
     def charge(self, model: str | None, usage: Usage | None, cost: float | None, estimate: float | None) -> None:
@@ -215,6 +216,6 @@ class TrialState:
                 unpriced_models=tuple(sorted(self.unpriced)), faults=tuple(self.faults),
                 decoys_offered=tuple(self.decoys_offered), decoys_proposed=tuple(self.decoys_proposed),
                 sampling_changes=tuple(self.sampling_changes), exchanges=tuple(self.exchanges), passthrough=self.passthrough,
-                provider_failures=tuple({**f, "recovered": self._recovered(int(f["call"]))} for f in self.provider_failures),
+                provider_failures=tuple({**f, "recovered": self._recovered(to_int(f["call"]))} for f in self.provider_failures),
                 proxy_errors=tuple(dict(e) for e in self.proxy_errors), sampling_unchanged=tuple(self.sampling_unchanged),
                 tape_served=self.tape_served, diverged=tuple(dict(d) for d in self.branch.diverged) if self.branch else ())

@@ -20,7 +20,7 @@ import orjson
 
 from plumbline_otel.replay.budget import BudgetExceeded
 from plumbline_otel.replay.cache import cache_key, content_digest, request_content
-from plumbline_otel.replay.jsonvalue import to_int
+from plumbline_otel.replay.jsonvalue import JsonObject, to_int
 from plumbline_otel.replay.limits import Holding
 from plumbline_otel.replay.pricing import Usage, UsageAccumulator, model_price, parse_sse, price, usage_from_body
 from plumbline_otel.replay.proxy.evidence import TrialState
@@ -41,7 +41,7 @@ from plumbline_otel.replay.proxy.wire import (
 
 DEFAULT_MAX_OUTPUT = 32_768  # the output bound assumed for a request that states none
 _OVERHEAD_TOKENS = 1000  # the provider's own prompt for tools and formatting
-def estimate_usd(model: str | None, request_bytes: int, body: Mapping[str, Any]) -> float | None:
+def estimate_usd(model: str | None, request_bytes: int, body: Mapping[str, object]) -> float | None:
     """A conservative bound on a call's cost before it is made (None: the model has no price).
 
     A token covers at least one byte of the request, every input token is priced at the dearest
@@ -55,13 +55,13 @@ def estimate_usd(model: str | None, request_bytes: int, body: Mapping[str, Any])
     in_rate = max(max(r.input, r.cache_write, r.cache_write_1h) for r in tiers if r is not None)
     out_rate = max(r.output for r in tiers if r is not None)
     limit = body.get("max_tokens") or body.get("max_completion_tokens") or body.get("max_output_tokens") or DEFAULT_MAX_OUTPUT
-    return ((request_bytes + _OVERHEAD_TOKENS) * in_rate + int(limit) * out_rate) / 1_000_000
+    return ((request_bytes + _OVERHEAD_TOKENS) * in_rate + to_int(limit) * out_rate) / 1_000_000
 
 
 # --- rewrites ----------------------------------------------------------------------------------
 
 
-def rewrite(state: TrialState, api: Api, body: dict[str, Any], call: int) -> None:
+def rewrite(state: TrialState, api: Api, body: JsonObject, call: int) -> None:
     """Apply the trial's request-side perturbations to ``body`` and note what changed."""
     if state.branch is not None:  # a paraphrased user turn from the branch point on (issue 44, replay.tape)
         state.branch.rewrite_turn(state.trial.metadata, api, body, call)
@@ -340,7 +340,7 @@ def handle_call(proxy: ProxyServices, state: TrialState, api: Api, path: str, ra
     _forward(proxy, state, api, call, path, body, forwarded, headers, out, started, key, strip_usage, cut_after, estimate)
 
 
-def serve_from_tape(proxy: ProxyServices, state: TrialState, api: Api, call: int, body: dict[str, Any], started: int,
+def serve_from_tape(proxy: ProxyServices, state: TrialState, api: Api, call: int, body: JsonObject, started: int,
                     out: Responder) -> None:
     """Answer a prefix call of a branch-point replay with the tape's response (issue 44), never the provider's.
 
@@ -367,7 +367,7 @@ def serve_from_tape(proxy: ProxyServices, state: TrialState, api: Api, call: int
     else:
         stream = body.get("stream") is True
         ctype, payload = render_reply(step, api, stream, str(body.get("model") or ""),
-                                      bool((body.get("stream_options") or {}).get("include_usage")) if stream else False)
+                                      bool(_include_usage(body)) if stream else False)
     with state.lock:
         state.tape_served += 1
     relayed = relay(out, step.status, [("content-type", ctype), ("x-plumbline-tape", str(step.index))], [payload],
@@ -375,10 +375,16 @@ def serve_from_tape(proxy: ProxyServices, state: TrialState, api: Api, call: int
     _after(proxy, state, api, call, body, started, step.status, "tape", relayed, ctype, None, "", None, None, 0)
 
 
-def entry_body(entry: Mapping[str, Any]) -> bytes:
+def _include_usage(body: Mapping[str, object]) -> object:
+    """A streamed Chat request's ``stream_options.include_usage``."""
+    options = body.get("stream_options") or {}
+    return options.get("include_usage") if isinstance(options, Mapping) else None
+
+
+def entry_body(entry: Mapping[str, object]) -> bytes:
     """A cassette entry's answer bytes (``body_encoding: base64`` for an answer that was not UTF-8)."""
     if entry.get("body_encoding") == "base64":
-        return base64.b64decode(entry["body"])
+        return base64.b64decode(str(entry["body"]))
     return str(entry["body"]).encode("utf-8")
 
 
@@ -567,7 +573,7 @@ def _record(proxy: ProxyServices, state: TrialState, key: str, api: Api, model: 
 def _note_reply(state: TrialState, reply: Reply) -> None:
     """Learn the proposed tool calls' ids (for tool_result_fault) and which decoys the model reached for."""
     state.learn_tool_calls([(c.id, c.name) for c in reply.tool_calls])
-    decoys = {str(d.get("name") or (d.get("function") or {}).get("name")) for d in state.decoys}
+    decoys = {str(d.get("name") or (fn.get("name") if isinstance(fn := d.get("function") or {}, dict) else None)) for d in state.decoys}
     with state.lock:
         for c in reply.tool_calls:
             if c.name in decoys and c.name not in state.decoys_proposed:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import secrets
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,7 +48,7 @@ class ConversationRecorder:
         head += [m for m in messages if m.get("role") == "user"][:1]
         return hashlib.sha256(repr([(m.get("role"), m.get("parts")) for m in head]).encode()).hexdigest()
 
-    def model_call(self, api: Api, body: dict[str, Any]) -> SpanContext:
+    def model_call(self, api: Api, body: Mapping[str, object]) -> SpanContext:
         """The parent context of a model call's span: its conversation's (a new one when the call starts over)."""
         messages = input_messages(api, body)
         key = self._key(messages)

@@ -8,6 +8,7 @@ on every span so the store joins it to the right trial whatever the agent export
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,7 +31,7 @@ class CallRecord:
     identity: TrialIdentity
     api: Api
     call: int
-    request: dict[str, Any]
+    request: Mapping[str, object]  # the body the provider was sent (read, never changed)
     started_ns: int
     ended_ns: int
     status: int
