@@ -1871,11 +1871,51 @@ def _modality_changes(before: Meaning, after: Meaning) -> list[str]:
     return out
 
 
+@lru_cache(maxsize=1)
+def _senses() -> dict[str, frozenset[int]]:
+    """Each verb of the WordNet table (``_synonyms.py``) with the groups it is in."""
+    from plumbline_otel.replay._synonyms import GROUPS
+
+    out: dict[str, set[int]] = {}
+    for i, group in enumerate(GROUPS):
+        for w in group:
+            out.setdefault(w, set()).add(i)
+    return {w: frozenset(g) for w, g in out.items()}
+
+
+def _verb_senses(form: str) -> frozenset[int]:
+    """The WordNet groups of an inflected verb ("archives", "archived", "archiving" are "archive")."""
+    senses = _senses()
+    head, _, tail = form.partition(" ")
+    stems = [head]
+    for suffix, add in (("ies", "y"), ("ied", "y"), ("ing", ""), ("ing", "e"), ("es", ""), ("ed", ""), ("ed", "e"),
+                        ("s", ""), ("d", "")):
+        if head.endswith(suffix) and len(head) > len(suffix) + 2:
+            stems.append(head[:-len(suffix)] + add)
+    for stem in stems:
+        lemma = f"{stem} {tail}" if tail else stem
+        if lemma in senses:
+            return senses[lemma]
+    return frozenset()
+
+
 def _unpaired_actions(before: Meaning, after: Meaning) -> tuple[list[str], list[str]]:
-    """The actions left once modality changes are reported on their own."""
+    """The actions left once modality changes are reported on their own. Two verbs no class knows,
+    with the same modality, that share a common WordNet sense ("archive"/"file away") are one action."""
     swaps = _modality_swaps(before, after)
-    return ([a for a in before.actions if a not in {g for g, _ in swaps}],
-            [a for a in after.actions if a not in {n for _, n in swaps}])
+    was = [a for a in before.actions if a not in {g for g, _ in swaps}]
+    now = [a for a in after.actions if a not in {n for _, n in swaps}]
+    known = set(_vocabulary(_installed()).action_forms.values())
+    for a in [a for a in was if a not in now]:
+        modal_a, verb_a = _modality_of(a)
+        if verb_a in known:
+            continue
+        for b in [b for b in now if b not in was]:
+            modal_b, verb_b = _modality_of(b)
+            if modal_a == modal_b and verb_b not in known and _verb_senses(verb_a) & _verb_senses(verb_b):
+                now[now.index(b)] = a
+                break
+    return was, now
 
 
 def _role_changes(before: Meaning, after: Meaning) -> list[str]:
