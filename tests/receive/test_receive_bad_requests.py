@@ -13,6 +13,7 @@ import pytest
 from google.rpc import status_pb2
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest, ExportTraceServiceResponse
 from receive_support import ServeProcess, query
+from waits import EVENT_DEADLINE_S
 
 pytestmark = pytest.mark.slow
 
@@ -43,7 +44,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServeProcess]:
 
 
 def _http(server: ServeProcess, method: str, path: str, body: bytes = b"", headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:
-    connection = http.client.HTTPConnection("127.0.0.1", server.http_port, timeout=10)
+    connection = http.client.HTTPConnection("127.0.0.1", server.http_port, timeout=EVENT_DEADLINE_S)
     try:
         connection.request(method, path, body=body, headers=headers or {})
         response = connection.getresponse()
@@ -55,7 +56,7 @@ def _http(server: ServeProcess, method: str, path: str, body: bytes = b"", heade
 def _grpc_export(server: ServeProcess, body: bytes) -> ExportTraceServiceResponse:
     with grpc.insecure_channel(server.grpc_address, options=[("grpc.max_send_message_length", 64 << 20)]) as channel:
         export = channel.unary_unary(_TRACES, request_serializer=None, response_deserializer=ExportTraceServiceResponse.FromString)
-        return export(body, timeout=10)
+        return export(body, timeout=EVENT_DEADLINE_S)
 
 
 def test_http_undecodable_protobuf_is_400_with_a_status_in_protobuf(server: ServeProcess) -> None:

@@ -11,6 +11,7 @@ import pytest
 from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.trace.export import SpanExportResult
 from receive_support import ServeProcess, finished_spans, free_port, span_key, stored_span_keys
+from waits import EVENT_DEADLINE_S
 
 from plumbline_otel.api.client import PlumblineClient
 from plumbline_otel.store import Store
@@ -32,7 +33,7 @@ def _rotel(tmp_path: Path, grpc_port: int, http_port: int, exporter_endpoint: st
     return process
 
 
-def _wait_stored(address: str, expected: int, timeout: float = 30.0) -> int:
+def _wait_stored(address: str, expected: int, timeout: float = EVENT_DEADLINE_S) -> int:
     deadline = time.monotonic() + timeout
     stored = 0
     with PlumblineClient(address) as client:
@@ -52,13 +53,13 @@ def test_sdk_through_rotel_lands_in_plumbline_as_trajectories(tmp_path: Path, pr
         collector = _rotel(tmp_path, collector_port, free_port(), target, protocol)
         try:
             spans = finished_spans(4, service=f"via-rotel-{protocol}", prefix=protocol)
-            exporter = OTLPSpanExporter(endpoint=f"http://127.0.0.1:{collector_port}", insecure=True, timeout=20)
+            exporter = OTLPSpanExporter(endpoint=f"http://127.0.0.1:{collector_port}", insecure=True, timeout=EVENT_DEADLINE_S)  # retried until rotel listens
             assert exporter.export(spans) == SpanExportResult.SUCCESS
             exporter.shutdown()
             assert _wait_stored(server.grpc_address, len(spans)) == len(spans)
         finally:
             collector.send_signal(signal.SIGTERM)
-            collector.wait(15)
+            collector.wait(EVENT_DEADLINE_S)
         assert server.stop() == 0
     assert {span_key(s) for s in spans} == set(stored_span_keys(server.db))
     with Store(server.db, read_only=True) as store:

@@ -18,6 +18,7 @@ from opentelemetry.proto.collector.logs.v1 import logs_service_pb2, logs_service
 from opentelemetry.sdk.trace.export import SpanExportResult
 from otlp import to_otlp_json
 from receive_support import ServeProcess, finished_spans, query, span_key
+from waits import EVENT_DEADLINE_S
 
 from plumbline_otel.api.client import PlumblineClient
 from plumbline_otel.store import Store
@@ -39,7 +40,7 @@ def _logs_request(service: str, trace_id: bytes, span_id: bytes) -> logs_service
 
 def _post(url: str, body: bytes, content_type: str) -> tuple[int, bytes]:
     request = urllib.request.Request(url, data=body, method="POST", headers={"Content-Type": content_type})
-    with urllib.request.urlopen(request, timeout=10) as response:
+    with urllib.request.urlopen(request, timeout=EVENT_DEADLINE_S) as response:
         return response.status, response.read()
 
 
@@ -59,13 +60,14 @@ def scenario(tmp_path_factory: pytest.TempPathFactory) -> Scenario:
     out = Scenario(db=server.db, exit_code=-1)
     try:
         spans = finished_spans(3, service="agent-grpc", prefix="grpc")
-        exporter = GrpcSpanExporter(endpoint=f"http://{server.grpc_address}", insecure=True, compression=grpc.Compression.Gzip)
+        exporter = GrpcSpanExporter(endpoint=f"http://{server.grpc_address}", insecure=True, compression=grpc.Compression.Gzip,
+                                    timeout=EVENT_DEADLINE_S)  # the 10 s default dropped spans under load
         out.results["grpc"] = exporter.export(spans)
         exporter.shutdown()
         out.sent["agent-grpc"] = [span_key(s) for s in spans]
 
         spans = finished_spans(3, service="agent-http", prefix="http")
-        http_exporter = HttpSpanExporter(endpoint=f"{server.http_url}/v1/traces", compression=Compression.Gzip)
+        http_exporter = HttpSpanExporter(endpoint=f"{server.http_url}/v1/traces", compression=Compression.Gzip, timeout=EVENT_DEADLINE_S)
         out.results["http"] = http_exporter.export(spans)
         http_exporter.shutdown()
         out.sent["agent-http"] = [span_key(s) for s in spans]
@@ -77,7 +79,7 @@ def scenario(tmp_path_factory: pytest.TempPathFactory) -> Scenario:
 
         with grpc.insecure_channel(server.grpc_address) as channel:
             stub = logs_service_pb2_grpc.LogsServiceStub(channel)
-            out.results["logs_grpc"] = stub.Export(_logs_request("agent-grpc", b"\x01" * 16, b"\x02" * 8), timeout=10)
+            out.results["logs_grpc"] = stub.Export(_logs_request("agent-grpc", b"\x01" * 16, b"\x02" * 8), timeout=EVENT_DEADLINE_S)
         logs_json = to_otlp_json(_logs_request("agent-http", b"\x03" * 16, b"\x04" * 8))
         out.results["logs_http"] = _post(f"{server.http_url}/v1/logs", json.dumps(logs_json).encode(), "application/json")
 
@@ -86,7 +88,7 @@ def scenario(tmp_path_factory: pytest.TempPathFactory) -> Scenario:
             out.results["api_limited"] = list(client.trajectories(limit=2))
             out.results["api_coverage"] = client.coverage()
             out.results["api_health"] = client.health()
-        with urllib.request.urlopen(f"{server.http_url}/metrics", timeout=10) as response:
+        with urllib.request.urlopen(f"{server.http_url}/metrics", timeout=EVENT_DEADLINE_S) as response:
             out.results["metrics"] = response.read().decode()
     finally:
         out.exit_code = server.stop()

@@ -20,6 +20,7 @@ from google.rpc import error_details_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from receive_support import TOKEN, ServeProcess, query
+from waits import EVENT_DEADLINE_S
 
 pytestmark = pytest.mark.slow
 
@@ -63,7 +64,7 @@ def _head(length: int | None = None, chunked: bool = False, extra: str = "") -> 
 
 
 def _post(port: int, body: bytes, path: str = "/v1/traces", headers: dict[str, str] | None = None,
-          timeout: float = 10.0) -> tuple[int, dict[str, str]]:
+          timeout: float = EVENT_DEADLINE_S) -> tuple[int, dict[str, str]]:
     connection = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
     try:
         connection.request("POST", path, body=body, headers={"Content-Type": "application/x-protobuf", **(headers or {})})
@@ -74,7 +75,7 @@ def _post(port: int, body: bytes, path: str = "/v1/traces", headers: dict[str, s
         connection.close()
 
 
-def _get(port: int, path: str, timeout: float = 10.0) -> int:
+def _get(port: int, path: str, timeout: float = EVENT_DEADLINE_S) -> int:
     connection = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
     try:
         connection.request("GET", path)
@@ -123,9 +124,15 @@ class _Peak:
 # --- 1. malformed chunked encoding and lengths: a 400 at once, nothing read past the limit ---------
 
 
+_SMALL_WINDOW_S = 120
+
+
 @pytest.fixture(scope="module")
 def small(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServeProcess]:
-    process = ServeProcess(tmp_path_factory.mktemp("hostile"), "--max-request-body-size-mib", "1", "--workers", "0").start()
+    # A 120 s body-rate window (and a body deadline past it): "at once" (milliseconds, seconds on a loaded machine) is
+    # told apart from a read that goes on until the window ends by a bound far from both.
+    process = ServeProcess(tmp_path_factory.mktemp("hostile"), "--max-request-body-size-mib", "1", "--workers", "0",
+                           "--http-body-rate-window", str(_SMALL_WINDOW_S), "--http-read-timeout", "600").start()
     yield process
     if process.proc and process.proc.poll() is None:
         process.kill()
@@ -134,18 +141,18 @@ def small(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServeProcess]:
 @pytest.mark.parametrize("size_line", [b"-1", b"-0", b"zz", b"0x10", b"+5", b"1_0", b" ", b"fffffffffffffffffff"])
 def test_a_malformed_chunk_size_is_400_at_once_without_reading_on(small: ServeProcess, size_line: bytes) -> None:
     # Chunk size -1 used to make the server read to the end of the stream (300 MiB sent: +700 MiB) before a 413.
-    with _connect(small.http_port, timeout=5) as sock:
+    with _connect(small.http_port, timeout=EVENT_DEADLINE_S) as sock:
         sock.sendall(_head(chunked=True) + size_line + b"\r\n" + b"\0" * 4096)  # and the connection stays open
         began = time.monotonic()
         status, _, body = _response(sock)
     assert status == 400 and b"chunk" in body
-    assert time.monotonic() - began < 4.5  # at once: not after the 5 s body-rate window a read on would end in
+    assert time.monotonic() - began < _SMALL_WINDOW_S / 2  # at once: not after the body-rate window a read on would end in
 
 
 @pytest.mark.parametrize("lengths", [["-5"], ["5", "6"], ["0x10"], ["+5"], ["5 5"]])
 def test_a_malformed_content_length_is_400(small: ServeProcess, lengths: list[str]) -> None:
     extra = "".join(f"Content-Length: {value}\r\n" for value in lengths)
-    with _connect(small.http_port, timeout=5) as sock:
+    with _connect(small.http_port, timeout=EVENT_DEADLINE_S) as sock:
         sock.sendall(_head(extra=extra) + b"\0" * 16)
         status, _, _ = _response(sock)
     assert status == 400
@@ -153,24 +160,24 @@ def test_a_malformed_content_length_is_400(small: ServeProcess, lengths: list[st
 
 def test_transfer_encoding_with_content_length_or_not_chunked_is_400(small: ServeProcess) -> None:
     for extra in ("Transfer-Encoding: chunked\r\nContent-Length: 5\r\n", "Transfer-Encoding: gzip, chunked\r\n"):
-        with _connect(small.http_port, timeout=5) as sock:
+        with _connect(small.http_port, timeout=EVENT_DEADLINE_S) as sock:
             sock.sendall(_head(extra=extra) + b"5\r\nhello\r\n0\r\n\r\n")
             status, _, _ = _response(sock)
         assert status == 400, extra
 
 
 def test_chunks_past_the_limit_are_413_before_the_chunk_is_read(small: ServeProcess) -> None:
-    with _connect(small.http_port, timeout=5) as sock:
+    with _connect(small.http_port, timeout=EVENT_DEADLINE_S) as sock:
         sock.sendall(_head(chunked=True) + b"%x\r\n" % (_MIB + 1))  # announced, never sent
         began = time.monotonic()
         status, _, _ = _response(sock)
-    assert status == 413 and time.monotonic() - began < 4.5  # before the chunk, not after the 5 s body-rate window
+    assert status == 413 and time.monotonic() - began < _SMALL_WINDOW_S / 2  # before the chunk, not after the body-rate window
 
 
 def test_a_well_formed_chunked_body_is_stored(small: ServeProcess) -> None:
     body = _request(3, service="chunked")
     framed = b"".join(b"%x;ext=1\r\n%s\r\n" % (len(part), part) for part in (body[:10], body[10:])) + b"0\r\nX-Trailer: 1\r\n\r\n"
-    with _connect(small.http_port, timeout=10) as sock:
+    with _connect(small.http_port, timeout=EVENT_DEADLINE_S) as sock:
         sock.sendall(_head(chunked=True) + framed)
         status, _, _ = _response(sock)
     assert status == 200
@@ -180,7 +187,7 @@ def test_a_well_formed_chunked_body_is_stored(small: ServeProcess) -> None:
 
 
 def _metric(port: int, name: str) -> float:
-    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=EVENT_DEADLINE_S)
     connection.request("GET", "/metrics")
     text = connection.getresponse().read().decode()
     return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name))
@@ -215,7 +222,7 @@ class _Normal:
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
-        self._thread.join(20)
+        self._thread.join(EVENT_DEADLINE_S)  # ends after the export in flight
 
 
 def test_bodies_held_one_byte_short_neither_grow_memory_nor_keep_normal_clients_out(tmp_path: Path) -> None:
@@ -254,7 +261,7 @@ def test_bodies_held_one_byte_short_neither_grow_memory_nor_keep_normal_clients_
                         if status == 503:
                             pushed_back.append(headers.get("retry-after", ""))
                 held_at = time.monotonic()
-                deadline = held_at + 120  # generous: ends as soon as the normal client sent 10 requests after the attack was in place
+                deadline = held_at + EVENT_DEADLINE_S  # generous: ends as soon as the normal client sent 10 requests after the attack was in place
                 while len(normal.since(held_at)) < 10 and time.monotonic() < deadline:
                     time.sleep(0.05)
             reclaimed = _metric(server.http_port, 'plumbline_http_bodies_cut_total{reason="reclaimed"}')
@@ -279,11 +286,11 @@ def test_bodies_held_one_byte_short_neither_grow_memory_nor_keep_normal_clients_
 
 def test_a_body_slower_than_the_floor_is_cut_with_408(tmp_path: Path) -> None:
     """A body that stops (or trickles a byte every half second) is cut with 408 once a 5 s window
-    passes with under 1 KiB/s, well before its 30 s deadline, and its reservation is given back."""
-    server = ServeProcess(tmp_path, "--workers", "0", "--http-read-timeout", "30").start()
+    passes with under 1 KiB/s, well before its deadline (400 s here), and its reservation is given back."""
+    server = ServeProcess(tmp_path, "--workers", "0", "--http-read-timeout", "400").start()
     stop = threading.Event()
     try:
-        with _connect(server.http_port, timeout=15) as stalled, _connect(server.http_port, timeout=15) as trickled:
+        with _connect(server.http_port, timeout=EVENT_DEADLINE_S) as stalled, _connect(server.http_port, timeout=EVENT_DEADLINE_S) as trickled:
             began = time.monotonic()
             stalled.sendall(_head(100_000) + b"\0" * 50_000)
             trickled.sendall(_head(100_000) + b"\0" * 50_000)
@@ -304,7 +311,7 @@ def test_a_body_slower_than_the_floor_is_cut_with_408(tmp_path: Path) -> None:
         assert server.stop() == 0
     assert [status for status, _, _ in answers] == [408, 408], answers
     assert all(headers.get("connection") == "close" for _, headers, _ in answers)
-    assert 4.5 < took < 25, took  # cut by the 5 s window, not at the 30 s deadline (however loaded the machine)
+    assert 4.5 < took < 200, took  # cut by the 5 s window (never sooner), far from the 400 s deadline however loaded the machine
     assert in_flight == 0 and slow == 2
 
 
@@ -329,7 +336,7 @@ def test_chunked_bodies_are_charged_as_they_are_read(tmp_path: Path) -> None:
                 with suppress(OSError, http.client.HTTPException):
                     if _response(sock)[0] == 503:
                         refused += 1
-            text = http.client.HTTPConnection("127.0.0.1", server.http_port, timeout=10)
+            text = http.client.HTTPConnection("127.0.0.1", server.http_port, timeout=EVENT_DEADLINE_S)
             text.request("GET", "/metrics")
             metrics = text.getresponse().read().decode()
         peak = next(float(line.split()[-1]) for line in metrics.splitlines() if line.startswith("plumbline_memory_budget_peak_bytes"))
@@ -345,7 +352,7 @@ def test_one_address_reading_bodies_holds_only_its_share_and_others_are_served(t
     share of the budget (half of 32 MiB), so some of them get 503 naming the client address part-way,
     the budget never holds more than the share, and a normal client on another address is served."""
     server = ServeProcess(tmp_path, "--queue-max-bytes-mib", "32", "--max-request-body-size-mib", "8", "--workers", "0",
-                          "--http-read-timeout", "120").start()
+                          "--http-read-timeout", "900").start()  # past the test's waits: the bodies are refused, never timed out
     stop = threading.Event()
     answers: list[tuple[int, bytes]] = []
 
@@ -360,7 +367,7 @@ def test_one_address_reading_bodies_holds_only_its_share_and_others_are_served(t
             socks = [stack.enter_context(_connect(server.http_port, "127.0.0.2", timeout=10)) for _ in range(8)]
             for sock in socks:
                 threading.Thread(target=send_slowly, args=(sock,), daemon=True).start()
-            deadline = time.monotonic() + 120  # generous: until the address's bodies reached its share and were refused
+            deadline = time.monotonic() + EVENT_DEADLINE_S  # generous: until the address's bodies reached its share and were refused
             while _metric(server.http_port, "plumbline_memory_budget_address_refusals") < 4 and time.monotonic() < deadline:
                 time.sleep(0.05)
             with _Normal(server.http_port) as normal:
@@ -396,7 +403,7 @@ def _never(stop: threading.Event) -> Iterator[bytes]:
 
 def _health(address: str, credentials: grpc.ChannelCredentials | None = None) -> int:
     with grpc.insecure_channel(address) as channel:
-        return int(health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=""), timeout=5).status)
+        return int(health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=""), timeout=EVENT_DEADLINE_S).status)
 
 
 def test_idle_grpc_calls_are_cancelled_and_never_starve_health_or_exports(tmp_path: Path) -> None:
@@ -411,13 +418,13 @@ def test_idle_grpc_calls_are_cancelled_and_never_starve_health_or_exports(tmp_pa
     try:
         with grpc.insecure_channel(server.grpc_address) as channel:
             export = channel.stream_unary(_TRACES, request_serializer=None, response_deserializer=None)
-            calls = [export.future(_never(stop), timeout=30) for _ in range(40)]
+            calls = [export.future(_never(stop), timeout=EVENT_DEADLINE_S) for _ in range(40)]
             began = time.monotonic()
             time.sleep(0.5)
             assert _health(server.grpc_address) == health_pb2.HealthCheckResponse.SERVING
             for call in calls:
                 with pytest.raises(grpc.RpcError) as caught:
-                    call.result(timeout=10)
+                    call.result(timeout=EVENT_DEADLINE_S)
                 with lock:
                     codes.append(caught.value.code())
                     trailers = dict(caught.value.trailing_metadata() or ())
@@ -425,14 +432,15 @@ def test_idle_grpc_calls_are_cancelled_and_never_starve_health_or_exports(tmp_pa
             ended = time.monotonic() - began
             assert _health(server.grpc_address) == health_pb2.HealthCheckResponse.SERVING
             unary = channel.unary_unary(_TRACES, request_serializer=None, response_deserializer=None)
-            unary(_request(service="after-idle"), timeout=10)
+            unary(_request(service="after-idle"), timeout=EVENT_DEADLINE_S)
     finally:
         stop.set()
         assert server.stop() == 0
     assert codes.count(grpc.StatusCode.RESOURCE_EXHAUSTED) >= 32, codes  # past the cap of 8 (or the budget)
     assert all(info for code, info in zip(codes, retry_info) if code == grpc.StatusCode.RESOURCE_EXHAUSTED)
     assert codes.count(grpc.StatusCode.CANCELLED) >= 1  # the admitted ones, at the deadline
-    assert ended < 25, f"idle calls lasted {ended:.1f} s past a 2 s message deadline (their own is 30 s)"
+    # Cancelled at the 2 s message deadline, told apart from their own deadline (300 s) far from both, however loaded the machine.
+    assert ended < EVENT_DEADLINE_S / 2, f"idle calls lasted {ended:.1f} s past a 2 s message deadline (their own is {EVENT_DEADLINE_S:g} s)"
     assert query(server.db, "SELECT count(*) FROM spans")[0][0] == 2
 
 
@@ -442,15 +450,15 @@ def test_unauthenticated_idle_grpc_calls_are_refused_before_they_hold_a_slot(tmp
     try:
         with grpc.insecure_channel(server.grpc_address) as channel:
             export = channel.stream_unary(_TRACES, request_serializer=None, response_deserializer=None)
-            calls = [export.future(_never(stop), timeout=30) for _ in range(150)]
+            calls = [export.future(_never(stop), timeout=EVENT_DEADLINE_S) for _ in range(150)]
             codes = []
             for call in calls:
                 with pytest.raises(grpc.RpcError) as caught:
-                    call.result(timeout=10)
+                    call.result(timeout=EVENT_DEADLINE_S)
                 codes.append(caught.value.code())
             assert _health(server.grpc_address) == health_pb2.HealthCheckResponse.SERVING
             unary = channel.unary_unary(_TRACES, request_serializer=None, response_deserializer=None)
-            unary(_request(service="with-token"), timeout=10, metadata=(("authorization", f"Bearer {TOKEN}"),))
+            unary(_request(service="with-token"), timeout=EVENT_DEADLINE_S, metadata=(("authorization", f"Bearer {TOKEN}"),))
     finally:
         stop.set()
         assert server.stop() == 0
@@ -477,7 +485,7 @@ def test_grpc_pushback_past_the_budget_is_resource_exhausted_with_retry_info(tmp
     try:
         with grpc.insecure_channel(server.grpc_address) as channel:
             unary = channel.unary_unary(_TRACES, request_serializer=None, response_deserializer=None)
-            with _connect(server.http_port, timeout=60) as sock:
+            with _connect(server.http_port, timeout=EVENT_DEADLINE_S) as sock:
                 sock.sendall(_head(16 * _MIB) + b"\0" * (15 * _MIB + _MIB // 2))
 
                 def trickle() -> None:
@@ -486,16 +494,16 @@ def test_grpc_pushback_past_the_budget_is_resource_exhausted_with_retry_info(tmp
                             sock.sendall(b"\0")
 
                 threading.Thread(target=trickle, daemon=True).start()
-                deadline = time.monotonic() + 120  # generous: the body's read keeps up on any machine well before
+                deadline = time.monotonic() + EVENT_DEADLINE_S  # generous: the body's read keeps up on any machine well before
                 while _metric(server.http_port, "plumbline_queue_bytes") < 15 * _MIB + _MIB // 2 and time.monotonic() < deadline:
                     time.sleep(0.05)
                 with pytest.raises(grpc.RpcError) as caught:
-                    unary(message, timeout=30)
+                    unary(message, timeout=EVENT_DEADLINE_S)  # pushed back by the server, not by this deadline
                 stop.set()
-            deadline = time.monotonic() + 120
+            deadline = time.monotonic() + EVENT_DEADLINE_S
             while _metric(server.http_port, "plumbline_queue_bytes") > 0 and time.monotonic() < deadline:
                 time.sleep(0.05)
-            unary(message, timeout=30)
+            unary(message, timeout=EVENT_DEADLINE_S)
     finally:
         stop.set()
         assert server.stop() == 0
@@ -515,17 +523,17 @@ def test_idle_grpc_calls_hold_nothing_and_are_cancelled_at_the_message_deadline(
     try:
         with grpc.insecure_channel(server.grpc_address) as channel:
             export = channel.stream_unary(_TRACES, request_serializer=None, response_deserializer=None)
-            calls = [export.future(_never(stop), timeout=60) for _ in range(2)]
+            calls = [export.future(_never(stop), timeout=EVENT_DEADLINE_S) for _ in range(2)]  # cancelled at 2 s, not at this
             unary = channel.unary_unary(_TRACES, request_serializer=None, response_deserializer=None)
-            unary(_request(service="during"), timeout=30)
+            unary(_request(service="during"), timeout=EVENT_DEADLINE_S)
             held = _metric(server.http_port, "plumbline_queue_bytes")
             codes = []
             for call in calls:
                 with pytest.raises(grpc.RpcError) as caught:
-                    call.result(timeout=60)
+                    call.result(timeout=EVENT_DEADLINE_S)
                 codes.append(caught.value.code())
             in_flight = _metric(server.http_port, "plumbline_queue_bytes")
-            unary(_request(service="after"), timeout=30)
+            unary(_request(service="after"), timeout=EVENT_DEADLINE_S)
             assert not stop.is_set()  # the idle callers never ended their streams: the server let go of them
     finally:
         stop.set()
@@ -549,7 +557,7 @@ def test_a_trickled_request_head_is_closed_at_the_header_deadline(tmp_path: Path
     server = ServeProcess(tmp_path, "--http-read-header-timeout", "2", "--workers", "0").start()
     stop = threading.Event()
     try:
-        with _connect(server.http_port, timeout=10) as sock:
+        with _connect(server.http_port, timeout=EVENT_DEADLINE_S) as sock:  # a trickle that kept it open would hold it this long
             began = time.monotonic()
             threading.Thread(target=_trickle, args=(sock, stop, 0.3), daemon=True).start()
             data = b"x"
@@ -560,7 +568,7 @@ def test_a_trickled_request_head_is_closed_at_the_header_deadline(tmp_path: Path
         stop.set()
         assert server.stop() == 0
     assert data == b"" or data.startswith(b"HTTP/1.1 4")
-    assert 1.5 < closed_after < 5, closed_after
+    assert 1.5 < closed_after < 60, closed_after  # at the 2 s deadline (never sooner), not held open by the trickle
 
 
 def test_slow_connections_past_the_cap_do_not_stop_normal_requests_or_health(tmp_path: Path) -> None:

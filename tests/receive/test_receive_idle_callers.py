@@ -30,6 +30,7 @@ import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from otlp import to_otlp_json
 from receive_support import TOKEN, Relay, ServeProcess, query
+from waits import EVENT_DEADLINE_S
 
 from plumbline_otel.receive._grpc import EVICT_AFTER
 
@@ -38,6 +39,7 @@ pytestmark = pytest.mark.slow
 _TRACES = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
 _MIB = 1 << 20
 _PIECE = 1 << 18  # the HTTP receiver reserves a body this much at a time (`_http._PIECE`)
+_IDLE_S = 3 * EVENT_DEADLINE_S  # how long an idle call or body may stay: past any test's length, so the test ends them
 
 
 def _request(spans: int = 2, service: str = "idle-callers") -> ExportTraceServiceRequest:
@@ -57,7 +59,7 @@ def _request(spans: int = 2, service: str = "idle-callers") -> ExportTraceServic
 
 
 def _metric(port: int, name: str, headers: dict[str, str] | None = None) -> float:
-    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=EVENT_DEADLINE_S)
     try:
         connection.request("GET", "/metrics", headers=headers or {})
         text = connection.getresponse().read().decode()
@@ -67,7 +69,7 @@ def _metric(port: int, name: str, headers: dict[str, str] | None = None) -> floa
 
 
 def _post(port: int, body: bytes, media: str = "application/x-protobuf", headers: dict[str, str] | None = None,
-          timeout: float = 60.0) -> tuple[int, bytes]:
+          timeout: float = EVENT_DEADLINE_S) -> tuple[int, bytes]:
     connection = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
     try:
         connection.request("POST", "/v1/traces", body=body, headers={"Content-Type": media, **(headers or {})})
@@ -89,8 +91,9 @@ def test_idle_grpc_callers_hold_no_budget_and_the_normal_client_is_served(tmp_pa
     four idle exports from 127.0.0.2 and 127.0.0.3 and 200 from 127.0.0.1 (the normal client's own
     address, past the call cap); with a token, the idle callers carry it. The idle calls hold no
     budget, and all 16 gRPC and 5 OTLP/HTTP exports of the normal client are stored, each at once."""
-    # A message deadline past the test's length: the idle calls are not let go of while the normal client exports.
-    server = ServeProcess(tmp_path, "--workers", "0", "--grpc-message-timeout", "300", *(("--auth-token", token) if token else ())).start()
+    # A message deadline (and the idle calls' own) past the test's length however loaded the machine: the idle calls
+    # are not let go of while the normal client exports.
+    server = ServeProcess(tmp_path, "--workers", "0", "--grpc-message-timeout", str(_IDLE_S), *(("--auth-token", token) if token else ())).start()
     auth = (("authorization", f"Bearer {token}"),) if token else ()
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     stop = threading.Event()
@@ -104,13 +107,13 @@ def test_idle_grpc_callers_hold_no_budget_and_the_normal_client_is_served(tmp_pa
                          for _ in range(2)]
             for i, channel in enumerate(channels):
                 export = channel.stream_unary(_TRACES, request_serializer=None, response_deserializer=None)
-                idle += [export.future(_never(stop), timeout=60, metadata=auth) for _ in range(2 if i < 2 else 100)]
+                idle += [export.future(_never(stop), timeout=_IDLE_S, metadata=auth) for _ in range(2 if i < 2 else 100)]
             time.sleep(EVICT_AFTER + 0.5)  # a minimum age, not a wait for speed: idle calls older than this give their slots up
             held = _metric(server.http_port, "plumbline_queue_bytes", headers)
             normal = stack.enter_context(grpc.insecure_channel(server.grpc_address, options=[("grpc.use_local_subchannel_pool", 1)]))
             unary = normal.unary_unary(_TRACES, request_serializer=None, response_deserializer=None)
             for i in range(16):  # each must succeed: before, 15 of 16 were RESOURCE_EXHAUSTED
-                unary(_request(service=f"grpc-{i}").SerializeToString(), timeout=60, metadata=auth)
+                unary(_request(service=f"grpc-{i}").SerializeToString(), timeout=EVENT_DEADLINE_S, metadata=auth)
             statuses = [_post(server.http_port, _request(service=f"http-{i}").SerializeToString(), headers=headers)[0] for i in range(5)]
             still_idle = sum(not call.done() for call in idle)
             evicted = _metric(server.http_port, "plumbline_grpc_calls_evicted", headers)
@@ -131,15 +134,15 @@ def test_idle_http_bodies_hold_what_arrived_not_what_they_declared(tmp_path: Pat
     they hold under 30 pieces of the budget (they used to reserve 60 MiB each, an address's whole
     share in two), and a normal client's exports are stored meanwhile."""
     # No rate floor and a long body deadline: nothing but the budget rule decides what the idle bodies hold.
-    server = ServeProcess(tmp_path, "--workers", "0", "--http-read-timeout", "300", "--http-min-body-rate", "0").start()
+    server = ServeProcess(tmp_path, "--workers", "0", "--http-read-timeout", str(_IDLE_S), "--http-min-body-rate", "0").start()
     try:
         with ExitStack() as stack:
             for i in range(30):
-                sock = stack.enter_context(socket.create_connection(("127.0.0.1", server.http_port), timeout=30,
+                sock = stack.enter_context(socket.create_connection(("127.0.0.1", server.http_port), timeout=EVENT_DEADLINE_S,
                                                                     source_address=("127.0.0.2" if i % 2 else "127.0.0.1", 0)))
                 sock.sendall(b"POST /v1/traces HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-protobuf\r\n"
                              b"Content-Length: %d\r\n\r\n" % (60 * _MIB) + b"\0" * 1024)
-            deadline = time.monotonic() + 120  # generous: each connection's read starts on a server thread of its own
+            deadline = time.monotonic() + EVENT_DEADLINE_S  # generous: each connection's read starts on a server thread of its own
             while (held := _metric(server.http_port, "plumbline_queue_bytes")) < 30 * _PIECE and time.monotonic() < deadline:
                 time.sleep(0.05)
             statuses = [_post(server.http_port, _request(service=f"normal-{i}").SerializeToString())[0] for i in range(5)]

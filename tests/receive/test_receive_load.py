@@ -17,6 +17,7 @@ from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExport
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.sdk.trace.export import SpanExportResult
 from receive_support import ServeProcess, finished_spans, query, span_key, stored_span_keys
+from waits import EVENT_DEADLINE_S
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
@@ -36,10 +37,11 @@ def test_kill_9_mid_stream_then_restart_keeps_every_acknowledged_span_exactly_on
         The wait is on the restart's readiness, not on the exporter's retry budget, which a slow restart
         on a loaded machine can outlast; an acknowledged batch is never resent.
         """
-        exporter = OTLPSpanExporter(endpoint=f"http://{server.grpc_address}", insecure=True, timeout=10)
+        # A generous timeout: the 10 s default dropped batches a loaded server was still committing.
+        exporter = OTLPSpanExporter(endpoint=f"http://{server.grpc_address}", insecure=True, timeout=EVENT_DEADLINE_S)
         for i, batch in enumerate(batches):
             result = exporter.export(batch)
-            if result != SpanExportResult.SUCCESS and restarted_ready.wait(120):
+            if result != SpanExportResult.SUCCESS and restarted_ready.wait(EVENT_DEADLINE_S):
                 result = exporter.export(batch)
             if result == SpanExportResult.SUCCESS:
                 acknowledged.extend(span_key(s) for s in batch)
@@ -51,11 +53,11 @@ def test_kill_9_mid_stream_then_restart_keeps_every_acknowledged_span_exactly_on
 
     sender = threading.Thread(target=stream)
     sender.start()
-    assert progress.wait(60)
+    assert progress.wait(EVENT_DEADLINE_S)
     server.kill()  # SIGKILL mid-stream: no drain, no final commit
     restarted = ServeProcess(tmp_path, db=server.db, grpc_port=server.grpc_port, http_port=server.http_port).start()
     restarted_ready.set()
-    sender.join(180)
+    sender.join(2 * EVENT_DEADLINE_S)  # the sender ends once its batches are answered: this only bounds a hang
     assert not sender.is_alive()
     assert restarted.stop() == 0
     rows = stored_span_keys(server.db)
@@ -93,7 +95,7 @@ def _grpc_sender(address: str, bodies: list[bytes], load: _Load, deadline: float
         for body in bodies:
             while time.monotonic() < deadline:
                 try:
-                    export(body, timeout=30)
+                    export(body, timeout=EVENT_DEADLINE_S)  # an accepted body is answered once committed, however slowly
                     break
                 except grpc.RpcError as exc:
                     assert exc.code() == grpc.StatusCode.UNAVAILABLE, exc
@@ -111,7 +113,7 @@ def _grpc_sender(address: str, bodies: list[bytes], load: _Load, deadline: float
 
 
 def _http_sender(port: int, bodies: list[bytes], load: _Load, deadline: float) -> None:
-    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=EVENT_DEADLINE_S)
     for body in bodies:
         while time.monotonic() < deadline:
             connection.request("POST", "/v1/traces", body=body, headers={"Content-Type": "application/x-protobuf"})
@@ -137,7 +139,7 @@ def test_overload_answers_pushback_stays_bounded_and_stores_every_retried_span(t
     senders = 6
     bodies = [[_big_request(spans, f"s{k}r{j}") for j in range(per_sender)] for k in range(senders + 2)]
     load = _Load()
-    deadline = time.monotonic() + 90
+    deadline = time.monotonic() + 2 * EVENT_DEADLINE_S  # the senders stop when every body is acknowledged: this bounds a hang
     threads = [threading.Thread(target=_grpc_sender, args=(server.grpc_address, bodies[k], load, deadline)) for k in range(senders)]
     threads += [threading.Thread(target=_http_sender, args=(server.http_port, bodies[senders + k], load, deadline)) for k in range(2)]
     peak_rss = 0.0
@@ -166,7 +168,7 @@ def test_sigterm_while_requests_are_in_flight_commits_and_assembles_what_was_ack
     first_acknowledged = threading.Event()
 
     def send(k: int) -> None:
-        exporter = OTLPSpanExporter(endpoint=f"http://{server.grpc_address}", insecure=True, timeout=60)
+        exporter = OTLPSpanExporter(endpoint=f"http://{server.grpc_address}", insecure=True, timeout=60)  # an unanswered export is not counted
         started.wait()
         for i in range(200):
             if stopped.is_set():
@@ -184,11 +186,11 @@ def test_sigterm_while_requests_are_in_flight_commits_and_assembles_what_was_ack
     started.wait()
     # SIGTERM once requests are acknowledged and more are in flight (a fixed second was, on a loaded
     # machine, sometimes before the first answer: nothing acknowledged, nothing tested).
-    assert first_acknowledged.wait(300), "no export was acknowledged"
+    assert first_acknowledged.wait(EVENT_DEADLINE_S), "no export was acknowledged"
     assert server.stop() == 0
     stopped.set()
     for thread in threads:
-        thread.join(60)
+        thread.join(EVENT_DEADLINE_S)  # each ends after its export in flight (to a stopped server: its 60 s timeout)
     assert acknowledged
     assert set(acknowledged) <= set(stored_span_keys(server.db))
     acknowledged_traces = {trace for trace, _ in acknowledged}

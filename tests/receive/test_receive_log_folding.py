@@ -10,13 +10,14 @@ from typing import Any
 from core.spans import content_in_logs_run
 from otlp import record_with_logs, to_otlp_json
 from receive_support import ServeProcess
+from waits import EVENT_DEADLINE_S
 
 from plumbline_otel.api.client import PlumblineClient
 
 
 def _post(url: str, doc: dict[str, Any]) -> int:
     request = urllib.request.Request(url, data=json.dumps(doc).encode(), method="POST", headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=10) as response:
+    with urllib.request.urlopen(request, timeout=EVENT_DEADLINE_S) as response:
         return int(response.status)
 
 
@@ -39,12 +40,12 @@ def test_log_records_before_or_after_their_spans_are_folded_while_serving(tmp_pa
         # The spans-only trajectory is assembled and stored before its log records come: waited for, not
         # slept for (a second was too short for a loaded machine, and then the case was never exercised).
         spans_only = spans_first[0].resource_spans[0].scope_spans[0].spans[0].trace_id.hex()
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + EVENT_DEADLINE_S
         while not any(t["trace_id"] == spans_only for t in client.trajectories(assemble_first=False)):
             assert time.monotonic() < deadline, "the spans-only trajectory was never stored"
             time.sleep(0.1)
         assert _post(f"{server.http_url}/v1/logs", to_otlp_json(spans_first[1])) == 200
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + EVENT_DEADLINE_S
         got = [_folded(client, request.resource_spans[0].scope_spans[0].spans[0].trace_id.hex(), deadline)
                for request, _ in (logs_first, spans_first)]
     for t in got:

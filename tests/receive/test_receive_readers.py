@@ -10,6 +10,7 @@ from click.testing import CliRunner
 from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.trace.export import SpanExportResult
 from receive_support import ServeProcess, finished_spans
+from waits import EVENT_DEADLINE_S
 
 from plumbline_otel.cli.main import cli
 
@@ -29,7 +30,7 @@ def test_commands_read_a_served_store_through_the_api(tmp_path: Path) -> None:
     spec = tmp_path / "spec.yaml"
     spec.write_text(SPEC)
     with ServeProcess(tmp_path) as server:
-        exporter = OTLPSpanExporter(endpoint=server.grpc_address, insecure=True)
+        exporter = OTLPSpanExporter(endpoint=server.grpc_address, insecure=True, timeout=EVENT_DEADLINE_S)
         assert exporter.export(finished_spans(3)) == SpanExportResult.SUCCESS
         exporter.shutdown()
         runner = CliRunner()

@@ -17,6 +17,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import NonRecordingSpan
 from receive_support import ServeProcess, finished_spans, query, span_key
+from waits import EVENT_DEADLINE_S
 
 from plumbline_otel.api.client import PlumblineClient
 from plumbline_otel.cli.main import cli
@@ -38,7 +39,7 @@ def _pending(db: Path) -> int:
 
 
 def _export(server: ServeProcess, runs: int, prefix: str) -> None:
-    exporter = OTLPSpanExporter(endpoint=server.grpc_address, insecure=True)
+    exporter = OTLPSpanExporter(endpoint=server.grpc_address, insecure=True, timeout=EVENT_DEADLINE_S)
     assert exporter.export(finished_spans(runs, prefix=prefix)) == SpanExportResult.SUCCESS
     exporter.shutdown()
 
@@ -62,14 +63,14 @@ def test_a_stop_out_of_grace_logs_what_it_left_pending_and_the_next_start_assemb
     lazy = ("--assemble-interval", "3600", "--assemble-max-delay", "3600")
     first = finished_spans(20, prefix="early")
     server = ServeProcess(tmp_path, *lazy).start()
-    exporter = OTLPSpanExporter(endpoint=server.grpc_address, insecure=True)
+    exporter = OTLPSpanExporter(endpoint=server.grpc_address, insecure=True, timeout=EVENT_DEADLINE_S)
     assert exporter.export(first) == SpanExportResult.SUCCESS
     assert server.stop() == 0
     assert _pending(server.db) == 0
     # Stragglers after a restart: their shard holds one span of each trace, so the store must rebuild
     # every trace from its rows, and a zero grace leaves that undone.
     late = ServeProcess(tmp_path, *lazy, "--shutdown-grace", "0", db=server.db).start()
-    exporter = OTLPSpanExporter(endpoint=late.grpc_address, insecure=True)
+    exporter = OTLPSpanExporter(endpoint=late.grpc_address, insecure=True, timeout=EVENT_DEADLINE_S)
     assert exporter.export(_late_spans(first)) == SpanExportResult.SUCCESS
     exporter.shutdown()
     assert late.stop() == 0
@@ -129,8 +130,8 @@ def test_sigkill_under_load_restart_and_immediate_sigterm_leave_every_reader_cou
     for thread in threads:
         thread.start()
     started = time.monotonic()  # until some traces are assembled and more keep coming: the crash leaves both kinds
-    with PlumblineClient(first.grpc_address) as client:
-        while time.monotonic() - started < 60:
+    with PlumblineClient(first.grpc_address) as client:  # the wait ends with the event; its deadline only bounds a hang
+        while time.monotonic() - started < EVENT_DEADLINE_S:
             if len(acknowledged) >= 1500 and next(iter(client.trajectories(assemble_first=False)), None) is not None:
                 break
             time.sleep(0.2)
@@ -143,7 +144,7 @@ def test_sigkill_under_load_restart_and_immediate_sigterm_leave_every_reader_cou
     assert restarted.stop() == 0  # immediately: whatever arrived meanwhile is committed and assembled too
     stop.set()
     for thread in threads:
-        thread.join(60)
+        thread.join(EVENT_DEADLINE_S)  # each ends after its export in flight (to a stopped server: its 20 s timeout)
     assert f"assembled {left_by_crash} traces an earlier stop left pending" in restarted.output()
     assert "left pending:" not in restarted.output()
 

@@ -15,6 +15,7 @@ from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExport
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpSpanExporter
 from opentelemetry.sdk.trace.export import SpanExportResult
 from receive_support import TOKEN, ServeProcess, finished_spans, query, self_signed_cert
+from waits import EVENT_DEADLINE_S
 
 from plumbline_otel.api.client import PlumblineClient
 from plumbline_otel.errors import StoreError
@@ -58,7 +59,8 @@ def _spans(prefix: str) -> list:
 def test_grpc_exporter_with_tls_and_token_succeeds(secure: tuple[ServeProcess, Path]) -> None:
     server, cert = secure
     credentials = grpc.ssl_channel_credentials(cert.read_bytes())
-    exporter = GrpcSpanExporter(endpoint=f"https://{server.grpc_address}", credentials=credentials, headers={"authorization": f"Bearer {TOKEN}"})
+    exporter = GrpcSpanExporter(endpoint=f"https://{server.grpc_address}", credentials=credentials, headers={"authorization": f"Bearer {TOKEN}"},
+                                 timeout=EVENT_DEADLINE_S)  # the 10 s default dropped spans under load
     assert exporter.export(_spans("grpc")) == SpanExportResult.SUCCESS
     exporter.shutdown()
 
@@ -68,14 +70,14 @@ def test_grpc_exporter_without_token_is_refused(secure: tuple[ServeProcess, Path
     with grpc.secure_channel(server.grpc_address, grpc.ssl_channel_credentials(cert.read_bytes())) as channel:
         export = channel.unary_unary("/opentelemetry.proto.collector.trace.v1.TraceService/Export")
         with pytest.raises(grpc.RpcError) as caught:
-            export(b"", timeout=10, metadata=(("authorization", "Bearer wrong"),))
+            export(b"", timeout=EVENT_DEADLINE_S, metadata=(("authorization", "Bearer wrong"),))
     assert caught.value.code() == grpc.StatusCode.UNAUTHENTICATED
 
 
 def test_grpc_health_answers_without_a_token(secure: tuple[ServeProcess, Path]) -> None:
     server, cert = secure
     with grpc.secure_channel(server.grpc_address, grpc.ssl_channel_credentials(cert.read_bytes())) as channel:
-        response = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=""), timeout=10)
+        response = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=""), timeout=EVENT_DEADLINE_S)
     assert response.status == health_pb2.HealthCheckResponse.SERVING
 
 
@@ -83,14 +85,15 @@ def test_http_exporter_with_tls_and_token_succeeds(secure: tuple[ServeProcess, P
     server, cert = secure
     for name in ("REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE"):  # requests lets these override the exporter's certificate_file
         monkeypatch.delenv(name, raising=False)
-    exporter = HttpSpanExporter(endpoint=f"{server.http_url}/v1/traces", certificate_file=str(cert), headers={"Authorization": f"Bearer {TOKEN}"})
+    exporter = HttpSpanExporter(endpoint=f"{server.http_url}/v1/traces", certificate_file=str(cert), headers={"Authorization": f"Bearer {TOKEN}"},
+                                timeout=EVENT_DEADLINE_S)
     assert exporter.export(_spans("http")) == SpanExportResult.SUCCESS
     exporter.shutdown()
 
 
 def test_http_without_token_is_401(secure: tuple[ServeProcess, Path]) -> None:
     server, cert = secure
-    connection = http.client.HTTPSConnection("127.0.0.1", server.http_port, timeout=10, context=ssl.create_default_context(cafile=str(cert)))
+    connection = http.client.HTTPSConnection("127.0.0.1", server.http_port, timeout=EVENT_DEADLINE_S, context=ssl.create_default_context(cafile=str(cert)))
     connection.request("POST", "/v1/traces", body=b"", headers={"Content-Type": "application/x-protobuf"})
     response = connection.getresponse()
     assert response.status == 401 and response.getheader("WWW-Authenticate") == "Bearer"
@@ -101,8 +104,8 @@ def test_a_lower_case_bearer_scheme_is_accepted_on_both_transports(secure: tuple
     server, cert = secure
     with grpc.secure_channel(server.grpc_address, grpc.ssl_channel_credentials(cert.read_bytes())) as channel:
         export = channel.unary_unary("/opentelemetry.proto.collector.trace.v1.TraceService/Export")
-        export(b"", timeout=10, metadata=(("authorization", f"bearer {TOKEN}"),))  # an empty request: nothing stored
-    connection = http.client.HTTPSConnection("127.0.0.1", server.http_port, timeout=10, context=ssl.create_default_context(cafile=str(cert)))
+        export(b"", timeout=EVENT_DEADLINE_S, metadata=(("authorization", f"bearer {TOKEN}"),))  # an empty request: nothing stored
+    connection = http.client.HTTPSConnection("127.0.0.1", server.http_port, timeout=EVENT_DEADLINE_S, context=ssl.create_default_context(cafile=str(cert)))
     connection.request("POST", "/v1/traces", body=b"", headers={"Content-Type": "application/x-protobuf", "Authorization": f"BEARER {TOKEN}"})
     assert connection.getresponse().status == 200
     connection.close()
@@ -110,7 +113,7 @@ def test_a_lower_case_bearer_scheme_is_accepted_on_both_transports(secure: tuple
 
 def test_plain_http_to_the_tls_port_gets_no_answer(secure: tuple[ServeProcess, Path]) -> None:
     server, _ = secure
-    connection = http.client.HTTPConnection("127.0.0.1", server.http_port, timeout=10)
+    connection = http.client.HTTPConnection("127.0.0.1", server.http_port, timeout=EVENT_DEADLINE_S)
     with pytest.raises((http.client.HTTPException, ConnectionError, OSError)):
         connection.request("POST", "/v1/traces", body=b"", headers={"Content-Type": "application/x-protobuf"})
         connection.getresponse().read()

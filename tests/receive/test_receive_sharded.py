@@ -19,6 +19,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import Status, StatusCode, Tracer
 from receive_support import ServeProcess, span_key
+from waits import EVENT_DEADLINE_S
 
 from plumbline_otel.cli.main import cli
 
@@ -94,7 +95,7 @@ def shard_of(span: ReadableSpan) -> int:
 
 
 def send(server: ServeProcess, spans: list[ReadableSpan]) -> None:
-    exporter = OTLPSpanExporter(endpoint=server.grpc_address, insecure=True)
+    exporter = OTLPSpanExporter(endpoint=server.grpc_address, insecure=True, timeout=EVENT_DEADLINE_S)
     assert exporter.export(spans) == SpanExportResult.SUCCESS
     exporter.shutdown()
 
