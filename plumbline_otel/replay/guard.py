@@ -356,6 +356,9 @@ assistance request requested requesting ask asked asking job task thing bit litt
 whenever convenient hand work's there's here's that's what's let's kindly cheers ta thx tx ty pls plz
 either against though although since because while whereas hence therefore thus however meanwhile
 """))
+_WISHES = ("it would be great", "it would be good", "it would be helpful", "it would help", "it would be nice",
+           "it would be ideal", "i would be grateful", "we would be grateful", "i would appreciate it",
+           "we would appreciate it", "i would be glad")
 _IGNORABLE_PHRASES = ("would you mind", "be so kind as to", "would you be so kind as to", "when you have a moment",
                       "when you get a chance", "when you can", "if you could", "if you can", "if possible",
                       "if you would", "if you don't mind", "thank you", "many thanks", "much appreciated",
@@ -372,7 +375,9 @@ _IGNORABLE_PHRASES = ("would you mind", "be so kind as to", "would you be so kin
                       # a condition that only asks leave ("if that's OK") is politeness, not a condition
                       "if that's ok", "if that's okay", "if that is ok", "if that is okay", "if that's alright",
                       "if that's all right", "if that's fine", "if that works", "if you please",
-                      "if you get a chance", "if you have a moment", "if you have time", "when you have time")
+                      "if you get a chance", "if you have a moment", "if you have time", "when you have time",
+                      # a wish that asks ("it would be great if …could be paid") is a request, not a condition
+                      *(f"{wish} if{you}" for wish in _WISHES for you in ("", " you could", " you can", " you would")))
 # Who can do or receive an action: a name, a noun phrase, the domain's role nouns, or "we"/"us".
 _WE = frozenset(["we", "us", "our", "ours", "i", "me", "my"])
 _THEY = frozenset(["they", "them", "their", "theirs"])
@@ -863,7 +868,13 @@ def _read_dates(s: _Sentence, work: str) -> str:
         for m in list(pattern.finditer(work)):
             g = m.groupdict()
             if g.get("a"):
-                date = f"{int(g['a'])}/{int(g['b'])}/{g['y']}"  # d/m or m/d: kept as written
+                a, b = int(g["a"]), int(g["b"])
+                year = g["y"] if len(g["y"]) == 4 else f"20{g['y']}"
+                if a > 12 >= b >= 1 and a <= 31 or b > 12 >= a >= 1 and b <= 31:  # only one reading is a date
+                    day, month = (a, b) if a > 12 else (b, a)
+                    date = f"{year}-{month:02d}-{day:02d}"
+                else:
+                    date = f"{a}/{b}/{g['y']}"  # d/m or m/d: kept as written
             else:
                 month = int(g["m"]) if g.get("m") else _MONTHS[g["mon"].lower().rstrip(".")]
                 day = int(g["d"])
@@ -1415,6 +1426,8 @@ def _settle_readings(s: _Sentence, v: _Vocabulary) -> None:
       clause ("unless the controller has approved it" is "unless the controller approves"): "it must be approved by the controller" asks for an approval, "payments
       are approved by Elena" states who approves them; "it has been approved" asserts one; so
       is such a word where an imperative stands ("… and correct the tax code");
+    - "pending"/"awaiting" before what is awaited is "until" ("hold it pending approval"); "the
+      invoice is pending" says where it stands;
     - "only" with a doer named by "by" restricts who may act ("only by"), as "alone" does;
     - "should" opening a clause that is not a question to someone opens a condition ("Should the
       price be more than 2% above the PO, hold it" is "if");
@@ -1444,6 +1457,9 @@ def _settle_readings(s: _Sentence, v: _Vocabulary) -> None:
         elif t.role == "fact" and before is not None and before.text in ("has", "have", "had", "been") and any(
                 c.role == "cond" and c.text in _EVENT_CONDITIONS for c in toks[first_of_clause[t.clause]:i]):
             t.role = "ignore"  # "until compliance has cleared the vendor": the event awaited ("clears"), not a fact
+        elif t.text in ("pending", "awaiting") and t.role == "ignore" and after is not None and (
+                before is None or before.text not in _BE | {"still", "currently", "now", "been"}):
+            t.role, t.value = "cond", "until"  # "hold it pending the controller's approval": until it comes
         elif t.role == "cond" and t.text == "only" and _names_doer(toks, i, v):
             t.value = "only by"  # "may only be changed by the controller": only that party may
         elif t.role == "action" and before is not None and before.text in ("who", "which") and i + 1 < len(toks):
@@ -1472,7 +1488,9 @@ def _settle_readings(s: _Sentence, v: _Vocabulary) -> None:
             t.role, t.value = "action", v.verb_nouns[t.text]  # "bill Ashfield Logistics for it": a noun where a verb stands
         elif t.role == "modal" and t.text in _REQUEST_MODALS and (
                 (after is not None and after.text in _ASKED) or (i == 0 and question)
-                or (before is not None and before.text in ("please", "pls", "plz"))):
+                or (before is not None and before.text in ("please", "pls", "plz"))
+                or any(u.role == "ignore" and u.text.endswith(" if") and u.text[:-3] in _WISHES
+                       for u in toks[first_of_clause[t.clause]:i])):
             t.role = "ignore"
 
 
