@@ -445,7 +445,6 @@ _ANY_NOT_YET = {
     "replay/perturb.py": "variant metadata and fault plans as JSON",
     "replay/tape.py": "recorded requests and results (provider JSON)",
     "replay/branch.py": "a replay job as JSON",
-    "replay/proxy/simulated.py": "scripted provider JSON (its bodies are read back by tape.render_reply's callers)",
     "replay/proxy/wire.py": "provider wire JSON, navigated key by key (tape.py reads the same shapes)",
 }
 

@@ -9,13 +9,14 @@ included), and it keeps every request it received, so a test can see what the pr
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import orjson
 
+from plumbline_otel.replay.jsonvalue import JsonObject, JsonValue
 from plumbline_otel.replay.proxy.wire import Api, api_for, request_tool_calls, tool_name
 
 
@@ -24,20 +25,20 @@ class SimReply:
     """What the simulated model answers: text and/or tool calls (name, arguments), and its usage."""
 
     text: str = ""
-    tool_calls: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    tool_calls: list[tuple[str, JsonObject]] = field(default_factory=list)
     input_tokens: int | None = None  # None: a quarter of the request's bytes
     output_tokens: int = 20
     cache_read_tokens: int = 0
     cache_write_tokens: int = 0
 
 
-Script = Callable[[Api, dict[str, Any]], SimReply]
+Script = Callable[[Api, JsonObject], SimReply]
 
 
-def default_script(api: Api, body: dict[str, Any]) -> SimReply:
+def default_script(api: Api, body: Mapping[str, object]) -> SimReply:
     """Call the first offered tool once, then answer "done" (enough for an agent loop to finish)."""
     tools = body.get("tools") or []
-    if tools and not request_tool_calls(api, body):
+    if isinstance(tools, list) and tools and not request_tool_calls(api, body):
         return SimReply(tool_calls=[(str(tool_name(api, tools[0])), {"id": "INV-1"})])
     return SimReply(text="done")
 
@@ -56,8 +57,14 @@ def _usage(api: Api, reply: SimReply, size: int) -> dict[str, Any]:
             "total_tokens": total + reply.output_tokens}
 
 
-def body_for(api: Api, model: str, reply: SimReply, usage: dict[str, Any], n: int) -> dict[str, Any]:
+def body_for(api: Api, model: str, reply: SimReply, usage: Mapping[str, JsonValue], n: int) -> JsonObject:
     """A whole response in ``api``'s shape."""
+    body: JsonObject = _body(api, model, reply, usage, n)
+    return body
+
+
+def _body(api: Api, model: str, reply: SimReply, usage: Mapping[str, JsonValue], n: int) -> dict[str, Any]:
+    """`body_for`, as this module reads it back (`stream_for` splits it into events)."""
     calls = [(f"call_{n}_{i}", name, args) for i, (name, args) in enumerate(reply.tool_calls)]
     if api == "chat":
         message: dict[str, Any] = {"role": "assistant", "content": reply.text or None}
@@ -87,9 +94,9 @@ def _sse(data: dict[str, Any], event: str | None = None) -> bytes:
     return head + b"data: " + orjson.dumps(data) + b"\n\n"
 
 
-def stream_for(api: Api, model: str, reply: SimReply, usage: dict[str, Any], n: int, include_usage: bool) -> list[bytes]:
+def stream_for(api: Api, model: str, reply: SimReply, usage: Mapping[str, JsonValue], n: int, include_usage: bool) -> list[bytes]:
     """The same answer as SSE events, split the way each provider streams."""
-    whole = body_for(api, model, reply, usage, n)
+    whole = _body(api, model, reply, usage, n)
     words = [w + " " for w in reply.text.split(" ")] if reply.text else []
     if api == "chat":
         base = {"id": whole["id"], "object": "chat.completion.chunk", "created": 0, "model": model}
