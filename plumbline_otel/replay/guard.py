@@ -691,8 +691,14 @@ def _amount_referents(text: str) -> str:
     return "".join(out) + text[last:]
 
 
+# "We need to pay X" / "We'll have to hold it", opening a request, asks the reader to: "please pay X".
+_WE_NEED = re.compile(r"(?:(?<=^)|(?<=[.!?;:,]\s)|(?<=\n)|(?<=\band\s)|(?<=\bso\s))(?:we|i)\s+(?:will\s+|would\s+|also\s+)?"
+                      r"(?:need|have|needs|got)\s+to\s+(?!be\b|have\b|get\b|know\b|check\s+with\b|ask\b)", re.I | re.M)
+
+
 def _reworded_conditions(text: str) -> str:
     """Conditions said one way (see above)."""
+    text = _WE_NEED.sub("please ", text)
     def consent(m: re.Match[str]) -> str:
         det = m.group("det") or m.group("det2") or ""
         party = m.group("party") or m.group("party2")
