@@ -253,3 +253,68 @@ def test_the_corpus_was_split_before_the_rules_and_its_held_out_part_holds() -> 
     assert (len(changes), len(keeps)) == (92, 76)
     assert len(accepted) <= HELD_OUT_MAX_ACCEPTED, accepted
     assert len(rejected) <= HELD_OUT_MAX_REJECTED, rejected
+
+
+# --- second round of issue 38 item 5: general mechanisms ------------------------------------------
+
+def test_contractions_are_written_out_before_reading() -> None:
+    from plumbline_otel.replay.guard import expand_contractions
+    assert expand_contractions("Don't pay it; we'll hold it. It's been approved. Can't, won't. Delmar's invoice.") == \
+        "Do not pay it; we will hold it. It has been approved. Cannot, will not. Delmar's invoice."
+    original = "Do not pay invoice INV-1003 until it has been approved; we will hold it."
+    assert check_equivalent(original, "Don't pay invoice INV-1003 until it's been approved; we'll hold it.").ok
+
+
+def test_an_apposition_binds_the_role_to_the_named_party() -> None:
+    original = "Grace Liu, the CFO, must approve any payment over £100,000, including INV-1004."
+    assert check_equivalent(original, "The CFO, Grace Liu, must approve any payment over £100,000, including INV-1004.").ok
+    assert check_equivalent(original, "Any payment over £100,000, including INV-1004, must be approved by Grace Liu, the CFO.").ok
+    assert not check_equivalent(original, "Grace Liu, the CFO, must be approved for any payment over £100,000, including INV-1004.").ok
+
+
+def test_two_doers_swapping_their_documents_is_a_change() -> None:
+    original = "David Brennan must approve INV-1003, and Grace Liu must approve INV-1004."
+    assert not check_equivalent(original, "David Brennan must approve INV-1004, and Grace Liu must approve INV-1003.").ok
+    assert check_equivalent(original, "Grace Liu must approve INV-1004, and David Brennan must approve INV-1003.").ok
+
+
+def test_conditions_said_two_ways_read_as_one() -> None:
+    limit = "No single payment to Northwind Supplies may exceed £10,000 without the controller's approval."
+    assert check_equivalent(limit, "No single payment to Northwind Supplies may exceed £10,000 unless the controller approves it.").ok
+    assert check_equivalent(limit, "No single payment to Northwind Supplies may exceed £10,000 unless the controller has approved it.").ok
+    assert not check_equivalent(limit, "No single payment to Northwind Supplies may exceed £10,000.").ok
+    branch = "If the duplicate confidence for INV-1010 is 0.7 or more, hold it; otherwise pay Brightwater Engineering."
+    assert check_equivalent(branch, "Pay Brightwater Engineering for INV-1010 unless the duplicate confidence is 0.7 or more, "
+                                    "in which case hold it.").ok
+    hold = "Hold INV-1007 from Kestrel Consulting until the price variance is resolved."
+    assert check_equivalent(hold, "Put INV-1007 from Kestrel Consulting on hold pending resolution of the price variance.").ok
+
+
+def test_support_verbs_and_wishes_add_nothing() -> None:
+    original = "Please pay invoice INV-1003 from Brightwater Engineering."
+    for variant in ("Please arrange payment of invoice INV-1003 from Brightwater Engineering.",
+                    "Please make the payment for invoice INV-1003 from Brightwater Engineering.",
+                    "It would be great if invoice INV-1003 from Brightwater Engineering could be paid.",
+                    "We need to pay invoice INV-1003 from Brightwater Engineering."):
+        assert check_equivalent(original, variant).ok, variant
+    assert not check_equivalent(original, "Please reverse payment of invoice INV-1003 from Brightwater Engineering.").ok
+
+
+def test_wordnet_synonyms_join_a_class_only_where_its_verbs_share_the_sense() -> None:
+    original = "Please postpone invoice INV-1003 from Brightwater Engineering."
+    assert check_equivalent(original, "Please shelve invoice INV-1003 from Brightwater Engineering.").ok
+    assert check_equivalent("Please revoke approval INV-1003.", "Please rescind approval INV-1003.").ok
+    assert not check_equivalent(original, "Please pay invoice INV-1003 from Brightwater Engineering.").ok
+    # two verbs no class knows are one action where they share a common sense
+    assert check_equivalent("Please notify the vendor about INV-1003.", "Please advise the vendor about INV-1003.").ok
+    assert not check_equivalent("Please notify the vendor about INV-1003.", "Please print the vendor about INV-1003.").ok
+
+
+def test_amounts_share_a_currency_and_that_stands_for_the_amount_said() -> None:
+    original = "Elena approves payments over £5,000 and up to £25,000; the controller approves anything above that."
+    assert check_equivalent(original, "Elena approves payments over 5k and up to 25k GBP; the controller approves "
+                                      "anything above £25,000.").ok
+    assert not check_equivalent(original, "Elena approves payments over 6k and up to 25k GBP; the controller approves "
+                                          "anything above £25,000.").ok
+    assert check_equivalent("Please pay INV-1012 by 31 March 2026.", "Please pay INV-1012 by 31/03/2026.").ok
+    assert not check_equivalent("Please pay INV-1012 by 31 March 2026.", "Please pay INV-1012 by 30/03/2026.").ok
