@@ -40,12 +40,8 @@ from typing import Any
 
 import orjson
 
-from plumbline_otel.normalise import Message, begins_new_turn, maybe_json, parse_messages, unflatten
+from plumbline_otel.normalise import Message, begins_new_turn, call_messages, maybe_json
 
-# Where the request's and the response's messages are, per convention: GenAI's JSON lists, then the flattened forms
-# (OpenInference's `llm.input_messages.N.message.*`, Traceloop's older `gen_ai.prompt.N.*`).
-_MESSAGE_KEYS = (("gen_ai.input.messages", "gen_ai.output.messages"), ("llm.input_messages", "llm.output_messages"),
-                 ("gen_ai.prompt", "gen_ai.completion"))
 _ROLES = {"assistant": "assistant", "model": "assistant", "ai": "assistant", "bot": "assistant", "chatbot": "assistant",
           "system": "system", "developer": "system", "user": "user", "human": "user", "tool": "tool", "function": "tool"}
 _SPACE = re.compile(r"\s+")
@@ -102,14 +98,13 @@ def _key(items: list[tuple[str, ...]], strict: bool) -> str:
     return hashlib.sha256(orjson.dumps(kept)).hexdigest()[:32]
 
 
-def messages_of(attributes: dict[str, Any]) -> tuple[list[Message], list[Message]]:
-    """A model call's input and output messages, from the first convention's keys that hold any."""
-    for in_key, out_key in _MESSAGE_KEYS:
-        inputs = parse_messages(attributes[in_key] if in_key in attributes else unflatten(attributes, in_key))
-        outputs = parse_messages(attributes[out_key] if out_key in attributes else unflatten(attributes, out_key))
-        if inputs or outputs:
-            return inputs, outputs
-    return [], []
+def messages_of(attributes: dict[str, Any], events: list[tuple[str, dict[str, Any]]] | None = None) -> tuple[list[Message], list[Message]]:
+    """A model call's input and output messages as normalise reads them (`normalise.call_messages`): from its span's
+    attributes in whichever convention holds them (GenAI's JSON lists, OpenInference's `llm.input_messages.{i}.*`,
+    Traceloop's older `gen_ai.prompt.{i}.*`, Langfuse's, …), or from its events or log records (`events`: (name,
+    attributes) in time order; GenAI's one `gen_ai.client.inference.operation.details` record, or the older one record
+    per message, `gen_ai.user.message` … `gen_ai.choice`)."""
+    return call_messages(attributes, events or [])
 
 
 def thread_keys(inputs: list[Message], outputs: list[Message]) -> ThreadKeys:
@@ -125,11 +120,12 @@ def thread_keys(inputs: list[Message], outputs: list[Message]) -> ThreadKeys:
                       after_loose=None if after is None else _key(after, False))
 
 
-def keys_of_attributes(attributes: dict[str, Any], opens_turn: bool = False) -> ThreadKeys | None:
-    """The keys of a model call from its span's attributes (or its log record's: openai-v2's
-    `gen_ai.client.inference.operation.details` holds the same messages); None when they hold no messages. A request
-    that opens a new user turn (`opens_turn`: normalise marked it so; or its messages say so) continues no run."""
-    inputs, outputs = messages_of(attributes)
+def keys_of_attributes(attributes: dict[str, Any], opens_turn: bool = False,
+                       events: list[tuple[str, dict[str, Any]]] | None = None) -> ThreadKeys | None:
+    """The keys of a model call from its span's attributes, or its events or log records (`messages_of`); None when
+    they hold no messages. A request that opens a new user turn (`opens_turn`: normalise marked it so; or its messages
+    say so) continues no run."""
+    inputs, outputs = messages_of(attributes, events)
     if not inputs and not outputs:
         return None
     keys = thread_keys(inputs, outputs)

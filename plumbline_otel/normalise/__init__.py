@@ -30,14 +30,14 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Span
 from plumbline_otel.decode import Problem
 from plumbline_otel.model import SpanLink, SpanRecord
 from plumbline_otel.normalise import _extract
-from plumbline_otel.normalise._extract import VENDOR_ARGS_KEYS, VENDOR_RESULT_KEYS, begins_new_turn
+from plumbline_otel.normalise._extract import VENDOR_ARGS_KEYS, VENDOR_RESULT_KEYS, begins_new_turn, call_messages
 from plumbline_otel.normalise._logs import LogRows, log_rows
 from plumbline_otel.normalise._messages import Message, parse_messages
 from plumbline_otel.normalise._shapes import unwrap_scoped_result
 from plumbline_otel.normalise._values import Limits, ValueRejected, any_value, as_text, maybe_json, unflatten
 
 __all__ = ["VENDOR_ARGS_KEYS", "VENDOR_RESULT_KEYS", "Limits", "LogRows", "Message", "ValueRejected", "any_value", "as_text",
-           "begins_new_turn", "fold_logs", "log_event_attributes", "log_rows", "maybe_json", "normalise_request", "normalise_span", "parse_messages",
+           "begins_new_turn", "call_messages", "fold_logs", "log_event_attributes", "log_rows", "maybe_json", "normalise_request", "normalise_span", "parse_messages",
            "unflatten", "unwrap_scoped_result"]
 
 # Attribute namespaces we read, and frameworks' own namespaces where content may sit: a key in them that we do

@@ -13,7 +13,7 @@ from dataclasses import replace
 from typing import Any
 
 from plumbline_otel.model import Convention, RunEvent, SpanRecord, StepKind, ToolCallRef, ToolDecision
-from plumbline_otel.normalise._messages import Message, parse_args, parse_messages, response_messages, result_is_error
+from plumbline_otel.normalise._messages import Message, answer_in_order, parse_args, parse_messages, response_messages, result_is_error
 from plumbline_otel.normalise._shapes import (
     TOOL_ERROR_SHAPE,
     answer_text,
@@ -362,12 +362,14 @@ def _messages_genai(attrs: dict[str, Any], events: list[tuple[str, dict[str, Any
             message = maybe_json(eattrs.get("message"))
             if not isinstance(message, dict):
                 message = {"role": "assistant", "content": message, "tool_calls": maybe_json(eattrs.get("tool_calls"))}
+            elif not message.get("tool_calls") and eattrs.get("tool_calls"):  # Traceloop's: the calls beside the message
+                message = {**message, "tool_calls": maybe_json(eattrs["tool_calls"])}
             outputs += parse_messages(message)
         elif name == "gen_ai.content.prompt":
             inputs += parse_messages(eattrs.get("gen_ai.prompt"))
         elif name == "gen_ai.content.completion":
             outputs += parse_messages(eattrs.get("gen_ai.completion"))
-    return inputs, outputs
+    return (answer_in_order(inputs) if events else inputs), outputs
 
 
 def _messages_flat(attrs: dict[str, Any], in_prefix: str, out_prefix: str) -> tuple[list[Message], list[Message]]:
@@ -647,6 +649,28 @@ def _llm(rec: SpanRecord, attrs: dict[str, Any], events: list[tuple[str, dict[st
         _, flat = _messages_flat(attrs, "gen_ai.prompt", "gen_ai.completion")
         _apply_messages(rec, [], [Message("assistant", [], [c for m in flat for c in m.calls])] if any(m.calls for m in flat) else [])
         _note(rec, "output", "indexed_function_calls" if rec.proposed_calls else None)
+
+
+def call_messages(attrs: dict[str, Any], events: list[tuple[str, dict[str, Any]]]) -> tuple[list[Message], list[Message]]:
+    """A model call's request and response messages as `_llm` reads them, from the first convention that holds any
+    (OpenInference's flattened list, GenAI's attributes and events or log records, the older indexed `gen_ai.prompt`,
+    Langfuse's, the Vercel AI SDK's, Mastra's): what `threads` keys a per-call trace by."""
+    inputs, outputs = _messages_flat(attrs, "llm.input_messages", "llm.output_messages")
+    if not (inputs or outputs):
+        inputs, outputs = _messages_genai(attrs, events)
+    if not (inputs or outputs):
+        inputs, outputs = _messages_flat(attrs, "gen_ai.prompt", "gen_ai.completion")
+    if not (inputs or outputs):
+        request, reply = maybe_json(attrs.get(_LANGFUSE_IN)), maybe_json(attrs.get(_LANGFUSE_OUT))
+        inputs = parse_messages(request["messages"] if isinstance(request, dict) and "messages" in request else request)
+        outputs = [Message("assistant", [reply])] if isinstance(reply, str) and reply else parse_messages(reply)
+    if not (inputs or outputs):
+        inputs, outputs = parse_messages(attrs.get("ai.prompt.messages")), _vercel_outputs(attrs)
+    if not (inputs or outputs):
+        step = maybe_json(attrs.get("mastra.model_step.output"))
+        inputs = parse_messages(attrs.get("mastra.model_step.input"))
+        outputs = _text_and_calls(step.get("text"), step.get("toolCalls")) if isinstance(step, dict) else []
+    return inputs, [m if m.role else Message("assistant", m.texts, m.calls, m.results) for m in outputs]
 
 
 # --- agent spans ------------------------------------------------------------------------------

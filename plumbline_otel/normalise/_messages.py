@@ -200,4 +200,21 @@ def parse_messages(value: Any) -> list[Message]:
         value = [value]
     if not isinstance(value, list):
         return []
-    return [m for m in (parse_message(item) for item in value) if m is not None]
+    return answer_in_order([m for m in (parse_message(item) for item in value) if m is not None])
+
+
+def answer_in_order(messages: list[Message]) -> list[Message]:
+    """A `tool` message that names no call (Traceloop's `gen_ai.tool.message` records carry no id) answers the next
+    unanswered call of the assistant message before it, in order: its text becomes that call's result."""
+    pending: list[ToolCallRef] = []
+    for m in messages:
+        if m.calls:
+            pending = [c for c in m.calls if c.call_id]
+        elif m.role in ("tool", "function") and not m.results and m.texts and pending:
+            call = pending.pop(0)
+            value = maybe_json("\n".join(m.texts))
+            m.results.append(ToolResultRef(str(call.call_id), value, result_is_error(value)))
+            m.texts = []
+        elif m.role not in ("tool", "function"):
+            pending = []
+    return messages

@@ -2,9 +2,11 @@
 `conversation_keys` (schema version 10), and each trace linked in `trace_links` to the trace whose conversation its
 request continues, so `Store.assemble` builds the traces of one run together (issue 40 item 12).
 
-A call's messages are on its span, or in its log record (openai-v2 with content captured as events writes one
-`gen_ai.client.inference.operation.details` record per call, holding `gen_ai.input.messages`/`.output.messages`):
-whichever of the span and the record is stored second keys the call, so they may arrive in either order.
+A call's messages are on its span, or in its log records (openai-v2 with content captured as events writes one
+`gen_ai.client.inference.operation.details` record per call, holding `gen_ai.input.messages`/`.output.messages`;
+Traceloop's `use_attributes=False` and older openai-v2 one record per message, `gen_ai.system.message` …
+`gen_ai.choice`), read as normalise reads them (`threads.messages_of`): whichever of the span and its records is
+stored second keys the call, so they may arrive in either order.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from plumbline_otel.normalise import log_event_attributes, maybe_json
-from plumbline_otel.threads import KEY_COLUMNS, NEW_TURN, keys_of_attributes
+from plumbline_otel.threads import KEY_COLUMNS, NEW_TURN, keys_of_attributes, messages_of
 
 Registered = Callable[[str, pa.Table], AbstractContextManager[None]]
 """`Store._registered`: an Arrow table readable in SQL under a name for the block."""
@@ -33,7 +35,7 @@ LINK_SQL = """INSERT OR IGNORE INTO trace_links SELECT trace_id, min(linked_trac
       AND (b.trace_id IN (SELECT trace_id FROM thread_batch) OR a.trace_id IN (SELECT trace_id FROM thread_batch)))
     WHERE strict = any_strict GROUP BY trace_id, span_id HAVING count(DISTINCT linked_trace_id) = 1"""
 # The stored log records of root model calls whose span recorded no messages (`unkeyed`: trace and span ids).
-_LOGGED_SQL = """SELECT l.trace_id, l.span_id, l.attributes, l.body FROM logs l
+_LOGGED_SQL = """SELECT l.trace_id, l.span_id, l.event_name, l.attributes, l.body FROM logs l
     JOIN unkeyed u ON l.trace_id = u.trace_id AND l.span_id = u.span_id
     WHERE l.trace_id IN (SELECT trace_id FROM unkeyed) ORDER BY l.time_ns, l.observed_ns, l.log_id"""
 # The stored root model-call spans a write's log records (`logged`) belong to, not keyed yet.
@@ -41,14 +43,18 @@ _CALLS_SQL = """SELECT s.trace_id, s.span_id, s.start_ns, s.end_ns, s.shapes FRO
     JOIN logged l ON s.trace_id = l.trace_id AND s.span_id = l.span_id
     WHERE s.trace_id IN (SELECT trace_id FROM logged) AND s.parent_span_id IS NULL AND s.step_kind = 'llm_call'
       AND NOT EXISTS (SELECT 1 FROM conversation_keys k WHERE k.trace_id = s.trace_id AND k.span_id = s.span_id)"""
-_MESSAGE_KEYS = ("gen_ai.input.messages", "gen_ai.output.messages")
 
 
-def _key_table(rows: Iterable[tuple[dict[str, Any], dict[str, Any], bool]]) -> pa.Table | None:
-    """(call: trace_id, span_id, start_ns, end_ns; attributes; opens a turn) as `KEY_COLUMNS` rows; None for none."""
+Events = list[tuple[str, dict[str, Any]]]
+"""A call's log records as (event name, attributes with the body's keys), in time order."""
+
+
+def _key_table(rows: Iterable[tuple[dict[str, Any], dict[str, Any], bool, Events]]) -> pa.Table | None:
+    """(call: trace_id, span_id, start_ns, end_ns; attributes; opens a turn; log records) as `KEY_COLUMNS` rows; None
+    for none."""
     columns: dict[str, list[Any]] = {name: [] for name in KEY_COLUMNS}
-    for call, attributes, opens_turn in rows:
-        keys = keys_of_attributes(attributes, opens_turn)
+    for call, attributes, opens_turn, events in rows:
+        keys = keys_of_attributes(attributes, opens_turn, events)
         if keys is None:
             continue
         for name in KEY_COLUMNS[:4]:
@@ -74,50 +80,45 @@ def link_spans(execute: Callable[[str], Any], fetch: Callable[[str], list[Any]],
     roots = fresh.filter(pc.and_(pc.is_null(fresh["parent_span_id"]), pc.equal(fresh["step_kind"], "llm_call")))
     if not roots.num_rows:
         return
-    rows, bare = [], []
+    rows: list[tuple[dict[str, Any], dict[str, Any], bool, Events]] = []
+    bare = []
     for call in roots.select(["trace_id", "span_id", "start_ns", "end_ns", "attributes", "shapes"]).to_pylist():
         attributes = maybe_json(call["attributes"]) if call["attributes"] else None
         attributes = attributes if isinstance(attributes, dict) else {}
-        opens_turn = NEW_TURN in (call["shapes"] or [])
-        if any(k in attributes or any(a.startswith(k + ".") for a in attributes) for k in ("gen_ai.input.messages", "llm.input_messages",
-                                                                                              "gen_ai.prompt")):
-            rows.append((call, attributes, opens_turn))
+        inputs, outputs = messages_of(attributes)
+        if inputs or outputs:
+            rows.append((call, attributes, NEW_TURN in (call["shapes"] or []), []))
         else:
             bare.append(call)
     if bare:
-        unkeyed = pa.table({"trace_id": [c["trace_id"] for c in bare], "span_id": [c["span_id"] for c in bare]})
-        with registered("unkeyed", unkeyed):
-            logged = fetch(_LOGGED_SQL)
-        found = _log_messages(logged)
-        rows += [(c, found[(c["trace_id"], c["span_id"])], NEW_TURN in (c["shapes"] or [])) for c in bare
+        found = _stored_records(fetch, registered, [(c["trace_id"], c["span_id"]) for c in bare])
+        rows += [(c, {}, NEW_TURN in (c["shapes"] or []), found[(c["trace_id"], c["span_id"])]) for c in bare
                  if (c["trace_id"], c["span_id"]) in found]
     _link(execute, registered, _key_table(rows))
 
 
 def link_logs(execute: Callable[[str], Any], fetch: Callable[[str], list[Any]], registered: Registered, logs: pa.Table) -> None:
-    """Key the stored root model calls whose messages a log write brought (their spans came first) and link them."""
-    wanted = logs.filter(pc.or_(*(pc.match_substring(pc.fill_null(logs["attributes"], ""), k) for k in _MESSAGE_KEYS)))
-    if not wanted.num_rows:
+    """Key the stored root model calls a log write brought records of (their spans came first), from all their stored
+    records (a call's per-message records may come in more than one write), and link them."""
+    spans = {(t, s) for t, s in zip(logs["trace_id"].to_pylist(), logs["span_id"].to_pylist()) if t is not None and s is not None}
+    if not spans:
         return
-    found = _log_messages([(r["trace_id"], r["span_id"], r["attributes"], r["body"])
-                           for r in wanted.select(["trace_id", "span_id", "attributes", "body"]).to_pylist()])
-    if not found:
-        return
-    with registered("logged", pa.table({"trace_id": [t for t, _ in found], "span_id": [s for _, s in found]})):
+    with registered("logged", pa.table({"trace_id": [t for t, _ in spans], "span_id": [s for _, s in spans]})):
         calls = fetch(_CALLS_SQL)
-    rows = [({"trace_id": t, "span_id": s, "start_ns": start, "end_ns": end}, found[(t, s)], NEW_TURN in (shapes or []))
-            for t, s, start, end, shapes in calls]
+    if not calls:
+        return
+    found = _stored_records(fetch, registered, [(t, s) for t, s, *_ in calls])
+    rows: list[tuple[dict[str, Any], dict[str, Any], bool, Events]] = [
+        ({"trace_id": t, "span_id": s, "start_ns": start, "end_ns": end}, {}, NEW_TURN in (shapes or []), found[(t, s)])
+        for t, s, start, end, shapes in calls if (t, s) in found]
     _link(execute, registered, _key_table(rows))
 
 
-def _log_messages(records: Iterable[Any]) -> dict[tuple[str, str], dict[str, Any]]:
-    """(trace id, span id) -> the message keys of its log records (trace, span, attributes, body), the first record
-    holding them per span."""
-    out: dict[tuple[str, str], dict[str, Any]] = {}
-    for trace_id, span_id, attributes, body in records:
-        if trace_id is None or span_id is None or (trace_id, span_id) in out:
-            continue
-        event = log_event_attributes(attributes, body)
-        if any(k in event for k in _MESSAGE_KEYS):
-            out[(trace_id, span_id)] = {k: event[k] for k in _MESSAGE_KEYS if k in event}
+def _stored_records(fetch: Callable[[str], list[Any]], registered: Registered, spans: list[tuple[str, str]]) -> dict[tuple[str, str], Events]:
+    """(trace id, span id) -> the stored log records of each of these spans that has any, as events in time order."""
+    with registered("unkeyed", pa.table({"trace_id": [t for t, _ in spans], "span_id": [s for _, s in spans]})):
+        records = fetch(_LOGGED_SQL)
+    out: dict[tuple[str, str], Events] = {}
+    for trace_id, span_id, name, attributes, body in records:
+        out.setdefault((trace_id, span_id), []).append((name or "", log_event_attributes(attributes, body)))
     return out

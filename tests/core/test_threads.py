@@ -28,7 +28,7 @@ LOOPS = ["openai_v2_loop", "openai_v2_loop_events", "openai_v2_loop_interleaved"
 # The same loop under other instrumentations (generate_per_call_loop.py): OpenInference's and Traceloop's over the
 # OpenAI SDK, OpenInference's over the Anthropic SDK; in each `<x>_loop`, skipped_check streams.
 OTHER_LOOPS = [f"{kind}_loop{variant}" for kind in ("openai_openinference", "openai_traceloop", "anthropic_openinference")
-               for variant in ("", "_interleaved", "_same_request")]
+               for variant in ("", "_interleaved", "_same_request")] + ["openai_traceloop_loop_events"]
 
 
 def _expected(setup: str) -> dict[str, Any]:
@@ -81,12 +81,15 @@ def test_each_conversation_of_per_call_traces_is_one_run_with_its_first_trace_id
     assert store.pending_traces() == 0
 
 
+@pytest.mark.parametrize("setup", ["openai_v2_loop_events", "openai_traceloop_loop_events"])
 @pytest.mark.parametrize("logs_first", [False, True])
 def test_calls_whose_messages_are_in_log_records_are_joined_whichever_of_span_and_record_comes_first(
-        logs_first: bool, store: Store) -> None:
+        logs_first: bool, setup: str, store: Store) -> None:
     """openai-v2 with content captured as events: each call's messages are only in its log record
-    (`gen_ai.client.inference.operation.details`); the span or the record, whichever is stored second, keys the call."""
-    setup = "openai_v2_loop_events"
+    (`gen_ai.client.inference.operation.details`); Traceloop's `use_attributes=False`: one record per message, the
+    older GenAI events (`gen_ai.user.message` … `gen_ai.choice`, its tool calls beside its `message`, the `tool`
+    messages with no call id: each answers the next call in order). The span or the records, whichever is stored
+    second, key the call, read as normalise reads them."""
     files = [FRAMEWORKS / setup / "trace.otlp.jsonl", FRAMEWORKS / setup / "logs.otlp.jsonl"]
     for path in reversed(files) if logs_first else files:
         assert ingest_files(store, [str(path)]).exit_code == 0
