@@ -91,6 +91,13 @@ _TABLE_PROPERTIES = {"write.parquet.compression-codec": "zstd", "commit.retry.nu
                      "commit.retry.max-wait-ms": "2000", "commit.retry.total-timeout-ms": "600000", "commit.manifest-merge.enabled": "false",
                      "commit.manifest.min-count-to-merge": "16", "write.metadata.delete-after-commit.enabled": "true",
                      "write.metadata.previous-versions-max": "8", "write.target-file-size-bytes": str(128 * 1024 * 1024)}
+# Between maintenances a table's metadata file lists every snapshot kept, and every commit reads and rewrites it (pyiceberg
+# honours previous-versions-max for the metadata log and deletes older metadata files, but not the snapshot list): a commit
+# keeps the newest SNAPSHOTS_KEPT and those younger than SNAPSHOT_AGE_S, and expires older ones no reader needs
+# (`_trim_history`) once TRIM_SLACK more have accumulated (settings: PLUMBLINE_LAKE_SNAPSHOTS, PLUMBLINE_LAKE_SNAPSHOT_AGE).
+SNAPSHOTS_KEPT = 64
+SNAPSHOT_AGE_S = 10.0
+TRIM_SLACK = 16
 
 
 @dataclass(frozen=True)
@@ -286,6 +293,11 @@ class Lake:
         except Exception as exc:  # noqa: BLE001 - the driver's own error, named
             raise StoreError(f"--lake {uri}: cannot open the catalog: {exc}") from None
         self._tables: dict[str, Any] = {}
+        # Snapshot history a commit keeps (`_trim_history`): the newest `snapshots_kept` of each table, and any younger than
+        # `snapshot_age_s`; older ones, when not a reader's, are expired right after a commit (their files left to `maintain`).
+        self.snapshots_kept = int(os.environ.get("PLUMBLINE_LAKE_SNAPSHOTS", str(SNAPSHOTS_KEPT)))
+        self.snapshot_age_s = float(os.environ.get("PLUMBLINE_LAKE_SNAPSHOT_AGE", str(SNAPSHOT_AGE_S)))
+        self._upgraded: set[str] = set()
 
     @property
     def label(self) -> str:
@@ -448,6 +460,7 @@ class SyncResult:
     commits: int = 0  # Iceberg snapshots committed (one per table changed and batch, and the watermark)
     files_added: int = 0  # data files the commits added (new rows, and the rewrites of files that held a deleted row)
     files_removed: int = 0  # data files the commits replaced: only files of this instance's partitions that held a deleted row
+    expired: int = 0  # old snapshots the commits expired from their tables' metadata (`_trim_history`)
 
     @property
     def changed(self) -> bool:
@@ -455,7 +468,7 @@ class SyncResult:
 
     def as_dict(self) -> dict[str, Any]:
         return {"groups": self.groups, "rows": self.rows, "retries": self.retries, "seconds": round(self.seconds, 3), "commits": self.commits,
-                "files_added": self.files_added, "files_removed": self.files_removed}
+                "files_added": self.files_added, "files_removed": self.files_removed, "expired": self.expired}
 
 
 class LakeSink:
@@ -482,6 +495,8 @@ class LakeSink:
             table = self.lake.table(name, create=False)
             snapshot = None
             if table is not None:
+                if name not in self.lake._upgraded:
+                    _upgrade(self.lake, name, table)  # a table an older plumbline made: brought up to date once
                 table.refresh()
                 current = table.current_snapshot()
                 snapshot = current.snapshot_id if current is not None else None
@@ -614,6 +629,8 @@ class LakeSink:
                 # A commit that deletes takes the table's lock before it reads the table: no commit lands between the table it
                 # reads and its own, so pyiceberg has none to check it against (that check reads every manifest the commits in
                 # between added: it grew with instances and with the wait). An append-only one is written first and rebased.
+                if name not in self.lake._upgraded:
+                    _upgrade(self.lake, name, table)
                 with _commit_lock(self.lake, name) if delete is not None else nullcontext(False) as early:
                     # Always from the table as it is now: the copy kept since this instance's last commit is an interval old, and
                     # a commit based on it is refused whenever any other instance committed since (nearly always, with many).
@@ -636,6 +653,8 @@ class LakeSink:
                     result.commits += 1
                 current = table.current_snapshot()
                 self._marks[name] = current.snapshot_id if current is not None else None
+                if staged is not None:
+                    result.expired += _trim_history(self.lake, name, table)
                 return
             except (CommitFailedException, ValidationException):
                 result.retries += 1
@@ -716,6 +735,128 @@ def _rebase(tx: Any, table: Any) -> None:
         tx._rebuild_snapshot_updates()
 
 
+def _latest_watermarks(lake: Lake) -> dict[str, dict[str, int | None]]:
+    """Each instance's latest watermark: the snapshot of each table that holds its last complete sync."""
+    found = lake.scan(SYNCS, fields=("instance", "sync_ns", "snapshots")) if lake.table(SYNCS, create=False) is not None else None
+    latest: dict[str, tuple[int, str]] = {}
+    if found is not None:
+        for instance, at, text in zip(found["instance"].to_pylist(), found["sync_ns"].to_pylist(), found["snapshots"].to_pylist()):
+            if instance not in latest or at > latest[instance][0]:
+                latest[instance] = (at, text)
+    return {instance: json.loads(text) for instance, (_, text) in latest.items()}
+
+
+def _trim_history(lake: Lake, name: str, table: Any) -> int:
+    """Expire a table's old snapshots right after a commit, so its metadata file (read and rewritten by every commit) stays bounded.
+
+    Runs once TRIM_SLACK snapshots more than `lake.snapshots_kept` have accumulated (so its cost, a read of the
+    watermarks, is spread over that many commits), under the table's commit lock. Kept: the newest
+    `snapshots_kept`, any younger than `lake.snapshot_age_s`, the current one, and what readers need (each
+    instance's watermark snapshot and its commits after it, as `maintain` keeps; the watermarks table's own
+    history is not read by anyone). Only the snapshots leave the metadata: no file is deleted here. A file only
+    expired snapshots held is deleted by `lake maintain` (as an orphan, past its grace), the existing safe path.
+    A refused expiry is left to the next commit. Returns how many snapshots were expired.
+    """
+    from pyiceberg.exceptions import CommitFailedException, ValidationException
+
+    kept = lake.snapshots_kept
+    if kept <= 0 or len(table.metadata.snapshots) <= kept + TRIM_SLACK:
+        return 0
+    marks = _latest_watermarks(lake) if name != SYNCS else {}
+    try:
+        with _commit_lock(lake, name):
+            table.refresh()
+            snapshots = sorted(table.metadata.snapshots, key=lambda s: (s.sequence_number or 0, s.timestamp_ms))
+            current = table.metadata.current_snapshot_id
+            young_ms = int((time.time() - lake.snapshot_age_s) * 1000)
+            keep = _protected(table, name, marks) if name != SYNCS else set()
+            old = [s.snapshot_id for s in snapshots[:-kept] if s.snapshot_id != current and s.snapshot_id not in keep
+                   and s.timestamp_ms < young_ms]
+            if not old:
+                return 0
+            table.maintenance.expire_snapshots().by_ids(old).commit()
+            return len(old)
+    except (CommitFailedException, ValidationException):
+        return 0
+
+
+def _upgrade(lake: Lake, name: str, table: Any) -> None:
+    """A table an older plumbline made: its properties brought up to `_TABLE_PROPERTIES` and its manifests regrouped per instance, once.
+
+    Such a table has pyiceberg's manifest merge on (`commit.manifest-merge.enabled=true`), so its manifests
+    mix instances and every commit of every instance read and rewrote them. The properties it lacks are set
+    (those an operator set are left as they are) and merge is turned off; then one snapshot that adds and
+    removes nothing rewrites each manifest holding several instances' files as one manifest per instance
+    (`_regroup`), after which each instance's commits read and merge their own only. Under the table's commit
+    lock, and checked again after it is taken: of instances opening the table at once, one does it.
+    """
+    lake._upgraded.add(name)
+    wanted = {k: v for k, v in _TABLE_PROPERTIES.items() if k not in table.properties}
+    if table.properties.get("commit.manifest-merge.enabled", "false").lower() != "false":
+        wanted["commit.manifest-merge.enabled"] = "false"
+    if not wanted and not _mixed_manifests(table):
+        return
+    with _commit_lock(lake, name):
+        table.refresh()
+        wanted = {k: v for k, v in _TABLE_PROPERTIES.items() if k not in table.properties}
+        if table.properties.get("commit.manifest-merge.enabled", "false").lower() != "false":
+            wanted["commit.manifest-merge.enabled"] = "false"
+        if wanted:
+            with table.transaction() as tx:
+                tx.set_properties(wanted)
+            table.refresh()
+        if _mixed_manifests(table):
+            _regroup(table)
+            table.refresh()
+
+
+def _owner(manifest: Any) -> str | None:
+    """The instance all of a manifest's files are of (the `instance` partition field's bounds in the manifest list); None: several."""
+    parts = manifest.partitions or []
+    if not parts or parts[0].lower_bound is None or parts[0].lower_bound != parts[0].upper_bound:
+        return None
+    return bytes(parts[0].lower_bound).decode("utf-8", "replace")
+
+
+def _mixed_manifests(table: Any) -> int:
+    from pyiceberg.manifest import ManifestContent
+
+    current = table.current_snapshot()
+    if current is None:
+        return 0
+    return sum(1 for m in current.manifests(table.io) if m.content == ManifestContent.DATA and m.existing_files_count is not None
+               and (m.added_files_count or 0) + (m.existing_files_count or 0) > 0 and _owner(m) is None)
+
+
+def _regroup(table: Any) -> None:
+    """Commit one snapshot (no file added or removed) whose manifests each hold one instance's files."""
+    from pyiceberg.manifest import ManifestContent
+    from pyiceberg.table.snapshots import Operation
+    from pyiceberg.table.update.snapshot import _MergeAppendFiles
+
+    def split(self: Any, manifests: list[Any]) -> list[Any]:
+        out: list[Any] = []
+        for manifest in manifests:
+            if manifest.content != ManifestContent.DATA or _owner(manifest) is not None:
+                out.append(manifest)
+                continue
+            by_instance: dict[Any, list[Any]] = {}
+            for entry in self.fetch_manifest_entry(manifest=manifest, discard_deleted=True):
+                by_instance.setdefault(entry.data_file.partition[0], []).append(entry)
+            for entries in by_instance.values():
+                with self.new_manifest_writer(spec=self.spec(manifest.partition_spec_id)) as writer:
+                    for entry in entries:
+                        writer.existing(entry)
+                out.append(writer.to_manifest_file())
+        return out
+
+    producer_cls = type("_Regroup", (_MergeAppendFiles,), {"_process_manifests": split})
+    with _transaction(table) as tx:
+        with producer_cls(operation=Operation.APPEND, transaction=tx, io=table.io,
+                          snapshot_properties={"plumbline.maintenance": "regroup-manifests"}):
+            pass
+
+
 # Between maintenances each instance's data manifests are merged into one once it has this many (its commits add one each):
 # a table holds about this many manifests per instance, and a commit reads and rewrites its own instance's only.
 MANIFESTS_PER_INSTANCE = 4
@@ -734,11 +875,7 @@ def _producers() -> tuple[Any, Any]:
         from pyiceberg.manifest import ManifestContent
         from pyiceberg.table.update.snapshot import _ManifestMergeManager, _MergeAppendFiles, _OverwriteFiles
 
-        def owner(manifest: Any) -> str | None:
-            parts = manifest.partitions or []
-            if not parts or parts[0].lower_bound is None or parts[0].lower_bound != parts[0].upper_bound:
-                return None
-            return bytes(parts[0].lower_bound).decode("utf-8", "replace")
+        owner = _owner
 
         def per_instance(self: Any, manifests: list[Any]) -> list[Any]:
             data = [m for m in manifests if m.content == ManifestContent.DATA]
@@ -968,6 +1105,9 @@ def maintain(lake: Lake, older_than_s: float = 3600.0, compact: bool = True, tab
     when the instance commits to that partition meanwhile; the hours still receiving late spans keep
     their small files, so a late span rewrites little. The watermarks' older rows go too.
 
+    A table an older plumbline made (pyiceberg's manifest merge on) gets the current table properties and its
+    manifests regrouped one per instance first (`_upgrade`; a sync does it too, at its first commit to the table).
+    Commits expire old snapshots themselves (`_trim_history`); the files only those held are deleted here, as orphans.
     Expiring keeps the current snapshot, each instance's watermark snapshot and whatever an
     instance committed after it (readers need them to read an unfinished sync as of the watermark).
     Then files are deleted: those only expired snapshots referenced (no commit can need them: a
@@ -979,6 +1119,8 @@ def maintain(lake: Lake, older_than_s: float = 3600.0, compact: bool = True, tab
     compacted: dict[str, int] = {}
     for name in tables:
         table = lake.table(name, create=False)
+        if table is not None and name not in lake._upgraded:
+            _upgrade(lake, name, table)  # a table an older plumbline made: merge off, manifests regrouped per instance
         if table is not None and name != SYNCS:
             table.refresh()
             before[name] = _data_files(table)
@@ -1208,7 +1350,8 @@ class LakeSync:
     Configured by the environment of `plumbline serve` (`from_env`): PLUMBLINE_LAKE (the catalog URI),
     PLUMBLINE_LAKE_INSTANCE (the instance's name; by default the one kept in the store, or a new one
     kept there at the first sync), PLUMBLINE_LAKE_INTERVAL (seconds, default 10), PLUMBLINE_LAKE_CATALOG
-    (the catalog's name, default `plumbline`). A failed sync is logged and retried at the next tick;
+    (the catalog's name, default `plumbline`), PLUMBLINE_LAKE_SNAPSHOTS and PLUMBLINE_LAKE_SNAPSHOT_AGE (the
+    snapshot history a commit keeps, read by `Lake`: `_trim_history`). A failed sync is logged and retried at the next tick;
     `stop` syncs once more, so what the store holds at shutdown is in the lake. Its state is on
     /metrics (`render_metrics`).
     """
