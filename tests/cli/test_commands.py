@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 from click.testing import CliRunner
+from waits import EVENT_DEADLINE_S
 
 from plumbline_otel.cli.main import COMMANDS, cli
 
@@ -23,7 +24,7 @@ print(" ".join(m for m in ("grpc", "jinja2", "scipy", "anthropic", "duckdb") if 
 
 
 def _imported(*args: str) -> set[str]:
-    done = subprocess.run([sys.executable, "-c", IMPORTS, *args], capture_output=True, text=True, timeout=120, check=True)
+    done = subprocess.run([sys.executable, "-c", IMPORTS, *args], capture_output=True, text=True, timeout=EVENT_DEADLINE_S, check=True)
     return set(done.stderr.split())
 
 

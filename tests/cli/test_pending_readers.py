@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from click.testing import CliRunner
+from waits import EVENT_DEADLINE_S
 
 from plumbline_otel.cli.main import cli
 from plumbline_otel.decode import decode_unit, iter_trace_files, iter_units
@@ -61,7 +62,7 @@ def test_readers_on_a_file_another_reader_holds_count_the_pending_traces_they_ex
         assert json.loads(covered.stdout)["pending_traces"] == traces
         assert f"note: {traces} traces" in covered.stderr
     finally:
-        holder.communicate("", timeout=10)
+        holder.communicate("", timeout=EVENT_DEADLINE_S)
 
 
 def test_readers_on_a_missing_file_create_nothing(tmp_path: Path) -> None:

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pyarrow as pa
+import pytest
 
+from plumbline_otel import memory
 from plumbline_otel.memory import IdleRelease, give_back
 
 
@@ -17,12 +20,17 @@ def _rss_mib() -> float:
     raise AssertionError("no VmRSS")
 
 
-def test_release_is_due_only_after_work_and_once_per_quiet_spell() -> None:
-    idle = IdleRelease(idle_seconds=0.2)
+def test_release_is_due_only_after_work_and_once_per_quiet_spell(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The module's clock, moved by the test: "not quiet long enough" cannot turn into "quiet" on a loaded machine
+    # that pauses between two lines (a 0.2 s spell could), and the quiet spell needs no sleep.
+    now = [1000.0]
+    monkeypatch.setattr(memory, "time", SimpleNamespace(monotonic=lambda: now[0], perf_counter=time.perf_counter))
+    idle = IdleRelease(idle_seconds=0.5)
     assert idle.due_in() is None and not idle.release_if_due()  # nothing done: nothing to give back
     idle.worked()
-    assert 0 < (idle.due_in() or 0) <= 0.2 and not idle.release_if_due()  # not quiet long enough
-    time.sleep(0.25)
+    now[0] += 0.25
+    assert idle.due_in() == 0.25 and not idle.release_if_due()  # not quiet long enough
+    now[0] += 0.25
     assert idle.due_in() == 0.0 and idle.release_if_due()
     assert idle.due_in() is None and not idle.release_if_due()  # once until the next work
 

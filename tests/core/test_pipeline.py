@@ -26,6 +26,7 @@ import pytest
 from corpus import build_requests, odd_type_requests
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from otlp import to_otlp_json
+from waits import EVENT_DEADLINE_S
 
 from plumbline_otel import ingest as ingest_mod
 from plumbline_otel.assemble import assemble, assemble_runs
@@ -516,7 +517,7 @@ def test_shard_workers_leave_when_their_writer_is_killed(tmp_path: Path) -> None
     assert len(workers) == 2
     writer.send_signal(signal.SIGKILL)
     writer.wait()
-    deadline = time.monotonic() + 15
+    deadline = time.monotonic() + EVENT_DEADLINE_S  # the wait ends when they exit: this only bounds a hang
     alive = workers
     while alive and time.monotonic() < deadline:
         time.sleep(0.2)
@@ -566,7 +567,7 @@ def test_shard_workers_blocked_mid_message_leave_when_their_writer_is_killed(tmp
     time.sleep(0.5)  # the workers are inside the read now
     writer.send_signal(signal.SIGKILL)
     writer.wait()
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + EVENT_DEADLINE_S  # the wait ends when they exit: this only bounds a hang
     alive = workers
     while alive and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -619,7 +620,7 @@ def test_no_shard_worker_outlives_a_serve_killed_under_load(tmp_path: Path) -> N
         time.sleep(2.5)
         server.kill()
         stop.set()
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + EVENT_DEADLINE_S  # the wait ends when they exit: this only bounds a hang
         alive = workers
         while alive and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -918,5 +919,5 @@ def test_a_shard_worker_imports_no_database() -> None:
     """What a spawned worker imports (its target's module, `pipeline._pool`, and so the package) loads no DuckDB:
     the writer is in the same package, and a database in every worker cost ~20 MB and 10% of their CPU in the bench."""
     code = "import sys, plumbline_otel.pipeline._pool; print(' '.join(m for m in ('duckdb', 'scipy', 'grpc') if m in sys.modules))"
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=EVENT_DEADLINE_S, check=True)
     assert done.stdout.split() == []

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import orjson
+from waits import EVENT_DEADLINE_S
 
 
 @dataclass
@@ -108,7 +109,7 @@ class Hostile:
             except OSError:
                 pass
 
-    def wait_finished(self, n: int = 1, timeout: float = 30.0) -> bool:
+    def wait_finished(self, n: int = 1, timeout: float = EVENT_DEADLINE_S) -> bool:
         """Whether ``n`` behaviours have returned within ``timeout`` (a generous deadline, not a pace)."""
         return all(self.finished.acquire(timeout=timeout) for _ in range(n))
 

@@ -16,6 +16,7 @@ from click.testing import CliRunner
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from waits import EVENT_DEADLINE_S
 
 from plumbline_otel.cli.main import cli
 from plumbline_otel.errors import ConfigError
@@ -64,7 +65,7 @@ def test_an_http_endpoint_on_an_unusual_port_is_asked_and_the_agent_gets_the_bas
     provider = TracerProvider(resource=Resource.create({"service.name": "probe"}))
     provider.add_span_processor(SimpleSpanProcessor(exporter_for_endpoint(url)))
     provider.get_tracer("t").start_span("s").end()
-    assert handler.got.wait(20) and handler.paths[-1] == "/v1/traces"
+    assert handler.got.wait(EVENT_DEADLINE_S) and handler.paths[-1] == "/v1/traces"
     provider.shutdown()
     # the agent: base URL without /v1/traces (its SDK appends it), the full URL for the traces variable, the protocol
     env = trial().__class__(**{**trial().__dict__, "sink": SpanSink(endpoint=url)}).env({})

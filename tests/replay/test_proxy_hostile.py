@@ -16,6 +16,7 @@ from typing import Any
 import openai
 import orjson
 import pytest
+from waits import EVENT_DEADLINE_S
 
 from plumbline_otel.replay.cache import ResponseCache
 from plumbline_otel.replay.limits import MIB, ProxyLimits
@@ -50,7 +51,7 @@ def proxy_for(provider: Hostile, tmp_path: Path | None = None, **kwargs: object)
     return ModelProxy(provider.upstreams(), cache, env={}, **kwargs)  # type: ignore[arg-type]
 
 
-def raw_call(route: ProxyRoute, payload: bytes, extra: bytes = b"", timeout: float = 20.0, read: int | None = None) -> bytes:
+def raw_call(route: ProxyRoute, payload: bytes, extra: bytes = b"", timeout: float = EVENT_DEADLINE_S, read: int | None = None) -> bytes:
     """POST ``payload`` on a raw socket and read until the proxy closes (or ``read`` bytes): every byte it sent, framing included."""
     host, port = route.proxy_url.removeprefix("http://").split(":")
     with socket.create_connection((host, int(port)), timeout=timeout) as sock:
@@ -217,8 +218,8 @@ def test_an_endless_stream_is_no_longer_read_once_the_agent_hangs_up(hostile: Ho
         route = proxy.open_trial(trial())
         first = raw_call(route, orjson.dumps({"model": OPENAI_MODEL, "messages": MESSAGES, "stream": True}), read=256 << 10)
         assert first.startswith(b"HTTP/1.1 200")  # the agent read a little of it and hung up
-        assert hostile.wait_finished(1, timeout=30), "the proxy kept reading the provider after the agent left"
-        evidence = proxy.close_trial(route, wait_s=30)
+        assert hostile.wait_finished(1, timeout=EVENT_DEADLINE_S), "the proxy kept reading the provider after the agent left"
+        evidence = proxy.close_trial(route, wait_s=EVENT_DEADLINE_S)
     assert evidence.provider_failures == () and evidence.proxy_errors == ()
     (exchange,) = evidence.exchanges
     assert exchange["incomplete"] and exchange["cost_usd"] > 0
@@ -259,7 +260,7 @@ def test_malformed_requests_get_a_clear_400_and_the_proxy_serves_on(hostile: Hos
     with proxy_for(hostile) as proxy:
         route = proxy.open_trial(trial())
         host, port = route.proxy_url.removeprefix("http://").split(":")
-        with socket.create_connection((host, int(port)), timeout=20) as sock:
+        with socket.create_connection((host, int(port)), timeout=EVENT_DEADLINE_S) as sock:
             sock.sendall(f"POST /t/{route.token}/v1/chat/completions HTTP/1.1\r\nhost: x\r\n".encode() + extra
                          + b"\r\nzz-not-hex\r\n{}\r\n0\r\n\r\n")
             data = b""
@@ -277,7 +278,7 @@ def test_a_request_body_past_the_limit_is_refused_unread(hostile: Hostile) -> No
     with proxy_for(hostile, limits=ProxyLimits(max_request_bytes=1 * MIB)) as proxy:
         route = proxy.open_trial(trial())
         host, port = route.proxy_url.removeprefix("http://").split(":")
-        with socket.create_connection((host, int(port)), timeout=20) as sock:  # promises 512 MiB, sends none of it
+        with socket.create_connection((host, int(port)), timeout=EVENT_DEADLINE_S) as sock:  # promises 512 MiB, sends none of it
             sock.sendall(f"POST /t/{route.token}/v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-length: {512 * MIB}\r\n\r\n".encode())
             data = b""
             while chunk := sock.recv(65536):

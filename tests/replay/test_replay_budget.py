@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
+from waits import EVENT_DEADLINE_S
 
 from plumbline_otel.replay import (
     BudgetExceeded,
@@ -143,10 +144,11 @@ def test_a_reservation_that_does_not_fit_waits_for_running_trials_to_settle() ->
         running.add(0.1)  # metered: it settles at what the meter counted
         running.close()
 
+    started = time.monotonic()  # before the settle's 0.2 s begins: however the threads are scheduled, the wait takes longer
     threading.Thread(target=settle_soon).start()
-    started = time.monotonic()
-    waited = TrialBudget.open_wait(cap, 0.5, timeout=5.0, running=lambda: not running.settled)
-    assert waited is not None and 0.1 < time.monotonic() - started < 3.0
+    waited = TrialBudget.open_wait(cap, 0.5, timeout=EVENT_DEADLINE_S, running=lambda: not running.settled)
+    # Woken by the settle, not at its timeout: a bound far from both the settle's time and the timeout.
+    assert waited is not None and 0.1 < time.monotonic() - started < EVENT_DEADLINE_S / 2
     assert cap.reserved == pytest.approx(0.5) and cap.spent == pytest.approx(0.1)
     # Never fits (settled spend alone leaves no room), or nothing left to settle: give up at once.
     assert not cap.reserve_wait(0.95, timeout=5.0, running=lambda: True)

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from waits import EVENT_DEADLINE_S
 
 from domains.accounts_payable.replay_adapter import APAdapter
 from domains.accounts_payable.run import run_domain
@@ -196,8 +197,8 @@ def test_replay_against_a_running_plumbline_serve(tmp_path: Path) -> None:
         proc = subprocess.Popen([sys.executable, "-m", "plumbline_otel.cli.serve", "--db", str(tmp_path / "served.duckdb"),
                                  "--grpc-port", str(grpc_port), "--http-port", str(http_port), "--assemble-interval", "0.2"],
                                 stdout=fh, stderr=fh)
-    try:
-        deadline = time.monotonic() + 30
+    try:  # every wait below ends with its event (a ready line, runs in the store); the deadlines only bound a hang
+        deadline = time.monotonic() + EVENT_DEADLINE_S
         while "plumbline serve: OTLP" not in log.read_text():
             assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
             time.sleep(0.05)
@@ -213,7 +214,7 @@ def test_replay_against_a_running_plumbline_serve(tmp_path: Path) -> None:
                         return docs
                     time.sleep(0.2)
 
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + EVENT_DEADLINE_S
         assert len(study_runs("traffic", 2)) == 2
         args = ["replay", "--server", f"127.0.0.1:{grpc_port}", "--study", "served", "--agent", AGENT,
                 "--perturbations", "baseline,tool_fault", "--adapter", f"python:domains.accounts_payable.replay_adapter:{ARM}",
@@ -221,7 +222,7 @@ def test_replay_against_a_running_plumbline_serve(tmp_path: Path) -> None:
         result = CliRunner().invoke(cli, args)
         assert result.exit_code == 0, result.output
         assert "ran 4 (4 ok, 0 missing, 0 errored)" in result.output
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + EVENT_DEADLINE_S
         docs = study_runs("served", 4)
         assert sorted(d["context"]["plumbline.perturbation"] for d in docs) == ["baseline", "baseline", "tool_fault", "tool_fault"]
         # A fresh state directory holding only the study's identity and key (study.json): only the server knows these
@@ -236,8 +237,9 @@ def test_replay_against_a_running_plumbline_serve(tmp_path: Path) -> None:
         # the driver its run, so --server confirms it there; a silent agent's trial is errored.
         script = tmp_path / "agent.py"
         script.write_text(EXPORTING_AGENT)
+        # The driver waits for each trace until it is stored (the wait ends then), up to a deadline only a hang reaches.
         command = ["replay", "--server", f"127.0.0.1:{grpc_port}", "--agent", AGENT, "--endpoint", endpoint,
-                   "--adapter", f"command:{sys.executable} {script}", "--quiet", "--trace-wait", "10"]
+                   "--adapter", f"command:{sys.executable} {script}", "--quiet", "--trace-wait", str(EVENT_DEADLINE_S)]
         ran = CliRunner().invoke(cli, [*command, "--study", "cmd", "--state-dir", str(tmp_path / "cmd")])
         assert ran.exit_code == 0, ran.output
         assert "ran 2 (2 ok, 0 missing, 0 errored)" in ran.output
@@ -247,4 +249,4 @@ def test_replay_against_a_running_plumbline_serve(tmp_path: Path) -> None:
         assert "no trace received" in silent.output
     finally:
         proc.send_signal(signal.SIGTERM)
-        proc.wait(60)
+        proc.wait(EVENT_DEADLINE_S)
