@@ -45,6 +45,9 @@ _CALLS_SQL = """SELECT s.trace_id, s.span_id, s.start_ns, s.end_ns, s.shapes FRO
       AND NOT EXISTS (SELECT 1 FROM conversation_keys k WHERE k.trace_id = s.trace_id AND k.span_id = s.span_id)"""
 
 
+# A call's keys by call ids alone (`ThreadKeys.ids_continues`, `.ids_after`) are kept as a second row, its span id
+# suffixed so: its hashes are of another domain than the conversation keys', so rows of the two kinds never match.
+IDS_ROW = "#ids"
 Events = list[tuple[str, dict[str, Any]]]
 """A call's log records as (event name, attributes with the body's keys), in time order."""
 
@@ -57,10 +60,13 @@ def _key_table(rows: Iterable[tuple[dict[str, Any], dict[str, Any], bool, Events
         keys = keys_of_attributes(attributes, opens_turn, events)
         if keys is None:
             continue
-        for name in KEY_COLUMNS[:4]:
-            columns[name].append(call[name])
-        for name in KEY_COLUMNS[4:]:
-            columns[name].append(getattr(keys, name))
+        kept: list[tuple[str, str | None, str | None, str | None, str | None]] = [
+            (call["span_id"], keys.continues, keys.continues_loose, keys.after, keys.after_loose)]
+        if keys.ids_continues or keys.ids_after:  # the keys by call ids: a row of their own (`IDS_ROW`)
+            kept.append((call["span_id"] + IDS_ROW, keys.ids_continues, keys.ids_continues, keys.ids_after, keys.ids_after))
+        for span_id, *values in kept:
+            for name, value in zip(KEY_COLUMNS, (call["trace_id"], span_id, call["start_ns"], call["end_ns"], *values)):
+                columns[name].append(value)
     if not columns["trace_id"]:
         return None
     return pa.table({name: pa.array(values, pa.int64() if name.endswith("_ns") else pa.string()) for name, values in columns.items()})

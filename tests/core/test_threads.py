@@ -28,7 +28,8 @@ LOOPS = ["openai_v2_loop", "openai_v2_loop_events", "openai_v2_loop_interleaved"
 # The same loop under other instrumentations (generate_per_call_loop.py): OpenInference's and Traceloop's over the
 # OpenAI SDK, OpenInference's over the Anthropic SDK; in each `<x>_loop`, skipped_check streams.
 OTHER_LOOPS = [f"{kind}_loop{variant}" for kind in ("openai_openinference", "openai_traceloop", "anthropic_openinference")
-               for variant in ("", "_interleaved", "_same_request")] + ["openai_traceloop_loop_events"]
+               for variant in ("", "_interleaved", "_same_request")] + ["openai_traceloop_loop_events"] + \
+    [f"openai_openlit_loop{v}" for v in ("", "_interleaved", "_same_request")]
 
 
 def _expected(setup: str) -> dict[str, Any]:
