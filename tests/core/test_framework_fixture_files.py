@@ -40,7 +40,8 @@ SETUPS = ["adk_content", "adk_content_events", "adk_nocontent", "langchain_openi
           "openai_v2_loop",
           # the same loop under OpenInference's and Traceloop's OpenAI and OpenInference's Anthropic instrumentation
           # (generate_per_call_loop.py)
-          "openai_openinference_loop", "openai_traceloop_loop", "anthropic_openinference_loop", "openai_openlit_loop"]
+          "openai_openinference_loop", "openai_traceloop_loop", "anthropic_openinference_loop", "openai_openlit_loop",
+          "openai_traceloop_indexed_loop"]
 
 _spec = importlib.util.spec_from_file_location("producers_generate", FIXTURES / "producers" / "generate.py")
 assert _spec is not None and _spec.loader is not None

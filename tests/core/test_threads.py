@@ -26,10 +26,12 @@ from plumbline_otel.threads import ThreadKeys, continuation_links, thread_keys
 FRAMEWORKS = Path(__file__).resolve().parents[1] / "fixtures" / "frameworks"
 LOOPS = ["openai_v2_loop", "openai_v2_loop_events", "openai_v2_loop_interleaved", "openai_v2_loop_same_request"]
 # The same loop under other instrumentations (generate_per_call_loop.py): OpenInference's and Traceloop's over the
-# OpenAI SDK, OpenInference's over the Anthropic SDK; in each `<x>_loop`, skipped_check streams.
+# OpenAI SDK, OpenInference's over the Anthropic SDK; in each `<x>_loop`, skipped_check streams. Then Traceloop's
+# messages as log records (one per message), OpenLIT's (assistant messages dropped from the request) and an older
+# Traceloop's (the indexed `gen_ai.prompt.{i}.*`).
 OTHER_LOOPS = [f"{kind}_loop{variant}" for kind in ("openai_openinference", "openai_traceloop", "anthropic_openinference")
                for variant in ("", "_interleaved", "_same_request")] + ["openai_traceloop_loop_events"] + \
-    [f"openai_openlit_loop{v}" for v in ("", "_interleaved", "_same_request")]
+    [f"{kind}_loop{v}" for kind in ("openai_openlit", "openai_traceloop_indexed") for v in ("", "_interleaved", "_same_request")]
 
 
 def _expected(setup: str) -> dict[str, Any]:
