@@ -19,6 +19,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from waits import EVENT_DEADLINE_S
+
+PG_CTL_WAIT_S = str(int(EVENT_DEADLINE_S))  # pg_ctl -t: how long -w may wait for the server to start or stop
 
 
 def _pg_bin() -> Path | None:
@@ -54,12 +57,14 @@ def postgres_url() -> Iterator[str]:
     subprocess.run([*as_user, str(binaries / "initdb"), "-D", str(data), "-U", "postgres", "--auth=trust", "-E", "UTF8"],
                    check=True, stdout=subprocess.DEVNULL)
     options = f"-h 127.0.0.1 -p {port} -k {root} -c fsync=off -c max_connections=50"
-    subprocess.run([*as_user, str(binaries / "pg_ctl"), "-D", str(data), "-o", options, "-l", str(root / "log"), "-w", "start"],
+    # -w waits for the server to accept connections (the event); -t bounds only a hang (pg_ctl's own default, 60 s,
+    # is within reach of a start on a loaded machine)
+    subprocess.run([*as_user, str(binaries / "pg_ctl"), "-D", str(data), "-o", options, "-l", str(root / "log"), "-w", "-t", PG_CTL_WAIT_S, "start"],
                    check=True, stdout=subprocess.DEVNULL)
     try:
         yield f"postgresql://postgres@127.0.0.1:{port}/postgres"
     finally:
-        subprocess.run([*as_user, str(binaries / "pg_ctl"), "-D", str(data), "-m", "immediate", "-w", "stop"],
+        subprocess.run([*as_user, str(binaries / "pg_ctl"), "-D", str(data), "-m", "immediate", "-w", "-t", PG_CTL_WAIT_S, "stop"],
                        check=False, stdout=subprocess.DEVNULL)
         shutil.rmtree(root, ignore_errors=True)
 

@@ -17,6 +17,7 @@ import pytest
 from click.testing import CliRunner
 from core.test_sources import _runs
 from replay.toy import ToyAgent, tasks
+from waits import EVENT_DEADLINE_S
 
 from plumbline_otel.cli.main import cli
 from plumbline_otel.ingest import ingest_files
@@ -194,10 +195,11 @@ def test_concurrent_syncs_are_retried_and_a_killed_one_leaves_nothing_half_done(
     lake = str(tmp_path / "lake")
     Lake(lake).table("runs")  # made once, before the racers
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
-    # one sync is killed with -9 while it commits (in the middle of its tables)
+    # one sync is killed with -9 while it commits (in the middle of its tables): it waits there until it is (the wait is
+    # far longer than a loaded machine takes to send the signal, so the sync never goes on to finish first)
     slow = ("import sys, time; from plumbline_otel.lake import Lake, LakeSink; from plumbline_otel.store import Store; "
             "s = Store(sys.argv[1]); k = LakeSink(Lake(sys.argv[2]), 'i0', batch_rows=5, "
-            "before_commit=lambda n: (print(n, flush=True), time.sleep(0.5) if n == 'spans' else None)); k.sync(s.connection)")
+            "before_commit=lambda n: (print(n, flush=True), time.sleep(300) if n == 'spans' else None)); k.sync(s.connection)")
     victim = subprocess.Popen([sys.executable, "-c", slow, str(corpus / "i0.duckdb"), lake], stdout=subprocess.PIPE, text=True, env=env)
     assert victim.stdout is not None
     for line in victim.stdout:
@@ -210,7 +212,7 @@ def test_concurrent_syncs_are_retried_and_a_killed_one_leaves_nothing_half_done(
     racers = [subprocess.Popen([sys.executable, "-c", "from plumbline_otel.cli.main import main; main()", "lake", "sync", "--db", str(corpus / f"i{s}.duckdb"),
                                 "--lake", lake, "--instance", f"i{s}"], stdout=subprocess.PIPE, text=True, env=env)
               for s in range(SHARDS)]
-    outs = [json.loads(r.communicate(timeout=120)[0]) for r in racers]
+    outs = [json.loads(r.communicate(timeout=EVENT_DEADLINE_S)[0]) for r in racers]  # ends when they do: bounds a hang
     assert all(r.returncode == 0 for r in racers)
     assert all(o["retries"] >= 0 for o in outs)  # whether they collided depends on timing (see the next test for one that must)
     with Store(corpus / "whole.duckdb", read_only=True) as store:

@@ -67,7 +67,7 @@ def test_an_instance_keeps_its_name_when_its_file_moves_and_its_host_changes(cor
 
 _KILLED = ("import sys; from plumbline_otel.lake import Lake, LakeSink; from plumbline_otel.store import Store; "
            "import time; s = Store(sys.argv[1]); k = LakeSink(Lake(sys.argv[2]), 'i0', batch_rows=5, "
-           "before_commit=lambda n: (print(n, flush=True), time.sleep(30) if n == 'spans' else None)); k.sync(s.connection)")
+           "before_commit=lambda n: (print(n, flush=True), time.sleep(300) if n == 'spans' else None)); k.sync(s.connection)")  # killed there, however slowly
 
 
 def test_a_sync_killed_between_tables_is_not_seen_by_readers(corpus: Path, tmp_path: Path) -> None:  # noqa: F811

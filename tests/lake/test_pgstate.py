@@ -8,16 +8,19 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
+from waits import EVENT_DEADLINE_S, wait_for
 
 from plumbline_otel.replay.jsonvalue import to_float
 from plumbline_otel.replay.pgstate import PgLedger, PgSpendCap, StudyClaims
 
 RUNNER = str(Path(__file__).with_name("pg_runner.py"))
 ENV = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+# The killed runner's lease: far beyond the few queries between its claim and the check that the claim is still held
+# (seconds on a loaded machine; a 1 s lease could lapse first), and waited out by watching it lapse, not by a sleep.
+DEAD_LEASE_S = 20
 
 
 def _runners(url: str, study: str, trials: int, cap: float, n: int = 2, lease: str = "5", start: Path | None = None) -> list[dict]:
@@ -25,12 +28,10 @@ def _runners(url: str, study: str, trials: int, cap: float, n: int = 2, lease: s
     env = {**ENV, "LEASE_S": lease, **({"START_DIR": str(start)} if start else {})}
     procs = [subprocess.Popen([sys.executable, RUNNER, url, study, str(trials), str(cap), str(seed)], stdout=subprocess.PIPE, text=True,
                               env=env) for seed in range(n)]
-    if start is not None:
-        deadline = time.monotonic() + 60
-        while len(list(start.glob("ready-*"))) < n and time.monotonic() < deadline and all(p.poll() is None for p in procs):
-            time.sleep(0.01)
-        (start / "go").touch()
-    outs = [p.communicate(timeout=180)[0] for p in procs]
+    if start is not None:  # each joins once it has imported and connected (20 s and more under load): wait for all
+        wait_for(lambda: len(list(start.glob("ready-*"))) == n or any(p.poll() is not None for p in procs), "every runner to join")
+        (start / "go").touch()  # a runner that exited before it joined fails below, with its output
+    outs = [p.communicate(timeout=EVENT_DEADLINE_S)[0] for p in procs]
     assert all(p.returncode == 0 for p in procs), outs
     return [json.loads(o.strip().splitlines()[-1]) for o in outs]
 
@@ -62,14 +63,15 @@ def test_the_cap_holds_exactly_across_runners(postgres_db: str) -> None:
 
 def test_a_killed_runner_s_claim_and_reservation_are_released_after_its_lease(postgres_db: str) -> None:
     dead = subprocess.run([sys.executable, RUNNER, postgres_db, "lease", "3", "10", "0", "die"], capture_output=True, text=True,
-                          env={**ENV, "LEASE_S": "1"}, timeout=60)
+                          env={**ENV, "LEASE_S": str(DEAD_LEASE_S)}, timeout=EVENT_DEADLINE_S)
     assert dead.returncode == 9, dead.stderr
     claimed = json.loads(dead.stdout)["claimed"]
     cap = PgSpendCap(postgres_db, "lease", 10.0)
     assert cap.reserved == pytest.approx(0.4)
     claims = StudyClaims(postgres_db, "lease", runner="checker", lease_s=1)
     assert not claims.claim(claimed)  # still under the dead runner's lease
-    time.sleep(1.5)
+    # Its runner's lease and its claim's lapse together (renewed together, the claim last): the wait ends when they have.
+    wait_for(lambda: claims.counts()["held"] == 0, "the dead runner's lease to lapse", every_s=0.2)
     (result,) = _runners(postgres_db, "lease", 3, 10.0, n=1, lease="1")
     assert sorted(result["ran"]) == ["trial-000", "trial-001", "trial-002"]  # its trial ran, by the live runner
     assert result["released"] == pytest.approx(0.1)  # at what its calls metered

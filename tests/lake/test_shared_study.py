@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from waits import EVENT_DEADLINE_S
 
 from plumbline_otel.ingest import ingest_files
 from plumbline_otel.replay.pgstate import PgLedger, PgSpendCap, shared_keys
@@ -42,7 +43,7 @@ def test_two_runners_share_one_study_each_trial_once_under_one_cap(postgres_db: 
                               cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
     outs = []
     for proc in procs:
-        out, err = proc.communicate(timeout=180)
+        out, err = proc.communicate(timeout=2 * EVENT_DEADLINE_S)  # ends when the runner does: this only bounds a hang
         assert proc.returncode == 0, err[-3000:]
         outs.append(json.loads(out.strip().splitlines()[-1]))
     ran = [tid for o in outs for tid in o["ok"]]

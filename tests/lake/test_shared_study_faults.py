@@ -20,19 +20,20 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from waits import EVENT_DEADLINE_S
 
 from plumbline_otel.ingest import ingest_files
 from plumbline_otel.replay.pgstate import PgLedger, PgSpendCap, StudyClaims, shared_keys
 from plumbline_otel.store import Store
 from plumbline_otel.trials import account
 
-from .conftest import _free_port, _pg_bin
+from .conftest import PG_CTL_WAIT_S, _free_port, _pg_bin
 
 ROOT = Path(__file__).resolve().parents[2]
 RUNNER = str(Path(__file__).with_name("study_runner.py"))
 
 
-def _until(what: str, ready: Callable[[], bool], timeout: float = 120.0) -> None:
+def _until(what: str, ready: Callable[[], bool], timeout: float = EVENT_DEADLINE_S) -> None:
     deadline = time.monotonic() + timeout
     while not ready():
         if time.monotonic() > deadline:
@@ -161,7 +162,7 @@ class _OwnPostgres:
     def ctl(self, *args: str) -> None:
         options = f"-h 127.0.0.1 -p {self.port} -k {self.root} -c fsync=off"
         subprocess.run([*self.as_user, str(self.bin / "pg_ctl"), "-D", str(self.data), "-o", options, "-l", str(self.root / "log"),
-                        "-w", *args], check=True, stdout=subprocess.DEVNULL)
+                        "-w", "-t", PG_CTL_WAIT_S, *args], check=True, stdout=subprocess.DEVNULL)
 
 
 @pytest.fixture
@@ -171,7 +172,7 @@ def own_postgres() -> Iterator[_OwnPostgres]:
     try:
         yield server
     finally:
-        subprocess.run([*server.as_user, str(server.bin / "pg_ctl"), "-D", str(server.data), "-m", "immediate", "-w", "stop"],
+        subprocess.run([*server.as_user, str(server.bin / "pg_ctl"), "-D", str(server.data), "-m", "immediate", "-w", "-t", PG_CTL_WAIT_S, "stop"],
                        check=False, stdout=subprocess.DEVNULL)
         shutil.rmtree(server.root, ignore_errors=True)
 

@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
+from waits import EVENT_DEADLINE_S
 
 from plumbline_otel.cli.main import cli
 from plumbline_otel.report import Certificate, build_certificate, load_certificate, render_text
@@ -159,7 +160,7 @@ def test_spans_after_a_trial_s_evidence_window_are_stored_marked_late_and_change
     # little later on a loaded machine: never earlier, so the driver's own delay never makes an agent's span late)
     _, first = certified(kind, "late", tmp_path, db, "late")
     spans = tmp_path / "late.otlp.jsonl"
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + EVENT_DEADLINE_S  # ends when the spans are there: this only bounds a hang
     while spans.read_text().count('"execute_tool pay"') < 4 and time.monotonic() < deadline:  # the detached children's spans
         time.sleep(0.2)
     assert spans.read_text().count('"execute_tool pay"') == 4
