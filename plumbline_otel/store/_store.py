@@ -47,6 +47,8 @@ _CHECKPOINT_THRESHOLD = "32MB"
 # to its size of appended rows in memory until the checkpoint; past this cap they go to a temporary
 # file instead of the process's memory (`plumbline serve` takes `storage.memory_limit_mib`, by default the same).
 WRITER_MEMORY_LIMIT_MIB = 256
+# DuckDB's memory limit while the writer rebuilds a trace longer than `LONG_TRACE_SPANS` (`Store._write_long_trace`).
+LONG_REBUILD_MEMORY_MIB = 96
 # Traces (each of at most `LONG_TRACE_SPANS`) read back into records together when rebuilding: each
 # read scans the spans table, so fewer, larger reads; ~70 MB of records at most.
 _REBUILD_SPANS = 20_000
@@ -283,9 +285,12 @@ class Store(Reader):
             self.connection.execute(f"INSERT {ignore}INTO {shape.name} BY NAME SELECT * FROM given_rows")
         return int(rows.num_rows)
 
+    _memory_limit_mib: int | None = None  # as set here; None: DuckDB's default
+
     def set_memory_limit(self, mib: int) -> None:
         """Cap DuckDB's buffer cache (it defaults to 80% of the machine's memory)."""
         self.connection.execute(f"SET memory_limit = '{int(mib)}MiB'")
+        self._memory_limit_mib = int(mib)
 
     def leave_cores_to(self, workers: int) -> None:
         """DuckDB runs on the cores that `workers` shard processes leave (at least one); with none, on every core.
@@ -440,7 +445,7 @@ class Store(Reader):
             if batch:
                 total += self._write_trajectories([self._rebuilt(batch)], batch)
             for trace_id in [t for t in dirty if sizes[t] > LONG_TRACE_SPANS]:
-                total += self._write_trajectories(self._long_trace_runs(trace_id), [trace_id])
+                total += self._write_long_trace(trace_id)
         return total
 
     def _rebuilt(self, trace_ids: list[str], together: bool = False) -> pa.Table:
@@ -476,6 +481,32 @@ class Store(Reader):
         for t in joined:
             groups.setdefault(find(t), []).append(t)
         return [sorted(g) for g in groups.values() if len(g) > 1]
+
+    def _write_long_trace(self, trace_id: str) -> int:
+        """`_long_trace_runs` stored, under a cache of at most `LONG_REBUILD_MEMORY_MIB` while it runs.
+
+        Each batch of runs reads its spans back with a scan of the whole trace, and DuckDB keeps the blocks
+        it read cached up to its memory limit: at the writer's 256 MiB a 20,000-span trace's rebuild grew the
+        process ~140 MiB (96 MiB: ~85), the peak of that trace's ingest. Should a run too large for the
+        smaller cache run out of memory, the rebuild (one transaction, rolled back) runs again at the
+        writer's own limit.
+        """
+        if self._memory_limit_mib is not None and self._memory_limit_mib <= LONG_REBUILD_MEMORY_MIB:
+            return self._write_trajectories(self._long_trace_runs(trace_id), [trace_id])
+        (limit,) = self.connection.execute("SELECT current_setting('memory_limit')").fetchone() or ("",)
+        try:
+            self.connection.execute(f"SET memory_limit = '{LONG_REBUILD_MEMORY_MIB}MiB'")
+            try:
+                return self._write_trajectories(self._long_trace_runs(trace_id), [trace_id])
+            finally:
+                self.connection.execute("SET memory_limit = ?", [limit])
+        except duckdb.Error as exc:
+            cause: BaseException | None = exc  # DuckDB's out-of-memory error, or one it caused (an aborted transaction)
+            while cause is not None and not isinstance(cause, duckdb.OutOfMemoryException):
+                cause = cause.__context__
+            if cause is None:
+                raise
+            return self._write_trajectories(self._long_trace_runs(trace_id), [trace_id])
 
     def _long_trace_runs(self, trace_id: str) -> Iterator[pa.Table]:
         """A long trace's trajectories, a batch of runs at a time, never holding the whole trace as records.
