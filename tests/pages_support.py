@@ -24,6 +24,7 @@ from pathlib import Path
 import html5lib
 import httpx
 from otlp import record, to_otlp_json
+from waits import EVENT_DEADLINE_S
 
 from plumbline_otel.analyse.conformance import check
 from plumbline_otel.config import load_config
@@ -124,7 +125,7 @@ class Served:
 
     def get(self, path: str, token: str | None = TOKEN) -> httpx.Response:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        return httpx.get(self.url + path, headers=headers, timeout=30)
+        return httpx.get(self.url + path, headers=headers, timeout=EVENT_DEADLINE_S)  # a page, however slowly rendered
 
 
 def serve(db: Path, cert: Path | None = None, grpc_port: int | None = None) -> Served:

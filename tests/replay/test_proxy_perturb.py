@@ -16,6 +16,7 @@ import pytest
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from waits import EVENT_DEADLINE_S
 
 from plumbline_otel.replay.cache import ResponseCache
 from plumbline_otel.replay.identity import FaultPlan
@@ -105,7 +106,8 @@ def test_every_default_sampling_variant_changes_a_parameter_the_api_honours(api:
     proxy.close_trial(route)
     unperturbed = sim.requests[-1]["body"]
     for k, variant in enumerate(variants):
-        route = proxy.open_trial(trial(k=k + 1, perturbation="sampling", **variant.metadata))
+        metadata: dict[str, Any] = dict(variant.metadata)
+        route = proxy.open_trial(trial(k=k + 1, perturbation="sampling", **metadata))
         _call(api, route)
         evidence = proxy.close_trial(route)
         got = sim.requests[-1]["body"]
@@ -182,13 +184,15 @@ def test_decoys_are_not_added_to_a_call_without_tools(proxy: ModelProxy, sim: Si
                                              ("timeout", openai.APITimeoutError), ("stream_cut", openai.APIError)])
 def test_each_model_fault_reaches_the_openai_sdk_as_that_error(proxy: ModelProxy, sim: SimulatedProvider, kind: str,
                                                                error: type[Exception]) -> None:
-    plan = ModelFaultPlan(kind, on_call=2, hold_s=1.0, after_events=2)
+    # The held call (10 s) times out at the client's 5 s, never sooner however loaded the machine; the calls that pass
+    # have all the time they need (a 0.5 s timeout on every call failed the passing ones under load).
+    plan = ModelFaultPlan(kind, on_call=2, hold_s=10.0, after_events=2)
     route = proxy.open_trial(trial(perturbation="model_fault", model_fault=plan.as_dict()))
-    client = openai_client(route, timeout=0.5 if kind == "timeout" else 30)
+    client = openai_client(route, timeout=EVENT_DEADLINE_S)
     ask: dict[str, Any] = {"model": OPENAI_MODEL, "messages": [{"role": "user", "content": "pay"}]}
     client.chat.completions.create(**ask)  # call 1 passes
     with pytest.raises((error, httpx.HTTPError)):
-        for _ in client.chat.completions.create(**ask, stream=True):
+        for _ in client.chat.completions.create(**ask, stream=True, timeout=5.0 if kind == "timeout" else EVENT_DEADLINE_S):
             pass
     client.chat.completions.create(**ask)  # call 3 passes again
     evidence = proxy.close_trial(route)

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from waits import EVENT_DEADLINE_S
 
 from plumbline_otel.analyse.conformance import evaluate
 from plumbline_otel.errors import ReplayError
@@ -92,7 +93,7 @@ def test_two_concurrent_resume_processes_do_not_both_run_the_trials(tmp_path: Pa
     otlp = str(tmp_path / "replay.otlp.jsonl")
     argv = [sys.executable, "-m", "tests.replay.study_proc", str(tmp_path / "state"), otlp, "resume", "0.1"]
     procs = [subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
-    finished = [p.communicate(timeout=120) for p in procs]
+    finished = [p.communicate(timeout=EVENT_DEADLINE_S) for p in procs]  # ends when they do: this only bounds a hang
     assert all(out.strip() for out, _ in finished), [err[-2000:] for _, err in finished]
     outs = [json.loads(out.strip().splitlines()[-1]) for out, _ in finished]
     ran = [o for o in outs if "ran" in o]
@@ -110,7 +111,7 @@ def test_two_concurrent_resume_processes_do_not_both_run_the_trials(tmp_path: Pa
 def test_a_crashed_runner_does_not_hold_the_study(tmp_path: Path) -> None:
     holder = subprocess.Popen([sys.executable, "-c", (
         "import sys, time; from plumbline_otel.replay import StudyLock; "
-        f"StudyLock({str(tmp_path)!r}, 'x').acquire(); print('held', flush=True); time.sleep(60)")],
+        f"StudyLock({str(tmp_path)!r}, 'x').acquire(); print('held', flush=True); time.sleep(600)")],  # killed below, however slowly
         cwd=ROOT, stdout=subprocess.PIPE, text=True)
     assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
     with pytest.raises(StudyLocked, match=f"pid {holder.pid}"):

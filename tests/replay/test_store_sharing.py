@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from waits import EVENT_DEADLINE_S
 
 from plumbline_otel.sources import Sources
 from plumbline_otel.store import Store, StoreLocked
@@ -21,7 +22,7 @@ from plumbline_otel.store import Store
 db, held, release = sys.argv[-3:]
 store = Store(db)
 pathlib.Path(held).touch()
-deadline = time.monotonic() + 120
+deadline = time.monotonic() + 600  # held until released: this only bounds a test that never releases it
 while not pathlib.Path(release).exists() and time.monotonic() < deadline:
     time.sleep(0.02)
 store.close()
@@ -34,7 +35,7 @@ def _hold(db: Path, tmp: Path, *tag: str) -> tuple[subprocess.Popen[bytes], Path
     script = tmp / "holder.py"
     script.write_text(HOLDER)
     proc = subprocess.Popen([sys.executable, str(script), *tag, str(db), str(held), str(release)])
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + EVENT_DEADLINE_S  # the wait ends when it holds the store: this only bounds a hang
     while not held.exists():
         assert proc.poll() is None and time.monotonic() < deadline, "the holder did not open the store"
         time.sleep(0.02)
