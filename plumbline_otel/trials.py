@@ -130,7 +130,7 @@ class AttemptRecord:
     fault_fired: bool | None = None
     fault_source: str | None = None
     fault_claimed: bool | None = None
-    seen: bool | None = None  # decoy_tools / sampling: seen in a model request
+    seen: bool | None = None  # decoy_tools / sampling / a paraphrased turn at a branch point: seen in a model request
     seen_by: str | None = None
     cost_usd: float = 0.0
     metered: bool | None = None
@@ -503,7 +503,7 @@ def _decide(planned: AttemptRecord | None, attempts: list[AttemptRecord], by_tra
     kind = base.perturbation.partition("@")[0]  # a branch point's label carries its step (tool_fault@3, replay.tape)
     if kind in FAULT_PERTURBATIONS and not decided.fault_fired:
         return result("unexposed", "the driver saw no fault reach the agent", run, notes)
-    if kind in REQUEST_PERTURBATIONS and not decided.seen:
+    if decided.seen is False or (kind in REQUEST_PERTURBATIONS and not decided.seen):
         return result("unexposed", f"the driver never saw {base.perturbation} reach a model request", run, notes)
     return result("exposed", None, run, notes)
 

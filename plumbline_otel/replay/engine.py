@@ -156,7 +156,7 @@ class TrialRunner:
         if record.status != "ok" or self.config.judge is None or record.trace_id is None:
             return None
         if (base_perturbation(record.perturbation) in FAULT_PERTURBATIONS and not record.fault_fired) or (
-                base_perturbation(record.perturbation) in REQUEST_PERTURBATIONS and not record.seen):
+                base_perturbation(record.perturbation) in REQUEST_PERTURBATIONS and not record.seen) or record.seen is False:
             return None
         return self.config.judge(record.trace_id, trial.identity.attributes())
 

@@ -191,6 +191,8 @@ def witness(record: AttemptRecord, scope: TrialScope | None, outcome: TrialOutco
             record.fault_fired, record.fault_source = True, who
         if (perturbation == "decoy_tools" and saw.get("decoys_offered")) or (perturbation == "sampling" and saw.get("sampling_changes")):
             record.seen, record.seen_by = True, who
+        if saw.get("turn_rewrites") is not None and not record.seen:  # a paraphrased turn at a branch point (issue 44)
+            record.seen, record.seen_by = (True, who) if _int(saw.get("turn_rewrites")) > 0 else (False, None)
     if perturbation in REQUEST_PERTURBATIONS and record.seen is None:
         record.seen = False
     if outcome is not None:

@@ -146,6 +146,37 @@ def test_a_paraphrased_user_turn_at_step_k_reaches_the_model_from_k_on(tmp_path:
     assert second_turn != TURN_2 and "INV-1000" in second_turn  # the turn at step 4, paraphrased (ids kept: the guard)
     assert user_messages(live[1])[1] == second_turn  # and in every request after it, though the agent keeps the original
     assert record.evidence["model_proxy"]["tape_served"] == 2
+    assert record.seen is True and record.evidence["model_proxy"]["turn_rewrites"] == 2
+
+
+def test_an_agent_that_stops_before_the_paraphrased_turn_never_met_it_and_is_not_scored(
+        tmp_path: Path, sim: SimulatedProvider) -> None:
+    from plumbline_otel.trials import account
+
+    tape = recorded(tmp_path, sim)
+
+    def first_turn_only(trial: Trial) -> TrialOutcome:  # the prefix (served from the tape), then it stops
+        client = openai.OpenAI(base_url=trial.routes["OPENAI_BASE_URL"], api_key="agent-key", max_retries=2)
+        messages: list[Any] = [{"role": "user", "content": trial.text}]
+        for _ in range(2):
+            message = client.chat.completions.create(model=OPENAI_MODEL, messages=messages, tools=TOOLS).choices[0].message  # type: ignore[arg-type]
+            messages.append(message.model_dump(exclude_none=True))
+            messages += [{"role": "tool", "tool_call_id": c.id, "content": '{"amount":"100.00"}'} for c in message.tool_calls or []]
+        return TrialOutcome(output=str(messages[-1].get("content")))
+
+    summary = study(tmp_path, "para-stop", sim, first_turn_only, perturbations=("paraphrase",), branch_at=(4,),
+                    tapes={tasks(1)[0].task_key: tape})
+    (record,) = summary.records
+    assert record.status == "ok" and record.seen is False, record.reason  # ran, but the turn it was to be judged on never came
+    assert record.evidence["model_proxy"]["turn_rewrites"] == 0
+    from plumbline_otel.ingest import ingest_files
+    from plumbline_otel.store import Store
+    from plumbline_otel.trials import KeyRing
+
+    with Store(tmp_path / "s.duckdb") as store:
+        ingest_files(store, [tmp_path / "para-stop.jsonl"])
+        (result,) = account(store.trajectories(), KeyRing.load([tmp_path / "para-stop"])).results
+    assert result.status == "unexposed" and "never saw paraphrase@4 reach a model request" in (result.reason or "")
 
 
 def test_a_turn_that_is_not_the_recorded_one_is_a_divergence_never_scored(tmp_path: Path, sim: SimulatedProvider) -> None:

@@ -8,6 +8,7 @@ writes into the trial's record so exposure and cost never depend on the agent's 
 from __future__ import annotations
 
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar
 
@@ -71,6 +72,9 @@ class ProxyEvidence:
     # request in the prefix differed from the recorded one ({step, call, detail}; the driver makes the trial missing).
     tape_served: int = 0
     diverged: tuple[JsonObject, ...] = ()
+    # A paraphrased user turn at a branch point: how many requests carried it to the model (None: no such trial).
+    # A trial whose agent stopped before that turn never met its perturbation: the driver does not score it.
+    turn_rewrites: int | None = None
 
     def as_dict(self) -> JsonObject:
         return {
@@ -85,6 +89,7 @@ class ProxyEvidence:
             "sampling_unchanged": [dict(c) for c in self.sampling_unchanged],
             **({"tape_served": self.tape_served, "diverged": [dict(d) for d in self.diverged]}
                if self.tape_served or self.diverged else {}),
+            **({"turn_rewrites": self.turn_rewrites} if self.turn_rewrites is not None else {}),
         }
 
 
@@ -122,6 +127,7 @@ class TrialState:
     fault_target: str | None = None  # the call id whose result tool_result_fault replaces
     branch: Branch | None = None  # a branch-point replay: the prefix is served from its tape (issue 44)
     tape_served: int = 0
+    turn_rewrites: int = 0
     closed: bool = False
     inflight: int = 0  # calls being served; close waits for them, so their cost is in the evidence
     _occurrences: dict[str, int] = field(default_factory=dict)
@@ -218,4 +224,5 @@ class TrialState:
                 sampling_changes=tuple(self.sampling_changes), exchanges=tuple(self.exchanges), passthrough=self.passthrough,
                 provider_failures=tuple({**f, "recovered": self._recovered(to_int(f["call"]))} for f in self.provider_failures),
                 proxy_errors=tuple(dict(e) for e in self.proxy_errors), sampling_unchanged=tuple(self.sampling_unchanged),
-                tape_served=self.tape_served, diverged=tuple(dict(d) for d in self.branch.diverged) if self.branch else ())
+                tape_served=self.tape_served, diverged=tuple(dict(d) for d in self.branch.diverged) if self.branch else (),
+                turn_rewrites=self.turn_rewrites if isinstance(self.trial.metadata.get("turn_paraphrase"), Mapping) else None)

@@ -63,8 +63,9 @@ def estimate_usd(model: str | None, request_bytes: int, body: Mapping[str, objec
 
 def rewrite(state: TrialState, api: Api, body: JsonObject, call: int) -> None:
     """Apply the trial's request-side perturbations to ``body`` and note what changed."""
-    if state.branch is not None:  # a paraphrased user turn from the branch point on (issue 44, replay.tape)
-        state.branch.rewrite_turn(state.trial.metadata, api, body, call)
+    # a paraphrased user turn from the branch point on (issue 44, replay.tape)
+    if state.branch is not None and state.branch.rewrite_turn(state.trial.metadata, api, body, call):
+        state.turn_rewrites += 1
     plan = state.tool_result_fault
     if plan is not None:
         state.learn_tool_calls([(c.id, c.name) for c in request_tool_calls(api, body)])
