@@ -25,6 +25,7 @@ from mcp.shared.exceptions import MCPError
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from waits import EVENT_DEADLINE_S
 
 from plumbline_otel.replay.limits import MIB, TRUNCATED_MARKER, ProxyLimits
 from plumbline_otel.replay.mcp_proxy import McpProxy
@@ -191,7 +192,7 @@ def test_an_http_server_that_goes_away_is_unreachable(server_py: Path, tmp_path:
             line: list[str] = []
             reader = threading.Thread(target=lambda: line.append(server.stdout.readline()), daemon=True)  # type: ignore[union-attr]
             reader.start()
-            reader.join(30)
+            reader.join(EVENT_DEADLINE_S)  # ends with the port line: importing the SDK takes long under load
             assert line and line[0].strip().isdigit()
             proxy = McpProxy(f"http://127.0.0.1:{int(line[0])}/mcp", timeout_s=10, start_timeout_s=3, max_relaunches=1)
             proxy.start()
@@ -236,7 +237,7 @@ def test_an_oversize_request_body_is_refused_unread(stdio: McpProxy) -> None:
     body = {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "big", "arguments": {"pad": "x" * (2 * MIB)}}}
     headers = {"accept": "application/json, text/event-stream", "mcp-protocol-version": "2025-11-25"}
     try:
-        answer = httpx.post(route.url, json=body, headers=headers, timeout=20)
+        answer = httpx.post(route.url, json=body, headers=headers, timeout=EVENT_DEADLINE_S)
     finally:
         evidence = stdio.close_trial(route)
     assert answer.status_code == 413 and "PLUMBLINE_PROXY_MAX_REQUEST_MIB" in answer.json()["error"]["message"]
