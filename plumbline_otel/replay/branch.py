@@ -28,9 +28,9 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from plumbline_otel.model import Trajectory
+from plumbline_otel.replay.jsonvalue import JsonObject
 from plumbline_otel.replay.tape import TapeError, ToolStep, tape_from_trajectory
 
 ENV_ADAPTER = "PLUMBLINE_CONSOLE_REPLAY_ADAPTER"
@@ -75,7 +75,7 @@ class ReplayJob:
         text = data[-_TAIL:].decode("utf-8", "replace")
         return ("…" + text) if len(data) > _TAIL else text
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> JsonObject:
         return {"id": self.id, "run": self.run_id, "step": self.step, "perturbation": self.perturbation, "study": self.study,
                 "state": self.state, "returncode": self.returncode, "started": self.started, "ended": self.ended,
                 "directory": str(self.directory), "command": shlex.join(self.command), "ingested": self.ingested,

@@ -84,12 +84,15 @@ import json
 import re
 import unicodedata
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
 from functools import lru_cache
 from itertools import takewhile
-from typing import Any
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from anthropic.types import MessageParam
 
 from plumbline_otel.plugins import DomainLexicon, installed_lexicons
 
@@ -2127,6 +2130,26 @@ def check_equivalent(original: str, variant: str, model: EquivalenceModel | None
     return GuardVerdict(True)
 
 
+class ModelReply(Protocol):
+    """What a model check reads of an answer: its content blocks (their ``text``, where they have one)."""
+
+    @property
+    def content(self) -> Sequence[object]: ...
+
+
+class MessagesAPI(Protocol):
+    """``client.messages`` of an ``anthropic.Anthropic``-like client: the one call a model check makes."""
+
+    def create(self, *, model: str, max_tokens: int, system: str, messages: list[MessageParam]) -> ModelReply: ...
+
+
+class MessagesClient(Protocol):
+    """An ``anthropic.Anthropic``-like client (``client.messages.create``), as the model check and paraphraser use it."""
+
+    @property
+    def messages(self) -> MessagesAPI: ...
+
+
 class ModelEquivalenceCheck:
     """A model's reading beside the rules: used only when a model is configured (``--paraphrase-model``).
 
@@ -2146,7 +2169,7 @@ class ModelEquivalenceCheck:
         "case, punctuation, passive voice and reformatted amounts or dates do not change the meaning. "
         'Answer with only JSON: {"equivalent": true|false, "changes": ["what changed", ...]}.')
 
-    def __init__(self, client: Any, model: str, max_tokens: int = 300) -> None:
+    def __init__(self, client: MessagesClient, model: str, max_tokens: int = 300) -> None:
         self.client, self.model, self.max_tokens = client, model, max_tokens
 
     def __call__(self, original: str, variant: str) -> GuardVerdict:

@@ -39,14 +39,15 @@ import random
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol, TypeVar
 
 from plumbline_otel.plugins import DomainLexicon
-from plumbline_otel.replay.guard import check_equivalent
+from plumbline_otel.replay.guard import EquivalenceModel, GuardVerdict, MessagesClient, check_equivalent
 from plumbline_otel.replay.identity import TRANSIENT_FAULT_KINDS, FaultPlan
+from plumbline_otel.replay.jsonvalue import JsonObject, JsonValue
 from plumbline_otel.replay.tasks import ReplayTask
 
-Candidate = tuple[str, dict[str, Any]]
+Candidate = tuple[str, JsonObject]
 
 MODEL_FAULT_KINDS = ("rate_limit", "overloaded", "timeout", "stream_cut")
 
@@ -79,13 +80,20 @@ class ModelFaultPlan:
         """Whether model call number ``call`` (1-based) of the attempt is faulted."""
         return self.on_call <= call < self.on_call + self.times
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> JsonObject:
         return {"kind": self.kind, "on_call": self.on_call, "times": self.times, "hold_s": self.hold_s,
                 "after_events": self.after_events}
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any] | None) -> ModelFaultPlan | None:
-        return cls(**dict(data)) if data else None
+    def from_dict(cls, data: JsonValue | Mapping[str, object]) -> ModelFaultPlan | None:
+        """A plan from its JSON (``as_dict``), or None for none; TypeError for JSON that is not an object, ValueError
+        for a field the plan has not or of the wrong type."""
+        if not data:
+            return None
+        data = _plan_object(cls, data)
+        _only_fields(cls, data)
+        return cls(_field(data, "kind", str, "rate_limit"), _field(data, "on_call", int, 1), _field(data, "times", int, 1),
+                   _field(data, "hold_s", float, 2.0), _field(data, "after_events", int, 2))
 
 
 @dataclass(frozen=True)
@@ -108,12 +116,46 @@ class ToolResultFaultPlan:
     def error_message(self) -> str:
         return FaultPlan(self.tool, self.kind).error_message
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> JsonObject:
         return {"tool": self.tool, "kind": self.kind, "on_call": self.on_call}
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any] | None) -> ToolResultFaultPlan | None:
-        return cls(**dict(data)) if data else None
+    def from_dict(cls, data: JsonValue | Mapping[str, object]) -> ToolResultFaultPlan | None:
+        """A plan from its JSON (``as_dict``), or None for none; errors as ``ModelFaultPlan.from_dict``."""
+        if not data:
+            return None
+        data = _plan_object(cls, data)
+        _only_fields(cls, data)
+        if "tool" not in data:
+            raise ValueError(f"tool result fault plan {dict(data)!r}: no tool")
+        return cls(_field(data, "tool", str, ""), _field(data, "kind", str, "503"), _field(data, "on_call", int, 1))
+
+
+def _plan_object(plan: type[ModelFaultPlan] | type[ToolResultFaultPlan], data: JsonValue | Mapping[str, object]) -> Mapping[str, object]:
+    """A plan's JSON as the object it must be (``cls(**data)`` once gave a TypeError for anything else too)."""
+    if not isinstance(data, Mapping):
+        raise TypeError(f"{plan.__name__}: its JSON is not an object: {data!r}")
+    return data
+
+
+def _only_fields(plan: type[ModelFaultPlan] | type[ToolResultFaultPlan], data: Mapping[str, object]) -> None:
+    """A plan's JSON names only the plan's fields (what ``cls(**data)`` once checked)."""
+    unknown = sorted(set(data) - set(plan.__dataclass_fields__))
+    if unknown:
+        raise ValueError(f"{plan.__name__} {dict(data)!r}: unknown field(s) {', '.join(unknown)}")
+
+
+_T = TypeVar("_T", str, int, float)
+
+
+def _field(data: Mapping[str, object], key: str, kind: type[_T], default: _T) -> _T:
+    """``data[key]`` as a plan's field of type ``kind`` (an int is a float too; a bool is neither), else ValueError."""
+    value = data.get(key, default)
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    if not isinstance(value, kind) or isinstance(value, bool):
+        raise ValueError(f"plan {dict(data)!r}: {key} is not a {kind.__name__}")
+    return value
 
 
 class Paraphraser(Protocol):
@@ -131,7 +173,7 @@ DISTRACTORS = (
     "Someone left a blue umbrella in the big meeting room.",
 )
 
-DECOY_TOOLS: tuple[dict[str, Any], ...] = (
+DECOY_TOOLS: tuple[JsonObject, ...] = (
     {"name": "search_knowledge_base", "description": "Search the internal knowledge base for help articles.",
      "input_schema": {"type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]}},
     {"name": "lookup_employee", "description": "Look up an employee's department and manager by name.",
@@ -163,11 +205,11 @@ class PerturbOptions:
     seed: int = 7
     paraphraser: Paraphraser | None = None  # None: the templates
     # A model's reading beside the guard's rules (guard.ModelEquivalenceCheck), which can only reject more.
-    equivalence: Callable[[str, str], Any] | None = None
+    equivalence: Callable[[str, str], object] | None = None  # gives a guard.GuardVerdict
     # The domain's words for the guard (its plug-in's DomainLexicon); None: every installed domain's.
     lexicon: DomainLexicon | None = None
     distractors: tuple[str, ...] = DISTRACTORS
-    decoy_tools: tuple[dict[str, Any], ...] = DECOY_TOOLS
+    decoy_tools: tuple[Mapping[str, object], ...] = DECOY_TOOLS
     fault_tools: tuple[str, ...] = ()  # fault these tools; empty: the preferred ones the source run called, else all it called
     preferred_fault_tools: tuple[str, ...] = ()  # a domain's choice of targets (checks rather than effects)
     fault_kinds: tuple[str, ...] = TRANSIENT_FAULT_KINDS
@@ -187,14 +229,17 @@ class Variant:
     perturbation: str
     variant_id: str
     text: str
-    metadata: dict[str, Any] = field(default_factory=dict)
+    metadata: JsonObject = field(default_factory=dict)
     rejected: str | None = None
 
     @property
     def fault(self) -> FaultPlan | None:
-        return FaultPlan.from_dict(self.metadata.get("fault"))
+        fault = self.metadata.get("fault")
+        if fault is not None and not isinstance(fault, dict):
+            raise ValueError(f"variant {self.variant_id}: its fault plan is not a JSON object: {fault!r}")
+        return FaultPlan.from_dict(fault)
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, object]:
         return {"task_key": self.task_key, "perturbation": self.perturbation, "variant_id": self.variant_id,
                 "text": self.text, "metadata": self.metadata, "rejected": self.rejected}
 
@@ -227,7 +272,7 @@ def _rng(seed: int, task_key: str, perturbation: str) -> random.Random:
     return random.Random(int(digest[:16], 16))
 
 
-def _variant_id(index: int, perturbation: str, text: str, metadata: Mapping[str, Any]) -> str:
+def _variant_id(index: int, perturbation: str, text: str, metadata: Mapping[str, object]) -> str:
     blob = json.dumps([perturbation, text, metadata], sort_keys=True, separators=(",", ":"), default=str)
     return f"{index}-{hashlib.sha256(blob.encode()).hexdigest()[:8]}"
 
@@ -333,10 +378,10 @@ def _decoy_tools(task: ReplayTask, options: PerturbOptions, rng: random.Random) 
     decoys = list(options.decoy_tools)
     if not decoys:
         return []
-    out = []
+    out: list[Candidate] = []
     for i in range(options.variants):
-        chosen = sorted(rng.sample(decoys, k=1 + i % len(decoys)), key=lambda d: d["name"])  # canonical order
-        out.append((task.input, {"decoy_tools": chosen}))
+        chosen = sorted(rng.sample(decoys, k=1 + i % len(decoys)), key=lambda d: str(d["name"]))  # canonical order
+        out.append((task.input, {"decoy_tools": [_json(d) for d in chosen]}))
     return out
 
 
@@ -356,7 +401,7 @@ def _tool_fault(task: ReplayTask, options: PerturbOptions, rng: random.Random) -
     if not targets:
         return []
     kinds = list(options.fault_kinds) or ["503"]
-    return [(task.input, {"fault": FaultPlan(targets[i % len(targets)], kinds[i % len(kinds)]).as_dict()})
+    return [(task.input, {"fault": {**FaultPlan(targets[i % len(targets)], kinds[i % len(kinds)]).as_dict()}})
             for i in range(options.variants)]
 
 
@@ -375,6 +420,30 @@ def _tool_result_fault(task: ReplayTask, options: PerturbOptions, rng: random.Ra
     kinds = list(options.fault_kinds) or ["503"]
     return [(task.input, {"tool_result_fault": ToolResultFaultPlan(targets[i % len(targets)], kinds[i % len(kinds)]).as_dict()})
             for i in range(options.variants)]
+
+
+def _json(value: object) -> JsonValue:
+    """``value`` (a decoy tool's spec) as JSON; TypeError for what JSON cannot hold (the proxy sends it as JSON)."""
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    if isinstance(value, Mapping):
+        return {str(k): _json(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_json(v) for v in value]
+    raise TypeError(f"not JSON: {value!r} ({type(value).__name__})")
+
+
+def _verdicts(check: Callable[[str, str], object] | None) -> EquivalenceModel | None:
+    """``options.equivalence`` as the guard calls it; a check that answers other than a GuardVerdict is a TypeError."""
+    if check is None:
+        return None
+
+    def model(original: str, variant: str) -> GuardVerdict:
+        verdict = check(original, variant)
+        if not isinstance(verdict, GuardVerdict):
+            raise TypeError(f"the equivalence check gave {type(verdict).__name__}, not a GuardVerdict")
+        return verdict
+    return model
 
 
 # --- building ----------------------------------------------------------------------------------
@@ -405,7 +474,7 @@ def build_variants(task: ReplayTask, perturbations: Sequence[str], options: Pert
             seen.add(blob)
             rejected = None
             if spec.changes_text or text != task.input:
-                verdict = check_equivalent(task.input, text, model=options.equivalence, lexicon=options.lexicon)
+                verdict = check_equivalent(task.input, text, model=_verdicts(options.equivalence), lexicon=options.lexicon)
                 rejected = verdict.reason
             out.append(Variant(task.task_key, name, _variant_id(index, name, text, metadata), text, metadata, rejected))
     return out
@@ -419,7 +488,7 @@ class AnthropicParaphraser:
               "documents, ids, amounts, dates and actions; add no instructions and remove nothing. "
               "Vary the register (terse, chatty, formal, hurried). Answer with only a JSON array of strings.")
 
-    def __init__(self, client: Any, model: str, max_tokens: int = 1024) -> None:
+    def __init__(self, client: MessagesClient, model: str, max_tokens: int = 1024) -> None:
         self.client, self.model, self.max_tokens = client, model, max_tokens
 
     def __call__(self, text: str, n: int, rng: random.Random) -> list[str]:

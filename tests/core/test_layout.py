@@ -441,10 +441,7 @@ def _public_any(path: Path) -> list[str]:
 # module listed here no longer needs to be). What they carry is provider wire JSON, read by navigating it: typed next,
 # as the rest of the wing is, with `replay.jsonvalue` (JsonObject built or owned, Mapping[str, object] only read).
 _ANY_NOT_YET = {
-    "replay/guard.py": "the model check's client",
-    "replay/perturb.py": "variant metadata and fault plans as JSON",
     "replay/tape.py": "recorded requests and results (provider JSON)",
-    "replay/branch.py": "a replay job as JSON",
     "replay/proxy/wire.py": "provider wire JSON, navigated key by key (tape.py reads the same shapes)",
 }
 

@@ -88,7 +88,7 @@ SERVER = textwrap.dedent('''
 ''')
 
 TASK = ReplayTask("INV-7", "Pay invoice INV-7.", "src-7", tools=("lookup_invoice", "pay"))
-DECOY = DECOY_TOOLS[0]  # search_knowledge_base
+DECOY: dict[str, Any] = DECOY_TOOLS[0]  # search_knowledge_base
 PAY_FAULT = FaultPlan("pay", "503", on_call=1, times=1)
 
 

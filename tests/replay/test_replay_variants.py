@@ -16,9 +16,16 @@ from plumbline_otel.replay import (
     plan_study,
     protected_tokens,
 )
-from plumbline_otel.replay.perturb import reorder_clauses, template_paraphrases
+from plumbline_otel.replay.perturb import Variant, reorder_clauses, template_paraphrases
 
 from .toy import REQUEST, one_task
+
+
+def _decoy_names(variant: Variant) -> list[str]:
+    """The names of the decoy tools a variant offers (its metadata's ``decoy_tools``, JSON objects)."""
+    decoys = variant.metadata["decoy_tools"]
+    assert isinstance(decoys, list)
+    return [str(d["name"]) for d in decoys if isinstance(d, dict)]
 
 ORIGINAL = "Please pay invoice INV-1029 for 4,820.00 GBP by 2026-03-01."
 
@@ -71,7 +78,7 @@ def test_every_registered_perturbation_builds_stable_guarded_variants() -> None:
     assert [v.fault for v in by["tool_fault"]] == [FaultPlan("lookup_invoice", "503"), FaultPlan("pay", "429"),
                                                    FaultPlan("lookup_invoice", "timeout")]
     for v in by["decoy_tools"]:
-        names = [d["name"] for d in v.metadata["decoy_tools"]]
+        names = _decoy_names(v)
         assert names == sorted(names) and names  # canonical order: a stable cache key
 
 
@@ -131,6 +138,6 @@ def test_a_domain_adapter_names_its_decoys_and_preferred_fault_targets() -> None
     plan = plan_study(StudyConfig("s", perturbations=("decoy_tools", "tool_fault"), options=PerturbOptions(variants=2)),
                       [one_task()], Domain())
     decoys = [v for v in plan.variants if v.perturbation == "decoy_tools"]
-    assert all([d["name"] for d in v.metadata["decoy_tools"]] == ["estimate_freight"] for v in decoys)
+    assert all(_decoy_names(v) == ["estimate_freight"] for v in decoys)
     faults = [v.fault for v in plan.variants if v.perturbation == "tool_fault"]
     assert [f.tool for f in faults if f] == ["pay", "lookup_invoice"]  # preferred, among what the source run called
