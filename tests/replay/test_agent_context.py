@@ -68,7 +68,9 @@ def test_an_sdk_instrumented_agent_joins_its_trial_s_trace_from_the_environment(
     assert span["traceId"] == record.trace_id  # the attempt's own trace, minted by the driver
     parent = span["parentSpanId"]
     assert isinstance(parent, str) and len(parent) == 16 and parent != "cd" * 8  # the attempt's virtual root, not the runner's
-    attrs = {a["key"]: str(next(iter(a["value"].values()))) for a in span["attributes"]}  # type: ignore[union-attr]
+    attributes = span["attributes"]
+    assert isinstance(attributes, list)
+    attrs = {a["key"]: str(next(iter(a["value"].values()))) for a in attributes}
     assert attrs["agent.saw_baggage_trial"] == record.trial_id
     assert attrs["agent.saw_tracestate"] == ""
     assert resource["plumbline.trial.id"] == record.trial_id and resource["plumbline.trial.attempt"] == str(record.attempt)
