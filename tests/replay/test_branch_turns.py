@@ -174,7 +174,7 @@ def test_an_agent_that_stops_before_the_paraphrased_turn_never_met_it_and_is_not
     from plumbline_otel.trials import KeyRing
 
     with Store(tmp_path / "s.duckdb") as store:
-        ingest_files(store, [tmp_path / "para-stop.jsonl"])
+        ingest_files(store, [str(tmp_path / "para-stop.jsonl")])
         (result,) = account(store.trajectories(), KeyRing.load([tmp_path / "para-stop"])).results
     assert result.status == "unexposed" and "never saw paraphrase@4 reach a model request" in (result.reason or "")
 
