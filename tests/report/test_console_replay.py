@@ -19,6 +19,7 @@ import httpx
 import pytest
 from click.testing import CliRunner
 from pages_support import TOKEN, parse, serve
+from waits import EVENT_DEADLINE_S, wait_for
 
 from plumbline_otel.cli.main import cli
 from plumbline_otel.replay.branch import ENV_ADAPTER, ENV_ARGS, ENV_DIR, ConsoleReplay
@@ -60,11 +61,11 @@ def run_id(db: Path) -> str:
 
 def post(url: str, form: dict[str, str], token: str | None = TOKEN, **headers: str) -> httpx.Response:
     auth = {"Authorization": f"Bearer {token}"} if token else {}
-    return httpx.post(url, data=form, headers={**auth, **headers}, timeout=30, follow_redirects=False)
+    return httpx.post(url, data=form, headers={**auth, **headers}, timeout=EVENT_DEADLINE_S, follow_redirects=False)
 
 
 def get(url: str) -> httpx.Response:
-    return httpx.get(url, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=30)
+    return httpx.get(url, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=EVENT_DEADLINE_S)
 
 
 @pytest.fixture
@@ -106,7 +107,7 @@ def test_replay_from_here_starts_the_replay_and_shows_its_state(tmp_path: Path, 
         started = post(action, {"step": "3", "perturbation": "model_fault"}, Origin=served.url)
         assert started.status_code == 303, started.text
         job_page = served.url + started.headers["Location"]
-        deadline = time.monotonic() + 180
+        deadline = time.monotonic() + 2 * EVENT_DEADLINE_S  # a replay subprocess: the package import alone took 20 s at load 20
         while True:
             html = get(job_page).text
             state = re.search(r'data-testid="replay-state">(\w+)<', html)
@@ -122,13 +123,8 @@ def test_replay_from_here_starts_the_replay_and_shows_its_state(tmp_path: Path, 
         assert len(provider.requests) == 3  # the faulted call's retry, then steps 5 and 7: the prefix was never sent
         study = re.search(r'data-testid="replay-study">([^<]+)<', html)
         assert study is not None
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:  # serve's store has the replay's run beside the original
-            runs = served.get(f"/runs?study={study.group(1)}").text
-            if "model_fault@3" in runs:
-                break
-            time.sleep(0.5)
-        assert "model_fault@3" in runs
+        # serve's store has the replay's run beside the original
+        wait_for(lambda: "model_fault@3" in served.get(f"/runs?study={study.group(1)}").text, "the replay's run in serve's store")
         job_html = get(job_page).text  # and the replay's page links its run to the aligned diff against the original
         parse(job_html)
         diff = re.search(r'data-testid="replay-diff" href="([^"]+)"', job_html)
