@@ -60,11 +60,16 @@ class ThreadKeys:
     continues_loose: str | None
     after: str | None
     after_loose: str | None
-    # By call ids alone, for a request whose history lost the model's messages (OpenLIT's `gen_ai.input.messages` keeps
-    # the tool results but drops the assistant messages that called the tools): the ids its tool results answer, in
-    # order; and, for every call whose reply calls tools with ids, the ids answered in its request then those it calls.
-    ids_continues: str | None = None
-    ids_after: str | None = None
+    # Where one side of the join was not recorded, a second pair of keys (kept as a row of its own, `#gap`):
+    # - by call ids alone, for a request whose history lost the model's messages (OpenLIT's `gen_ai.input.messages`
+    #   keeps the tool results, drops the assistant messages that called the tools): it continues the ids its tool
+    #   results answer, in order; a call whose reply calls tools with ids is after the ids answered in its request
+    #   then those it calls;
+    # - by the request alone, for a call whose reply was not recorded (a streamed call under the Anthropic SDK's own
+    #   tracing, or Traceloop's log records): a request continues the conversation before the model's last
+    #   messages in it, and a call with no reply is after its own request.
+    gap_continues: str | None = None
+    gap_after: str | None = None
 
 
 def _text(value: Any) -> str:
@@ -121,13 +126,22 @@ def thread_keys(inputs: list[Message], outputs: list[Message]) -> ThreadKeys:
     after = before + reply if reply and any(_is_model(item) for item in reply) else None
     answered = list(dict.fromkeys(r.call_id for m in inputs for r in m.results if r.call_id))
     calls = [c.call_id or "" for m in outputs for c in m.calls]
-    lost = said < 0 and bool(answered)  # tool results, and no message of the model's before them
+    start = said  # where the model's last messages in the request begin
+    while start > 0 and _is_model(before[start - 1]):
+        start -= 1
+    if said < 0:  # the model has not spoken in the request: by ids, if it answers calls
+        gap_continues = _key([("ids", *answered)], True) if answered else None
+    else:
+        gap_continues = _key([("request",), *before[:start]], True)
+    if after is None:  # no reply recorded: after its own request
+        gap_after = _key([("request",), *before], True) if before else None
+    else:
+        gap_after = _key([("ids", *answered, *calls)], True) if calls and all(calls) else None
     return ThreadKeys(continues=None if continues is None else _key(continues, True),
                       continues_loose=None if continues is None else _key(continues, False),
                       after=None if after is None else _key(after, True),
                       after_loose=None if after is None else _key(after, False),
-                      ids_continues=_key([("ids", *answered)], True) if lost else None,
-                      ids_after=_key([("ids", *answered, *calls)], True) if calls and all(calls) else None)
+                      gap_continues=gap_continues, gap_after=gap_after)
 
 
 def keys_of_attributes(attributes: dict[str, Any], opens_turn: bool = False,
@@ -140,8 +154,8 @@ def keys_of_attributes(attributes: dict[str, Any], opens_turn: bool = False,
         return None
     keys = thread_keys(inputs, outputs)
     if opens_turn or begins_new_turn(inputs):
-        keys = ThreadKeys(None, None, keys.after, keys.after_loose, None, keys.ids_after)
-    return keys if keys.continues or keys.after or keys.ids_continues or keys.ids_after else None
+        keys = ThreadKeys(None, None, keys.after, keys.after_loose, None, keys.gap_after)
+    return keys if keys.continues or keys.after or keys.gap_continues or keys.gap_after else None
 
 
 def continuation_links(calls: list[tuple[str, str, int, int, ThreadKeys]]) -> list[tuple[str, str]]:
@@ -160,9 +174,9 @@ def continuation_links(calls: list[tuple[str, str, int, int, ThreadKeys]]) -> li
             {t for t, k in earlier if k.after_loose == keys.continues_loose}
         if len(found) == 1:
             out.add((trace_id, found.pop()))
-    for trace_id, _span, start, _end, keys in calls:  # by call ids, where the request lost the model's messages
-        found = {t for t, _s, _start, end, k in calls if t != trace_id and end <= start and keys.ids_continues
-                 and k.ids_after == keys.ids_continues}
+    for trace_id, _span, start, _end, keys in calls:  # the gap keys, where one side was not recorded
+        found = {t for t, _s, _start, end, k in calls if t != trace_id and end <= start and keys.gap_continues
+                 and k.gap_after == keys.gap_continues}
         if len(found) == 1:
             out.add((trace_id, found.pop()))
     return sorted(out)

@@ -45,9 +45,10 @@ _CALLS_SQL = """SELECT s.trace_id, s.span_id, s.start_ns, s.end_ns, s.shapes FRO
       AND NOT EXISTS (SELECT 1 FROM conversation_keys k WHERE k.trace_id = s.trace_id AND k.span_id = s.span_id)"""
 
 
-# A call's keys by call ids alone (`ThreadKeys.ids_continues`, `.ids_after`) are kept as a second row, its span id
-# suffixed so: its hashes are of another domain than the conversation keys', so rows of the two kinds never match.
-IDS_ROW = "#ids"
+# A call's keys for where one side of a join was not recorded (`ThreadKeys.gap_continues`, `.gap_after`: by call ids
+# alone, or by the request alone) are kept as a second row, its span id suffixed so: their hashes are of other
+# domains than the conversation keys', so rows of the two kinds never match.
+GAP_ROW = "#gap"
 Events = list[tuple[str, dict[str, Any]]]
 """A call's log records as (event name, attributes with the body's keys), in time order."""
 
@@ -62,8 +63,8 @@ def _key_table(rows: Iterable[tuple[dict[str, Any], dict[str, Any], bool, Events
             continue
         kept: list[tuple[str, str | None, str | None, str | None, str | None]] = [
             (call["span_id"], keys.continues, keys.continues_loose, keys.after, keys.after_loose)]
-        if keys.ids_continues or keys.ids_after:  # the keys by call ids: a row of their own (`IDS_ROW`)
-            kept.append((call["span_id"] + IDS_ROW, keys.ids_continues, keys.ids_continues, keys.ids_after, keys.ids_after))
+        if keys.gap_continues or keys.gap_after:  # the keys where one side was not recorded: a row of their own
+            kept.append((call["span_id"] + GAP_ROW, keys.gap_continues, keys.gap_continues, keys.gap_after, keys.gap_after))
         for span_id, *values in kept:
             for name, value in zip(KEY_COLUMNS, (call["trace_id"], span_id, call["start_ns"], call["end_ns"], *values)):
                 columns[name].append(value)

@@ -31,7 +31,7 @@ LOOPS = ["openai_v2_loop", "openai_v2_loop_events", "openai_v2_loop_interleaved"
 # Traceloop's (the indexed `gen_ai.prompt.{i}.*`).
 OTHER_LOOPS = [f"{kind}_loop{variant}" for kind in ("openai_openinference", "openai_traceloop", "anthropic_openinference")
                for variant in ("", "_interleaved", "_same_request")] + ["openai_traceloop_loop_events"] + \
-    [f"{kind}_loop{v}" for kind in ("openai_openlit", "openai_traceloop_indexed") for v in ("", "_interleaved", "_same_request")]
+    [f"{kind}_loop{v}" for kind in ("openai_openlit", "openai_traceloop_indexed", "anthropic_native") for v in ("", "_interleaved", "_same_request")]
 
 
 def _expected(setup: str) -> dict[str, Any]:
@@ -266,3 +266,22 @@ def test_links_prefer_the_call_ids_and_join_nothing_ambiguous() -> None:
     assert continuation_links(calls) == [("tc", "ta")]  # td could continue either by its loose key: neither
     assert continuation_links([calls[0], calls[3]]) == [("td", "ta")]  # the one loose match
     assert continuation_links([("ta", "1", 5, 6, a), calls[2]]) == []  # a call continues only one that ended before it
+
+
+def test_where_one_side_was_not_recorded_a_request_still_continues_the_one_call_it_follows() -> None:
+    """A request whose history lost the model's messages (OpenLIT keeps only the tool results) continues the call whose
+    reply called exactly the ids its results answer; a call whose reply was not recorded (a streamed call under the
+    Anthropic SDK's own tracing) is continued by the request whose history is its request and then the model's
+    messages. Neither joins a call whose request or ids differ."""
+    ask = [SYSTEM, _user("Please pay INV-2.")]
+    asks = _asks("call_a", "lookup_invoice", {"invoice_id": "INV-2"})
+    called = thread_keys(parse_messages(ask), parse_messages([asks]))
+    lost = thread_keys(parse_messages([*ask, _result("call_a", '{"amount": 5}')]), parse_messages([_answer("Paid.")]))
+    assert lost.continues is None and lost.gap_continues == called.gap_after
+    assert continuation_links([("t1", "1", 0, 1, called), ("t2", "2", 2, 3, lost)]) == [("t2", "t1")]
+    unrecorded = thread_keys(parse_messages(ask), [])
+    follows = thread_keys(parse_messages([*ask, asks, _result("call_a", '{"amount": 5}')]), parse_messages([_answer("Paid.")]))
+    assert unrecorded.after is None and follows.gap_continues == unrecorded.gap_after
+    assert continuation_links([("t1", "1", 0, 1, unrecorded), ("t2", "2", 2, 3, follows)]) == [("t2", "t1")]
+    other = thread_keys(parse_messages([SYSTEM, _user("Please pay INV-3.")]), [])
+    assert continuation_links([("t0", "0", 0, 1, other), ("t2", "2", 2, 3, follows)]) == []
