@@ -27,7 +27,8 @@ refused commit); the committing thread's CPU per sync and the workers' whole CPU
 helper threads, and the simulator's own reading of snapshot summaries after each commit, included);
 commits refused (retries) per sync; how late syncs started (the host keeping up or not); data files added
 and removed per commit (from the snapshot summaries); manifests and snapshots of the table after each
-commit and at the end, and its metadata file's size; the load average before and after. `--growth N`
+commit and at the end, and its metadata file's size (largest after a commit, and at the end), snapshots expired
+by the commits themselves per sync (`--snapshots-kept 0`: none, as before commits trimmed history); the load average before and after. `--growth N`
 first times one instance's N syncs back to back (does a commit's cost grow with the table's history?).
 Wall times on a shared 2-core host measure the host as much as the lake: read them beside the load.
 """
@@ -157,7 +158,7 @@ def pg_figures(url: str, dbs: list[Path]) -> dict[str, object]:
 
 
 _SIM = """
-import json, random, resource, sys, threading, time
+import json, os, random, resource, sys, threading, time
 import pyarrow as pa
 from plumbline_otel import lake as L
 from plumbline_otel.lake import HOUR_NS, SCHEMAS, SYNCS, Lake, LakeSink, SyncResult
@@ -196,8 +197,10 @@ def commit(sink, table_name, delete, data, name):
     retries = result.retries + L._RETRIES.take()
     added, removed = mine(table, name, seq)
     manifests = len(table.current_snapshot().manifests(table.io))
+    path = table.metadata_location.removeprefix('file://')
     return {'table': table_name, 'wall': wall, 'cpu': cpu, 'retries': retries, 'added': added, 'removed': removed,
-            'manifests': manifests, 'snapshots': len(table.snapshots())}
+            'manifests': manifests, 'snapshots': len(table.snapshots()), 'expired': result.expired,
+            'metadata_bytes': os.path.getsize(path) if os.path.exists(path) else 0}
 
 def instance(i):
     lake = Lake(lake_uri)
@@ -219,7 +222,7 @@ def instance(i):
         keys = previous[:5] + [f'{name}-{n}-{k}' for k in range(5)]
         delete = And(EqualTo('instance', name), In('trace_id', previous[:5])) if previous else None
         a = commit(sink, 'runs', delete, rows(name, keys), name)
-        w = commit(sink, SYNCS, None, pa.table({'instance': [name], 'sync_ns': [time.time_ns()], 'snapshots': ['{}'], 'rows': [10],
+        w = commit(sink, SYNCS, None, pa.table({'instance': [name], 'sync_ns': [time.time_ns()], 'snapshots': [json.dumps(sink._marks, sort_keys=True)], 'rows': [10],
                                                  'hour': [time.time_ns() // HOUR_NS]}).cast(L.SYNCS_SCHEMA), name)
         with lock:
             out.append({'late': late, 'runs': a, 'watermark': w})
@@ -304,6 +307,8 @@ def _figures(syncs: list[dict[str, Any]], process_cpu: float, n: int, seconds: f
         "runs_files_removed_max": max((r["removed"] for r in runs), default=0),
         "runs_manifests_max": max((r["manifests"] for r in runs), default=0),
         "runs_snapshots_max": max((r["snapshots"] for r in runs), default=0),
+        "runs_metadata_bytes_max": max((r["metadata_bytes"] for r in runs), default=0),
+        "snapshots_expired_per_sync": round(sum(r["expired"] + w["expired"] for r, w in zip(runs, marks)) / max(1, len(syncs)), 2),
     }
 
 
@@ -363,6 +368,8 @@ def growth(url: str, tmp: Path, commits: int) -> dict[str, object]:
     return {"commits": len(syncs), "first_10_sync_cpu_p50_s": cpu(first), "last_10_sync_cpu_p50_s": cpu(last),
             "first_10_sync_wall_p50_s": wall(first), "last_10_sync_wall_p50_s": wall(last),
             "manifests_after_each_10th": [s["runs"]["manifests"] for s in syncs[9::10]],
+            "snapshots_after_each_10th": [s["runs"]["snapshots"] for s in syncs[9::10]],
+            "metadata_bytes_after_each_10th": [s["runs"]["metadata_bytes"] for s in syncs[9::10]],
             "files_removed_per_commit_max": max(s["runs"]["removed"] for s in syncs),
             "runs_table_at_end": _table_state(lake, "runs")}
 
@@ -378,7 +385,11 @@ def main() -> None:
     parser.add_argument("--interval", type=float, default=10.0)
     parser.add_argument("--workers", type=int, default=4, help="processes the simulated instances share (each instance a thread)")
     parser.add_argument("--growth", type=int, default=100, help="one instance's back-to-back syncs, to see whether cost grows (0: none)")
+    parser.add_argument("--snapshots-kept", type=int, default=None,
+                        help="PLUMBLINE_LAKE_SNAPSHOTS for the simulated instances (0: commits expire nothing, as before)")
     args = parser.parse_args()
+    if args.snapshots_kept is not None:
+        os.environ["PLUMBLINE_LAKE_SNAPSHOTS"] = str(args.snapshots_kept)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # a killed bench still stops the Postgres it started
     tmp = Path(tempfile.mkdtemp(prefix="lake-bench-"))
     if args.simulate:

@@ -84,11 +84,17 @@ def tables(lake_uri: str) -> None:
 @click.option("--settle", default="1h", show_default=True, metavar="AGE",
               help="compact only the hours that began this long ago (newer ones still get late spans: their small files are cheap to rewrite)")
 @click.option("--orphan-grace", default="1h", show_default=True, metavar="AGE",
-              help="delete files no snapshot references (a killed commit's) once older than this: a younger one may be a commit under way's")
+              help="delete files no snapshot references (a killed commit's, or only snapshots commits expired held) once older than this: "
+                   "a younger one may be a commit under way's")
 @click.option("--compact/--no-compact", default=True, show_default=True,
               help="rewrite each settled (instance, hour) partition's data files as one sorted file first")
 def maintain(lake_uri: str, older_than: str, settle: str, orphan_grace: str, compact: bool) -> None:
-    """Compact, expire old snapshots, delete the files nothing live needs, and report what was freed; safe while instances commit."""
+    """Compact, expire old snapshots, delete the files nothing live needs, and report what was freed; safe while instances commit.
+
+    A table an older plumbline made (pyiceberg's manifest merge on) is brought up to date first: current
+    properties, its manifests regrouped one instance each. Commits expire old snapshots themselves between
+    maintenances (PLUMBLINE_LAKE_SNAPSHOTS); the files only those held are freed here, as orphans.
+    """
     from plumbline_otel.lake import Lake
     from plumbline_otel.lake import maintain as run
 
