@@ -32,14 +32,18 @@ import shlex
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Literal, TypedDict
 
 import orjson
 
 from plumbline_otel.model import Trajectory
+from plumbline_otel.replay.jsonvalue import JsonObject, JsonValue, to_int
 from plumbline_otel.replay.ledger import read_jsonl
 from plumbline_otel.replay.pricing import parse_sse
-from plumbline_otel.replay.proxy.wire import Api, Reply, input_messages, reply_from_body, reply_from_events, tool_name
+from plumbline_otel.replay.proxy.wire import API_PATHS, Api, Reply, input_messages, reply_from_body, reply_from_events, tool_name
+
+if TYPE_CHECKING:
+    from plumbline_otel.replay.perturb import PerturbOptions, Variant
 
 #: Branch-point perturbation labels carry the step: ``tool_fault@3``.
 BRANCH_SEP = "@"
@@ -60,7 +64,7 @@ class TapeCall:
 
     call_id: str
     name: str
-    arguments: Any = None
+    arguments: JsonValue = None
 
 
 @dataclass(frozen=True)
@@ -78,7 +82,7 @@ class ModelStep:
     content_type: str | None = None
     body: bytes | None = None
     incomplete: bool = False
-    request: Mapping[str, Any] | None = None  # the request the recorded agent sent for it, when recorded
+    request: Mapping[str, JsonValue] | None = None  # the request the recorded agent sent for it, when recorded
     kind: Literal["model"] = "model"
 
 
@@ -91,8 +95,8 @@ class ToolStep:
     ordinal: int  # 1-based among the run's tool steps: the attempt's tools/call number it answers
     name: str
     call_id: str | None = None
-    arguments: Any = None
-    result: Any = None
+    arguments: JsonValue = None
+    result: JsonValue = None
     error: str | None = None
     known: bool = True  # False: the run did not record the result
     kind: Literal["tool"] = "tool"
@@ -100,6 +104,18 @@ class ToolStep:
     def occurrence(self, steps: Sequence[ModelStep | ToolStep]) -> int:
         """Which call of its tool this is (1-based), as a ``FaultPlan.on_call`` counts it."""
         return sum(1 for s in steps if isinstance(s, ToolStep) and s.name == self.name and s.index <= self.index)
+
+
+class Coverage(TypedDict):
+    """What a tape holds and lacks (``Tape.coverage``)."""
+
+    source: str
+    steps: int
+    model_steps: int
+    tool_steps: int
+    requests_recorded: int
+    gaps: list[str]
+    notes: list[str]
 
 
 @dataclass(frozen=True)
@@ -179,7 +195,7 @@ class Tape:
                 raise TapeError(f"{self.source}: step {earlier.index} (a model call) has no recorded output")
         return step
 
-    def coverage(self) -> dict[str, Any]:
+    def coverage(self) -> Coverage:
         """What the tape holds and lacks, for the user deciding whether a run can be branched."""
         return {"source": self.source, "steps": len(self.steps), "model_steps": len(self.model_steps),
                 "tool_steps": len(self.tool_steps), "requests_recorded": sum(1 for s in self.model_steps if s.request is not None),
@@ -218,18 +234,19 @@ def branch_step(label: str) -> int | None:
     return int(step) if sep and step.isdigit() else None
 
 
-def branch_metadata(tape: Tape, perturbation: str, at: int, metadata: Mapping[str, Any]) -> dict[str, Any]:
+def branch_metadata(tape: Tape, perturbation: str, at: int, metadata: Mapping[str, JsonValue]) -> JsonObject:
     """A variant's metadata for a branch at ``at``: its fault re-aimed at the tape's step (``on_call`` counted the
     way the injector, the MCP proxy and the model-API proxy count calls), and ``branch_at`` for the driver."""
     step = tape.check_branch(at, perturbation)
-    out = {**dict(metadata), "branch_at": at}
+    out: JsonObject = {**dict(metadata), "branch_at": at}
+    fault, result_fault, model_fault = out.get("fault"), out.get("tool_result_fault"), out.get("model_fault")
     if isinstance(step, ToolStep):
-        if perturbation == "tool_fault" and isinstance(out.get("fault"), Mapping):
-            out["fault"] = {**out["fault"], "tool": step.name, "on_call": step.occurrence(tape.steps), "times": 1}
-        if perturbation == "tool_result_fault" and isinstance(out.get("tool_result_fault"), Mapping):
-            out["tool_result_fault"] = {**out["tool_result_fault"], "tool": step.name, "on_call": step.occurrence(tape.steps)}
-    elif isinstance(step, ModelStep) and perturbation == "model_fault" and isinstance(out.get("model_fault"), Mapping):
-        out["model_fault"] = {**out["model_fault"], "on_call": step.ordinal, "times": 1}
+        if perturbation == "tool_fault" and isinstance(fault, Mapping):
+            out["fault"] = {**fault, "tool": step.name, "on_call": step.occurrence(tape.steps), "times": 1}
+        if perturbation == "tool_result_fault" and isinstance(result_fault, Mapping):
+            out["tool_result_fault"] = {**result_fault, "tool": step.name, "on_call": step.occurrence(tape.steps)}
+    elif isinstance(step, ModelStep) and perturbation == "model_fault" and isinstance(model_fault, Mapping):
+        out["model_fault"] = {**model_fault, "on_call": step.ordinal, "times": 1}
     return out
 
 
@@ -247,16 +264,19 @@ def branch_points(tape: Tape, perturbation: str, wanted: str | Sequence[int]) ->
 # --- from a cassette -------------------------------------------------------------------------------
 
 
-def cassette_entries(lines: Iterable[bytes], trial_suffix: str) -> list[dict[str, Any]]:
+def cassette_entries(lines: Iterable[bytes], trial_suffix: str) -> list[JsonObject]:
     """The entries of one trial (its id without the study's name: ``task/perturbation/variant/kN``), in recorded order."""
     return [entry for entry in read_jsonl(lines) if str(entry.get("trial_id") or "").partition("/")[2] == trial_suffix]
 
 
-def _entry_body(entry: Mapping[str, Any]) -> bytes:
+def _entry_body(entry: Mapping[str, object]) -> bytes:
     import base64
 
     if entry.get("body_encoding") == "base64":
-        return base64.b64decode(entry["body"])
+        encoded = entry["body"]
+        if not isinstance(encoded, str):  # b64decode's own TypeError, said where
+            raise TypeError(f"a cassette entry's base64 body is text, not {type(encoded).__name__}")
+        return base64.b64decode(encoded)
     return str(entry.get("body") or "").encode("utf-8")
 
 
@@ -271,34 +291,58 @@ def reply_of(api: Api, content_type: str | None, body: bytes) -> Reply:
     return reply_from_body(api, parsed) if isinstance(parsed, dict) else Reply()
 
 
-def _request_results(api: Api, request: Mapping[str, Any]) -> dict[str, Any]:
+def _request_results(api: Api, request: Mapping[str, object]) -> dict[str, JsonValue]:
     """Tool results a request carries, by call id."""
-    out: dict[str, Any] = {}
+    out: dict[str, JsonValue] = {}
     for message in input_messages(api, request):
-        for part in message.get("parts") or []:
+        for part in _parts(message):
             if part.get("type") == "tool_call_response" and part.get("id") is not None:
                 out[str(part["id"])] = _content_text(part.get("response"))
     return out
 
 
+def _parts(message: Mapping[str, JsonValue]) -> list[JsonObject]:
+    """The parts of a message ``input_messages`` built (a list of objects, always)."""
+    parts = message.get("parts")
+    return [p for p in parts if isinstance(p, dict)] if isinstance(parts, list) else []
+
+
 _TEXT_ITEMS = frozenset({"text", "input_text", "output_text"})
 
 
-def _content_text(value: Any) -> Any:
+def _content_text(value: JsonValue) -> JsonValue:
     """A tool result as the tool returned it: a list of text content items (the Responses API's structured
     ``function_call_output``, as the OpenAI Agents SDK sends an MCP result), or its JSON, is its text."""
-    items = value
+    items: JsonValue = value
     if isinstance(value, str) and value.startswith("[{"):
         try:
             items = orjson.loads(value)
         except orjson.JSONDecodeError:
             return value
-    if isinstance(items, list) and items and all(isinstance(i, Mapping) and i.get("type") in _TEXT_ITEMS for i in items):
-        return "".join(str(i.get("text") or "") for i in items)
+    if isinstance(items, list) and items:
+        texts = [i for i in items if isinstance(i, Mapping) and i.get("type") in _TEXT_ITEMS]
+        if len(texts) == len(items):
+            return "".join(str(i.get("text") or "") for i in texts)
     return value
 
 
-def tape_from_cassette(entries: Sequence[Mapping[str, Any]], source: str, run: Trajectory | None = None) -> Tape:
+def _api(value: object) -> Api:
+    """A cassette entry's API (absent: ``chat``); TapeError for one the proxy never records."""
+    for api in API_PATHS.values():
+        if value == api:
+            return api
+    if not value:
+        return "chat"
+    raise TapeError(f"a cassette entry's api {value!r} is none of {', '.join(API_PATHS.values())}")
+
+
+def _request_of(entry: Mapping[str, object] | None) -> Mapping[str, JsonValue] | None:
+    """The request a cassette entry recorded (a JSON object), or None."""
+    request = entry.get("request") if entry is not None else None
+    return request if isinstance(request, dict) else None
+
+
+def tape_from_cassette(entries: Sequence[Mapping[str, JsonValue]], source: str, run: Trajectory | None = None) -> Tape:
     """A replay trial's tape from its cassette entries (``cassette_entries``), with the MCP proxy's recorded tool
     results from ``run`` (the trial's run in the store) when given."""
     if not entries:
@@ -313,18 +357,19 @@ def tape_from_cassette(entries: Sequence[Mapping[str, Any]], source: str, run: T
     notes: list[str] = []
     tool_ordinal = 0
     for n, entry in enumerate(entries, 1):
-        api: Api = entry.get("api") or "chat"
+        api = _api(entry.get("api"))
         body = _entry_body(entry)
-        ctype = entry.get("content_type")
+        content_type, model = entry.get("content_type"), entry.get("model")
+        ctype = None if content_type is None else str(content_type)
         reply = reply_of(api, ctype, body)
-        request = entry.get("request") if isinstance(entry.get("request"), Mapping) else None
+        request = _request_of(entry)
         if entry.get("incomplete"):
             gaps.append(f"step {len(steps) + 1}: the recorded answer was cut short")
         calls = tuple(TapeCall(c.id, c.name, c.arguments) for c in reply.tool_calls)
-        steps.append(ModelStep(len(steps) + 1, n, reply.text, calls, entry.get("model"), api, int(entry.get("status") or 200),
-                               ctype, body, bool(entry.get("incomplete")), request))
+        steps.append(ModelStep(len(steps) + 1, n, reply.text, calls, None if model is None else str(model), api,
+                               to_int(entry.get("status") or 200), ctype, body, bool(entry.get("incomplete")), request))
         following = entries[n] if n < len(entries) else None
-        following_request = following.get("request") if following is not None and isinstance(following.get("request"), Mapping) else None
+        following_request = _request_of(following)
         results = _request_results(api, following_request) if following_request is not None else {}
         for call in calls:
             tool_ordinal += 1
@@ -392,13 +437,13 @@ def tape_from_trajectory(run: Trajectory) -> Tape:
 _SDK_REPR = re.compile(r"^\[?(Response\w*|ChatCompletion\w*)\(")
 
 
-def _llm_text(result: Any) -> str:
+def _llm_text(result: object) -> str:
     """The text a recorded model step answered. Some tracings record the output message itself (a dict, or its
     Python repr: ``{'content': None, 'role': 'assistant', …}``) or an SDK object's repr
     (``ResponseFunctionToolCall(…)``) where the answer was only tool calls: those are no text of the answer."""
     if result is None:
         return ""
-    value = result
+    value: object = result
     if isinstance(result, str):
         if _SDK_REPR.match(result):
             return ""
@@ -438,17 +483,18 @@ def render_reply(step: ModelStep, api: Api, stream: bool, model: str, include_us
     return ctype, out
 
 
-def _as_object(value: Any) -> dict[str, Any]:
+def _as_object(value: JsonValue) -> JsonObject:
     if isinstance(value, str):
         try:
-            value = orjson.loads(value)
+            parsed: JsonValue = orjson.loads(value)
         except orjson.JSONDecodeError:
             return {"input": value}
+        value = parsed
     return dict(value) if isinstance(value, dict) else {"input": value}
 
 
 
-def structured_for(text: str, output_schema: Mapping[str, Any] | None) -> dict[str, Any] | None:
+def structured_for(text: str, output_schema: Mapping[str, object] | None) -> JsonObject | None:
     """The structured content a tool with ``output_schema`` would have returned beside its text ``text``, for a tape's
     result served by the MCP proxy (a recorded run keeps the text; an MCP client checks structured content against
     the tool's declared output schema and refuses a result without it). None: the tool declares no output schema,
@@ -458,50 +504,61 @@ def structured_for(text: str, output_schema: Mapping[str, Any] | None) -> dict[s
     props = output_schema.get("properties")
     props = props if isinstance(props, Mapping) else {}
     try:
-        parsed: Any = orjson.loads(text)
+        parsed: JsonValue = orjson.loads(text)
     except orjson.JSONDecodeError:
         parsed = None
-    if set(props) == {"result"} and list(output_schema.get("required") or ["result"]) == ["result"] and not (
+    required = output_schema.get("required") or ["result"]
+    if not isinstance(required, Iterable):  # list()'s own TypeError, said where
+        raise TypeError(f"an output schema's required is a list, not {type(required).__name__}")
+    if set(props) == {"result"} and list(required) == ["result"] and not (
             isinstance(parsed, Mapping) and set(parsed) == {"result"}):
         wrapped = props["result"] if isinstance(props["result"], Mapping) else {}
         return {"result": text if wrapped.get("type") == "string" or parsed is None else parsed}  # a wrapped return value
     return dict(parsed) if isinstance(parsed, Mapping) else None
 
 
-def shape_tool_result(result: Any, output_schema: Mapping[str, Any] | None) -> Any:
+def shape_tool_result(result: object, output_schema: Mapping[str, object] | None) -> object:
     """An MCP ``CallToolResult`` served from a tape, with the structured content its tool's output schema asks for
-    (``structured_for``) when the recording had only its text; an error result, or one that has it, unchanged."""
+    (``structured_for``) when the recording had only its text; an error result, or one that has it, unchanged.
+    (Read by its fields' names, so any MCP SDK's result passes; the caller knows which it gave.)"""
     if getattr(result, "is_error", False) or getattr(result, "structured_content", None) is not None:
         return result
     text = "".join(str(getattr(c, "text", "") or "") for c in getattr(result, "content", None) or [])
     structured = structured_for(text, output_schema)
-    return result if structured is None else result.model_copy(update={"structured_content": structured})
+    if structured is None:
+        return result
+    from pydantic import BaseModel
+
+    if not isinstance(result, BaseModel):  # model_copy's AttributeError, said as what it is
+        raise TypeError(f"an MCP result is a pydantic model, not {type(result).__name__}")
+    return result.model_copy(update={"structured_content": structured})
 
 
 # --- user turns -------------------------------------------------------------------------------------
 
 
-def user_texts(api: Api, body: Mapping[str, Any]) -> list[str]:
+def user_texts(api: Api, body: Mapping[str, object]) -> list[str]:
     """The text of each user message a request carries, in order (tool results, which the Messages API puts in user
     messages, are not user text)."""
     out = []
     for message in input_messages(api, body):
         if message.get("role") != "user":
             continue
-        texts = [str(p.get("content") or "") for p in message.get("parts") or [] if p.get("type") == "text"]
+        texts = [str(p.get("content") or "") for p in _parts(message) if p.get("type") == "text"]
         if texts:
             out.append("".join(texts))
     return out
 
 
-def replace_user_text(api: Api, body: dict[str, Any], original: str, new: str) -> int:
+def replace_user_text(api: Api, body: JsonObject, original: str, new: str) -> int:
     """Rewrite, in place, every user message of ``body`` whose text is ``original`` (whitespace aside) to ``new``;
     how many were rewritten. A message whose content is a list keeps its first text block, with the new text."""
     want = original.strip()
     if not want:
         return 0
-    if api == "responses" and isinstance(body.get("input"), str):
-        if body["input"].strip() == want:
+    text = body.get("input")
+    if api == "responses" and isinstance(text, str):
+        if text.strip() == want:
             body["input"] = new
             return 1
         return 0
@@ -533,26 +590,33 @@ _ID_KEYS = frozenset({"id", "tool_call_id", "call_id", "tool_use_id"})
 _IGNORED = frozenset({"stream_options", "metadata", "user", "store"})
 
 
-def _mask(value: Any) -> Any:
+def _mask(value: JsonValue) -> JsonValue:
     """Ids and timestamps (the declared tolerances) masked out of a request's content."""
     if isinstance(value, str):
         return _UUID.sub("<uuid>", _TIMESTAMP.sub("<time>", value))
     if isinstance(value, Mapping):
-        return {k: ("<id>" if k in _ID_KEYS else _mask(v)) for k, v in value.items()}
+        return _mask_object(value)
     if isinstance(value, list):
         return [_mask(v) for v in value]
     return value
 
 
-def comparable_request(api: Api, body: Mapping[str, Any]) -> dict[str, Any]:
+def _mask_object(value: Mapping[str, JsonValue]) -> JsonObject:
+    return {k: ("<id>" if k in _ID_KEYS else _mask(v)) for k, v in value.items()}
+
+
+def comparable_request(api: Api, body: Mapping[str, JsonValue]) -> JsonObject:
     """What a request means for divergence: its model, messages (as GenAI parts), tools by name and parameters."""
-    tools = sorted(str(tool_name(api, t)) for t in body.get("tools") or [] if isinstance(t, Mapping))
+    offered = body.get("tools") or []
+    if not isinstance(offered, list | str | Mapping):  # what iterating it gave: a TypeError
+        raise TypeError(f"a request's tools are a list, not {type(offered).__name__}")
+    tools: list[JsonValue] = [*sorted(str(tool_name(api, t)) for t in offered if isinstance(t, Mapping))]
     rest = {k: v for k, v in body.items() if k not in _IGNORED and k not in ("messages", "input", "system", "instructions", "tools")}
-    masked: dict[str, Any] = _mask({"messages": input_messages(api, body), "tools": tools, **rest})
-    return masked
+    messages: list[JsonValue] = [*input_messages(api, body)]
+    return _mask_object({"messages": messages, "tools": tools, **rest})
 
 
-def first_difference(recorded: Any, sent: Any, path: str = "") -> str | None:
+def first_difference(recorded: object, sent: object, path: str = "") -> str | None:
     """The first place two JSON values differ, as ``path: recorded … ≠ sent …``; None when equal."""
     if isinstance(recorded, Mapping) and isinstance(sent, Mapping):
         for key in sorted(set(recorded) | set(sent), key=str):
@@ -577,12 +641,12 @@ def first_difference(recorded: Any, sent: Any, path: str = "") -> str | None:
     return None
 
 
-def _short(value: Any, limit: int = 80) -> str:
+def _short(value: object, limit: int = 80) -> str:
     text = value if isinstance(value, str) else orjson.dumps(value, default=str).decode()
     return repr(text if len(text) <= limit else text[:limit] + "…")
 
 
-def request_difference(tape: Tape, step: ModelStep, api: Api, body: Mapping[str, Any]) -> str | None:
+def request_difference(tape: Tape, step: ModelStep, api: Api, body: Mapping[str, JsonValue]) -> str | None:
     """How the agent's request for model step ``step`` differs from the recording (None: it does not).
 
     With the recorded request, the whole request is compared (ids and timestamps masked). Without one (a production
@@ -600,13 +664,14 @@ def request_difference(tape: Tape, step: ModelStep, api: Api, body: Mapping[str,
     return None
 
 
-def _result_text(value: Any) -> str:
+def _result_text(value: JsonValue) -> str:
     """A tool result as text for comparison: an MCP result's text parts, a string as is, JSON otherwise."""
-    if isinstance(value, Mapping) and isinstance(value.get("content"), list):
-        return "".join(str(c.get("text") or "") for c in value["content"] if isinstance(c, Mapping))
+    content = value.get("content") if isinstance(value, Mapping) else None
+    if isinstance(content, list):
+        return "".join(str(c.get("text") or "") for c in content if isinstance(c, Mapping))
     if isinstance(value, str):
         try:
-            parsed = orjson.loads(value)
+            parsed: JsonValue = orjson.loads(value)
         except orjson.JSONDecodeError:
             return value
         return value if isinstance(parsed, str) else orjson.dumps(parsed, option=orjson.OPT_SORT_KEYS).decode()
@@ -619,7 +684,7 @@ class Branch:
 
     tape: Tape
     at: int
-    diverged: list[dict[str, Any]] = field(default_factory=list)  # {step, call, detail}: the first is the trial's reason
+    diverged: list[JsonObject] = field(default_factory=list)  # {step, call, detail}: the first is the trial's reason
 
     def serves_model_call(self, call: int) -> ModelStep | None:
         """The recorded answer for model call ``call`` when it is in the prefix, else None (live)."""
@@ -636,23 +701,23 @@ class Branch:
         from the branch point on, never in the prefix (whose requests must match the recording, which had none)."""
         return tool_calls >= sum(1 for s in self.tape.tool_steps if s.index < self.at)
 
-    def rewrite_turn(self, metadata: Mapping[str, Any], api: Api, body: dict[str, Any], call: int) -> bool:
+    def rewrite_turn(self, metadata: Mapping[str, JsonValue], api: Api, body: JsonObject, call: int) -> bool:
         """A paraphrased user turn at step ``at`` (``metadata["turn_paraphrase"]``, made by ``branch_variants``): from
         the model call that step is on, the turn's user message is the guard-checked paraphrase in every request (the
         agent keeps the original in its history). At that call, a request without the recorded turn is a divergence:
         the paraphrase cannot reach the model, so the trial is missing with why, never scored. Whether ``body`` changed."""
         turn = metadata.get("turn_paraphrase")
-        if not isinstance(turn, Mapping) or call < int(turn.get("call") or 0):
+        if not isinstance(turn, Mapping) or call < to_int(turn.get("call") or 0):
             return False
         changed = replace_user_text(api, body, str(turn.get("original") or ""), str(turn.get("text") or ""))
-        if not changed and call == int(turn.get("call") or 0):
+        if not changed and call == to_int(turn.get("call") or 0):
             self.diverged.append({"step": self.at, "call": call, "detail": (
                 f"the user turn the paraphrase replaces is not in the agent's request: recorded {_short(turn.get('original'))}")})
         return changed > 0
 
 
-def branch_variants(variants: Sequence[Any], tape: Tape | None, wanted: str | Sequence[int] | None,
-                    missing: str = "", options: Any = None, task_input: str | None = None) -> list[Any]:
+def branch_variants(variants: Sequence[Variant], tape: Tape | None, wanted: str | Sequence[int] | None,
+                    missing: str = "", options: PerturbOptions | None = None, task_input: str | None = None) -> list[Variant]:
     """A task's variants (``perturb.Variant``) as branch points: one per step, labelled ``perturbation@k``.
 
     ``wanted`` None: the variants unchanged (no ``--branch-at``). Without a tape, or when a step cannot be
@@ -668,7 +733,7 @@ def branch_variants(variants: Sequence[Any], tape: Tape | None, wanted: str | Se
         from plumbline_otel.replay.perturb import PERTURBATIONS
 
         task_input = next((v.text for v in variants if v.perturbation in PERTURBATIONS and not PERTURBATIONS[v.perturbation].changes_text), None)
-    out: list[Any] = []
+    out: list[Variant] = []
     for v in variants:
         if v.rejected:
             out.append(v)
@@ -694,8 +759,8 @@ def branch_variants(variants: Sequence[Any], tape: Tape | None, wanted: str | Se
     return out
 
 
-def turn_variant(variant: Any, tape: Tape, at: int, metadata: Mapping[str, Any], options: Any = None,
-                 task_input: str | None = None) -> Any:
+def turn_variant(variant: Variant, tape: Tape, at: int, metadata: Mapping[str, JsonValue], options: PerturbOptions | None = None,
+                 task_input: str | None = None) -> Variant:
     """A paraphrase variant at the user turn step ``at`` opens: that turn's recorded text paraphrased by the study's
     paraphraser (``perturb.PerturbOptions``; the templates by default) and checked by the guard against it, the
     variant's own index chosen; the agent gets the task's request unchanged, the model-API proxy rewrites the turn
@@ -719,7 +784,7 @@ def turn_variant(variant: Any, tape: Tape, at: int, metadata: Mapping[str, Any],
     chosen = next((v for v in built if str(v.variant_id).partition("-")[0] == index), built[0] if built else None)
     if chosen is None:
         return replace(variant, perturbation=label, text=request, rejected=f"branch-at: step {at}: no paraphrase of the turn")
-    meta = {**dict(metadata), **dict(chosen.metadata),
+    meta: JsonObject = {**dict(metadata), **dict(chosen.metadata),
             "turn_paraphrase": {"call": tape.step(at).ordinal if isinstance(tape.step(at), ModelStep) else at,
                                 "original": original, "text": chosen.text}}
     return replace(variant, perturbation=label, variant_id=chosen.variant_id, text=request, metadata=meta,
@@ -729,7 +794,7 @@ def turn_variant(variant: Any, tape: Tape, at: int, metadata: Mapping[str, Any],
 def tape_for_task(cassette: Path, task_key: str, run: Trajectory | None = None) -> Tape:
     """The tape of a task's recorded baseline trial (repeat 0) in a study's cassette (``<state>/responses.jsonl``)."""
     lines = cassette.read_bytes().splitlines() if cassette.is_file() else []
-    chosen: dict[str, list[dict[str, Any]]] = {}
+    chosen: dict[str, list[JsonObject]] = {}
     for entry in read_jsonl(lines):
         parts = str(entry.get("trial_id") or "").split("/")
         if len(parts) == 5 and parts[1] == task_key and parts[2] == "baseline" and parts[4] == "k0":
@@ -740,7 +805,7 @@ def tape_for_task(cassette: Path, task_key: str, run: Trajectory | None = None) 
     return tape_from_cassette(chosen[variant], f"{cassette} task {task_key}", run)
 
 
-def replay_from_here(run: Trajectory, db: str | None) -> dict[str, Any]:
+def replay_from_here(run: Trajectory, db: str | None) -> JsonObject:
     """Each step a run can be replayed from (`replay --branch-at`, issue 44): its command, or why it cannot be, with
     what the run's recording lacks. A tool step branches under a tool fault, a model step under a model fault."""
     try:
@@ -748,7 +813,7 @@ def replay_from_here(run: Trajectory, db: str | None) -> dict[str, Any]:
     except TapeError as exc:
         return {"error": str(exc), "points": [], "gaps": []}
     where = f"--db {shlex.quote(db)} " if db else ""
-    points = []
+    points: list[JsonValue] = []
     for step in tape.steps:
         perturbation = "tool_fault" if isinstance(step, ToolStep) else "model_fault"
         try:

@@ -52,11 +52,12 @@ def test_a_user_turn_is_rewritten_in_each_api(api: Any, body: dict[str, Any], pa
 
 
 def test_a_paraphrase_at_a_later_turn_hands_the_agent_the_task_s_own_request() -> None:
+    from plumbline_otel.replay.jsonvalue import JsonValue
     from plumbline_otel.replay.perturb import Variant
     from plumbline_otel.replay.tape import ModelStep, Tape, branch_variants
 
-    first = [{"role": "user", "content": "Task: pay INV-1"}]  # the agent wraps its request: the recording is not the task's text
-    second = [*first, {"role": "assistant", "content": "looked"}, {"role": "user", "content": "Now pay invoice INV-1 please."}]
+    first: list[JsonValue] = [{"role": "user", "content": "Task: pay INV-1"}]  # the agent wraps its request: the recording is not the task's text
+    second: list[JsonValue] = [*first, {"role": "assistant", "content": "looked"}, {"role": "user", "content": "Now pay invoice INV-1 please."}]
     tape = Tape("t", (ModelStep(1, 1, "looked", api="chat", request={"messages": first}),
                       ModelStep(2, 2, "paid", api="chat", request={"messages": second})))
     assert tape.user_turns() == {1: "Task: pay INV-1", 2: "Now pay invoice INV-1 please."}
@@ -64,8 +65,9 @@ def test_a_paraphrase_at_a_later_turn_hands_the_agent_the_task_s_own_request() -
     out = {v.perturbation: v for v in branch_variants(variants, tape, (2,))}
     turn = out["paraphrase@2"]
     assert turn.rejected is None and turn.text == "pay INV-1"  # the baseline's text: the task's request, unchanged
-    assert turn.metadata["turn_paraphrase"]["original"] == "Now pay invoice INV-1 please."
-    assert turn.metadata["turn_paraphrase"]["text"] != "Now pay invoice INV-1 please." and turn.metadata["turn_paraphrase"]["call"] == 2
+    paraphrased = turn.metadata["turn_paraphrase"]
+    assert isinstance(paraphrased, dict) and paraphrased["original"] == "Now pay invoice INV-1 please."
+    assert paraphrased["text"] != "Now pay invoice INV-1 please." and paraphrased["call"] == 2
     assert out["baseline@2"].text == "pay INV-1"
 
 
