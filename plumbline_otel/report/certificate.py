@@ -77,6 +77,7 @@ from plumbline_otel.analyse.stats import (
     FAIL,
     INCONCLUSIVE,
     PASS,
+    SEQUENTIAL_METHOD,
     TASK_METHOD,
     Interval,
     gate_decision,
@@ -457,6 +458,24 @@ def _headline(cells: list[Cell], target: float) -> Headline:
     )
 
 
+def advice(method: str, more: int | None, target: float) -> str:
+    """How an INCONCLUSIVE cell can be settled without voiding its stated error (issue 38), in words.
+
+    Only a sequential study's bound stays valid as tasks are added and looked at again, so the
+    number is always the sequential one; for a fixed-n study the words also say plainly that
+    gating it again after more tasks does not keep its 5%.
+    """
+    if more is None:
+        return "no number of clean tasks can reach it"
+    resume = f"plumbline replay --resume --target {target:g}, with the new tasks"
+    if method == SEQUENTIAL_METHOD:
+        return (f"{more} more distinct clean task(s) would settle it: continue the sequential study ({resume}); its "
+                "anytime-valid bound keeps its stated error at every look")
+    return (f"{more} more distinct clean task(s) would settle it as a sequential study ({resume}), whose anytime-valid "
+            "bound (betting_cs) over all its tasks keeps its stated error at every look; adding tasks to this fixed-n "
+            "study and gating it again with wilson_tasks does not keep its stated 5%")
+
+
 def _shortfall(c: Cell, target: float) -> str:
     """Why a cell is not PASS at the target, in words ("" when it is)."""
     where = f"{c.agent} {c.perturbation}"
@@ -465,8 +484,6 @@ def _shortfall(c: Cell, target: float) -> str:
     if c.verdict == FAIL:
         return f"{where}: FAIL, its upper bound {c.gate_upper:.4f} is below {target}"
     if c.verdict == INCONCLUSIVE:
-        from plumbline_otel.report.gate import advice
-
         return f"{where}: INCONCLUSIVE at {c.tasks} task(s), bound {c.gate_lower:.4f} for {target}; {advice(c.gate_method, c.tasks_needed, target)}"
     return ""
 

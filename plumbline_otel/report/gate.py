@@ -46,7 +46,7 @@ from plumbline_otel.analyse.stats import (
     task_interval,
     tasks_to_settle,
 )
-from plumbline_otel.report.certificate import overall
+from plumbline_otel.report.certificate import advice, overall
 from plumbline_otel.report.model import EXIT_CODES, Cell, CellVerdict, Certificate, GateVerdict
 
 
@@ -77,24 +77,6 @@ def cell_verdict(c: Cell, min_bound: float) -> tuple[str, int | None]:
     verdict = gate_decision(bounds.lower, bounds.upper, min_bound)
     counts = [(k, n) for _, k, n in c.per_task]
     return verdict, (tasks_to_settle(verdict, counts, min_bound) if verdict == INCONCLUSIVE else 0)
-
-
-def advice(method: str, more: int | None, target: float) -> str:
-    """How an INCONCLUSIVE cell can be settled without voiding its stated error (issue 38), in words.
-
-    Only a sequential study's bound stays valid as tasks are added and looked at again, so the
-    number is always the sequential one; for a fixed-n study the words also say plainly that
-    gating it again after more tasks does not keep its 5%.
-    """
-    if more is None:
-        return "no number of clean tasks can reach it"
-    resume = f"plumbline replay --resume --target {target:g}, with the new tasks"
-    if method == SEQUENTIAL_METHOD:
-        return (f"{more} more distinct clean task(s) would settle it: continue the sequential study ({resume}); its "
-                "anytime-valid bound keeps its stated error at every look")
-    return (f"{more} more distinct clean task(s) would settle it as a sequential study ({resume}), whose anytime-valid "
-            "bound (betting_cs) over all its tasks keeps its stated error at every look; adding tasks to this fixed-n "
-            "study and gating it again with wilson_tasks does not keep its stated 5%")
 
 
 def _why(c: Cell, verdict: str, more: int | None, min_bound: float, bounds: Interval) -> str:

@@ -14,11 +14,11 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+import plumbline_otel.report.data as data
 from plumbline_otel.analyse.consistency import consistency, summarise
 from plumbline_otel.analyse.equivalence import equivalence
 from plumbline_otel.coverage import coverage_report
 from plumbline_otel.model import Trajectory
-from plumbline_otel.report import data
 from plumbline_otel.report.diff import RunDiff, diff_runs
 from plumbline_otel.report.html import anchor, chart_rows, render
 from plumbline_otel.report.model import Certificate

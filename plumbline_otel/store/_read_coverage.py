@@ -8,10 +8,14 @@ derives the rest, and the sentences, once from the (summed) counts.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from plumbline_otel.store._read import Reader
+
+class Reader(Protocol):
+    """What the coverage queries need of `_read.Reader` (which imports this module, so it is not imported here)."""
+
+    connection: Any
+    schema_version: int
 
 _STEPS = """
     SELECT t.service AS service, s.value AS step
