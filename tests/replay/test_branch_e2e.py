@@ -19,28 +19,12 @@ import pytest
 from click.testing import CliRunner
 
 from plumbline_otel.cli.main import cli
-from plumbline_otel.replay.proxy.simulated import SimReply, SimulatedProvider
-from plumbline_otel.replay.proxy.wire import Api, request_tool_calls, tool_name
+from plumbline_otel.replay.proxy.simulated import SimulatedProvider
 from plumbline_otel.store import Store
 
-ROOT = Path(__file__).resolve().parents[2]
-FIXTURE = ROOT / "tests" / "fixtures" / "frameworks" / "mcp_openai_agents" / "trace.otlp.jsonl"
-SERVER = Path(__file__).with_name("branch_tools_server.py")
-AGENT = f"command:sh -c 'AP_MCP_URL=\"$PLUMBLINE_MCP_URL\" exec {sys.executable} -m tests.replay.agents.openai_agents_mcp_ap'"
+from .mcp_ap_support import AGENT, FIXTURE, ROOT, SERVER, scripted_model
+
 ENV = {"OPENAI_API_KEY": "sk-not-a-real-key", "OPENAI_AGENTS_DISABLE_TRACING": "1", "OPENAI_BASE_URL": None}
-ARGS: dict[str, dict[str, Any]] = {"lookup_invoice": {"invoice_id": "INV-1001"}, "check_duplicate": {"invoice_id": "INV-1001", "vendor": "Acme GmbH"},
-        "schedule_payment": {"invoice_id": "INV-1001", "amount": 4820.0, "currency": "EUR"}}
-
-
-def scripted_model(api: Api, body: dict[str, Any]) -> SimReply:
-    """The fixture's clean script: look up, check for a duplicate, schedule the payment, say so (never a decoy)."""
-    called = {c.name for c in request_tool_calls(api, body)}
-    offered = [tool_name(api, t) for t in body.get("tools") or []]
-    for tool, args in ARGS.items():
-        if tool in offered and tool not in called:
-            return SimReply(tool_calls=[(tool, args)], input_tokens=200, output_tokens=20)
-    failed = "error" in orjson.dumps(body).decode().lower()
-    return SimReply(text="Could not pay INV-1001." if failed else "Paid INV-1001.", input_tokens=300, output_tokens=10)
 
 
 @pytest.fixture

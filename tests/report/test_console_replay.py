@@ -13,35 +13,18 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
 from click.testing import CliRunner
 from pages_support import TOKEN, parse, serve
+from replay.mcp_ap_support import AGENT, FIXTURE, ROOT, SERVER, scripted_model
 from waits import EVENT_DEADLINE_S, wait_for
 
 from plumbline_otel.cli.main import cli
 from plumbline_otel.replay.branch import ENV_ADAPTER, ENV_ARGS, ENV_DIR, ConsoleReplay
-from plumbline_otel.replay.proxy.simulated import SimReply, SimulatedProvider
-from plumbline_otel.replay.proxy.wire import Api, request_tool_calls, tool_name
+from plumbline_otel.replay.proxy.simulated import SimulatedProvider
 from plumbline_otel.store import Store
-
-ROOT = Path(__file__).resolve().parents[2]
-FIXTURE = ROOT / "tests" / "fixtures" / "frameworks" / "mcp_openai_agents" / "trace.otlp.jsonl"
-SERVER = ROOT / "tests" / "replay" / "branch_tools_server.py"
-AGENT = f"command:sh -c 'AP_MCP_URL=\"$PLUMBLINE_MCP_URL\" exec {sys.executable} -m tests.replay.agents.openai_agents_mcp_ap'"
-ARGS: dict[str, dict[str, Any]] = {"lookup_invoice": {"invoice_id": "INV-1001"}, "check_duplicate": {"invoice_id": "INV-1001", "vendor": "Acme GmbH"},
-        "schedule_payment": {"invoice_id": "INV-1001", "amount": 4820.0, "currency": "EUR"}}
-
-
-def scripted_model(api: Api, body: dict[str, Any]) -> SimReply:
-    called = {c.name for c in request_tool_calls(api, body)}
-    offered = [tool_name(api, t) for t in body.get("tools") or []]
-    for tool, args in ARGS.items():
-        if tool in offered and tool not in called:
-            return SimReply(tool_calls=[(tool, args)], input_tokens=200, output_tokens=20)
-    return SimReply(text="Paid INV-1001.", input_tokens=300, output_tokens=10)
 
 
 @pytest.fixture
@@ -82,7 +65,7 @@ def test_replay_from_here_starts_the_replay_and_shows_its_state(tmp_path: Path, 
     log.touch()
     monkeypatch.setenv(ENV_ADAPTER, AGENT)
     monkeypatch.setenv(ENV_ARGS, f"--upstream openai={provider.openai_url} --mcp-upstream '{sys.executable} {SERVER} {log}' "
-                                 f"--adapter-option cwd={ROOT} --adapter-option timeout_s=120 --concurrency 1 --trace-wait 10 --grace 1")
+                                 f"--adapter-option cwd={ROOT} --adapter-option timeout_s=600 --concurrency 1 --trace-wait 120 --grace 1")
     monkeypatch.setenv(ENV_DIR, str(tmp_path / "jobs"))
     monkeypatch.setenv("OPENAI_API_KEY", "sk-not-a-real-key")
     monkeypatch.setenv("OPENAI_AGENTS_DISABLE_TRACING", "1")
