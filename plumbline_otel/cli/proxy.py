@@ -15,6 +15,7 @@ takes tasks from (each run's task: its first user request).
 from __future__ import annotations
 
 import json
+import signal
 import time
 from typing import Any
 
@@ -118,6 +119,8 @@ def proxy(upstreams: tuple[str, ...], cassette: str, offline: bool, port: int, b
 
 
 def _wait(seconds: float | None) -> None:
+    """Serve for ``seconds``, or until Ctrl-C (SIGINT, honoured even when a background launcher left it ignored)."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         time.sleep(seconds) if seconds is not None else _forever()
     except KeyboardInterrupt:

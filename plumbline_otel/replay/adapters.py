@@ -92,6 +92,9 @@ def stop_on_sigterm() -> None:
         raise KeyboardInterrupt(f"stopped by {signal.Signals(signum).name}")
 
     signal.signal(signal.SIGTERM, stop)
+    # Ctrl-C too, even when whatever started the runner in the background left SIGINT ignored (a shell does for `&`
+    # without job control, and Python then never raises KeyboardInterrupt): a runner is stopped by either, always.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 TRANSIENT_HTTP = frozenset({408, 425, 429, 503})  # refused at the door: the agent did not run
