@@ -1,6 +1,6 @@
 """The equivalence guard's errors on corpora of rewrites, per split and per kind of rewrite.
 
-    python bench/guard_corpus.py [--corpus PATH ...] [--split dev|held_out|all] [--wrong]
+    python bench/guard_corpus.py [--corpus PATH ...] [--dev-corpus PATH ...] [--split dev|held_out|all] [--wrong]
 
 Each corpus is JSON lines with ``original``, ``variant``, ``equivalent``, ``category`` and
 ``split``. By default: ``tests/replay/data/guard_corpus_v3.jsonl`` (574 rows written for issue
@@ -15,6 +15,10 @@ rows). Two error rates are printed for each corpus and split:
 then the same per category. ``--wrong`` lists the rows judged wrong, with the guard's reason,
 for the ``dev`` split only: the held-out split is there to be measured, not read, so its rows
 are never printed. ``--split dev`` keeps held-out figures off the screen while rules change.
+
+A corpus whose held-out rows have been measured often enough to be tuned to is development data
+all through: name it with ``--dev-corpus`` instead of ``--corpus`` and ``--wrong`` lists its rows
+of every split (its figures are still printed per split, so rounds stay comparable).
 """
 
 from __future__ import annotations
@@ -59,8 +63,9 @@ def judge(rows: list[dict[str, object]]) -> list[tuple[dict[str, object], bool, 
     return out
 
 
-def report(path: Path, split: str, show_wrong: bool) -> None:
-    """Print one corpus's figures: per split, then per category within each split."""
+def report(path: Path, split: str, show_wrong: bool, fully_dev: bool = False) -> None:
+    """Print one corpus's figures: per split, then per category within each split. Wrong rows are
+    listed (``show_wrong``) for the dev split, or for every split of a corpus that is ``fully_dev``."""
     rows = load(path)
     splits = sorted({str(r["split"]) for r in rows}) if split == "all" else [split]
     started = time.perf_counter()
@@ -84,7 +89,7 @@ def report(path: Path, split: str, show_wrong: bool) -> None:
             wrong = sum(ok != bool(r["equivalent"]) for r, ok, _ in items)
             what = "rejected" if label == "paraphrase" else "accepted"
             print(f"    {kind:20s} {label:10s} {what} {rate(wrong, len(items))}")
-        if show_wrong and name == "dev":
+        if show_wrong and (name == "dev" or fully_dev):
             for r, ok, reason in part:
                 if ok != bool(r["equivalent"]):
                     print(f"    WRONG {r.get('id')} [{r['category']}] {'accepted' if ok else 'rejected'}:"
@@ -95,10 +100,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--corpus", type=Path, action="append", help="a JSON-lines corpus (repeatable)")
     parser.add_argument("--split", default="all", choices=("all", "dev", "held_out"))
+    parser.add_argument("--dev-corpus", type=Path, action="append", default=[],
+                        help="a corpus that is development data in every split: --wrong lists all its rows (repeatable)")
     parser.add_argument("--wrong", action="store_true", help="list the dev rows judged wrong")
     args = parser.parse_args()
-    for path in args.corpus or DEFAULT_CORPORA:
+    for path in args.corpus or ([] if args.dev_corpus else DEFAULT_CORPORA):
         report(path, args.split, args.wrong)
+    for path in args.dev_corpus:
+        report(path, args.split, args.wrong, fully_dev=True)
 
 
 if __name__ == "__main__":
