@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol, cast, runtime_checkable
@@ -222,8 +223,10 @@ class Adapter(Protocol):
         ...
 
 
-class AdapterBase:
-    """The defaults of `Adapter`'s optional members: an adapter class inherits this and overrides what it has."""
+class AdapterBase(ABC):
+    """The defaults of `Adapter`'s optional members: an adapter class inherits this and overrides what it has. ``run``
+    has no default: a class that does not write it cannot be instantiated (a TypeError naming it), rather than failing
+    at its first trial."""
 
     service: str | None = None
     service_version: str | None = None
@@ -231,8 +234,9 @@ class AdapterBase:
     fault_tools: Sequence[str] = ()
     grace_s: float = 5.0
 
+    @abstractmethod
     def run(self, trial: Trial) -> TrialOutcome:
-        raise NotImplementedError
+        """Run the agent once for ``trial``'s attempt and report what it claims (`Adapter.run`)."""
 
     def describe(self) -> str | None:
         return None

@@ -12,6 +12,7 @@ section, so a request is either refused or placed on a route whose evidence has 
 from __future__ import annotations
 
 import threading
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
@@ -40,17 +41,18 @@ S = TypeVar("S", bound=Routed)
 
 
 @dataclass(frozen=True)
-class Route:
-    """One attempt's way into a proxy (`contracts.TrialRoute`); each proxy says which variables carry it (``env``)."""
+class Route(ABC):
+    """One attempt's way into a proxy (`contracts.TrialRoute`); each proxy says which variables carry it (``env``): a
+    route class that does not cannot be instantiated."""
 
     proxy_url: str
     token: str
     trial_id: str
     attempt: int
 
+    @abstractmethod
     def env(self) -> dict[str, str]:
         """The variables an agent reads the route from; the proxy's own route class names them."""
-        raise NotImplementedError
 
 
 def split_token(path: str) -> tuple[str | None, str]:
