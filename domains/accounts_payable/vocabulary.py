@@ -26,7 +26,7 @@ LEXICON = DomainLexicon(
         "offset": ("net off", "set off", "apply", "applied", "applying"),
         "allocate": ("charge", "code", "allocate", "recharge"),
     },
-    documents={"invoice": "invoice", "bill": "invoice", "credit note": "credit note", "credit memo": "credit note",
+    documents={"invoice": "invoice", "inv": "invoice", "bill": "invoice", "credit note": "credit note", "credit memo": "credit note",
                "debit note": "debit note", "statement": "statement", "quote": "quote"},
     plural_documents={"invoices": "invoice", "bills": "invoice", "credit notes": "credit note",
                       "statements": "statement"},

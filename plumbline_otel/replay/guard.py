@@ -116,6 +116,9 @@ _DATE_PATTERNS = [
     re.compile(r"\b" + _MONTH + r"\s+(?P<d>\d{1,2})" + _ORD + r"(?:,?\s+(?P<y>\d{4}))?\b", re.I),
 ]
 _WEEKDAYS = ("monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday")
+# a weekday's abbreviation, written as one (capitalised) or before a date ("fri 20/03"): "sat" and "wed" are words
+_WEEKDAY_SHORT = re.compile(r"\b(?:(?P<c>Mon|Tues?|Wed|Thu(?:rs?)?|Fri|Sat|Sun)\b|"
+                            r"(?P<l>mon|tues?|wed|thu(?:rs?)?|fri|sat|sun)\b(?=\s+\d))")
 # A time of day, in either clock: "5 pm", "5:30pm", "17:00", "noon"
 _TIME = re.compile(r"\b(?:(?P<h>\d{1,2})(?::(?P<m>\d{2}))?\s*(?P<ap>[ap])\.?m\b\.?|(?P<h24>\d{1,2}):(?P<m24>\d{2})\b|"
                    r"(?P<noon>noon|midday|midnight)\b)", re.I)
@@ -165,7 +168,9 @@ _VOCATIVE = re.compile(
     r"^\s*(?:(?i:hi|hiya|hello|hey|dear|greetings|good\s+(?:morning|afternoon|evening|day)|morning|afternoon|evening|"
     r"yo|howdy)\b(?:\s+[\w'&]+){0,3}\s*[,.!:;]+\s*"
     # a name alone, then a request: "Grace, please approve …", "@tom can u pay …"
-    r"|@?[A-Z][a-z]+(?:\s+[A-Z][a-z]+)?\s*[,:]\s*(?=(?i:please|pls|plz|could|can|would|kindly)\b))")
+    r"|@?[A-Z][a-z]+(?:\s+[A-Z][a-z]+)?\s*[,:]\s*(?=(?i:please|pls|plz|could|can|would|kindly)\b)"
+    # a handle opening the message addresses whoever is asked ("@tom can u pay …")
+    r"|@[A-Za-z][\w.]*[\s,:]+)")
 
 _NOT_A_UNIT = frozenset(_words(
     "a an the and or but for from by to of in on at as with against due before after until per each please "
@@ -254,6 +259,9 @@ restricted greater higher larger lower smaller fewer beneath precisely exactly a
 much least most"""
 _BOUND_BEFORE = re.compile(
     r"\b(?P<b>(?:" + _BOUND_NEGATION + r"\s+)?(?:(?:limited|capped|restricted)\s+(?:to|at)\s+(?=a\s+m))?(?:"
+    r"(?:less|lower|fewer|smaller|more|greater|higher|larger)\s+than\s+or\s+equal\s+to|"
+    r"equal\s+to\s+or\s+(?:less|lower|fewer|smaller|more|greater|higher|larger)\s+than|"
+    r"at\s+or\s+(?:below|under|beneath|above|over)|inside(?:\s+of)?|upwards\s+of|north\s+of|(?:a\s+)?limit(?:\s+of)?:?|"
     r"up\s+to(?:\s+and\s+including)?(?:\s+a\s+(?:maximum|max|limit)\s+of)?|as\s+much\s+as|a\s+ceiling\s+of|a\s+cap\s+of|"
     r"no\s+more\s+than|not\s+more\s+than|at\s+(?:the\s+)?most|"
     r"a\s+maximum\s+of|maximum(?:\s+of)?|max\.?|capped\s+at|limited\s+to|a\s+limit\s+of|no\s+higher\s+than|"
@@ -267,7 +275,9 @@ _BOUND_BEFORE = re.compile(
 _BOUND_AFTER = re.compile(
     r"^\s*(?P<b>or\s+(?:less|fewer|under|below|lower|lesser)|and\s+(?:under|below|less)|at\s+(?:the\s+)?most|"
     r"max(?:imum)?\b|or\s+(?:more|over|above|greater|higher)|and\s+(?:over|above|up|more)|at\s+(?:the\s+)?least|"
-    r"minimum\b)", re.I)
+    r"minimum\b|limit\b|cap\b|ceiling\b)", re.I)
+# a limit noun after a bounded quantity says the bound again ("within a £500 limit")
+_LIMIT_NOUN_AFTER = re.compile(r"^\s*(?:limit|cap|ceiling|maximum|max)\b", re.I)
 
 
 _CONVERSE = {">": "<=", "<": ">=", "<=": ">", ">=": "<", "=": "!="}
@@ -281,8 +291,10 @@ def _bound_of(phrase: str) -> str:
         return _CONVERSE[_bound_of(p[negation.end():])]
     if p in ("exactly", "precisely"):
         return "="
+    if re.search(r"or equal|equal to or|\bat or\b", p):  # "less than or equal to", "at or above": inclusive
+        return "<=" if re.search(r"less|lower|fewer|smaller|below|under|beneath", p) else ">="
     if re.search(r"not (?:to )?exceed|up to|as much as|ceiling|cap of|no more|not more|at (?:the )?most|maximum|max|capped|limited|limit|"
-                 r"no higher|no greater|not over|no over|not above|no above|within|or less|or fewer|or under|"
+                 r"no higher|no greater|not over|no over|not above|no above|within|inside|or less|or fewer|or under|"
                  r"or below|or lower|or lesser|and under|and below|and less", p):
         return "<="
     if re.search(r"at (?:the )?least|minimum|min|no less|not less|no fewer|not below|not under|or more|or over|"
@@ -306,7 +318,7 @@ _CONDITIONS = frozenset(["until", "till", "until after", "as soon as", "only aft
                          "ignore", "ignoring", "ignored", "skip", "skipping", "skipped", "bypass", "bypassing",
                          "override", "overriding", "overridden", "waive", "waived", "waiving", "disregard",
                          "disregarding", "omit", "omitting", "don't bother", "do not bother", "no questions asked",
-                         "let", "otherwise", "provided", "providing", "as long as", "in which case", "only",
+                         "let", "otherwise", "provided", "and not otherwise", "but not otherwise", "not otherwise", "providing", "as long as", "in which case", "only",
                          "except", "excluding", "despite", "notwithstanding", "whatever", "once", "fine",
                          "in case", "assuming", "irrespective", "no checks", "without checking", "forget about",
                          "don't worry about", "do not worry about", "never mind", "when", "whenever", "where",
@@ -314,7 +326,8 @@ _CONDITIONS = frozenset(["until", "till", "until after", "as soon as", "only aft
                          "for the time being", "at this stage", "at the moment", "for the moment", "prior to"])
 # Condition words that say the same thing: "provided (that)" and "as long as" are "if"; "except
 # if" is "unless"; "till" is "until"; "as soon as" and "only after" are "once".
-_CONDITION_CANON = {"provided": "if", "providing": "if", "as long as": "if", "assuming": "if",
+_CONDITION_CANON = {"and not otherwise": "only", "but not otherwise": "only", "not otherwise": "only",
+                    "provided": "if", "providing": "if", "as long as": "if", "assuming": "if",
                     "on condition that": "if", "if and only if": "if", "except if": "unless", "except when": "unless",
                     "till": "until", "as soon as": "once", "only after": "once", "after": "once",
                     "alone": "only by", "yet": "for now", "for the time being": "for now", "at this stage": "for now",
@@ -727,11 +740,27 @@ def _normalise(text: str, *, expand: bool = True) -> str:
             .replace("\u2014", ", ").replace("\u2013", ", ").replace("\r", ""))
     if expand:
         text = _amount_referents(_reworded_conditions(_appositions(expand_contractions(text))))
-    text = _SIGN_OFF.sub("", text)
     text = re.sub(r"\(\s*(?=(?:PS|P\.S\.|btw|BTW|FYI|fyi)\b)", "\n\n", text)  # an aside in brackets stands alone
+    text = _SIGN_OFF.sub("", text)  # after the asides: "Thanks, Elena (PS: …)" ends its line once the aside stands alone
+    # a list's count ("Two things before Friday:") is the list's shape, not the task's: prose says it without one
+    text = re.sub(r"\b(?:\d+|two|three|four|five|a\s+few|a\s+couple\s+of)\s+(?:things|points|tasks|requests|questions)\b",
+                  "things", text, flags=re.I)
+    # "instead of X" and "rather than X" draw one contrast: one spelling, so what follows is read alike
+    text = _WEEKDAY_SHORT.sub(lambda m: next(d for d in _WEEKDAYS if d.startswith((m.group("c") or m.group("l")).lower())),
+                              text)
+    text = re.sub(r"\binstead\s+of\b", "rather than", text, flags=re.I)
+    # a negative determiner in a prepositional phrase negates the phrase: "against no other invoice" is
+    # "not against any other invoice"
+    text = re.sub(r"\b(against|to|for|from|with|into|on)\s+no\s+(?=\w)", r"not \1 any ", text, flags=re.I)
+    # "not until X" is "only after X"
+    text = re.sub(r"\bnot\s+until\b", "only after", text, flags=re.I)
     text = re.sub(r"\n[ \t]*(?:[-*•]|\d+[.)])[ \t]+", "; ", text)
     text = re.sub(r"\blet\s+((?:\w+\s+){1,3}?)know\b", r"tell \1", text, flags=re.I)  # "let Elena know": tell her  # a list's items are clauses of their own
     text = re.sub(r" - ", ", ", text)
+    # "the controller's signed off on it", "Brennan's confirmed the drop": "'s" before a participle
+    # that takes an object (a determiner, a pronoun or a particle follows) is "has"; the passive takes none
+    text = re.sub(r"\b([A-Za-z]+)'s\s+(?=[a-z]+ed\s+(?:off|up|out|the|a|an|it|them|this|that|its|their|our)\b)",
+                  r"\1 has ", text)
     # "the receipt's posted", "the vendor's on hold": "'s" before a participle or "on" is "is"
     text = re.sub(r"\b([A-Za-z]+)'s\s+(?=(?:been|not|on|[a-z]+ed)\b)", r"\1 is ", text)
     # "sign it off", "pay us back": the particle goes with its verb ("sign off it", "pay back us")
@@ -751,7 +780,9 @@ def _correspondents(text: str) -> frozenset[str]:
     out = {f"from {m.group('name').lower()}" for m in _SIGN_OFF.finditer(text) if m.group("name")}
     greeting = _VOCATIVE.match(text.strip())
     if greeting:
-        words = [w.lower() for w in re.findall(r"[A-Za-z']+", greeting.group(0))[1:]]
+        said = greeting.group(0).strip()
+        words = [w.lower() for w in re.findall(r"[A-Za-z']+", said)[(0 if said.startswith("@") else 1):]]
+        words = words[:1] if said.startswith("@") else words  # "@tom can u …": the handle is whom it asks
         out |= {f"to {w}" for w in words if w not in _IGNORABLE}
     return frozenset(out)
 
@@ -819,7 +850,8 @@ def _spelled_numbers(text: str) -> list[tuple[int, int, Decimal]]:
                 break
             run.append(w)
             j += 1
-        if run and run != ["one"]:
+        # a lone "one" ("this one") is a number only before a unit that counts ("one percent", "one pound")
+        if run and (run != ["one"] or _CURRENCY_AFTER.match(text[words[j - 1][1]:])):
             value = parse_number_words(run)
             if value is not None:
                 out.append((words[i][0], words[j - 1][1], value))
@@ -995,6 +1027,8 @@ def _read_quantities(s: _Sentence, work: str) -> str:
         if below:
             bound = _bound_of(below.group("b"))
             cut_start = below.start()
+            noun = _LIMIT_NOUN_AFTER.match(work[cut_end:])
+            cut_end += noun.end() if noun and bound in ("<=", "<") else 0
         elif beyond:
             bound = _bound_of(beyond.group("b"))
             cut_end = cut_end + beyond.end()
@@ -1010,16 +1044,27 @@ def _read_quantities(s: _Sentence, work: str) -> str:
     return work
 
 
+_CODE_PATTERN = re.compile(r"\b(" + "|".join(sorted(_CURRENCY_CODES)) + r")\b")
+_LOWER_CODE_PATTERN = re.compile(r"\b(" + "|".join(sorted(_LOWER_CODES)) + r")\b")
+_CURRENCY_WORD_PATTERN = re.compile(
+    r"\b(" + "|".join(re.escape(w) for w in sorted(_CURRENCY_WORDS, key=len, reverse=True)) + r")\b", re.I)
+# the side of a contrast a currency stands on: "in USD rather than EUR" is not "in EUR rather than USD"
+_CONTRASTED = re.compile(r"\brather\s+than\s+(?:in\s+|with\s+|the\s+)?$", re.I)
+
+
 def _read_currencies(s: _Sentence, work: str) -> str:
-    for m in list(re.finditer(r"\b(" + "|".join(sorted(_CURRENCY_CODES)) + r")\b", work)):
-        s.currencies.add(m.group(1))
+    """Currencies named without an amount; one after "rather than" is the one refused ("rather than EUR")."""
+    def named(code: str, start: int) -> None:
+        s.currencies.add(f"rather than {code}" if _CONTRASTED.search(work[:start]) else code)
+
+    for m in list(_CODE_PATTERN.finditer(work)):
+        named(m.group(1), m.start())
         work = _blank(work, m.start(), m.end())
-    for m in list(re.finditer(r"\b(" + "|".join(sorted(_LOWER_CODES)) + r")\b", work)):
-        s.currencies.add(m.group(1).upper())
+    for m in list(_LOWER_CODE_PATTERN.finditer(work)):
+        named(m.group(1).upper(), m.start())
         work = _blank(work, m.start(), m.end())
-    pattern = "|".join(re.escape(w) for w in sorted(_CURRENCY_WORDS, key=len, reverse=True))
-    for m in list(re.finditer(r"\b(" + pattern + r")\b", work, re.I)):
-        s.currencies.add(_CURRENCY_WORDS[re.sub(r"\s+", " ", m.group(1).lower())])
+    for m in list(_CURRENCY_WORD_PATTERN.finditer(work)):
+        named(_CURRENCY_WORDS[re.sub(r"\s+", " ", m.group(1).lower())], m.start())
         work = _blank(work, m.start(), m.end())
     for symbol, code in _CURRENCY_SYMBOLS.items():
         if symbol in work:
@@ -1154,7 +1199,7 @@ def _place_unknown(toks: list[_Token], names: frozenset[str], cased: bool) -> No
         t.role, t.value = ("action", t.text) if verb_slot and object_follows else ("word", t.text)
 
 
-_IMPERATIVE_OPENERS = frozenset(["please", "pls", "plz", "kindly", "then", "and", "also", "just", "to", "can",
+_IMPERATIVE_OPENERS = frozenset(["please", "pls", "plz", "kindly", "then", "and", "also", "just", "to", "can", "u",
                                  "could", "you", "so", "but", "or", "now"])
 
 
@@ -1432,7 +1477,8 @@ def _support_verbs(toks: list[_Token]) -> None:
 
 # A condition that waits for an event: "unless the controller approves", "… has approved" and "…
 # approved it" name one event, so a participle there is the action, not an asserted fact.
-_EVENT_CONDITIONS = frozenset(["unless", "until", "till", "once", "until after", "only after", "as soon as"])
+_EVENT_CONDITIONS = frozenset(["unless", "until", "till", "once", "until after", "only after", "as soon as", "after",
+                               "before", "when", "whenever"])
 
 
 def _settle_readings(s: _Sentence, v: _Vocabulary) -> None:

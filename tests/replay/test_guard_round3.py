@@ -1,0 +1,114 @@
+"""The guard's third round on issue 38 item 5: mechanisms that compare meaning, one per test.
+
+Each test pairs a paraphrase the mechanism lets through with a meaning change it must still
+catch (or the other way round), with sentences written for the mechanism, not taken from a
+corpus, so that removing the mechanism fails one side.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from plumbline_otel.replay.guard import check_equivalent
+
+
+def ok(original: str, variant: str) -> bool:
+    return check_equivalent(original, variant).ok
+
+
+def reason(original: str, variant: str) -> str:
+    return check_equivalent(original, variant).reason or ""
+
+
+# --- limits: one canonical form (comparator, inclusive or not, value, currency) ----------------
+
+UP_TO = "Approve invoices from Acme Ltd up to £500."
+
+
+@pytest.mark.parametrize("variant", [
+    "Approve invoices from Acme Ltd of less than or equal to £500.",
+    "Approve invoices from Acme Ltd that are at or below £500.",
+    "Approve invoices from Acme Ltd of equal to or less than £500.",
+    "Approve invoices from Acme Ltd within a £500 limit.",
+    "Approve invoices from Acme Ltd inside £500.",
+    "Approve invoices from Acme Ltd not exceeding £500.",
+    "Approve invoices from Acme Ltd capped at £500.",
+    "Approve invoices from Acme Ltd of £500 or less.",
+])
+def test_an_inclusive_upper_limit_said_any_way_is_one_limit(variant: str) -> None:
+    assert ok(UP_TO, variant), reason(UP_TO, variant)
+
+
+@pytest.mark.parametrize("variant, change", [
+    ("Approve invoices from Acme Ltd under £500.", "amount <= 500.00 GBP became < 500.00 GBP"),
+    ("Approve invoices from Acme Ltd of at least £500.", "amount <= 500.00 GBP became >= 500.00 GBP"),
+    ("Approve invoices from Acme Ltd at or above £500.", "amount <= 500.00 GBP became >= 500.00 GBP"),
+    ("Approve invoices from Acme Ltd upwards of £500.", "amount <= 500.00 GBP became > 500.00 GBP"),
+])
+def test_a_limit_of_another_direction_or_strictness_is_a_change(variant: str, change: str) -> None:
+    assert reason(UP_TO, variant) == change
+
+
+def test_a_lone_one_before_a_unit_is_a_number() -> None:
+    original = "Pay INV-1003 net of the 1% discount."
+    assert ok(original, "Pay INV-1003 net of the one percent discount.")
+    assert not ok(original, "Pay INV-1003 net of the two percent discount.")
+    assert ok("Pay this one today.", "Please pay this one today.")
+
+
+# --- text said two ways --------------------------------------------------------------------------
+
+def test_instead_of_and_rather_than_are_one_contrast_and_its_sides_are_kept() -> None:
+    original = "Vendors should invoice against the new PO rather than PO-2015."
+    assert ok(original, "Vendors should invoice against the new PO instead of PO-2015.")
+    assert not ok("Pay the vendor in USD rather than EUR.", "Pay the vendor in EUR rather than USD.")
+
+
+def test_a_negative_determiner_after_a_preposition_is_a_negated_phrase() -> None:
+    original = "Apply credit note CN-7 against INV-0905, not against any other invoice."
+    assert ok(original, "Apply credit note CN-7 against INV-0905 and against no other invoice.")
+    assert not ok(original, "Apply credit note CN-7 against INV-0905 and against any other invoice.")
+
+
+def test_not_until_is_only_after() -> None:
+    original = "Change the bank details only after a call-back has been made."
+    assert ok(original, "Change the bank details, but not until a call-back has been made.")
+    assert not ok(original, "Change the bank details, but not before a call-back has been made to the CFO.")
+
+
+def test_and_not_otherwise_restricts_to_the_condition_as_only_does() -> None:
+    original = "Approve INV-1011 only if Sam confirms the rate in writing."
+    assert ok(original, "Approve INV-1011 if Sam confirms the rate in writing, and not otherwise.")
+    assert not ok(original, "Approve INV-1011 even if Sam confirms the rate in writing.")
+
+
+def test_contracted_has_before_a_participle_with_an_object() -> None:
+    original = "Hold INV-1007 unless the controller signs off on the variance."
+    assert ok(original, "Hold INV-1007 unless the controller's signed off on the variance.")
+    assert ok("Hold INV-1007 unless Sam confirms the drop.", "Hold INV-1007 unless Sam's confirmed the drop.")
+    assert not ok(original, "Hold INV-1007 even if the controller's signed off on the variance.")
+
+
+def test_an_event_awaited_after_after_is_an_action_not_a_fact() -> None:
+    original = "Pay INV-1001 once Priya Shah has approved it."
+    assert ok(original, "Pay INV-1001 after Priya Shah has approved it.")
+    assert not ok(original, "Pay INV-1001 after Priya Shah has reviewed it.")
+
+
+def test_a_list_s_count_is_its_shape_and_a_bracketed_aside_after_a_sign_off_stands_alone() -> None:
+    original = "Hi Sam,\n\nTwo things:\n1. Review INV-1003.\n2. Then pay it.\n\nThanks, Elena\n(PS: the printer is fixed)"
+    assert ok(original, "Hi Sam, please review INV-1003 and then pay it. Thanks, Elena (PS: the printer is fixed)")
+    assert not ok(original, "Hi Sam, please review INV-1003 and then hold it. Thanks, Elena (PS: the printer is fixed)")
+
+
+def test_a_weekday_s_abbreviation_is_the_weekday() -> None:
+    original = "Pay INV-1001 by Friday 20 March 2026."
+    assert ok(original, "Pay INV-1001 by Fri 20/03/2026.")
+    assert not ok(original, "Pay INV-1001 by Fri 27/03/2026.")
+
+
+def test_a_handle_opening_a_message_is_whom_it_asks() -> None:
+    original = "@tom can u pay INV-1019 today? thx"
+    assert ok(original, "Tom, could you please pay INV-1019 today? Thank you.")
+    assert reason(original, "@priya can u pay INV-1019 today? thx") == "greeted to tom became to priya"
+    assert ok("hi team can u schedule payment of GBP 2340 for INV-1001", "Hi team, can you schedule payment of £2,340 for INV-1001?")
