@@ -609,6 +609,7 @@ class Meaning:
     disjunctions: int = 0  # how many "or"s join what the request names
     bare_modals: tuple[str, ...] = ()  # a modal that governs no action ("otherwise the controller may")
     correspondents: frozenset[str] = frozenset()  # "to priya" (greeted: the one asked), "from elena" (signed)
+    alternatives: frozenset[str] = frozenset()  # actions of an "otherwise" branch ("if X, hold it; otherwise pay")
     display: dict[str, str] = field(default_factory=dict, compare=False, hash=False)  # key -> text as written
 
     def show(self, key: str) -> str:
@@ -1232,6 +1233,7 @@ def read_meaning(text: str, names: frozenset[str] | None = None, lexicon: Domain
     directions: set[str] = set()
     disjunctions = 0
     bare_modals: list[str] = []
+    alternatives: set[str] = set()
     display: dict[str, str] = {}
     for raw in _sentences(_normalise(text)):
         s = _parse_sentence(raw, v)
@@ -1253,6 +1255,7 @@ def read_meaning(text: str, names: frozenset[str] | None = None, lexicon: Domain
             sentence_actions.append((token, value))
             display.setdefault(f"action:{value}", token.raw)
         roles |= _roles(toks, v, {id(token): value for token, value in sentence_actions})
+        alternatives |= _alternative_branch(toks, sentence_actions)
         objects |= _id_objects(s)
         sequence |= _sequence(toks)
         directions |= _directions(toks, v) | s.id_directions
@@ -1323,7 +1326,17 @@ def read_meaning(text: str, names: frozenset[str] | None = None, lexicon: Domain
                    frozenset(facts), frozenset(redirects), frozenset(documents), frozenset(terms),
                    frozenset(roles), frozenset(objects), frozenset(sequence),
                    frozenset(directions | _implied_directions(directions)), disjunctions,
-                   tuple(sorted(bare_modals)), _correspondents(text), display)
+                   tuple(sorted(bare_modals)), _correspondents(text), frozenset(alternatives), display)
+
+
+def _alternative_branch(toks: list[_Token], actions: list[tuple[_Token, str]]) -> set[str]:
+    """The actions said after "otherwise" (or "if not", read as it) in a sentence: the branch taken
+    when the condition fails. "If X, hold it; otherwise pay" is not "if X, pay it; otherwise hold"."""
+    at = next((i for i, t in enumerate(toks) if t.role == "cond" and t.value == "otherwise"), None)
+    if at is None:
+        return set()
+    after = {id(t) for t in toks[at + 1:]}
+    return {value for token, value in actions if id(token) in after}
 
 
 # "all", "each" and "every" say the same of what a request acts on; "isn't" and "doesn't" say "not"
@@ -1700,6 +1713,7 @@ def _roles(toks: list[_Token], v: _Vocabulary, scoped: dict[int, str]) -> set[st
             continue
         base = _base(scoped.get(id(t), t.value))
         doer = receiver = ""
+        also: list[str] = []  # parties joined to the doer by "and"/"or" ("Priya Shah or Tom Okafor can approve")
         if k + 1 < len(toks) and toks[k + 1].clause == t.clause and toks[k + 1].text in _BE - {"be", "being"}:
             doers[k] = ""
             continue  # "the vendor hold is lifted": a noun, the subject of "is", neither done nor received
@@ -1716,10 +1730,18 @@ def _roles(toks: list[_Token], v: _Vocabulary, scoped: dict[int, str]) -> set[st
                 n = j + 1 + (toks[j + 1].text in ("the", "a", "an"))
                 if n in parties:
                     doer = parties[n][0]
+                    also = _conjoined(toks, parties, n, 1)
+                break
+            if toks[j].text == "from" and _ACTION_NOUN.search(t.text) and j + 1 < len(toks) and \
+                    toks[j + 1].clause == t.clause and all(x.text == "for" for x in toks[k + 1:j]):
+                n = j + 1 + (toks[j + 1].text in ("the", "a", "an"))
+                if n in parties:  # "approval (for INV-1003) from the controller": the controller approves
+                    doer = parties[n][0]
+                    also = _conjoined(toks, parties, n, 1)
                 break
             if toks[j].role not in skip and j not in parties and toks[j].text not in _PREPOSITIONS:
                 break
-            if toks[j].text in _PREPOSITIONS - {"to", "by"}:
+            if toks[j].text in _PREPOSITIONS - {"to", "by"} and not (toks[j].text == "for" and _ACTION_NOUN.search(t.text)):
                 break
             j += 1
         if not doer:
@@ -1733,6 +1755,9 @@ def _roles(toks: list[_Token], v: _Vocabulary, scoped: dict[int, str]) -> set[st
                             receiver = receiver or parties[j][0]
                         else:
                             doer = parties[j][0]
+                            also = _conjoined(toks, parties, first, -1)
+                    elif toks[first - 1].text == "by" and first > 1 and toks[first - 2].text in _ASKING:
+                        doer = _subject_before(toks, parties, first - 2)  # "X should be asked by Y to approve": X
                     break
                 if toks[j].text in _BE or toks[j].text == "been":
                     passive = True
@@ -1753,11 +1778,47 @@ def _roles(toks: list[_Token], v: _Vocabulary, scoped: dict[int, str]) -> set[st
                     break
                 j -= 1
         doers[k] = doer
-        if doer and doer not in ("you", "them"):  # "they" names whom the text named before: no one new
-            out.add(f"{base} < {doer}")
-        if receiver and receiver not in ("you", "them", doer):
+        for party in (doer, *also):
+            if party and party != "you":
+                out.add(f"{base} < {party}")
+        if receiver and receiver not in ("you", doer):
             out.add(f"{base} > {receiver}")
     return out
+
+
+# Verbs whose object is asked to do what follows ("ask Elena to approve"; "Priya is asked by Elena to approve")
+_ASKING = frozenset(_words("ask asks asked tell tells told instruct instructs instructed request requests requested "
+                           "require requires required expect expects expected"))
+
+
+def _conjoined(toks: list[_Token], parties: dict[int, tuple[str, int]], at: int, step: int) -> list[str]:
+    """The parties joined by "and", "or" or a comma to the party at ``at``, going forward (``step`` 1)
+    or back (-1): "by Priya Shah or Tom Okafor", "Either Priya Shah or Tom Okafor can"."""
+    out: list[str] = []
+    first = parties[at][1]
+    while True:
+        link = max(x for x in parties if parties[x][1] == first) + 1 if step > 0 else first - 1
+        if not (0 <= link < len(toks)) or toks[link].text not in ("and", "or", "nor") or \
+                toks[link].clause != toks[at].clause:
+            return out
+        n = link + step
+        n += step if step > 0 and n < len(toks) and toks[n].text in ("the", "a", "an") else 0
+        if n not in parties or parties[n][0] in out:
+            return out
+        out.append(parties[n][0])
+        first = parties[n][1]
+
+
+def _subject_before(toks: list[_Token], parties: dict[int, tuple[str, int]], at: int) -> str:
+    """The party that opens the clause before ``at``, past modals, "be" and adverbs ("Priya Shah should be")."""
+    j = at - 1
+    while j >= 0 and toks[j].clause == toks[at].clause:
+        if j in parties:
+            return parties[j][0]
+        if toks[j].role not in ("ignore", "modal", "neg") and toks[j].text not in _BE:
+            return ""
+        j -= 1
+    return ""
 
 
 def _directions(toks: list[_Token], v: _Vocabulary) -> set[str]:
@@ -2028,8 +2089,10 @@ def _role_changes(before: Meaning, after: Meaning) -> list[str]:
     for base in sorted(a_doers):
         if base not in verbs_before:
             continue
-        new = sorted(a_doers[base] - b_doers.get(base, set()))
-        old = sorted(b_doers.get(base, set()) - a_doers[base])
+        was, now = b_doers.get(base, set()), a_doers[base]
+        # "they" stands for a party the text named before: it differs only from "we", which it cannot stand for
+        new = sorted(p for p in now - was if p != "them" or "us" in was)
+        old = sorted(p for p in was - now if p != "them" or "us" in now)
         if new and old:
             out.append(f"'{base}' by {', '.join(old)} became by {', '.join(new)}")
         elif new:
@@ -2039,7 +2102,10 @@ def _role_changes(before: Meaning, after: Meaning) -> list[str]:
                             | (b_receivers.get(base, set()) & a_doers.get(base, set()))):
             out.append(f"'{base}': {party} swapped doing and receiving it")
     for base in sorted(set(a_receivers) & set(b_receivers)):
-        if a_receivers[base] != b_receivers[base]:
+        was, now = b_receivers[base], a_receivers[base]
+        if "us" not in was | now:  # "them" is a party named before, unless the other text says "us"
+            was, now = was - {"them"}, now - {"them"}
+        if was and now and was != now:
             out.append(f"'{base}' to {', '.join(sorted(b_receivers[base]))} became to "
                        f"{', '.join(sorted(a_receivers[base]))}")
     for d in sorted(after.directions ^ before.directions):
@@ -2114,6 +2180,8 @@ def compare(before: Meaning, after: Meaning) -> list[str]:
         now = {c for c in after.correspondents if c.startswith(side + " ")}
         if was and now and was != now:
             changes.append(f"{'greeted' if side == 'to' else 'signed'} {', '.join(sorted(was))} became {', '.join(sorted(now))}")
+    if before.alternatives and after.alternatives:  # both branch: the branches must hold the same actions
+        changes += _pairs("otherwise-branch action", sorted(before.alternatives), sorted(after.alternatives), str, str)
     if after.disjunctions != before.disjunctions:
         more = after.disjunctions > before.disjunctions
         changes.append("connective 'and' became 'or'" if more else "connective 'or' became 'and'")

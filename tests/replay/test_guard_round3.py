@@ -112,3 +112,43 @@ def test_a_handle_opening_a_message_is_whom_it_asks() -> None:
     assert ok(original, "Tom, could you please pay INV-1019 today? Thank you.")
     assert reason(original, "@priya can u pay INV-1019 today? thx") == "greeted to tom became to priya"
     assert ok("hi team can u schedule payment of GBP 2340 for INV-1001", "Hi team, can you schedule payment of £2,340 for INV-1001?")
+
+
+# --- who does what to whom ------------------------------------------------------------------------
+
+def test_the_branch_an_action_is_in_is_kept() -> None:
+    original = "If the duplicate score for INV-1010 is 0.9 or more, hold it; otherwise pay it."
+    assert reason(original, "If the duplicate score for INV-1010 is 0.9 or more, pay it; otherwise hold it.") == \
+        "otherwise-branch action pay became hold"
+    assert ok(original, "If the duplicate score for INV-1010 is 0.9 or more, hold it. If not, pay it.")
+    assert ok(original, "Pay INV-1010 unless the duplicate score is 0.9 or more, in which case hold it.")
+
+
+def test_whom_a_party_is_asked_by_in_the_passive_is_the_asker() -> None:
+    original = "Sam Reid should ask Ana Lima to approve INV-1012."
+    assert reason(original, "Sam Reid should be asked by Ana Lima to approve INV-1012.") == \
+        "'approve' by ana lima became by sam reid"
+    assert ok(original, "Ana Lima should be asked by Sam Reid to approve INV-1012.")
+
+
+def test_the_party_after_an_action_noun_s_from_does_it() -> None:
+    original = "Sam Reid needs to request approval from the controller for INV-1002."
+    assert reason(original, "The controller needs to request approval from Sam Reid for INV-1002.") == \
+        "'approve' by controller became by sam reid"
+    assert ok("Request approval for INV-1003 from Ana Lima.", "Ask Ana Lima to approve INV-1003.")
+
+
+def test_parties_joined_by_or_share_the_role() -> None:
+    original = "Either Ana Lima or Sam Reid can approve INV-1001."
+    assert ok(original, "INV-1001 can be approved by Ana Lima or Sam Reid.")
+    assert not ok(original, "INV-1001 can be approved by Ana Lima or the controller.")
+
+
+def test_they_stands_for_a_party_named_but_never_for_us() -> None:
+    original = "Northwind Supplies may resend INV-1008, but we must not pay it twice."
+    assert reason(original, original.replace("we must", "they must")) == "'pay' by us became by them"
+    said = "Corvin Industrial says they owe us €1,200."
+    assert reason(said, "Corvin Industrial says we owe them €1,200.") == \
+        "'owe' by them became by us; 'owe': them swapped doing and receiving it; " \
+        "'owe': us swapped doing and receiving it; 'owe' to us became to them"
+    assert ok("Corvin Industrial owes us €1,200.", "Corvin Industrial owes us €1,200, they say.")
