@@ -21,6 +21,8 @@ from pathlib import Path
 import pytest
 from waits import EVENT_DEADLINE_S
 
+from plumbline_otel.store import Store
+
 PG_CTL_WAIT_S = str(int(EVENT_DEADLINE_S))  # pg_ctl -t: how long -w may wait for the server to start or stop
 
 
@@ -88,3 +90,15 @@ def _count() -> Iterator[int]:
 
 
 _counter = _count()
+
+
+@pytest.fixture
+def stores(tmp_path: Path) -> Iterator[dict[str, Store]]:
+    """Two instances' stores, ``a`` and ``b`` (``tmp_path/<name>.duckdb``), closed after the test: the lake commit tests
+    fill them (`lake_support.add_runs`) and sync each as its instance, round after round."""
+    opened = {name: Store(tmp_path / f"{name}.duckdb") for name in ("a", "b")}
+    try:
+        yield opened
+    finally:
+        for store in opened.values():
+            store.close()

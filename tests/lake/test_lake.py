@@ -19,6 +19,7 @@ from core.test_sources import _runs
 from replay.toy import ToyAgent, tasks
 from waits import EVENT_DEADLINE_S
 
+from lake.lake_support import misrouted_lake
 from plumbline_otel.cli.main import cli
 from plumbline_otel.ingest import ingest_files
 from plumbline_otel.lake import Lake, LakeReader, LakeSink, maintain, parse_lake_uri
@@ -168,16 +169,7 @@ def test_a_late_span_replaces_its_run_exactly_once(corpus: Path, tmp_path: Path)
 
 
 def test_a_misrouted_trace_is_named_and_left_out_as_across_files(corpus: Path, tmp_path: Path) -> None:
-    lake = str(tmp_path / "lake")
-    shutil.copy(corpus / "i0.duckdb", tmp_path / "i0.duckdb")
-    shutil.copy(corpus / "i1.duckdb", tmp_path / "i1.duckdb")
-    with Store(tmp_path / "i0.duckdb") as store:
-        stray = span_records(next(t for t in store.trajectories() if t.steps))
-    with Store(tmp_path / "i1.duckdb") as store:
-        store.write_spans(stray[1:])
-        store.assemble()
-    for shard in (0, 1):
-        _sync(tmp_path / f"i{shard}.duckdb", lake, f"i{shard}")
+    lake, stray = misrouted_lake(corpus, tmp_path)
     from plumbline_otel.sources import Sources
 
     files = Sources([str(tmp_path / "i0.duckdb"), str(tmp_path / "i1.duckdb")])

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from lake.lake_support import misrouted_lake
 from lake.test_lake import corpus  # noqa: F401 - the module's corpus fixture, shared
 from plumbline_otel.cli.main import cli
 from plumbline_otel.errors import ConfigError
@@ -122,17 +123,7 @@ def test_lake_metrics_say_when_it_last_committed_and_how_far_behind_it_is(corpus
 
 
 def test_check_through_the_lake_names_the_misrouted_traces_it_left_out(corpus: Path, tmp_path: Path) -> None:  # noqa: F811
-    lake = str(tmp_path / "lake")
-    shutil.copy(corpus / "i0.duckdb", tmp_path / "i0.duckdb")
-    shutil.copy(corpus / "i1.duckdb", tmp_path / "i1.duckdb")
-    with Store(tmp_path / "i0.duckdb") as store:
-        stray = span_records(next(t for t in store.trajectories() if t.steps))
-    with Store(tmp_path / "i1.duckdb") as store:
-        store.write_spans(stray[1:])
-        store.assemble()
-    for shard in (0, 1):
-        with Store(tmp_path / f"i{shard}.duckdb", read_only=True) as store:
-            LakeSink(Lake(lake), f"i{shard}").sync(store.connection)
+    lake, stray = misrouted_lake(corpus, tmp_path)
     done = CliRunner().invoke(cli, ["check", "--spec", str(corpus / "spec.yaml"), "--lake", lake, "--format", "json"])
     assert done.exit_code == 0, done.output
     assert [m["trace_id"] for m in json.loads(done.stdout)["misrouted_traces"]] == [stray[0].trace_id]
