@@ -253,15 +253,20 @@ _ASKED = frozenset(["you", "i", "we", "u"])
 _BOUND_NEGATION = (r"(?:(?:(?:may|must|should|shall|can|could|will|would|does|do|did|is|are|to)\s+)?(?:not|never)"
                    r"(?:\s+to)?|mustn't|can't|cannot|shouldn't|won't|isn't|aren't|doesn't|don't)"
                    r"(?:\s+(?:be|go|rise|run|get|come\s+to|amount\s+to))?")
+# a modal before a limit's verb is the limit's ("the payment can be at most £10,000", "must stay under"):
+# a limit holds however it is put, and the modal is no action's
+_LIMIT_MODAL = (r"(?:(?:may|must|should|shall|can|could|will|would|has\s+to|have\s+to|needs?\s+to|is\s+to)\s+(?:only\s+)?"
+                r"(?:(?:be|stay|remain|go|rise|run|get|come\s+to|amount\s+to|total|run\s+to)\s+)?)")
 # the words limits are stated in, known to the typo reader so that "exceeding" is not "excluding"
 _LIMIT_WORDS = """exceed exceeds exceeding exceeded excess maximum max minimum min capped cap ceiling limited limit
 restricted greater higher larger lower smaller fewer beneath precisely exactly above below under over within
 much least most"""
 _BOUND_BEFORE = re.compile(
-    r"\b(?P<b>(?:" + _BOUND_NEGATION + r"\s+)?(?:(?:limited|capped|restricted)\s+(?:to|at)\s+(?=a\s+m))?(?:"
+    r"\b(?P<b>(?:" + _LIMIT_MODAL + r")?(?:" + _BOUND_NEGATION + r"\s+)?(?:(?:limited|capped|restricted)\s+(?:to|at)\s+(?=a\s+m))?(?:"
     r"(?:less|lower|fewer|smaller|more|greater|higher|larger)\s+than\s+or\s+equal\s+to|"
     r"equal\s+to\s+or\s+(?:less|lower|fewer|smaller|more|greater|higher|larger)\s+than|"
     r"at\s+or\s+(?:below|under|beneath|above|over)|inside(?:\s+of)?|upwards\s+of|north\s+of|(?:a\s+)?limit(?:\s+of)?:?|"
+    r"reach(?:es|ed|ing)?|hit(?:s|ting)?|"
     r"up\s+to(?:\s+and\s+including)?(?:\s+a\s+(?:maximum|max|limit)\s+of)?|as\s+much\s+as|a\s+ceiling\s+of|a\s+cap\s+of|"
     r"no\s+more\s+than|not\s+more\s+than|at\s+(?:the\s+)?most|"
     r"a\s+maximum\s+of|maximum(?:\s+of)?|max\.?|capped\s+at|limited\s+to|a\s+limit\s+of|no\s+higher\s+than|"
@@ -286,6 +291,9 @@ _CONVERSE = {">": "<=", "<": ">=", "<=": ">", ">=": "<", "=": "!="}
 def _bound_of(phrase: str) -> str:
     """The relation a limit phrase states: <=, >=, >, < or =; a negated comparison states its converse."""
     p = re.sub(r"\s+", " ", phrase.lower()).strip()
+    p = re.sub(r"^" + _LIMIT_MODAL, "", p)
+    if re.match(r"(?:reach|hit)", p):
+        return ">="
     negation = re.match(_BOUND_NEGATION + r"\s+", p)
     if negation:
         return _CONVERSE[_bound_of(p[negation.end():])]
@@ -610,6 +618,7 @@ class Meaning:
     bare_modals: tuple[str, ...] = ()  # a modal that governs no action ("otherwise the controller may")
     correspondents: frozenset[str] = frozenset()  # "to priya" (greeted: the one asked), "from elena" (signed)
     alternatives: frozenset[str] = frozenset()  # actions of an "otherwise" branch ("if X, hold it; otherwise pay")
+    party_limits: frozenset[str] = frozenset()  # "approve < elena marsh @ <= 25000.00 GBP": who acts within which limit
     display: dict[str, str] = field(default_factory=dict, compare=False, hash=False)  # key -> text as written
 
     def show(self, key: str) -> str:
@@ -882,6 +891,7 @@ class _Sentence:
     id_starts: list[tuple[int, str]] = field(default_factory=list)  # where each id stands in the sentence
     clauses: list[str] = field(default_factory=list)
     clause_spans: list[tuple[int, int]] = field(default_factory=list)
+    quantity_starts: list[tuple[int, Quantity]] = field(default_factory=list)  # where each quantity stands
 
     def quote(self, tokens: list[_Token], at: _Token, back: int = 0) -> str:
         """The clause of ``at`` as written, from ``back`` tokens before it to the clause's end."""
@@ -1041,6 +1051,7 @@ def _read_quantities(s: _Sentence, work: str) -> str:
             cut_end += aside.end()
         right = Quantity(value, unit, is_currency, bound, side)
         s.quantities.append(right)
+        s.quantity_starts.append((cut_start, right))
         work = _blank(work, cut_start, cut_end)
     return work
 
@@ -1234,6 +1245,7 @@ def read_meaning(text: str, names: frozenset[str] | None = None, lexicon: Domain
     disjunctions = 0
     bare_modals: list[str] = []
     alternatives: set[str] = set()
+    party_limits: set[str] = set()
     display: dict[str, str] = {}
     for raw in _sentences(_normalise(text)):
         s = _parse_sentence(raw, v)
@@ -1254,7 +1266,9 @@ def read_meaning(text: str, names: frozenset[str] | None = None, lexicon: Domain
         for token, value in _scoped_actions(toks, bare, bare_modals):
             sentence_actions.append((token, value))
             display.setdefault(f"action:{value}", token.raw)
-        roles |= _roles(toks, v, {id(token): value for token, value in sentence_actions})
+        doers: dict[int, list[str]] = {}
+        roles |= _roles(toks, v, {id(token): value for token, value in sentence_actions}, doers)
+        party_limits |= _party_limits(s, doers)
         alternatives |= _alternative_branch(toks, sentence_actions)
         objects |= _id_objects(s)
         sequence |= _sequence(toks)
@@ -1288,10 +1302,10 @@ def read_meaning(text: str, names: frozenset[str] | None = None, lexicon: Domain
                 display.setdefault(f"entity:{name}", " ".join(dict.fromkeys(re.sub(r"'s$|'$", "", r.raw) for r in run)))
                 run = [t] if t.role == "unknown" else []
             if t.role == "action" and t.text.endswith(("ments", "als", "ions")) and any(q.bound for q in s.quantities):
-                multiplicity.add("any")  # a limit on "payments over €10,000" is one on "any payment over €10,000"
+                multiplicity.add("every")  # a limit on "payments over €10,000" is one on every payment over it
             elif t.role == "rel":
                 relations.add(t.value)
-            elif t.role == "mult" and (t.value != "any" or _counts_documents(toks, t, v)):
+            elif t.role == "mult" and (t.value not in _QUANTIFIERS or _counts_documents(toks, t, v)):
                 multiplicity.add(_UNIVERSAL.get(t.value, t.value))
             elif t.role == "doc+":
                 documents.add(t.value)
@@ -1326,7 +1340,20 @@ def read_meaning(text: str, names: frozenset[str] | None = None, lexicon: Domain
                    frozenset(facts), frozenset(redirects), frozenset(documents), frozenset(terms),
                    frozenset(roles), frozenset(objects), frozenset(sequence),
                    frozenset(directions | _implied_directions(directions)), disjunctions,
-                   tuple(sorted(bare_modals)), _correspondents(text), frozenset(alternatives), display)
+                   tuple(sorted(bare_modals)), _correspondents(text), frozenset(alternatives),
+                   frozenset(party_limits), display)
+
+
+def _party_limits(s: _Sentence, doers: dict[int, list[str]]) -> set[str]:
+    """Each doer bound to the limits said in its clause: "Elena Marsh approves payments up to £25,000;
+    David Brennan approves anything above that" says who approves which amounts."""
+    out: set[str] = set()
+    for k, (base, parties) in ((k, (_base(s.tokens[k].value), ps)) for k, ps in doers.items()):
+        start, end = s.clause_spans[s.tokens[k].clause]
+        for at, q in s.quantity_starts:
+            if q.bound and start <= at < end:
+                out |= {f"{base} < {party} @ {q.key}" for party in parties}
+    return out
 
 
 def _alternative_branch(toks: list[_Token], actions: list[tuple[_Token, str]]) -> set[str]:
@@ -1340,7 +1367,7 @@ def _alternative_branch(toks: list[_Token], actions: list[tuple[_Token, str]]) -
 
 
 # "all", "each" and "every" say the same of what a request acts on; "isn't" and "doesn't" say "not"
-_UNIVERSAL = {"all": "every", "each": "every"}
+_UNIVERSAL = {"all": "every", "each": "every", "any": "every"}
 _NEGATION_CANON = {"cannot": "not", **{w + "n't": "not" for w in _words(
     "is are was were do does did has have had ca wo should would could must need")}, "don't": "not"}
 
@@ -1414,12 +1441,22 @@ def _read_counterparties(toks: list[_Token], v: _Vocabulary) -> None:
             t.role, t.value = "rel", t.value if t.role == "rel" else _singular(t.text)
 
 
+# Universal quantifiers: over documents, parties or actions they say "every" ("any payment over £5,000",
+# "every payment", "all payments", "payments over £5,000"); over an amount ("any amount over …") nothing
+_QUANTIFIERS = frozenset(["any", "every", "each", "all"])
+
+
 def _counts_documents(toks: list[_Token], at: _Token, v: _Vocabulary) -> bool:
-    """Whether "any" ranges over documents or parties ("pay any invoice", "any vendor"), which it
-    multiplies, rather than over an amount ("any amount over GBP 25,000"), where it is generic."""
+    """Whether a quantifier ranges over documents, parties or actions ("pay any invoice", "any vendor",
+    "any Hansa Technik payment"), which it multiplies, rather than over an amount ("any amount over
+    GBP 25,000"), where it is generic."""
     index = next(i for i, t in enumerate(toks) if t is at)
     following = toks[index + 1] if index + 1 < len(toks) and toks[index + 1].clause == at.clause else None
-    return following is None or following.role in ("doc", "doc+", "unknown") or following.text in v.parties | {"of"}
+    head = next((t for t in toks[index + 1:] if t.clause == at.clause and t.role != "unknown"), None)
+    if head is not None and head.role == "action":
+        return True  # "any (Hansa Technik) payment over €10,000": every such payment
+    return following is None or following.role in ("doc", "doc+", "unknown", "mult") or following.text in v.parties | {
+        "of", "the", "these", "those", "them", "our", "their", "its"}
 
 
 def _soft_conditions(before: frozenset[str], after: frozenset[str]) -> tuple[frozenset[str], frozenset[str]]:
@@ -1594,7 +1631,9 @@ def _modality_of(value: str) -> tuple[str, str]:
 def _scoped_actions(toks: list[_Token], bare: list[str], bare_modals: list[str]) -> list[tuple[_Token, str]]:
     """Each action with the negation and modal that govern it.
 
-    A negation or modal governs the next action in its clause; a modal with no action after it
+    A negation or modal governs the next action in its clause, a modal only up to a condition or
+    "without" ("Payments of up to £3,000 may be made without further approval": the payments, not
+    the approval); a modal with no action after it (there)
     governs the last action before it in the clause ("Processing it is optional"), else it is kept
     on its own (bare). A negation with no action after it negates the last verb said, which English
     leaves out rather than repeats, when it ends its clause or goes before a preposition ("pay for
@@ -1607,8 +1646,8 @@ def _scoped_actions(toks: list[_Token], bare: list[str], bare_modals: list[str])
     mod: _Token | None = None
     clause_start = 0
 
-    def close() -> None:
-        nonlocal neg, mod
+    def settle_modal() -> None:
+        nonlocal mod
         if mod is not None:
             if len(out) > clause_start and not explicit[-1]:
                 token, value = out[-1]
@@ -1616,6 +1655,11 @@ def _scoped_actions(toks: list[_Token], bare: list[str], bare_modals: list[str])
                 explicit[-1] = True
             elif mod.value != "must":
                 bare_modals.append(str(mod.value))
+        mod = None
+
+    def close() -> None:
+        nonlocal neg, mod
+        settle_modal()
         if neg is not None and out and elided:
             token, value = out[-1]  # "pay for X, but not for Y": the verb left out is the last one said
             out.append((neg, _with_modality(_modality_of(value)[1], "must", True)))
@@ -1630,6 +1674,8 @@ def _scoped_actions(toks: list[_Token], bare: list[str], bare_modals: list[str])
         if t.clause != clause:
             close()
             clause, clause_start = t.clause, len(out)
+        if mod is not None and (t.role == "cond" or t.text == "without"):
+            settle_modal()  # a modal's reach ends where a condition opens: "may be made without approval", "… unless"
         if t.role == "neg":
             if neg is not None:
                 bare.append(neg.text)
@@ -1692,7 +1738,8 @@ _COMPLEMENT_VERBS = frozenset(_words("want wants wanted ask asks asked asking li
                                      "request requests requested requesting"))
 
 
-def _roles(toks: list[_Token], v: _Vocabulary, scoped: dict[int, str]) -> set[str]:
+def _roles(toks: list[_Token], v: _Vocabulary, scoped: dict[int, str],
+           doers_out: dict[int, list[str]] | None = None) -> set[str]:
     """Who does each action and to whom: "approve < controller", "may approve < sam", "pay > ashfield logistics".
 
     The doer is the party named by "by" after the action ("approved by the controller") or the
@@ -1702,7 +1749,8 @@ def _roles(toks: list[_Token], v: _Vocabulary, scoped: dict[int, str]) -> set[st
     "refer it to the treasury team"), or the party before it in the passive ("Kestrel Consulting
     must not be paid"). "You", the one asked, is nobody's role. An action keeps its modality
     (``scoped``, by token): "Tom may approve; otherwise the controller must" is not "the
-    controller may approve; otherwise Tom must".
+    controller may approve; otherwise Tom must". ``doers_out`` receives each action's doers by
+    token index.
     """
     parties = _parties(toks, v)
     doers: dict[int, str] = {}
@@ -1753,6 +1801,8 @@ def _roles(toks: list[_Token], v: _Vocabulary, scoped: dict[int, str]) -> set[st
                     if first == 0 or toks[first - 1].text not in _PREPOSITIONS or toks[first - 1].clause != t.clause:
                         if passive and not t.text.endswith("ing"):
                             receiver = receiver or parties[j][0]
+                        elif j == k - 1 and _ACTION_NOUN.search(t.text) and not toks[j].possessive:
+                            pass  # "any Hansa Technik payment": a name qualifying the noun (not "X's"), not its doer
                         else:
                             doer = parties[j][0]
                             also = _conjoined(toks, parties, first, -1)
@@ -1767,7 +1817,9 @@ def _roles(toks: list[_Token], v: _Vocabulary, scoped: dict[int, str]) -> set[st
                 if toks[j].text in _COMPLEMENT_VERBS:
                     break  # "Meridian wants it paid": who wants is not who pays
                 if toks[j].role == "action":
-                    doer = doers.get(j, "")
+                    joined = any(x.text in ("and", "or", "then") for x in toks[j + 1:k])
+                    if joined or not _ACTION_NOUN.search(t.text):  # "approve payments": an object, not a second act
+                        doer = doers.get(j, "")
                     break
                 if " " in toks[j].text and "you" in toks[j].text.split():
                     break  # "if you would process": the one asked
@@ -1781,6 +1833,8 @@ def _roles(toks: list[_Token], v: _Vocabulary, scoped: dict[int, str]) -> set[st
         for party in (doer, *also):
             if party and party != "you":
                 out.add(f"{base} < {party}")
+                if doers_out is not None:
+                    doers_out.setdefault(k, []).append(party)
         if receiver and receiver not in ("you", doer):
             out.add(f"{base} > {receiver}")
     return out
@@ -2139,6 +2193,20 @@ def _object_changes(before: Meaning, after: Meaning) -> list[str]:
             for verb in sorted(set(was) & set(now)) if was[verb] != now[verb]]
 
 
+def _party_limit_changes(before: Meaning, after: Meaning) -> list[str]:
+    """A limit both texts bind to doers, bound to other doers: who approves up to £25,000 changed."""
+    def by_limit(m: Meaning) -> dict[str, set[str]]:
+        out: dict[str, set[str]] = {}
+        for entry in m.party_limits:
+            role, limit = entry.split(" @ ", 1)
+            out.setdefault(limit, set()).add(role)
+        return out
+
+    was, now = by_limit(before), by_limit(after)
+    return [f"limit {limit}: {', '.join(sorted(was[limit]))} became {', '.join(sorted(now[limit]))}"
+            for limit in sorted(set(was) & set(now)) if was[limit] != now[limit]]
+
+
 def compare(before: Meaning, after: Meaning) -> list[str]:
     """What changed from ``before`` to ``after``, one phrase per change; empty when nothing did."""
     def shown(m: Meaning, prefix: str) -> Callable[[str], str]:
@@ -2180,6 +2248,7 @@ def compare(before: Meaning, after: Meaning) -> list[str]:
         now = {c for c in after.correspondents if c.startswith(side + " ")}
         if was and now and was != now:
             changes.append(f"{'greeted' if side == 'to' else 'signed'} {', '.join(sorted(was))} became {', '.join(sorted(now))}")
+    changes += _party_limit_changes(before, after)
     if before.alternatives and after.alternatives:  # both branch: the branches must hold the same actions
         changes += _pairs("otherwise-branch action", sorted(before.alternatives), sorted(after.alternatives), str, str)
     if after.disjunctions != before.disjunctions:

@@ -152,3 +152,46 @@ def test_they_stands_for_a_party_named_but_never_for_us() -> None:
         "'owe' by them became by us; 'owe': them swapped doing and receiving it; " \
         "'owe': us swapped doing and receiving it; 'owe' to us became to them"
     assert ok("Corvin Industrial owes us €1,200.", "Corvin Industrial owes us €1,200, they say.")
+
+
+# --- modality attached to the right action; limits bound to who acts ------------------------------
+
+def test_a_modal_before_a_limit_belongs_to_the_limit() -> None:
+    original = "The payment may not exceed £10,000."
+    for variant in ("The payment can be at most £10,000.", "The payment must stay within £10,000.",
+                    "The payment should not go over £10,000."):
+        assert ok(original, variant), reason(original, variant)
+    assert reason(original, "The payment can be at least £10,000.") == "amount <= 10000.00 GBP became >= 10000.00 GBP"
+    assert reason("Hold INV-1010 if the score is 0.7 or more.", "Hold INV-1010 if the score reaches 0.8.") == \
+        "quantity >= 0.7 became >= 0.8"
+
+
+def test_a_modal_s_reach_ends_where_a_condition_opens() -> None:
+    original = "You may pay INV-1017 up to £3,000 without further approval."
+    assert ok(original, "INV-1017 may be paid up to £3,000 without further approval.")
+    assert ok("No single payment may exceed £10,000 unless the controller approves it.",
+              "No single payment may go above £10,000 unless the controller has approved it.")
+    assert not ok(original, "You must pay INV-1017 up to £3,000 without further approval.")
+
+
+def test_any_every_and_a_plural_state_one_rule_and_this_one_does_not() -> None:
+    original = "The controller must approve any Hansa Technik payment over €10,000."
+    assert ok(original, "The controller must approve every Hansa Technik payment over €10,000.")
+    assert ok(original, "Hansa Technik payments over €10,000 must be approved by the controller.")
+    assert reason(original, "The controller must approve this Hansa Technik payment of over €10,000.") == \
+        "multiplicity 'every' dropped"
+
+
+def test_an_action_noun_after_a_verb_is_its_object_not_a_second_act() -> None:
+    original = "Any payment over £5,000 must be approved by the controller."
+    assert ok(original, "The controller must approve payments of more than £5,000.")
+    assert not ok(original, "Payments of more than £5,000 must approve the controller.")
+
+
+def test_who_acts_within_which_limit_is_kept() -> None:
+    original = "Ana Lima approves payments up to £25,000; Sam Reid approves anything above that."
+    swapped = "Sam Reid approves payments up to £25,000; Ana Lima approves anything above that."
+    assert reason(original, swapped) == \
+        "limit <= 25000.00 GBP: approve < ana lima became approve < sam reid; " \
+        "limit > 25000.00 GBP: approve < sam reid became approve < ana lima"
+    assert ok(original, "Payments up to £25,000 are approved by Ana Lima; anything over that is approved by Sam Reid.")
