@@ -450,6 +450,7 @@ class _Vocabulary:
     max_phrase: int
     action_forms: dict[str, str]  # every inflected form of an action, whatever else it could be read as
     known_words: frozenset[str]  # what the typo reader leaves as written
+    known_by_initial: dict[str, tuple[str, ...]]  # the known words by first letter, sorted: the typo reader's candidates
     parties: frozenset[str]
     counterparties: frozenset[str]
     transfers: frozenset[str]
@@ -543,7 +544,8 @@ def _vocabulary(lexicons: tuple[DomainLexicon, ...]) -> _Vocabulary:
         | set(_words(_LIMIT_WORDS)))
     return _Vocabulary(
         phrases, max(len(p.split()) for p in phrases),
-        {form: cls for cls, ps in {**synonyms, **verbs}.items() for p in ps for form in _forms(p)}, known, parties,
+        {form: cls for cls, ps in {**synonyms, **verbs}.items() for p in ps for form in _forms(p)}, known,
+        {c: tuple(sorted(w for w in known if w[:1] == c)) for c in {w[:1] for w in known}}, parties,
         frozenset(w for x in lexicons for w in x.counterparties),
         _TRANSFER | {w for x in lexicons for w in x.transfers},
         re.compile(r"\b(?P<p>" + "|".join(map(re.escape, prefixes)) + r")[\s#:]+(?P<n>\d{3,})\b", re.I) if prefixes else None,
@@ -1942,6 +1944,11 @@ def _allowed_edits(word: str) -> int:
     return 0 if len(word) < 4 else 1 if len(word) < 9 else 2
 
 
+# Particles and short prepositions, which slip into one another by one letter ("sign of on", "form us")
+_PARTICLES = frozenset(["of", "off", "on", "in", "out", "up", "to", "too", "for", "from", "form", "at", "as", "by", "into",
+                        "onto", "over", "with"])
+
+
 def correct_typos(original: str, variant: str, lexicon: DomainLexicon | None = None) -> str:
     """``variant`` with its misspelt words spelt as the original or the guard's lexicon spells them.
 
@@ -1952,8 +1959,10 @@ def correct_typos(original: str, variant: str, lexicon: DomainLexicon | None = N
     letter ("frm") or one swap ("nto").
     """
     v = _vocabulary(_lexicons(lexicon))
-    source = {re.sub(r"'s?$", "", w.lower()) for w in _WORD.findall(original)}
-    pool = sorted(source) + sorted(v.known_words - source)
+    said = [w.lower() for w in _WORD.findall(original)]
+    source = {re.sub(r"'s?$", "", w) for w in said}
+    ordered = sorted(source)
+    pairs = set(zip(said, said[1:]))
 
     def fix(m: re.Match[str]) -> str:
         raw = m.group(0)
@@ -1966,7 +1975,9 @@ def correct_typos(original: str, variant: str, lexicon: DomainLexicon | None = N
         word = raw.lower()
         if word in v.known_words or word in source:
             return raw
-        candidates = pool if len(word) >= 5 else sorted(source)  # a short word is likelier a word the guard lacks
+        # a short word is likelier a word the guard lacks than a slip: only the original's words are tried for it
+        candidates = ordered + [w for w in v.known_by_initial.get(word[0], ()) if w not in source] if len(word) >= 5 \
+            else ordered
         best, best_d = "", 3
         for cand in candidates:
             if cand[0] != word[0] and not (len(word) == 3 and sorted(cand) == sorted(word)):
@@ -1981,14 +1992,32 @@ def correct_typos(original: str, variant: str, lexicon: DomainLexicon | None = N
                 limit = _allowed_edits(max(word, cand, key=len))
                 d = _edit_distance(word, cand, limit) if limit and len(cand) >= 4 else 3
                 d = d if d <= limit else 3
-            if d < best_d or (d == best_d < 3 and _shared_prefix(word, cand) > _shared_prefix(word, best)):
-                best, best_d = cand, d  # at equal distance, the likelier slip keeps more of the word's start
+            if d < best_d or (d == best_d < 3 and (
+                    cand in source, _shared_prefix(word, cand), len(cand) == len(word)) > (
+                    best in source, _shared_prefix(word, best), len(best) == len(word))):
+                best, best_d = cand, d  # at equal distance: the original's own word, the one keeping more of its
+                # start, then one of the same length (a swap or a slip of one key keeps the length)
         if not best:
             return raw
         return best.upper() if raw.isupper() and len(raw) > 1 else best.capitalize() if raw[0].isupper() else best
 
+    def slips(sentence: str) -> str:
+        """A particle slipped into another ("sign of on" for the original's "sign off on"): a word of
+        ``_PARTICLES`` one edit from the particle the original puts after the same word."""
+        words = list(_WORD.finditer(sentence))
+        out, last = [], 0
+        for a, b in zip(words, words[1:]):
+            x, y = a.group(0).lower(), b.group(0).lower()
+            if y in _PARTICLES and (x, y) not in pairs:
+                meant = next((z for w, z in pairs if w == x and z in _PARTICLES and z != y
+                              and _edit_distance(y, z, 1) == 1), None)
+                if meant:
+                    out.append(sentence[last:b.start()] + meant)
+                    last = b.end()
+        return "".join(out) + sentence[last:]
+
     # chatter stays as written: a corrected word could make "the printer is out of toner" a request
-    return " ".join(s if _is_chatter(_parse_sentence(s, v)) else _WORD.sub(fix, s)
+    return "\n\n".join(s if _is_chatter(_parse_sentence(s, v)) else slips(_WORD.sub(fix, s))
                     for s in _sentences(_normalise(variant, expand=False)))
 
 

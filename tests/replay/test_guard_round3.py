@@ -195,3 +195,20 @@ def test_who_acts_within_which_limit_is_kept() -> None:
         "limit <= 25000.00 GBP: approve < ana lima became approve < sam reid; " \
         "limit > 25000.00 GBP: approve < sam reid became approve < ana lima"
     assert ok(original, "Payments up to £25,000 are approved by Ana Lima; anything over that is approved by Sam Reid.")
+
+
+# --- typos ------------------------------------------------------------------------------------------
+
+def test_a_slipped_particle_is_read_as_the_original_s() -> None:
+    original = "The controller must sign off on INV-1004 before Sam releases the payment."
+    assert ok(original, "The controler must sign of on INV-1004 before Sam releases the payment.")
+    assert ok("Process the invoice from Acme Ltd.", "Process the invoice form Acme Ltd.")
+    assert reason("Process the invoice from Acme Ltd.", "Process the invoice to Acme Ltd.") == \
+        "'from acme ltd' became 'to acme ltd'"
+
+
+def test_a_slip_is_read_as_the_original_s_own_word_before_the_lexicon_s() -> None:
+    original = "Hold the invoices from Delmar Packaging."
+    assert ok(original, "Hold the invoicse from Delmar Packaging.")  # not "invoice": the original's word, same length
+    assert ok(original, "Hold the invoices from Delar Packaging.")  # not "delay": the original's word
+    assert not ok(original, "Hold the invoice from Delmar Packaging.")
