@@ -8,29 +8,12 @@ point must be a cell of its own, its fault seen to reach the agent."""
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from plumbline_otel.replay.proxy.simulated import SimulatedProvider
-
-from .test_replay_frameworks_e2e import NODE_AGENT, SPEC, node_agent_packages, replay, scripted_model  # noqa: F401  (a fixture)
-from .toy import traffic_store
-
-
-@pytest.fixture(scope="module")
-def provider() -> Iterator[SimulatedProvider]:
-    sim = SimulatedProvider(scripted_model).start()
-    yield sim
-    sim.stop()
-
-
-@pytest.fixture
-def db(tmp_path: Path) -> Path:
-    (tmp_path / "spec.yaml").write_text(SPEC)
-    return traffic_store(tmp_path)
+from .frameworks_support import NODE_AGENT, replay
 
 
 @pytest.mark.slow

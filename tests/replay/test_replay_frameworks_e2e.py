@@ -8,83 +8,19 @@ provider is the **simulated** model (`replay.proxy.simulated`), reached only thr
 
 from __future__ import annotations
 
-import fcntl
-import hashlib
-import json
 import os
-import re
 import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
-import orjson
 import pytest
-from click.testing import CliRunner
 
-from plumbline_otel.cli.main import cli
-from plumbline_otel.replay.proxy.simulated import SimReply, SimulatedProvider
-from plumbline_otel.replay.proxy.wire import Api, request_tool_calls, tool_name
 from plumbline_otel.runs import is_record
 from plumbline_otel.store import Store
 
-from .toy import traffic_store
-
-ROOT = Path(__file__).resolve().parents[2]
-SPEC = """version: 1
-name: ap
-invariants:
-  - {id: PAY, severity: critical, must_call: pay}
-  - {id: LOOK-FIRST, severity: critical, ordering: [lookup_invoice, pay]}
-"""
-TOOLS = ("lookup_invoice", "pay")
-
-
-def scripted_model(api: Api, body: dict[str, Any]) -> SimReply:
-    """The simulated model: look the invoice up, then pay it, then say so (it never calls a decoy)."""
-    invoice = (re.findall(r"INV-\d+", orjson.dumps(body).decode()) or ["INV-0"])[0]
-    called = {c.name for c in request_tool_calls(api, body)}
-    offered = [tool_name(api, t) for t in body.get("tools") or []]
-    for tool in TOOLS:
-        if tool in offered and tool not in called:
-            return SimReply(tool_calls=[(tool, {"invoice_id": invoice})], input_tokens=200, output_tokens=20)
-    return SimReply(text=f"Paid {invoice}.", input_tokens=300, output_tokens=10)
-
-
-@pytest.fixture(scope="module")
-def provider() -> Any:
-    sim = SimulatedProvider(scripted_model).start()
-    yield sim
-    sim.stop()
-
-
-@pytest.fixture
-def db(tmp_path: Path) -> Path:
-    """Production traffic to take the tasks from (the toy agent's clean runs of two invoices)."""
-    (tmp_path / "spec.yaml").write_text(SPEC)
-    return traffic_store(tmp_path)
-
-
-ENV = {"OPENAI_API_KEY": "sk-not-a-real-key", "OPENAI_AGENTS_DISABLE_TRACING": "1", "OPENAI_BASE_URL": None}
-
-
-def replay(tmp_path: Path, db: Path, provider: Any, study: str, adapter: str, perturbations: str, *extra: str) -> tuple[Any, dict[str, Any]]:
-    runner = CliRunner()
-    spans = tmp_path / f"{study}.jsonl"
-    result = runner.invoke(cli, ["replay", "--db", str(db), "--study", study, "--agent", "toy-agent", "--service", f"{study}-agent@1",
-                                 "--adapter", adapter, "--adapter-option", f"cwd={ROOT}", "--adapter-option", "timeout_s=120",
-                                 "--perturbations", perturbations, "--proxy", "--upstream", f"openai={provider.openai_url}",
-                                 "--otlp-file", str(spans), "--concurrency", "2", "--trace-wait", "10", "--quiet", *extra], env=ENV)
-    assert result.exception is None or isinstance(result.exception, SystemExit), result.output
-    assert runner.invoke(cli, ["ingest", str(spans), "--db", str(db), "--quiet"]).exit_code in (0, 3)
-    out = tmp_path / f"{study}.cert.json"
-    certified = runner.invoke(cli, ["certify", "--spec", str(tmp_path / "spec.yaml"), "--db", str(db), "--study", study,
-                                    "--out", str(out), "--format", "none"])
-    assert certified.exit_code == 0, certified.output
-    return result, {c["perturbation"]: c for a in json.loads(out.read_text())["agents"] for c in a["perturbations"]}
-
+from .frameworks_support import ENV, NODE_AGENT, ROOT, replay
 
 WIRE = "baseline,decoy_tools,sampling,model_fault,tool_result_fault"
 
@@ -134,7 +70,6 @@ def test_an_mcp_tooled_agent_gets_its_tool_fault_from_the_mcp_proxy_and_an_unrou
 @pytest.mark.e2e
 def test_a_study_replays_offline_from_its_cassette_with_no_provider_call(tmp_path: Path, db: Path, provider: Any) -> None:
     """One command re-runs a decided study from its recording (`--cassette`), offline, and reproduces its certificate."""
-    import shutil
 
     offline_db = tmp_path / "offline.duckdb"
     shutil.copy(db, offline_db)
@@ -188,30 +123,6 @@ def test_plumbline_proxy_meters_and_records_an_agent_outside_a_study(tmp_path: P
             proc.wait(30)
     assert "witnessed 3 model call(s): 3 to the provider, 0 from the cassette" in out
     assert len(cassette.read_text().splitlines()) == 3
-
-
-NODE_AGENT = ROOT / "tests" / "replay" / "agents" / "node"
-
-
-@pytest.fixture(scope="session")
-def node_agent_packages() -> Path:
-    """The Node agent's one dependency (the openai npm package, at the version its package-lock.json pins),
-    installed here by `npm ci` when missing or older than the lock file; npm's cache makes a second
-    install offline. Skipped, saying how to enable it, only when Node or npm is not installed."""
-    node, npm = shutil.which("node"), shutil.which("npm")
-    if node is None or npm is None:
-        pytest.skip("Node.js and npm are not installed: `apt-get install -y nodejs npm` enables the Node agent test")
-    modules = NODE_AGENT / "node_modules"
-    installed = modules / ".package-lock.json"  # npm writes it last: its presence means the install finished
-    lock_path = Path(tempfile.gettempdir()) / f"plumbline-npm-{hashlib.sha256(bytes(NODE_AGENT)).hexdigest()[:16]}.lock"
-    with open(lock_path, "w") as lock:  # test runs side by side (several virtualenvs, one checkout) install once
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not installed.exists() or installed.stat().st_mtime < (NODE_AGENT / "package-lock.json").stat().st_mtime:
-            done = subprocess.run([npm, "ci", "--prefer-offline", "--no-audit", "--no-fund"], cwd=NODE_AGENT,
-                                  capture_output=True, text=True, timeout=900)
-            assert done.returncode == 0, f"`npm ci` in {NODE_AGENT} failed:\n{done.stdout}\n{done.stderr}"
-    assert (modules / "openai").is_dir(), f"`npm ci` in {NODE_AGENT} installed no openai package"
-    return modules
 
 
 @pytest.mark.slow
