@@ -448,6 +448,7 @@ class _Vocabulary:
 
     phrases: dict[str, tuple[str, str]]  # surface phrase -> (role, value)
     max_phrase: int
+    longest: dict[str, int]  # a phrase's first word -> the most words a phrase opening with it has
     action_forms: dict[str, str]  # every inflected form of an action, whatever else it could be read as
     known_words: frozenset[str]  # what the typo reader leaves as written
     known_by_initial: dict[str, tuple[str, ...]]  # the known words by first letter, sorted: the typo reader's candidates
@@ -542,8 +543,12 @@ def _vocabulary(lexicons: tuple[DomainLexicon, ...]) -> _Vocabulary:
         | set(_WEEKDAYS) | {w for c in _CURRENCY_WORDS for w in c.split()} | {c.lower() for c in _CURRENCY_CODES}
         | parties | _WE | _THEY | _PREPOSITIONS | {"you", "or", "more", "less", "than", "most", "least"}
         | set(_words(_LIMIT_WORDS)))
+    longest: dict[str, int] = {}
+    for phrase in phrases:
+        words = phrase.split()
+        longest[words[0]] = max(longest.get(words[0], 1), len(words))
     return _Vocabulary(
-        phrases, max(len(p.split()) for p in phrases),
+        phrases, max(len(p.split()) for p in phrases), longest,
         {form: cls for cls, ps in {**synonyms, **verbs}.items() for p in ps for form in _forms(p)}, known,
         {c: tuple(sorted(w for w in known if w[:1] == c)) for c in {w[:1] for w in known}}, parties,
         frozenset(w for x in lexicons for w in x.counterparties),
@@ -744,6 +749,7 @@ def _reworded_conditions(text: str) -> str:
     return _IN_WHICH_CASE.sub(lambda m: f"If {m.group('cond')}, {m.group('alt')}. Otherwise, {m.group('main')}", text)
 
 
+@lru_cache(maxsize=4096)  # each text is normalised by the typo reader, the name reader and the meaning reader
 def _normalise(text: str, *, expand: bool = True) -> str:
     """The text as the reader takes it; ``expand=False`` leaves contractions and appositions as
     written (the typo corrector returns the variant as its author wrote it, spelt right)."""
@@ -1106,7 +1112,7 @@ def _tokenise(s: _Sentence, work: str, v: _Vocabulary) -> None:
     # phrase matching: longest first, possessives stripped when the whole form is unknown
     i = 0
     while i < len(tokens):
-        for n in range(min(v.max_phrase, len(tokens) - i), 0, -1):
+        for n in range(min(v.longest.get(tokens[i].text, 1), len(tokens) - i), 0, -1):
             group = tokens[i:i + n]
             if len({t.clause for t in group}) > 1:
                 continue
