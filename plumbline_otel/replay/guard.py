@@ -1156,20 +1156,25 @@ def _parse_sentence(text: str, v: _Vocabulary) -> _Sentence:
 
 
 def _is_chatter(s: _Sentence) -> bool:
-    """A sentence that asks for nothing and mentions nothing the task is about; or an aside ("FYI …",
+    """A sentence that asks for nothing and mentions nothing the task is about (a plain count
+    included: "the coffee machine on floor 3 is broken again"); or an aside ("FYI …",
     "PS: …", "btw …") that names no document, id, sum of money or term of the trade, whatever it says."""
     if s.identifiers or any(q.currency for q in s.quantities) or s.currencies:
         return False
     if _ASIDE.match(s.text):
         return not any(t.role in ("doc", "doc+", "domain") for t in s.tokens)
-    if s.quantities:
-        return False
+    if any(q.unit == "%" or q.bound for q in s.quantities) or (s.quantities and any(
+            t.text in ("please", "pls", "plz", "kindly") for t in s.tokens)):
+        return False  # a plain count ("the printer on floor 3") says nothing of the task unless asked for
     return not any(t.role in ("action", "neg", "doc", "doc+", "domain", "cond", "fact", "rel") or t.text in _PRONOUNS
                    for t in s.tokens)
 
 
 _ASIDE = re.compile(r"^\W*(?:PS|P\.S\.|btw|by\s+the\s+way|fyi|unrelated|off\s+topic)\b", re.I)
 _CAPITALISED = re.compile(r"(?<![\w'-])[A-Z][A-Za-z]*(?:'[a-z]*)?")
+# after a capitalised word opening a sentence, what says it is a name: another capitalised word of the
+# name ("Ashfield Logistics says …") or a modal its bearer is the subject of ("Priya must review it")
+_NAME_NEXT = re.compile(r"(?:'s)?\s+(?:[A-Z][a-z]+\b(?!')|(?:must|should|can|could|may|might|will|shall|needs|alone)\b)")
 _OPENS = re.compile(r"(?:^|[.!?:;(\n\-*•]\s*|^\s*(?:\d+[.)]\s*)?)$")
 
 
@@ -1185,9 +1190,15 @@ def name_words(*texts: str) -> frozenset[str]:
         norm = _normalise(text)
         out |= {h.lower() for h in re.findall(r"(?<![\w.])@([A-Za-z][\w.]*)", norm)}  # "@tom": a handle names someone
         for m in _CAPITALISED.finditer(norm):
-            if m.group(0) != "I" and not _OPENS.search(norm[:m.start()]):
+            if m.group(0) != "I" and (not _OPENS.search(norm[:m.start()]) or _NAME_NEXT.match(norm, m.end())):
                 out.add(re.sub(r"'s?$", "", m.group(0).lower()))
     return frozenset(out)
+
+
+def ordinary_words(names: frozenset[str], *texts: str) -> frozenset[str]:
+    """The words the texts written in letter case use that are not names: what a text without case
+    (all lower or all upper case) means by the same words."""
+    return frozenset(w.lower() for text in texts if _cased(text) for w in re.findall(r"[A-Za-z]+", text)) - names
 
 
 def _cased(text: str) -> bool:
@@ -1196,8 +1207,12 @@ def _cased(text: str) -> bool:
     return any(c.isupper() for c in letters) and any(c.islower() for c in letters)
 
 
-def _place_unknown(toks: list[_Token], names: frozenset[str], cased: bool) -> None:
+def _place_unknown(toks: list[_Token], names: frozenset[str], cased: bool, ordinary: frozenset[str] = frozenset()) -> None:
     """Words no reading places are names only if written as names (see :func:`name_words`).
+
+    A text without letter case says nothing of names: there a word is a name unless the other text,
+    written in case, writes it as an ordinary word (``ordinary``: "pls pay ashfield logistics" against
+    "Please pay Ashfield Logistics" reads "pay" … alike and "ashfield logistics" as the name).
 
     The rest are ordinary words the guard cannot read ("word"): chatter and politeness ("sorry to
     bother you", "ta very much") mean nothing to the task, so they neither reject nor stand as
@@ -1206,7 +1221,7 @@ def _place_unknown(toks: list[_Token], names: frozenset[str], cased: bool) -> No
     dropped verb is a different task.
     """
     for i, t in enumerate(toks):
-        if t.role != "unknown" or not cased or t.text in names:
+        if t.role != "unknown" or t.text in names or not (cased or t.text in ordinary):
             continue
         following = toks[i + 1] if i + 1 < len(toks) and toks[i + 1].clause == t.clause else None
         if t.raw[:1].isupper() and following is not None and following.role == "unknown" and following.text in names:
@@ -1223,10 +1238,12 @@ _IMPERATIVE_OPENERS = frozenset(["please", "pls", "plz", "kindly", "then", "and"
                                  "could", "you", "so", "but", "or", "now"])
 
 
-def read_meaning(text: str, names: frozenset[str] | None = None, lexicon: DomainLexicon | None = None) -> Meaning:
+def read_meaning(text: str, names: frozenset[str] | None = None, lexicon: DomainLexicon | None = None,
+                 ordinary: frozenset[str] = frozenset()) -> Meaning:
     """The structured meaning of ``text`` (see the module docstring).
 
-    ``names`` are the words written as names (:func:`name_words`); by default, those of ``text``.
+    ``names`` are the words written as names (:func:`name_words`); by default, those of ``text``;
+    ``ordinary`` the words a text in letter case writes as ordinary words (:func:`ordinary_words`).
     ``lexicon`` is the domain's (by default, every installed domain's: :func:`_lexicons`).
     """
     v = _vocabulary(_lexicons(lexicon))
@@ -1265,7 +1282,7 @@ def read_meaning(text: str, names: frozenset[str] | None = None, lexicon: Domain
         dates |= s.dates
         display.update({f"date:{k}": shown for k, shown in s.date_display.items()})
         toks = s.tokens
-        _place_unknown(toks, names, cased)
+        _place_unknown(toks, names, cased, ordinary)
         _read_counterparties(toks, v)
         _settle_readings(s, v)
         _support_verbs(toks)
@@ -1583,7 +1600,8 @@ def _settle_readings(s: _Sentence, v: _Vocabulary) -> None:
             t.role, t.value = "cond", "until"  # "hold it pending the controller's approval": until it comes
         elif t.role == "cond" and t.text == "only" and _names_doer(toks, i, v):
             t.value = "only by"  # "may only be changed by the controller": only that party may
-        elif t.role == "action" and before is not None and before.text in ("who", "which") and i + 1 < len(toks):
+        elif t.role == "action" and before is not None and before.text in ("who", "which") and any(
+                not (x.role == "ignore" and " " in x.text) for x in toks[i + 1:]):  # politeness after it is no object
             t.role = "ignore"  # "Priya Shah, who raised the request": a description, not a step
         elif t.role == "ignore" and t.text in _PASSIVE_ONLY and before is not None and before.text in (
                 "be", "being", "get", "gets", "got", "getting"):
@@ -1688,7 +1706,9 @@ def _scoped_actions(toks: list[_Token], bare: list[str], bare_modals: list[str])
             if neg is not None:
                 bare.append(neg.text)
             neg = t
-            after = toks[i + 1] if i + 1 < len(toks) and toks[i + 1].clause == t.clause else None
+            # the word after it, past politeness ("…, not GBP, when you get a chance")
+            after = next((x for x in toks[i + 1:] if x.clause == t.clause and not (x.role == "ignore" and " " in x.text)),
+                         None)
             elided = after is None or after.text in _PREPOSITIONS
         elif neg is not None and neg.text == "without" and (t.text in _DETERMINERS or t.role in ("doc", "doc+", "domain",
                                                                                                 "unknown")):
@@ -2340,7 +2360,8 @@ def check_equivalent(original: str, variant: str, model: EquivalenceModel | None
     """
     corrected = correct_typos(original, variant, lexicon)
     names = name_words(original, corrected)
-    changes = compare(read_meaning(original, names, lexicon), read_meaning(corrected, names, lexicon))
+    ordinary = ordinary_words(names, original, corrected)
+    changes = compare(read_meaning(original, names, lexicon, ordinary), read_meaning(corrected, names, lexicon, ordinary))
     if changes:
         return GuardVerdict(False, tuple(changes))
     if model is not None:

@@ -212,3 +212,32 @@ def test_a_slip_is_read_as_the_original_s_own_word_before_the_lexicon_s() -> Non
     assert ok(original, "Hold the invoicse from Delmar Packaging.")  # not "invoice": the original's word, same length
     assert ok(original, "Hold the invoices from Delar Packaging.")  # not "delay": the original's word
     assert not ok(original, "Hold the invoice from Delmar Packaging.")
+
+
+# --- register, letter case, chatter ------------------------------------------------------------------
+
+def test_a_text_without_letter_case_reads_the_other_text_s_case() -> None:
+    original = "Approve INV-1011 from Hansa Technik only if David Brennan confirms the rate drop in writing."
+    assert ok(original, original.lower())
+    assert ok(original, original.upper())
+    assert not ok(original, original.lower().replace("david brennan", "grace liu"))
+
+
+def test_a_capitalised_word_opening_a_sentence_before_a_name_or_a_modal_is_a_name() -> None:
+    original = "Please process invoice INV-1008. Priya must review it and Sam must approve it."
+    assert reason(original, "Please process invoice INV-1008. Sam must review it and Priya must approve it.") == \
+        "'approve' by sam became by priya; 'review' by priya became by sam"
+    assert ok("Ashfield Logistics says we owe them £1,980.", "Hey team - ashfield Logistics says we owe them £1,980.")
+
+
+def test_a_plain_count_in_chatter_is_chatter() -> None:
+    original = "Please hold INV-1016 from Corvin Industrial."
+    assert ok(original, original + " Also, the coffee machine on floor 3 is broken again.")
+    assert not ok(original, original + " Also, pay 3 other invoices again.")
+
+
+def test_politeness_after_an_elided_negation_or_a_relative_clause_changes_nothing() -> None:
+    original = "Process INV-1005 and pay it in EUR, not GBP."
+    assert ok(original, "Process INV-1005 and pay it in EUR, not GBP, when you get a chance.")
+    relative = "Pay INV-1002 including the freight, which PO-2004 authorises up to £250."
+    assert ok(relative, relative.rstrip(".") + " when you get a chance.")
