@@ -19,33 +19,23 @@ import pytest
 from click.testing import CliRunner
 
 from plumbline_otel.cli.main import cli
-from plumbline_otel.replay.proxy.simulated import SimulatedProvider
 from plumbline_otel.store import Store
 
-from .mcp_ap_support import AGENT, FIXTURE, ROOT, SERVER, scripted_model
+from .mcp_ap_support import AGENT, ROOT, SERVER, production_runs, production_store, simulated_provider
 
 ENV = {"OPENAI_API_KEY": "sk-not-a-real-key", "OPENAI_AGENTS_DISABLE_TRACING": "1", "OPENAI_BASE_URL": None}
 
 
-@pytest.fixture
-def provider() -> Any:
-    sim = SimulatedProvider(scripted_model).start()
-    yield sim
-    sim.stop()
+provider = pytest.fixture(simulated_provider)
 
 
 @pytest.fixture
 def db(tmp_path: Path) -> Path:
-    """The production traffic: the framework fixture's six runs (the OpenAI Agents SDK over MCP, content captured)."""
-    path = tmp_path / "prod.duckdb"
-    assert CliRunner().invoke(cli, ["ingest", str(FIXTURE), "--db", str(path), "--quiet"]).exit_code == 0
-    return path
+    return production_store(tmp_path / "prod.duckdb")
 
 
 def task_key(db: Path) -> str:
-    with Store(db) as store:
-        store.assemble()
-        (key,) = {t.task_key for t in store.trajectories() if t.input == "Please pay invoice INV-1001 from Acme GmbH."}
+    (key,) = {t.task_key for t in production_runs(db)}
     assert key is not None
     return key
 

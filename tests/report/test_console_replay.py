@@ -11,35 +11,26 @@ import re
 import shutil
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
-from click.testing import CliRunner
 from pages_support import TOKEN, parse, serve
-from replay.mcp_ap_support import AGENT, FIXTURE, ROOT, SERVER, scripted_model
+from replay.mcp_ap_support import AGENT, ROOT, SERVER, production_runs, production_store, simulated_provider
 from waits import EVENT_DEADLINE_S, wait_for
 
-from plumbline_otel.cli.main import cli
 from plumbline_otel.replay.branch import ENV_ADAPTER, ENV_ARGS, ENV_DIR, ConsoleReplay
 from plumbline_otel.replay.proxy.simulated import SimulatedProvider
-from plumbline_otel.store import Store
 
 
 @pytest.fixture
 def db(tmp_path: Path) -> Path:
-    path = tmp_path / "prod.duckdb"
-    assert CliRunner().invoke(cli, ["ingest", str(FIXTURE), "--db", str(path), "--quiet"]).exit_code == 0
-    return path
+    return production_store(tmp_path / "prod.duckdb")
 
 
 def run_id(db: Path) -> str:
     """The INV-1001 task's latest run (the one `replay --task` takes as the task's source)."""
-    with Store(db) as store:
-        store.assemble()
-        runs = [t for t in store.trajectories() if t.input == "Please pay invoice INV-1001 from Acme GmbH."]
-    return max(runs, key=lambda t: (t.start_ns, t.trajectory_id)).trajectory_id
+    return max(production_runs(db), key=lambda t: (t.start_ns, t.trajectory_id)).trajectory_id
 
 
 def post(url: str, form: dict[str, str], token: str | None = TOKEN, **headers: str) -> httpx.Response:
@@ -51,11 +42,7 @@ def get(url: str) -> httpx.Response:
     return httpx.get(url, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=EVENT_DEADLINE_S)
 
 
-@pytest.fixture
-def provider() -> Iterator[SimulatedProvider]:
-    sim = SimulatedProvider(scripted_model).start()
-    yield sim
-    sim.stop()
+provider = pytest.fixture(simulated_provider)
 
 
 @pytest.mark.slow
