@@ -9,7 +9,7 @@ fresh DuckDB file: with the shard workers (one per core) and in one process (the
 stages timed in CPU time of the thread that ran them). Printed beside them, from the same run: the floor, a bare protobuf decode that reads
 every span's attributes; the JSON peer, `google.protobuf.json_format`; whether both ways stored
 identical trajectories; and one trace of `--long-trace` spans, for its peak memory. Peak memory is the
-process tree's: the writer, its workers and multiprocessing's resource tracker, summed at one moment.
+process tree's: the writer and its workers (with multiprocessing, its resource tracker), summed at one moment.
 """
 
 from __future__ import annotations
@@ -109,14 +109,14 @@ _PAGE_KIB = os.sysconf("SC_PAGE_SIZE") // 1024
 class _Peaks:
     """Peak memory of this process and its children (the shard workers), sampled every 25 ms.
 
-    The tree's peak is the sum of every process's RSS at one moment (the writer, each worker and
-    multiprocessing's resource tracker) and of the parts the workers left in memory for the writer
+    The tree's peak is the sum of every process's RSS at one moment (the writer and each worker, the
+    ones the first worker forked included) and of the parts the workers left in memory for the writer
     (`pipeline.spooled_bytes`), as `bench/ingest_otlp.py` measures a server. Sampling is
     kept cheap, because it runs in the process it measures: each tick reads one `statm` per
     process, and the children are looked up every 8th tick (reading every thread's `children` and
     `status` each tick took 4% of a core).
 
-    Not `RUSAGE_CHILDREN` for the workers: a spawned worker starts as a fork of this process, so its
+    Not `RUSAGE_CHILDREN` for the workers: a launched worker starts as a fork of this process, so its
     `ru_maxrss` is at least this process's size at that moment, before it runs a line of its own. A
     child still showing this process's command line is that fork (its pages are this process's) and
     is skipped until it has become the worker.
@@ -139,18 +139,26 @@ class _Peaks:
         return int(fields[1]) * _PAGE_KIB, int(fields[2]) * _PAGE_KIB
 
     def _children(self, me: int, own_command: bytes) -> list[int]:
-        found = []
-        for tid in os.listdir(f"/proc/{me}/task"):
+        """Every process below this one (the first shard worker forks the others: they are its children, not ours)."""
+        found, todo = [], [me]
+        while todo:
+            parent = todo.pop()
             try:
-                children = open(f"/proc/{me}/task/{tid}/children").read().split()
-            except OSError:  # the thread ended
+                tasks = os.listdir(f"/proc/{parent}/task")
+            except OSError:  # the process ended
                 continue
-            for pid in children:
+            for tid in tasks:
                 try:
-                    if open(f"/proc/{pid}/cmdline", "rb").read() != own_command:
-                        found.append(int(pid))
-                except OSError:  # the child ended
+                    children = open(f"/proc/{parent}/task/{tid}/children").read().split()
+                except OSError:  # the thread ended
                     continue
+                for pid in children:
+                    try:
+                        if open(f"/proc/{pid}/cmdline", "rb").read() != own_command:
+                            found.append(int(pid))
+                            todo.append(int(pid))
+                    except OSError:  # the child ended
+                        continue
         return found
 
     def _run(self) -> None:

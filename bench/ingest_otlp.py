@@ -12,9 +12,10 @@ change, so the load generators spend their CPU on sending, not on the SDK.
 Reported per server: spans/s *committed* (plumbline: `plumbline_spans_stored_total` from /metrics,
 which counts only committed rows; Phoenix: `count(*)` of its `spans` table), measured between the
 end of a warm-up and the end of the run; spans acknowledged; pushbacks; peak RSS of the server
-process tree. Then the ratio. Phoenix (`pip install arize-phoenix` in its own venv, e.g.
-`python -m venv /tmp/phoenix-venv && /tmp/phoenix-venv/bin/pip install arize-phoenix`) is started
-with its gRPC port bound to 127.0.0.1. Results also go to bench/out/ingest_otlp.json.
+process tree. Then the ratio. Before the load, the floor `bench/ingest_files.py` measures (a bare
+protobuf decode reading every attribute), on this bench's own requests, and serve's committed rate as
+a share of it. Phoenix (`pip install arize-phoenix` in its own venv, e.g. `python -m venv
+/tmp/phoenix-venv && /tmp/phoenix-venv/bin/pip install arize-phoenix`) is started with its gRPC port bound to 127.0.0.1. Results also go to bench/out/ingest_otlp.json.
 """
 
 from __future__ import annotations
@@ -155,6 +156,25 @@ def _worker(address: str, seconds: float, batch: int, threads: int, results: Any
 
 
 # --- measurement -----------------------------------------------------------------------------
+
+def floor_spans_per_s(batch: int, spans: int = 40_000) -> float:
+    """The floor `bench/ingest_files.py` measures, on this bench's requests: parse each one and read every span's
+    attributes, nothing else, in one process (issue 43's target: serve commits >= 20% of it under the load)."""
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    template = _template(batch)
+    bodies = [_fresh_ids(template) for _ in range(max(1, spans // batch))]
+    read, start = 0, time.perf_counter()
+    for body in bodies:
+        request = ExportTraceServiceRequest.FromString(body)
+        for rs in request.resource_spans:
+            for ss in rs.scope_spans:
+                for span in ss.spans:
+                    for kv in span.attributes:
+                        kv.value.string_value  # noqa: B018 - the read is the work
+                    read += 1
+    return read / (time.perf_counter() - start)
+
 
 def _tree_rss_mib(pid: int) -> float:
     """RSS of a process and its descendants, with the parts its shard workers left for it in memory (`/dev/shm`)."""
@@ -318,8 +338,13 @@ def main() -> None:
     print(f"load: {args.procs} processes x {args.threads} streams, {args.batch} spans/request, {size:.0f} B/span, "
           f"{args.duration:.0f}s per server, {os.cpu_count()} cores; hot path: {_native.BUILD}", flush=True)
     results: dict[str, Any] = {"bytes_per_span": round(size), "args": vars(args)}
+    floor = results["floor_spans_per_s"] = round(floor_spans_per_s(args.batch))
+    print(f"  floor (protobuf decode reading every attribute, one process, before the load): {floor:,} spans/s", flush=True)
     with tempfile.TemporaryDirectory(prefix="plumbline-bench-") as tmp:
         results["plumbline"] = bench_plumbline(args, Path(tmp))
+        share = results["plumbline"]["committed_spans_per_s"] / floor
+        results["plumbline"]["share_of_floor"] = round(share, 4)
+        print(f"  plumbline committed {share:.1%} of the floor (target >= 20%)", flush=True)
         if not args.no_phoenix and Path(args.phoenix_python).exists():
             results["phoenix"] = bench_phoenix(args, Path(tmp))
             ratio = results["plumbline"]["committed_spans_per_s"] / max(1, results["phoenix"]["committed_spans_per_s"])

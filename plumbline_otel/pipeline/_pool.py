@@ -2,19 +2,20 @@
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import gc
-import multiprocessing
+import json
 import os
 import queue
 import signal
+import subprocess
 import sys
 import threading
 import time
+import traceback
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import replace
+from multiprocessing.connection import Connection, wait
 from typing import Any
 
 from plumbline_otel.decode import Decoded, Unit
@@ -23,11 +24,21 @@ from plumbline_otel.pipeline._parts import Flushed, Part, SpanPart
 from plumbline_otel.pipeline._shard import Shard, ShardSettings
 from plumbline_otel.pipeline._spool import Spool
 
-_IN_FLIGHT_PER_WORKER = 8  # units queued for one worker before `submit` waits: bounds memory
+_IN_FLIGHT_PER_WORKER = 8  # messages queued for one worker before `submit` waits: bounds memory
 _WORKER_START_TIMEOUT = 60.0
-_PARENT_CHECK_SECONDS = 0.5  # how often a worker's watchdog thread checks that its writer is still alive
-_PR_SET_PDEATHSIG = 1  # prctl(2): the signal the kernel sends this process when its parent dies
-_PARENT_GONE_RT = 4  # that signal: SIGRTMIN + this, which nothing else sends
+# Where the first worker forks the others from itself once it has imported what a shard needs (`_first_worker`).
+_FORK_SHARED = sys.platform.startswith("linux")
+
+# What a worker process runs. It imports only what a shard needs: not numpy (pyarrow loads it when it can,
+# and a shard never uses it: 6 MiB of heap and ~10 MiB of library pages in every worker), not the
+# writer's `__main__` (multiprocessing's spawn ran it again in each worker: `python -m
+# plumbline_otel.cli.serve` cost every worker the gRPC server, DuckDB and the rest, 143 MiB).
+_BOOT = """import json, sys
+sys.path[:] = json.loads(sys.argv[1])
+sys.modules["numpy"] = None
+from plumbline_otel.pipeline._pool import _first_worker
+_first_worker(int(sys.argv[2]))
+"""
 
 
 def collect_less_often() -> None:
@@ -55,92 +66,153 @@ _COLLECT_SECONDS = 10.0
 def _leave(spool: Spool) -> None:
     """End this worker at once: its writer is gone, so nobody will read its parts or its spool."""
     spool.remove()
-    os._exit(1)  # not sys.exit: the queues' feeder threads would wait forever to flush into pipes nobody reads
+    os._exit(1)
 
 
-def _die_with_parent(parent: int, spool: Spool, kernel: bool) -> None:
-    """Leave as soon as the writer `parent` is gone, whatever the worker is doing then.
+def _first_worker(setup_fd: int) -> None:
+    """A launched worker process: reads its set-up, forks the pool's other workers it was given, then is shard `first`.
 
-    Killed with SIGKILL, a writer cannot tell its workers, and a worker may then be blocked for good:
-    in the middle of reading a unit the writer was writing when it died (the worker holds the write
-    end of its own inbox, so the read never ends), or at exit, its feeder thread flushing parts into
-    a pipe nobody reads. Two watchers, so either suffices:
-    - with `kernel` (Linux, the pool made on the main thread), prctl(PR_SET_PDEATHSIG) has the kernel
-      send a real-time signal the moment the thread that started the worker ends: the writer's main
-      thread ends only when the writer does (killed, its threads die one by one, and the worker may
-      briefly still see the same parent id). The signal is one nobody else sends, and its handler
-      removes the spool and exits (a blocked pipe read is interrupted for it);
-    - a watchdog thread polls the parent's id every `_PARENT_CHECK_SECONDS` and does the same.
-    The parent may have died before either was armed: checked once after both are.
+    Forked once it has imported everything a shard needs, the others share its pages instead of each
+    importing its own: the kernel copies no page table of a library's code, so a forked worker's
+    resident set holds only the library pages it touches (~8 MiB against ~40-65 MiB imported, most of
+    them pyarrow's), and its ~25 MiB of imported heap is one copy in memory (counted in each
+    process's RSS all the same). It is single-threaded when it forks: no thread has started yet.
     """
-    if kernel and sys.platform.startswith("linux"):
-        gone = signal.SIGRTMIN + _PARENT_GONE_RT
-        signal.signal(gone, lambda *_: _leave(spool))
-        with contextlib.suppress(OSError, AttributeError):
-            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, gone, 0, 0, 0)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the writer's to handle: it stops the pool
+    with Connection(setup_fd, writable=False) as setup:
+        settings, spool_path, ends = setup.recv()
+    spool = Spool(spool_path)
+    gc.freeze()  # the imported modules, out of the collector's sight (and a forked worker's pages unwritten)
+    forked = []
+    for index, inbox, outbox in ends[1:]:
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                _close_ends(ends, index)
+                _worker(index, settings, inbox, outbox, spool)
+                code = 0
+            except BaseException:
+                traceback.print_exc()
+            finally:
+                os._exit(code)  # never back into the first worker's code
+        forked.append(pid)
+    index, inbox, outbox = ends[0]
+    _close_ends(ends, index)
+    try:
+        _worker(index, settings, inbox, outbox, spool)
+    finally:
+        for pid in forked:
+            os.waitpid(pid, 0)
 
-    def watch() -> None:
-        while os.getppid() == parent:
-            time.sleep(_PARENT_CHECK_SECONDS)
-        _leave(spool)
 
-    threading.Thread(target=watch, name="plumbline-parent-watch", daemon=True).start()
-    if os.getppid() != parent:
-        _leave(spool)
+def _close_ends(ends: list[tuple[int, int, int]], keep: int) -> None:
+    """Close the pipe ends of every worker but `keep`: a writer sees a worker gone by the end of its outbox, which
+    needs every process that could write to it gone."""
+    for index, inbox, outbox in ends:
+        if index != keep:
+            os.close(inbox)
+            os.close(outbox)
 
 
-def _worker(index: int, settings: ShardSettings, inbox: Any, outbox: Any, spool: Spool, parent: int = 0,
-            kernel_watch: bool = False) -> None:
-    """A worker process: one shard, messages in order, parts out in order.
+def _worker(index: int, settings: ShardSettings, inbox_fd: int, outbox_fd: int, spool: Spool) -> None:
+    """A worker: one shard, messages in order, parts out in order.
 
-    It leaves when told (None), or when its parent (`parent`, the writer) is gone: a writer killed
-    with SIGKILL cannot say so, and a worker left waiting would hold its memory forever
-    (`_die_with_parent`).
+    It leaves when told (None), or when its writer is gone: only the writer holds the other end of
+    its pipes, so a writer killed with SIGKILL ends the worker's read (even one halfway through a
+    message) or its write, and the worker removes the spool nobody will read.
     """
-    _die_with_parent(parent or os.getppid(), spool, kernel_watch)
-    gc.freeze()  # the imported modules, out of the collector's sight for good
+    inbox, outbox = Connection(inbox_fd, writable=False), Connection(outbox_fd, readable=False)
     gc.disable()
     shard = Shard(index, settings)
-    outbox.put(("ready", None))  # every message is (part, its table's file in the spool or None)
     collected = time.monotonic()
     idle = IdleRelease()  # a burst's memory goes back once the worker is quiet (`memory.py`)
-    while True:
-        try:
-            message = inbox.get(timeout=_COLLECT_SECONDS)
-        except queue.Empty:
-            idle.release_if_due()
-            continue
-        if message is None:
-            return
-        kind, payload = message  # both rebound by the next message (the writer's ticks come every half interval)
-        if time.monotonic() - collected >= _COLLECT_SECONDS:
-            gc.collect()
-            collected = time.monotonic()
-        try:
-            if kind == "unit":
-                parts = shard.prepare(*payload)  # no local keeps the unit's bytes while the worker waits
-                idle.worked()
-            else:  # "assemble": quiet seconds, or None for everything
-                parts = shard.assemble_quiet(payload)
-                if parts:
+    try:
+        outbox.send(("ready", os.getpid()))
+        while True:
+            if not inbox.poll(_COLLECT_SECONDS):
+                idle.release_if_due()
+                continue
+            message = inbox.recv()
+            if message is None:
+                return
+            kind, payload = message  # both rebound by the next message (the writer's ticks come every half interval)
+            if time.monotonic() - collected >= _COLLECT_SECONDS:
+                gc.collect()
+                collected = time.monotonic()
+            try:
+                if kind == "unit":
+                    parts = shard.prepare(*payload)  # no local keeps the unit's bytes while the worker waits
                     idle.worked()
-                else:
-                    idle.release_if_due()
-        except Exception as exc:  # a bug costs this unit's spans of this shard, never the worker
-            if kind != "unit":
-                raise
-            parts = [SpanPart(payload[0], index, None, [], 0, 0, error=f"{type(exc).__name__}: {exc}")]
-        for part in parts:
-            outbox.put(spool.ship(part, index))
+                else:  # "assemble": quiet seconds, or None for everything
+                    parts = shard.assemble_quiet(payload)
+                    if parts:
+                        idle.worked()
+                    else:
+                        idle.release_if_due()
+            except Exception as exc:  # a bug costs this unit's spans of this shard, never the worker
+                if kind != "unit":
+                    raise
+                parts = [SpanPart(payload[0], index, None, [], 0, 0, error=f"{type(exc).__name__}: {exc}")]
+            for part in parts:
+                outbox.send(spool.ship(part, index))
+    except (EOFError, OSError):  # the writer is gone: the end of the inbox, or a broken outbox
+        _leave(spool)
+
+
+class _Inbox:
+    """A worker's inbox: messages wait here and a thread of their own sends them down the worker's pipe.
+
+    `put` waits only while `_IN_FLIGHT_PER_WORKER` messages wait, never for the worker to read: the
+    pipe holds 64 KiB and a unit is hundreds, so a send blocks until the worker takes it.
+    """
+
+    def __init__(self, index: int, fd: int) -> None:
+        self.connection = Connection(fd, readable=False)
+        self.broken = False  # the worker stopped reading (it exited)
+        self._waiting: queue.Queue[Any] = queue.Queue(_IN_FLIGHT_PER_WORKER)
+        self._thread = threading.Thread(target=self._send, name=f"plumbline-shard-{index}-send", daemon=True)
+        self._thread.start()
+
+    def put(self, message: Any, timeout: float) -> None:
+        """Queue `message` (None: the worker's last), waiting up to `timeout` seconds for room (`queue.Full`)."""
+        self._waiting.put(message, timeout=timeout)
+
+    def _send(self) -> None:
+        with self.connection:  # closed by this thread, which may be in the middle of a send when the pool closes
+            while True:
+                message = self._waiting.get()
+                try:
+                    self.connection.send(message)
+                except OSError:
+                    self.broken = True
+                    return
+                if message is None:
+                    return
+
+    def close(self) -> None:
+        """Send the worker its last message, unless it is gone or its inbox stays full (its pipe is then closed when the
+        worker exits)."""
+        if not self.broken:
+            try:
+                self.put(None, timeout=1.0)
+            except queue.Full:
+                return
+            self._thread.join(timeout=1.0)
 
 
 class ShardPool:
     """Shards behind one interface: `submit` units, `tick`/`flush` for assembly, `parts` to collect.
 
     With `workers` = 0 one in-process shard does the work as it is submitted. Otherwise each
-    worker process owns one shard; every unit goes to every worker, parts come back on one queue,
-    each worker's in the order it produced them, which is what lets the writer commit a shard's
+    worker process owns one shard; every unit goes to every worker, parts come back on each
+    worker's pipe in the order it produced them, which is what lets the writer commit a shard's
     spans before the trajectories assembled from them.
+
+    Workers are not started with multiprocessing: its spawn ran the writer's `__main__` again in every
+    worker and added a resource-tracker process (13 MiB), and each spawned worker imported its own
+    pyarrow. One process is launched (`_BOOT`), and on Linux it forks the others once it has
+    imported (`_first_worker`); elsewhere each worker is launched the same way.
     """
 
     def __init__(self, settings: ShardSettings | None = None, workers: int = 0, collector: bool = False) -> None:
@@ -149,32 +221,54 @@ class ShardPool:
         self.workers, self.collector = workers, collector
         self._ready: deque[Part] = deque()
         self._seq = 0
-        self._inboxes: list[Any] = []
-        self._procs: list[Any] = []
+        self._inboxes: list[_Inbox] = []
+        self._outboxes: list[Connection] = []
+        self._procs: list[subprocess.Popen[bytes]] = []
+        self._pids: list[int] = []
+        self._turn = 0  # the outbox read first when several have parts: each in turn
         self._spool: Spool | None = None
         if workers == 0:
             self._local: Shard | None = Shard(0, replace(settings, shards=1))
             return
         self._local = None
-        context = multiprocessing.get_context("spawn")  # no fork: the receiver runs threads
-        self._outbox = context.Queue()
-        self._inboxes = [context.Queue(maxsize=_IN_FLIGHT_PER_WORKER) for _ in range(workers)]
         self._spool = Spool.create()
         shard_settings = replace(settings, shards=workers)
-        # the kernel's parent-death signal follows the thread that started a worker: armed only when that is the main thread
-        kernel_watch = threading.current_thread() is threading.main_thread()
-        self._procs = [context.Process(target=_worker, args=(i, shard_settings, self._inboxes[i], self._outbox, self._spool,
-                                                             os.getpid(), kernel_watch),
-                                       name=f"plumbline-shard-{i}", daemon=True) for i in range(workers)]
         try:
-            for proc in self._procs:
-                proc.start()
+            ends = []
+            for index in range(workers):
+                inbox_r, inbox_w = os.pipe()
+                outbox_r, outbox_w = os.pipe()
+                self._inboxes.append(_Inbox(index, inbox_w))
+                self._outboxes.append(Connection(outbox_r, writable=False))
+                ends.append((index, inbox_r, outbox_w))
+            groups = [ends] if _FORK_SHARED else [[end] for end in ends]
+            for group in groups:
+                self._launch(group, shard_settings)
+            self._pids = [0] * workers
             for _ in range(workers):
-                if self._get(_WORKER_START_TIMEOUT) is None:
+                received = self._receive(_WORKER_START_TIMEOUT)
+                if received is None:
                     raise RuntimeError("shard workers did not start")
+                index, (_, pid) = received
+                self._pids[index] = pid
         except BaseException:  # one that did start is not left waiting for units that will never come
             self.close()
             raise
+
+    def _launch(self, ends: list[tuple[int, int, int]], settings: ShardSettings) -> None:
+        """Start one worker process for `ends` (each a worker's index and its pipes' ends): it forks the rest of them."""
+        assert self._spool is not None
+        setup_r, setup_w = os.pipe()
+        fds = [setup_r, *(fd for _, inbox, outbox in ends for fd in (inbox, outbox))]
+        try:
+            proc = subprocess.Popen([sys.executable, "-c", _BOOT, json.dumps(sys.path), str(setup_r)], pass_fds=fds,
+                                    stdin=subprocess.DEVNULL)
+        finally:
+            for fd in fds:
+                os.close(fd)  # the worker's now: the writer keeps only its own ends
+        self._procs.append(proc)
+        with Connection(setup_w, readable=False) as setup:
+            setup.send((settings, self._spool.path, ends))
 
     @property
     def next_seq(self) -> int:
@@ -229,13 +323,16 @@ class ShardPool:
             return self._ready.popleft()
         if self._local is not None:
             return None
-        part: Part | None = self._get(timeout)
+        received = self._receive(timeout)
+        if received is None:
+            return None
+        part: Part = Spool.land(received[1])
         return part
 
     @property
     def pids(self) -> list[int]:
         """The worker processes' ids (none in-process)."""
-        return [p.pid for p in self._procs if p.pid is not None]
+        return list(self._pids)
 
     @property
     def shards(self) -> int:
@@ -247,46 +344,53 @@ class ShardPool:
         while (part := self.next_part()) is not None:
             yield part
 
-    def _put(self, inbox: Any, message: Any) -> None:
+    def _put(self, inbox: _Inbox, message: Any) -> None:
         while True:  # while a worker's inbox is full, collect what the workers made so they can go on
             try:
                 inbox.put(message, timeout=0.05)
                 return
             except queue.Full:
                 self._check_alive()
-                if not self.collector and (part := self._get(0.0)) is not None:
+                if not self.collector and (part := self.next_part(0.0)) is not None:
                     self._ready.append(part)
 
-    def _get(self, timeout: float | None) -> Any:
+    def _receive(self, timeout: float | None) -> tuple[int, Any] | None:
+        """The next message from any worker, with the worker's index, each worker's in order; None if none came in time."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
-            wait = 0.5 if deadline is None else max(0.0, min(0.5, deadline - time.monotonic()))
-            try:
-                return Spool.land(self._outbox.get(timeout=wait) if wait > 0 else self._outbox.get_nowait())
-            except queue.Empty:
-                self._check_alive()
-                if deadline is not None and time.monotonic() >= deadline:
-                    return None
+            wait_s = 0.5 if deadline is None else max(0.0, min(0.5, deadline - time.monotonic()))
+            ready = wait(self._outboxes, wait_s)
+            if ready:
+                count = len(self._outboxes)
+                index = min((i for i, c in enumerate(self._outboxes) if c in ready), key=lambda i: (i - self._turn) % count)
+                self._turn = (index + 1) % count
+                try:
+                    return index, self._outboxes[index].recv()
+                except (EOFError, OSError):
+                    raise RuntimeError(f"shard worker plumbline-shard-{index} exited") from None
+            self._check_alive()
+            if deadline is not None and time.monotonic() >= deadline:
+                return None
 
     def _check_alive(self) -> None:
-        dead = [p.name for p in self._procs if not p.is_alive()]
+        dead = [f"plumbline-shard-{i}" for i, inbox in enumerate(self._inboxes) if inbox.broken]
+        dead += [f"process {p.pid}" for p in self._procs if p.poll() is not None]
         if dead:
             raise RuntimeError(f"shard worker(s) {', '.join(dead)} exited")
 
     def close(self) -> None:
         """Stop the workers (they hold nothing that is not also in the store or still to be flushed)."""
         for inbox in self._inboxes:
+            inbox.close()
+        for proc in self._procs:  # each waits for the workers it forked
             try:
-                inbox.put(None, timeout=1.0)
-            except queue.Full:
-                pass
-        for proc in self._procs:
-            if proc.pid is None:  # never started: `start()` itself failed (a spawn error is raised as it was)
-                continue
-            proc.join(timeout=5.0)
-            if proc.is_alive():
+                proc.wait(timeout=5.0)
+            except subprocess.TimeoutExpired:
                 proc.terminate()
-        self._procs = []
+                proc.wait()
+        for outbox in self._outboxes:  # a forked worker still running sees its writer gone, and leaves
+            outbox.close()
+        self._inboxes, self._outboxes, self._procs = [], [], []
         if self._spool is not None:
             self._spool.remove()
             self._spool = None

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import gc
 import json
-import multiprocessing
 import os
 import random
 import subprocess
@@ -34,7 +33,7 @@ from plumbline_otel.decode import Unit, iter_units
 from plumbline_otel.ingest import _UNITS_AHEAD, IngestSummary, _fed, ingest_files, transaction_spans
 from plumbline_otel.model import SpanRecord
 from plumbline_otel.normalise import Limits, normalise_request
-from plumbline_otel.pipeline import PartWriter, Shard, ShardPool, ShardSettings, SpanPart, TrajectoryPart, shard_of, spooled_bytes, spools
+from plumbline_otel.pipeline import PartWriter, Shard, ShardPool, ShardSettings, SpanPart, TrajectoryPart, _pool, shard_of, spooled_bytes, spools
 from plumbline_otel.pipeline._spool import Spool
 from plumbline_otel.store import ROW_GROUP_SIZE, SCHEMA_VERSION, Store
 
@@ -436,21 +435,39 @@ def test_ingest_takes_a_workers_flag(tmp_path: Path) -> None:
 
 
 def test_a_worker_that_cannot_be_started_is_reported_as_it_failed_and_the_started_one_stops(monkeypatch: pytest.MonkeyPatch) -> None:
-    from multiprocessing.context import SpawnProcess
+    monkeypatch.setattr(_pool, "_FORK_SHARED", False)  # a process launched per worker, as where there is no fork
+    started: list[subprocess.Popen[bytes]] = []
+    popen = subprocess.Popen
 
-    started: list[SpawnProcess] = []
-    start = SpawnProcess.start
-
-    def start_one(proc: SpawnProcess) -> None:
+    def launch_one(*args: Any, **kwargs: Any) -> subprocess.Popen[bytes]:
         if started:
             raise OSError("no more processes")
-        start(proc)
-        started.append(proc)
+        started.append(popen(*args, **kwargs))
+        return started[-1]
 
-    monkeypatch.setattr(SpawnProcess, "start", start_one)
+    monkeypatch.setattr(subprocess, "Popen", launch_one)  # the module _pool launches with
     with pytest.raises(OSError, match="no more processes"):
         ShardPool(ShardSettings(), workers=2)
-    assert len(started) == 1 and started[0].exitcode is not None
+    assert len(started) == 1 and started[0].returncode is not None
+
+
+@pytest.mark.skipif(not _pool._FORK_SHARED, reason="workers fork from the first only on Linux")
+def test_workers_fork_from_the_first_import_no_numpy_and_a_dead_one_is_reported() -> None:
+    """The first worker forks the others once it has imported (they share its pages), none maps numpy (a shard never
+    uses it: ~16 MiB a worker), and a forked worker that dies is reported by the end of its pipe (it is not the writer's
+    child, so nothing else would tell)."""
+    import signal
+
+    with ShardPool(ShardSettings(), workers=2) as pool:
+        first, forked = pool.pids
+        with open(f"/proc/{forked}/stat") as stat:
+            assert int(stat.read().rsplit(")", 1)[1].split()[1]) == first
+        for pid in pool.pids:
+            with open(f"/proc/{pid}/maps") as maps:
+                assert "numpy" not in maps.read(), f"worker {pid} loaded numpy"
+        os.kill(forked, signal.SIGKILL)
+        with pytest.raises(RuntimeError, match="plumbline-shard-1 exited"):
+            pool.next_part(timeout=EVENT_DEADLINE_S)
 
 
 @pytest.mark.slow
@@ -527,7 +544,7 @@ def test_shard_workers_leave_when_their_writer_is_killed(tmp_path: Path) -> None
 
 
 _MID_MESSAGE_WRITER = """
-import struct, sys, threading, time
+import os, struct, sys, threading, time
 from plumbline_otel.pipeline import ShardPool, ShardSettings
 if __name__ == '__main__':
     pools = []
@@ -540,7 +557,7 @@ if __name__ == '__main__':
         make()
     pool = pools[0]
     for inbox in pool._inboxes:  # each worker now reads a unit whose rest never comes (the writer dies mid-write)
-        inbox._writer._send(struct.pack("!i", 1 << 20) + b"partial")
+        os.write(inbox.connection.fileno(), struct.pack("!i", 1 << 20) + b"partial")
     print(' '.join(str(pid) for pid in pool.pids), flush=True)
     time.sleep(600)
 """
@@ -551,8 +568,8 @@ if __name__ == '__main__':
 def test_shard_workers_blocked_mid_message_leave_when_their_writer_is_killed(tmp_path: Path, made_on: str) -> None:
     """Issue 30 item 6: a worker reading a unit its killed writer never finished was blocked for good.
 
-    Made on the main thread, the kernel tells the workers (PR_SET_PDEATHSIG); made on another thread
-    (whose end would fire that signal too early, so it is not armed) the watchdog thread does.
+    Only the writer holds the other end of a worker's pipes, so its death ends the read, whichever thread made the
+    pool (one that has ended by then, here).
     """
     import signal
     import subprocess
@@ -599,8 +616,7 @@ def test_no_shard_worker_outlives_a_serve_killed_under_load(tmp_path: Path) -> N
         server.log_path = server.tmp_path / "serve.log"
         server.start()
         assert server.proc is not None
-        workers = [int(child) for task in Path(f"/proc/{server.proc.pid}/task").iterdir()
-                   for child in (task / "children").read_text().split()]
+        workers = _descendants(server.proc.pid)  # the first worker, and those it forked
         stop = threading.Event()
 
         def pump(port: int, stop: threading.Event) -> None:
@@ -631,6 +647,16 @@ def test_no_shard_worker_outlives_a_serve_killed_under_load(tmp_path: Path) -> N
             thread.join(10)
         assert not alive, f"round {round_}: processes {alive} outlived the killed server"
         assert not spools(server.proc.pid)
+
+
+def _descendants(pid: int) -> list[int]:
+    found, todo = [], [pid]
+    while todo:
+        for task in Path(f"/proc/{todo.pop()}/task").iterdir():
+            children = [int(child) for child in (task / "children").read_text().split()]
+            found.extend(children)
+            todo.extend(children)
+    return found
 
 
 def _running(pid: int) -> bool:
@@ -809,7 +835,7 @@ def test_an_input_that_fails_midway_or_a_failed_write_stops_the_feeder_and_the_w
     with Store(tmp_path / "s.duckdb") as store, pytest.raises(OSError, match="disk full"):
         ingest_files(store, [path], workers=2, batch_spans=50)
     assert not [t for t in threading.enumerate() if t.name == "plumbline-feed"]
-    assert not [p for p in multiprocessing.active_children() if p.name.startswith("plumbline-shard")]
+    assert not [pid for pid in _descendants(os.getpid()) if _running(pid) and b"_first_worker" in Path(f"/proc/{pid}/cmdline").read_bytes()]
 
 
 def test_in_one_process_a_failed_write_or_a_failed_input_stops_the_writer_thread(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
