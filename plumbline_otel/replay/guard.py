@@ -170,7 +170,9 @@ _VOCATIVE = re.compile(
     # a name alone, then a request: "Grace, please approve …", "@tom can u pay …"
     r"|@?[A-Z][a-z]+(?:\s+[A-Z][a-z]+)?\s*[,:]\s*(?=(?i:please|pls|plz|could|can|would|kindly)\b)"
     # a handle opening the message addresses whoever is asked ("@tom can u pay …")
-    r"|@[A-Za-z][\w.]*[\s,:]+)")
+    r"|@[A-Za-z][\w.]*[\s,:]+"
+    # a name and a colon opening the message ("Tom: INV-1020 has no PO, …")
+    r"|[A-Z][a-z]+(?:\s+[A-Z][a-z]+)?:\s+)")
 
 _NOT_A_UNIT = frozenset(_words(
     "a an the and or but for from by to of in on at as with against due before after until per each please "
@@ -511,7 +513,8 @@ def _vocabulary(lexicons: tuple[DomainLexicon, ...]) -> _Vocabulary:
     def multi(d: dict[str, str]) -> Iterable[tuple[str, str]]:
         return ((p, v) for p, v in d.items() if " " in p)
 
-    register("ignore", ((p, p) for p in _IGNORABLE_PHRASES))
+    # the text is read with its contractions written out: so is each phrase ("if you do not mind")
+    register("ignore", ((form, p) for p in _IGNORABLE_PHRASES for form in {p, expand_contractions(p)}))
     register("ignore", ((p, p) for p in _NOT_NEGATIONS))
     register("modal", multi(_MODALS))
     register("modal", ((p, v) for p, v in _MODALS.items() if " " not in p))
@@ -759,6 +762,7 @@ def _normalise(text: str, *, expand: bool = True) -> str:
     if expand:
         text = _amount_referents(_reworded_conditions(_appositions(expand_contractions(text))))
     text = re.sub(r"\(\s*(?=(?:PS|P\.S\.|btw|BTW|FYI|fyi)\b)", "\n\n", text)  # an aside in brackets stands alone
+    text = _SIGNATURE.sub("", text)
     text = _SIGN_OFF.sub("", text)  # after the asides: "Thanks, Elena (PS: …)" ends its line once the aside stands alone
     # a list's count ("Two things before Friday:") is the list's shape, not the task's: prose says it without one
     text = re.sub(r"\b(?:\d+|two|three|four|five|a\s+few|a\s+couple\s+of)\s+(?:things|points|tasks|requests|questions)\b",
@@ -770,6 +774,14 @@ def _normalise(text: str, *, expand: bool = True) -> str:
     # a negative determiner in a prepositional phrase negates the phrase: "against no other invoice" is
     # "not against any other invoice"
     text = re.sub(r"\b(against|to|for|from|with|into|on)\s+no\s+(?=\w)", r"not \1 any ", text, flags=re.I)
+    # "no one but X", "nobody except X", "none other than X" may act: "only X"
+    text = re.sub(r"\b(?:no\s*one|nobody|none|no\s+party)\s+(?:but|except|other\s+than|apart\s+from|besides)\s+", "only ",
+                  text, flags=re.I)
+    # "lacks a goods receipt" is "has no goods receipt"
+    text = re.sub(r"\b(lack|lacks|lacked)\s+(?:a|an|any)?\s*", lambda m: ("have" if m.group(1) == "lack" else "has") + " no ",
+                  text, flags=re.I)
+    # "after that", "afterwards" order what follows after what went before, as "then" does
+    text = re.sub(r"\b(?:after\s+that|after\s+this|afterwards|after\s+which)\b", "then", text, flags=re.I)
     # "not until X" is "only after X"
     text = re.sub(r"\bnot\s+until\b", "only after", text, flags=re.I)
     text = re.sub(r"\n[ \t]*(?:[-*•]|\d+[.)])[ \t]+", "; ", text)
@@ -789,6 +801,13 @@ def _normalise(text: str, *, expand: bool = True) -> str:
 # A sign-off ending a line ("Thanks, Tom", "- cheers", "ta, Priya") signs the request; it asks nothing.
 _SIGN_OFF = re.compile(r"(?:^|(?<=[\s,;.!?-]))(?i:many\s+thanks|thanks(?:\s+so\s+much|\s+again)?|thank\s+you|cheers|"
                        r"ta|thx|regards|best|kind\s+regards|best\s+regards|br)[\s,!.]*(?P<name>[A-Z][a-z]+)?[\s.!]*$", re.M)
+
+
+# A closing line ("Kind regards,", "Many thanks, and have a good weekend,") then only short lines with no
+# figure (the name, the title, the company) to the end: the signature, which asks nothing
+_SIGNATURE = re.compile(r"\n[ \t]*(?i:many\s+thanks|thanks|thank\s+you|cheers|regards|kind\s+regards|best\s+regards|"
+                        r"best\s+wishes|best|warm\s+regards|all\s+the\s+best|sincerely|yours\s+sincerely|ta|have\s+a\s+)"
+                        r"[^\n\d]{0,60}\n(?:[ \t]*[^\n\d]{1,60}(?:\n|$)){1,4}\s*$")
 
 
 def _correspondents(text: str) -> frozenset[str]:
@@ -1069,7 +1088,7 @@ _LOWER_CODE_PATTERN = re.compile(r"\b(" + "|".join(sorted(_LOWER_CODES)) + r")\b
 _CURRENCY_WORD_PATTERN = re.compile(
     r"\b(" + "|".join(re.escape(w) for w in sorted(_CURRENCY_WORDS, key=len, reverse=True)) + r")\b", re.I)
 # the side of a contrast a currency stands on: "in USD rather than EUR" is not "in EUR rather than USD"
-_CONTRASTED = re.compile(r"\brather\s+than\s+(?:in\s+|with\s+|the\s+)?$", re.I)
+_CONTRASTED = re.compile(r"\b(?:rather\s+than|not)\s+(?:in\s+|with\s+|the\s+)?$", re.I)
 
 
 def _read_currencies(s: _Sentence, work: str) -> str:
@@ -1516,6 +1535,8 @@ def _names_doer(toks: list[_Token], at: int, v: _Vocabulary) -> bool:
     return False
 
 
+# What states a participle as done ("INV-1003 was approved by David Brennan" is "David Brennan approved INV-1003")
+_STATED = frozenset(["been", "was", "were", "had", "has", "have"])
 # Participles that usually say where a document came from ("sent by", "issued by"), unless "be"
 # governs them ("it should be sent to Northwind")
 _PASSIVE_ONLY = {"sent": "forward", "issued": "create"}
@@ -1574,7 +1595,8 @@ def _settle_readings(s: _Sentence, v: _Vocabulary) -> None:
     - a document noun the lexicon also reads as a verb, where a request puts its verb, before a
       party, is the verb ("bill them");
     - a verb after "who" or "which" describes ("Priya, who raised the request"), it asks nothing;
-    - "sent" and "issued" say where a document came from, unless "be" governs them;
+    - "sent" and "issued" say where a document came from, unless "be" governs them or a condition
+      waits for them ("until a corrected invoice is sent by Kestrel" is "until Kestrel sends one");
     - "before" with a clause after it is a condition of time; "Anyway" opening a sentence turns
       the talk (an override only elsewhere); "falls in band B" says where, not which way;
     - "if not," ending its clause is "otherwise".
@@ -1589,7 +1611,7 @@ def _settle_readings(s: _Sentence, v: _Vocabulary) -> None:
         after = toks[i + 1] if i + 1 < len(toks) and toks[i + 1].clause == t.clause else None
         if t.role == "fact" and t.text in v.action_forms and (before is None or before.text in (
                 "be", "being", "get", "gets", "got", "getting", "and", "please", "to", "then", "also", "kindly")
-                or (after is not None and after.text == "by" and (before is None or before.text != "been"))
+                or (after is not None and after.text == "by" and (before is None or before.text not in _STATED))
                 or any(c.role == "cond" and c.text in _EVENT_CONDITIONS for c in toks[first_of_clause[t.clause]:i])):
             t.role, t.value = "action", v.action_forms[t.text]
         elif t.role == "fact" and before is not None and before.text in ("has", "have", "had", "been") and any(
@@ -1603,9 +1625,10 @@ def _settle_readings(s: _Sentence, v: _Vocabulary) -> None:
         elif t.role == "action" and before is not None and before.text in ("who", "which") and any(
                 not (x.role == "ignore" and " " in x.text) for x in toks[i + 1:]):  # politeness after it is no object
             t.role = "ignore"  # "Priya Shah, who raised the request": a description, not a step
-        elif t.role == "ignore" and t.text in _PASSIVE_ONLY and before is not None and before.text in (
-                "be", "being", "get", "gets", "got", "getting"):
-            t.role, t.value = "action", _PASSIVE_ONLY[t.text]  # "should be sent to …" asks for it to be sent
+        elif t.role == "ignore" and t.text.split()[0] in _PASSIVE_ONLY and before is not None and (before.text in (
+                "be", "being", "get", "gets", "got", "getting") or (before.text in _BE and any(
+                    c.role == "cond" and c.text in _EVENT_CONDITIONS for c in toks[first_of_clause[t.clause]:i]))):
+            t.role, t.value = "action", _PASSIVE_ONLY[t.text.split()[0]]  # "should be sent to …" asks for it to be sent
         elif t.role == "dir" and t.text.startswith(("fall", "fell")) and after is not None and after.text in (
                 "in", "into", "within", "under", "outside"):
             t.role = "ignore"  # "it falls in band B": where it belongs, not which way it moves
@@ -1794,6 +1817,8 @@ def _roles(toks: list[_Token], v: _Vocabulary, scoped: dict[int, str],
             doers[k] = ""
             continue  # "the vendor hold is lifted": a noun, the subject of "is", neither done nor received
         j = k + 1
+        if t.text.endswith(" by") and j in parties:  # "is sent by Kestrel": a participle read with its "by"
+            doer, j = parties[j][0], len(toks)
         while j < len(toks) and toks[j].clause == t.clause and toks[j].role != "action":
             if toks[j].text in ("and", "or", "but"):
                 break  # "review it and Sam must approve it": Sam is the next clause's doer

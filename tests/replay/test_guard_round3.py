@@ -241,3 +241,43 @@ def test_politeness_after_an_elided_negation_or_a_relative_clause_changes_nothin
     assert ok(original, "Process INV-1005 and pay it in EUR, not GBP, when you get a chance.")
     relative = "Pay INV-1002 including the freight, which PO-2004 authorises up to £250."
     assert ok(relative, relative.rstrip(".") + " when you get a chance.")
+
+
+# --- said one way: contrasts, exceptions, lacks, order words, signatures, stated participles ----------
+
+def test_a_currency_after_not_is_the_one_refused() -> None:
+    original = "Pay INV-1005 in euros, not pounds."
+    assert reason(original, "Pay INV-1005 in pounds, not euros.") == "currency GBP added; currency rather than EUR added; " \
+        "currency EUR dropped; currency rather than GBP dropped"
+    assert ok(original, "Please pay INV-1005 in euros, not pounds.")
+
+
+def test_no_one_but_is_only_and_lacks_is_has_no() -> None:
+    assert ok("Only the CFO may approve payments over £100,000.", "No one but the CFO may approve payments over £100,000.")
+    assert ok("Hold any invoice over £25,000 that has no goods receipt.",
+              "Hold any invoice above £25,000 that lacks a goods receipt.")
+    assert not ok("Hold any invoice over £25,000 that has no goods receipt.",
+                  "Hold any invoice above £25,000 that has a goods receipt.")
+
+
+def test_after_that_orders_as_then_does() -> None:
+    original = "The requester must confirm delivery and the budget holder must approve the spend; AP then pays."
+    assert ok(original, "The requester must confirm delivery and the budget holder must approve the spend; after that AP pays.")
+
+
+def test_politeness_is_read_with_its_contractions_written_out() -> None:
+    original = "Three things:\n1. Post the audit entry for INV-1001.\n2. Send Hansa Technik the remittance for INV-1005."
+    assert ok(original, "If you don't mind, " + original[0].lower() + original[1:])
+
+
+def test_a_signature_block_after_a_closing_line_asks_nothing() -> None:
+    original = "Dear AP team,\n\nINV-1022 quotes a closed PO, so it should be held.\n\nKind regards,\nOlu Adeyemi\nProcurement"
+    assert ok(original, original.replace("Kind regards,", "Many thanks, and have a good weekend,"))
+    assert not ok(original, original.replace("should be held", "should be paid"))
+
+
+def test_a_participle_stated_with_by_is_a_fact_like_its_active() -> None:
+    assert ok("David Brennan approved INV-1003 on 2 March 2026.", "INV-1003 was approved by David Brennan on 2 March 2026.")
+    assert ok("Hold INV-1007 until Kestrel Consulting sends a corrected invoice.",
+              "Hold INV-1007 until a corrected invoice is sent by Kestrel Consulting.")
+    assert not ok("INV-1003 must be approved by David Brennan.", "INV-1003 was approved by David Brennan.")
