@@ -128,6 +128,8 @@ _RELATIVE_DATE = re.compile(
     + "|".join(_WEEKDAYS) + r")"
     r"|(?:the\s+)?(?P<edge>end|start|beginning)\s+of\s+(?:the\s+)?(?P<span>day|week|month|quarter|year)"
     r"|(?P<wd>" + "|".join(_WEEKDAYS) + r"))\b", re.I)
+_FREQUENCY = re.compile(r"\b(?:every|each)\s+(?:day|week|month|quarter|year|morning|evening|" + "|".join(_WEEKDAYS) + r")\b",
+                        re.I)
 _DATE_RELATION = re.compile(
     r"(?P<rel>no\s+later\s+than|not\s+later\s+than|on\s+or\s+before|no\s+earlier\s+than|not\s+earlier\s+than|"
     r"not\s+before|on\s+or\s+after|not\s+after|prior\s+to|before|until|till|due\s+by|due\s+on|"
@@ -231,7 +233,7 @@ _MODALS = {"must": "must", "should": "must", "shall": "must", "have to": "must",
            "if you want": "may", "if you wish": "may", "if you prefer": "may", "up to you": "may",
            "your call": "may", "at your discretion": "may", "consider": "may", "considering": "may",
            "entitled to": "may", "welcome to": "may", "may want to": "may", "might want to": "may",
-           "need not": "exempt", "needn't": "exempt", "don't have to": "exempt", "do not have to": "exempt",
+           "need not": "exempt", "needn't": "exempt", "need be": "need", "needs be": "need", "don't have to": "exempt", "do not have to": "exempt",
            "doesn't have to": "exempt", "does not have to": "exempt", "not required to": "exempt",
            "not obliged to": "exempt", "not necessary to": "exempt",
            "don't need to": "exempt", "do not need to": "exempt",
@@ -245,7 +247,8 @@ _MODALS = {"must": "must", "should": "must", "shall": "must", "have to": "must",
            "is permitted": "may", "are allowed": "may", "are permitted": "may", "tolerated": "may",
            "unacceptable": "prohibit", "not acceptable": "prohibit", "is not acceptable": "prohibit",
            "is not ok": "prohibit", "is not okay": "prohibit", "is not fine": "prohibit", "is not allowed": "prohibit"}
-_MODAL_NAMES = {"must": "obligation", "may": "permission", "exempt": "exemption", "prohibit": "prohibition"}
+_MODAL_NAMES = {"must": "obligation", "need": "obligation", "may": "permission", "exempt": "exemption",
+                "prohibit": "prohibition"}
 # "can"/"could" open a request, not a permission, when they ask ("Could you …", "Can invoice X be …").
 _REQUEST_MODALS = frozenset(["can", "could"])
 _ASKED = frozenset(["you", "i", "we", "u"])
@@ -629,6 +632,7 @@ class Meaning:
     correspondents: frozenset[str] = frozenset()  # "to priya" (greeted: the one asked), "from elena" (signed)
     alternatives: frozenset[str] = frozenset()  # actions of an "otherwise" branch ("if X, hold it; otherwise pay")
     party_limits: frozenset[str] = frozenset()  # "approve < elena marsh @ <= 25000.00 GBP": who acts within which limit
+    aside_names: frozenset[str] = frozenset()  # the name words of sentences that ask nothing ("this is Jana from …")
     display: dict[str, str] = field(default_factory=dict, compare=False, hash=False)  # key -> text as written
 
     def show(self, key: str) -> str:
@@ -782,6 +786,9 @@ def _normalise(text: str, *, expand: bool = True) -> str:
                   text, flags=re.I)
     # "after that", "afterwards" order what follows after what went before, as "then" does
     text = re.sub(r"\b(?:after\s+that|after\s+this|afterwards|after\s+which)\b", "then", text, flags=re.I)
+    # a gapped clause joined by "and" is a clause of its own: "Tom can approve up to £5,000 and Elena up to £25,000"
+    text = re.sub(r",?\s+and\s+(?=(?:[A-Z][\w'-]*\s+){1,3}(?:up\s+to|over|under|above|below|at\s+most|at\s+least|"
+                  r"no\s+more\s+than|anything)\b)", ", ", text)
     # "not until X" is "only after X"
     text = re.sub(r"\bnot\s+until\b", "only after", text, flags=re.I)
     text = re.sub(r"\n[ \t]*(?:[-*•]|\d+[.)])[ \t]+", "; ", text)
@@ -973,6 +980,11 @@ def _read_dates(s: _Sentence, work: str) -> str:
             s.dates.add(key)
             s.date_display[key] = key
             work = _blank(work, start, m.end())
+    for m in list(_FREQUENCY.finditer(work)):  # "every week", "each Monday": how often, a date of its own
+        key = "every " + re.sub(r"^(?:every|each)\s+", "", m.group(0).lower())
+        s.dates.add(key)
+        s.date_display[key] = m.group(0)
+        work = _blank(work, m.start(), m.end())
     for m in list(_RELATIVE_DATE.finditer(work)):
         g = m.groupdict()
         if g["simple"]:
@@ -1290,10 +1302,12 @@ def read_meaning(text: str, names: frozenset[str] | None = None, lexicon: Domain
     bare_modals: list[str] = []
     alternatives: set[str] = set()
     party_limits: set[str] = set()
+    aside_names: set[str] = set()
     display: dict[str, str] = {}
     for raw in _sentences(_normalise(text)):
         s = _parse_sentence(raw, v)
         if _is_chatter(s):
+            aside_names.update(t.text for t in s.tokens if t.role == "unknown" and t.text in names)
             continue
         identifiers |= s.identifiers
         quantities += s.quantities
@@ -1311,11 +1325,14 @@ def read_meaning(text: str, names: frozenset[str] | None = None, lexicon: Domain
             sentence_actions.append((token, value))
             display.setdefault(f"action:{value}", token.raw)
         doers: dict[int, list[str]] = {}
-        roles |= _roles(toks, v, {id(token): value for token, value in sentence_actions}, doers)
-        party_limits |= _party_limits(s, doers)
+        scoped = {id(token): value for token, value in sentence_actions}
+        roles |= _roles(toks, v, scoped, doers)
+        bound_doers = _party_limits(s, doers, v, scoped)
+        party_limits |= bound_doers
+        roles |= {entry.split(" @ ", 1)[0] for entry in bound_doers}  # a gapped clause's party does its verb
         alternatives |= _alternative_branch(toks, sentence_actions)
         objects |= _id_objects(s)
-        sequence |= _sequence(toks)
+        sequence |= _sequence(toks, scoped)
         directions |= _directions(toks, v) | s.id_directions
         disjunctions += sum(t.text == "or" and (i == 0 or toks[i - 1].text != "whether") for i, t in enumerate(toks))
         sentence_conditions: set[str] = set()
@@ -1385,18 +1402,33 @@ def read_meaning(text: str, names: frozenset[str] | None = None, lexicon: Domain
                    frozenset(roles), frozenset(objects), frozenset(sequence),
                    frozenset(directions | _implied_directions(directions)), disjunctions,
                    tuple(sorted(bare_modals)), _correspondents(text), frozenset(alternatives),
-                   frozenset(party_limits), display)
+                   frozenset(party_limits), frozenset(aside_names), display)
 
 
-def _party_limits(s: _Sentence, doers: dict[int, list[str]]) -> set[str]:
+def _party_limits(s: _Sentence, doers: dict[int, list[str]], v: _Vocabulary, scoped: dict[int, str]) -> set[str]:
     """Each doer bound to the limits said in its clause: "Elena Marsh approves payments up to £25,000;
-    David Brennan approves anything above that" says who approves which amounts."""
+    David Brennan approves anything above that" says who approves which amounts. A clause that names
+    a party and a limit and no verb repeats the verb before it ("Tom can approve up to £5,000, Elena
+    up to £25,000": Elena approves up to £25,000)."""
+    def limits(clause: int) -> list[Quantity]:
+        start, end = s.clause_spans[clause]
+        return [q for at, q in s.quantity_starts if q.bound and start <= at < end]
+
     out: set[str] = set()
-    for k, (base, parties) in ((k, (_base(s.tokens[k].value), ps)) for k, ps in doers.items()):
-        start, end = s.clause_spans[s.tokens[k].clause]
-        for at, q in s.quantity_starts:
-            if q.bound and start <= at < end:
-                out |= {f"{base} < {party} @ {q.key}" for party in parties}
+    def verb(t: _Token) -> str:
+        return _base(scoped.get(id(t), t.value))
+
+    for k, parties in doers.items():
+        out |= {f"{verb(s.tokens[k])} < {party} @ {q.key}" for q in limits(s.tokens[k].clause) for party in parties}
+    named = _parties(s.tokens, v)
+    last = ""
+    for clause in sorted({t.clause for t in s.tokens}):
+        in_clause = [i for i, t in enumerate(s.tokens) if t.clause == clause]
+        verbs = [s.tokens[i] for i in in_clause if s.tokens[i].role == "action"]
+        if verbs:
+            last = verb(verbs[-1])
+        elif last and in_clause and in_clause[0] in named:  # a gapped clause: its party, the verb before
+            out |= {f"{last} < {named[in_clause[0]][0]} @ {q.key}" for q in limits(clause)}
     return out
 
 
@@ -1461,17 +1493,33 @@ def _subject_name(toks: list[_Token]) -> str:
     return " ".join(name)
 
 
-def _sequence(toks: list[_Token]) -> set[str]:
-    """Steps ordered by "then" in a sentence: "approve it and then pay it" is "approve then pay"."""
+def _sequence(toks: list[_Token], scoped: dict[int, str]) -> set[str]:
+    """Steps put in order in a sentence: by "then" ("approve it and then pay it" is "approve then
+    pay"), and by a clause of time: "review it before he approves it" and "once he has reviewed it,
+    approve it" are "review then approve", wherever the clause stands; "do not pay it before it is
+    posted" is "post then pay". ``scoped`` holds each action's polarity, by token."""
     out: set[str] = set()
     for i, t in enumerate(toks):
-        if t.text != "then":
-            continue
-        before = next((x for x in reversed(toks[:i]) if x.role == "action"), None)
-        after = next((x for x in toks[i + 1:] if x.role == "action"), None)
-        if before is not None and after is not None:
-            out.add(f"{_base(before.value)} then {_base(after.value)}")
+        if t.text == "then":
+            before = next((x for x in reversed(toks[:i]) if x.role == "action"), None)
+            after = next((x for x in toks[i + 1:] if x.role == "action"), None)
+            if before is not None and after is not None:
+                out.add(f"{_base(before.value)} then {_base(after.value)}")
+        elif t.role == "cond" and t.text in _ORDERING:
+            inside = next((x for x in toks[i + 1:] if x.clause == t.clause and x.role == "action"), None)
+            main = next((x for x in (*reversed(toks[:i]), *toks[i + 1:]) if x.role == "action" and x is not inside
+                         and (x.clause != t.clause or toks.index(x) < i)), None)
+            if inside is not None and main is not None and _base(inside.value) != _base(main.value):
+                negated = scoped.get(id(main), main.value).startswith("not ")
+                first, second = (main, inside) if t.text == "before" and not negated else (inside, main)
+                out.add(f"{_base(first.value)} then {_base(second.value)}")
+                if t.text == "before" and not negated:
+                    t.role = "ignore"  # "review it before you approve it" says "review it, then approve it": an order
     return out
+
+
+# Clauses of time that order two steps: "A before B" (A first); "A after/once B" (B first)
+_ORDERING = frozenset(["before", "after", "once", "as soon as", "only after"])
 
 
 def _read_counterparties(toks: list[_Token], v: _Vocabulary) -> None:
@@ -1664,6 +1712,8 @@ def _with_modality(base: str, modal: str, negated: bool) -> str:
         modal, negated = "must", not negated
     if modal == "exempt":
         return base if negated else f"need not {base}"
+    if modal == "need":  # "no invoice need be paid": a negated need exempts, where a negated must forbids
+        return f"need not {base}" if negated else base
     if negated:
         return f"not {base}"  # "must not pay" and "may not pay" both forbid paying
     return f"may {base}" if modal == "may" else base
@@ -2329,6 +2379,10 @@ def compare(before: Meaning, after: Meaning) -> list[str]:
         if was and now and was != now:
             changes.append(f"{'greeted' if side == 'to' else 'signed'} {', '.join(sorted(was))} became {', '.join(sorted(now))}")
     changes += _party_limit_changes(before, after)
+    swapped = len(before.aside_names) == len(after.aside_names) and before.aside_names != after.aside_names
+    if swapped:  # chatter may come and go, but a name swapped in it ("Jana from Ashford Logistics") is another party
+        changes.append(f"name {', '.join(sorted(before.aside_names - after.aside_names))} became "
+                       f"{', '.join(sorted(after.aside_names - before.aside_names))}")
     if before.alternatives and after.alternatives:  # both branch: the branches must hold the same actions
         changes += _pairs("otherwise-branch action", sorted(before.alternatives), sorted(after.alternatives), str, str)
     if after.disjunctions != before.disjunctions:

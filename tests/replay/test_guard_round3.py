@@ -281,3 +281,37 @@ def test_a_participle_stated_with_by_is_a_fact_like_its_active() -> None:
     assert ok("Hold INV-1007 until Kestrel Consulting sends a corrected invoice.",
               "Hold INV-1007 until a corrected invoice is sent by Kestrel Consulting.")
     assert not ok("INV-1003 must be approved by David Brennan.", "INV-1003 was approved by David Brennan.")
+
+
+# --- order, frequency, need, asides, gapping ---------------------------------------------------------
+
+def test_a_clause_of_time_orders_two_steps_wherever_it_stands() -> None:
+    original = "Ana, Sam wants you to review INV-1016 before he approves it."
+    assert reason(original, "Ana, Sam wants you to approve INV-1016 before he reviews it.") == \
+        "order 'approve then review' reversed"
+    assert ok("Review INV-1016 and then approve it.", "Before you approve INV-1016, review it.")
+
+
+def test_how_often_is_a_date_of_its_own() -> None:
+    original = "Send the payment run report to the CFO."
+    assert reason(original, original.rstrip(".") + " every week.") == "date 'every week' added"
+    assert ok(original.rstrip(".") + " every week.", original.rstrip(".") + " each week.")
+
+
+def test_a_negated_need_exempts_where_a_negated_may_forbids() -> None:
+    original = "No invoice may be paid more than 5 days before its due date."
+    assert not ok(original, "No invoice need be paid more than 5 days before its due date.")
+    assert ok(original, "No invoice can be paid more than 5 days before its due date.")
+
+
+def test_a_name_swapped_in_chatter_is_another_party() -> None:
+    original = "Hello, this is Jana from Ashfield Logistics. Could you process INV-1017 against PO-2019? Thanks!"
+    assert reason(original, original.replace("Ashfield", "Ashford")) == "name ashfield became ashford"
+    assert ok(original, "Could you process INV-1017 against PO-2019? Thanks!")
+
+
+def test_a_gapped_clause_repeats_the_verb_before_it() -> None:
+    original = "Tom can approve up to £5,000, Elena up to £25,000."
+    assert not ok(original, "Tom can approve up to £25,000, Elena up to £5,000.")
+    assert ok(original, "Elena can approve up to £25,000, Tom up to £5,000.")
+    assert ok(original, "Tom can approve up to £5,000 and Elena up to £25,000.")
