@@ -77,7 +77,7 @@ APPROVE = "Please process invoice INV-1002 from Delmar Packaging; the controller
     ("the controller may approve it", "obligation 'must approve' became permission 'may approve'"),
     ("the controller need not approve it", "obligation 'must approve' became exemption 'need not approve'"),
     # "must not approve it before it is paid" is "approve it only once it is paid": the condition changed
-    ("the controller must not approve it", "condition added: 'before it is paid'"),
+    ("the controller must not approve it", "condition added: 'before it is paid'; order 'pay then approve' reversed"),
 ])
 def test_obligation_is_not_permission_exemption_or_prohibition(variant: str, why: str) -> None:
     assert reason(APPROVE, APPROVE.replace("the controller must approve it", variant)) == why
