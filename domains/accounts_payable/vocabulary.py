@@ -19,6 +19,8 @@ LEXICON = DomainLexicon(
     verbs={
         "pay": ("remit", "remittance", "disburse", "pay out", "paid out"),
         "cancel": ("void", "reverse", "reversal", "write off", "written off"),
+        # an invoice returned to its sender is sent back: refused
+        "reject": ("return",),
         "review": ("audit", "match", "query"),
         "change": ("reissue", "recode"),
         "create": ("raise", "issue a", "book", "post", "enter", "record"),

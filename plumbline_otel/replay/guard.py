@@ -1309,6 +1309,7 @@ def read_meaning(text: str, names: frozenset[str] | None = None, lexicon: Domain
         if _is_chatter(s):
             aside_names.update(t.text for t in s.tokens if t.role == "unknown" and t.text in names)
             continue
+        _unless_limit(s)
         identifiers |= s.identifiers
         quantities += s.quantities
         currencies |= s.currencies
@@ -1353,7 +1354,7 @@ def read_meaning(text: str, names: frozenset[str] | None = None, lexicon: Domain
                 display[f"redirect:{key}"] = s.quote(toks, movers[-1])
         # entities: runs of unknown words; the rest by role
         run: list[_Token] = []
-        for t in [*toks, _Token("", "", -1, "end")]:
+        for index, t in enumerate([*toks, _Token("", "", -1, "end")]):
             if t.role == "unknown" and (not run or (run[-1].clause == t.clause and not run[-1].possessive)):
                 run.append(t)
                 continue
@@ -1362,8 +1363,9 @@ def read_meaning(text: str, names: frozenset[str] | None = None, lexicon: Domain
                 entities.add(name)
                 display.setdefault(f"entity:{name}", " ".join(dict.fromkeys(re.sub(r"'s$|'$", "", r.raw) for r in run)))
                 run = [t] if t.role == "unknown" else []
-            if t.role == "action" and t.text.endswith(("ments", "als", "ions")) and any(q.bound for q in s.quantities):
-                multiplicity.add("every")  # a limit on "payments over €10,000" is one on every payment over it
+            if t.role == "action" and _ACTION_NOUN.search(t.text) and any(q.bound for q in s.quantities) and (
+                    t.text.endswith(("ments", "als", "ions")) or (index > 0 and toks[index - 1].text in ("a", "an", "no"))):
+                multiplicity.add("every")  # a limit on "payments over €10,000", "a payment over …" is one on every one
             elif t.role == "rel":
                 relations.add(t.value)
             elif t.role == "mult" and (t.value not in _QUANTIFIERS or _counts_documents(toks, t, v)):
@@ -1430,6 +1432,24 @@ def _party_limits(s: _Sentence, doers: dict[int, list[str]], v: _Vocabulary, sco
         elif last and in_clause and in_clause[0] in named:  # a gapped clause: its party, the verb before
             out |= {f"{last} < {named[in_clause[0]][0]} @ {q.key}" for q in limits(clause)}
     return out
+
+
+def _unless_limit(s: _Sentence) -> None:
+    """"Unless X" is "if not X": where X is a limit ("unless the score comes back below 0.7"), the
+    condition is "if" and the limit its converse ("if it comes back at 0.7 or above"). Left alone
+    where a negation is in the sentence, which "don't pay unless" reads its own way."""
+    if any(t.role == "neg" for t in s.tokens):
+        return
+    for t in s.tokens:
+        if t.role == "cond" and t.text == "unless":
+            start, end = s.clause_spans[t.clause]
+            inside = [(at, q) for at, q in s.quantity_starts if q.bound in _CONVERSE and t.start <= at < end]
+            if inside:
+                t.text = t.value = "if"
+                for at, q in inside:
+                    flipped = Quantity(q.value, q.unit, q.currency, _CONVERSE[q.bound], q.side)
+                    s.quantities[s.quantities.index(q)] = flipped
+                    s.quantity_starts[s.quantity_starts.index((at, q))] = (at, flipped)
 
 
 def _alternative_branch(toks: list[_Token], actions: list[tuple[_Token, str]]) -> set[str]:

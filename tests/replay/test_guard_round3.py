@@ -315,3 +315,22 @@ def test_a_gapped_clause_repeats_the_verb_before_it() -> None:
     assert not ok(original, "Tom can approve up to £25,000, Elena up to £5,000.")
     assert ok(original, "Elena can approve up to £25,000, Tom up to £5,000.")
     assert ok(original, "Tom can approve up to £5,000 and Elena up to £25,000.")
+
+
+def test_unless_a_limit_is_if_its_converse() -> None:
+    original = "Unless the duplicate score comes back below 0.7, hold INV-1010."
+    assert ok(original, "If the duplicate score comes back at 0.7 or above, hold INV-1010.")
+    assert reason(original, "If the duplicate score comes back below 0.7, hold INV-1010.") == \
+        "quantity >= 0.7 became < 0.7"
+
+
+def test_an_indefinite_payment_under_a_limit_states_a_rule() -> None:
+    original = "The controller must approve any payment over £5,000."
+    assert ok(original, "The controller must approve a payment over £5,000.")
+    assert not ok(original, "The controller must approve this payment over £5,000.")
+
+
+def test_returning_an_invoice_to_its_sender_is_sending_it_back() -> None:
+    original = "Reject INV-1018 and return it to Kestrel Consulting."
+    assert ok(original, "Reject INV-1018 and send it back to Kestrel Consulting.")
+    assert not ok(original, "Reject INV-1018 and pay Kestrel Consulting.")
