@@ -633,6 +633,7 @@ class Meaning:
     alternatives: frozenset[str] = frozenset()  # actions of an "otherwise" branch ("if X, hold it; otherwise pay")
     party_limits: frozenset[str] = frozenset()  # "approve < elena marsh @ <= 25000.00 GBP": who acts within which limit
     aside_names: frozenset[str] = frozenset()  # the name words of sentences that ask nothing ("this is Jana from …")
+    comparisons: tuple[str, ...] = ()  # relations between quantities named, not given ("exceeds the received one")
     display: dict[str, str] = field(default_factory=dict, compare=False, hash=False)  # key -> text as written
 
     def show(self, key: str) -> str:
@@ -926,6 +927,7 @@ class _Sentence:
     clauses: list[str] = field(default_factory=list)
     clause_spans: list[tuple[int, int]] = field(default_factory=list)
     quantity_starts: list[tuple[int, Quantity]] = field(default_factory=list)  # where each quantity stands
+    comparisons: list[str] = field(default_factory=list)  # relations between named quantities (">", ">=" …)
 
     def quote(self, tokens: list[_Token], at: _Token, back: int = 0) -> str:
         """The clause of ``at`` as written, from ``back`` tokens before it to the clause's end."""
@@ -1103,6 +1105,23 @@ _CURRENCY_WORD_PATTERN = re.compile(
 _CONTRASTED = re.compile(r"\b(?:rather\s+than|not)\s+(?:in\s+|with\s+|the\s+)?$", re.I)
 
 
+# A comparison with a quantity named, not given ("the billed quantity exceeds the received quantity"):
+# unambiguous comparators only ("over", "under" and "above" are also plain prepositions)
+_COMPARATOR = re.compile(r"\b(?P<b>(?:" + _BOUND_NEGATION + r"\s+)?(?:exceed(?:s|ed|ing)?|(?:no\s+|not\s+)?(?:more|less|greater|"
+                         r"higher|lower|fewer|larger|smaller)\s+th[ae]n(?:\s+or\s+equal\s+to)?|at\s+least|at\s+most|"
+                         r"equal\s+to\s+or\s+(?:more|less|greater|lower)\s+than))\s+(?=(?:the|its|their|our|a|an|what)\b)",
+                         re.I)
+
+
+def _read_comparisons(s: _Sentence, work: str) -> str:
+    """Comparisons of named quantities, each as its relation (">", ">=" …): "exceeds the received
+    quantity" is not "is at least the received quantity"."""
+    for m in list(_COMPARATOR.finditer(work)):
+        s.comparisons.append(_bound_of(m.group("b")))
+        work = _blank(work, m.start(), m.end())
+    return work
+
+
 def _read_currencies(s: _Sentence, work: str) -> str:
     """Currencies named without an amount; one after "rather than" is the one refused ("rather than EUR")."""
     def named(code: str, start: int) -> None:
@@ -1182,6 +1201,7 @@ def _parse_sentence(text: str, v: _Vocabulary) -> _Sentence:
     work = _read_identifiers(s, work, v)
     work = _read_quantities(s, work)
     work = _read_currencies(s, work)
+    work = _read_comparisons(s, work)
     _tokenise(s, work, v)
     return s
 
@@ -1303,6 +1323,7 @@ def read_meaning(text: str, names: frozenset[str] | None = None, lexicon: Domain
     alternatives: set[str] = set()
     party_limits: set[str] = set()
     aside_names: set[str] = set()
+    comparisons: list[str] = []
     display: dict[str, str] = {}
     for raw in _sentences(_normalise(text)):
         s = _parse_sentence(raw, v)
@@ -1310,6 +1331,7 @@ def read_meaning(text: str, names: frozenset[str] | None = None, lexicon: Domain
             aside_names.update(t.text for t in s.tokens if t.role == "unknown" and t.text in names)
             continue
         _unless_limit(s)
+        comparisons += s.comparisons
         identifiers |= s.identifiers
         quantities += s.quantities
         currencies |= s.currencies
@@ -1404,7 +1426,7 @@ def read_meaning(text: str, names: frozenset[str] | None = None, lexicon: Domain
                    frozenset(roles), frozenset(objects), frozenset(sequence),
                    frozenset(directions | _implied_directions(directions)), disjunctions,
                    tuple(sorted(bare_modals)), _correspondents(text), frozenset(alternatives),
-                   frozenset(party_limits), frozenset(aside_names), display)
+                   frozenset(party_limits), frozenset(aside_names), tuple(sorted(comparisons)), display)
 
 
 def _party_limits(s: _Sentence, doers: dict[int, list[str]], v: _Vocabulary, scoped: dict[int, str]) -> set[str]:
@@ -2399,6 +2421,7 @@ def compare(before: Meaning, after: Meaning) -> list[str]:
         if was and now and was != now:
             changes.append(f"{'greeted' if side == 'to' else 'signed'} {', '.join(sorted(was))} became {', '.join(sorted(now))}")
     changes += _party_limit_changes(before, after)
+    changes += _pairs("comparison", before.comparisons, after.comparisons, str, str)
     swapped = len(before.aside_names) == len(after.aside_names) and before.aside_names != after.aside_names
     if swapped:  # chatter may come and go, but a name swapped in it ("Jana from Ashford Logistics") is another party
         changes.append(f"name {', '.join(sorted(before.aside_names - after.aside_names))} became "

@@ -334,3 +334,10 @@ def test_returning_an_invoice_to_its_sender_is_sending_it_back() -> None:
     original = "Reject INV-1018 and return it to Kestrel Consulting."
     assert ok(original, "Reject INV-1018 and send it back to Kestrel Consulting.")
     assert not ok(original, "Reject INV-1018 and pay Kestrel Consulting.")
+
+
+def test_a_comparison_of_named_quantities_keeps_its_relation() -> None:
+    original = "Flag any invoice where the billed quantity exceeds the received quantity."
+    assert reason(original, "Flag any invoice where the billed quantity is at least the received quantity.") == \
+        "comparison > became >="
+    assert ok(original, "Flag any invoice where the billed quantity is more than the received quantity.")
