@@ -66,7 +66,26 @@ sentence with the name kept as the subject, and conditions said two ways are sai
 otherwise A").
 
 Before reading, misspelt words of the variant are spelt as the original or the lexicon spells
-them (same first letter, one edit up to eight letters, two beyond; never digits, ids or codes).
+them (same first letter, one edit up to eight letters, two beyond; never digits, ids or codes; at
+equal distance the original's own word), and a particle slipped into another ("sign of on") is
+read as the one the original puts after the same word.
+
+Meaning is compared, not words (issue 38 item 5, round 3):
+
+- who does what to whom: in "Y is asked by X to V" Y does V; the party after an action noun's
+  "from" does it ("approval from the controller"); parties joined by and/or share a role; "they"
+  differs from "we"; a name right before an action noun qualifies it; each doer is bound to the
+  limits of its clause, and a gapped clause ("…, Elena up to £25,000") repeats the verb before it;
+- modality attached to the right action: a modal before a limit belongs to the limit ("can be at
+  most"), a modal's reach ends where a condition or "without" opens, a negated "need" exempts;
+- conditions and their combination: the actions of an "otherwise" branch are kept apart; a
+  clause of time orders two steps ("review it before he approves it" is "review then approve");
+  "unless" a limit is "if" its converse; "not until" is "only after"; "and not otherwise" is "only";
+- limits in one canonical form (comparator, inclusive or not, value, currency), also between
+  quantities named rather than given ("exceeds the received quantity"); "any", "every", "all",
+  "a … over £X" and a bounded plural state one rule;
+- register: a text without letter case reads the other text's case; a signature block, a list's
+  count and a plain count in chatter ask nothing; a name swapped in chatter is another party.
 
 Rewordings within a class (process → handle), politeness, greetings, sentence-initial
 imperatives ("Kindly…", "Go ahead and…"), passive voice ("… should be processed"), reordering,
