@@ -337,7 +337,7 @@ def _bound_of(phrase: str) -> str:
     return ">"
 
 
-_MULTIPLICITY = {"twice": "twice", "thrice": "thrice", "again": "again", "both": "both", "all": "all",
+_MULTIPLICITY = {"own": "own", "twice": "twice", "thrice": "thrice", "again": "again", "both": "both", "all": "all",
                  "every": "every", "each": "each", "any": "any", "other": "other", "others": "other",
                  "another": "another", "rest": "the rest", "remaining": "remaining", "several": "several",
                  "multiple": "multiple", "duplicate": "duplicate", "duplicates": "duplicate", "copy": "copy",
@@ -1401,8 +1401,13 @@ def read_meaning(text: str, names: frozenset[str] | None = None, lexicon: Domain
                 continue
             if run:
                 name = " ".join(r.text for r in run)
+                at = index - len(run)  # the party refused in a contrast ("Procurement, not AP, …"; "rather than X")
+                if at > 0 and (toks[at - 1].text == "not" or (toks[at - 1].text == "than" and at > 1
+                                                            and toks[at - 2].text == "rather")):
+                    name = "not " + name
                 entities.add(name)
-                display.setdefault(f"entity:{name}", " ".join(dict.fromkeys(re.sub(r"'s$|'$", "", r.raw) for r in run)))
+                display.setdefault(f"entity:{name}", ("not " if name.startswith("not ") else "") + " ".join(
+                    dict.fromkeys(re.sub(r"'s$|'$", "", r.raw) for r in run)))
                 run = [t] if t.role == "unknown" else []
             if t.role == "action" and _ACTION_NOUN.search(t.text) and any(q.bound for q in s.quantities) and (
                     t.text.endswith(("ments", "als", "ions")) or (index > 0 and toks[index - 1].text in ("a", "an", "no"))):

@@ -65,7 +65,8 @@ def test_who_owes_whom_and_which_side_a_party_is_on() -> None:
 def test_who_is_paid_is_a_role() -> None:
     original = "Please process invoice INV-1017 from Ashfield Logistics and pay Ashfield Logistics, not Corvin Industrial."
     assert reason(original, "Please process invoice INV-1017 from Ashfield Logistics and pay Corvin Industrial, not Ashfield Logistics.") \
-        == "'pay' to ashfield logistics became to corvin industrial"
+        == "entity 'not Corvin Industrial' became 'Corvin Industrial'; entity 'not Ashfield Logistics' added; " \
+        "'pay' to ashfield logistics became to corvin industrial"
 
 
 # --- obligation, permission, prohibition, exemption -----------------------------------------------

@@ -341,3 +341,13 @@ def test_a_comparison_of_named_quantities_keeps_its_relation() -> None:
     assert reason(original, "Flag any invoice where the billed quantity is at least the received quantity.") == \
         "comparison > became >="
     assert ok(original, "Flag any invoice where the billed quantity is more than the received quantity.")
+
+
+def test_the_party_refused_in_a_contrast_and_a_party_s_own_are_kept() -> None:
+    original = "Procurement, not AP, is responsible for chasing Ashfield Logistics for a renewed PO."
+    assert reason(original, "AP, not procurement, is responsible for chasing Ashfield Logistics for a renewed PO.") == \
+        "entity 'not AP' became 'AP'"
+    assert ok("Pay Ashfield Logistics rather than Corvin Industrial.", "Please pay Ashfield Logistics rather than Corvin Industrial.")
+    assert not ok("Pay Ashfield Logistics rather than Corvin Industrial.", "Pay Corvin Industrial rather than Ashfield Logistics.")
+    assert reason("The CFO must not approve her own expense claims.", "The CFO must not approve expense claims.") == \
+        "multiplicity 'own' dropped"
