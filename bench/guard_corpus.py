@@ -71,7 +71,8 @@ def report(path: Path, split: str, show_wrong: bool, fully_dev: bool = False) ->
     started = time.perf_counter()
     judged = judge([r for r in rows if str(r["split"]) in splits])
     seconds = time.perf_counter() - started
-    print(f"\n{path.name}: {len(rows)} rows; {len(judged)} judged in {seconds:.2f}s")
+    per_pair = f" ({1000 * seconds / len(judged):.1f} ms a pair)" if judged else ""
+    print(f"\n{path.name}: {len(rows)} rows; {len(judged)} judged in {seconds:.2f}s{per_pair}")
     for name in splits:
         part = [j for j in judged if j[0]["split"] == name]
         changes = [j for j in part if not j[0]["equivalent"]]

@@ -2183,9 +2183,12 @@ def correct_typos(original: str, variant: str, lexicon: DomainLexicon | None = N
                     last = b.end()
         return "".join(out) + sentence[last:]
 
-    # chatter stays as written: a corrected word could make "the printer is out of toner" a request
-    return "\n\n".join(s if _is_chatter(_parse_sentence(s, v)) else slips(_WORD.sub(fix, s))
-                    for s in _sentences(_normalise(variant, expand=False)))
+    def corrected(sentence: str) -> str:
+        fixed = slips(_WORD.sub(fix, sentence))
+        # chatter stays as written: a corrected word could make "the printer is out of toner" a request
+        return sentence if fixed == sentence or _is_chatter(_parse_sentence(sentence, v)) else fixed
+
+    return "\n\n".join(corrected(s) for s in _sentences(_normalise(variant, expand=False)))
 
 
 # --- comparing -----------------------------------------------------------------------------------
