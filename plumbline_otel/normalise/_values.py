@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import base64
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Any
 
 import orjson
@@ -95,9 +94,19 @@ def count_of(value: Any) -> int | None:
     return number if number in _INT64 else None
 
 
-@lru_cache(maxsize=65536)
-def _path(key: str, start: int) -> tuple[str | int, ...]:
-    return tuple(int(part) if part.isdigit() else part for part in key[start:].split("."))
+# Each flattened key's path below its prefix (`_path`), by the key's text past the prefix: the same few keys come in
+# every span of a producer. Bounded: cleared when full, as an lru_cache would drop them one by one.
+_PATHS: dict[str, tuple[str | int, ...]] = {}
+_PATHS_MAX = 65536
+
+
+def _path(rest: str) -> tuple[str | int, ...]:
+    path = _PATHS.get(rest)
+    if path is None:
+        if len(_PATHS) >= _PATHS_MAX:
+            _PATHS.clear()
+        path = _PATHS[rest] = tuple(int(part) if part.isdigit() else part for part in rest.split("."))
+    return path
 
 
 def unflatten(attrs: dict[str, Any], prefix: str) -> Any:
@@ -105,34 +114,42 @@ def unflatten(attrs: dict[str, Any], prefix: str) -> Any:
 
     Gaps in the indexes (an SDK's attribute limit cut the list) leave the present items in order.
     A level whose keys are not all indexes stays a map (at the top too: the caller decides what it is).
+    A key below a plain value (`prefix.0` and `prefix.0.x`) is not read; below a map value, it is put in it.
     """
     root: dict[Any, Any] = {}
     dotted = prefix + "."
     start = len(dotted)
     for key, val in attrs.items():
-        if not key.startswith(dotted) or len(key) == start:
+        if len(key) <= start or not key.startswith(dotted):
             continue
-        node = root
-        *parents, last = _path(key, start)
-        for part in parents:
-            node = node.setdefault(part, {})
-            if not isinstance(node, dict):
-                break
-        else:
-            node[last] = val
+        path = _path(key[start:])
+        last = len(path) - 1
+        node: Any = root
+        i = 0
+        while i < last and isinstance(node, dict):
+            part = path[i]
+            if part in node:
+                node = node[part]
+            else:
+                child: dict[Any, Any] = {}
+                node[part] = child
+                node = child
+            i += 1
+        if isinstance(node, dict):
+            node[path[last]] = val
     return _as_list(root) if root else []
 
 
 def _as_list(node: dict[Any, Any]) -> Any:
     """A node of `unflatten`'s tree: integer-keyed levels become lists in index order (leaves are not visited).
 
-    Sorting the keys is the test: a level mixing indexes and names cannot be sorted (it stays a
-    map), and a sorted level whose first key is an index holds only indexes.
+    A level is a list only when every key is an index; a level of names, or of names and indexes, stays a map.
     """
-    try:
-        keys: list[Any] | None = sorted(node)
-    except TypeError:
-        keys = None
-    if keys and type(keys[0]) is int:
-        return [v if type(v) is not dict else _as_list(v) for v in map(node.__getitem__, keys)]
+    indexes = True
+    for key in node:
+        if type(key) is not int:
+            indexes = False
+            break
+    if indexes and node:
+        return [v if type(v) is not dict else _as_list(v) for v in [node[k] for k in sorted(node)]]
     return {k: v if type(v) is not dict else _as_list(v) for k, v in node.items()}

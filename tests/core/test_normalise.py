@@ -138,3 +138,29 @@ def test_flattened_keys_unflatten_in_index_order_across_gaps_and_keep_mixed_leve
     del attrs["m.x.0"], attrs["m.x.1"]
     assert unflatten(attrs, "m") == [{"message": {"role": "user", "tool_calls": [{"id": "a"}, {"id": "b"}]}}, "indexed", {"message": {"role": "tool"}}]
     assert unflatten(attrs, "absent") == []
+
+
+def test_flattened_keys_below_a_plain_value_are_not_read_and_below_a_map_value_go_into_it() -> None:
+    from plumbline_otel.normalise._values import unflatten
+
+    # `m.0` is text, so `m.0.role` has nowhere to go; `m.1` is a map (an AnyValue kvlist), so `m.1.role` joins it
+    attrs = {"m.0": "text", "m.0.role": "user", "m.1": {"content": "hi"}, "m.1.role": "assistant", "m.": "empty path"}
+    assert unflatten(attrs, "m") == ["text", {"content": "hi", "role": "assistant"}]
+    assert unflatten({"m.1.a": 1, "m.1.a.b": 2, "m.0": 0}, "m") == [0, {"a": 1}]  # `m.1.a` is a plain value: `m.1.a.b` is not read
+
+
+def test_unknown_keys_are_the_kept_keys_of_namespaces_we_read_sorted_and_events_are_read_by_index() -> None:
+    big = "x" * 2000
+    request = record(lambda t: t.start_span("chat m", attributes={
+        "gen_ai.operation.name": "chat", "gen_ai.zeta": "z", "llm.alpha": 1, "gen_ai.request.model": "m", "vendor.key": "v",
+        "gen_ai.too.big": big}).end())
+    span = request.resource_spans[0].scope_spans[0].spans[0]
+    event = span.events.add(name="gen_ai.guardrail.result", time_unix_nano=7)
+    event.attributes.append(KeyValue(key="gen_ai.guardrail.outcome", value=AnyValue(string_value="deny")))
+    [rec], problems = normalise_request(ExportTraceServiceRequest.FromString(request.SerializeToString()), Limits(max_value_bytes=1000))
+    assert rec.unknown_keys == ["gen_ai.zeta", "llm.alpha"]  # the dropped one is no key of the span's; vendor.key is no namespace of ours
+    assert [p.where for p in problems] == [f"span {rec.span_id} attribute 'gen_ai.too.big'"]
+    assert [(e.name, e.attributes, e.time_ns) for e in rec.run_events] == [("gen_ai.guardrail.result", {"gen_ai.guardrail.outcome": "deny"}, 7)]
+    plain = record(lambda t: t.start_span("plain", attributes={"http.method": "GET"}).end())
+    [rec], _ = normalise_request(plain)
+    assert rec.unknown_keys == [] and rec.run_events == []
