@@ -364,9 +364,13 @@ def _fill_scope_spans(out: ScopeSpans, obj: dict[str, Any], path: str, problems:
         except _Bad as exc:
             del spans[-1]
             problems.append(Problem(f"{path}.spans[{k}]{_span_label(raw)}", str(exc), spans=1))
-        except (DecodeError, RecursionError) as exc:  # protobuf's own nesting limit, met while building
+        # each clause names its exception apart: compiled, one name is one variable of the first clause's type
+        except (DecodeError, RecursionError) as deep:  # protobuf's own nesting limit, met while building
             del spans[-1]
-            problems.append(Problem(f"{path}.spans[{k}]{_span_label(raw)}", f"value nested too deeply: {exc}", spans=1))
+            problems.append(Problem(f"{path}.spans[{k}]{_span_label(raw)}", f"value nested too deeply: {deep}", spans=1))
+        except (TypeError, AttributeError, ValueError) as wrong:  # a field of another JSON type than OTLP's, met by a setter
+            del spans[-1]
+            problems.append(Problem(f"{path}.spans[{k}]{_span_label(raw)}", f"a field has the wrong JSON type: {wrong}", spans=1))
 
 
 def _fill_resource_spans(out: ResourceSpans, obj: dict[str, Any], path: str, problems: list[Problem], keep: SpanFilter | None) -> None:
@@ -397,5 +401,18 @@ def request_from_json(doc: Any, where: str, keep: SpanFilter | None = None) -> D
     request = ExportTraceServiceRequest()
     for i, rs in enumerate(groups):
         if isinstance(rs, dict):
-            _fill_resource_spans(request.resource_spans.add(), rs, f"{where} resourceSpans[{i}]", problems, keep)
+            mark = len(problems)
+            try:
+                _fill_resource_spans(request.resource_spans.add(), rs, f"{where} resourceSpans[{i}]", problems, keep)
+            except (TypeError, AttributeError, ValueError) as exc:  # its envelope (resource, scope) of another JSON type
+                del request.resource_spans[-1], problems[mark:]
+                problems.append(Problem(f"{where} resourceSpans[{i}]", f"dropped: a field has the wrong JSON type: {exc}", spans=_raw_spans(rs)))
     return Decoded(request, where, problems)
+
+
+def _raw_spans(group: dict[str, Any]) -> int:
+    """How many spans a resourceSpans object holds, read as leniently as it must be when it could not be mapped."""
+    scopes = _get(group, "scopeSpans", "scope_spans") or group.get("instrumentationLibrarySpans") or []
+    if not isinstance(scopes, list):
+        return 0
+    return sum(len(s["spans"]) for s in scopes if isinstance(s, dict) and isinstance(s.get("spans"), list))

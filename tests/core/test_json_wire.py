@@ -234,3 +234,27 @@ def test_an_otlp_http_json_body_takes_the_fast_path_and_its_damage_the_exact_one
     decoded = decode_request_body(json.dumps(bad).encode(), "application/json")
     assert len(decoded.request.resource_spans[0].scope_spans[0].spans) == 1
     assert [p.where for p in decoded.problems] == ["request resourceSpans[0].scopeSpans[0].spans[1] (spanId xyz)"]
+
+
+@pytest.mark.parametrize("change,where", [
+    (lambda s: s.update(name=5), "f.jsonl:3 resourceSpans[0].scopeSpans[0].spans[0] (spanId b7ad6b7169203331)"),
+    (lambda s: s.update(events=[{"name": ["x"]}]), "f.jsonl:3 resourceSpans[0].scopeSpans[0].spans[0] (spanId b7ad6b7169203331)"),
+    (lambda s: s.update(status="OK"), "f.jsonl:3 resourceSpans[0].scopeSpans[0].spans[0] (spanId b7ad6b7169203331)"),
+])
+def test_a_field_of_another_json_type_costs_its_span_by_name(change: Any, where: str) -> None:
+    doc = _request(_full_span(), _full_span(spanId="b7ad6b7169203332"))
+    change(doc["resourceSpans"][0]["scopeSpans"][0]["spans"][0])
+    text = json.dumps(doc).encode()
+    assert wire_request(text) is None
+    decoded = decode_unit(Unit("json", text, "f.jsonl:3"))
+    assert [s.span_id.hex() for s in decoded.request.resource_spans[0].scope_spans[0].spans] == ["b7ad6b7169203332"]
+    assert [(p.where, p.spans) for p in decoded.problems] == [(where, 1)] and "wrong JSON type" in decoded.problems[0].reason
+
+
+def test_an_envelope_of_another_json_type_costs_its_group_and_counts_its_spans() -> None:
+    doc = _request(_full_span(), _full_span(spanId="b7ad6b7169203332"))
+    doc["resourceSpans"].append(copy.deepcopy(doc["resourceSpans"][0]))
+    doc["resourceSpans"][0]["scopeSpans"][0]["scope"] = {"name": 7}
+    decoded = decode_unit(Unit("json", json.dumps(doc).encode(), "f.jsonl:3"))
+    assert len(decoded.request.resource_spans) == 1 and len(decoded.request.resource_spans[0].scope_spans[0].spans) == 2
+    assert [(p.where, p.spans) for p in decoded.problems] == [("f.jsonl:3 resourceSpans[0]", 2)]
