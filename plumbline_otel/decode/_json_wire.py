@@ -17,7 +17,6 @@ import binascii
 import struct
 from typing import Any, Final
 
-import msgspec
 from google.protobuf.message import DecodeError
 from msgspec import UnsetType
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
@@ -43,11 +42,11 @@ from plumbline_otel.decode._json_shapes import (
 _ZERO_TRACE: Final = bytes(16)
 _ZERO_SPAN: Final = bytes(8)
 _MASK64: Final = (1 << 64) - 1
-_UNSET: Final = msgspec.UNSET
 _pack_double: Final = struct.Struct("<d").pack
 _pack_fixed64: Final = struct.Struct("<Q").pack
 _pack_fixed32: Final = struct.Struct("<I").pack
 _pack_header: Final = struct.Struct("BBB").pack  # a tag and a two-byte varint
+# Module constants are Final so that compiled code reads them without a lookup in the module's dict
 _decode_request: Final = request
 _decode_attributes: Final = attributes
 _decode_events: Final = events
