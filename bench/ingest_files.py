@@ -280,6 +280,22 @@ def run_peer(path: str, limit: int) -> dict[str, float]:
     return {"spans": spans, "total": time.perf_counter() - start}
 
 
+def run_json_decode(path: str, limit: int) -> dict[str, float]:
+    """OTLP JSON decode alone: `decode_unit` on the file's JSON lines, every span mapped (no shard filter), as the
+    one-process ingest decodes them; CPU time of this thread, nothing normalised or stored."""
+    from plumbline_otel.decode import decode_unit, iter_units
+
+    spans, cpu = 0, 0.0
+    for unit in iter_units(Path(path)):
+        start = time.thread_time()
+        request = decode_unit(unit).request
+        cpu += time.thread_time() - start
+        spans += sum(len(s.spans) for rs in request.resource_spans for s in rs.scope_spans)
+        if spans >= limit:
+            break
+    return {"spans": spans, "cpu": cpu}
+
+
 def _child(mode: str, path: str, arg: int | str = 0) -> dict[str, float]:
     out = subprocess.run([sys.executable, __file__, "--child", mode, path, str(arg)], check=True, capture_output=True, text=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -310,7 +326,7 @@ def main() -> None:
     if args.child:
         mode, path, arg = args.child
         result = {"ingest": lambda: run_ingest(path, None if arg == "default" else int(arg)), "floor": lambda: run_floor(path),
-                  "peer": lambda: run_peer(path, int(arg))}[mode]()
+                  "peer": lambda: run_peer(path, int(arg)), "json_decode": lambda: run_json_decode(path, int(arg))}[mode]()
         print(json.dumps(result))
         return
     cores = os.cpu_count() or 1
@@ -337,6 +353,11 @@ def main() -> None:
         print(f"protobuf: {best['protobuf']:,.0f} spans/s = {best['protobuf'] / floor_rate:.1%} of the floor (target 30,000 and 7%)")
         print(f"json:     {best['json']:,.0f} spans/s (target 15,000); JSON decode peer json_format {peer['spans'] / peer['total']:,.0f} spans/s "
               f"(on {peer['spans']} spans): ratio {best['json'] / (peer['spans'] / peer['total']):.1f}x end to end")
+        # JSON decode alone, beside the peer's decode on the same spans (the peer is wall time in a child of its own)
+        decode = _child("json_decode", str(jsonl), min(args.spans, 20_000))
+        peer_us = peer["total"] / peer["spans"] * 1e6
+        print(f"JSON decode alone (decode_unit, every span mapped, CPU): {decode['cpu'] / decode['spans'] * 1e6:.1f} µs/span; "
+              f"json_format {peer_us:.1f} µs/span (wall): {peer_us / (decode['cpu'] / decode['spans'] * 1e6):.1f}x")
         if args.long_trace:
             path = str(_long_trace(args.long_trace, Path(tmp)))
             print(f"one trace of {args.long_trace} spans (target: peak RSS < 300 MiB):")

@@ -35,6 +35,7 @@ COMPILED = (
     "plumbline_otel/normalise/_shapes.py",
     "plumbline_otel/normalise/_values.py",
     "plumbline_otel/decode/_json.py",
+    "plumbline_otel/decode/_json_wire.py",
 )
 PURE_ENV = "PLUMBLINE_PURE_PYTHON"
 # Written by setup.py: {ABI: {source path: sha256 of what was compiled}}. Each interpreter's binaries have their

@@ -23,6 +23,7 @@ import orjson
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from plumbline_otel.decode._json import SpanFilter, parse_json, request_from_json
+from plumbline_otel.decode._json_wire import fast_request
 from plumbline_otel.decode._logs import is_logs_document, logs_from_json, logs_from_protobuf
 from plumbline_otel.decode._problems import Decoded
 from plumbline_otel.decode._proto import request_from_protobuf
@@ -72,6 +73,9 @@ def _open(path: Path) -> IO[bytes]:
 
 
 def _parse_json_line(line: bytes, where: str, keep: SpanFilter | None = None) -> Decoded:
+    request = fast_request(line, keep)  # a well-formed trace request: straight to protobuf bytes, parsed in C
+    if request is not None:
+        return Decoded(request, where)
     try:
         doc, repaired = parse_json(line, where)  # invalid UTF-8, runaway nesting, numbers out of range: only what they touch is lost
     except MalformedRequest as exc:

@@ -190,10 +190,23 @@ def _int(value: Any, field: str) -> int:
     raise _Bad(f"{field} must be an integer (or a decimal string), got {str(value)[:40]!r}")
 
 
+INT32, UINT32, INT64, UINT64 = (-(1 << 31), 1 << 31), (0, 1 << 32), (-(1 << 63), 1 << 63), (0, 1 << 64)
+
+
+def bounded(value: Any, bounds: tuple[int, int], field: str) -> int:
+    """`_int` within a protobuf integer type's range (`INT32`, ...): out of it, the span is rejected by name, where
+    protobuf's setter would raise mid-span."""
+    n = _int(value, field)
+    if bounds[0] <= n < bounds[1]:
+        return n
+    kind = {INT32: "int32", UINT32: "uint32", INT64: "int64", UINT64: "uint64"}[bounds]
+    raise _Bad(f"{field} {str(n)[:40]} is out of the range of a protobuf {kind}")
+
+
 def _enum(value: Any, names: dict[str, int], field: str) -> int:
     if isinstance(value, str) and value in names:
         return names[value]
-    return _int(value, field)
+    return bounded(value, INT32, field)
 
 
 def _fill_any(out: AnyValue, value: Any, field: str, depth: int = 0) -> None:
@@ -209,7 +222,7 @@ def _fill_any(out: AnyValue, value: Any, field: str, depth: int = 0) -> None:
             raise _Bad(f"{field}.stringValue must be a string")
         out.string_value = s
     elif "intValue" in value or "int_value" in value:
-        out.int_value = _int(_get(value, "intValue", "int_value"), field + ".intValue")
+        out.int_value = bounded(_get(value, "intValue", "int_value"), INT64, field + ".intValue")
     elif "boolValue" in value or "bool_value" in value:
         b = _get(value, "boolValue", "bool_value")
         if not isinstance(b, bool):
@@ -280,9 +293,9 @@ def _fill_attributes(target: Any, pairs: Any, field: str, dropped: list[str] | N
 def _fill_events(target: Any, items: list[Any]) -> None:
     for e in items:
         event = target.add(
-            time_unix_nano=_int(_get(e, "timeUnixNano", "time_unix_nano", 0), "event.timeUnixNano"),
+            time_unix_nano=bounded(_get(e, "timeUnixNano", "time_unix_nano", 0), UINT64, "event.timeUnixNano"),
             name=e.get("name", ""),
-            dropped_attributes_count=_int(_get(e, "droppedAttributesCount", "dropped_attributes_count", 0), "event.droppedAttributesCount"),
+            dropped_attributes_count=bounded(_get(e, "droppedAttributesCount", "dropped_attributes_count", 0), UINT32, "event.droppedAttributesCount"),
         )
         _fill_attributes(event.attributes, e.get("attributes") or [], f"events[{e.get('name', '')}].attributes")
 
@@ -293,6 +306,8 @@ def _fill_links(target: Any, items: list[Any]) -> None:
             trace_id=_id(_get(link, "traceId", "trace_id"), 16, "link.traceId"),
             span_id=_id(_get(link, "spanId", "span_id"), 8, "link.spanId"),
             trace_state=_get(link, "traceState", "trace_state", ""),
+            dropped_attributes_count=bounded(_get(link, "droppedAttributesCount", "dropped_attributes_count", 0), UINT32, "link.droppedAttributesCount"),
+            flags=bounded(link.get("flags", 0), UINT32, "link.flags"),
         )
         _fill_attributes(added.attributes, link.get("attributes") or [], "link.attributes")
 
@@ -310,17 +325,18 @@ def _fill_span(span: Span, obj: Any, dropped: list[str]) -> None:
     parent = _id(_get(obj, "parentSpanId", "parent_span_id"), 8, "parentSpanId")
     span.parent_span_id = b"" if parent == _ZERO_SPAN else parent
     span.trace_state = _get(obj, "traceState", "trace_state", "")
-    span.flags = _int(obj.get("flags", 0), "flags")
+    span.flags = bounded(obj.get("flags", 0), UINT32, "flags")
     span.name = obj.get("name", "")
     span.kind = cast("Span.SpanKind.ValueType", _enum(obj.get("kind", 0), _SPAN_KINDS, "kind"))
-    span.start_time_unix_nano = _int(_get(obj, "startTimeUnixNano", "start_time_unix_nano", 0), "startTimeUnixNano")
-    span.end_time_unix_nano = _int(_get(obj, "endTimeUnixNano", "end_time_unix_nano", 0), "endTimeUnixNano")
+    span.start_time_unix_nano = bounded(_get(obj, "startTimeUnixNano", "start_time_unix_nano", 0), UINT64, "startTimeUnixNano")
+    span.end_time_unix_nano = bounded(_get(obj, "endTimeUnixNano", "end_time_unix_nano", 0), UINT64, "endTimeUnixNano")
     _fill_attributes(span.attributes, obj.get("attributes") or [], "attributes", dropped)
     span.dropped_attributes_count = (
-        _int(_get(obj, "droppedAttributesCount", "dropped_attributes_count", 0), "droppedAttributesCount") + len(dropped))
+        bounded(_get(obj, "droppedAttributesCount", "dropped_attributes_count", 0), UINT32, "droppedAttributesCount") + len(dropped))
     _fill_events(span.events, obj.get("events") or [])
-    span.dropped_events_count = _int(_get(obj, "droppedEventsCount", "dropped_events_count", 0), "droppedEventsCount")
+    span.dropped_events_count = bounded(_get(obj, "droppedEventsCount", "dropped_events_count", 0), UINT32, "droppedEventsCount")
     _fill_links(span.links, obj.get("links") or [])
+    span.dropped_links_count = bounded(_get(obj, "droppedLinksCount", "dropped_links_count", 0), UINT32, "droppedLinksCount")
     span.status.SetInParent()
     span.status.code = cast("Status.StatusCode.ValueType", _enum(status.get("code", 0), _STATUS_CODES, "status.code"))
     span.status.message = status.get("message", "")
@@ -348,9 +364,13 @@ def _fill_scope_spans(out: ScopeSpans, obj: dict[str, Any], path: str, problems:
         except _Bad as exc:
             del spans[-1]
             problems.append(Problem(f"{path}.spans[{k}]{_span_label(raw)}", str(exc), spans=1))
-        except (DecodeError, RecursionError) as exc:  # protobuf's own nesting limit, met while building
+        # each clause names its exception apart: compiled, one name is one variable of the first clause's type
+        except (DecodeError, RecursionError) as deep:  # protobuf's own nesting limit, met while building
             del spans[-1]
-            problems.append(Problem(f"{path}.spans[{k}]{_span_label(raw)}", f"value nested too deeply: {exc}", spans=1))
+            problems.append(Problem(f"{path}.spans[{k}]{_span_label(raw)}", f"value nested too deeply: {deep}", spans=1))
+        except (TypeError, AttributeError, ValueError) as wrong:  # a field of another JSON type than OTLP's, met by a setter
+            del spans[-1]
+            problems.append(Problem(f"{path}.spans[{k}]{_span_label(raw)}", f"a field has the wrong JSON type: {wrong}", spans=1))
 
 
 def _fill_resource_spans(out: ResourceSpans, obj: dict[str, Any], path: str, problems: list[Problem], keep: SpanFilter | None) -> None:
@@ -381,5 +401,18 @@ def request_from_json(doc: Any, where: str, keep: SpanFilter | None = None) -> D
     request = ExportTraceServiceRequest()
     for i, rs in enumerate(groups):
         if isinstance(rs, dict):
-            _fill_resource_spans(request.resource_spans.add(), rs, f"{where} resourceSpans[{i}]", problems, keep)
+            mark = len(problems)
+            try:
+                _fill_resource_spans(request.resource_spans.add(), rs, f"{where} resourceSpans[{i}]", problems, keep)
+            except (TypeError, AttributeError, ValueError) as exc:  # its envelope (resource, scope) of another JSON type
+                del request.resource_spans[-1], problems[mark:]
+                problems.append(Problem(f"{where} resourceSpans[{i}]", f"dropped: a field has the wrong JSON type: {exc}", spans=_raw_spans(rs)))
     return Decoded(request, where, problems)
+
+
+def _raw_spans(group: dict[str, Any]) -> int:
+    """How many spans a resourceSpans object holds, read as leniently as it must be when it could not be mapped."""
+    scopes = _get(group, "scopeSpans", "scope_spans") or group.get("instrumentationLibrarySpans") or []
+    if not isinstance(scopes, list):
+        return 0
+    return sum(len(s["spans"]) for s in scopes if isinstance(s, dict) and isinstance(s.get("spans"), list))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import zlib
 
 from plumbline_otel.decode._json import parse_json, request_from_json
+from plumbline_otel.decode._json_wire import fast_request
 from plumbline_otel.decode._problems import Decoded
 from plumbline_otel.decode._proto import request_from_protobuf
 from plumbline_otel.errors import InputError, MalformedRequest
@@ -41,7 +42,10 @@ def is_json(content_type: str) -> bool:
 def decode_request_body(body: bytes, content_type: str, encoding: str = "", limit: int = 64 << 20, where: str = "request") -> Decoded:
     """Decode one export request body; raise MalformedRequest when nothing in it is usable."""
     data = inflate(body, encoding, limit)
-    if is_json(content_type):
+    request = fast_request(data) if is_json(content_type) else None  # a well-formed JSON request: protobuf bytes, parsed in C
+    if request is not None:
+        decoded = Decoded(request, where)
+    elif is_json(content_type):
         doc, repaired = parse_json(data, where)  # as a file's line: damage costs what it touches, not the request
         decoded = request_from_json(doc, where)
         del doc
