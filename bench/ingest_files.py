@@ -23,6 +23,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
@@ -243,19 +244,26 @@ def run_ingest(path: str, workers: int | None) -> dict[str, float]:
     return t
 
 
-def run_floor(path: str) -> dict[str, float]:
-    """The floor: parse each protobuf request and read every span's attributes, nothing else."""
-    from plumbline_otel.decode import iter_units
-
-    spans, start = 0, time.perf_counter()
-    for unit in iter_units(Path(path)):
-        request = ExportTraceServiceRequest.FromString(unit.data)
+def read_floor(bodies: Iterable[bytes]) -> int:
+    """The floor's work on protobuf request bodies: parse each and read every span's attributes, nothing else; the spans read."""
+    spans = 0
+    for body in bodies:
+        request = ExportTraceServiceRequest.FromString(body)
         for rs in request.resource_spans:
             for ss in rs.scope_spans:
                 for span in ss.spans:
                     for kv in span.attributes:
                         kv.value.string_value  # noqa: B018 - the read is the work
                     spans += 1
+    return spans
+
+
+def run_floor(path: str) -> dict[str, float]:
+    """The floor on a file's requests (`read_floor`)."""
+    from plumbline_otel.decode import iter_units
+
+    start = time.perf_counter()
+    spans = read_floor(unit.data for unit in iter_units(Path(path)))
     return {"spans": spans, "total": time.perf_counter() - start}
 
 
