@@ -9,6 +9,7 @@ run of it through the engine (`replay.engine`) on a pool of worker threads.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import sys
@@ -239,7 +240,19 @@ def study_state(state: Path | None, state_url: str | None = None, study: str = "
     elif state is None:
         found = made()
     else:
-        path = state / STATE_FILE
+        found = _local_state(state, made)
+    return str(found["instance"]), str(found["key"])
+
+
+def _local_state(state: Path, made: Callable[[], dict[str, str]]) -> Mapping[str, object]:
+    """``study.json`` in `state`, made or completed under an exclusive ``flock`` of its own, so that runners opening
+    one study at once all read the one pair the first wrote (each made its own, and a later writer's replaced the
+    file under an earlier one: two instance ids for one state, or a rename failing under the other)."""
+    state.mkdir(parents=True, exist_ok=True)
+    path = state / STATE_FILE
+    fd = os.open(state / f"{STATE_FILE}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # held for a read and at most one small write: waiting is short
         doc: dict[str, object] = {}
         if path.exists():
             try:
@@ -251,13 +264,14 @@ def study_state(state: Path | None, state_url: str | None = None, study: str = "
             doc = loaded
         found = {**made(), **doc} if isinstance(doc.get("key"), str) else {**made(), **doc, "key": new_key()}
         if found != doc:
-            state.mkdir(parents=True, exist_ok=True)
             tmp = path.with_suffix(".tmp")
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            with os.fdopen(fd, "wb") as fh:
+            tmp_fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(tmp_fd, "wb") as fh:
                 fh.write(orjson.dumps({"created_at": time.time(), **found}) + b"\n")
             os.replace(tmp, path)
-    return str(found["instance"]), str(found["key"])
+        return found
+    finally:
+        os.close(fd)  # and with it the lock
 
 
 def open_study(config: StudyConfig, tasks: Sequence[ReplayTask], adapter: Adapter | Runs | Callable[[Trial], object]) -> Study:

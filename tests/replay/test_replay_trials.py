@@ -89,6 +89,19 @@ def test_the_same_study_from_two_state_directories_never_shares_a_trace(tmp_path
         assert all(v.ok for _, v in evaluate(PAID_ONCE, t).verdicts)
 
 
+def test_runners_opening_one_new_state_at_once_all_get_its_one_instance_and_key(tmp_path: Path) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    from plumbline_otel.replay.study import study_state
+
+    for attempt in range(5):  # each a fresh state, opened by 8 at once (each made its own pair, the last write won)
+        state = tmp_path / f"state{attempt}"
+        with ThreadPoolExecutor(8) as pool:
+            pairs = set(pool.map(study_state, [state] * 8))
+        assert len(pairs) == 1, pairs
+        assert pairs == {study_state(state)}  # and the one the file keeps
+
+
 def test_two_concurrent_resume_processes_do_not_both_run_the_trials(tmp_path: Path) -> None:
     otlp = str(tmp_path / "replay.otlp.jsonl")
     argv = [sys.executable, "-m", "tests.replay.study_proc", str(tmp_path / "state"), otlp, "resume", "0.1"]
